@@ -1,0 +1,5 @@
+"""The ``shoal`` console command: a composition root over every package's commands."""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,331 @@
+"""Sans-I/O wire codec: 4-byte big-endian length, then a MessagePack map.
+
+Bytes in, frames out: feed a :class:`FrameDecoder` whatever arrived and iterate
+the whole frames it holds; :func:`encode` turns a frame into bytes. The size
+limit is checked from the 4-byte header alone, before any body is buffered.
+
+Job ``data`` travels opaque. On the node, a request decoder built with
+``raw_data=True`` hands ``data`` (top level, and inside ``jobs`` items) over as
+:class:`Raw`, the exact MessagePack bytes the client sent; :func:`encode`
+splices a :class:`Raw` back verbatim. The node therefore never decodes or
+re-encodes a job's payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgpack
+
+from .errors import ErrorCode, ProtocolError
+
+__all__ = [
+    "FRAME_BYTES_MAX_DEFAULT",
+    "HEADER_BYTES",
+    "Raw",
+    "FrameDecoder",
+    "encode",
+    "encode_body",
+    "decode_request",
+    "decode_response",
+    "raw_of",
+    "unraw",
+]
+
+FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+HEADER_BYTES = 4
+_RAW_FIELDS = frozenset({"data"})
+_RAW_LISTS = frozenset({"jobs"})
+
+
+class Raw:
+    """A value that is already MessagePack: encoded verbatim, never re-packed.
+
+    A slotted wrapper (not a ``bytes`` subclass) so that packing one by
+    accident fails loudly instead of double-encoding it.
+    """
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: bytes) -> None:
+        self.packed = packed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Raw) and other.packed == self.packed
+
+    def __hash__(self) -> int:
+        return hash(self.packed)
+
+    def __repr__(self) -> str:
+        return f"Raw({self.packed!r})"
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __reduce__(self) -> tuple[type, tuple[bytes]]:
+        return (Raw, (self.packed,))
+
+    def decode(self) -> Any:
+        """The Python value these bytes encode (off the hot path: HTTP, tools)."""
+        return msgpack.unpackb(self.packed, raw=False, strict_map_key=False)
+
+
+def raw_of(value: Any) -> Raw:
+    """Pack a Python value once into a :class:`Raw` (used by tools and tests)."""
+    return Raw(msgpack.packb(value, use_bin_type=True))
+
+
+def unraw(value: Any) -> Any:
+    """Replace every :class:`Raw` inside ``value`` by the value it encodes."""
+    if isinstance(value, Raw):
+        return value.decode()
+    if isinstance(value, dict):
+        return {k: unraw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [unraw(v) for v in value]
+    return value
+
+
+_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+_packb = _packer.pack
+_CONTAINERS = (dict, list, tuple, Raw)
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 0x10000:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _strip_map_header(packed: bytes) -> bytes:
+    first = packed[0]
+    if first == 0xDE:
+        return packed[3:]
+    if first == 0xDF:
+        return packed[5:]
+    return packed[1:]
+
+
+def _pack(obj: Any) -> bytes:
+    kind = type(obj)
+    if kind is Raw:
+        return obj.packed
+    if kind is dict:
+        nested = [k for k, v in obj.items() if isinstance(v, _CONTAINERS)]
+        if not nested:
+            return _packb(obj)
+        # One C-level pack for the flat fields, then splice the nested ones.
+        flat = {k: v for k, v in obj.items() if not isinstance(v, _CONTAINERS)}
+        parts = [_map_header(len(obj))]
+        if flat:
+            parts.append(_strip_map_header(_packb(flat)))
+        for key in nested:
+            parts.append(_packb(key))
+            parts.append(_pack(obj[key]))
+        return b"".join(parts)
+    if kind is list or kind is tuple:
+        if not any(isinstance(v, _CONTAINERS) for v in obj):
+            return _packb(obj)
+        return _array_header(len(obj)) + b"".join([_pack(v) for v in obj])
+    if isinstance(obj, Mapping):
+        return _pack(dict(obj))
+    return _packb(obj)
+
+
+def encode_body(frame: Mapping[str, Any]) -> bytes:
+    """The MessagePack body of ``frame`` (no length prefix)."""
+    try:
+        return _pack(frame if type(frame) is dict else dict(frame))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode frame: {exc}") from exc
+
+
+def encode(frame: Mapping[str, Any]) -> bytes:
+    """Length-prefixed frame bytes for ``frame``."""
+    body = encode_body(frame)
+    return len(body).to_bytes(4, "big") + body
+
+
+def _unpacker(payload: bytes) -> msgpack.Unpacker:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(payload), 1))
+    unpacker.feed(payload)
+    return unpacker
+
+
+def _read_raw(unpacker: msgpack.Unpacker, payload: bytes) -> Raw:
+    start = unpacker.tell()
+    unpacker.skip()
+    return Raw(payload[start:unpacker.tell()])
+
+
+def _read_job_item(unpacker: msgpack.Unpacker, payload: bytes) -> Any:
+    """One item of a PUSHB ``jobs`` list: a map whose ``data`` stays raw."""
+    start = unpacker.tell()
+    try:
+        size = unpacker.read_map_header()
+    except msgpack.UnpackValueError:
+        # Not a map: let validation name the problem with the decoded value.
+        return msgpack.unpackb(payload[start:_skip_to_end(unpacker)], raw=False, strict_map_key=False)
+    item: dict[Any, Any] = {}
+    for _ in range(size):
+        key = unpacker.unpack()
+        item[key] = _read_raw(unpacker, payload) if key in _RAW_FIELDS else unpacker.unpack()
+    return item
+
+
+def _skip_to_end(unpacker: msgpack.Unpacker) -> int:
+    unpacker.skip()
+    return unpacker.tell()
+
+
+def decode_request(payload: bytes, *, raw_data: bool = False) -> dict[str, Any]:
+    """Decode one request body: a map with a string ``cmd``.
+
+    With ``raw_data``, ``data`` and ``jobs[i].data`` are returned as :class:`Raw`.
+    Raises :class:`ProtocolError` for anything else; ``req_id`` is set on the
+    error when the map carried one, so the reply can be matched.
+    """
+    try:
+        if raw_data:
+            frame = _decode_raw_map(payload)
+        else:
+            frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable MessagePack frame: {type(exc).__name__}") from exc
+    if type(frame) is not dict:
+        raise ProtocolError(f"frame must be a map, got {type(frame).__name__}")
+    cmd = frame.get("cmd")
+    if type(cmd) is not str or not cmd:
+        req_id = frame.get("reqId")
+        raise ProtocolError("cmd: missing or not a string" if cmd is None else "cmd: must be a non-empty string",
+                            req_id=req_id if _plain_req_id(req_id) else None)
+    return frame
+
+
+def _plain_req_id(req_id: object) -> bool:
+    return isinstance(req_id, (int, str)) and not isinstance(req_id, bool)
+
+
+def _decode_raw_map(payload: bytes) -> Any:
+    unpacker = _unpacker(payload)
+    try:
+        size = unpacker.read_map_header()
+    except msgpack.UnpackValueError:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    frame: dict[Any, Any] = {}
+    for _ in range(size):
+        key = unpacker.unpack()
+        if key in _RAW_FIELDS:
+            frame[key] = _read_raw(unpacker, payload)
+        elif key in _RAW_LISTS:
+            start = unpacker.tell()
+            try:
+                count = unpacker.read_array_header()
+            except msgpack.UnpackValueError:
+                frame[key] = msgpack.unpackb(payload[start:_skip_to_end(unpacker)], raw=False, strict_map_key=False)
+                continue
+            frame[key] = [_read_job_item(unpacker, payload) for _ in range(count)]
+        else:
+            frame[key] = unpacker.unpack()
+    if unpacker.tell() != len(payload):
+        raise ProtocolError("trailing bytes after the frame's map")
+    return frame
+
+
+def decode_response(payload: bytes) -> dict[str, Any]:
+    """Decode one response or event body (a map; no ``cmd`` required)."""
+    try:
+        frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"undecodable MessagePack frame: {type(exc).__name__}") from exc
+    if type(frame) is not dict:
+        raise ProtocolError(f"frame must be a map, got {type(frame).__name__}")
+    return frame
+
+
+class FrameDecoder:
+    """Incremental frame splitter: ``feed(bytes)``, then iterate decoded frames.
+
+    ``requests=True`` validates request frames (``cmd`` present) and, with
+    ``raw_data``, keeps job data raw; ``requests=False`` decodes responses.
+
+    A malformed body raises :class:`ProtocolError` for that frame only (the
+    stream stays in sync, iterate again for the next); a length over
+    ``frame_bytes_max`` raises a *fatal* ``FRAME_TOO_LARGE`` and the decoder
+    refuses further input.
+    """
+
+    __slots__ = ("_buf", "_pos", "_max", "_requests", "_raw", "_broken")
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, *, requests: bool = True,
+                 raw_data: bool = False) -> None:
+        if frame_bytes_max < 1:
+            raise ValueError("frame_bytes_max must be positive")
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = frame_bytes_max
+        self._requests = requests
+        self._raw = raw_data
+        self._broken = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes."""
+        if self._broken:
+            raise ProtocolError("decoder closed after a fatal error", ErrorCode.PROTOCOL_ERROR, fatal=True)
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def next_payload(self) -> bytes | None:
+        """The next whole frame body, or ``None`` when more bytes are needed."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_BYTES:
+            return None
+        length = int.from_bytes(buf[pos:pos + HEADER_BYTES], "big")
+        if length > self._max:
+            self._broken = True
+            raise ProtocolError(f"frame of {length} bytes exceeds the maximum of {self._max}",
+                                ErrorCode.FRAME_TOO_LARGE, fatal=True)
+        end = pos + HEADER_BYTES + length
+        if len(buf) < end:
+            return None
+        payload = bytes(buf[pos + HEADER_BYTES:end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        elif end > 1 << 20:
+            del buf[:end]
+            self._pos = 0
+        else:
+            self._pos = end
+        return payload
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        payload = self.next_payload()
+        if payload is None:
+            raise StopIteration
+        if self._requests:
+            return decode_request(payload, raw_data=self._raw)
+        return decode_response(payload)

@@ -1,0 +1,264 @@
+"""Cluster configuration: one TOML file and/or ``SHOAL_*`` environment variables.
+
+Every deployment (``shoal cluster up``, docker-compose, Helm) configures a node
+the same way. The file::
+
+    [cluster]
+    id = "shoal-local"          # cluster id reported in Hello
+    partitions = 8
+    replication = 3             # RF; capped at the node count
+    secret = ""                 # Raft password (required unless Raft binds loopback)
+    tokens = []                 # client auth tokens; empty = no auth
+    session_grace_ms = 0
+    frame_bytes_max = 67108864
+    inflight_per_connection = 50
+    data_dir = ".shoal"         # node data goes under data_dir/<node id> unless set per node
+
+    [[nodes]]
+    id = "n1"
+    host = "127.0.0.1"          # advertised to clients and peers
+    port = 6789                 # binary protocol
+    http_port = 6790
+    raft_port = 7789            # Raft port of partition p = raft_port + p
+
+Environment variables override the file (names are the contract with deploy/):
+
+=========================  ==================================================
+SHOAL_CONFIG               path of the TOML file (optional)
+SHOAL_NODE_ID              this node's id (Kubernetes: the pod's hostname)
+SHOAL_PEERS                ``id=host[:port[:http_port[:raft_port]]]`` comma list
+SHOAL_CLUSTER_ID           cluster id
+SHOAL_PARTITIONS           partition count
+SHOAL_REPLICATION          replication factor
+SHOAL_CLUSTER_SECRET       Raft password
+SHOAL_AUTH_TOKENS          comma-separated client tokens
+SHOAL_DATA_DIR             this node's data directory
+SHOAL_LISTEN               bind address of every listener (default: the node's host)
+SHOAL_CLIENT_PORT          default client port for peers without one
+SHOAL_HTTP_PORT            default HTTP port
+SHOAL_RAFT_PORT            default Raft base port
+SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
+SHOAL_FRAME_BYTES_MAX      maximum frame size
+=========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from .codec import FRAME_BYTES_MAX_DEFAULT
+from .partitioning import default_rf, place_replicas
+from .topology import NodeAddress, PartitionInfo, Topology
+
+__all__ = ["NodeSpec", "ClusterConfig", "ConfigError", "load_config", "ENV_VARS",
+           "DEFAULT_CLIENT_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_RAFT_PORT"]
+
+DEFAULT_CLIENT_PORT = 6789
+DEFAULT_HTTP_PORT = 6790
+DEFAULT_RAFT_PORT = 7789
+
+#: Every environment variable ``load_config`` reads (deploy/ tests check against this).
+ENV_VARS = (
+    "SHOAL_CONFIG", "SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_ID", "SHOAL_PARTITIONS",
+    "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
+    "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
+    "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX",
+)
+
+
+class ConfigError(ValueError):
+    """The configuration is incomplete or contradictory."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node of the cluster as every peer sees it."""
+
+    id: str
+    host: str
+    port: int = DEFAULT_CLIENT_PORT
+    http_port: int = DEFAULT_HTTP_PORT
+    raft_port: int = DEFAULT_RAFT_PORT
+    data_dir: str | None = None
+
+    def raft_address(self, partition: int) -> str:
+        return f"{self.host}:{self.raft_port + partition}"
+
+    def address(self) -> NodeAddress:
+        return NodeAddress(self.id, self.host, self.port, self.http_port)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The whole cluster's settings plus, for a running node, which node it is."""
+
+    nodes: tuple[NodeSpec, ...]
+    cluster_id: str = "shoal-local"
+    partitions: int = 8
+    replication: int = 3
+    secret: str = ""
+    tokens: tuple[str, ...] = ()
+    session_grace_ms: int = 0
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    inflight_per_connection: int = 50
+    data_dir: str = ".shoal"
+    node_id: str | None = None
+    listen: str | None = None
+
+    @property
+    def rf(self) -> int:
+        return min(self.replication, len(self.nodes)) if self.replication > 0 else default_rf(len(self.nodes))
+
+    def node(self, node_id: str | None = None) -> NodeSpec:
+        """The spec of ``node_id`` (default: this node)."""
+        wanted = node_id or self.node_id
+        for spec in self.nodes:
+            if spec.id == wanted:
+                return spec
+        raise ConfigError(f"node {wanted!r} is not in the cluster's node list {[n.id for n in self.nodes]}")
+
+    def node_data_dir(self, node_id: str | None = None) -> Path:
+        spec = self.node(node_id)
+        return Path(spec.data_dir) if spec.data_dir else Path(self.data_dir) / spec.id
+
+    def placement(self) -> dict[int, list[str]]:
+        """Replicas per partition, preferred leader first."""
+        return place_replicas([n.id for n in self.nodes], self.partitions, self.rf)
+
+    def initial_topology(self) -> Topology:
+        """The topology before any leader is known."""
+        nodes = {n.id: n.address() for n in self.nodes}
+        parts = tuple(PartitionInfo(p, tuple(r)) for p, r in sorted(self.placement().items()))
+        return Topology(self.cluster_id, self.partitions, nodes, parts, 0)
+
+    def raft_needs_secret(self) -> bool:
+        """True when some Raft endpoint is not on loopback (pysyncobj unpickles peer data)."""
+        hosts = [n.host for n in self.nodes] + ([self.listen] if self.listen else [])
+        return any(not _is_loopback(h) for h in hosts)
+
+    def validate(self) -> "ClusterConfig":
+        if not self.nodes:
+            raise ConfigError("no nodes configured (set [[nodes]] or SHOAL_PEERS)")
+        ids = [n.id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"duplicate node ids in {ids}")
+        if not 1 <= self.partitions <= 1024:
+            raise ConfigError("partitions must be 1..1024")
+        if self.replication < 0 or self.replication > 7:
+            raise ConfigError("replication must be 0 (auto) .. 7")
+        if self.raft_needs_secret() and not self.secret:
+            raise ConfigError("Raft binds a non-loopback address but no cluster secret is set "
+                              "(SHOAL_CLUSTER_SECRET / [cluster] secret): pysyncobj unpickles what peers "
+                              "send, so an open Raft port would run any peer's code")
+        return self
+
+    def to_toml(self) -> str:
+        """The file form of this configuration (node id and listen are not written)."""
+        cluster: dict[str, Any] = {
+            "id": self.cluster_id, "partitions": self.partitions, "replication": self.replication,
+            "secret": self.secret, "tokens": list(self.tokens), "session_grace_ms": self.session_grace_ms,
+            "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
+            "data_dir": self.data_dir,
+        }
+        nodes = []
+        for n in self.nodes:
+            d: dict[str, Any] = {"id": n.id, "host": n.host, "port": n.port, "http_port": n.http_port,
+                                 "raft_port": n.raft_port}
+            if n.data_dir:
+                d["data_dir"] = n.data_dir
+            nodes.append(d)
+        return tomli_w.dumps({"cluster": cluster, "nodes": nodes})
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parse_peers(text: str, port: int, http_port: int, raft_port: int) -> tuple[NodeSpec, ...]:
+    specs = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        node_id, sep, rest = item.partition("=")
+        if not sep or not node_id or not rest:
+            raise ConfigError(f"SHOAL_PEERS item {item!r} is not id=host[:port[:http_port[:raft_port]]]")
+        parts = rest.split(":")
+        try:
+            nums = [int(x) for x in parts[1:]]
+        except ValueError as exc:
+            raise ConfigError(f"SHOAL_PEERS item {item!r}: ports must be integers") from exc
+        nums += [port, http_port, raft_port][len(nums):]
+        specs.append(NodeSpec(node_id, parts[0], nums[0], nums[1], nums[2]))
+    return tuple(specs)
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={value!r} is not an integer") from exc
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+                node_id: str | None = None) -> ClusterConfig:
+    """Read the TOML file (if any) and apply ``SHOAL_*`` overrides, then validate."""
+    env = os.environ if env is None else env
+    path = path or env.get("SHOAL_CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from exc
+    c = raw.get("cluster", {})
+    port = _int_env(env, "SHOAL_CLIENT_PORT", DEFAULT_CLIENT_PORT)
+    http_port = _int_env(env, "SHOAL_HTTP_PORT", DEFAULT_HTTP_PORT)
+    raft_port = _int_env(env, "SHOAL_RAFT_PORT", DEFAULT_RAFT_PORT)
+    try:
+        nodes = tuple(NodeSpec(str(n["id"]), str(n.get("host", "127.0.0.1")), int(n.get("port", port)),
+                               int(n.get("http_port", http_port)), int(n.get("raft_port", raft_port)),
+                               n.get("data_dir")) for n in raw.get("nodes", []))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"[[nodes]] entry is malformed: {exc}") from exc
+    if env.get("SHOAL_PEERS"):
+        nodes = _parse_peers(env["SHOAL_PEERS"], port, http_port, raft_port)
+    tokens = tuple(c.get("tokens", ()))
+    if env.get("SHOAL_AUTH_TOKENS"):
+        tokens = tuple(t.strip() for t in env["SHOAL_AUTH_TOKENS"].split(",") if t.strip())
+    me = node_id or env.get("SHOAL_NODE_ID") or None
+    if me and env.get("SHOAL_DATA_DIR"):
+        nodes = tuple(replace(n, data_dir=env["SHOAL_DATA_DIR"]) if n.id == me else n for n in nodes)
+    cfg = ClusterConfig(
+        nodes=nodes,
+        cluster_id=env.get("SHOAL_CLUSTER_ID") or str(c.get("id", "shoal-local")),
+        partitions=_int_env(env, "SHOAL_PARTITIONS", int(c.get("partitions", 8))),
+        replication=_int_env(env, "SHOAL_REPLICATION", int(c.get("replication", 3))),
+        secret=env.get("SHOAL_CLUSTER_SECRET") or str(c.get("secret", "")),
+        tokens=tokens,
+        session_grace_ms=_int_env(env, "SHOAL_SESSION_GRACE_MS", int(c.get("session_grace_ms", 0))),
+        frame_bytes_max=_int_env(env, "SHOAL_FRAME_BYTES_MAX", int(c.get("frame_bytes_max", FRAME_BYTES_MAX_DEFAULT))),
+        inflight_per_connection=int(c.get("inflight_per_connection", 50)),
+        data_dir=str(c.get("data_dir", ".shoal")),
+        node_id=me,
+        listen=env.get("SHOAL_LISTEN") or None,
+    )
+    cfg.validate()
+    if me:
+        cfg.node(me)
+    return cfg
