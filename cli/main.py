@@ -15,7 +15,11 @@ import click
 __all__ = ["main", "SUBCOMMANDS"]
 
 #: name -> "module:attribute" of a click command or group.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "node": "shoal.node.cli:node_command",
+    "cluster": "shoal.cluster.launcher:cluster_group",
+    "chaos": "shoal.chaos.cli:chaos",
+}
 
 
 class _LazyGroup(click.Group):

@@ -1,0 +1,227 @@
+"""Node benchmark: a raw pipelined protocol driver against a local 3-node cluster.
+
+Measures PUSH ops/s (window 100), PUSHB jobs/s (100 jobs per frame), PULLB+ACKB
+jobs/s, the latency of a lone PUSH (p50/p99), and the seconds from a leader
+SIGKILL to the first successful write. The driver runs in this process; the
+nodes are separate processes started with ``LocalCluster``.
+
+    python bench/bench_node.py [--seconds 5] [--partitions 8]
+
+Every loop is bounded by a job count and a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import uvloop
+
+from shoal.cluster.codec import FrameDecoder, encode
+from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.cluster.partitioning import partition_for
+from shoal.cluster.topology import Topology
+
+DATA_100 = b"x" * 100  # packs as a 102-byte bin: ~100-byte job payload
+
+
+class Conn:
+    """Pipelined v2 connection: ``call`` returns a future resolved by reqId."""
+
+    def __init__(self) -> None:
+        self.reader: asyncio.StreamReader
+        self.writer: asyncio.StreamWriter
+        self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.next_id = 0
+        self.decoder = FrameDecoder(requests=False)
+        self.hello: dict[str, Any] = {}
+
+    @classmethod
+    async def open(cls, address: str) -> "Conn":
+        self = cls()
+        host, port = address.rsplit(":", 1)
+        self.reader, self.writer = await asyncio.open_connection(host, int(port))
+        self._task = asyncio.get_running_loop().create_task(self._read())
+        self.hello = await self.call({"cmd": "Hello", "protocolVersion": 2})
+        return self
+
+    async def _read(self) -> None:
+        while True:
+            data = await self.reader.read(1 << 18)
+            if not data:
+                for f in self.waiters.values():
+                    if not f.done():
+                        f.set_exception(ConnectionError("closed"))
+                return
+            self.decoder.feed(data)
+            for frame in self.decoder:
+                fut = self.waiters.pop(frame.get("reqId"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(frame)
+
+    def send(self, frame: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        self.next_id += 1
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiters[self.next_id] = fut
+        frame["reqId"] = self.next_id
+        self.writer.write(encode(frame))
+        return fut
+
+    async def call(self, frame: dict[str, Any]) -> dict[str, Any]:
+        return await self.send(frame)
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.writer.close()
+
+
+async def leader_conn(cluster: LocalCluster, queue: str) -> Conn:
+    topo = cluster.topology()
+    node = topo.leader_of(partition_for(queue, topo.partitions))
+    assert node is not None
+    return await Conn.open(f"{node.host}:{node.port}")
+
+
+async def windowed(conn: Conn, make: Any, total: int, window: int, seconds: float) -> tuple[int, float]:
+    """Keep ``window`` commands in flight until ``total`` are done or time runs out."""
+    done = 0
+    sent = 0
+    inflight: set[asyncio.Future[dict[str, Any]]] = set()
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while done < total:
+        while sent < total and len(inflight) < window and time.perf_counter() < deadline:
+            inflight.add(conn.send(make(sent)))
+            sent += 1
+        if not inflight:
+            break
+        finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        for f in finished:
+            r = f.result()
+            if not r.get("ok"):
+                raise RuntimeError(r)
+            done += 1
+    return done, time.perf_counter() - t0
+
+
+async def bench_push(cluster: LocalCluster, seconds: float) -> float:
+    conn = await leader_conn(cluster, "bench-push")
+    n, dt = await windowed(conn, lambda i: {"cmd": "PUSH", "queue": "bench-push", "data": DATA_100},
+                           2_000_000, 100, seconds)
+    conn.close()
+    return n / dt
+
+
+async def bench_pushb(cluster: LocalCluster, seconds: float) -> float:
+    conn = await leader_conn(cluster, "bench-pushb")
+    jobs = [{"data": DATA_100} for _ in range(100)]
+    n, dt = await windowed(conn, lambda i: {"cmd": "PUSHB", "queue": "bench-pushb", "jobs": jobs},
+                           100_000, 16, seconds)
+    conn.close()
+    return n * 100 / dt
+
+
+async def bench_pull_ack(cluster: LocalCluster, seconds: float) -> float:
+    conn = await leader_conn(cluster, "bench-pushb")
+    done = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    window = 8
+    pending: set[asyncio.Future[dict[str, Any]]] = set()
+    while time.perf_counter() < deadline:
+        while len(pending) < window:
+            pending.add(conn.send({"cmd": "PULLB", "queue": "bench-pushb", "count": 100}))
+        finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        acks = []
+        for f in finished:
+            r = f.result()
+            if r.get("jobs"):
+                acks.append(conn.send({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}))
+                done += len(r["jobs"])
+        if acks:
+            for r in await asyncio.gather(*acks):
+                if not r.get("ok"):
+                    raise RuntimeError(r)
+        if not any(f.result().get("jobs") for f in finished):
+            break  # queue drained
+    dt = time.perf_counter() - t0
+    for f in pending:
+        await f
+    conn.close()
+    return done / dt
+
+
+async def bench_latency(cluster: LocalCluster, samples: int) -> tuple[float, float]:
+    conn = await leader_conn(cluster, "bench-lat")
+    lat = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        r = await conn.call({"cmd": "PUSH", "queue": "bench-lat", "data": DATA_100})
+        lat.append(time.perf_counter() - t)
+        assert r["ok"], r
+    conn.close()
+    lat.sort()
+    return statistics.median(lat) * 1000, lat[int(len(lat) * 0.99) - 1] * 1000
+
+
+async def bench_failover(cluster: LocalCluster) -> float:
+    topo = cluster.topology()
+    p = partition_for("bench-fo", topo.partitions)
+    victim = topo.partition_map[p].leader
+    assert victim
+    cluster.kill(victim)
+    t0 = time.perf_counter()
+    deadline = t0 + 30
+    while time.perf_counter() < deadline:
+        for address in cluster.addresses:
+            if address == cluster.address_of(victim):
+                continue
+            try:
+                conn = await asyncio.wait_for(Conn.open(address), 1)
+            except (OSError, asyncio.TimeoutError):
+                continue
+            try:
+                r = await asyncio.wait_for(conn.call({"cmd": "PUSH", "queue": "bench-fo", "data": 1}), 1)
+            except (asyncio.TimeoutError, ConnectionError):
+                continue
+            finally:
+                conn.close()
+            if r.get("ok"):
+                return time.perf_counter() - t0
+        await asyncio.sleep(0.02)
+    raise TimeoutError("no write within 30 s of the leader kill")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
+                          base_port=free_base_port(3, args.partitions)) as cluster:
+            time.sleep(4)  # let the balancer hand leadership to preferred replicas
+            push = await bench_push(cluster, args.seconds)
+            print(f"PUSH (window 100):        {push:12,.0f} ops/s")
+            pushb = await bench_pushb(cluster, args.seconds)
+            print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s")
+            pull = await bench_pull_ack(cluster, args.seconds)
+            print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s")
+            p50, p99 = await bench_latency(cluster, args.samples)
+            print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+            fo = await bench_failover(cluster)
+            print(f"leader SIGKILL -> write:  {fo:.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
+    args = parser.parse_args()
+    uvloop.install()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

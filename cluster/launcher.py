@@ -1,0 +1,432 @@
+"""Local clusters: ``shoal cluster up`` and the :class:`LocalCluster` API behind it.
+
+A local cluster is N node processes on loopback started from one data
+directory that holds ``cluster.toml``, one pid file and one log file per node
+and each node's data. Starting again on the same directory reuses its
+``cluster.toml``, so the same cluster comes back with its data.
+
+Ports for node *i* (0-based) from ``base_port``: client ``base + 2i``, HTTP
+``base + 2i + 1``, Raft ``base + 100 + i * stride + partition`` where
+``stride = max(64, partitions)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .codec import FrameDecoder, encode
+from .config import ClusterConfig, ConfigError, NodeSpec, load_config
+from .topology import Topology
+
+__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
+
+NODES_MAX = 32
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+def port_layout(base_port: int, nodes: int, partitions: int) -> list[tuple[int, int, int]]:
+    """(client, http, raft base) ports of every node."""
+    stride = max(64, partitions)
+    return [(base_port + 2 * i, base_port + 2 * i + 1, base_port + 100 + i * stride) for i in range(nodes)]
+
+
+def _ports_of(base_port: int, nodes: int, partitions: int) -> list[int]:
+    ports = []
+    for client, http, raft in port_layout(base_port, nodes, partitions):
+        ports += [client, http] + [raft + p for p in range(partitions)]
+    return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(nodes: int = 3, partitions: int = 8, low: int = 20_000, high: int = 55_000,
+                   attempts_max: int = 200) -> int:
+    """A base port whose whole layout is free on loopback right now."""
+    rng = random.Random()
+    for _ in range(attempts_max):
+        base = rng.randrange(low, high)
+        if all(_port_free(p) for p in _ports_of(base, nodes, partitions)):
+            return base
+    raise RuntimeError(f"no free port range found in {attempts_max} attempts")
+
+
+def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None) -> dict[str, Any]:
+    """One synchronous Hello (after Auth when a token is given); returns the reply."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        frames = []
+        if token:
+            frames.append({"cmd": "Auth", "token": token, "reqId": 0})
+        frames.append({"cmd": "Hello", "protocolVersion": 2, "reqId": 1})
+        sock.sendall(b"".join(encode(f) for f in frames))
+        decoder = FrameDecoder(requests=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("node closed the connection")
+            decoder.feed(data)
+            for frame in decoder:
+                if frame.get("reqId") == 1:
+                    return frame
+        raise TimeoutError("no Hello reply")
+
+
+def _is_our_node(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"shoal" in cmdline
+
+
+class LocalCluster:
+    """N real node processes on loopback, managed by pid.
+
+    Use as a context manager: every process it started is stopped (SIGTERM,
+    then SIGKILL) when the block exits, also on failure.
+    """
+
+    def __init__(self, nodes: int = 3, partitions: int = 8, data_dir: str | os.PathLike[str] = ".shoal",
+                 base_port: int = 6789, replication: int = 3, tokens: tuple[str, ...] = (),
+                 secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None) -> None:
+        if not 1 <= nodes <= NODES_MAX:
+            raise ValueError(f"nodes must be 1..{NODES_MAX}")
+        self.data_dir = Path(data_dir).absolute()
+        self.config_path = self.data_dir / "cluster.toml"
+        self.extra_env = dict(extra_env or {})
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        if self.config_path.exists():
+            self.config = load_config(self.config_path, env={})
+        else:
+            specs = []
+            for i, (client, http, raft) in enumerate(port_layout(base_port, nodes, partitions)):
+                specs.append(NodeSpec(f"n{i + 1}", "127.0.0.1", client, http, raft))
+            self.config = ClusterConfig(nodes=tuple(specs), partitions=partitions, replication=replication,
+                                        tokens=tuple(tokens), secret=secret, session_grace_ms=session_grace_ms,
+                                        data_dir=str(self.data_dir)).validate()
+
+    # --- info ----------------------------------------------------------------------------------
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.config.nodes]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Client addresses ``host:port`` of every node."""
+        return [f"{n.host}:{n.port}" for n in self.config.nodes]
+
+    def address_of(self, node_id: str) -> str:
+        n = self.config.node(node_id)
+        return f"{n.host}:{n.port}"
+
+    def pid_file(self, node_id: str) -> Path:
+        return self.data_dir / f"{node_id}.pid"
+
+    def log_file(self, node_id: str) -> Path:
+        return self.data_dir / f"{node_id}.log"
+
+    def pid(self, node_id: str) -> int | None:
+        proc = self.procs.get(node_id)
+        if proc is not None and proc.poll() is None:
+            return proc.pid
+        return None
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {nid: p.pid for nid, p in self.procs.items() if p.poll() is None}
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> "LocalCluster":
+        """Write ``cluster.toml`` (first time) and start every node not already running."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.config_path.exists():
+            self.config_path.write_text(self.config.to_toml())
+        for node_id in self.node_ids:
+            if self.pid(node_id) is None:
+                self.start_node(node_id)
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def start_node(self, node_id: str) -> int:
+        """Start one node process; returns its pid."""
+        pid_file = self.pid_file(node_id)
+        if pid_file.exists():
+            try:
+                old = int(pid_file.read_text().strip())
+            except ValueError:
+                old = 0
+            if old and old not in self.pids.values() and _is_our_node(old):
+                raise RuntimeError(f"node {node_id} is already running as pid {old} ({pid_file})")
+        env = {**os.environ, **self.extra_env}
+        for key in [k for k in env if k.startswith("SHOAL_") and k not in self.extra_env]:
+            env.pop(key)  # the cluster file is the whole truth for a local cluster
+        log = open(self.log_file(node_id), "ab")
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shoal.node", "--config", str(self.config_path), "--id", node_id],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        finally:
+            log.close()
+        self.procs[node_id] = proc
+        pid_file.write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> Topology:
+        """Block until the running nodes agree every partition has a leader."""
+        deadline = time.monotonic() + timeout_s
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            for node_id, proc in list(self.procs.items()):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"node {node_id} exited with {proc.returncode}; see {self.log_file(node_id)}")
+            try:
+                topo = self.topology()
+                if all(p.leader for p in topo.partition_map):
+                    return topo
+            except (OSError, RuntimeError) as exc:
+                last_error = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"cluster not ready within {timeout_s}s (last error: {last_error})")
+
+    def topology(self) -> Topology:
+        """The freshest view over every running node (highest term per partition)."""
+        merged: Topology | None = None
+        token = self.config.tokens[0] if self.config.tokens else None
+        for node_id in self.pids:
+            n = self.config.node(node_id)
+            try:
+                reply = hello(n.host, n.port, 1.0, token)
+            except (OSError, TimeoutError):
+                continue
+            if not reply.get("ok"):
+                continue
+            topo = Topology.from_wire(reply["topology"])
+            merged = topo if merged is None else merged.merge(topo)
+        if merged is None:
+            raise RuntimeError("no node answered Hello")
+        return merged
+
+    def leader_of(self, partition: int) -> str | None:
+        return self.topology().partition_map[partition].leader
+
+    def signal(self, node_id: str, sig: int) -> None:
+        pid = self.pid(node_id)
+        if pid is None:
+            raise RuntimeError(f"node {node_id} is not running")
+        os.kill(pid, sig)
+
+    def kill(self, node_id: str) -> None:
+        """SIGKILL a node and reap it."""
+        self.signal(node_id, signal.SIGKILL)
+        self.procs[node_id].wait(10)
+
+    def pause(self, node_id: str) -> None:
+        self.signal(node_id, signal.SIGSTOP)
+
+    def resume(self, node_id: str) -> None:
+        self.signal(node_id, signal.SIGCONT)
+
+    def stop_node(self, node_id: str, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM (graceful), SIGKILL after ``timeout_s``; returns the exit code."""
+        proc = self.procs.get(node_id)
+        if proc is None or proc.poll() is not None:
+            return proc.returncode if proc else None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)  # a paused node cannot handle SIGTERM
+            proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        self.pid_file(node_id).unlink(missing_ok=True)
+        return proc.returncode
+
+    def restart(self, node_id: str) -> int:
+        if self.pid(node_id) is not None:
+            self.stop_node(node_id)
+        return self.start_node(node_id)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every node this object started: SIGTERM all, then SIGKILL stragglers."""
+        for node_id, proc in self.procs.items():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for node_id, proc in self.procs.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            self.pid_file(node_id).unlink(missing_ok=True)
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+
+
+@click.group("cluster")
+def cluster_group() -> None:
+    """Run a local cluster of node processes on this machine."""
+
+
+@cluster_group.command("up")
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, NODES_MAX))
+@click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
+@click.option("--base-port", default=6789, show_default=True, type=click.IntRange(1024, 65000))
+@click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 7),
+              help="Replicas per partition (capped at the node count).")
+@click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
+                                             "(stop them with `shoal cluster down`).")
+def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool) -> None:
+    """Start N local nodes and wait until every partition has a leader.
+
+    Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
+    again on the same --data to bring the same cluster back with its data.
+    """
+    try:
+        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication)
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if cluster.config_path.exists() and (len(cluster.config.nodes), cluster.config.partitions) != (nodes, partitions):
+        click.echo(f"reusing {cluster.config_path}: {len(cluster.config.nodes)} nodes, "
+                   f"{cluster.config.partitions} partitions (flags ignored)", err=True)
+    stop_requested = False
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        cluster.start(wait=False)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not stop_requested:
+            try:
+                cluster.wait_ready(min(1.0, max(0.1, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+    except (RuntimeError, TimeoutError) as exc:
+        cluster.stop()
+        raise click.ClickException(str(exc)) from exc
+    if stop_requested:
+        cluster.stop()
+        return
+    click.echo(f"Shoal cluster ready: {len(cluster.node_ids)} nodes, {cluster.config.partitions} partitions, "
+               f"data in {cluster.data_dir}")
+    for n in cluster.config.nodes:
+        click.echo(f"  {n.id}: client {n.host}:{n.port}  http http://{n.host}:{n.http_port}  "
+                   f"pid {cluster.pid(n.id)}")
+    click.echo(f"Connect with: Client({cluster.addresses!r})")
+    if detach:
+        click.echo("Detached; stop with: shoal cluster down --data " + str(cluster.data_dir))
+        return
+    click.echo("Press Ctrl-C to stop.")
+    while not stop_requested:
+        time.sleep(0.2)
+        dead = [nid for nid, p in cluster.procs.items() if p.poll() is not None]
+        for nid in dead:
+            click.echo(f"node {nid} exited with code {cluster.procs[nid].returncode}; "
+                       f"see {cluster.log_file(nid)}", err=True)
+            cluster.procs.pop(nid)
+        if not cluster.procs:
+            raise click.ClickException("every node has exited")
+    click.echo("stopping...")
+    cluster.stop()
+    click.echo("stopped")
+
+
+def _pids_in(data_dir: Path) -> Iterator[tuple[str, int, Path]]:
+    for pid_file in sorted(data_dir.glob("*.pid")):
+        try:
+            yield pid_file.stem, int(pid_file.read_text().strip()), pid_file
+        except ValueError:
+            continue
+
+
+@cluster_group.command("down")
+@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
+def cluster_down(data_dir: str) -> None:
+    """Stop the nodes of a detached local cluster (SIGTERM, then SIGKILL)."""
+    stopped = 0
+    for node_id, pid, pid_file in _pids_in(Path(data_dir)):
+        if _is_our_node(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _is_our_node(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _is_our_node(pid):
+                os.kill(pid, signal.SIGKILL)
+            stopped += 1
+            click.echo(f"stopped {node_id} (pid {pid})")
+        pid_file.unlink(missing_ok=True)
+    click.echo(f"{stopped} node(s) stopped")
+
+
+@cluster_group.command("status")
+@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
+def cluster_status(data_dir: str) -> None:
+    """Show each node's pid and which partitions it leads."""
+    path = Path(data_dir) / "cluster.toml"
+    if not path.exists():
+        raise click.ClickException(f"no cluster at {data_dir} (no cluster.toml)")
+    config = load_config(path, env={})
+    pids = {nid: pid for nid, pid, _ in _pids_in(Path(data_dir))}
+    topo: Topology | None = None
+    for n in config.nodes:
+        alive = n.id in pids and _is_our_node(pids[n.id])
+        click.echo(f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}")
+        if alive:
+            with contextlib.suppress(OSError, TimeoutError):
+                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None)
+                if reply.get("ok"):
+                    t = Topology.from_wire(reply["topology"])
+                    topo = t if topo is None else topo.merge(t)
+    if topo is not None:
+        for p in topo.partition_map:
+            click.echo(f"  partition {p.id}: leader {p.leader or '-'} term {p.term} replicas {','.join(p.replicas)}")

@@ -1,0 +1,187 @@
+"""One client connection on the binary protocol.
+
+Frames are decoded as they arrive; each runs through the node's dispatcher
+and its reply is written when ready. Before ``Hello`` a connection is
+protocol v1: one command at a time, replies strictly in order. After
+``Hello {protocolVersion: 2}`` up to ``inflight_max`` commands run at once and
+replies go out as they complete, matched by ``reqId``. Replies written in one
+event-loop iteration leave in a single ``write`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.codec import FrameDecoder, encode
+from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+
+__all__ = ["ClientConnection"]
+
+log = logging.getLogger(__name__)
+_conn_ids = itertools.count(1)
+_BACKLOG_PAUSE_FRAMES = 2_000
+
+
+class ClientConnection(asyncio.Protocol):
+    """Protocol instance per accepted socket."""
+
+    def __init__(self, dispatcher: "Dispatcher", frame_bytes_max: int, inflight_max: int) -> None:
+        self.dispatcher = dispatcher
+        self.conn_id = next(_conn_ids)
+        self.decoder = FrameDecoder(frame_bytes_max, requests=True, raw_data=True)
+        self.inflight_v2_max = inflight_max
+        self.inflight_max = 1  # v1 until Hello
+        self.protocol_version = 1
+        self.authed = not dispatcher.auth_required
+        self.session: str = dispatcher.sessions.new_session_id()
+        self.subscriptions: set[str] | None = None  # None = not subscribed; "" = every queue
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._backlog: deque[dict[str, Any]] = deque()
+        self._inflight = 0
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._close_after_flush = False
+        self._paused = False
+        self._pumping = False
+        self.loop = dispatcher.loop
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.dispatcher.connection_opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._backlog.clear()
+        self.dispatcher.connection_closed(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.decoder.feed(data)
+        except ProtocolError:
+            return  # decoder already broken; the connection is closing
+        while True:
+            try:
+                frame = next(self.decoder, None)
+            except ProtocolError as exc:
+                self._protocol_error(exc)
+                if exc.fatal:
+                    return
+                continue
+            if frame is None:
+                break
+            self._backlog.append(frame)
+        self._pump()
+        if len(self._backlog) > _BACKLOG_PAUSE_FRAMES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+
+    # --- command flow -------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._pumping:
+            return  # a reply sent synchronously from inside the loop below; the loop continues
+        self._pumping = True
+        try:
+            self._pump_backlog()
+        finally:
+            self._pumping = False
+
+    def _pump_backlog(self) -> None:
+        backlog = self._backlog
+        while backlog and self._inflight < self.inflight_max and not self.closed:
+            frame = backlog.popleft()
+            self._inflight += 1
+            try:
+                self.dispatcher.handle(self, frame)
+            except CommandError as exc:
+                self.reply_error(frame.get("reqId"), exc)
+            except Exception as exc:
+                log.exception("dispatch failed for %s", frame.get("cmd"))
+                self.reply_error(frame.get("reqId"),
+                                 CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and self.transport and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def upgrade(self, version: int) -> None:
+        """Switch to protocol v2 (pipelined, out-of-order replies)."""
+        if version >= 2:
+            self.protocol_version = 2
+            self.inflight_max = self.inflight_v2_max
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        """Send a successful reply to one command and let the next one run."""
+        frame = {"ok": True, **body}
+        if req_id is not None:
+            frame["reqId"] = req_id
+        self._finish(frame)
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        frame = exc.to_reply()
+        if req_id is not None:
+            frame["reqId"] = req_id
+        self._finish(frame)
+
+    def _finish(self, frame: dict[str, Any]) -> None:
+        self._inflight -= 1
+        if not self.closed:
+            self.send_frame(frame)
+            if self._backlog:
+                self._pump()
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        frame: dict[str, Any] = {"ok": False, "error": str(exc), "code": exc.code.value}
+        if exc.req_id is not None:
+            frame["reqId"] = exc.req_id
+        self.send_frame(frame)
+        if exc.fatal:
+            self._backlog.clear()
+            self._close_after_flush = True
+            self._flush()
+
+    # --- output -------------------------------------------------------------------------------
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        """Queue a frame (reply or event); all frames of one loop iteration go out in one write."""
+        if self.closed:
+            return
+        try:
+            data = encode(frame)
+        except ProtocolError as exc:
+            data = encode({"ok": False, "error": f"reply could not be encoded: {exc}",
+                           "code": ErrorCode.INTERNAL.value, "reqId": frame.get("reqId")})
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.closed:
+            out, self._out = self._out, []
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        if self._close_after_flush and self.transport is not None:
+            self.transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self._flush()
+            self.transport.close()

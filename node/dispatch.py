@@ -1,0 +1,434 @@
+"""Command dispatch: route every frame to the right place and answer it.
+
+- node-level commands (Hello, Auth, Ping, Identify, Subscribe, workers,
+  Prometheus) are answered here;
+- everything else is validated with the shared schema, routed to its
+  partition (queue name, job id, or ``partition`` field), refused with
+  ``NOT_LEADER``/``NO_LEADER`` when this node does not lead it, then
+  - reads run against the leader's applied state;
+  - writes go through the partition's group commit (one Raft entry per batch);
+- a ``PULL``/``PULLB`` with a timeout and nothing ready parks on the leader
+  and is woken when the partition applies something that makes its queue
+  ready; a ``PUSH`` refused with ``QUEUE_FULL`` waits the same way up to its
+  ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.commands import COMMANDS, validate
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.jobid import partition_of_job
+from shoal.cluster.partitioning import partition_for
+
+from .sessions import SESSION_CHARS_MAX, SessionTable
+
+if TYPE_CHECKING:
+    from .connection import ClientConnection
+    from .server import Node
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+NODE_COMMANDS = frozenset({"Hello", "Auth", "Ping", "Identify", "Subscribe", "Prometheus", "Heartbeat",
+                           "RegisterWorker", "UnregisterWorker", "ListWorkers"})
+PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
+LEASE_COMMANDS = frozenset({"PULL", "PULLB"})
+WORKERS_MAX = 10_000
+WAKE_PER_ROUND_MAX = 256
+PARKED_PER_QUEUE_MAX = 10_000
+
+
+class _Parked:
+    """A command waiting on its partition: a long-poll pull or a push to a full queue."""
+
+    __slots__ = ("conn", "frame", "partition", "queue", "deadline", "timer", "done")
+
+    def __init__(self, conn: "ClientConnection", frame: dict[str, Any], partition: int, queue: str,
+                 deadline: float) -> None:
+        self.conn = conn
+        self.frame = frame
+        self.partition = partition
+        self.queue = queue
+        self.deadline = deadline
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+class Dispatcher:
+    """Answers every frame of every connection of one node."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.loop = node.loop
+        self.partitions = node.config.partitions
+        self.auth_required = bool(node.config.tokens)
+        self._tokens = [t.encode() for t in node.config.tokens]
+        self.sessions = SessionTable(node.node_id, node.loop, node.config.session_grace_ms,
+                                     self._release_session)
+        self.connections: set["ClientConnection"] = set()
+        self.subscribers: set["ClientConnection"] = set()
+        self.workers: dict[str, dict[str, Any]] = {}
+        self._worker_ids = itertools.count(1)
+        # (partition, queue) -> parked pulls; partition -> parked pushes (queue full)
+        self._parked_pulls: dict[tuple[int, str], deque[_Parked]] = {}
+        self._parked_pushes: dict[int, deque[_Parked]] = {}
+        self.commands_total = 0
+        self._queue_partitions: dict[str, int] = {}
+
+    # --- connection lifecycle ------------------------------------------------------------------
+
+    def connection_opened(self, conn: "ClientConnection") -> None:
+        self.connections.add(conn)
+        self.sessions.attach(conn.session, conn.conn_id)
+
+    def connection_closed(self, conn: "ClientConnection") -> None:
+        self.connections.discard(conn)
+        self.subscribers.discard(conn)
+        self.sessions.detach(conn.session, conn.conn_id)
+
+    def _release_session(self, session: str, partitions: set[int]) -> None:
+        for p in partitions:
+            gc = self.node.group_commits.get(p)
+            if gc is not None and gc.replica.is_leader():
+                gc.submit({"cmd": "_ReleaseSession", "session": session}, _ignore)
+
+    # --- entry point ---------------------------------------------------------------------------
+
+    def handle(self, conn: "ClientConnection", frame: dict[str, Any]) -> None:
+        """Answer ``frame`` now or later; exactly one reply per frame."""
+        self.commands_total += 1
+        cmd = frame["cmd"]
+        req_id = frame.get("reqId")
+        if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
+            raise CommandError(ErrorCode.AUTH_REQUIRED, "authenticate with Auth {token} first")
+        if cmd in NODE_COMMANDS:
+            conn.reply(req_id, self._node_command(conn, cmd, frame))
+            return
+        if cmd == "Stats" and frame.get("local"):
+            conn.reply(req_id, self.node.local_stats(frame.get("partition")))
+            return
+        validate(frame)
+        spec = COMMANDS[cmd]
+        if spec.routing == "partition" and frame.get("partition") is None:
+            self._fan_out(conn, frame, spec.read_only)
+            return
+        p = self._partition_of(spec.routing, frame)
+        replica = self.node.replicas.get(p)
+        if replica is None or not replica.is_leader():
+            raise self.node.not_leader_error(p)
+        if spec.read_only:
+            conn.reply(req_id, replica.read(frame, self.node.now_ms()))
+            return
+        if cmd in LEASE_COMMANDS:
+            self._pull(conn, frame, p)
+            return
+        self._write(conn, frame, p)
+
+    def _partition_of(self, routing: str, frame: dict[str, Any]) -> int:
+        if routing == "queue":
+            queue = frame["queue"]
+            p = self._queue_partitions.get(queue)
+            if p is None:
+                if len(self._queue_partitions) > 100_000:
+                    self._queue_partitions.clear()  # bound the cache; hashing again is cheap
+                p = self._queue_partitions[queue] = partition_for(queue, self.partitions)
+            return p
+        if routing == "id":
+            job_id = frame["id"] if "id" in frame else frame["ids"][0]
+            p = partition_of_job(job_id)
+        else:
+            p = frame["partition"]
+        if not 0 <= p < self.partitions:
+            raise CommandError(ErrorCode.NOT_FOUND, f"partition {p} does not exist (cluster has {self.partitions})")
+        return p
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def _write(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
+        req_id = frame.get("reqId")
+        gc = self.node.group_commits[p]
+
+        def done(result: Any) -> None:
+            if isinstance(result, CommandError):
+                if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
+                        and frame.get("timeout") and not conn.closed):
+                    self._park_push(conn, frame, p)
+                    return
+                conn.reply_error(req_id, result)
+            else:
+                conn.reply(req_id, result)
+
+        gc.submit(frame, done)
+
+    def _park_push(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
+        deadline = frame.setdefault("_deadline", time.monotonic() + frame["timeout"] / 1000)
+        if time.monotonic() >= deadline:
+            frame.pop("_deadline", None)
+            conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
+            return
+        parked = _Parked(conn, frame, p, frame["queue"], deadline)
+        parked.timer = self.loop.call_at(self.loop.time() + (deadline - time.monotonic()), self._expire_push, parked)
+        self._parked_pushes.setdefault(p, deque()).append(parked)
+
+    def _expire_push(self, parked: _Parked) -> None:
+        if not parked.done:
+            parked.done = True
+            parked.frame.pop("_deadline", None)
+            parked.conn.reply_error(parked.frame.get("reqId"),
+                                    CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
+
+    # --- pulls and long polls ------------------------------------------------------------------
+
+    def _pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
+        frame["_session"] = conn.session
+        self.sessions.used_partition(conn.session, p)
+        timeout_ms = frame.get("timeout") or 0
+        replica = self.node.replicas[p]
+        if timeout_ms > 0 and not replica.has_ready(frame["queue"]):
+            self._park_pull(conn, frame, p, time.monotonic() + timeout_ms / 1000)
+            return
+        self._submit_pull(conn, frame, p, None)
+
+    def _submit_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float | None) -> None:
+        req_id = frame.get("reqId")
+
+        def done(result: Any) -> None:
+            if isinstance(result, CommandError):
+                conn.reply_error(req_id, result)
+                return
+            empty = not result.get("job") if frame["cmd"] == "PULL" else not result.get("jobs")
+            if empty and deadline is not None and time.monotonic() < deadline and not conn.closed:
+                # Someone else took the job first; keep waiting for the rest of the timeout.
+                self._park_pull(conn, frame, p, deadline)
+                return
+            conn.reply(req_id, result)
+
+        self.node.group_commits[p].submit(frame, done)
+
+    def _park_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float) -> None:
+        key = (p, frame["queue"])
+        waiters = self._parked_pulls.setdefault(key, deque())
+        if len(waiters) >= PARKED_PER_QUEUE_MAX:
+            conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.OVERLOADED, "too many parked pulls on this queue"))
+            return
+        parked = _Parked(conn, frame, p, frame["queue"], deadline)
+        delay = max(0.0, deadline - time.monotonic())
+        parked.timer = self.loop.call_later(delay, self._expire_pull, parked)
+        waiters.append(parked)
+
+    def _expire_pull(self, parked: _Parked) -> None:
+        if parked.done:
+            return
+        parked.done = True
+        empty = {"job": None} if parked.frame["cmd"] == "PULL" else {"jobs": [], "tokens": []}
+        parked.conn.reply(parked.frame.get("reqId"), empty)
+
+    def on_applied(self, p: int) -> None:
+        """Partition ``p`` applied entries: wake parked commands that may now succeed."""
+        replica = self.node.replicas.get(p)
+        if replica is None or not replica.is_leader():
+            return
+        for key in [k for k in self._parked_pulls if k[0] == p]:
+            waiters = self._parked_pulls[key]
+            while waiters and waiters[0].done:
+                waiters.popleft()
+            if not waiters:
+                del self._parked_pulls[key]
+                continue
+            if not replica.has_ready(key[1]):
+                continue
+            for _ in range(min(len(waiters), WAKE_PER_ROUND_MAX)):
+                parked = waiters.popleft()
+                if parked.done or parked.conn.closed:
+                    continue
+                parked.done = True
+                if parked.timer:
+                    parked.timer.cancel()
+                self._submit_pull(parked.conn, parked.frame, p, parked.deadline)
+        pushes = self._parked_pushes.pop(p, None)
+        while pushes:
+            parked = pushes.popleft()
+            if parked.done or parked.conn.closed:
+                continue
+            parked.done = True
+            if parked.timer:
+                parked.timer.cancel()
+            self._write(parked.conn, parked.frame, p)
+
+    def fail_parked(self, p: int, error: CommandError) -> None:
+        """Leadership of ``p`` was lost: answer everything parked on it."""
+        for key in [k for k in self._parked_pulls if k[0] == p]:
+            for parked in self._parked_pulls.pop(key):
+                if not parked.done:
+                    parked.done = True
+                    if parked.timer:
+                        parked.timer.cancel()
+                    parked.conn.reply_error(parked.frame.get("reqId"), error)
+        for parked in self._parked_pushes.pop(p, ()):
+            if not parked.done:
+                parked.done = True
+                if parked.timer:
+                    parked.timer.cancel()
+                parked.conn.reply_error(parked.frame.get("reqId"), error)
+
+    # --- fan-out over the partitions this node leads -------------------------------------------
+
+    def _fan_out(self, conn: "ClientConnection", frame: dict[str, Any], read_only: bool) -> None:
+        req_id = frame.get("reqId")
+        led = [p for p, r in sorted(self.node.replicas.items()) if r.is_leader()]
+        cmd = frame["cmd"]
+        if read_only:
+            now = self.node.now_ms()
+            parts = {p: self.node.replicas[p].read(frame, now) for p in led}
+            conn.reply(req_id, _merge(cmd, parts))
+            return
+        results: dict[int, Any] = {}
+        if not led:
+            conn.reply(req_id, _merge(cmd, {}))
+            return
+
+        def collect(p: int, result: Any) -> None:
+            results[p] = result
+            if len(results) == len(led):
+                ok = {q: r for q, r in results.items() if not isinstance(r, CommandError)}
+                errors = [r for r in results.values() if isinstance(r, CommandError)
+                          and r.code is not ErrorCode.NOT_FOUND]
+                if errors and not ok:
+                    conn.reply_error(req_id, errors[0])
+                else:
+                    conn.reply(req_id, _merge(cmd, ok))
+
+        for p in led:
+            self.node.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
+
+    # --- node-level commands -------------------------------------------------------------------
+
+    def _node_command(self, conn: "ClientConnection", cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
+        if cmd == "Ping":
+            return {"pong": True, "time": int(time.time() * 1000)}
+        if cmd == "Hello":
+            version = frame.get("protocolVersion", 1)
+            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                raise CommandError(ErrorCode.INVALID, "protocolVersion: must be a positive integer")
+            version = min(version, 2)
+            conn.upgrade(version)
+            return {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
+                    "nodeId": self.node.node_id, "clusterId": self.node.config.cluster_id,
+                    "topology": self.node.topology.to_wire(), "session": conn.session,
+                    "authRequired": self.auth_required}
+        if cmd == "Auth":
+            token = frame.get("token")
+            if not isinstance(token, str):
+                raise CommandError(ErrorCode.INVALID, "token: must be a string")
+            if not self.auth_required:
+                conn.authed = True
+                return {}
+            given = token.encode()
+            # Compare against every token so timing does not reveal which (or whether one) matched.
+            matched = False
+            for t in self._tokens:
+                matched |= hmac.compare_digest(given, t)
+            if not matched:
+                raise CommandError(ErrorCode.AUTH_FAILED, "invalid token")
+            conn.authed = True
+            return {}
+        if cmd == "Identify":
+            session = frame.get("session")
+            if session is not None:
+                if not isinstance(session, str) or not 0 < len(session) <= SESSION_CHARS_MAX:
+                    raise CommandError(ErrorCode.INVALID, f"session: must be a string of 1..{SESSION_CHARS_MAX} chars")
+                if session != conn.session:
+                    self.sessions.detach(conn.session, conn.conn_id)
+                    conn.session = session
+                    self.sessions.attach(session, conn.conn_id)
+            return {"session": conn.session}
+        if cmd == "Subscribe":
+            queue = frame.get("queue")
+            if queue is not None and not isinstance(queue, str):
+                raise CommandError(ErrorCode.INVALID, "queue: must be a string")
+            if conn.subscriptions is None:
+                conn.subscriptions = set()
+            conn.subscriptions.add(queue or "")
+            self.subscribers.add(conn)
+            return {}
+        if cmd == "Prometheus":
+            return {"text": self.node.metrics.exposition()}
+        return self._worker_command(cmd, frame)
+
+    def _worker_command(self, cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
+        now = int(time.time() * 1000)
+        if cmd == "ListWorkers":
+            return {"workers": list(self.workers.values())}
+        worker_id = frame.get("workerId")
+        if worker_id is not None and (not isinstance(worker_id, str) or not 0 < len(worker_id) <= 256):
+            raise CommandError(ErrorCode.INVALID, "workerId: must be a string of 1..256 chars")
+        if cmd == "RegisterWorker":
+            name = frame.get("name")
+            queues = frame.get("queues") or []
+            if name is not None and not isinstance(name, str):
+                raise CommandError(ErrorCode.INVALID, "name: must be a string")
+            if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+                raise CommandError(ErrorCode.INVALID, "queues: must be a list of queue names")
+            if worker_id is None:
+                worker_id = f"{self.node.node_id}-w{next(self._worker_ids)}"
+            if worker_id not in self.workers and len(self.workers) >= WORKERS_MAX:
+                raise CommandError(ErrorCode.OVERLOADED, f"at most {WORKERS_MAX} registered workers per node")
+            self.workers[worker_id] = {"id": worker_id, "name": name or worker_id, "queues": queues,
+                                       "registeredAt": now, "lastSeen": now}
+            return {"workerId": worker_id}
+        if worker_id is None:
+            raise CommandError(ErrorCode.INVALID, "workerId: required")
+        if cmd == "UnregisterWorker":
+            if self.workers.pop(worker_id, None) is None:
+                raise CommandError(ErrorCode.NOT_FOUND, f"worker {worker_id} is not registered")
+            return {}
+        # Heartbeat
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise CommandError(ErrorCode.NOT_FOUND, f"worker {worker_id} is not registered")
+        worker["lastSeen"] = now
+        return {}
+
+    # --- events --------------------------------------------------------------------------------
+
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        """Send job events to subscribed connections (and the node's other listeners)."""
+        for listener in self.node.event_listeners:
+            listener(events)
+        if not self.subscribers:
+            return
+        for conn in list(self.subscribers):
+            subs = conn.subscriptions or set()
+            for ev in events:
+                if "" in subs or ev.get("queue") in subs:
+                    conn.send_frame(ev)
+
+
+def _ignore(_: Any) -> None:
+    pass
+
+
+def _merge(cmd: str, parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Combine one partition-routed command's replies from several partitions."""
+    covered = sorted(parts)
+    if cmd == "ListQueues":
+        return {"queues": sorted({q for r in parts.values() for q in r.get("queues", [])}), "partitions": covered}
+    if cmd == "CronList":
+        return {"crons": [c for r in parts.values() for c in r.get("crons", [])], "partitions": covered}
+    if cmd == "CronDelete":
+        return {"deleted": any(r.get("deleted") for r in parts.values()), "partitions": covered}
+    if cmd == "Stats":
+        return {"stats": {str(p): r.get("stats") for p, r in parts.items()}, "partitions": covered}
+    merged: dict[str, Any] = {"partitions": covered}
+    for p, r in parts.items():
+        merged[str(p)] = r
+    return merged

@@ -1,0 +1,113 @@
+"""Group commit: commands for one partition that arrive while a proposal is in
+flight ride together in the next Raft entry.
+
+Event-loop side only. Up to ``inflight_max`` entries are in flight at once
+(pysyncobj pipelines them); everything else waits in ``_pending`` and is
+proposed as one batch the moment a slot frees. Results fan back out to each
+command's callback in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from .replica import PartitionReplica, fail_reason_error
+
+__all__ = ["GroupCommit", "ReplyCallback"]
+
+#: Receives the engine's reply dict or a CommandError.
+ReplyCallback = Callable[[Any], None]
+
+
+class GroupCommit:
+    """Batches one partition's writes into Raft entries."""
+
+    def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, *,
+                 inflight_max: int = 1, batch_commands_max: int = 2048) -> None:
+        self.replica = replica
+        self.loop = loop
+        self.inflight_max = inflight_max
+        self.batch_commands_max = batch_commands_max
+        self.pending_commands_max = 200_000
+        self._cmds: list[dict[str, Any]] = []
+        self._cbs: list[ReplyCallback] = []
+        self._inflight = 0
+        self._scheduled = False
+        self._last_now_ms = 0
+        self.proposed_batches = 0
+        self.proposed_commands = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._cmds)
+
+    def submit(self, cmd: dict[str, Any], callback: ReplyCallback) -> None:
+        """Queue ``cmd`` for the next entry; ``callback`` gets its result on the event loop."""
+        if len(self._cmds) >= self.pending_commands_max:
+            callback(CommandError(ErrorCode.OVERLOADED, "too many commands waiting for this partition"))
+            return
+        self._cmds.append(cmd)
+        self._cbs.append(callback)
+        if not self._scheduled and self._inflight < self.inflight_max:
+            # Defer to the end of this loop iteration so a burst of frames shares one entry.
+            self._scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def fail_all(self, error: CommandError) -> None:
+        """Reject everything not yet proposed (leadership lost, shutdown)."""
+        cbs, self._cmds, self._cbs = self._cbs, [], []
+        for cb in cbs:
+            cb(error)
+
+    def now_ms(self) -> int:
+        """The leader's clock stamp for the next entry, never decreasing."""
+        now = int(time.time() * 1000)
+        if now < self._last_now_ms:
+            now = self._last_now_ms
+        self._last_now_ms = now
+        return now
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._cmds and self._inflight < self.inflight_max:
+            if not self.replica.is_leader():
+                leader = self.replica.leader_address()
+                self.fail_all(CommandError(ErrorCode.NOT_LEADER if leader else ErrorCode.NO_LEADER,
+                                           "this node no longer leads the partition; retry"))
+                return
+            n = self.batch_commands_max
+            cmds, self._cmds = self._cmds[:n], self._cmds[n:]
+            cbs, self._cbs = self._cbs[:n], self._cbs[n:]
+            self._inflight += 1
+            self.proposed_batches += 1
+            self.proposed_commands += len(cmds)
+            loop = self.loop
+
+            def done(results: Any, reason: int, cbs: list[ReplyCallback] = cbs) -> None:
+                # pysyncobj's tick thread: hop to the event loop once per batch.
+                loop.call_soon_threadsafe(self._complete, cbs, results, reason)
+
+            try:
+                self.replica.propose(self.now_ms(), cmds, done)
+            except Exception as exc:  # pysyncobj refused synchronously (e.g. destroyed)
+                self._complete(cbs, None, -1, exc)
+
+    def _complete(self, cbs: list[ReplyCallback], results: Any, reason: int,
+                  exc: Exception | None = None) -> None:
+        self._inflight -= 1
+        if results is None or reason != 0:
+            err = (CommandError(ErrorCode.SHUTTING_DOWN, f"replication unavailable: {exc}") if exc
+                   else fail_reason_error(reason))
+            for cb in cbs:
+                cb(err)
+        else:
+            for cb, res in zip(cbs, results):
+                cb(res)
+        if self._cmds and not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)

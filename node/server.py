@@ -1,0 +1,328 @@
+"""A Shoal node: the partitions it hosts, its client server and its background duties.
+
+The event loop (uvloop) owns sockets, group commit, long polls and
+sessions; each hosted partition's pysyncobj group runs its own tick thread
+and applies committed entries under the replica's lock. Background tasks:
+
+- the *leader tick* proposes ``_Tick`` on every partition this node leads when
+  something is due (delays, leases, TTL, cron) and at least once a second;
+- the *topology watch* notices leader changes of hosted partitions, pushes a
+  topology event to v2 connections and learns the other partitions' leaders
+  from peers;
+- the *balancer* hands leadership back to a partition's preferred replica
+  (first in placement) once that replica is connected and caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shoal.cluster.codec import FrameDecoder, encode
+from shoal.cluster.config import ClusterConfig
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.topology import Topology
+
+from .connection import ClientConnection
+from .dispatch import Dispatcher
+from .group_commit import GroupCommit
+from .metrics import NodeMetrics
+from .replica import PartitionReplica
+
+__all__ = ["Node", "run_node"]
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL_S = 0.02
+TICK_IDLE_MS = 1_000
+TOPOLOGY_INTERVAL_S = 0.1
+PEER_POLL_INTERVAL_S = 1.0
+BALANCE_INTERVAL_S = 2.0
+BALANCE_START_DELAY_S = 3.0
+STOP_HANDOVER_S = 3.0
+
+
+class Node:
+    """One server process of a Shoal cluster."""
+
+    def __init__(self, config: ClusterConfig, node_id: str | None = None) -> None:
+        self.config = config
+        self.node_id = node_id or config.node_id or ""
+        self.spec = config.node(self.node_id)
+        self.loop = asyncio.get_event_loop()
+        self.placement = config.placement()
+        self.data_dir = config.node_data_dir(self.node_id)
+        self.replicas: dict[int, PartitionReplica] = {}
+        self.group_commits: dict[int, GroupCommit] = {}
+        self.topology: Topology = config.initial_topology()
+        self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
+        self.metrics = NodeMetrics(self)
+        self.dispatcher = Dispatcher(self)
+        self.started_at = time.monotonic()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_tick_ms: dict[int, int] = {}
+        self._tick_inflight: set[int] = set()
+        self._applied_flags: dict[int, bool] = {}
+        self._raft_to_node = {f"{n.host}:{n.raft_port + p}": n.id
+                              for n in config.nodes for p in range(config.partitions)}
+        self._stopped = asyncio.Event()
+        self.http_runner: Any = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open every hosted partition's Raft group, then the client and HTTP listeners."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        listen = self.config.listen
+        for p, replicas in sorted(self.placement.items()):
+            if self.node_id not in replicas:
+                continue
+            me = self.spec.raft_address(p)
+            peers = [self.config.node(r).raft_address(p) for r in replicas if r != self.node_id]
+            bind = f"{listen}:{self.spec.raft_port + p}" if listen else None
+            replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir),
+                                       secret=self.config.secret, bind_host=bind)
+            replica.on_applied = self._applied_from_thread
+            self.replicas[p] = replica
+            self.group_commits[p] = GroupCommit(replica, self.loop)
+        host = listen or self.spec.host
+        self._server = await self.loop.create_server(
+            lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
+                                     self.config.inflight_per_connection),
+            host, self.spec.port, reuse_address=True, backlog=1024)
+        from .http import start_http  # late import: aiohttp is heavy and only the node needs it
+        self.http_runner = await start_http(self, host, self.spec.http_port)
+        for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop()):
+            self._tasks.append(self.loop.create_task(coro))
+        log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.port,
+                 sorted(self.replicas))
+
+    async def serve_forever(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Graceful stop: refuse new work, hand leadership over, flush and close."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + STOP_HANDOVER_S
+        for p, replica in self.replicas.items():
+            if replica.is_leader() and len(self.placement[p]) > 1:
+                try:
+                    replica.transferLeadership()
+                except Exception:  # best effort: a follower will time out and take over anyway
+                    log.debug("partition %d: transferLeadership failed", p, exc_info=True)
+        while time.monotonic() < deadline and any(
+                r.is_leader() and len(self.placement[p]) > 1 for p, r in self.replicas.items()):
+            await asyncio.sleep(0.05)
+        err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
+        for p, gc in self.group_commits.items():
+            gc.fail_all(err)
+            self.dispatcher.fail_parked(p, err)
+        for task in self._tasks:
+            task.cancel()
+        for conn in list(self.dispatcher.connections):
+            conn.close()
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
+        for replica in self.replicas.values():
+            replica.destroy_synchronous()
+        self._stopped.set()
+
+    # --- helpers used by the dispatcher ------------------------------------------------------------
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    def not_leader_error(self, p: int) -> CommandError:
+        info = self.topology.partition_map[p]
+        leader = self.topology.nodes.get(info.leader) if info.leader else None
+        if leader is None or leader.id == self.node_id:
+            return CommandError(ErrorCode.NO_LEADER, f"partition {p} has no leader yet; retry")
+        return CommandError(ErrorCode.NOT_LEADER, f"node {self.node_id} does not lead partition {p}",
+                            leader={"nodeId": leader.id, "host": leader.host, "port": leader.port})
+
+    def local_stats(self, partition: Any = None) -> dict[str, Any]:
+        """Diagnostics of every hosted replica, leader or not (digest at the applied index)."""
+        out: dict[str, Any] = {}
+        for p, replica in sorted(self.replicas.items()):
+            if partition is not None and p != partition:
+                continue
+            with replica.lock:
+                digest = replica.engine.digest()
+                applied = replica.raftLastApplied
+            out[str(p)] = {"leader": self._leader_id(replica), "isLeader": replica.is_leader(),
+                           "term": replica.term(), "commitIndex": replica.raftCommitIndex,
+                           "appliedIndex": applied, "digest": digest,
+                           "pendingCommands": self.group_commits[p].pending}
+        return {"nodeId": self.node_id, "replicas": out}
+
+    def _leader_id(self, replica: PartitionReplica) -> str | None:
+        addr = replica.leader_address()
+        return self._raft_to_node.get(addr) if addr else None
+
+    # --- applied-batch notifications (from pysyncobj threads) ------------------------------------
+
+    def _applied_from_thread(self, p: int) -> None:
+        if not self._applied_flags.get(p):
+            self._applied_flags[p] = True
+            try:
+                self.loop.call_soon_threadsafe(self._on_applied, p)
+            except RuntimeError:
+                pass  # loop closed during shutdown
+
+    def _on_applied(self, p: int) -> None:
+        self._applied_flags[p] = False
+        replica = self.replicas[p]
+        with replica.lock:
+            events = replica.engine.drain_events()
+        if events and replica.is_leader():
+            self.dispatcher.publish(events)
+        self.dispatcher.on_applied(p)
+
+    # --- background loops ----------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            now = self.now_ms()
+            for p, replica in self.replicas.items():
+                if p in self._tick_inflight or not replica.is_leader():
+                    continue
+                with replica.lock:
+                    due = replica.engine.next_due_ms()
+                if (due is not None and due <= now) or now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS:
+                    self._last_tick_ms[p] = now
+                    self._tick_inflight.add(p)
+                    self.group_commits[p].submit({"cmd": "_Tick"},
+                                                 lambda _r, p=p: self._tick_inflight.discard(p))
+
+    async def _topology_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TOPOLOGY_INTERVAL_S)
+            self.refresh_topology()
+
+    def refresh_topology(self) -> None:
+        """Fold the hosted partitions' Raft view into the topology; announce changes."""
+        topo = self.topology
+        lost: list[int] = []
+        for p, replica in self.replicas.items():
+            leader = self._leader_id(replica)
+            term = replica.term()
+            info = topo.partition_map[p]
+            if info.leader == self.node_id and leader != self.node_id:
+                lost.append(p)
+            if (leader, term) != (info.leader, info.term):
+                topo = topo.with_leader(p, leader, term)
+        for p in lost:
+            err = self.not_leader_error(p) if topo.partition_map[p].leader else \
+                CommandError(ErrorCode.NO_LEADER, f"partition {p} lost its leader; retry")
+            self.group_commits[p].fail_all(err)
+            self.dispatcher.fail_parked(p, err)
+        if topo is not self.topology:
+            self.topology = topo
+            self._announce_topology()
+
+    def _announce_topology(self) -> None:
+        event = {"event": "topology", "topology": self.topology.to_wire()}
+        for conn in list(self.dispatcher.connections):
+            if conn.protocol_version >= 2:
+                conn.send_frame(event)
+
+    async def _balance_loop(self) -> None:
+        await asyncio.sleep(BALANCE_START_DELAY_S)
+        while True:
+            await asyncio.sleep(BALANCE_INTERVAL_S)
+            for p, replica in self.replicas.items():
+                preferred = self.placement[p][0]
+                if preferred == self.node_id or not replica.is_leader():
+                    continue
+                target = self.config.node(preferred).raft_address(p)
+                node = next((n for n in replica.otherNodes if n.address == target), None)
+                if node is not None and replica.isNodeConnected(node):
+                    try:
+                        replica.transferLeadership(node)
+                    except Exception:
+                        log.debug("partition %d: transfer to %s refused", p, preferred, exc_info=True)
+
+    async def _peer_loop(self) -> None:
+        """Learn leaders of partitions this node does not host (only when nodes > RF)."""
+        foreign = [p for p in range(self.config.partitions) if p not in self.replicas]
+        if not foreign:
+            return
+        peers = [n for n in self.config.nodes if n.id != self.node_id]
+        while True:
+            await asyncio.sleep(PEER_POLL_INTERVAL_S)
+            for peer in peers:
+                try:
+                    topo = await asyncio.wait_for(_fetch_topology(peer.host, peer.port, self.config.tokens), 1.0)
+                except (OSError, asyncio.TimeoutError, CommandError, ValueError):
+                    continue
+                merged = self.topology.merge(topo)
+                if merged is not self.topology:
+                    self.topology = merged
+                    self._announce_topology()
+
+
+async def _fetch_topology(host: str, port: int, tokens: tuple[str, ...]) -> Topology:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        frames = [{"cmd": "Hello", "protocolVersion": 2, "reqId": 1}]
+        if tokens:
+            frames.insert(0, {"cmd": "Auth", "token": tokens[0], "reqId": 0})
+        writer.write(b"".join(encode(f) for f in frames))
+        decoder = FrameDecoder(requests=False)
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionError("peer closed")
+            decoder.feed(data)
+            for frame in decoder:
+                if frame.get("reqId") == 1:
+                    if not frame.get("ok"):
+                        raise CommandError(ErrorCode.INTERNAL, str(frame.get("error")))
+                    return Topology.from_wire(frame["topology"])
+    finally:
+        writer.close()
+
+
+def run_node(config: ClusterConfig, node_id: str) -> int:
+    """Run a node until SIGTERM/SIGINT; returns the exit code."""
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # uvloop is a hard dependency; fall back only on exotic platforms
+        log.warning("uvloop unavailable; using the default asyncio loop")
+    # Every replicated command crosses threads four times (event loop -> leader tick thread ->
+    # follower tick thread -> leader -> event loop); the default 5 ms GIL switch interval
+    # would dominate that path, so hand the GIL over sooner.
+    sys.setswitchinterval(0.0005)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    node = Node(config, node_id)
+    Path(node.data_dir).mkdir(parents=True, exist_ok=True)
+
+    def on_signal() -> None:
+        log.info("node %s: stopping on signal", node_id)
+        loop.create_task(node.stop())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        loop.run_until_complete(node.start())
+        loop.run_until_complete(node.serve_forever())
+    finally:
+        loop.close()
+    return 0

@@ -1,0 +1,236 @@
+"""The wire protocol against a real 3-node cluster: Hello, v1/v2, routing, bad input."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import msgpack
+import pytest
+
+from shoal.cluster.codec import encode
+from shoal.cluster.launcher import LocalCluster
+from shoal.cluster.partitioning import partition_for
+
+from .raw import RawConn, Router
+
+pytestmark = pytest.mark.integration
+
+
+def leader_conn(cluster: LocalCluster, queue: str) -> RawConn:
+    router = Router(cluster.addresses)
+    router.refresh()
+    address = router.leader_address(partition_for(queue, 8))
+    assert address
+    return RawConn(address)
+
+
+def test_hello_reports_topology_with_every_leader(cluster: LocalCluster) -> None:
+    with RawConn(cluster.addresses[0]) as c:
+        h = c.hello
+        assert h["ok"] and h["protocolVersion"] == 2 and "pipelining" in h["capabilities"]
+        assert h["nodeId"] == "n1" and h["clusterId"]
+        topo = h["topology"]
+        assert topo["partitions"] == 8 and len(topo["nodes"]) == 3
+        assert all(p["leader"] for p in topo["partitionMap"])
+        assert all(len(p["replicas"]) == 3 for p in topo["partitionMap"])
+
+
+def test_leaders_spread_over_nodes(cluster: LocalCluster) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        topo = cluster.topology()
+        leaders = {p.leader for p in topo.partition_map}
+        if all(p.leader == p.replicas[0] for p in topo.partition_map):
+            break
+        time.sleep(0.5)
+    assert leaders == set(cluster.node_ids)
+    assert all(p.leader == p.replicas[0] for p in topo.partition_map), "leadership moved back to preferred replicas"
+
+
+def test_push_pull_ack_round_trip(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "rt") as c:
+        r = c.call({"cmd": "PUSH", "queue": "rt", "data": {"to": "a@example.com"}, "priority": 1})
+        assert r["ok"], r
+        job_id = r["id"]
+        assert job_id.startswith(f"{partition_for('rt', 8)}-")
+        r = c.call({"cmd": "PULL", "queue": "rt"})
+        assert r["ok"] and r["job"]["id"] == job_id and r["job"]["data"] == {"to": "a@example.com"}
+        assert r["token"]
+        assert c.call({"cmd": "ACK", "id": job_id, "token": r["token"], "result": {"sent": True}})["ok"]
+        assert c.call({"cmd": "GetResult", "id": job_id})["result"] == {"sent": True}
+        assert c.call({"cmd": "GetState", "id": job_id})["state"] == "completed"
+
+
+def test_pull_without_job_and_without_timeout_answers_null(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "empty-q") as c:
+        r = c.call({"cmd": "PULL", "queue": "empty-q"})
+        assert r == {"ok": True, "job": None, "reqId": r["reqId"]} or (r["ok"] and r["job"] is None)
+
+
+def test_long_poll_pull_is_woken_by_a_push(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "lp") as puller, leader_conn(cluster, "lp") as pusher:
+        req = puller.send({"cmd": "PULL", "queue": "lp", "timeout": 5000})
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        pushed = pusher.call({"cmd": "PUSH", "queue": "lp", "data": 7})
+        r = puller.wait_reply(req, 5)
+        assert r["ok"] and r["job"]["id"] == pushed["id"]
+        assert time.monotonic() - t0 < 2.0
+
+
+def test_long_poll_times_out_with_null(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "lp-timeout") as c:
+        t0 = time.monotonic()
+        r = c.call({"cmd": "PULLB", "queue": "lp-timeout", "count": 5, "timeout": 300})
+        assert r["ok"] and r["jobs"] == []
+        assert 0.25 <= time.monotonic() - t0 < 3
+
+
+def test_not_leader_carries_a_leader_hint(cluster: LocalCluster) -> None:
+    topo = cluster.topology()
+    p = partition_for("hint", 8)
+    leader = topo.partition_map[p].leader
+    follower = next(n for n in cluster.node_ids if n != leader)
+    with RawConn(cluster.address_of(follower)) as c:
+        r = c.call({"cmd": "PUSH", "queue": "hint", "data": 1})
+        assert not r["ok"] and r["code"] == "NOT_LEADER"
+        assert r["leader"]["nodeId"] == leader
+        assert f"{r['leader']['host']}:{r['leader']['port']}" == cluster.address_of(leader)
+
+
+def test_v2_pipelining_answers_out_of_order_and_v1_in_order(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "pipe") as v2:
+        # A parked long poll first, then quick commands: their replies overtake it.
+        slow = v2.send({"cmd": "PULL", "queue": "pipe-idle-" + str(time.time()), "timeout": 800})
+        fast = [v2.send({"cmd": "Ping"}) for _ in range(20)]
+        order = [v2.read_frame()["reqId"] for _ in range(21)]
+        assert order.index(slow) == 20 and sorted(order[:20]) == fast
+    address = leader_conn(cluster, "pipe").address
+    with RawConn(address, hello=False) as v1:
+        ids = [v1.send({"cmd": "PUSH", "queue": "pipe", "data": i}) for i in range(50)]
+        got = [v1.read_frame()["reqId"] for _ in ids]
+        assert got == ids
+
+
+def test_v1_and_v2_connections_side_by_side(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "mixed") as v2:
+        with RawConn(v2.address, hello=False) as v1:
+            a = v1.call({"cmd": "PUSH", "queue": "mixed", "data": "from v1"})
+            b = v2.call({"cmd": "PUSH", "queue": "mixed", "data": "from v2"})
+            assert a["ok"] and b["ok"]
+            got = v2.call({"cmd": "PULLB", "queue": "mixed", "count": 10})
+            assert sorted(j["data"] for j in got["jobs"]) == ["from v1", "from v2"]
+
+
+def test_bad_input_gets_errors_and_the_connection_keeps_working(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "bad") as c:
+        assert c.call({"cmd": "NOPE"})["code"] == "UNKNOWN_COMMAND"
+        r = c.call({"cmd": "PUSH", "queue": "bad name!", "data": 1})
+        assert r["code"] == "INVALID" and "queue" in r["error"]
+        r = c.call({"cmd": "PUSH", "queue": "bad", "data": 1, "priority": 10**7})
+        assert r["code"] == "INVALID" and "priority" in r["error"]
+        r = c.call({"cmd": "PUSH", "queue": "bad"})
+        assert r["code"] == "INVALID" and "data" in r["error"]
+        r = c.call({"cmd": "ACK", "id": "not-an-id"})
+        assert r["code"] == "INVALID" and "id" in r["error"]
+        assert c.call({"cmd": "_Tick"})["code"] == "UNKNOWN_COMMAND"
+        # Undecodable body and a non-map body: error frames, connection stays up.
+        c.send_raw(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+        assert c.read_frame()["code"] == "PROTOCOL_ERROR"
+        body = msgpack.packb([1, 2, 3])
+        c.send_raw(struct.pack(">I", len(body)) + body)
+        assert c.read_frame()["code"] == "PROTOCOL_ERROR"
+        body = msgpack.packb({"reqId": 99, "queue": "x"})
+        c.send_raw(struct.pack(">I", len(body)) + body)
+        f = c.read_frame()
+        assert f["code"] == "PROTOCOL_ERROR" and f["reqId"] == 99
+        assert c.call({"cmd": "PUSH", "queue": "bad", "data": "still fine"})["ok"]
+
+
+def test_oversized_length_header_closes_only_that_connection(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "big") as victim, leader_conn(cluster, "big") as bystander:
+        victim.send_raw(struct.pack(">I", 200 * 1024 * 1024))
+        f = victim.read_frame()
+        assert not f["ok"] and f["code"] == "FRAME_TOO_LARGE"
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            victim.read_frame(timeout_s=3)
+        assert bystander.call({"cmd": "PUSH", "queue": "big", "data": 1})["ok"]
+
+
+def test_job_data_is_opaque_bytes_end_to_end(cluster: LocalCluster) -> None:
+    payload = {"nested": [1, 2.5, None, {"k": b"\x00\xff"}], "s": "é"}
+    with leader_conn(cluster, "opaque") as c:
+        job_id = c.call({"cmd": "PUSH", "queue": "opaque", "data": payload})["id"]
+        assert c.call({"cmd": "GetJob", "id": job_id})["job"]["data"] == payload
+
+
+def test_events_are_pushed_to_subscribers(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "ev") as c:
+        assert c.call({"cmd": "Subscribe", "queue": "ev"})["ok"]
+        job_id = c.call({"cmd": "PUSH", "queue": "ev", "data": 1})["id"]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(e.get("id") == job_id for e in c.events):
+            try:
+                f = c.read_frame(timeout_s=0.5)
+                if "event" in f:
+                    c.events.append(f)
+            except TimeoutError:
+                pass
+        assert any(e.get("id") == job_id and e.get("queue") == "ev" for e in c.events)
+
+
+def test_session_leases_are_released_when_the_connection_closes(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "sess") as keeper:
+        job_id = keeper.call({"cmd": "PUSH", "queue": "sess", "data": 1, "ttr": 60_000})["id"]
+        with leader_conn(cluster, "sess") as worker:
+            r = worker.call({"cmd": "PULL", "queue": "sess"})
+            assert r["job"]["id"] == job_id
+        deadline = time.monotonic() + 5
+        state = None
+        while time.monotonic() < deadline:
+            state = keeper.call({"cmd": "GetState", "id": job_id})["state"]
+            if state == "waiting":
+                break
+            time.sleep(0.05)
+        assert state == "waiting"
+
+
+def test_stats_local_digests_agree_across_replicas(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "digest") as c:
+        for i in range(50):
+            c.call({"cmd": "PUSH", "queue": "digest", "data": i})
+    p = str(partition_for("digest", 8))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        views = []
+        for address in cluster.addresses:
+            with RawConn(address) as c:
+                views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
+        if len({v["appliedIndex"] for v in views}) == 1:
+            break
+        time.sleep(0.2)
+    assert len({v["appliedIndex"] for v in views}) == 1
+    assert len({v["digest"] for v in views}) == 1
+
+
+def test_concurrent_connections_all_get_answers(cluster: LocalCluster) -> None:
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            with leader_conn(cluster, "conc") as c:
+                for i in range(50):
+                    assert c.call({"cmd": "PUSH", "queue": "conc", "data": [k, i]})["ok"]
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    with leader_conn(cluster, "conc") as c:
+        assert c.call({"cmd": "Count", "queue": "conc"})["count"] == 400
