@@ -86,42 +86,86 @@ async def leader_conn(cluster: LocalCluster, queue: str) -> Conn:
     return await Conn.open(f"{node.host}:{node.port}")
 
 
-async def windowed(conn: Conn, make: Any, total: int, window: int, seconds: float) -> tuple[int, float]:
-    """Keep ``window`` commands in flight until ``total`` are done or time runs out."""
-    done = 0
-    sent = 0
-    inflight: set[asyncio.Future[dict[str, Any]]] = set()
+class _WindowDriver(asyncio.Protocol):
+    """Keeps ``window`` commands in flight: every reply sends the next command at once."""
+
+    def __init__(self, make: Any, total: int, window: int, deadline: float) -> None:
+        self.make, self.total, self.window, self.deadline = make, total, window, deadline
+        self.decoder = FrameDecoder(requests=False)
+        self.sent = self.done = 0
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.error: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(encode({"cmd": "Hello", "protocolVersion": 2, "reqId": 0}))
+
+    def _send(self, n: int) -> None:
+        out = []
+        for _ in range(n):
+            if self.sent >= self.total or time.perf_counter() > self.deadline:
+                break
+            self.sent += 1
+            frame = self.make(self.sent)
+            frame["reqId"] = self.sent
+            out.append(encode(frame))
+        if out:
+            self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        replies = 0
+        for frame in self.decoder:
+            if frame.get("reqId") == 0:
+                self._send(self.window)
+                continue
+            if not frame.get("ok"):
+                self.error = frame
+            replies += 1
+        self.done += replies
+        self._send(replies)
+        if self.done >= self.sent and (self.sent >= self.total or time.perf_counter() > self.deadline):
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_exception(ConnectionError("closed"))
+
+
+async def windowed(address: str, make: Any, total: int, window: int, seconds: float) -> tuple[int, float]:
+    """Keep ``window`` commands in flight on one connection until ``total`` are done or time runs out."""
+    host, port = address.rsplit(":", 1)
     t0 = time.perf_counter()
-    deadline = t0 + seconds
-    while done < total:
-        while sent < total and len(inflight) < window and time.perf_counter() < deadline:
-            inflight.add(conn.send(make(sent)))
-            sent += 1
-        if not inflight:
-            break
-        finished, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-        for f in finished:
-            r = f.result()
-            if not r.get("ok"):
-                raise RuntimeError(r)
-            done += 1
-    return done, time.perf_counter() - t0
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.create_connection(
+        lambda: _WindowDriver(make, total, window, t0 + seconds), host, int(port))
+    try:
+        await asyncio.wait_for(proto.finished, seconds + 30)
+    finally:
+        transport.close()
+    if proto.error:
+        raise RuntimeError(proto.error)
+    return proto.done, time.perf_counter() - t0
+
+
+def leader_address(cluster: LocalCluster, queue: str) -> str:
+    topo = cluster.topology()
+    node = topo.leader_of(partition_for(queue, topo.partitions))
+    assert node is not None
+    return f"{node.host}:{node.port}"
 
 
 async def bench_push(cluster: LocalCluster, seconds: float) -> float:
-    conn = await leader_conn(cluster, "bench-push")
-    n, dt = await windowed(conn, lambda i: {"cmd": "PUSH", "queue": "bench-push", "data": DATA_100},
-                           2_000_000, 100, seconds)
-    conn.close()
+    n, dt = await windowed(leader_address(cluster, "bench-push"),
+                           lambda i: {"cmd": "PUSH", "queue": "bench-push", "data": DATA_100}, 2_000_000, 100, seconds)
     return n / dt
 
 
 async def bench_pushb(cluster: LocalCluster, seconds: float) -> float:
-    conn = await leader_conn(cluster, "bench-pushb")
     jobs = [{"data": DATA_100} for _ in range(100)]
-    n, dt = await windowed(conn, lambda i: {"cmd": "PUSHB", "queue": "bench-pushb", "jobs": jobs},
-                           100_000, 16, seconds)
-    conn.close()
+    n, dt = await windowed(leader_address(cluster, "bench-pushb"),
+                           lambda i: {"cmd": "PUSHB", "queue": "bench-pushb", "jobs": jobs}, 100_000, 16, seconds)
     return n * 100 / dt
 
 

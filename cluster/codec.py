@@ -31,6 +31,7 @@ __all__ = [
     "decode_response",
     "raw_of",
     "unraw",
+    "new_unpacker",
 ]
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
@@ -157,48 +158,45 @@ def encode(frame: Mapping[str, Any]) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def _unpacker(payload: bytes) -> msgpack.Unpacker:
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(payload), 1))
-    unpacker.feed(payload)
-    return unpacker
-
-
-def _read_raw(unpacker: msgpack.Unpacker, payload: bytes) -> Raw:
+def _read_raw(unpacker: msgpack.Unpacker, payload: bytes, base: int) -> Raw:
     start = unpacker.tell()
     unpacker.skip()
-    return Raw(payload[start:unpacker.tell()])
+    return Raw(payload[start - base:unpacker.tell() - base])
 
 
-def _read_job_item(unpacker: msgpack.Unpacker, payload: bytes) -> Any:
-    """One item of a PUSHB ``jobs`` list: a map whose ``data`` stays raw."""
+def _decoded_span(unpacker: msgpack.Unpacker, payload: bytes, base: int) -> Any:
+    """Skip one value and return it decoded (used to let validation report a wrong type)."""
     start = unpacker.tell()
+    unpacker.skip()
+    return msgpack.unpackb(payload[start - base:unpacker.tell() - base], raw=False, strict_map_key=False)
+
+
+def _read_job_item(unpacker: msgpack.Unpacker, payload: bytes, base: int) -> Any:
+    """One item of a PUSHB ``jobs`` list: a map whose ``data`` stays raw."""
     try:
         size = unpacker.read_map_header()
     except msgpack.UnpackValueError:
-        # Not a map: let validation name the problem with the decoded value.
-        return msgpack.unpackb(payload[start:_skip_to_end(unpacker)], raw=False, strict_map_key=False)
+        return _decoded_span(unpacker, payload, base)
     item: dict[Any, Any] = {}
     for _ in range(size):
         key = unpacker.unpack()
-        item[key] = _read_raw(unpacker, payload) if key in _RAW_FIELDS else unpacker.unpack()
+        item[key] = _read_raw(unpacker, payload, base) if key in _RAW_FIELDS else unpacker.unpack()
     return item
 
 
-def _skip_to_end(unpacker: msgpack.Unpacker) -> int:
-    unpacker.skip()
-    return unpacker.tell()
-
-
-def decode_request(payload: bytes, *, raw_data: bool = False) -> dict[str, Any]:
+def decode_request(payload: bytes, *, raw_data: bool = False,
+                   unpacker: msgpack.Unpacker | None = None) -> dict[str, Any]:
     """Decode one request body: a map with a string ``cmd``.
 
     With ``raw_data``, ``data`` and ``jobs[i].data`` are returned as :class:`Raw`.
+    ``unpacker`` is a reusable streaming unpacker (creating one per frame costs
+    more than decoding a small frame); it must be discarded after an error.
     Raises :class:`ProtocolError` for anything else; ``req_id`` is set on the
     error when the map carried one, so the reply can be matched.
     """
     try:
         if raw_data:
-            frame = _decode_raw_map(payload)
+            frame = _decode_raw_map(payload, unpacker)
         else:
             frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except ProtocolError:
@@ -219,8 +217,16 @@ def _plain_req_id(req_id: object) -> bool:
     return isinstance(req_id, (int, str)) and not isinstance(req_id, bool)
 
 
-def _decode_raw_map(payload: bytes) -> Any:
-    unpacker = _unpacker(payload)
+def new_unpacker(frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> msgpack.Unpacker:
+    """A streaming unpacker suitable for :func:`decode_request`'s ``unpacker``."""
+    return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(frame_bytes_max, 1))
+
+
+def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
+    if unpacker is None:
+        unpacker = new_unpacker(len(payload))
+    base = unpacker.tell()
+    unpacker.feed(payload)
     try:
         size = unpacker.read_map_header()
     except msgpack.UnpackValueError:
@@ -229,18 +235,17 @@ def _decode_raw_map(payload: bytes) -> Any:
     for _ in range(size):
         key = unpacker.unpack()
         if key in _RAW_FIELDS:
-            frame[key] = _read_raw(unpacker, payload)
+            frame[key] = _read_raw(unpacker, payload, base)
         elif key in _RAW_LISTS:
-            start = unpacker.tell()
             try:
                 count = unpacker.read_array_header()
             except msgpack.UnpackValueError:
-                frame[key] = msgpack.unpackb(payload[start:_skip_to_end(unpacker)], raw=False, strict_map_key=False)
+                frame[key] = _decoded_span(unpacker, payload, base)
                 continue
-            frame[key] = [_read_job_item(unpacker, payload) for _ in range(count)]
+            frame[key] = [_read_job_item(unpacker, payload, base) for _ in range(count)]
         else:
             frame[key] = unpacker.unpack()
-    if unpacker.tell() != len(payload):
+    if unpacker.tell() - base != len(payload):
         raise ProtocolError("trailing bytes after the frame's map")
     return frame
 
@@ -268,7 +273,7 @@ class FrameDecoder:
     refuses further input.
     """
 
-    __slots__ = ("_buf", "_pos", "_max", "_requests", "_raw", "_broken")
+    __slots__ = ("_buf", "_pos", "_max", "_requests", "_raw", "_broken", "_unpacker")
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, *, requests: bool = True,
                  raw_data: bool = False) -> None:
@@ -280,6 +285,7 @@ class FrameDecoder:
         self._requests = requests
         self._raw = raw_data
         self._broken = False
+        self._unpacker: msgpack.Unpacker | None = new_unpacker(frame_bytes_max) if raw_data else None
 
     @property
     def buffered_bytes(self) -> int:
@@ -327,5 +333,10 @@ class FrameDecoder:
         if payload is None:
             raise StopIteration
         if self._requests:
-            return decode_request(payload, raw_data=self._raw)
+            try:
+                return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)
+            except ProtocolError:
+                if self._raw:  # a failed parse can leave bytes buffered: start the next frame clean
+                    self._unpacker = new_unpacker(self._max)
+                raise
         return decode_response(payload)

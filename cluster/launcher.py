@@ -113,12 +113,15 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 3, partitions: int = 8, data_dir: str | os.PathLike[str] = ".shoal",
                  base_port: int = 6789, replication: int = 3, tokens: tuple[str, ...] = (),
-                 secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None) -> None:
+                 secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None,
+                 node_command: list[str] | None = None) -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be 1..{NODES_MAX}")
         self.data_dir = Path(data_dir).absolute()
         self.config_path = self.data_dir / "cluster.toml"
         self.extra_env = dict(extra_env or {})
+        # How to start a node (before --config/--id); e.g. under coverage or a profiler.
+        self.node_command = list(node_command or [sys.executable, "-m", "shoal.node"])
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         if self.config_path.exists():
             self.config = load_config(self.config_path, env={})
@@ -191,7 +194,7 @@ class LocalCluster:
         log = open(self.log_file(node_id), "ab")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "shoal.node", "--config", str(self.config_path), "--id", node_id],
+                [*self.node_command, "--config", str(self.config_path), "--id", node_id],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         finally:

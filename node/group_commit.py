@@ -28,7 +28,7 @@ class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, *,
-                 inflight_max: int = 1, batch_commands_max: int = 2048) -> None:
+                 inflight_max: int = 3, batch_commands_max: int = 2048) -> None:
         self.replica = replica
         self.loop = loop
         self.inflight_max = inflight_max

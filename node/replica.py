@@ -126,6 +126,28 @@ class PartitionReplica(SyncObj):
         """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs in the tick thread."""
         self.apply_batch(now_ms, commands, callback=callback)
 
+    # --- pipelining fix ------------------------------------------------------------------------
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's name)
+        """Keep ``nextIndex`` from moving backwards on a success reply.
+
+        With several entries in flight, the reply to an older entry carries a lower
+        ``next_node_idx``; pysyncobj then rewinds ``nextIndex`` and sends the newer entries
+        again, which the follower truncates and re-appends ("truncating already-applied log
+        entries"). A success reply only ever confirms a prefix, so the optimistic pointer may
+        stay where it was; a *reset* (rejection) still rewinds it as Raft requires.
+        """
+        if type(message) is dict and message.get("type") == "next_node_idx" and message.get("success") \
+                and not message.get("reset"):
+            next_index = self._SyncObj__raftNextIndex
+            before = next_index.get(node)
+            SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
+            after = next_index.get(node)
+            if before is not None and after is not None and after < before:
+                next_index[node] = before
+            return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
+
     # --- reads --------------------------------------------------------------------------------
 
     def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:

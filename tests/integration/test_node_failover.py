@@ -11,7 +11,7 @@ import pytest
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from .raw import Router
+from rawproto import Router
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from .raw import RawConn, Router
+from rawproto import RawConn, Router
 
 pytestmark = pytest.mark.integration
 
@@ -101,9 +101,10 @@ def test_not_leader_carries_a_leader_hint(cluster: LocalCluster) -> None:
 
 
 def test_v2_pipelining_answers_out_of_order_and_v1_in_order(cluster: LocalCluster) -> None:
-    with leader_conn(cluster, "pipe") as v2:
-        # A parked long poll first, then quick commands: their replies overtake it.
-        slow = v2.send({"cmd": "PULL", "queue": "pipe-idle-" + str(time.time()), "timeout": 800})
+    with leader_conn(cluster, "pipe-idle") as v2:
+        # A parked long poll first (nothing is ever pushed to pipe-idle), then quick commands:
+        # their replies overtake it.
+        slow = v2.send({"cmd": "PULL", "queue": "pipe-idle", "timeout": 800})
         fast = [v2.send({"cmd": "Ping"}) for _ in range(20)]
         order = [v2.read_frame()["reqId"] for _ in range(21)]
         assert order.index(slow) == 20 and sorted(order[:20]) == fast

@@ -27,7 +27,8 @@ class RawConn:
         self.next_id = 1
         self.pending: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self.hello: dict[str, Any] | None = self.call({"cmd": "Hello", "protocolVersion": 2}) if hello else None
+        self.hello: dict[str, Any] | None = (
+            self.call({"cmd": "Hello", "protocolVersion": 2}, timeout_s) if hello else None)
 
     def close(self) -> None:
         self.sock.close()
@@ -144,7 +145,8 @@ class Router:
                 self.refresh()
                 continue
             try:
-                reply = self._conn(address).call(frame, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+                # A short attempt timeout: a paused (SIGSTOP) leader accepts TCP but never answers.
+                reply = self._conn(address).call(frame, timeout_s=max(0.2, min(1.0, deadline - time.monotonic())))
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = exc
                 self.conns.pop(address, None)
