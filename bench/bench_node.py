@@ -116,6 +116,8 @@ class _WindowDriver(asyncio.Protocol):
         self.decoder.feed(data)
         replies = 0
         for frame in self.decoder:
+            if "reqId" not in frame:
+                continue  # a pushed event (topology change), not a reply
             if frame.get("reqId") == 0:
                 self._send(self.window)
                 continue

@@ -89,8 +89,8 @@ class GroupCommit:
             loop = self.loop
 
             def done(results: Any, reason: int, cbs: list[ReplyCallback] = cbs) -> None:
-                # pysyncobj's tick thread: hop to the event loop once per batch.
-                loop.call_soon_threadsafe(self._complete, cbs, results, reason)
+                # Called inside pysyncobj's apply loop: answer after it finishes this tick.
+                loop.call_soon(self._complete, cbs, results, reason)
 
             try:
                 self.replica.propose(self.now_ms(), cmds, done)

@@ -3,10 +3,15 @@
 Theory of operation: the leader's event loop hands whole batches of validated
 commands to :meth:`PartitionReplica.propose`; pysyncobj replicates one log
 entry per batch (group commit) and, once committed, every replica applies the
-batch to its :class:`~shoal.node.state.PartitionEngine` in pysyncobj's tick
-thread. The engine is guarded by ``lock`` so reads served by the event loop
-never see a half-applied batch. Results come back to the event loop through
-``call_soon_threadsafe`` once per batch, not once per command.
+batch to its :class:`~shoal.node.state.PartitionEngine`.
+
+pysyncobj runs *inside the node's event loop*, not in a tick thread of its
+own: :class:`LoopPoller` maps pysyncobj's socket subscriptions onto
+``loop.add_reader``/``add_writer`` and every socket event schedules one
+``_onTick`` of that replica. A command therefore crosses no thread boundary
+between the client socket, Raft and the reply (no GIL hand-offs, no locks),
+and a read never sees a half-applied batch because an apply runs to its end
+without yielding to the loop.
 
 Snapshots use pysyncobj's custom serializer hook, so the dump file is the
 engine's own compact snapshot (job data stays raw bytes) plus pysyncobj's
@@ -15,22 +20,28 @@ bookkeeping, never a pickle of the whole object.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import pickle
-import threading
-from collections.abc import Callable
+import struct
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pysyncobj.pickle as _pysyncobj_pickle
+import pysyncobj.syncobj as _pysyncobj_syncobj
+import pysyncobj.tcp_connection as _pysyncobj_tcp
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .state import PartitionEngine
 
-__all__ = ["PartitionReplica", "BatchResult", "raft_conf"]
+__all__ = ["PartitionReplica", "BatchResult", "LoopPoller", "raft_conf", "TICK_PERIOD_S"]
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +51,109 @@ log = logging.getLogger(__name__)
 # and this module, so all peers (and the journal) agree on protocol 5; loads reads any protocol.
 setattr(_pysyncobj_pickle, "__protocol", pickle.HIGHEST_PROTOCOL)
 
+
+def _zlib_stored(data: bytes, level: int = -1) -> bytes:
+    """``data`` as a valid zlib stream of uncompressed ("stored") blocks.
+
+    pysyncobj compresses every Raft message with zlib level 3: ~700 us per 800-job batch,
+    once per follower, on the leader's only thread. Job payloads are usually compressed
+    already and Raft links are local, so Shoal frames them uncompressed (~30 us); the
+    receiver's ``zlib.decompress`` reads stored blocks like any other.
+    """
+    out = [b"\x78\x01"]
+    size = len(data)
+    pos = 0
+    while True:
+        chunk = data[pos:pos + 0xFFFF]
+        pos += len(chunk)
+        final = pos >= size
+        out.append(struct.pack("<BHH", 1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
+        out.append(chunk)
+        if final:
+            break
+    out.append(struct.pack(">I", zlib.adler32(data)))
+    return b"".join(out)
+
+
+class _StoredZlib:
+    compress = staticmethod(_zlib_stored)
+    decompress = staticmethod(zlib.decompress)
+
+
+_pysyncobj_tcp.zlib = _StoredZlib  # type: ignore[assignment]
+
 #: A batch's outcome: one reply dict (ok) or CommandError per command, in order.
 BatchResult = list[Any]
 _SNAPSHOT_MAGIC = b"SHOALSNAP1"
+#: Idle tick: heartbeats, election timeouts, reconnects, log compaction. Socket events tick at once.
+TICK_PERIOD_S = 0.02
+_READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+_WRITE = POLL_EVENT_TYPE.WRITE
+
+
+class LoopPoller(Poller):
+    """pysyncobj's poller interface on top of an asyncio loop.
+
+    pysyncobj (re)subscribes a socket with a new mask on every state change,
+    so only the difference from the current mask touches the loop. Errors
+    surface as readability (pysyncobj then checks ``SO_ERROR`` itself).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None]) -> None:
+        self.loop = loop
+        self.on_event = on_event
+        self._masks: dict[int, int] = {}
+        self._callbacks: dict[int, Callable[[int, int], None]] = {}
+
+    def subscribe(self, descr: int, callback: Callable[[int, int], None], eventMask: int) -> None:  # noqa: N803
+        old = self._masks.get(descr, 0)
+        self._callbacks[descr] = callback
+        if eventMask & _READ and not old & _READ:
+            self.loop.add_reader(descr, self._fire, descr, POLL_EVENT_TYPE.READ)
+        elif old & _READ and not eventMask & _READ:
+            self.loop.remove_reader(descr)
+        if eventMask & _WRITE and not old & _WRITE:
+            self.loop.add_writer(descr, self._fire, descr, POLL_EVENT_TYPE.WRITE)
+        elif old & _WRITE and not eventMask & _WRITE:
+            self.loop.remove_writer(descr)
+        self._masks[descr] = eventMask
+
+    def unsubscribe(self, descr: int) -> None:
+        old = self._masks.pop(descr, 0)
+        self._callbacks.pop(descr, None)
+        if old & _READ:
+            self.loop.remove_reader(descr)
+        if old & _WRITE:
+            self.loop.remove_writer(descr)
+
+    def poll(self, timeout: float) -> None:
+        """The event loop polls; pysyncobj's own poll at the end of a tick is a no-op."""
+
+    def close(self) -> None:
+        for descr in list(self._masks):
+            self.unsubscribe(descr)
+
+    def _fire(self, descr: int, event: int) -> None:
+        callback = self._callbacks.get(descr)
+        if callback is None:
+            return
+        try:
+            callback(descr, event)
+        except Exception:  # a transport bug must not take the event loop down
+            log.exception("raft socket callback failed")
+        self.on_event()
+
+
+@contextlib.contextmanager
+def _poller_for_construction(poller: LoopPoller) -> Iterator[None]:
+    # SyncObj.__init__ builds its poller through this module-level name and subscribes the
+    # server socket and notify pipe right away, so ours must be in place before it runs.
+    original = _pysyncobj_syncobj.createPoller
+    _pysyncobj_syncobj.createPoller = lambda _kind: poller
+    try:
+        yield
+    finally:
+        _pysyncobj_syncobj.createPoller = original
 
 
 def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
@@ -63,9 +174,13 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
         raftMaxTimeout=0.9,
         connectionTimeout=2.0,
         connectionRetryTime=0.3,
-        autoTickPeriod=0.05,  # idle wake-up only: sockets and the notify pipe wake the thread at once
+        autoTick=False,  # ticked by the node's event loop (see LoopPoller)
+        bindRetryTime=0.5,
+        maxBindRetries=40,
         commandsQueueSize=200_000,
         appendEntriesBatchSizeBytes=8 * 1024 * 1024,  # a group-committed batch travels as one message
+        sendBufferSize=4 * 1024 * 1024,  # pysyncobj reads and writes in chunks of these sizes
+        recvBufferSize=4 * 1024 * 1024,
         logCompactionMinEntries=20_000,
         logCompactionMinTime=120,
         dynamicMembershipChange=False,
@@ -88,16 +203,53 @@ class PartitionReplica(SyncObj):
     """A partition's engine replicated by pysyncobj."""
 
     def __init__(self, partition: int, self_addr: str, peer_addrs: list[str], *, data_dir: str,
-                 secret: str = "", bind_host: str | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop, secret: str = "", bind_host: str | None = None) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
-        self.lock = threading.Lock()
-        #: Set by the node: called in the tick thread after every applied batch.
+        self.loop = loop
+        #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
         self.applied_batches = 0
+        self._tick_scheduled = False
+        self._closed = False
+        self._poller = LoopPoller(loop, self.schedule_tick)
         conf = raft_conf(data_dir, partition, secret, bind_host,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
-        super().__init__(self_addr, peer_addrs, conf=conf)
+        with _poller_for_construction(self._poller):
+            super().__init__(self_addr, peer_addrs, conf=conf)
+        self._timer = loop.call_later(TICK_PERIOD_S, self._periodic_tick)
+
+    # --- driving pysyncobj from the loop ------------------------------------------------------
+
+    def schedule_tick(self) -> None:
+        """Run one pysyncobj tick soon (coalesced): after socket events and proposals."""
+        if not self._tick_scheduled and not self._closed:
+            self._tick_scheduled = True
+            self.loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self._tick_scheduled = False
+        if self._closed:
+            return
+        try:
+            self._onTick(0.0)
+        except Exception:
+            log.exception("partition %d: raft tick failed", self.partition)
+
+    def _periodic_tick(self) -> None:
+        if self._closed:
+            return
+        self._tick()
+        self._timer = self.loop.call_later(TICK_PERIOD_S, self._periodic_tick)
+
+    def close(self) -> None:
+        """Stop ticking and close every Raft socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._timer.cancel()
+        self.destroy()  # autoTick=False: pysyncobj tears the transport down at once
+        self._poller.close()
 
     # --- replicated state machine -------------------------------------------------------------
 
@@ -106,16 +258,15 @@ class PartitionReplica(SyncObj):
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
         engine = self.engine
-        with self.lock:
-            for cmd in commands:
-                try:
-                    results.append(engine.apply(cmd, now_ms))
-                except CommandError as exc:
-                    results.append(exc)
-                except Exception as exc:  # an engine bug must not kill the replica or diverge silently
-                    log.exception("partition %d: engine failed on %s", self.partition, cmd.get("cmd"))
-                    results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
-            self.applied_batches += 1
+        for cmd in commands:
+            try:
+                results.append(engine.apply(cmd, now_ms))
+            except CommandError as exc:
+                results.append(exc)
+            except Exception as exc:  # an engine bug must not kill the replica or diverge silently
+                log.exception("partition %d: engine failed on %s", self.partition, cmd.get("cmd"))
+                results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        self.applied_batches += 1
         hook = self.on_applied
         if hook is not None:
             hook(self.partition)
@@ -123,8 +274,9 @@ class PartitionReplica(SyncObj):
 
     def propose(self, now_ms: int, commands: list[dict[str, Any]],
                 callback: Callable[[BatchResult | None, int], None]) -> None:
-        """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs in the tick thread."""
+        """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
         self.apply_batch(now_ms, commands, callback=callback)
+        self.schedule_tick()
 
     # --- pipelining fix ------------------------------------------------------------------------
 
@@ -152,12 +304,10 @@ class PartitionReplica(SyncObj):
 
     def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """Answer a read-only command from the applied state."""
-        with self.lock:
-            return self.engine.apply(cmd, now_ms)
+        return self.engine.apply(cmd, now_ms)
 
     def has_ready(self, queue: str) -> bool:
-        with self.lock:
-            return self.engine.has_ready(queue)
+        return self.engine.has_ready(queue)
 
     # --- leadership ---------------------------------------------------------------------------
 
@@ -174,9 +324,8 @@ class PartitionReplica(SyncObj):
     # --- snapshots (pysyncobj custom serializer hooks) ----------------------------------------
 
     def _write_snapshot(self, filename: str, raft_data: Any) -> None:
-        # Runs in the tick thread between applies, so the engine is exactly at the dump's index.
-        with self.lock:
-            state = self.engine.snapshot()
+        # Runs inside a tick, between applies, so the engine is exactly at the dump's index.
+        state = self.engine.snapshot()
         meta = pickle.dumps(raft_data, protocol=pickle.HIGHEST_PROTOCOL)
         with open(filename, "wb") as f:
             f.write(_SNAPSHOT_MAGIC)
@@ -197,9 +346,7 @@ class PartitionReplica(SyncObj):
         # The dump file is written by this node itself; peers' snapshots arrive through the
         # authenticated Raft transport, which already unpickles (hence the cluster secret rule).
         raft_data = pickle.loads(blob[pos:pos + size])
-        engine = PartitionEngine.restore(blob[pos + size:])
-        with self.lock:
-            self.engine = engine
+        self.engine = PartitionEngine.restore(blob[pos + size:])
         return raft_data
 
 

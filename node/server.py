@@ -1,8 +1,8 @@
 """A Shoal node: the partitions it hosts, its client server and its background duties.
 
-The event loop (uvloop) owns sockets, group commit, long polls and
-sessions; each hosted partition's pysyncobj group runs its own tick thread
-and applies committed entries under the replica's lock. Background tasks:
+Everything runs on one event loop (uvloop): client sockets, group commit,
+long polls, sessions, HTTP, and every hosted partition's pysyncobj group
+(ticked by the loop, see ``replica.LoopPoller``). Background tasks:
 
 - the *leader tick* proposes ``_Tick`` on every partition this node leads when
   something is due (delays, leases, TTL, cron) and at least once a second;
@@ -19,7 +19,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -89,9 +88,9 @@ class Node:
             me = self.spec.raft_address(p)
             peers = [self.config.node(r).raft_address(p) for r in replicas if r != self.node_id]
             bind = f"{listen}:{self.spec.raft_port + p}" if listen else None
-            replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir),
+            replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir), loop=self.loop,
                                        secret=self.config.secret, bind_host=bind)
-            replica.on_applied = self._applied_from_thread
+            replica.on_applied = self._applied
             self.replicas[p] = replica
             self.group_commits[p] = GroupCommit(replica, self.loop)
         host = listen or self.spec.host
@@ -137,7 +136,7 @@ class Node:
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():
-            replica.destroy_synchronous()
+            replica.close()
         self._stopped.set()
 
     # --- helpers used by the dispatcher ------------------------------------------------------------
@@ -160,9 +159,8 @@ class Node:
         for p, replica in sorted(self.replicas.items()):
             if partition is not None and p != partition:
                 continue
-            with replica.lock:
-                digest = replica.engine.digest()
-                applied = replica.raftLastApplied
+            digest = replica.engine.digest()
+            applied = replica.raftLastApplied
             out[str(p)] = {"leader": self._leader_id(replica), "isLeader": replica.is_leader(),
                            "term": replica.term(), "commitIndex": replica.raftCommitIndex,
                            "appliedIndex": applied, "digest": digest,
@@ -173,21 +171,18 @@ class Node:
         addr = replica.leader_address()
         return self._raft_to_node.get(addr) if addr else None
 
-    # --- applied-batch notifications (from pysyncobj threads) ------------------------------------
+    # --- applied-batch notifications -----------------------------------------------------------
 
-    def _applied_from_thread(self, p: int) -> None:
+    def _applied(self, p: int) -> None:
+        # Called inside pysyncobj's apply loop; wake waiters once, after this tick.
         if not self._applied_flags.get(p):
             self._applied_flags[p] = True
-            try:
-                self.loop.call_soon_threadsafe(self._on_applied, p)
-            except RuntimeError:
-                pass  # loop closed during shutdown
+            self.loop.call_soon(self._on_applied, p)
 
     def _on_applied(self, p: int) -> None:
         self._applied_flags[p] = False
         replica = self.replicas[p]
-        with replica.lock:
-            events = replica.engine.drain_events()
+        events = replica.engine.drain_events()
         if events and replica.is_leader():
             self.dispatcher.publish(events)
         self.dispatcher.on_applied(p)
@@ -201,8 +196,7 @@ class Node:
             for p, replica in self.replicas.items():
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
-                with replica.lock:
-                    due = replica.engine.next_due_ms()
+                due = replica.engine.next_due_ms()
                 if (due is not None and due <= now) or now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS:
                     self._last_tick_ms[p] = now
                     self._tick_inflight.add(p)
@@ -305,10 +299,6 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
         uvloop.install()
     except ImportError:  # uvloop is a hard dependency; fall back only on exotic platforms
         log.warning("uvloop unavailable; using the default asyncio loop")
-    # Every replicated command crosses threads four times (event loop -> leader tick thread ->
-    # follower tick thread -> leader -> event loop); the default 5 ms GIL switch interval
-    # would dominate that path, so hand the GIL over sooner.
-    sys.setswitchinterval(0.0005)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     node = Node(config, node_id)
