@@ -31,7 +31,19 @@ class _LazyGroup(click.Group):
         if target is None:
             return super().get_command(ctx, name)
         module_name, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module_name), attr)
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            # One package that cannot load (a missing optional dependency, a broken
+            # checkout) must not take `shoal --help` and every other subcommand with it.
+            return _unavailable(name, f"{type(exc).__name__}: {exc}")
+
+
+def _unavailable(name: str, reason: str) -> click.Command:
+    def run() -> None:
+        raise click.ClickException(f"`shoal {name}` cannot load: {reason}")
+    return click.Command(name, callback=run, help=f"(unavailable: {reason})",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 
 
 def _version() -> str:

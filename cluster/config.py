@@ -26,7 +26,7 @@ Environment variables override the file (names are the contract with deploy/):
 =========================  ==================================================
 SHOAL_CONFIG               path of the TOML file (optional)
 SHOAL_NODE_ID              this node's id (Kubernetes: the pod's hostname)
-SHOAL_PEERS                ``id=host[:port[:http_port[:raft_port]]]`` comma list
+SHOAL_PEERS                ``id=host[:port[:http_port[:raft_port]]]`` comma list (IPv6: ``[::1]``)
 SHOAL_CLUSTER_ID           cluster id
 SHOAL_PARTITIONS           partition count
 SHOAL_REPLICATION          replication factor
@@ -154,6 +154,12 @@ class ClusterConfig:
             raise ConfigError("partitions must be 1..1024")
         if self.replication < 0 or self.replication > 7:
             raise ConfigError("replication must be 0 (auto) .. 7")
+        if not 1024 <= self.frame_bytes_max <= 0xFFFFFFFF:  # the length header is 4 bytes
+            raise ConfigError("frame_bytes_max must be 1024 .. 4294967295")
+        if self.inflight_per_connection < 1 or self.session_grace_ms < 0:
+            raise ConfigError("inflight_per_connection must be ≥ 1 and session_grace_ms ≥ 0")
+        if not all(isinstance(t, str) and t for t in self.tokens):
+            raise ConfigError("tokens must be a list of non-empty strings")
         if self.raft_needs_secret() and not self.secret:
             raise ConfigError("Raft binds a non-loopback address but no cluster secret is set "
                               "(SHOAL_CLUSTER_SECRET / [cluster] secret): pysyncobj unpickles what peers "
@@ -193,7 +199,11 @@ def _parse_peers(text: str, port: int, http_port: int, raft_port: int) -> tuple[
         node_id, sep, rest = item.partition("=")
         if not sep or not node_id or not rest:
             raise ConfigError(f"SHOAL_PEERS item {item!r} is not id=host[:port[:http_port[:raft_port]]]")
-        parts = rest.split(":")
+        if rest.startswith("["):  # IPv6: [::1]:port:http_port:raft_port
+            host, _, tail = rest[1:].partition("]")
+            parts = [host, *tail.split(":")[1:]]
+        else:
+            parts = rest.split(":")
         try:
             nums = [int(x) for x in parts[1:]]
         except ValueError as exc:
@@ -238,7 +248,10 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         raise ConfigError(f"[[nodes]] entry is malformed: {exc}") from exc
     if env.get("SHOAL_PEERS"):
         nodes = _parse_peers(env["SHOAL_PEERS"], port, http_port, raft_port)
-    tokens = tuple(c.get("tokens", ()))
+    tokens = c.get("tokens", ())
+    if isinstance(tokens, str):  # tokens = "abc" would otherwise become three one-letter tokens
+        raise ConfigError("[cluster] tokens must be a list of strings")
+    tokens = tuple(tokens)
     if env.get("SHOAL_AUTH_TOKENS"):
         tokens = tuple(t.strip() for t in env["SHOAL_AUTH_TOKENS"].split(",") if t.strip())
     me = node_id or env.get("SHOAL_NODE_ID") or None

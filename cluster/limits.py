@@ -1,30 +1,71 @@
-"""Validation limits of the protocol (seed 001's table), units last in every name."""
+"""Validation limits of the protocol (seed 001's limits table), units last in every name.
+
+The lower-case names are canonical (TigerStyle: ``delay_ms_max``); the
+upper-case spellings are aliases of the same values for code that prefers
+PEP 8 constant style. Times are integer milliseconds, sizes bytes, text
+lengths characters.
+"""
 
 from __future__ import annotations
 
 __all__ = [
-    "QUEUE_NAME_CHARS_MAX", "DATA_BYTES_MAX", "PRIORITY_MIN", "PRIORITY_MAX", "DELAY_MS_MAX",
+    "day_ms", "hour_ms",
+    "queue_name_chars_max", "data_bytes_max", "priority_min", "priority_max", "delay_ms_max",
+    "timeout_ms_max", "attempts_min", "attempts_max", "backoff_ms_max", "ttl_ms_max", "ttr_ms_min",
+    "ttr_ms_max", "key_chars_max", "batch_jobs_max", "pull_count_max", "error_chars_max",
+    "log_chars_max", "page_limit_max", "token_chars_max", "auth_token_chars_max", "partition_max",
+    "list_items_max",
+    # PEP 8 aliases
+    "DAY_MS", "QUEUE_NAME_CHARS_MAX", "DATA_BYTES_MAX", "PRIORITY_MIN", "PRIORITY_MAX", "DELAY_MS_MAX",
     "TIMEOUT_MS_MAX", "ATTEMPTS_MIN", "ATTEMPTS_MAX", "BACKOFF_MS_MAX", "TTL_MS_MAX", "TTR_MS_MAX",
     "KEY_CHARS_MAX", "BATCH_JOBS_MAX", "PULL_COUNT_MAX", "ERROR_CHARS_MAX", "LOG_CHARS_MAX",
     "PAGE_LIMIT_MAX",
 ]
 
-DAY_MS = 24 * 3600 * 1000
+hour_ms = 3600 * 1000
+day_ms = 24 * hour_ms
 
-QUEUE_NAME_CHARS_MAX = 256
-DATA_BYTES_MAX = 10 * 1024 * 1024
-PRIORITY_MIN = -1_000_000
-PRIORITY_MAX = 1_000_000
-DELAY_MS_MAX = 365 * DAY_MS
-TIMEOUT_MS_MAX = DAY_MS
-ATTEMPTS_MIN = 1
-ATTEMPTS_MAX = 1_000
-BACKOFF_MS_MAX = DAY_MS
-TTL_MS_MAX = 365 * DAY_MS
-TTR_MS_MAX = DAY_MS
-KEY_CHARS_MAX = 256          # customId, idempotencyKey, group, tag, cron name, session
-BATCH_JOBS_MAX = 10_000      # PUSHB jobs, ACKB ids
-PULL_COUNT_MAX = 10_000      # PULLB count
-ERROR_CHARS_MAX = 64 * 1024  # FAIL/Bury error text
-LOG_CHARS_MAX = 64 * 1024    # AddLog message
-PAGE_LIMIT_MAX = 10_000      # GetJobs/Dlq/Read/GetLogs limit
+# Seed 001's table.
+queue_name_chars_max = 256            # of [A-Za-z0-9_.:-]
+data_bytes_max = 10 * 1024 * 1024     # job data, measured as its MessagePack encoding
+priority_min = -1_000_000
+priority_max = 1_000_000
+delay_ms_max = 365 * day_ms
+timeout_ms_max = 24 * hour_ms         # PULL/PULLB long-poll wait, PUSH capacity wait
+attempts_min = 1
+attempts_max = 1_000
+backoff_ms_max = 24 * hour_ms
+ttl_ms_max = 365 * day_ms
+
+# Ours: a limit on everything else a client can send.
+ttr_ms_min = 1                        # a lease of 0 ms would expire before it is returned
+ttr_ms_max = 24 * hour_ms
+key_chars_max = 256                   # customId, idempotencyKey, group, tag, cron name, session, workerId
+token_chars_max = 256                 # lease token when sent as a string
+auth_token_chars_max = 4096
+batch_jobs_max = 10_000               # PUSHB jobs, ACKB ids
+pull_count_max = 10_000               # PULLB count
+error_chars_max = 64 * 1024           # FAIL/Bury error text
+log_chars_max = 64 * 1024             # AddLog/Progress message
+page_limit_max = 10_000               # GetJobs/Dlq/Read/GetLogs/Clean limit
+partition_max = 1023                  # partitions are 0..1023 (config allows 1..1024)
+list_items_max = 1_000                # capabilities, RegisterWorker queues
+
+DAY_MS = day_ms
+QUEUE_NAME_CHARS_MAX = queue_name_chars_max
+DATA_BYTES_MAX = data_bytes_max
+PRIORITY_MIN = priority_min
+PRIORITY_MAX = priority_max
+DELAY_MS_MAX = delay_ms_max
+TIMEOUT_MS_MAX = timeout_ms_max
+ATTEMPTS_MIN = attempts_min
+ATTEMPTS_MAX = attempts_max
+BACKOFF_MS_MAX = backoff_ms_max
+TTL_MS_MAX = ttl_ms_max
+TTR_MS_MAX = ttr_ms_max
+KEY_CHARS_MAX = key_chars_max
+BATCH_JOBS_MAX = batch_jobs_max
+PULL_COUNT_MAX = pull_count_max
+ERROR_CHARS_MAX = error_chars_max
+LOG_CHARS_MAX = log_chars_max
+PAGE_LIMIT_MAX = page_limit_max

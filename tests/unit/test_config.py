@@ -1,0 +1,115 @@
+"""Cluster configuration: TOML file, SHOAL_* overrides, validation, placement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shoal.cluster.config import ENV_VARS, ClusterConfig, ConfigError, NodeSpec, load_config
+
+TOML = """
+[cluster]
+id = "test"
+partitions = 4
+replication = 3
+tokens = ["t1"]
+
+[[nodes]]
+id = "n1"
+host = "127.0.0.1"
+port = 7001
+http_port = 7101
+raft_port = 7201
+
+[[nodes]]
+id = "n2"
+host = "127.0.0.1"
+port = 7002
+
+[[nodes]]
+id = "n3"
+host = "127.0.0.1"
+port = 7003
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "shoal.toml"
+    path.write_text(TOML)
+    return path
+
+
+def test_load_from_file(config_file: Path) -> None:
+    cfg = load_config(config_file, env={}, node_id="n2")
+    assert (cfg.cluster_id, cfg.partitions, cfg.rf, cfg.tokens) == ("test", 4, 3, ("t1",))
+    assert cfg.node().port == 7002 and cfg.node("n1").raft_address(2) == "127.0.0.1:7203"
+    assert cfg.node_data_dir("n3") == Path(".shoal") / "n3"
+    placement = cfg.placement()
+    assert sorted(placement) == [0, 1, 2, 3] and all(len(set(r)) == 3 for r in placement.values())
+    topo = cfg.initial_topology()
+    assert [p.replicas for p in topo.partition_map] == [tuple(placement[p]) for p in range(4)]
+    assert all(p.leader is None for p in topo.partition_map)
+
+
+def test_env_overrides_the_file(config_file: Path) -> None:
+    env = {"SHOAL_CONFIG": str(config_file), "SHOAL_PARTITIONS": "16", "SHOAL_AUTH_TOKENS": "a, b,",
+           "SHOAL_NODE_ID": "n1", "SHOAL_DATA_DIR": "/tmp/x", "SHOAL_FRAME_BYTES_MAX": "1024"}
+    cfg = load_config(env=env)
+    assert (cfg.partitions, cfg.tokens, cfg.node_id, cfg.frame_bytes_max) == (16, ("a", "b"), "n1", 1024)
+    assert cfg.node_data_dir() == Path("/tmp/x")
+
+
+def test_peers_from_env() -> None:
+    cfg = load_config(env={"SHOAL_PEERS": "a=127.0.0.1:1:2:3, b=127.0.0.1", "SHOAL_REPLICATION": "0"})
+    assert cfg.nodes == (NodeSpec("a", "127.0.0.1", 1, 2, 3), NodeSpec("b", "127.0.0.1", 6789, 6790, 7789))
+    assert cfg.rf == 2  # 0 = auto: min(3, nodes)
+    with pytest.raises(ConfigError):
+        load_config(env={"SHOAL_PEERS": "a"})
+    with pytest.raises(ConfigError):
+        load_config(env={"SHOAL_PEERS": "a=h:x"})
+
+
+def test_validation_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no nodes"):
+        load_config(env={})
+    with pytest.raises(ConfigError, match="duplicate"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1,a=127.0.0.1"})
+    with pytest.raises(ConfigError, match="partitions"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_PARTITIONS": "0"})
+    with pytest.raises(ConfigError, match="not an integer"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_PARTITIONS": "many"})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", env={})
+    with pytest.raises(ConfigError, match="not in the cluster"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1"}, node_id="zz")
+
+
+def test_raft_off_loopback_needs_a_secret() -> None:
+    with pytest.raises(ConfigError, match="secret"):
+        load_config(env={"SHOAL_PEERS": "a=10.0.0.1"})
+    cfg = load_config(env={"SHOAL_PEERS": "a=10.0.0.1", "SHOAL_CLUSTER_SECRET": "s3cret"})
+    assert cfg.raft_needs_secret() and cfg.secret == "s3cret"
+    assert not load_config(env={"SHOAL_PEERS": "a=127.0.0.1,b=localhost,c=[::1]:6800"}).raft_needs_secret()
+    with pytest.raises(ConfigError, match="secret"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_LISTEN": "0.0.0.0"})
+
+
+def test_ipv6_peer_and_limits() -> None:
+    cfg = load_config(env={"SHOAL_PEERS": "a=[::1]:1:2:3"})
+    assert cfg.nodes == (NodeSpec("a", "::1", 1, 2, 3),)
+    with pytest.raises(ConfigError, match="frame_bytes_max"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_FRAME_BYTES_MAX": "0"})
+
+
+def test_toml_round_trip(config_file: Path, tmp_path: Path) -> None:
+    cfg = load_config(config_file, env={})
+    again = tmp_path / "again.toml"
+    again.write_text(cfg.to_toml())
+    assert load_config(again, env={}) == cfg
+
+
+def test_env_var_list_is_the_documented_contract() -> None:
+    assert len(ENV_VARS) == len(set(ENV_VARS)) and all(v.startswith("SHOAL_") for v in ENV_VARS)
+    assert isinstance(ClusterConfig.__doc__, str)
