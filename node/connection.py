@@ -37,6 +37,7 @@ class ClientConnection(asyncio.Protocol):
         self.dispatcher = dispatcher
         self.conn_id = next(_conn_ids)
         self.decoder = FrameDecoder(frame_bytes_max, requests=True, raw_data=True)
+        self.frame_bytes_max = frame_bytes_max
         self.inflight_v2_max = inflight_max
         self.inflight_max = 1  # v1 until Hello
         self.protocol_version = 1
@@ -164,10 +165,11 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         try:
-            data = encode(frame)
+            data = encode(frame, frame_bytes_max=self.frame_bytes_max)
         except ProtocolError as exc:
-            data = encode({"ok": False, "error": f"reply could not be encoded: {exc}",
-                           "code": ErrorCode.INTERNAL.value, "reqId": frame.get("reqId")})
+            # e.g. a PULLB whose jobs add up to more than the maximum frame: say so, keep the link.
+            data = encode({"ok": False, "error": f"reply could not be sent: {exc}",
+                           "code": exc.code.value, "reqId": frame.get("reqId")})
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True

@@ -1,0 +1,1144 @@
+"""The partition engine: every queue model of Shoal on one deterministic state machine.
+
+Theory of operation
+-------------------
+A :class:`PartitionEngine` holds every queue of one partition. It is driven
+only by :meth:`PartitionEngine.apply` with a validated command dict and the
+leader's clock stamp ``now_ms``; it never reads a clock, draws a random number
+or does I/O, so replicas that apply the same commands hold identical state.
+
+Jobs are ``__slots__`` objects (raw MessagePack data bytes, no dict per job)
+indexed by their partition sequence number. A job's state is one of
+``waiting`` (tarantool ``r``), ``delayed`` (``~``), ``active`` (``t``, leased),
+``completed`` (``-``) and ``failed`` (``!``, buried / dead-lettered); every
+move between them goes through :mod:`._transitions`' table.
+
+Per-operation costs stay O(log n) with heaps and lazy deletion: a queue keeps a
+ready heap of ``(priority, seq)`` for jobs without a group and, for groups
+(utube), one seq-heap per group plus a heap of eligible group heads, so a pull
+from a queue with 100,000 groups is a heap pop. The partition keeps heaps of
+delayed run times, lease deadlines and TTL deadlines; stale heap entries are
+skipped when they surface. Expiry happens lazily when a pull applies and in
+the leader's periodic ``_Tick`` command.
+
+Every command is atomic: it checks everything that can fail before it
+changes anything, so a refused command (``CommandError``) leaves no trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import pickle
+from collections import deque
+from datetime import datetime, timezone
+from typing import Any
+
+from croniter import croniter
+
+from shoal.cluster.codec import Raw
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.jobid import format_job_id, parse_job_id
+
+from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, check_transition
+
+__all__ = ["PartitionEngine", "QUEUE_PRESETS", "DEFAULTS"]
+
+#: Defaults for a queue created by its first PUSH ("standard") and for presets.
+DEFAULTS: dict[str, Any] = {
+    "ttr": 30_000, "ttl": 0, "capacity": 0, "maxDeliveries": 10, "attempts": 1, "backoff": 1_000,
+    "historyMax": 10_000, "historyAgeMs": 24 * 3600 * 1000,
+}
+#: tarantool's queue types as presets: which job options each honours.
+QUEUE_PRESETS: dict[str, dict[str, bool]] = {
+    "standard":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": True},
+    "fifo":       {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": False},
+    "fifottl":    {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": False},
+    "limfifottl": {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": True},
+    "utube":      {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": True,  "capacity": False},
+    "utubettl":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": False},
+    "log":        {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": False},
+}
+IDEMPOTENCY_WINDOW_MS = 120_000
+JOB_LOGS_MAX = 100
+EVENTS_MAX = 10_000
+PAGE_DEFAULT = 100
+_SNAPSHOT_VERSION = 1
+
+
+class Job:
+    """One job; data stays the raw MessagePack bytes the client sent."""
+
+    __slots__ = ("seq", "queue", "data", "priority", "state", "attempts", "max_attempts", "backoff_ms",
+                 "created_ms", "run_at_ms", "ttl_deadline_ms", "ttr_ms", "token", "session",
+                 "lease_deadline_ms", "group", "custom_id", "tag", "result", "error", "progress",
+                 "message", "logs", "finished_ms")
+
+    def __init__(self, seq: int, queue: str, data: bytes, priority: int, created_ms: int) -> None:
+        self.seq = seq
+        self.queue = queue
+        self.data = data
+        self.priority = priority
+        self.state = WAITING
+        self.attempts = 0
+        self.max_attempts = 1
+        self.backoff_ms = 0
+        self.created_ms = created_ms
+        self.run_at_ms = created_ms
+        self.ttl_deadline_ms = 0
+        self.ttr_ms = 0
+        self.token: str | None = None
+        self.session: str | None = None
+        self.lease_deadline_ms = 0
+        self.group: str | None = None
+        self.custom_id: str | None = None
+        self.tag: str | None = None
+        self.result: bytes | None = None
+        self.error: str | None = None
+        self.progress = 0
+        self.message: str | None = None
+        self.logs: list[tuple[int, str]] | None = None
+        self.finished_ms = 0
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, s) for s in Job.__slots__)
+
+    @classmethod
+    def from_tuple(cls, t: tuple[Any, ...]) -> "Job":
+        job = cls.__new__(cls)
+        for name, value in zip(Job.__slots__, t):
+            setattr(job, name, value)
+        return job
+
+
+class Queue:
+    """Settings, indexes and counters of one queue."""
+
+    __slots__ = ("name", "type", "opts", "paused", "ready", "group_fifo", "group_active", "group_heads",
+                 "counts", "prio_counts", "history", "dlq", "custom_ids", "calls", "totals", "log",
+                 "log_next")
+
+    def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.type = qtype
+        self.opts = {**DEFAULTS, **(opts or {})}
+        self.paused = False
+        self.ready: list[tuple[int, int]] = []              # (priority, seq), jobs without a group
+        self.group_fifo: dict[str, list[int]] = {}          # group -> seq heap of waiting jobs
+        self.group_active: dict[str, int] = {}              # group -> seq of its active job
+        self.group_heads: list[tuple[int, int, str]] = []   # (priority, seq, group) of eligible heads
+        self.counts = {s: 0 for s in STATES}
+        self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
+        self.history: deque[int] = deque()                  # completed seqs, oldest first
+        self.dlq: dict[int, None] = {}                      # failed seqs in order
+        self.custom_ids: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.totals = {"enqueued": 0, "completed": 0, "failed": 0, "reclaimed": 0, "expired": 0, "retried": 0}
+        self.log: dict[int, tuple[bytes, str | None, int]] = {}  # log queues: lseq -> (data, tag, createdAt)
+        self.log_next = 1
+
+    @property
+    def preset(self) -> dict[str, bool]:
+        return QUEUE_PRESETS[self.type]
+
+    def settings(self) -> tuple[Any, ...]:
+        return (self.name, self.type, dict(sorted(self.opts.items())), self.paused, dict(self.custom_ids),
+                dict(self.calls), dict(self.totals), dict(self.log), self.log_next)
+
+
+class PartitionEngine:
+    """All queues of one partition; see the module docstring."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.seq = 0
+        self.lease_seq = 0
+        self.now_ms = 0
+        self.jobs: dict[int, Job] = {}
+        self.queues: dict[str, Queue] = {}
+        self.delayed: list[tuple[int, int]] = []          # (run_at_ms, seq)
+        self.leases: list[tuple[int, int, str]] = []      # (deadline_ms, seq, token)
+        self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
+        self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
+        self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
+        self.idempotency_order: deque[tuple[int, tuple[str, str]]] = deque()
+        self.crons: dict[str, dict[str, Any]] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_MAX)
+        self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
+
+    # ------------------------------------------------------------------------------------------
+    # public interface
+
+    def apply(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
+        """Apply one validated command; return the reply fields or raise ``CommandError``."""
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
+        name = cmd["cmd"]
+        handler = self._handlers.get(name.lstrip("_") if name[0] == "_" else name)
+        if handler is None:
+            raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"the engine does not handle {name!r}")
+        return handler(cmd)
+
+    def has_ready(self, queue: str) -> bool:
+        """True when a pull on ``queue`` would get a job now."""
+        q = self.queues.get(queue)
+        if q is None or q.paused or q.type == "log":
+            return False
+        if self.delayed and self.delayed[0][0] <= self.now_ms:
+            return True  # a due delayed job may belong to it; the pull promotes it
+        return self._peek_ready(q) is not None
+
+    def next_due_ms(self) -> int | None:
+        """Earliest time a delayed job, lease, TTL or cron becomes due."""
+        due = [h[0][0] for h in (self.delayed, self.leases, self.ttls) if h]
+        due += [c["nextRunAt"] for c in self.crons.values()]
+        if self.idempotency_order:
+            due.append(self.idempotency_order[0][0])
+        return min(due) if due else None
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events = list(self.events)
+        self.events.clear()
+        return events
+
+    def queue_names(self) -> list[str]:
+        return sorted(self.queues)
+
+    # ------------------------------------------------------------------------------------------
+    # snapshots
+
+    def snapshot(self) -> bytes:
+        """Compact, canonical bytes of the whole replicated state (job data stays raw)."""
+        state = (
+            _SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
+            [j.to_tuple() for j in self.jobs.values()],
+            [q.settings() for q in self.queues.values()],
+            {s: list(seqs) for s, seqs in self.sessions.items()},
+            list(self.idempotency_order), dict(self.idempotency),
+            {n: dict(c) for n, c in self.crons.items()},
+        )
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def restore(cls, data: bytes) -> "PartitionEngine":
+        (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
+         crons) = pickle.loads(data)
+        if version != _SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {version}")
+        eng = cls(partition)
+        eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
+        for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next in queues:
+            q = eng.queues[name] = Queue(name, qtype, opts)
+            q.paused, q.custom_ids, q.calls, q.totals, q.log, q.log_next = \
+                paused, custom_ids, calls, totals, log, log_next
+        for t in jobs:
+            job = Job.from_tuple(t)
+            eng.jobs[job.seq] = job
+            eng._index(job)
+        eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
+        eng.idempotency_order = deque((t, tuple(k)) for t, k in idem_order)
+        eng.idempotency = {tuple(k) if isinstance(k, list) else k: tuple(v) for k, v in idem.items()}
+        eng.crons = crons
+        return eng
+
+    def _index(self, job: Job) -> None:
+        """Rebuild a restored job's place in the indexes."""
+        q = self.queues[job.queue]
+        q.counts[job.state] += 1
+        if job.state == WAITING:
+            self._enqueue_ready(q, job)
+        elif job.state == DELAYED:
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        elif job.state == ACTIVE:
+            heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or ""))
+            if job.group is not None:
+                q.group_active[job.group] = job.seq
+        elif job.state == COMPLETED:
+            q.history.append(job.seq)
+        elif job.state == FAILED:
+            q.dlq[job.seq] = None
+        if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
+            heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
+
+    def digest(self) -> str:
+        """SHA-256 of the snapshot: equal on replicas that applied the same commands."""
+        return hashlib.sha256(self.snapshot()).hexdigest()
+
+    # ------------------------------------------------------------------------------------------
+    # helpers
+
+    def _queue(self, name: str, create: bool = False) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            if not create:
+                raise CommandError(ErrorCode.NOT_FOUND, f"queue {name!r} does not exist")
+            q = self.queues[name] = Queue(name)
+        return q
+
+    def _job(self, job_id: str) -> Job:
+        partition, seq = parse_job_id(job_id)
+        job = self.jobs.get(seq) if partition == self.partition else None
+        if job is None:
+            raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
+        return job
+
+    def _id(self, job: Job) -> str:
+        return format_job_id(self.partition, job.seq)
+
+    def _count(self, q: Queue, cmd: str) -> None:
+        q.calls[cmd] = q.calls.get(cmd, 0) + 1
+
+    def _set_state(self, q: Queue, job: Job, state: str) -> None:
+        prev = job.state
+        check_transition(prev, state)
+        q.counts[prev] -= 1
+        q.counts[state] += 1
+        if prev == WAITING:
+            n = q.prio_counts.get(job.priority, 0) - 1
+            if n:
+                q.prio_counts[job.priority] = n
+            else:
+                q.prio_counts.pop(job.priority, None)
+        if state == WAITING:
+            q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
+        job.state = state
+        self.events.append({"event": "job", "queue": q.name, "id": self._id(job), "state": state, "prev": prev})
+
+    def _enqueue_ready(self, q: Queue, job: Job) -> None:
+        if job.group is None:
+            heapq.heappush(q.ready, (job.priority, job.seq))
+            return
+        fifo = q.group_fifo.setdefault(job.group, [])
+        heapq.heappush(fifo, job.seq)
+        if job.group not in q.group_active and fifo[0] == job.seq:
+            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], job.group))
+
+    def _group_head(self, q: Queue, group: str) -> int | None:
+        fifo = q.group_fifo.get(group)
+        while fifo:
+            job = self.jobs.get(fifo[0])
+            if job is not None and job.state == WAITING and job.group == group:
+                return fifo[0]
+            heapq.heappop(fifo)
+        q.group_fifo.pop(group, None)
+        return None
+
+    def _peek_ready(self, q: Queue) -> tuple[int, int, str | None] | None:
+        """The next pullable (priority, seq, group) of ``q``, cleaning stale heap tops."""
+        ready = q.ready
+        while ready:
+            prio, seq = ready[0]
+            job = self.jobs.get(seq)
+            if job is not None and job.state == WAITING and job.group is None and job.queue == q.name:
+                break
+            heapq.heappop(ready)
+        heads = q.group_heads
+        while heads:
+            prio_g, seq_g, group = heads[0]
+            if group not in q.group_active and self._group_head(q, group) == seq_g:
+                break
+            heapq.heappop(heads)
+            if group not in q.group_active:
+                head = self._group_head(q, group)
+                if head is not None:
+                    heapq.heappush(heads, (self.jobs[head].priority, head, group))
+        best: tuple[int, int, str | None] | None = None
+        if ready:
+            best = (ready[0][0], ready[0][1], None)
+        if heads and (best is None or heads[0][:2] < best[:2]):
+            best = heads[0]
+        return best
+
+    def _pop_ready(self, q: Queue) -> Job | None:
+        top = self._peek_ready(q)
+        if top is None:
+            return None
+        if top[2] is None:
+            heapq.heappop(q.ready)
+        else:
+            heapq.heappop(q.group_heads)
+            heapq.heappop(q.group_fifo[top[2]])
+        return self.jobs[top[1]]
+
+    def _release_group(self, q: Queue, job: Job) -> None:
+        if job.group is not None and q.group_active.get(job.group) == job.seq:
+            del q.group_active[job.group]
+            head = self._group_head(q, job.group)
+            if head is not None:
+                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, job.group))
+
+    def _end_lease(self, q: Queue, job: Job) -> None:
+        if job.session is not None:
+            leased = self.sessions.get(job.session)
+            if leased is not None:
+                leased.pop(job.seq, None)
+                if not leased:
+                    del self.sessions[job.session]
+        job.token = None
+        job.session = None
+        job.lease_deadline_ms = 0
+        self._release_group(q, job)
+
+    def _to_waiting(self, q: Queue, job: Job, delay_ms: int = 0) -> None:
+        if job.state == ACTIVE:
+            self._end_lease(q, job)
+        if delay_ms > 0:
+            job.run_at_ms = self.now_ms + delay_ms
+            self._set_state(q, job, DELAYED)
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        else:
+            job.run_at_ms = self.now_ms
+            self._set_state(q, job, WAITING)
+            self._enqueue_ready(q, job)
+
+    def _finish(self, q: Queue, job: Job, state: str) -> None:
+        if job.state == ACTIVE:
+            self._end_lease(q, job)
+        job.finished_ms = self.now_ms
+        self._set_state(q, job, state)
+        if state == COMPLETED:
+            q.history.append(job.seq)
+            q.totals["completed"] += 1
+            self._trim_history(q)
+        else:
+            q.dlq[job.seq] = None
+            q.totals["failed"] += 1
+
+    def _remove(self, q: Queue, job: Job) -> None:
+        """Delete a job for good (cancel, drain, clean, TTL, purge)."""
+        if job.state == ACTIVE:
+            self._end_lease(q, job)
+        if job.state == WAITING:
+            n = q.prio_counts.get(job.priority, 0) - 1
+            if n:
+                q.prio_counts[job.priority] = n
+            else:
+                q.prio_counts.pop(job.priority, None)
+        q.counts[job.state] -= 1
+        q.dlq.pop(job.seq, None)
+        if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
+            del q.custom_ids[job.custom_id]
+        del self.jobs[job.seq]
+        self.events.append({"event": "job", "queue": q.name, "id": self._id(job), "state": "removed",
+                            "prev": job.state})
+
+    def _trim_history(self, q: Queue) -> None:
+        limit = q.opts["historyMax"]
+        oldest_ms = self.now_ms - q.opts["historyAgeMs"]
+        history = q.history
+        while history:
+            job = self.jobs.get(history[0])
+            if job is None or job.state != COMPLETED:
+                history.popleft()
+                continue
+            if len(history) > limit or job.finished_ms < oldest_ms:
+                history.popleft()
+                self._remove(q, job)
+                continue
+            break
+
+    def _check_token(self, job: Job, cmd: dict[str, Any]) -> None:
+        token = cmd.get("token")
+        if token is not None and (job.state != ACTIVE or str(token) != job.token):
+            raise CommandError(ErrorCode.LEASE_MISMATCH,
+                               f"job {self._id(job)}: token does not match the current lease")
+
+    def _require_active(self, job: Job, cmd: dict[str, Any]) -> None:
+        self._check_token(job, cmd)
+        if job.state != ACTIVE:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {self._id(job)} is {job.state}, not active")
+
+    def wire_job(self, job: Job) -> dict[str, Any]:
+        """The job as the protocol shows it (data spliced raw)."""
+        out: dict[str, Any] = {
+            "id": self._id(job), "queue": job.queue, "data": Raw(job.data), "priority": job.priority,
+            "state": job.state, "attempts": job.attempts, "maxAttempts": job.max_attempts,
+            "createdAt": job.created_ms, "runAt": job.run_at_ms, "progress": job.progress,
+        }
+        if job.group is not None:
+            out["group"] = job.group
+        if job.custom_id is not None:
+            out["customId"] = job.custom_id
+        if job.tag is not None:
+            out["tag"] = job.tag
+        if job.result is not None:
+            out["result"] = Raw(job.result)
+        if job.error is not None:
+            out["error"] = job.error
+        if job.state == ACTIVE:
+            out["leaseDeadline"] = job.lease_deadline_ms
+        if job.finished_ms:
+            out["finishedAt"] = job.finished_ms
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # expiry (lazy on pull, and in _Tick)
+
+    def _expire(self) -> None:
+        now = self.now_ms
+        delayed = self.delayed
+        while delayed and delayed[0][0] <= now:
+            run_at, seq = heapq.heappop(delayed)
+            job = self.jobs.get(seq)
+            if job is not None and job.state == DELAYED and job.run_at_ms == run_at:
+                q = self.queues[job.queue]
+                self._set_state(q, job, WAITING)
+                self._enqueue_ready(q, job)
+        leases = self.leases
+        while leases and leases[0][0] <= now:
+            deadline, seq, token = heapq.heappop(leases)
+            job = self.jobs.get(seq)
+            if job is None or job.state != ACTIVE or job.token != token or job.lease_deadline_ms != deadline:
+                continue
+            q = self.queues[job.queue]
+            q.totals["reclaimed"] += 1
+            if job.attempts >= q.opts["maxDeliveries"]:
+                job.error = f"lease expired after {job.attempts} deliveries"
+                self._finish(q, job, FAILED)
+            else:
+                self._to_waiting(q, job)
+        ttls = self.ttls
+        while ttls and ttls[0][0] <= now:
+            deadline, seq = heapq.heappop(ttls)
+            job = self.jobs.get(seq)
+            if job is not None and job.ttl_deadline_ms == deadline and job.state in (WAITING, DELAYED):
+                q = self.queues[job.queue]
+                q.totals["expired"] += 1
+                self._remove(q, job)
+
+    def _fire_crons(self) -> None:
+        for name in [n for n, c in self.crons.items() if c["nextRunAt"] <= self.now_ms]:
+            cron = self.crons[name]
+            q = self._queue(cron["queue"], create=True)
+            job = self._new_job(q, cron["data"], {"priority": cron["priority"]})
+            cron["count"] += 1
+            cron["lastRunAt"] = self.now_ms
+            cron["lastJobId"] = self._id(job)
+            if cron["limit"] and cron["count"] >= cron["limit"]:
+                del self.crons[name]
+            else:
+                cron["nextRunAt"] = _next_run(cron, self.now_ms)
+
+    def _purge_idempotency(self) -> None:
+        order = self.idempotency_order
+        while order and order[0][0] <= self.now_ms:
+            _, key = order.popleft()
+            entry = self.idempotency.get(key)
+            if entry is not None and entry[1] <= self.now_ms:
+                del self.idempotency[key]
+
+    # ------------------------------------------------------------------------------------------
+    # push
+
+    def _check_push(self, q: Queue, options: dict[str, Any], extra: int = 0) -> None:
+        if q.type == "log":
+            return
+        preset = q.preset
+        if not preset["group"] and options.get("group") is not None:
+            raise CommandError(ErrorCode.INVALID, f"group: queue {q.name!r} ({q.type}) has no groups")
+        capacity = q.opts["capacity"]
+        if capacity and preset["capacity"]:
+            live = q.counts[WAITING] + q.counts[DELAYED] + q.counts[ACTIVE]
+            if live + extra >= capacity:
+                raise CommandError(ErrorCode.QUEUE_FULL, f"queue {q.name!r} is at its capacity of {capacity}")
+
+    def _duplicate(self, q: Queue, options: dict[str, Any]) -> str | None:
+        key = options.get("idempotencyKey")
+        if key is not None:
+            entry = self.idempotency.get((q.name, key))
+            if entry is not None and entry[1] > self.now_ms:
+                return entry[0]
+        custom = options.get("customId")
+        if custom is not None:
+            seq = q.custom_ids.get(custom)
+            if seq is not None and seq in self.jobs:
+                return format_job_id(self.partition, seq)
+        return None
+
+    def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
+        self.seq += 1
+        raw = data.packed if type(data) is Raw else data
+        preset = q.preset
+        now = self.now_ms
+        job = Job(self.seq, q.name, raw, options.get("priority") or 0 if preset["priority"] else 0, now)
+        job.max_attempts = options.get("attempts") or q.opts["attempts"]
+        backoff = options.get("backoff")
+        job.backoff_ms = q.opts["backoff"] if backoff is None else backoff
+        job.ttr_ms = (options.get("ttr") if preset["ttr"] else None) or q.opts["ttr"]
+        job.group = options.get("group")
+        job.custom_id = options.get("customId")
+        job.tag = options.get("tag")
+        self.jobs[job.seq] = job
+        q.counts[WAITING] += 1
+        q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
+        q.totals["enqueued"] += 1
+        delay = options.get("delay") or 0 if preset["delay"] else 0
+        ttl = (options.get("ttl") if preset["ttl"] else None) or (q.opts["ttl"] if preset["ttl"] else 0)
+        if ttl:
+            job.ttl_deadline_ms = now + delay + ttl
+            heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
+        if job.custom_id is not None:
+            q.custom_ids[job.custom_id] = job.seq
+        key = options.get("idempotencyKey")
+        if key is not None:
+            expires = now + IDEMPOTENCY_WINDOW_MS
+            self.idempotency[(q.name, key)] = (format_job_id(self.partition, job.seq), expires)
+            self.idempotency_order.append((expires, (q.name, key)))
+        self.events.append({"event": "job", "queue": q.name, "id": self._id(job),
+                            "state": DELAYED if delay else WAITING, "prev": None})
+        if delay:
+            job.state = DELAYED
+            q.counts[WAITING] -= 1
+            q.counts[DELAYED] += 1
+            self._drop_prio(q, job.priority)
+            job.run_at_ms = now + delay
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        else:
+            self._enqueue_ready(q, job)
+        return job
+
+    @staticmethod
+    def _drop_prio(q: Queue, priority: int) -> None:
+        n = q.prio_counts.get(priority, 0) - 1
+        if n:
+            q.prio_counts[priority] = n
+        else:
+            q.prio_counts.pop(priority, None)
+
+    def _append_log(self, q: Queue, data: Any, tag: str | None) -> dict[str, Any]:
+        lseq = q.log_next
+        q.log_next += 1
+        q.log[lseq] = (data.packed if type(data) is Raw else data, tag, self.now_ms)
+        q.totals["enqueued"] += 1
+        return {"id": f"{self.partition}-L{lseq}", "seq": lseq}
+
+    def _op_PUSH(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        if q.type == "log":
+            self._count(q, "PUSH")
+            return self._append_log(q, cmd["data"], cmd.get("tag"))
+        dup = self._duplicate(q, cmd)
+        if dup is not None:
+            return {"id": dup, "duplicate": True}
+        self._check_push(q, cmd)
+        self._count(q, "PUSH")
+        return {"id": self._id(self._new_job(q, cmd["data"], cmd))}
+
+    def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        items = cmd["jobs"]
+        self._count(q, "PUSHB")
+        if q.type == "log":
+            return {"ids": [self._append_log(q, item["data"], item.get("tag"))["id"] for item in items]}
+        fresh = [item for item in items if self._duplicate(q, item) is None]
+        for item in fresh:
+            self._check_push(q, item)
+        self._check_push(q, {}, extra=len(fresh) - 1) if fresh else None
+        ids = []
+        for item in items:
+            dup = self._duplicate(q, item)
+            ids.append(dup if dup is not None else self._id(self._new_job(q, item["data"], item)))
+        return {"ids": ids}
+
+    # ------------------------------------------------------------------------------------------
+    # pull, ack, fail and the lease commands
+
+    def _lease(self, q: Queue, job: Job, ttr_ms: int | None, session: str | None) -> str:
+        self.lease_seq += 1
+        token = f"{self.partition}.{self.lease_seq}"
+        job.attempts += 1
+        job.token = token
+        job.session = session
+        job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms or q.opts["ttr"])
+        self._set_state(q, job, ACTIVE)
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token))
+        if job.group is not None:
+            q.group_active[job.group] = job.seq
+        if session is not None:
+            self.sessions.setdefault(session, {})[job.seq] = None
+        return token
+
+    def _pull(self, cmd: dict[str, Any], count: int) -> tuple[list[dict[str, Any]], list[str]]:
+        q = self.queues.get(cmd["queue"])
+        if q is not None and q.type == "log":
+            raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is a log queue: read it with Read")
+        self._expire()
+        if q is None:
+            return [], []
+        self._count(q, cmd["cmd"])
+        if q.paused:
+            return [], []
+        jobs, tokens = [], []
+        for _ in range(count):
+            job = self._pop_ready(q)
+            if job is None:
+                break
+            tokens.append(self._lease(q, job, cmd.get("ttr"), cmd.get("_session")))
+            jobs.append(self.wire_job(job))
+        return jobs, tokens
+
+    def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, 1)
+        return {"job": jobs[0], "token": tokens[0]} if jobs else {"job": None}
+
+    def _op_PULLB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, cmd["count"])
+        return {"jobs": jobs, "tokens": tokens}
+
+    def _op_ACK(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        result = cmd.get("result")
+        if result is not None:
+            job.result = result.packed if type(result) is Raw else _pack(result)
+        self._count(q, "ACK")
+        self._finish(q, job, COMPLETED)
+        return {}
+
+    def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        ids = cmd["ids"]
+        tokens = cmd.get("tokens") or [None] * len(ids)
+        results = cmd.get("results") or [None] * len(ids)
+        jobs = []
+        for job_id, token in zip(ids, tokens):   # check all first: the batch is atomic
+            job = self._job(job_id)
+            self._require_active(job, {"token": token})
+            jobs.append(job)
+        if len({j.seq for j in jobs}) != len(jobs):
+            raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
+        for job, result in zip(jobs, results):
+            q = self.queues[job.queue]
+            if result is not None:
+                job.result = _pack(result)
+            self._count(q, "ACKB")
+            self._finish(q, job, COMPLETED)
+        return {"count": len(jobs)}
+
+    def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, "FAIL")
+        job.error = cmd.get("error") or "failed"
+        if job.attempts < job.max_attempts:
+            delay = cmd.get("delay")
+            if delay is None:
+                delay = job.backoff_ms * (2 ** max(0, job.attempts - 1))
+            q.totals["retried"] += 1
+            self._to_waiting(q, job, delay)
+        else:
+            self._finish(q, job, FAILED)
+        return {"state": job.state}
+
+    def _op_Release(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, "Release")
+        self._to_waiting(q, job, cmd.get("delay") or 0)
+        return {"state": job.state}
+
+    def _op_Bury(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        if job.state in (COMPLETED, FAILED):
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already {job.state}")
+        q = self.queues[job.queue]
+        self._count(q, "Bury")
+        if cmd.get("error"):
+            job.error = cmd["error"]
+        self._finish(q, job, FAILED)
+        return {}
+
+    def _op_Kick(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "Kick")
+        return {"count": self._retry_dlq(q, list(q.dlq)[:cmd["count"]], reset=False)}
+
+    def _touch(self, cmd: dict[str, Any], ttr_ms: int | None) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, cmd["cmd"])
+        job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms)
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or ""))
+        return {"deadline": job.lease_deadline_ms}
+
+    def _op_Touch(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return self._touch(cmd, cmd["ttr"])
+
+    def _op_JobHeartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return self._touch(cmd, cmd.get("ttr"))
+
+    def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "ReleaseAll")
+        active = [j for j in self.jobs.values() if j.queue == q.name and j.state == ACTIVE]
+        for job in active:
+            self._to_waiting(q, job)
+        return {"count": len(active)}
+
+    def _op_ReleaseSession(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        seqs = list(self.sessions.get(cmd["session"], ()))
+        for seq in seqs:
+            job = self.jobs.get(seq)
+            if job is not None and job.state == ACTIVE and job.session == cmd["session"]:
+                self._to_waiting(self.queues[job.queue], job)
+        self.sessions.pop(cmd["session"], None)
+        return {"count": len(seqs)}
+
+    def _op_Tick(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        self._expire()
+        self._fire_crons()
+        self._purge_idempotency()
+        for q in self.queues.values():
+            if q.history:
+                self._trim_history(q)
+        return {}
+
+    # ------------------------------------------------------------------------------------------
+    # per-job control
+
+    def _op_Cancel(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        if job.state == ACTIVE:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is active; fail or release it first")
+        q = self.queues[job.queue]
+        self._count(q, "Cancel")
+        self._remove(q, job)
+        return {}
+
+    def _op_Promote(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        if job.state != DELAYED:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is {job.state}, not delayed")
+        q = self.queues[job.queue]
+        self._count(q, "Promote")
+        self._to_waiting(q, job)
+        return {}
+
+    def _op_MoveToDelayed(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        if job.state not in (WAITING, ACTIVE, DELAYED):
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is {job.state}")
+        q = self.queues[job.queue]
+        self._count(q, "MoveToDelayed")
+        if job.state == DELAYED:
+            job.run_at_ms = self.now_ms + cmd["delay"]
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        else:
+            self._to_waiting(q, job, max(1, cmd["delay"]))
+        return {}
+
+    def _op_Progress(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        job.progress = cmd["progress"]
+        if cmd.get("message") is not None:
+            job.message = cmd["message"]
+        self._count(self.queues[job.queue], "Progress")
+        self.events.append({"event": "progress", "queue": job.queue, "id": cmd["id"], "progress": job.progress})
+        return {}
+
+    def _op_AddLog(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        logs = job.logs if job.logs is not None else []
+        logs.append((self.now_ms, cmd["message"]))
+        if len(logs) > JOB_LOGS_MAX:
+            del logs[0]  # bounded: the oldest line goes
+        job.logs = logs
+        self._count(self.queues[job.queue], "AddLog")
+        return {"count": len(logs)}
+
+    # ------------------------------------------------------------------------------------------
+    # queue control
+
+    def _op_CreateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = cmd["queue"]
+        qtype = cmd.get("type") or "standard"
+        opts = {k: v for k, v in (cmd.get("options") or {}).items() if v is not None and k in DEFAULTS}
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.type != qtype:
+                raise CommandError(ErrorCode.INVALID, f"type: queue {name!r} exists as {existing.type}")
+            existing.opts.update(opts)
+            return {"created": False}
+        self.queues[name] = Queue(name, qtype, opts)
+        return {"created": True}
+
+    def _op_Pause(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        q.paused = True
+        return {}
+
+    def _op_Resume(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        q.paused = False
+        return {}
+
+    def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
+                      limit: int | None = None) -> int:
+        victims = []
+        for job in self.jobs.values():
+            if job.queue != q.name or job.state not in states:
+                continue
+            stamp = job.finished_ms or job.created_ms
+            if older_than_ms is not None and stamp > older_than_ms:
+                continue
+            victims.append(job)
+            if limit is not None and len(victims) >= limit:
+                break
+        for job in victims:
+            self._remove(q, job)
+        return len(victims)
+
+    def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "Drain")
+        return {"count": self._remove_where(q, (WAITING, DELAYED))}
+
+    def _op_Clean(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        state = cmd.get("state") or COMPLETED
+        if state == ACTIVE:
+            raise CommandError(ErrorCode.INVALID, "state: active jobs cannot be cleaned (release them first)")
+        self._count(q, "Clean")
+        return {"count": self._remove_where(q, (state,), self.now_ms - cmd["grace"], cmd.get("limit"))}
+
+    def _op_Obliterate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        if q is None:
+            return {}
+        self._remove_where(q, STATES)
+        self.crons = {n: c for n, c in self.crons.items() if c["queue"] != q.name}
+        del self.queues[q.name]
+        return {}
+
+    def _retry_dlq(self, q: Queue, seqs: list[int], reset: bool) -> int:
+        for seq in seqs:
+            job = self.jobs[seq]
+            q.dlq.pop(seq, None)
+            if reset:
+                job.attempts = 0
+            job.error = None
+            job.finished_ms = 0
+            self._to_waiting(q, job)
+        return len(seqs)
+
+    def _op_RetryDlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if cmd.get("id") is not None:
+            job = self._job(cmd["id"])
+            if job.queue != q.name or job.state != FAILED:
+                raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not in {q.name}'s DLQ")
+            seqs = [job.seq]
+        else:
+            seqs = list(q.dlq)
+        self._count(q, "RetryDlq")
+        return {"count": self._retry_dlq(q, seqs, reset=True)}
+
+    def _op_RetryCompleted(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if cmd.get("id") is not None:
+            job = self._job(cmd["id"])
+            if job.queue != q.name or job.state != COMPLETED:
+                raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not completed in {q.name}")
+            seqs = [job.seq]
+        else:
+            seqs = [s for s in q.history if s in self.jobs and self.jobs[s].state == COMPLETED]
+        for seq in seqs:
+            job = self.jobs[seq]
+            job.attempts = 0
+            job.result = None
+            job.finished_ms = 0
+            self._to_waiting(q, job)
+        self._count(q, "RetryCompleted")
+        return {"count": len(seqs)}
+
+    def _op_PurgeDlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        seqs = list(q.dlq)
+        for seq in seqs:
+            self._remove(q, self.jobs[seq])
+        self._count(q, "PurgeDlq")
+        return {"count": len(seqs)}
+
+    # ------------------------------------------------------------------------------------------
+    # log queues
+
+    def _op_Truncate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if q.type != "log":
+            count = self._remove_where(q, (WAITING, DELAYED, COMPLETED, FAILED))  # tarantool truncate
+            return {"count": count}
+        before, tag = cmd.get("beforeSeq"), cmd.get("tag")
+        victims = [s for s, (_, t, _) in q.log.items()
+                   if (before is not None and s < before) or (tag is not None and t == tag)]
+        if before is None and tag is None:
+            victims = list(q.log)
+        for s in victims:
+            del q.log[s]
+        self._count(q, "Truncate")
+        return {"count": len(victims)}
+
+    def _op_Read(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if q.type != "log":
+            raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is not a log queue")
+        limit = cmd.get("limit") or PAGE_DEFAULT
+        records = []
+        seq = max(1, cmd["fromSeq"])
+        while seq < q.log_next and len(records) < limit:
+            rec = q.log.get(seq)
+            if rec is not None:
+                item: dict[str, Any] = {"seq": seq, "data": Raw(rec[0]), "createdAt": rec[2]}
+                if rec[1] is not None:
+                    item["tag"] = rec[1]
+                records.append(item)
+            seq += 1
+        return {"records": records, "next": seq}
+
+    # ------------------------------------------------------------------------------------------
+    # cron
+
+    def _op_Cron(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        schedule, every = cmd.get("schedule"), cmd.get("repeatEvery")
+        if (schedule is None) == (every is None):
+            raise CommandError(ErrorCode.INVALID, "schedule: give exactly one of schedule and repeatEvery")
+        data = cmd.get("data")
+        cron = {"name": cmd["name"], "queue": cmd["queue"], "schedule": schedule, "repeatEvery": every,
+                "data": data.packed if type(data) is Raw else _pack(data), "priority": cmd.get("priority") or 0,
+                "limit": cmd.get("limit") or 0, "count": 0, "createdAt": self.now_ms}
+        cron["nextRunAt"] = _next_run(cron, self.now_ms)
+        self.crons[cmd["name"]] = cron
+        self._queue(cmd["queue"], create=True)
+        return {"name": cmd["name"], "nextRunAt": cron["nextRunAt"]}
+
+    def _op_CronDelete(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"deleted": self.crons.pop(cmd["name"], None) is not None}
+
+    def _op_CronList(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in self.crons.values()]}
+
+    # ------------------------------------------------------------------------------------------
+    # queries (never change state)
+
+    def _op_GetJob(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"job": self.wire_job(self._job(cmd["id"]))}
+        except CommandError as exc:
+            if exc.code is ErrorCode.NOT_FOUND:
+                return {"job": None}
+            raise
+
+    def _op_GetJobByCustomId(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        seq = q.custom_ids.get(cmd["customId"]) if q else None
+        job = self.jobs.get(seq) if seq is not None else None
+        return {"job": self.wire_job(job) if job else None}
+
+    def _op_GetState(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"state": self._job(cmd["id"]).state}
+
+    def _op_GetResult(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        return {"result": Raw(job.result) if job.result is not None else None, "state": job.state}
+
+    def _op_GetProgress(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        out: dict[str, Any] = {"progress": job.progress}
+        if job.message is not None:
+            out["message"] = job.message
+        return out
+
+    def _op_GetLogs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        logs = job.logs or []
+        limit = cmd.get("limit")
+        if limit:
+            logs = logs[-limit:]
+        return {"logs": [{"time": t, "message": m} for t, m in logs]}
+
+    def _op_GetJobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        if q is None:
+            return {"jobs": [], "total": 0}
+        state = cmd.get("state")
+        offset = cmd.get("offset") or 0
+        limit = cmd.get("limit") or PAGE_DEFAULT
+        total = q.counts[state] if state else sum(q.counts.values())
+        page: list[dict[str, Any]] = []
+        skipped = 0
+        for job in self.jobs.values():  # seq order; a paging query, not a hot path
+            if job.queue != q.name or (state and job.state != state):
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            page.append(self.wire_job(job))
+            if len(page) >= limit:
+                break
+        return {"jobs": page, "total": total}
+
+    def _op_GetJobCounts(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        return {"counts": dict(q.counts) if q else {s: 0 for s in STATES}}
+
+    def _op_GetCountsPerPriority(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        return {"counts": {str(p): n for p, n in sorted(q.prio_counts.items())} if q else {}}
+
+    def _op_Count(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        if q is None:
+            return {"count": 0}
+        state = cmd.get("state")
+        if q.type == "log" and not state:
+            return {"count": len(q.log)}
+        return {"count": q.counts[state] if state else sum(q.counts.values())}
+
+    def _op_IsPaused(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        return {"paused": bool(q and q.paused)}
+
+    def _op_ListQueues(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"queues": self.queue_names()}
+
+    def _op_Dlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        limit = cmd.get("limit") or PAGE_DEFAULT
+        seqs = list(q.dlq)[:limit] if q else []
+        return {"jobs": [self.wire_job(self.jobs[s]) for s in seqs]}
+
+    def _queue_metrics(self, q: Queue) -> dict[str, Any]:
+        return {"type": q.type, "paused": q.paused, "counts": dict(q.counts), "totals": dict(q.totals),
+                "calls": dict(q.calls), "options": dict(q.opts),
+                **({"logRecords": len(q.log), "nextSeq": q.log_next} if q.type == "log" else {})}
+
+    def _op_Metrics(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        return {"metrics": self._queue_metrics(q)}
+
+    def _op_Stats(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        totals = {s: 0 for s in STATES}
+        for q in self.queues.values():
+            for s, n in q.counts.items():
+                totals[s] += n
+        return {"stats": {"partition": self.partition, "queues": {n: self._queue_metrics(q)
+                                                                   for n, q in self.queues.items()},
+                          "jobs": totals, "sessions": len(self.sessions), "crons": len(self.crons),
+                          "lastSeq": self.seq, "now": self.now_ms}}
+
+
+def _pack(value: Any) -> bytes:
+    import msgpack  # local: only results/cron data that did not arrive raw need packing
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _next_run(cron: dict[str, Any], now_ms: int) -> int:
+    if cron["repeatEvery"]:
+        return now_ms + cron["repeatEvery"]
+    start = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    return int(croniter(cron["schedule"], start).get_next(float) * 1000)
