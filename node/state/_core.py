@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import pickle
 from collections import deque
 from datetime import datetime, timezone
 from typing import Any
 
+import msgpack
 from croniter import croniter
 
 from shoal.cluster.codec import Raw
+from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
@@ -143,7 +144,8 @@ class Queue:
 
     def settings(self) -> tuple[Any, ...]:
         return (self.name, self.type, dict(sorted(self.opts.items())), self.paused, dict(self.custom_ids),
-                dict(self.calls), dict(self.totals), dict(self.log), self.log_next)
+                dict(self.calls), dict(self.totals), dict(self.log), self.log_next, list(self.history),
+                list(self.dlq))
 
 
 class PartitionEngine:
@@ -163,21 +165,34 @@ class PartitionEngine:
         self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
         self.idempotency_order: deque[tuple[int, tuple[str, str]]] = deque()
         self.crons: dict[str, dict[str, Any]] = {}
-        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_MAX)
+        # (queue, seq, state, prev) tuples; dicts are built only when the node drains them.
+        self.events: deque[tuple[str, int, str, Any]] = deque(maxlen=EVENTS_MAX)
         self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
 
     # ------------------------------------------------------------------------------------------
     # public interface
 
     def apply(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
-        """Apply one validated command; return the reply fields or raise ``CommandError``."""
-        if now_ms > self.now_ms:
-            self.now_ms = now_ms
+        """Apply one validated command; return the reply fields or raise ``CommandError``.
+
+        The partition clock only moves when a write succeeds: reads are served by the
+        leader alone and a refused command must leave no trace, or replicas would differ.
+        """
         name = cmd["cmd"]
         handler = self._handlers.get(name.lstrip("_") if name[0] == "_" else name)
         if handler is None:
             raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"the engine does not handle {name!r}")
-        return handler(cmd)
+        before = self.now_ms
+        if now_ms > before:
+            self.now_ms = now_ms
+        try:
+            reply = handler(cmd)
+        except BaseException:
+            self.now_ms = before
+            raise
+        if name in READ_COMMANDS:
+            self.now_ms = before
+        return reply
 
     def has_ready(self, queue: str) -> bool:
         """True when a pull on ``queue`` would get a job now."""
@@ -197,9 +212,16 @@ class PartitionEngine:
         return min(due) if due else None
 
     def drain_events(self) -> list[dict[str, Any]]:
-        events = list(self.events)
+        """Job events since the last drain (bounded; not part of the replicated state)."""
+        p = self.partition
+        out = []
+        for queue, seq, state, prev in self.events:
+            if state == "progress":
+                out.append({"event": "progress", "queue": queue, "id": f"{p}-{seq}", "progress": prev})
+            else:
+                out.append({"event": "job", "queue": queue, "id": f"{p}-{seq}", "state": state, "prev": prev})
         self.events.clear()
-        return events
+        return out
 
     def queue_names(self) -> list[str]:
         return sorted(self.queues)
@@ -208,36 +230,46 @@ class PartitionEngine:
     # snapshots
 
     def snapshot(self) -> bytes:
-        """Compact, canonical bytes of the whole replicated state (job data stays raw)."""
+        """Compact, canonical bytes of the whole replicated state (job data stays raw).
+
+        MessagePack, not pickle: pickle encodes object *identity* (memo references), which
+        differs between replicas holding equal state, so its bytes could not be a digest.
+        """
         state = (
             _SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
             [j.to_tuple() for j in self.jobs.values()],
             [q.settings() for q in self.queues.values()],
             {s: list(seqs) for s, seqs in self.sessions.items()},
-            list(self.idempotency_order), dict(self.idempotency),
+            [(t, list(k)) for t, k in self.idempotency_order],
+            [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
         )
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return msgpack.packb(state, use_bin_type=True)
 
     @classmethod
     def restore(cls, data: bytes) -> "PartitionEngine":
         (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
-         crons) = pickle.loads(data)
+         crons) = msgpack.unpackb(data, raw=False, strict_map_key=False)
         if version != _SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
-        for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next in queues:
+        for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
             q = eng.queues[name] = Queue(name, qtype, opts)
-            q.paused, q.custom_ids, q.calls, q.totals, q.log, q.log_next = \
-                paused, custom_ids, calls, totals, log, log_next
+            q.paused, q.custom_ids, q.calls, q.totals, q.log_next = paused, custom_ids, calls, totals, log_next
+            q.log = {lseq: (rec[0], rec[1], rec[2]) for lseq, rec in log.items()}
+            # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
+            q.history = deque(history)
+            q.dlq = dict.fromkeys(dlq)
         for t in jobs:
             job = Job.from_tuple(t)
+            if job.logs is not None:
+                job.logs = [(stamp, line) for stamp, line in job.logs]
             eng.jobs[job.seq] = job
             eng._index(job)
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
-        eng.idempotency_order = deque((t, tuple(k)) for t, k in idem_order)
-        eng.idempotency = {tuple(k) if isinstance(k, list) else k: tuple(v) for k, v in idem.items()}
+        eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)
+        eng.idempotency = {(q, k): (job_id, expires) for q, k, job_id, expires in idem}
         eng.crons = crons
         return eng
 
@@ -246,6 +278,7 @@ class PartitionEngine:
         q = self.queues[job.queue]
         q.counts[job.state] += 1
         if job.state == WAITING:
+            q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
             self._enqueue_ready(q, job)
         elif job.state == DELAYED:
             heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
@@ -253,10 +286,6 @@ class PartitionEngine:
             heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or ""))
             if job.group is not None:
                 q.group_active[job.group] = job.seq
-        elif job.state == COMPLETED:
-            q.history.append(job.seq)
-        elif job.state == FAILED:
-            q.dlq[job.seq] = None
         if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
             heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
 
@@ -283,7 +312,7 @@ class PartitionEngine:
         return job
 
     def _id(self, job: Job) -> str:
-        return format_job_id(self.partition, job.seq)
+        return f"{self.partition}-{job.seq}"
 
     def _count(self, q: Queue, cmd: str) -> None:
         q.calls[cmd] = q.calls.get(cmd, 0) + 1
@@ -302,7 +331,9 @@ class PartitionEngine:
         if state == WAITING:
             q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
         job.state = state
-        self.events.append({"event": "job", "queue": q.name, "id": self._id(job), "state": state, "prev": prev})
+        if prev == WAITING and job.group is not None:
+            self._refresh_group_head(q, job.group)
+        self.events.append((q.name, job.seq, state, prev))
 
     def _enqueue_ready(self, q: Queue, job: Job) -> None:
         if job.group is None:
@@ -312,6 +343,13 @@ class PartitionEngine:
         heapq.heappush(fifo, job.seq)
         if job.group not in q.group_active and fifo[0] == job.seq:
             heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], job.group))
+
+    def _refresh_group_head(self, q: Queue, group: str) -> None:
+        """A waiting group job left the queue some other way than a pull: expose the next head."""
+        if group not in q.group_active:
+            head = self._group_head(q, group)
+            if head is not None:
+                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
 
     def _group_head(self, q: Queue, group: str) -> int | None:
         fifo = q.group_fifo.get(group)
@@ -399,7 +437,8 @@ class PartitionEngine:
         if state == COMPLETED:
             q.history.append(job.seq)
             q.totals["completed"] += 1
-            self._trim_history(q)
+            if len(q.history) > q.opts["historyMax"]:
+                self._trim_history(q)  # the age limit is enforced by _Tick
         else:
             q.dlq[job.seq] = None
             q.totals["failed"] += 1
@@ -419,8 +458,9 @@ class PartitionEngine:
         if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
             del q.custom_ids[job.custom_id]
         del self.jobs[job.seq]
-        self.events.append({"event": "job", "queue": q.name, "id": self._id(job), "state": "removed",
-                            "prev": job.state})
+        if job.state == WAITING and job.group is not None:
+            self._refresh_group_head(q, job.group)
+        self.events.append((q.name, job.seq, "removed", job.state))
 
     def _trim_history(self, q: Queue) -> None:
         limit = q.opts["historyMax"]
@@ -584,8 +624,7 @@ class PartitionEngine:
             expires = now + IDEMPOTENCY_WINDOW_MS
             self.idempotency[(q.name, key)] = (format_job_id(self.partition, job.seq), expires)
             self.idempotency_order.append((expires, (q.name, key)))
-        self.events.append({"event": "job", "queue": q.name, "id": self._id(job),
-                            "state": DELAYED if delay else WAITING, "prev": None})
+        self.events.append((q.name, job.seq, DELAYED if delay else WAITING, None))
         if delay:
             job.state = DELAYED
             q.counts[WAITING] -= 1
@@ -650,10 +689,10 @@ class PartitionEngine:
         job.token = token
         job.session = session
         job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms or q.opts["ttr"])
+        if job.group is not None:
+            q.group_active[job.group] = job.seq  # before the state change: the group is now busy
         self._set_state(q, job, ACTIVE)
         heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token))
-        if job.group is not None:
-            q.group_active[job.group] = job.seq
         if session is not None:
             self.sessions.setdefault(session, {})[job.seq] = None
         return token
@@ -839,7 +878,7 @@ class PartitionEngine:
         if cmd.get("message") is not None:
             job.message = cmd["message"]
         self._count(self.queues[job.queue], "Progress")
-        self.events.append({"event": "progress", "queue": job.queue, "id": cmd["id"], "progress": job.progress})
+        self.events.append((job.queue, job.seq, "progress", job.progress))
         return {}
 
     def _op_AddLog(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1133,7 +1172,7 @@ class PartitionEngine:
 
 
 def _pack(value: Any) -> bytes:
-    import msgpack  # local: only results/cron data that did not arrive raw need packing
+    """Results and cron data that did not arrive raw (e.g. from tests or HTTP)."""
     return msgpack.packb(value, use_bin_type=True)
 
 

@@ -1,0 +1,143 @@
+"""The engine against an obviously-correct reference model (hypothesis stateful testing).
+
+The model keeps a plain dict per job and recomputes everything by scanning; the
+engine must give the same answers: which job a pull returns, what ACK/FAIL/
+Release accept, and the counts by state, while time advances and ticks expire
+delays and leases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from shoal.cluster.codec import raw_of
+from shoal.cluster.errors import CommandError
+from shoal.node.state import PartitionEngine
+
+TTR_MS = 1_000
+MAX_DELIVERIES = 3
+
+
+class Model:
+    """Reference semantics: lower priority first, then FIFO; leases lapse after ttr."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.now = 0
+
+    def expire(self) -> None:
+        for j in self.jobs.values():
+            if j["state"] == "delayed" and j["run_at"] <= self.now:
+                j["state"] = "waiting"
+        for j in sorted(self.jobs.values(), key=lambda j: j["deadline"]):
+            if j["state"] == "active" and j["deadline"] <= self.now:
+                j["token"] = None
+                j["state"] = "failed" if j["attempts"] >= MAX_DELIVERIES else "waiting"
+
+    def pull(self) -> int | None:
+        self.expire()
+        waiting = [s for s, j in self.jobs.items() if j["state"] == "waiting"]
+        if not waiting:
+            return None
+        seq = min(waiting, key=lambda s: (self.jobs[s]["prio"], s))
+        j = self.jobs[seq]
+        j["state"], j["attempts"], j["deadline"] = "active", j["attempts"] + 1, self.now + TTR_MS
+        return seq
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed")}
+        for j in self.jobs.values():
+            out[j["state"]] += 1
+        return out
+
+
+class EngineVsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = PartitionEngine(0)
+        self.engine.apply({"cmd": "CreateQueue", "queue": "q",
+                           "options": {"ttr": TTR_MS, "maxDeliveries": MAX_DELIVERIES, "backoff": 0}}, 0)
+        self.model = Model()
+        self.tokens: dict[int, str] = {}       # current token per active job (from the engine)
+        self.stale: list[tuple[int, str]] = []  # tokens of leases that ended
+
+    def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return self.engine.apply(cmd, self.model.now)
+
+    @rule(prio=st.integers(-3, 3), delay=st.sampled_from([0, 0, 500, 1500]), attempts=st.integers(1, 3))
+    def push(self, prio: int, delay: int, attempts: int) -> None:
+        r = self.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(prio), "priority": prio, "delay": delay,
+                        "attempts": attempts})
+        seq = int(r["id"].split("-")[1])
+        self.model.jobs[seq] = {"prio": prio, "state": "delayed" if delay else "waiting",
+                                "run_at": self.model.now + delay, "attempts": 0, "max": attempts,
+                                "deadline": 0, "token": None}
+
+    @rule()
+    def pull(self) -> None:
+        expected = self.model.pull()
+        r = self.apply({"cmd": "PULL", "queue": "q"})
+        got = int(r["job"]["id"].split("-")[1]) if r["job"] else None
+        assert got == expected
+        for seq, token in list(self.tokens.items()):
+            if self.model.jobs[seq]["state"] != "active" or seq == got:
+                self.stale.append((seq, self.tokens.pop(seq)))
+        if got is not None:
+            self.tokens[got] = r["token"]
+            assert r["job"]["attempts"] == self.model.jobs[got]["attempts"]
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), action=st.sampled_from(["ACK", "FAIL", "Release"]))
+    def settle(self, data: st.DataObject, action: str) -> None:
+        self.model.expire()
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        token = self.tokens[seq]
+        job = self.model.jobs[seq]
+        try:
+            self.apply({"cmd": action, "id": f"0-{seq}", "token": token})
+            accepted = True
+        except CommandError as exc:
+            accepted = False
+            assert exc.code.value == "LEASE_MISMATCH"
+        assert accepted == (job["state"] == "active"), "a lapsed lease must not be settled"
+        self.stale.append((seq, self.tokens.pop(seq)))
+        if not accepted:
+            return
+        if action == "ACK":
+            job["state"] = "completed"
+        elif action == "FAIL":
+            job["state"] = "waiting" if job["attempts"] < job["max"] else "failed"
+        else:
+            job["state"] = "waiting"
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data())
+    def stale_token_never_acks(self, data: st.DataObject) -> None:
+        seq, token = data.draw(st.sampled_from(self.stale))
+        if self.tokens.get(seq) == token:
+            return
+        before = self.engine.digest()
+        try:
+            self.apply({"cmd": "ACK", "id": f"0-{seq}", "token": token})
+            raise AssertionError("a superseded token acked a job")
+        except CommandError as exc:
+            assert exc.code.value in ("LEASE_MISMATCH", "NOT_FOUND")
+        assert self.engine.digest() == before, "a refused command changed state"
+
+    @rule(dt=st.sampled_from([100, 600, 1100, 2500]))
+    def advance(self, dt: int) -> None:
+        self.model.now += dt
+        self.apply({"cmd": "_Tick"})
+        self.model.expire()
+
+    @invariant()
+    def counts_agree(self) -> None:
+        got = self.apply({"cmd": "GetJobCounts", "queue": "q"})["counts"]
+        assert got == self.model.counts()
+
+
+TestEngineVsModel = EngineVsModel.TestCase
+TestEngineVsModel.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
