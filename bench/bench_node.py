@@ -151,6 +151,16 @@ async def windowed(address: str, make: Any, total: int, window: int, seconds: fl
     return proto.done, time.perf_counter() - t0
 
 
+def wait_balanced(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
+    """Wait until every partition is led by its preferred replica (the balancer has settled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        topo = cluster.topology()
+        if all(p.leader == p.replicas[0] for p in topo.partition_map):
+            return
+        time.sleep(0.2)
+
+
 def leader_address(cluster: LocalCluster, queue: str) -> str:
     topo = cluster.topology()
     node = topo.leader_of(partition_for(queue, topo.partitions))
@@ -246,11 +256,13 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
-            time.sleep(4)  # let the balancer hand leadership to preferred replicas
+            wait_balanced(cluster)
             push = await bench_push(cluster, args.seconds)
             print(f"PUSH (window 100):        {push:12,.0f} ops/s")
+            wait_balanced(cluster)
             pushb = await bench_pushb(cluster, args.seconds)
             print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s")
+            wait_balanced(cluster)
             pull = await bench_pull_ack(cluster, args.seconds)
             print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s")
             p50, p99 = await bench_latency(cluster, args.samples)
