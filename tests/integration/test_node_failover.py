@@ -115,3 +115,18 @@ def test_sigkill_every_node_then_restart_loses_nothing(fresh_cluster: LocalClust
     got = drain(router, len(remaining))
     assert {j["id"] for j in got} == set(remaining)
     router.close()
+
+
+def test_sigterm_hands_leadership_over_and_exits_zero(fresh_cluster: LocalCluster) -> None:
+    router = Router(fresh_cluster.addresses)
+    acked, _ = push_stream(router, 50, -1, lambda: None)
+    p = partition_for(QUEUE, fresh_cluster.config.partitions)
+    leader = fresh_cluster.leader_of(p)
+    assert leader
+    t0 = time.monotonic()
+    assert fresh_cluster.stop_node(leader) == 0
+    print(f"\ngraceful stop of the leader took {time.monotonic() - t0:.2f}s")
+    reply = router.call({"cmd": "PUSH", "queue": QUEUE, "data": "after", "idempotencyKey": "after"}, timeout_s=10)
+    assert reply["ok"]
+    assert_nothing_lost(router, acked + [reply["id"]])
+    router.close()
