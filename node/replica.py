@@ -351,12 +351,16 @@ class PartitionReplica(SyncObj):
 
 
 def fail_reason_error(reason: int) -> CommandError:
-    """Translate a pysyncobj failure into the retryable wire error."""
-    if reason in (FAIL_REASON.MISSING_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.DISCARDED,
-                  FAIL_REASON.UNKNOWN_OUTCOME):
-        return CommandError(ErrorCode.NO_LEADER, "leadership changed before the command committed; retry")
-    if reason == FAIL_REASON.NOT_LEADER:
-        return CommandError(ErrorCode.NOT_LEADER, "this node lost leadership of the partition; retry")
+    """Translate a pysyncobj failure into a wire error.
+
+    ``NO_LEADER``/``OVERLOADED`` mean the entry was never appended, so any command may be
+    sent again. When leadership changed after the entry was appended, the entry may still be
+    committed by the next leader: that is ``TIMEOUT`` (outcome unknown), which a client only
+    retries for commands that are safe to repeat (pushes carry idempotency keys).
+    """
+    if reason == FAIL_REASON.MISSING_LEADER:
+        return CommandError(ErrorCode.NO_LEADER, "no leader for the partition; retry")
     if reason == FAIL_REASON.QUEUE_FULL:
         return CommandError(ErrorCode.OVERLOADED, "the partition's proposal queue is full; back off")
-    return CommandError(ErrorCode.NO_LEADER, f"replication failed (reason {reason}); retry")
+    return CommandError(ErrorCode.TIMEOUT, "leadership changed while the command was being replicated; "
+                        "its outcome is unknown")

@@ -13,7 +13,8 @@ from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.partitioning import partition_for
 from shoal.cluster.topology import Topology
 
-RETRYABLE = {"NOT_LEADER", "NO_LEADER", "SHUTTING_DOWN", "OVERLOADED"}
+# TIMEOUT (outcome unknown) is retried too: the pushes these tests send carry idempotency keys.
+RETRYABLE = {"NOT_LEADER", "NO_LEADER", "SHUTTING_DOWN", "OVERLOADED", "TIMEOUT"}
 
 
 class RawConn:

@@ -1,0 +1,49 @@
+"""A job as the client sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["Job", "JobState"]
+
+
+class JobState(str, Enum):
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Job:
+    """A pulled or fetched job. ``token`` is the lease's fencing token (set when pulled)."""
+
+    id: str
+    queue: str
+    data: Any
+    priority: int = 0
+    state: str = "waiting"
+    attempts: int = 0
+    max_attempts: int = 1
+    created_at: float = 0.0
+    run_at: float = 0.0
+    progress: int = 0
+    token: str | None = None
+    group: str | None = None
+    custom_id: str | None = None
+    tag: str | None = None
+    result: Any = None
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any], token: str | None = None) -> "Job":
+        return cls(id=wire["id"], queue=wire["queue"], data=wire.get("data"), priority=wire.get("priority", 0),
+                   state=wire.get("state", "waiting"), attempts=wire.get("attempts", 0),
+                   max_attempts=wire.get("maxAttempts", 1), created_at=wire.get("createdAt", 0) / 1000,
+                   run_at=wire.get("runAt", 0) / 1000, progress=wire.get("progress", 0), token=token,
+                   group=wire.get("group"), custom_id=wire.get("customId"), tag=wire.get("tag"),
+                   result=wire.get("result"), error=wire.get("error"), raw=wire)
