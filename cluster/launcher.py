@@ -220,6 +220,18 @@ class LocalCluster:
             time.sleep(0.1)
         raise TimeoutError(f"cluster not ready within {timeout_s}s (last error: {last_error})")
 
+    def wait_balanced(self, timeout_s: float = 15.0) -> bool:
+        """Wait until every partition is led by its preferred replica; False if it did not settle."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if all(p.leader == p.replicas[0] for p in self.topology().partition_map):
+                    return True
+            except RuntimeError:
+                pass
+            time.sleep(0.1)
+        return False
+
     def topology(self) -> Topology:
         """The freshest view over every running node (highest term per partition)."""
         merged: Topology | None = None

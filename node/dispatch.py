@@ -266,14 +266,10 @@ class Dispatcher:
 
     def fail_parked(self, p: int, error: CommandError) -> None:
         """Leadership of ``p`` was lost: answer everything parked on it."""
+        waiting: list[_Parked] = list(self._parked_pushes.pop(p, ()))
         for key in [k for k in self._parked_pulls if k[0] == p]:
-            for parked in self._parked_pulls.pop(key):
-                if not parked.done:
-                    parked.done = True
-                    if parked.timer:
-                        parked.timer.cancel()
-                    parked.conn.reply_error(parked.frame.get("reqId"), error)
-        for parked in self._parked_pushes.pop(p, ()):
+            waiting.extend(self._parked_pulls.pop(key))
+        for parked in waiting:
             if not parked.done:
                 parked.done = True
                 if parked.timer:

@@ -20,6 +20,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     data = tmp_path_factory.mktemp("cluster")
     with LocalCluster(nodes=3, partitions=8, data_dir=data, base_port=free_base_port(3, 8),
                       node_command=NODE_COMMAND) as cl:
+        cl.wait_balanced()  # start the tests after the balancer's leadership moves
         yield cl
 
 
@@ -28,4 +29,5 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A 3-node cluster of its own, for tests that kill or pause nodes."""
     with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path / "c", base_port=free_base_port(3, 4),
                       node_command=NODE_COMMAND) as cl:
+        cl.wait_balanced()
         yield cl

@@ -53,17 +53,7 @@ class RawConn:
         """The next frame in arrival order (replies and events)."""
         if self.pending:
             return self.pending.pop(0)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            frame = next(self.decoder, None)
-            if frame is not None:
-                return frame
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed by node")
-            self.decoder.feed(data)
-        raise TimeoutError("no frame")
+        return self._read_new(time.monotonic() + timeout_s)
 
     def wait_reply(self, req_id: int, timeout_s: float = 10.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -85,6 +75,8 @@ class RawConn:
             frame = next(self.decoder, None)
             if frame is not None:
                 return frame
+            if time.monotonic() >= deadline:
+                raise TimeoutError("no frame")
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             data = self.sock.recv(1 << 20)
             if not data:
