@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,20 @@ def test_chaos_profile_routes_every_link_through_toxiproxy() -> None:
         assert listens[int(client)] == f"{node}:{client}"
         for p in range(make_toxiproxy_config.PARTITIONS):
             assert listens[int(raft) + p] == f"{node}:{int(raft) + p}"
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"), reason="Debian's docker-compose is not installed "
+                    "(scripts/test installs it when it runs as root with apt)")
+def test_docker_compose_config_accepts_the_file_with_every_profile() -> None:
+    env = {**os.environ, "SHOAL_CLUSTER_SECRET": "test-secret"}
+    for args in ([], ["--profile", "chaos", "--profile", "monitoring"]):
+        result = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), *args, "config", "-q"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+    services = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "chaos",
+                               "--profile", "monitoring", "config", "--services"], env=env, capture_output=True,
+                              text=True, timeout=60).stdout.split()
+    assert set(services) == {*NODE_SERVICES, *CHAOS_SERVICES, "toxiproxy", "prometheus"}
 
 
 def test_dockerfile_is_a_small_non_root_image_with_a_health_check() -> None:
