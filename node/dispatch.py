@@ -62,6 +62,15 @@ class _Parked:
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
 
+    def claim(self) -> bool:
+        """Take this command off its wait for good; False if it was already answered or its link closed."""
+        if self.done or self.conn.closed:
+            return False
+        self.done = True
+        if self.timer:
+            self.timer.cancel()
+        return True
+
 
 class Dispatcher:
     """Answers every frame of every connection of one node."""
@@ -248,21 +257,11 @@ class Dispatcher:
                 continue
             for _ in range(min(len(waiters), WAKE_PER_ROUND_MAX)):
                 parked = waiters.popleft()
-                if parked.done or parked.conn.closed:
-                    continue
-                parked.done = True
-                if parked.timer:
-                    parked.timer.cancel()
-                self._submit_pull(parked.conn, parked.frame, p, parked.deadline)
-        pushes = self._parked_pushes.pop(p, None)
-        while pushes:
-            parked = pushes.popleft()
-            if parked.done or parked.conn.closed:
-                continue
-            parked.done = True
-            if parked.timer:
-                parked.timer.cancel()
-            self._write(parked.conn, parked.frame, p)
+                if parked.claim():
+                    self._submit_pull(parked.conn, parked.frame, p, parked.deadline)
+        for parked in self._parked_pushes.pop(p, ()):
+            if parked.claim():
+                self._write(parked.conn, parked.frame, p)
 
     def fail_parked(self, p: int, error: CommandError) -> None:
         """Leadership of ``p`` was lost: answer everything parked on it."""
@@ -270,10 +269,7 @@ class Dispatcher:
         for key in [k for k in self._parked_pulls if k[0] == p]:
             waiting.extend(self._parked_pulls.pop(key))
         for parked in waiting:
-            if not parked.done:
-                parked.done = True
-                if parked.timer:
-                    parked.timer.cancel()
+            if parked.claim():
                 parked.conn.reply_error(parked.frame.get("reqId"), error)
 
     # --- fan-out over the partitions this node leads -------------------------------------------
