@@ -24,7 +24,7 @@ from shoal.cluster.partitioning import partition_for
 from shoal.cluster.topology import Topology
 
 from ._connection import Connection
-from .exceptions import ClientClosed, CommandError, CommandTimeout, ConnectionLost, NotLeader, ShoalError
+from .exceptions import AuthError, ClientClosed, CommandError, CommandTimeout, ConnectionLost, NotLeader, ShoalError
 from .options import ConnectionOptions
 
 __all__ = ["AsyncClient", "ms"]
@@ -39,14 +39,27 @@ def ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(round(seconds * 1000))
 
 
-class _Pool:
-    """Connections to one node: round-robin, preferring connected sockets."""
+#: One session per process by default: clients in a process share pools and leases.
+PROCESS_SESSION = f"c-{uuid.uuid4().hex[:16]}"
 
-    def __init__(self, address: str, client: "AsyncClient") -> None:
-        opts = client.options
-        self.connections = [Connection(address, opts, token=client.token, session=client.session,
-                                       on_event=client._on_event) for _ in range(opts.pool_size)]
+
+class _Pool:
+    """Connections to one node: round-robin, preferring connected sockets.
+
+    Pools are shared, reference-counted, by every client on the same event loop with
+    the same address, token, session and options (seed 001's shared pools).
+    """
+
+    def __init__(self, address: str, options: ConnectionOptions, token: str | None, session: str) -> None:
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.connections = [Connection(address, options, token=token, session=session, on_event=self._dispatch)
+                            for _ in range(options.pool_size)]
         self._next = itertools.count()
+        self.refs = 0
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            listener(frame)
 
     def pick(self) -> Connection:
         n = len(self.connections)
@@ -62,6 +75,32 @@ class _Pool:
             await conn.close()
 
 
+_SHARED_POOLS: dict[tuple[Any, ...], _Pool] = {}
+
+
+def _acquire_pool(address: str, client: "AsyncClient") -> _Pool:
+    key = (id(asyncio.get_running_loop()), address, client.token, client.session, client.options)
+    pool = _SHARED_POOLS.get(key)
+    if pool is None:
+        pool = _SHARED_POOLS[key] = _Pool(address, client.options, client.token, client.session)
+    pool.refs += 1
+    pool.listeners.append(client._on_event)
+    client._pool_keys[address] = key
+    return pool
+
+
+async def _release_pool(key: tuple[Any, ...], client: "AsyncClient") -> None:
+    pool = _SHARED_POOLS.get(key)
+    if pool is None:
+        return
+    pool.refs -= 1
+    if client._on_event in pool.listeners:
+        pool.listeners.remove(client._on_event)
+    if pool.refs <= 0:
+        del _SHARED_POOLS[key]
+        await pool.close()
+
+
 class AsyncClient:
     """The asyncio client. Use ``async with AsyncClient(["host:port"]) as client: ...``."""
 
@@ -73,9 +112,10 @@ class AsyncClient:
         self.token = token
         self.options = options or ConnectionOptions()
         #: Leases belong to this session; reconnecting connections identify with it again.
-        self.session = session or f"c-{uuid.uuid4().hex[:16]}"
+        self.session = session or PROCESS_SESSION
         self.topology: Topology | None = None
         self._pools: dict[str, _Pool] = {}
+        self._pool_keys: dict[str, tuple[Any, ...]] = {}
         self._key_prefix = uuid.uuid4().hex[:12]
         self._keys = itertools.count(1)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -95,8 +135,8 @@ class AsyncClient:
         self._closed = True
         if self._refresh_task is not None:
             self._refresh_task.cancel()
-        for pool in self._pools.values():
-            await pool.close()
+        for address in list(self._pools):
+            await _release_pool(self._pool_keys.pop(address), self)
         self._pools.clear()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -110,7 +150,7 @@ class AsyncClient:
     def _pool(self, address: str) -> _Pool:
         pool = self._pools.get(address)
         if pool is None:
-            pool = self._pools[address] = _Pool(address, self)
+            pool = self._pools[address] = _acquire_pool(address, self)
         return pool
 
     async def refresh_topology(self) -> Topology:
@@ -118,12 +158,17 @@ class AsyncClient:
         addresses = list(dict.fromkeys(
             ([f"{n.host}:{n.port}" for n in self.topology.nodes.values()] if self.topology else []) + self.seeds))
         errors = []
+        auth_error: AuthError | None = None
         merged = None
         for address in addresses:
             try:
                 conn = self._pool(address).pick()
                 await conn.ensure_connected()
                 reply = await conn.call({"cmd": "Hello", "protocolVersion": 2}, self.options.connect_timeout)
+            except AuthError as exc:
+                auth_error = exc
+                errors.append(f"{address}: {exc}")
+                continue
             except (ShoalError, OSError) as exc:
                 errors.append(f"{address}: {exc}")
                 continue
@@ -132,6 +177,8 @@ class AsyncClient:
             if all(p.leader for p in merged.partition_map):
                 break
         if merged is None:
+            if auth_error is not None:
+                raise auth_error  # a wrong token is not a network problem: say so
             raise ConnectionLost("no node answered: " + "; ".join(errors))
         self.topology = merged if self.topology is None else self.topology.merge(merged)
         return self.topology

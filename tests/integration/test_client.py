@@ -171,3 +171,56 @@ def test_connection_lost_rejects_in_flight_commands_at_once(fresh_cluster: Local
                 fresh_cluster.resume("n1")
 
     asyncio.run(main())
+
+
+def test_clients_on_one_loop_share_reference_counted_pools(cluster: LocalCluster) -> None:
+    async def main() -> None:
+        from shoal.client._async import _SHARED_POOLS
+        before = len(_SHARED_POOLS)
+        a = await AsyncClient(cluster.addresses, options=FAST).connect()
+        b = await AsyncClient(cluster.addresses, options=FAST).connect()
+        address = cluster.addresses[0]
+        assert a._pool(address) is b._pool(address) and a._pool(address).refs == 2
+        await a.close()
+        assert (await b.queue("c-shared").add(1))          # b still works on the shared pool
+        await b.close()
+        assert len(_SHARED_POOLS) == before
+
+    asyncio.run(main())
+
+
+def test_consecutive_command_timeouts_force_a_reconnect(fresh_cluster: LocalCluster) -> None:
+    async def main() -> None:
+        opts = ConnectionOptions(command_timeout=0.3, ping_interval=0, max_command_timeouts=2, connect_timeout=1.0)
+        async with AsyncClient(fresh_cluster.addresses[:1], options=opts) as client:
+            conn = client._pool(fresh_cluster.addresses[0]).pick()
+            await conn.ensure_connected()
+            fresh_cluster.pause("n1")
+            try:
+                from shoal.client import CommandTimeout
+                for _ in range(2):
+                    with pytest.raises(CommandTimeout):
+                        await conn.call({"cmd": "Ping"}, 0.3)
+                assert conn.state.value == "RECONNECTING", "two timeouts in a row declare the link dead"
+            finally:
+                fresh_cluster.resume("n1")
+            await conn.ensure_connected()
+            assert (await conn.call({"cmd": "Ping"}, 2.0))["pong"]
+
+    asyncio.run(main())
+
+
+def test_a_topology_event_updates_routing_at_once(fresh_cluster: LocalCluster) -> None:
+    async def main() -> None:
+        async with AsyncClient(fresh_cluster.addresses, options=FAST) as client:
+            q = client.queue("c-topo")
+            await q.add(1)
+            p = partition_for("c-topo", fresh_cluster.config.partitions)
+            old = client.topology.partition_map[p].leader
+            fresh_cluster.stop_node(old)  # graceful: hands leadership over, others announce it
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and client.topology.partition_map[p].leader in (old, None):
+                await asyncio.sleep(0.05)   # no command sent: only pushed events can change it
+            assert client.topology.partition_map[p].leader not in (old, None)
+
+    asyncio.run(main())
