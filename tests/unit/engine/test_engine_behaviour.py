@@ -299,7 +299,7 @@ def test_pause_drain_clean_obliterate() -> None:
     assert run(e, {"cmd": "ListQueues"})["queues"] == []
 
 
-def test_pull_from_100k_groups_and_with_a_million_delayed_is_cheap() -> None:
+def test_pull_from_a_queue_with_100k_groups_is_cheap() -> None:
     e = PartitionEngine(0)
     run(e, {"cmd": "CreateQueue", "queue": "u", "type": "utube"})
     for start in range(0, 100_000, 10_000):
@@ -319,3 +319,30 @@ def test_pull_from_100k_groups_and_with_a_million_delayed_is_cheap() -> None:
     finally:
         _heapq.heappop = original
     assert r["job"] is not None and len(calls) < 10   # a heap pop, not a scan of 100,000 groups
+
+
+def test_pull_while_a_million_jobs_are_delayed_is_cheap() -> None:
+    e = PartitionEngine(0)
+    for _ in range(1_000):
+        run(e, {"cmd": "PUSHB", "queue": "d", "jobs": [{"data": b"\x01", "delay": 3_600_000}] * 1_000})
+    run(e, {"cmd": "PUSH", "queue": "d", "data": b"\x02"})
+    import heapq as _heapq
+    calls = []
+    original_pop, original_push = _heapq.heappop, _heapq.heappush
+
+    def pop(heap: list[Any]) -> Any:
+        calls.append("pop")
+        return original_pop(heap)
+
+    def push(heap: list[Any], item: Any) -> None:
+        calls.append("push")
+        original_push(heap, item)
+
+    _heapq.heappop, _heapq.heappush = pop, push
+    try:
+        r = run(e, {"cmd": "PULL", "queue": "d"}, 2_000)
+    finally:
+        _heapq.heappop, _heapq.heappush = original_pop, original_push
+    assert r["job"] is not None and r["job"]["data"].packed == b"\x02"
+    assert len(calls) < 10   # O(log n) heap work, no scan of the 1,000,000 delayed jobs
+    assert run(e, {"cmd": "GetJobCounts", "queue": "d"}, 2_000)["counts"]["delayed"] == 1_000_000
