@@ -135,7 +135,9 @@ class Dispatcher:
         if replica is None or not replica.is_leader():
             raise self.node.not_leader_error(p)
         if spec.read_only:
+            started = time.perf_counter()
             conn.reply(req_id, replica.read(frame, self.node.now_ms()))
+            self.node.metrics.observe(cmd, time.perf_counter() - started)
             return
         if cmd in LEASE_COMMANDS:
             self._pull(conn, frame, p)
@@ -165,8 +167,11 @@ class Dispatcher:
     def _write(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
         req_id = frame.get("reqId")
         gc = self.node.group_commits[p]
+        started = time.perf_counter()
+        observe = self.node.metrics.observe
 
         def done(result: Any) -> None:
+            observe(frame["cmd"], time.perf_counter() - started)
             if isinstance(result, CommandError):
                 if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
                         and frame.get("timeout") and not conn.closed):

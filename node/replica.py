@@ -174,6 +174,9 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
         raftMaxTimeout=0.9,
         connectionTimeout=2.0,
         connectionRetryTime=0.3,
+        # A leader that has not heard from a majority for this long steps down (default 30 s), so
+        # an isolated node stops serving reads and reports no leader instead of a stale one.
+        leaderFallbackTimeout=2.0,
         autoTick=False,  # ticked by the node's event loop (see LoopPoller)
         bindRetryTime=0.5,
         maxBindRetries=40,

@@ -61,6 +61,15 @@ class SessionTable:
         """``session`` took a lease on ``partition`` through this node."""
         self._partitions.setdefault(session, set()).add(partition)
 
+    def forget(self, session: str, conn_id: int) -> None:
+        """Drop ``conn_id`` without ending the session: its leases live until their ttr (REST pulls)."""
+        conns = self._conns.get(session)
+        if conns is not None:
+            conns.discard(conn_id)
+            if not conns:
+                del self._conns[session]
+                self._partitions.pop(session, None)
+
     def end_now(self, session: str, conn_id: int) -> None:
         """Detach ``conn_id`` and end ``session`` at once, ignoring the grace (push-mode streams)."""
         conns = self._conns.get(session)

@@ -1,0 +1,89 @@
+"""A pseudo-connection so HTTP requests, WebSockets and push streams run every command through
+the same :class:`~shoal.node.dispatch.Dispatcher` as the binary protocol (validation, routing,
+group commit, long polls, sessions): no second implementation of any command."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.errors import CommandError, ErrorCode
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+
+__all__ = ["HttpConnection"]
+
+_ids = itertools.count(1 << 40)  # far from the binary connections' ids
+
+
+class HttpConnection:
+    """Implements what the dispatcher needs of a connection; replies resolve futures."""
+
+    def __init__(self, dispatcher: "Dispatcher", *, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.dispatcher = dispatcher
+        self.conn_id = next(_ids)
+        self.session = dispatcher.sessions.new_session_id()
+        self.authed = True  # HTTP authenticates each request before it gets here
+        self.closed = False
+        self.subscriptions: set[str] | None = None
+        self.protocol_version = 2
+        self.on_event = on_event
+        self._waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next = itertools.count(1)
+        dispatcher.sessions.attach(self.session, self.conn_id)
+
+    def upgrade(self, version: int) -> None:
+        self.protocol_version = max(2, version)
+
+    async def call(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Run one command; returns the reply frame (``ok`` true or false)."""
+        req_id = next(self._next)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiters[req_id] = fut
+        try:
+            self.dispatcher.handle(self, {**frame, "reqId": req_id})  # type: ignore[arg-type]
+        except CommandError as exc:
+            self.reply_error(req_id, exc)
+        except Exception as exc:  # the dispatcher must never take the HTTP server down
+            self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        return await fut
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        fut = self._waiters.pop(req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result({"ok": True, **body})
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        fut = self._waiters.pop(req_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(exc.to_reply())
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        if self.on_event is not None and not self.closed:
+            self.on_event(frame)
+
+    def close(self, *, release_now: bool = False, keep_leases: bool = False) -> None:
+        """Detach from the session.
+
+        ``release_now`` ends it at once (push streams: their leases go back immediately);
+        ``keep_leases`` leaves its leases to their ttr (a REST pull hands the lease to a client
+        that acks later on another request); otherwise the usual session grace applies.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self.dispatcher.subscribers.discard(self)  # type: ignore[arg-type]
+        sessions = self.dispatcher.sessions
+        if release_now:
+            sessions.end_now(self.session, self.conn_id)
+        elif keep_leases:
+            sessions.forget(self.session, self.conn_id)
+        else:
+            sessions.detach(self.session, self.conn_id)
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_result(CommandError(ErrorCode.SHUTTING_DOWN, "request cancelled").to_reply())
+        self._waiters.clear()
