@@ -4,7 +4,8 @@ In that profile every node is known to its peers (and to clients) as
 ``toxiproxy:<port>``, so each client and Raft link crosses Toxiproxy and a fault
 can hit one direction of one link. Node *i* (1-based) uses client port
 ``16789 + 100·i``, HTTP ``client + 1`` and Raft ``client + 10 + partition``;
-Toxiproxy listens on the same ports and forwards to ``shoal-chaos-<i>``.
+Toxiproxy listens on the same ports and forwards to ``shoal-chaos-<i>``. Proxy
+names: ``client_<i>``, ``http_<i>``, ``raft_<i>_p<partition>``.
 
     python deploy/make_toxiproxy_config.py   # after changing NODES or PARTITIONS
 """
@@ -27,9 +28,11 @@ def node_ports(i: int) -> tuple[int, int, int]:
 def proxies() -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for i in range(1, NODES + 1):
-        client, _, raft = node_ports(i)
+        client, http, raft = node_ports(i)
         upstream = f"shoal-chaos-{i}"
         out.append({"name": f"client_{i}", "listen": f"0.0.0.0:{client}", "upstream": f"{upstream}:{client}",
+                    "enabled": True})
+        out.append({"name": f"http_{i}", "listen": f"0.0.0.0:{http}", "upstream": f"{upstream}:{http}",
                     "enabled": True})
         for p in range(PARTITIONS):
             out.append({"name": f"raft_{i}_p{p}", "listen": f"0.0.0.0:{raft + p}",

@@ -214,8 +214,10 @@ class Dispatcher:
 
     def _submit_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float | None) -> None:
         req_id = frame.get("reqId")
+        started = time.perf_counter()  # from submit: a long poll's parked time is not latency
 
         def done(result: Any) -> None:
+            self.node.metrics.observe(frame["cmd"], time.perf_counter() - started)
             if isinstance(result, CommandError):
                 conn.reply_error(req_id, result)
                 return

@@ -1,11 +1,19 @@
 """A pseudo-connection so HTTP requests, WebSockets and push streams run every command through
 the same :class:`~shoal.node.dispatch.Dispatcher` as the binary protocol (validation, routing,
-group commit, long polls, sessions): no second implementation of any command."""
+group commit, long polls, sessions): no second implementation of any command.
+
+It offers what the dispatcher uses of :class:`~shoal.node.connection.ClientConnection`
+(``reply``, ``reply_error``, ``send_frame``, ``upgrade`` and the attributes ``session``,
+``conn_id``, ``authed``, ``closed``, ``subscriptions``, ``protocol_version``); each
+:meth:`HttpConnection.call` parks an asyncio future that the reply resolves.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,40 +24,61 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpConnection"]
 
-_ids = itertools.count(1 << 40)  # far from the binary connections' ids
+log = logging.getLogger(__name__)
+_ids = itertools.count(1 << 40)  # far from the binary connections' ids, so logs never mix them up
 
 
 class HttpConnection:
-    """Implements what the dispatcher needs of a connection; replies resolve futures."""
+    """Implements what the dispatcher needs of a connection; replies resolve futures.
 
-    def __init__(self, dispatcher: "Dispatcher", *, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+    One instance serves one REST request, one ``/work`` stream or one WebSocket. It has a
+    session of its own, so the leases it takes are its own (see :meth:`close`).
+    """
+
+    def __init__(self, dispatcher: "Dispatcher", *, authed: bool = True, protocol_version: int = 2,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.dispatcher = dispatcher
         self.conn_id = next(_ids)
         self.session = dispatcher.sessions.new_session_id()
-        self.authed = True  # HTTP authenticates each request before it gets here
+        # REST authenticates each request in a middleware before it gets here; a WebSocket
+        # opened without a header starts unauthenticated and sends Auth like a binary client.
+        self.authed = authed
         self.closed = False
         self.subscriptions: set[str] | None = None
-        self.protocol_version = 2
+        self.protocol_version = protocol_version
         self.on_event = on_event
+        self._metrics = dispatcher.node.metrics
         self._waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = itertools.count(1)
         dispatcher.sessions.attach(self.session, self.conn_id)
 
     def upgrade(self, version: int) -> None:
-        self.protocol_version = max(2, version)
+        """``Hello`` over a WebSocket: v2 lets its commands run concurrently."""
+        self.protocol_version = max(1, min(2, version))
 
     async def call(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Run one command; returns the reply frame (``ok`` true or false)."""
+        """Run one command; returns the reply frame (``ok`` true or false, no ``reqId``)."""
+        if self.closed:
+            return CommandError(ErrorCode.SHUTTING_DOWN, "connection closed").to_reply()
         req_id = next(self._next)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[req_id] = fut
+        metrics = self._metrics
+        metrics.http_inflight += 1
+        started = time.perf_counter()
         try:
-            self.dispatcher.handle(self, {**frame, "reqId": req_id})  # type: ignore[arg-type]
-        except CommandError as exc:
-            self.reply_error(req_id, exc)
-        except Exception as exc:  # the dispatcher must never take the HTTP server down
-            self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
-        return await fut
+            try:
+                self.dispatcher.handle(self, {**frame, "reqId": req_id})  # type: ignore[arg-type]
+            except CommandError as exc:
+                self.reply_error(req_id, exc)
+            except Exception as exc:  # the dispatcher must never take the HTTP server down
+                log.exception("dispatch failed for %s", frame.get("cmd"))
+                self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+            return await fut
+        finally:
+            metrics.http_inflight -= 1
+            self._waiters.pop(req_id, None)
+            metrics.observe_http_command(str(frame.get("cmd")), time.perf_counter() - started)
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         fut = self._waiters.pop(req_id, None)
@@ -62,15 +91,17 @@ class HttpConnection:
             fut.set_result(exc.to_reply())
 
     def send_frame(self, frame: dict[str, Any]) -> None:
+        """Unsolicited frames (``Subscribe`` events) go to ``on_event``; replies never come here."""
         if self.on_event is not None and not self.closed:
             self.on_event(frame)
 
     def close(self, *, release_now: bool = False, keep_leases: bool = False) -> None:
         """Detach from the session.
 
-        ``release_now`` ends it at once (push streams: their leases go back immediately);
-        ``keep_leases`` leaves its leases to their ttr (a REST pull hands the lease to a client
-        that acks later on another request); otherwise the usual session grace applies.
+        ``release_now`` ends it at once (push streams, and requests whose client went away:
+        their leases go back to the queue immediately); ``keep_leases`` leaves its leases to
+        their ttr (a REST pull hands the lease to a client that acks later on another request);
+        otherwise the node's usual session grace applies (WebSockets, like binary connections).
         """
         if self.closed:
             return

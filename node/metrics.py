@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,9 +51,17 @@ class _NodeCollector(Collector):
         for info in node.topology.partition_map:
             if info.leader:
                 leaders.add_metric([str(info.id), info.leader], 1)
-        inflight = GaugeMetricFamily("shoal_inflight_commands", "Commands received and not yet answered",
-                                     value=sum(getattr(c, "_inflight", 0) for c in d.connections))
-        yield from (term, commit, leader, pending, batches, leaders, inflight)
+        inflight = GaugeMetricFamily("shoal_inflight_commands", "Commands received and not yet answered "
+                                     "(binary connections and HTTP)",
+                                     value=sum(getattr(c, "_inflight", 0) for c in d.connections)
+                                     + node.metrics.http_inflight)
+        streams = GaugeMetricFamily("shoal_http_streams", "Open HTTP streams: SSE events, /work push "
+                                    "streams, WebSockets", labels=["kind"])
+        for kind, n in sorted(node.metrics.http_streams.items()):
+            streams.add_metric([kind], n)
+        forwarded = CounterMetricFamily("shoal_http_forwarded", "HTTP requests forwarded to a partition's leader",
+                                        value=node.metrics.http_forwarded)
+        yield from (term, commit, leader, pending, batches, leaders, inflight, streams, forwarded)
         jobs = GaugeMetricFamily("shoal_queue_jobs", "Jobs by state, per queue (partitions this node leads)",
                                  labels=["queue", "state"])
         totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "
@@ -69,16 +77,35 @@ class _NodeCollector(Collector):
         yield from (jobs, totals)
 
 
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
+#: Bound on distinct ``cmd`` labels of HTTP commands (a client choosing ``cmd`` over /ws must not
+#: grow the registry without limit); the rest are counted as "other".
+_LABELS_MAX = 200
+
+
 class NodeMetrics:
-    """The node's registry."""
+    """The node's registry, plus the plain counters the HTTP layer keeps for it."""
 
     def __init__(self, node: "Node") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_NodeCollector(node))
         self.latency = Histogram("shoal_command_latency_seconds", "Time from receiving a command to answering it",
-                                 ["cmd"], registry=self.registry,
-                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30))
+                                 ["cmd"], registry=self.registry, buckets=_BUCKETS)
+        self.http_command_latency = Histogram(
+            "shoal_http_command_latency_seconds",
+            "Commands run for HTTP, /ws and /work: time until the reply (long-poll waits included)",
+            ["cmd"], registry=self.registry, buckets=_BUCKETS)
+        self.http_latency = Histogram("shoal_http_request_latency_seconds",
+                                      "HTTP requests (streams excluded): time until the response",
+                                      ["method", "route"], registry=self.registry, buckets=_BUCKETS)
+        self.http_requests = Counter("shoal_http_requests", "HTTP requests answered, by route and status",
+                                     ["method", "route", "status"], registry=self.registry)
+        self.http_inflight = 0
+        self.http_forwarded = 0
+        self.http_streams: dict[str, int] = {"events": 0, "work": 0, "ws": 0}
         self._children: dict[str, Any] = {}
+        self._http_children: dict[tuple[str, str, int], Any] = {}
+        self._http_cmd_children: dict[str, Any] = {}
 
     def observe(self, cmd: str, seconds: float) -> None:
         """Record one command's latency (children cached: a labels() lookup per command is slow)."""
@@ -86,6 +113,31 @@ class NodeMetrics:
         if child is None:
             child = self._children[cmd] = self.latency.labels(cmd)
         child.observe(seconds)
+
+    def observe_http_command(self, cmd: str, seconds: float) -> None:
+        """Record one command run for HTTP (cmd names come from clients, hence the bound)."""
+        child = self._http_cmd_children.get(cmd)
+        if child is None:
+            if len(self._http_cmd_children) >= _LABELS_MAX:
+                cmd = "other"
+                child = self._http_cmd_children.get(cmd)
+            if child is None:
+                child = self._http_cmd_children[cmd] = self.http_command_latency.labels(cmd)
+        child.observe(seconds)
+
+    def observe_http(self, method: str, route: str, status: int, seconds: float | None) -> None:
+        """Count one HTTP request; ``seconds`` is None for streams (their length means nothing).
+
+        ``method`` and ``route`` come from a fixed set (the caller maps the rest to "other" and
+        "unmatched"); ``status`` is bounded by HTTP itself.
+        """
+        key = (method, route, status)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children[key] = self.http_requests.labels(method, route, str(status))
+        child.inc()
+        if seconds is not None:
+            self.http_latency.labels(method, route).observe(seconds)
 
     def exposition(self) -> str:
         return generate_latest(self.registry).decode()

@@ -177,6 +177,10 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
         # A leader that has not heard from a majority for this long steps down (default 30 s), so
         # an isolated node stops serving reads and reports no leader instead of a stale one.
         leaderFallbackTimeout=2.0,
+        # A restarted pod gets a new IP and a late peer must be found quickly: pysyncobj's
+        # defaults cache DNS answers for 600 s and failures for 30 s.
+        dnsCacheTime=5.0,
+        dnsFailCacheTime=1.0,
         autoTick=False,  # ticked by the node's event loop (see LoopPoller)
         bindRetryTime=0.5,
         maxBindRetries=40,

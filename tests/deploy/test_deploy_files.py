@@ -1,8 +1,9 @@
 """deploy/: the Dockerfile, docker-compose and the Helm chart agree with what `shoal node` reads.
 
-No Docker engine or helm binary runs here, so the files are checked statically and the
-compose file's node services are started as local processes with exactly its command and
-environment (hosts and ports remapped to loopback, data in a temporary folder).
+No Docker engine or helm binary runs here, so these tests read the files: compose's services,
+profiles and environment (loaded with the node's own ``load_config``), the Dockerfile's effective
+command, the chart's values against its schema and the StatefulSet's environment rendered and
+loaded the same way. ``test_compose_cluster.py`` runs the compose node services as processes.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
+import tomllib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,173 +23,448 @@ import jsonschema
 import pytest
 import yaml
 
-from shoal.cluster.config import ENV_VARS
-from shoal.cluster.launcher import free_base_port, hello
+from shoal.cluster.config import ENV_VARS, load_config
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-CHART = DEPLOY / "helm" / "shoal"
-NODE_SERVICES = ["shoal-1", "shoal-2", "shoal-3"]
-CHAOS_SERVICES = ["shoal-chaos-1", "shoal-chaos-2", "shoal-chaos-3"]
+from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
+                     chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
+                     healthcheck_argv, image_argv, lookup, render_env_block, service_env, template_texts,
+                     values_paths_used)
+
+REPO = DEPLOY.parent
+SECRET_VARS = {"SHOAL_CLUSTER_SECRET": "s3cret-for-tests"}
 
 sys.path.insert(0, str(DEPLOY))
 import make_toxiproxy_config  # noqa: E402
 
 
-def compose() -> dict[str, Any]:
-    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+# --- the configuration contract itself ----------------------------------------------------------
+
+class _Recording(Mapping[str, str]):
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data, self.read = data, set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read.add(key)
+        return self.data.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return key in self.data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
 
 
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """docker compose's ``${NAME:-default}`` substitution (the only form the file uses)."""
-    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), value)
+def test_env_vars_lists_exactly_what_load_config_reads(tmp_path: Path) -> None:
+    """ENV_VARS is what deploy/ is checked against, so it must match load_config's reads."""
+    config = tmp_path / "c.toml"
+    config.write_text('[cluster]\nid = "x"\n')
+    env = _Recording({"SHOAL_CONFIG": str(config), "SHOAL_NODE_ID": "a", "SHOAL_PEERS": "a=127.0.0.1",
+                      "SHOAL_DATA_DIR": str(tmp_path / "a"), "SHOAL_AUTH_TOKENS": "t"})
+    load_config(env=env)
+    read = {k for k in env.read if k.startswith("SHOAL_")}
+    assert read == set(ENV_VARS), (f"read but not in ENV_VARS: {sorted(read - set(ENV_VARS))}; "
+                                   f"in ENV_VARS but never read: {sorted(set(ENV_VARS) - read)}")
 
 
-def test_compose_has_three_nodes_with_volumes_health_checks_and_a_shared_secret() -> None:
-    services = compose()["services"]
+# --- docker-compose --------------------------------------------------------------------------
+
+def _node_env(name: str, variables: dict[str, str] | None = None) -> dict[str, str]:
+    return service_env(compose()["services"][name], SECRET_VARS if variables is None else variables)
+
+
+def test_compose_has_three_nodes_with_own_volumes_health_checks_and_one_secret() -> None:
+    doc = compose()
+    services = doc["services"]
+    volumes = set()
     secrets = set()
     for name in NODE_SERVICES:
         svc = services[name]
-        env = svc["environment"]
+        assert "profiles" not in svc, f"{name} must start with a plain `docker compose up`"
+        assert svc["command"] == ["shoal", "node"]
+        assert "/healthz" in " ".join(compose_test_argv(svc["healthcheck"]["test"]))
+        (volume,) = svc["volumes"]
+        source, target = volume.split(":")[:2]
+        assert target == "/data" and source in doc["volumes"], f"{name}: a named volume on /data"
+        volumes.add(source)
+        env = _node_env(name)
         assert env["SHOAL_NODE_ID"] == name
-        assert "healthcheck" in svc and "/healthz" in " ".join(svc["healthcheck"]["test"])
-        assert svc["volumes"][0].endswith(":/data") and svc["volumes"][0].startswith(f"{name}-data")
+        assert env["SHOAL_DATA_DIR"] == "/data" and env["SHOAL_LISTEN"] == "0.0.0.0"
         secrets.add(env["SHOAL_CLUSTER_SECRET"])
-        assert set(env) <= set(ENV_VARS), f"{name} sets variables shoal node does not read"
-    assert len(secrets) == 1
-    assert services["shoal-3"]["depends_on"]["shoal-1"]["condition"] == "service_started"
-    assert services["prometheus"]["profiles"] == ["monitoring"]
-    assert services["toxiproxy"]["profiles"] == ["chaos"]
+        raw_secret = svc["environment"]["SHOAL_CLUSTER_SECRET"]
+        assert raw_secret.startswith("${SHOAL_CLUSTER_SECRET"), "one secret, from the environment/.env"
+        assert svc.get("stop_grace_period") and svc.get("stop_signal", "SIGTERM") == "SIGTERM"
+    assert len(volumes) == 3 and secrets == {SECRET_VARS["SHOAL_CLUSTER_SECRET"]}
 
 
-def test_chaos_profile_routes_every_link_through_toxiproxy() -> None:
+def test_compose_refuses_to_start_without_a_cluster_secret() -> None:
+    with pytest.raises(MissingVariable):
+        _node_env("shoal-1", {})
+    with pytest.raises(MissingVariable):
+        _node_env("shoal-1", {"SHOAL_CLUSTER_SECRET": ""})
+
+
+def test_compose_depends_on_conditions_name_real_services() -> None:
     services = compose()["services"]
+    seen = 0
+    for name, svc in services.items():
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            assert cond["condition"] in ("service_started", "service_healthy", "service_completed_successfully")
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy; it has no check"
+            if services[dep].get("profiles"):
+                assert set(services[dep]["profiles"]) <= set(svc.get("profiles", [])), \
+                    f"{name} depends on {dep}, which only exists in profile {services[dep]['profiles']}"
+            seen += 1
+    assert services["shoal-2"]["depends_on"]["shoal-1"]["condition"] == "service_healthy"
+    assert services["shoal-3"]["depends_on"]["shoal-1"]["condition"] == "service_healthy"
+    assert seen >= 6
+
+
+@pytest.mark.parametrize("name", NODE_SERVICES + CHAOS_SERVICES)
+def test_compose_node_environment_is_a_valid_node_configuration(name: str) -> None:
+    env = _node_env(name)
+    assert set(env) <= set(ENV_VARS), f"{name} sets variables shoal node does not read: {set(env) - set(ENV_VARS)}"
+    config = load_config(env=env)
+    assert config.node_id == name and len(config.nodes) == 3 and config.rf == 3
+    assert config.raft_needs_secret() and config.secret == SECRET_VARS["SHOAL_CLUSTER_SECRET"]
+    assert str(config.node_data_dir()) == "/data"
+    peers_by_service = {n.id: n for n in config.nodes}
+    assert set(peers_by_service) == set(CHAOS_SERVICES if name.startswith("shoal-chaos") else NODE_SERVICES)
+
+
+def test_compose_publishes_each_node_on_its_own_advertised_ports() -> None:
+    """Hello advertises host:port per node; the host sees the same ports (with /etc/hosts names)."""
+    services = compose()["services"]
+    for name in NODE_SERVICES:
+        me = load_config(env=_node_env(name)).node()
+        assert me.host == name, "peers reach a node by its compose service name"
+        published = {tuple(p.split(":")) for p in services[name]["ports"]}
+        assert published == {(str(me.port), str(me.port)), (str(me.http_port), str(me.http_port))}
+    clients = [load_config(env=_node_env(n)).node().port for n in NODE_SERVICES]
+    assert len(set(clients)) == 3
+
+
+def test_chaos_profile_routes_every_link_through_the_real_toxiproxy_image() -> None:
+    services = compose()["services"]
+    toxi = services["toxiproxy"]
+    assert toxi["image"].startswith("ghcr.io/shopify/toxiproxy:") and toxi["profiles"] == ["chaos"]
+    config_mount = next(v for v in toxi["volumes"] if v.startswith("./toxiproxy.json:"))
+    target = config_mount.split(":")[1]
+    assert f"-config={target}" in toxi["command"]
     proxies = json.loads((DEPLOY / "toxiproxy.json").read_text())
-    assert proxies == make_toxiproxy_config.proxies(), "regenerate deploy/toxiproxy.json"
+    assert proxies == make_toxiproxy_config.proxies(), "regenerate: python deploy/make_toxiproxy_config.py"
+    assert len({p["name"] for p in proxies}) == len(proxies)
     listens = {int(p["listen"].rsplit(":", 1)[1]): p["upstream"] for p in proxies}
+    published = set()
+    for spec in toxi["ports"]:
+        host, container = spec.split(":")
+        lo, _, hi = container.partition("-")
+        published |= set(range(int(lo), int(hi or lo) + 1))
     for name in CHAOS_SERVICES:
-        env = services[name]["environment"]
-        assert env["SHOAL_PEERS"] == make_toxiproxy_config.peers()
-        assert services[name]["profiles"] == ["chaos"]
-    for peer in make_toxiproxy_config.peers().split(","):
-        node, _, rest = peer.partition("=")
-        host, client, _http, raft = rest.split(":")
-        assert host == "toxiproxy"
-        assert listens[int(client)] == f"{node}:{client}"
-        for p in range(make_toxiproxy_config.PARTITIONS):
-            assert listens[int(raft) + p] == f"{node}:{int(raft) + p}"
+        svc = services[name]
+        assert svc["profiles"] == ["chaos"] and svc["depends_on"]["toxiproxy"]["condition"] == "service_healthy"
+        assert "ports" not in svc, "chaos nodes are reached only through Toxiproxy"
+        config = load_config(env=_node_env(name))
+        for node in config.nodes:
+            assert node.host == "toxiproxy"
+            assert listens[node.port] == f"{node.id}:{node.port}"
+            assert listens[node.http_port] == f"{node.id}:{node.http_port}"
+            assert {node.port, node.http_port} <= published
+            for p in range(config.partitions):
+                assert listens[node.raft_port + p] == f"{node.id}:{node.raft_port + p}"
+        assert config.partitions == make_toxiproxy_config.PARTITIONS
 
 
-@pytest.mark.skipif(not shutil.which("docker-compose"), reason="Debian's docker-compose is not installed "
-                    "(scripts/test installs it when it runs as root with apt)")
+def test_monitoring_profile_scrapes_every_node_and_provisions_grafana() -> None:
+    services = compose()["services"]
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    assert services["grafana"]["profiles"] == ["monitoring"]
+    prom = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "shoal"]
+    assert job["metrics_path"] == "/prometheus"
+    targets = {t for sc in job["static_configs"] for t in sc["targets"]}
+    expected = set()
+    for name in NODE_SERVICES:
+        me = load_config(env=_node_env(name)).node()
+        expected.add(f"{me.host}:{me.http_port}")
+    assert targets == expected
+    for mount in services["prometheus"]["volumes"] + services["grafana"]["volumes"]:
+        source = mount.split(":")[0]
+        if source.startswith("./"):
+            assert (DEPLOY / source).exists(), f"{mount}: missing in deploy/"
+    datasource = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    (ds,) = datasource["datasources"]
+    assert ds["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/shoal.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert any(m.endswith(f":{path}:ro") for m in services["grafana"]["volumes"])
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(path + "/") and (DEPLOY / "grafana/dashboards" / Path(home).name).exists()
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/shoal.json").read_text())
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == ds["uid"]
+
+
+def test_dashboard_uses_metrics_the_node_defines() -> None:
+    source = (REPO / "node" / "metrics.py").read_text()
+    names = dashboard_metric_names()
+    assert names
+    for name in names:
+        base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+        assert f'"{base}"' in source, f"the dashboard uses {name}; node/metrics.py defines no {base}"
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
+                           "scripts/test does it when it runs as root with apt); only this check is skipped")
 def test_docker_compose_config_accepts_the_file_with_every_profile() -> None:
-    env = {**os.environ, "SHOAL_CLUSTER_SECRET": "test-secret"}
-    for args in ([], ["--profile", "chaos", "--profile", "monitoring"]):
-        result = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), *args, "config", "-q"],
-                                env=env, capture_output=True, text=True, timeout=60)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **SECRET_VARS}
+    base = ["docker-compose", "-f", str(COMPOSE_FILE)]
+    for profiles in ([], ["--profile", "chaos"], ["--profile", "monitoring"],
+                     ["--profile", "chaos", "--profile", "monitoring"]):
+        result = subprocess.run([*base, *profiles, "config", "-q"], env=env, capture_output=True, text=True,
+                                timeout=60)
         assert result.returncode == 0, result.stderr
-    services = subprocess.run(["docker-compose", "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "chaos",
-                               "--profile", "monitoring", "config", "--services"], env=env, capture_output=True,
-                              text=True, timeout=60).stdout.split()
-    assert set(services) == {*NODE_SERVICES, *CHAOS_SERVICES, "toxiproxy", "prometheus"}
+    result = subprocess.run([*base, "--profile", "chaos", "--profile", "monitoring", "config", "--services"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert set(result.stdout.split()) == set(compose()["services"])
+    # Without a secret compose refuses the file (no insecure default secret).
+    no_secret = {k: v for k, v in env.items() if k != "SHOAL_CLUSTER_SECRET"}
+    result = subprocess.run([*base, "config", "-q"], env=no_secret, capture_output=True, text=True, timeout=60,
+                            cwd=REPO)
+    if not (DEPLOY / ".env").exists():
+        assert result.returncode != 0 and "SHOAL_CLUSTER_SECRET" in result.stderr
 
 
-def test_dockerfile_is_a_small_non_root_image_with_a_health_check() -> None:
-    text = (DEPLOY / "Dockerfile").read_text()
-    assert text.startswith("#") and "FROM python:3.11-slim" in text
-    assert re.search(r"^USER 10001$", text, re.M)
-    assert "HEALTHCHECK" in text and "/healthz" in text
-    assert 'VOLUME ["/data"]' in text and "STOPSIGNAL SIGTERM" in text
-    assert 'ENTRYPOINT ["shoal", "node"]' in text
+# --- Dockerfile ------------------------------------------------------------------------------
+
+def test_dockerfile_is_a_small_non_root_image_with_data_volume_and_health_check() -> None:
+    instructions = dockerfile_instructions()
+    stage = final_stage(instructions)
+    assert stage[0] == ("FROM", "python:3.11-slim"), "runtime stage: slim Python"
+    (user,) = [a for w, a in stage if w == "USER"]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric non-root user (runAsNonRoot can check it)"
+    assert ("VOLUME", '["/data"]') in stage
+    env = " ".join(a for w, a in stage if w == "ENV")
+    assert "SHOAL_DATA_DIR=/data" in env and "SHOAL_LISTEN=0.0.0.0" in env
+    exposed = " ".join(a for w, a in stage if w == "EXPOSE").split()
+    assert {"6789", "6790"} <= set(exposed) and any(p.startswith("7789") for p in exposed)
+    assert "/healthz" in " ".join(healthcheck_argv(instructions))
+    assert ("STOPSIGNAL", "SIGTERM") in stage
+    assert any(w == "RUN" and "pip install" in a for w, a in stage)
+    assert "rm -rf /wheels" in " ".join(a for w, a in stage if w == "RUN"), "no wheel files left in the image"
+
+
+def test_dockerfile_copies_every_package_folder_the_build_needs() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    folders = {d.split("/")[0] for d in pyproject["tool"]["setuptools"]["package-dir"].values()}
+    copied = set()
+    for word, args in dockerfile_instructions():
+        if word == "COPY" and not args.startswith("--from"):
+            *sources, _dest = args.split()
+            copied |= {s.rstrip("/").removeprefix("./") for s in sources}
+    assert folders <= copied, f"the image would miss {sorted(folders - copied)}"
+    assert {"pyproject.toml", pyproject["project"]["readme"]} <= copied
+    ignored = [line.strip() for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert not (set(ignored) & copied), "Dockerfile.dockerignore hides files the build copies"
+
+
+def test_every_container_runs_exactly_shoal_node() -> None:
+    """ENTRYPOINT + command: a compose `command` or a k8s `command` must not be appended to another one."""
+    instructions = dockerfile_instructions()
+    assert image_argv(instructions, None) == ["shoal", "node"], "docker run <image> runs shoal node"
+    services = compose()["services"]
+    for name in NODE_SERVICES + CHAOS_SERVICES:
+        assert "entrypoint" not in services[name]
+        assert image_argv(instructions, services[name]["command"]) == ["shoal", "node"], name
+    statefulset = template_texts()["statefulset.yaml"]
+    assert re.search(r'^\s+command: \["shoal", "node"\]$', statefulset, re.M)
+    assert not re.search(r"^\s+args:", statefulset, re.M)
+
+
+# --- Helm chart --------------------------------------------------------------------------------
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "shoal" and chart["type"] == "application"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
+    assert set(template_texts()) >= {"statefulset.yaml", "services.yaml", "secret.yaml", "pdb.yaml",
+                                      "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}
+
+
+def test_chart_templates_are_well_formed() -> None:
+    """What helm would reject first: unbalanced actions and blocks (no helm binary here)."""
+    for name, text in template_texts().items():
+        assert text.count("{{") == text.count("}}"), f"{name}: unbalanced {{{{ }}}}"
+        actions = re.findall(r"\{\{-?\s*(\w+)", re.sub(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", "", text, flags=re.S))
+        opened = sum(a in ("if", "with", "range", "define", "block") for a in actions)
+        assert opened == actions.count("end"), f"{name}: {opened} blocks opened, {actions.count('end')} ended"
+        if name.endswith(".yaml"):
+            for line in text.splitlines():
+                assert "\t" not in line, f"{name}: tab in YAML"
 
 
 def test_chart_values_validate_against_the_schema() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    schema = json.loads((CHART / "values.schema.json").read_text())
+    values, schema = chart_values(), chart_schema()
+    jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.validate(values, schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**values, "replicas": 0}, schema)
+    for bad in ({**values, "replicas": 0},
+                {**values, "replicaCount": 3},                                  # typo: unknown key
+                {**values, "cluster": {**values["cluster"], "tokens": ["a,b"]}},  # joined with commas
+                {**values, "cluster": {**values["cluster"], "partitions": "8"}},
+                {**values, "ports": {**values["ports"], "raft": 70000}},
+                {**values, "podAntiAffinity": "sometimes"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
 
 
-def _lookup(values: dict[str, Any], path: str) -> bool:
-    node: Any = values
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+def test_every_values_path_used_by_a_template_exists_and_every_value_is_used() -> None:
+    values = chart_values()
+    used: set[str] = set()
+    for name, text in template_texts().items():
+        paths = values_paths_used(text)
+        missing = sorted(p for p in paths if not lookup(values, p)[0])
+        assert not missing, f"{name} uses values missing from values.yaml: {missing}"
+        used |= paths
+
+    def leaves(node: Any, prefix: str = "") -> Iterator[str]:
+        if isinstance(node, dict) and node:
+            for key, child in node.items():
+                yield from leaves(child, f"{prefix}{key}.")
+        else:
+            yield prefix.rstrip(".")
+
+    unused = [leaf for leaf in leaves(values)
+              if not any(leaf == u or leaf.startswith(u + ".") for u in used)]
+    assert not unused, f"values.yaml keys no template reads: {unused}"
 
 
-def test_every_values_path_used_by_a_template_exists() -> None:
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    used = set()
-    for template in (CHART / "templates").iterdir():
-        used |= set(re.findall(r"\.Values\.([A-Za-z0-9_.]+)", template.read_text()))
-    assert used, "templates use values"
-    missing = sorted(p for p in used if not _lookup(values, p))
-    assert not missing, f"templates use values missing from values.yaml: {missing}"
+def _rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
+    """The StatefulSet env; SHOAL_PEERS as the shoal.peers helper defines it (checked separately)."""
+    full = release if "shoal" in release else f"{release}-shoal"
+    peers = ",".join(f"{full}-{i}={full}-{i}.{full}-peers.{namespace}.svc.{values['clusterDomain']}"
+                     for i in range(values["replicas"]))
+    secret_name = values["cluster"]["existingSecret"] or full
+    return render_env_block(template_texts()["statefulset.yaml"], values,
+                            {"shoal.peers": peers, "shoal.secretName": secret_name})
+
+
+def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str]) -> dict[str, str]:
+    """What the kubelet gives pod <ordinal>: plain values, the pod name, and the Secret's keys."""
+    env = {}
+    for item in _rendered_env(values):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+            continue
+        source = item["valueFrom"]
+        if "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name"
+            env[item["name"]] = f"shoal-{ordinal}"
+        else:
+            ref = source["secretKeyRef"]
+            if ref["key"] in secret:
+                env[item["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
+    return env
 
 
 def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
-    text = (CHART / "templates" / "statefulset.yaml").read_text()
-    names = set(re.findall(r"- name: (SHOAL_[A-Z_]+)", text))
-    assert names <= set(ENV_VARS), f"unknown variables: {sorted(names - set(ENV_VARS))}"
-    assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_DATA_DIR", "SHOAL_LISTEN"} <= names
-    assert "fieldPath: metadata.name" in text, "the node id comes from the pod's name"
-    assert "path: /ready" in text and "path: /healthz" in text
+    """Fails when a variable is renamed on one side only (compared with ENV_VARS and load_config)."""
+    text = template_texts()["statefulset.yaml"]
+    env = _rendered_env(chart_values())
+    names = [item["name"] for item in env]
+    assert len(names) == len(set(names))
+    assert set(names) <= set(ENV_VARS), f"the chart sets variables shoal node does not read: " \
+                                        f"{sorted(set(names) - set(ENV_VARS))}"
+    assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
+            "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
+            "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
+    not_for_pods = {"SHOAL_CONFIG"}
+    assert set(ENV_VARS) - set(names) <= not_for_pods, \
+        f"shoal node reads variables the chart does not set: {sorted(set(ENV_VARS) - set(names) - not_for_pods)}"
+    secret_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["secret.yaml"], re.M))
+    refs = set(re.findall(r"key: ([a-z-]+)", text))
+    assert refs <= secret_keys, f"the StatefulSet reads Secret keys the chart does not write: {refs - secret_keys}"
+    assert "enableServiceLinks: false" in text, "Service links would inject SHOAL_* variables"
 
 
-def _shoal_executable() -> str:
-    beside = Path(sys.executable).with_name("shoal")
-    return str(beside) if beside.exists() else "shoal"
+@pytest.mark.parametrize("overrides", [{}, {"replicas": 5, "cluster": {"partitions": 16, "replication": 3,
+                                                                        "frameBytesMax": 16777216},
+                                            "ports": {"client": 16789, "http": 16790, "raft": 20000}}])
+def test_statefulset_environment_configures_every_pod_as_the_values_say(overrides: dict[str, Any]) -> None:
+    values = chart_values()
+    for key, value in overrides.items():
+        values[key] = {**values[key], **value} if isinstance(value, dict) else value
+    jsonschema.validate(values, chart_schema())
+    secret = {"cluster-secret": "k8s-secret", "auth-tokens": "tok1,tok2"}
+    for ordinal in range(values["replicas"]):
+        config = load_config(env=_pod_env(values, ordinal, secret))
+        me = config.node()
+        assert config.node_id == me.id == f"shoal-{ordinal}"
+        assert len(config.nodes) == values["replicas"]
+        assert config.partitions == values["cluster"]["partitions"]
+        assert config.rf == min(values["cluster"]["replication"], values["replicas"])
+        assert config.cluster_id == values["cluster"]["id"]
+        assert config.frame_bytes_max == values["cluster"]["frameBytesMax"]
+        assert config.session_grace_ms == values["cluster"]["sessionGraceMs"]
+        assert (me.port, me.http_port, me.raft_port) == (values["ports"]["client"], values["ports"]["http"],
+                                                         values["ports"]["raft"])
+        assert me.host == f"shoal-{ordinal}.shoal-peers.queues.svc.cluster.local"
+        assert config.listen == "0.0.0.0" and config.secret == "k8s-secret" and config.tokens == ("tok1", "tok2")
+        assert str(config.node_data_dir()) == "/data"
+    without_tokens = load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}))
+    assert without_tokens.tokens == ()
 
 
-@pytest.mark.integration
-def test_compose_nodes_started_as_local_processes_form_a_cluster(tmp_path: Path) -> None:
-    services = compose()["services"]
-    base = free_base_port(3, 8)
-    ports = {name: (base + 2 * i, base + 2 * i + 1, base + 100 + 64 * i) for i, name in enumerate(NODE_SERVICES)}
-    peers = ",".join(f"{name}=127.0.0.1:{c}:{h}:{r}" for name, (c, h, r) in ports.items())
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for name in NODE_SERVICES:
-            svc = services[name]
-            clean = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-            env = {k: interpolate(str(v), clean) for k, v in svc["environment"].items()}
-            assert env["SHOAL_PEERS"] == "shoal-1=shoal-1,shoal-2=shoal-2,shoal-3=shoal-3"
-            env["SHOAL_PEERS"] = peers                  # service names -> loopback, ports remapped
-            env["SHOAL_LISTEN"] = "127.0.0.1"           # never 0.0.0.0 on this machine
-            env["SHOAL_DATA_DIR"] = str(tmp_path / name)
-            command = [_shoal_executable() if svc["command"][0] == "shoal" else svc["command"][0],
-                       *svc["command"][1:]]
-            log = open(tmp_path / f"{name}.log", "wb")
-            procs.append(subprocess.Popen(command, env={**clean, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-        deadline = time.monotonic() + 60
-        topo = None
-        while time.monotonic() < deadline:
-            try:
-                topo = hello("127.0.0.1", ports["shoal-1"][0], 1.0)["topology"]
-                if all(p["leader"] for p in topo["partitionMap"]):
-                    break
-            except OSError:
-                pass
-            assert all(p.poll() is None for p in procs), (tmp_path / "shoal-1.log").read_text()[-2000:]
-            time.sleep(0.2)
-        assert topo and all(p["leader"] for p in topo["partitionMap"])
-        from shoal.client import Client
-        with Client([f"127.0.0.1:{ports['shoal-1'][0]}"]) as client:
-            q = client.queue("compose-smoke")
-            job_id = q.add({"hello": "compose"})
-            job = q.pull(timeout=5)
-            assert job is not None and job.id == job_id and job.data == {"hello": "compose"}
-            q.ack(job)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None:
+    t = template_texts()
+    helpers, sts, services = t["_helpers.tpl"], t["statefulset.yaml"], t["services.yaml"]
+    assert re.search(r'^metadata:\n  name: \{\{ include "shoal.fullname" \. \}\}', sts, re.M)
+    assert 'serviceName: {{ include "shoal.headless" . }}' in sts
+    peers = helpers[helpers.index('define "shoal.peers"'):]
+    assert '$full := include "shoal.fullname" .' in peers and "{{ $full }}-{{ $i }}=" in peers, \
+        "peer ids must be the pod names (<fullname>-<ordinal>), which SHOAL_NODE_ID gets from metadata.name"
+    host = helpers[helpers.index('define "shoal.podHost"'):]
+    assert 'include "shoal.headless"' in host and "clusterDomain" in host
+    headless = services.split("---")[0]
+    assert 'name: {{ include "shoal.headless" . }}' in headless
+    assert "clusterIP: None" in headless and "publishNotReadyAddresses: true" in headless
+    # Numbers from values.yaml are float64 in Helm: quote them only after int (1e6 -> "1e+06").
+    numeric = {p for p in values_paths_used(sts) if isinstance(lookup(chart_values(), p)[1], int)}
+    for path in numeric:
+        for m in re.finditer(rf"\.Values\.{re.escape(path)}((?:\s*\|\s*\w+)*)", sts):
+            fns = re.findall(r"\|\s*(\w+)", m.group(1))
+            if "quote" in fns:
+                assert {"int", "int64"} & set(fns[:fns.index("quote")]), f"{path} is quoted as a float"
+
+
+def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
+    t = template_texts()
+    sts = t["statefulset.yaml"]
+    assert re.search(r"readinessProbe:\n\s+httpGet: \{path: /ready, port: http\}", sts)
+    assert re.search(r"livenessProbe:\n\s+httpGet: \{path: /healthz, port: http\}", sts)
+    assert "fieldPath: metadata.name" in sts
+    assert "podAntiAffinity:" in sts and "topologyKey: kubernetes.io/hostname" in sts
+    assert "volumeClaimTemplates:" in sts and "mountPath: /data" in sts
+    assert "runAsNonRoot: true" in sts and "runAsUser: 10001" in sts
+    assert "podManagementPolicy: Parallel" in sts
+    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in sts
+    assert "kind: PodDisruptionBudget" in t["pdb.yaml"] and "maxUnavailable: 1" in t["pdb.yaml"]
+    sm = t["servicemonitor.yaml"]
+    assert sm.startswith("{{- if .Values.serviceMonitor.enabled }}") and "path: /prometheus" in sm
+    assert "app.kubernetes.io/component: peers" in sm, "scrape each pod once, through the headless Service"
+    assert "kind: Secret" in t["secret.yaml"] and "required" in t["secret.yaml"]
+    notes = t["NOTES.txt"]
+    assert "from shoal.client import Client" in notes and "rollout status" in notes and "port-forward" in notes

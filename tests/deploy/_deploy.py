@@ -1,0 +1,228 @@
+"""Shared readers for the deploy tests: the compose file, the Dockerfile and the Helm chart."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CHART = DEPLOY / "helm" / "shoal"
+COMPOSE_FILE = DEPLOY / "docker-compose.yml"
+NODE_SERVICES = ("shoal-1", "shoal-2", "shoal-3")
+CHAOS_SERVICES = ("shoal-chaos-1", "shoal-chaos-2", "shoal-chaos-3")
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}|\$(\w+)")
+
+
+class MissingVariable(KeyError):
+    pass
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """docker compose's variable substitution: ``${X}``, ``$X``, ``${X:-default}``, ``${X-default}``,
+    ``${X:?error}`` and ``${X?error}`` (``$$`` is a literal ``$``)."""
+    parts = value.split("$$")
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(4)
+        op, arg = m.group(2), m.group(3) or ""
+        present = name in env
+        set_nonempty = bool(env.get(name))
+        if op in (":-", "-"):
+            use_default = not set_nonempty if op == ":-" else not present
+            return arg if use_default else env[name]
+        if op in (":?", "?"):
+            if not set_nonempty if op == ":?" else not present:
+                raise MissingVariable(f"{name}: {arg}")
+            return env[name]
+        return env.get(name, "")
+
+    return "$".join(_INTERPOLATION.sub(sub, p) for p in parts)
+
+
+def service_env(service: dict[str, Any], variables: dict[str, str]) -> dict[str, str]:
+    """A service's ``environment`` (mapping or list form) after substitution, as strings."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) if "=" in item else (item, variables.get(item, "")) for item in raw)
+    out = {}
+    for key, value in raw.items():
+        if value is None:
+            value = variables.get(key, "")
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        out[key] = interpolate(str(value), variables)
+    return out
+
+
+def dockerfile_instructions(text: str | None = None) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of deploy/Dockerfile, continuation lines joined, comments dropped."""
+    text = (DEPLOY / "Dockerfile").read_text() if text is None else text
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def exec_form(args: str) -> list[str]:
+    """CMD/ENTRYPOINT/HEALTHCHECK CMD arguments as an argv (JSON exec form, else /bin/sh -c)."""
+    args = args.strip()
+    if args.startswith("["):
+        return list(json.loads(args))
+    return ["/bin/sh", "-c", args]
+
+
+def final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    last_from = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
+    return instructions[last_from:]
+
+
+def image_argv(instructions: list[tuple[str, str]], command: list[str] | None) -> list[str]:
+    """What a container of the final stage runs: ENTRYPOINT + (compose/k8s command or CMD)."""
+    stage = final_stage(instructions)
+    entry = [exec_form(a) for w, a in stage if w == "ENTRYPOINT"]
+    cmd = [exec_form(a) for w, a in stage if w == "CMD"]
+    return (entry[-1] if entry else []) + (command if command is not None else (cmd[-1] if cmd else []))
+
+
+def healthcheck_argv(instructions: list[tuple[str, str]]) -> list[str]:
+    (args,) = [a for w, a in final_stage(instructions) if w == "HEALTHCHECK"]
+    cmd = re.split(r"\bCMD\b", args, maxsplit=1)[1]
+    return exec_form(cmd)
+
+
+def compose_test_argv(test: list[str] | str) -> list[str]:
+    """A compose healthcheck ``test`` as an argv."""
+    if isinstance(test, str):
+        return ["/bin/sh", "-c", test]
+    kind, *rest = test
+    if kind == "CMD":
+        return rest
+    if kind == "CMD-SHELL":
+        return ["/bin/sh", "-c", rest[0]]
+    raise ValueError(f"healthcheck test {test!r}")
+
+
+def dashboard_metric_names() -> set[str]:
+    """Metric names the Grafana dashboard queries."""
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/shoal.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    return {m for e in exprs for m in re.findall(r"\bshoal_[a-z_]+", e)}
+
+
+# --- Helm --------------------------------------------------------------------------------------
+
+def chart_values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def chart_schema() -> dict[str, Any]:
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+def template_texts() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((CHART / "templates").iterdir()) if p.is_file()}
+
+
+def values_paths_used(text: str) -> set[str]:
+    return set(re.findall(r"\$?\.Values\.([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)", text))
+
+
+def lookup(values: dict[str, Any], path: str) -> tuple[bool, Any]:
+    node: Any = values
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def go_value(value: Any) -> str:
+    """How Go's ``%v`` prints a value: an int as digits, a float64 (every number read from
+    values.yaml, in Helm) in %g style, so 67108864.0 prints as ``6.7108864e+07``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        exp = math.floor(math.log10(abs(value)))
+        if exp < -4 or exp >= 6:  # strconv 'g' with the shortest precision switches at 1e6
+            for digits in range(17):
+                text = f"{value:.{digits}e}"
+                if float(text) == value:
+                    return text
+        return repr(value).removesuffix(".0")
+    return str(value)
+
+
+def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[str, str]) -> list[dict[str, Any]]:
+    """The container ``env`` list of the StatefulSet template, rendered with a small evaluator.
+
+    It understands the pipelines the env block uses — ``.Values.a.b``, ``include "name" .`` and a
+    quoted literal, piped through ``int``, ``int64`` and ``quote`` — and numbers behave as in Helm
+    (float64, so ``67108864 | quote`` would be ``"6.7108864e+07"``). Anything else fails the test
+    with a request to extend the evaluator.
+    """
+    lines = statefulset.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "env:")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for line in lines[start + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        block.append(line)
+
+    def evaluate(expr: str) -> str:
+        stages = [s.strip() for s in expr.strip().lstrip("-").rstrip("-").split("|")]
+        head = stages[0]
+        value: Any
+        if head.startswith(".Values."):
+            found, value = lookup(values, head[len(".Values."):])
+            assert found, f"{head} is not in values.yaml"
+            value = float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        elif m := re.fullmatch(r'include "([\w.]+)" \.', head):
+            assert m.group(1) in includes, f"the test's env evaluator has no value for include {m.group(1)!r}"
+            value = includes[m.group(1)]
+        elif m := re.fullmatch(r'"([^"]*)"', head):
+            value = m.group(1)
+        else:
+            raise AssertionError(f"the test's env evaluator does not know {head!r}: extend render_env_block")
+        for fn in stages[1:]:
+            if fn in ("int", "int64"):
+                value = int(float(value))
+            elif fn == "quote":
+                value = json.dumps(go_value(value))
+            else:
+                raise AssertionError(f"the test's env evaluator does not know | {fn}: extend render_env_block")
+        return go_value(value) if not isinstance(value, str) else value
+
+    rendered = re.sub(r"\{\{(.*?)\}\}", lambda m: evaluate(m.group(1)), "\n".join(block))
+    env = yaml.safe_load(rendered)
+    assert isinstance(env, list)
+    return env
+
+
+def shell_join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
