@@ -323,11 +323,7 @@ class PartitionEngine:
         q.counts[prev] -= 1
         q.counts[state] += 1
         if prev == WAITING:
-            n = q.prio_counts.get(job.priority, 0) - 1
-            if n:
-                q.prio_counts[job.priority] = n
-            else:
-                q.prio_counts.pop(job.priority, None)
+            self._drop_prio(q, job.priority)
         if state == WAITING:
             q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
         job.state = state
@@ -448,11 +444,7 @@ class PartitionEngine:
         if job.state == ACTIVE:
             self._end_lease(q, job)
         if job.state == WAITING:
-            n = q.prio_counts.get(job.priority, 0) - 1
-            if n:
-                q.prio_counts[job.priority] = n
-            else:
-                q.prio_counts.pop(job.priority, None)
+            self._drop_prio(q, job.priority)
         q.counts[job.state] -= 1
         q.dlq.pop(job.seq, None)
         if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
@@ -609,8 +601,6 @@ class PartitionEngine:
         job.custom_id = options.get("customId")
         job.tag = options.get("tag")
         self.jobs[job.seq] = job
-        q.counts[WAITING] += 1
-        q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
         q.totals["enqueued"] += 1
         delay = options.get("delay") or 0 if preset["delay"] else 0
         ttl = (options.get("ttl") if preset["ttl"] else None) or (q.opts["ttl"] if preset["ttl"] else 0)
@@ -627,12 +617,12 @@ class PartitionEngine:
         self.events.append((q.name, job.seq, DELAYED if delay else WAITING, None))
         if delay:
             job.state = DELAYED
-            q.counts[WAITING] -= 1
             q.counts[DELAYED] += 1
-            self._drop_prio(q, job.priority)
             job.run_at_ms = now + delay
             heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
         else:
+            q.counts[WAITING] += 1
+            q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
             self._enqueue_ready(q, job)
         return job
 
