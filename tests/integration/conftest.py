@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.cluster.partitioning import partition_for
 
 #: Override how nodes start (e.g. "coverage run -m shoal.node"); default: this Python.
 NODE_COMMAND = os.environ.get("SHOAL_TEST_NODE_COMMAND", "").split() or None
@@ -31,3 +35,36 @@ def fresh_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
                       node_command=NODE_COMMAND) as cl:
         cl.wait_balanced()
         yield cl
+
+
+@contextlib.contextmanager
+def secured_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, token: str) -> Iterator[LocalCluster]:
+    """A 3-node, 4-partition cluster that requires ``token``, balanced before use."""
+    with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path_factory.mktemp(name),
+                      base_port=free_base_port(3, 4), tokens=(token,), node_command=NODE_COMMAND) as cl:
+        cl.wait_balanced()
+        yield cl
+
+
+def http_url(cluster: LocalCluster, node_id: str) -> str:
+    n = cluster.config.node(node_id)
+    return f"http://{n.host}:{n.http_port}"
+
+
+def leader_of(cluster: LocalCluster, queue: str) -> str:
+    leader = cluster.leader_of(partition_for(queue, cluster.config.partitions))
+    assert leader is not None
+    return leader
+
+
+def leader_url(cluster: LocalCluster, queue: str) -> str:
+    return http_url(cluster, leader_of(cluster, queue))
+
+
+def follower_url(cluster: LocalCluster, queue: str) -> str:
+    leader = leader_of(cluster, queue)
+    return http_url(cluster, next(n for n in cluster.node_ids if n != leader))
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)

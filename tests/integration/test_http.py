@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from conftest import NODE_COMMAND
+from conftest import NODE_COMMAND, follower_url, http_url, leader_url, run, secured_cluster
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
@@ -20,28 +20,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path_factory.mktemp("http"),
-                      base_port=free_base_port(3, 4), tokens=(TOKEN,), node_command=NODE_COMMAND) as cl:
-        cl.wait_balanced()
+    with secured_cluster(tmp_path_factory, "http", TOKEN) as cl:
         yield cl
-
-
-def http_url(cluster: LocalCluster, node_id: str) -> str:
-    n = cluster.config.node(node_id)
-    return f"http://{n.host}:{n.http_port}"
-
-
-def leader_url(cluster: LocalCluster, queue: str) -> str:
-    return http_url(cluster, cluster.leader_of(partition_for(queue, cluster.config.partitions)))
-
-
-def follower_url(cluster: LocalCluster, queue: str) -> str:
-    leader = cluster.leader_of(partition_for(queue, cluster.config.partitions))
-    return http_url(cluster, next(n for n in cluster.node_ids if n != leader))
-
-
-def run(coro):  # noqa: ANN001, ANN201
-    return asyncio.run(coro)
 
 
 def test_health_endpoints_and_auth(secured: LocalCluster) -> None:

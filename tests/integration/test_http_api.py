@@ -16,8 +16,8 @@ import msgpack
 import pytest
 import yaml
 
-from conftest import NODE_COMMAND
-from shoal.cluster.launcher import LocalCluster, free_base_port
+from conftest import follower_url, http_url, leader_of, leader_url, run, secured_cluster
+from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
 pytestmark = pytest.mark.integration
@@ -28,34 +28,8 @@ WAIT_S = 10.0
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path_factory.mktemp("http-api"),
-                      base_port=free_base_port(3, 4), tokens=(TOKEN,), node_command=NODE_COMMAND) as cl:
-        cl.wait_balanced()
+    with secured_cluster(tmp_path_factory, "http-api", TOKEN) as cl:
         yield cl
-
-
-def http_url(cluster: LocalCluster, node_id: str) -> str:
-    n = cluster.config.node(node_id)
-    return f"http://{n.host}:{n.http_port}"
-
-
-def leader_of(cluster: LocalCluster, queue: str) -> str:
-    leader = cluster.leader_of(partition_for(queue, cluster.config.partitions))
-    assert leader is not None
-    return leader
-
-
-def leader_url(cluster: LocalCluster, queue: str) -> str:
-    return http_url(cluster, leader_of(cluster, queue))
-
-
-def follower_url(cluster: LocalCluster, queue: str) -> str:
-    leader = leader_of(cluster, queue)
-    return http_url(cluster, next(n for n in cluster.node_ids if n != leader))
-
-
-def run(coro):  # noqa: ANN001, ANN201
-    return asyncio.run(coro)
 
 
 async def sse_events(stream: aiohttp.ClientResponse, n: int, kind: str = "job") -> list[Any]:
