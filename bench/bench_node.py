@@ -24,7 +24,6 @@ import uvloop
 from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
-from shoal.cluster.topology import Topology
 
 DATA_100 = b"x" * 100  # packs as a 102-byte bin: ~100-byte job payload
 

@@ -12,7 +12,7 @@ per partition, the view with the highest Raft term.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ProtocolError

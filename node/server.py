@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from shoal.cluster.topology import Topology
 from .connection import ClientConnection
 from .dispatch import Dispatcher
 from .group_commit import GroupCommit
+from .http import start_http
 from .metrics import NodeMetrics
 from .replica import PartitionReplica
 
@@ -98,7 +98,6 @@ class Node:
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
                                      self.config.inflight_per_connection),
             host, self.spec.port, reuse_address=True, backlog=1024)
-        from .http import start_http  # late import: aiohttp is heavy and only the node needs it
         self.http_runner = await start_http(self, host, self.spec.http_port)
         for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop()):
             self._tasks.append(self.loop.create_task(coro))

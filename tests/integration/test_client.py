@@ -9,7 +9,7 @@ import pytest
 
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
-from shoal.client import (AsyncClient, Client, ConnectionLost, ConnectionOptions, LeaseMismatch, Retry, ShoalError,
+from shoal.client import (AsyncClient, Client, ConnectionLost, ConnectionOptions, LeaseMismatch, Retry,
                           Worker)
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,6 @@ import time
 import msgpack
 import pytest
 
-from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
