@@ -1,142 +1,99 @@
 """``AsyncClient``: partition-aware, pipelined, self-healing.
 
-Routing: the topology from ``Hello`` says which node leads each partition; a
-command goes to the leader of its queue's partition, or of the partition in
-its job id. ``NOT_LEADER``/``NO_LEADER`` (never applied) refresh the topology
-and retry within the command timeout; ``ConnectionLost``/``TIMEOUT`` (outcome
-unknown) are retried only for commands that are safe to repeat. Pushes carry
-an idempotency key made by the client, so a retried push never enqueues twice.
-A topology event pushed by a node updates routing at once.
+The routing, retry policy and request building live in :mod:`._core` (no I/O);
+this module adds the I/O: per-node pools of :class:`~._connection.Connection`,
+topology refreshes, and the retry loop. ``NOT_LEADER``/``NO_LEADER`` (never
+applied) refresh the topology and retry within the command timeout;
+``ConnectionLost``/timeouts (outcome unknown) are retried only for commands
+that are safe to repeat. Pushes carry an idempotency key made by the client, so
+a retried push never enqueues twice. A topology event pushed by a node (or the
+topology in any ``Hello`` reply) updates routing at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.commands import COMMANDS
-from shoal.cluster.jobid import partition_of_job
-from shoal.cluster.partitioning import partition_for
 from shoal.cluster.topology import Topology
 
-from ._connection import Connection
-from .exceptions import AuthError, ClientClosed, CommandError, CommandTimeout, ConnectionLost, NotLeader, ShoalError
+from . import _core
+from ._core import Action, Router
+from ._pool import SHARED_POOLS as _SHARED_POOLS
+from ._pool import Pool, acquire, release
+from .exceptions import AuthError, ClientClosed, CommandError, ConnectionLost, NoLeader, ProtocolError, ShoalError
 from .options import ConnectionOptions
 
-__all__ = ["AsyncClient", "ms"]
+if TYPE_CHECKING:
+    from .queue import AsyncQueue
+    from .tube import AsyncTube
 
-_NOT_APPLIED = {"NOT_LEADER", "NO_LEADER", "OVERLOADED", "SHUTTING_DOWN"}
-_UNKNOWN_OUTCOME = {"TIMEOUT"}
-_RETRY_PAUSE_S = 0.05
+__all__ = ["AsyncClient", "PROCESS_SESSION"]
 
-
-def ms(seconds: float | None) -> int | None:
-    """Python seconds → wire milliseconds."""
-    return None if seconds is None else int(round(seconds * 1000))
-
-
-#: One session per process by default: clients in a process share pools and leases.
+#: One lease session per process by default: clients in a process share pools and leases, and a
+#: reconnecting connection identifies with it again so its leases survive within the node's grace.
 PROCESS_SESSION = f"c-{uuid.uuid4().hex[:16]}"
-
-
-class _Pool:
-    """Connections to one node: round-robin, preferring connected sockets.
-
-    Pools are shared, reference-counted, by every client on the same event loop with
-    the same address, token, session and options (seed 001's shared pools).
-    """
-
-    def __init__(self, address: str, options: ConnectionOptions, token: str | None, session: str) -> None:
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
-        self.connections = [Connection(address, options, token=token, session=session, on_event=self._dispatch)
-                            for _ in range(options.pool_size)]
-        self._next = itertools.count()
-        self.refs = 0
-
-    def _dispatch(self, frame: dict[str, Any]) -> None:
-        for listener in list(self.listeners):
-            listener(frame)
-
-    def pick(self) -> Connection:
-        n = len(self.connections)
-        start = next(self._next)
-        for i in range(n):
-            conn = self.connections[(start + i) % n]
-            if conn.connected:
-                return conn
-        return self.connections[start % n]
-
-    async def close(self) -> None:
-        for conn in self.connections:
-            await conn.close()
-
-
-_SHARED_POOLS: dict[tuple[Any, ...], _Pool] = {}
-
-
-def _acquire_pool(address: str, client: "AsyncClient") -> _Pool:
-    key = (id(asyncio.get_running_loop()), address, client.token, client.session, client.options)
-    pool = _SHARED_POOLS.get(key)
-    if pool is None:
-        pool = _SHARED_POOLS[key] = _Pool(address, client.options, client.token, client.session)
-    pool.refs += 1
-    pool.listeners.append(client._on_event)
-    client._pool_keys[address] = key
-    return pool
-
-
-async def _release_pool(key: tuple[Any, ...], client: "AsyncClient") -> None:
-    pool = _SHARED_POOLS.get(key)
-    if pool is None:
-        return
-    pool.refs -= 1
-    if client._on_event in pool.listeners:
-        pool.listeners.remove(client._on_event)
-    if pool.refs <= 0:
-        del _SHARED_POOLS[key]
-        await pool.close()
+_EVENTS_BUFFERED_MAX = 100_000
+_ = _SHARED_POOLS  # re-exported for tests and tools
 
 
 class AsyncClient:
-    """The asyncio client. Use ``async with AsyncClient(["host:port"]) as client: ...``."""
+    """The asyncio client.
+
+        async with AsyncClient(["10.0.0.1:6789", "10.0.0.2:6789"], token="s3cret") as client:
+            q = client.queue("emails")
+            job_id = await q.add({"to": "a@example.com"})
+
+    ``seeds`` are ``host:port`` client addresses; any one that answers gives the
+    topology. ``session`` names the lease session (default: one per process).
+    """
 
     def __init__(self, seeds: list[str] | str, token: str | None = None,
                  options: ConnectionOptions | None = None, *, session: str | None = None) -> None:
         self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
-        if not self.seeds:
-            raise ValueError("give at least one seed address host:port")
         self.token = token
         self.options = options or ConnectionOptions()
-        #: Leases belong to this session; reconnecting connections identify with it again.
         self.session = session or PROCESS_SESSION
-        self.topology: Topology | None = None
-        self._pools: dict[str, _Pool] = {}
-        self._pool_keys: dict[str, tuple[Any, ...]] = {}
-        self._key_prefix = uuid.uuid4().hex[:12]
-        self._keys = itertools.count(1)
+        self.router = Router(self.seeds)
+        self.new_idempotency_key = _core.IdempotencyKeys()
+        self._pools: dict[str, tuple[Pool, tuple[Any, ...]]] = {}
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._shards: dict[str, int] = {}
         self._refresh_task: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[Topology] | None = None
+        self._rng = random.Random()
         self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<AsyncClient seeds={self.seeds} pools={len(self._pools)}{' closed' if self._closed else ''}>"
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def connect(self) -> "AsyncClient":
-        """Learn the topology from the first seed that answers."""
-        await self.refresh_topology()
-        if self.options.topology_refresh > 0:
+        """Learn the topology from the seeds (raises :class:`ConnectionLost` if none answers,
+        :class:`AuthError` on a wrong token)."""
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        if self.router.topology is None:
+            await self.refresh_topology()
+        if self.options.topology_refresh > 0 and self._refresh_task is None:
             self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
         return self
 
     async def close(self) -> None:
+        """Close the client; shared pools close when their last client lets go."""
+        if self._closed:
+            return
         self._closed = True
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
-        for address in list(self._pools):
-            await _release_pool(self._pool_keys.pop(address), self)
+        for task in (self._refresh_task, self._refreshing):
+            if task is not None:
+                task.cancel()
+        for pool, key in list(self._pools.values()):
+            await release(key, self._on_event)
         self._pools.clear()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -145,43 +102,82 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # --- topology -------------------------------------------------------------------------------
 
-    def _pool(self, address: str) -> _Pool:
-        pool = self._pools.get(address)
-        if pool is None:
-            pool = self._pools[address] = _acquire_pool(address, self)
-        return pool
+    @property
+    def topology(self) -> Topology | None:
+        """The freshest known topology (``None`` before :meth:`connect`)."""
+        return self.router.topology
+
+    @topology.setter
+    def topology(self, value: Topology | None) -> None:
+        self.router.topology = value
+
+    def _pool(self, address: str) -> Pool:
+        entry = self._pools.get(address)
+        if entry is None:
+            if self._closed:
+                raise ClientClosed("the client is closed")
+            entry = self._pools[address] = acquire(address, self.options, self.token, self.session, self._on_event)
+        return entry[0]
 
     async def refresh_topology(self) -> Topology:
-        """Ask the known nodes (then the seeds) for their view; keep the freshest per partition."""
-        addresses = list(dict.fromkeys(
-            ([f"{n.host}:{n.port}" for n in self.topology.nodes.values()] if self.topology else []) + self.seeds))
-        errors = []
+        """Ask every known node (and the seeds) at once; merge views by Raft term.
+
+        Returns as soon as every partition has a leader in the merged view, or when
+        every node answered or failed (a paused node costs at most ``connect_timeout``).
+        Concurrent callers share one refresh.
+        """
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+        return await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> Topology:
+        addresses = self.router.addresses()
+        timeout = self.options.connect_timeout
+        tasks = {asyncio.ensure_future(self._hello(a, timeout)): a for a in addresses}
+        errors: list[str] = []
         auth_error: AuthError | None = None
-        merged = None
-        for address in addresses:
-            try:
-                conn = self._pool(address).pick()
-                await conn.ensure_connected()
-                reply = await conn.call({"cmd": "Hello", "protocolVersion": 2}, self.options.connect_timeout)
-            except AuthError as exc:
-                auth_error = exc
-                errors.append(f"{address}: {exc}")
-                continue
-            except (ShoalError, OSError) as exc:
-                errors.append(f"{address}: {exc}")
-                continue
-            topo = Topology.from_wire(reply["topology"])
-            merged = topo if merged is None else merged.merge(topo)
-            if all(p.leader for p in merged.partition_map):
-                break
-        if merged is None:
+        answered = False
+        try:
+            for next_done in asyncio.as_completed(list(tasks), timeout=timeout * 2):
+                try:
+                    reply = await next_done
+                except AuthError as exc:
+                    auth_error = exc
+                    errors.append(str(exc))
+                    continue
+                except (ShoalError, OSError) as exc:
+                    errors.append(str(exc))
+                    continue
+                except asyncio.TimeoutError:
+                    break
+                try:
+                    self.router.learn_wire(reply["topology"])
+                except (KeyError, Exception) as exc:  # a malformed topology is the node's bug: skip it
+                    errors.append(f"bad topology: {exc}")
+                    continue
+                answered = True
+                if self.router.complete():
+                    break
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+        if not answered and self.router.topology is None:
             if auth_error is not None:
                 raise auth_error  # a wrong token is not a network problem: say so
-            raise ConnectionLost("no node answered: " + "; ".join(errors))
-        self.topology = merged if self.topology is None else self.topology.merge(merged)
-        return self.topology
+            raise ConnectionLost("no node answered: " + "; ".join(errors or ["timeout"]))
+        assert self.router.topology is not None
+        return self.router.topology
+
+    async def _hello(self, address: str, timeout: float) -> dict[str, Any]:
+        conn = self._pool(address).pick()
+        return await conn.call({"cmd": "Hello", "protocolVersion": 2 if self.options.pipelining else 1}, timeout)
 
     async def _refresh_loop(self) -> None:
         while not self._closed:
@@ -193,8 +189,10 @@ class AsyncClient:
 
     def _on_event(self, frame: dict[str, Any]) -> None:
         if frame.get("event") == "topology":
-            topo = Topology.from_wire(frame["topology"])
-            self.topology = topo if self.topology is None else self.topology.merge(topo)
+            try:
+                self.router.learn_wire(frame.get("topology"))
+            except Exception:  # a malformed event must not break the connection's reader
+                pass
             return
         for listener in list(self._listeners):
             listener(frame)
@@ -202,116 +200,105 @@ class AsyncClient:
     # --- routing and retries --------------------------------------------------------------------
 
     def partition_of(self, frame: dict[str, Any]) -> int | None:
-        """The partition a frame routes to (``None`` for node-level commands)."""
-        assert self.topology is not None
-        spec = COMMANDS.get(frame["cmd"])
-        routing = spec.routing if spec else "node"
-        if routing == "queue":
-            return partition_for(frame["queue"], self.topology.partitions)
-        if routing == "id":
-            return partition_of_job(frame["id"] if "id" in frame else frame["ids"][0])
-        if routing == "partition":
-            return frame.get("partition")
-        return None
-
-    def new_idempotency_key(self) -> str:
-        return f"{self._key_prefix}-{next(self._keys)}"
+        """The partition ``frame`` routes to (``None`` for node-level commands)."""
+        return self.router.partition_of(frame)
 
     async def call(self, frame: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Send one command to the right node; retry leader changes within the command timeout."""
+        """Send one command (a wire frame ``{cmd, ...}``) to the right node and return the ``ok`` reply.
+
+        Leader changes and, for commands safe to repeat, lost links are retried until
+        ``timeout`` (default ``command_timeout``, plus a long-poll's own wait) runs out.
+        """
         if self._closed:
             raise ClientClosed("the client is closed")
-        if self.topology is None:
+        if self.router.topology is None:
             await self.connect()
-        extra = (frame.get("timeout") or 0) / 1000 if frame["cmd"] in ("PULL", "PULLB", "PUSH") else 0
-        budget = (timeout or self.options.command_timeout) + extra
+        budget = _core.budget_s(frame, timeout or self.options.command_timeout)
         deadline = time.monotonic() + budget
-        spec = COMMANDS.get(frame["cmd"])
-        safe = bool(spec and (spec.read_only or spec.retry_safe))
-        last: Exception | None = None
+        last: BaseException | None = None
+        attempt = 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                if isinstance(last, CommandError):
-                    raise NotLeader(f"{frame['cmd']}: no leader answered within {budget:.1f}s ({last})",
-                                    last.code, last.reply) from last
-                raise CommandTimeout(f"{frame['cmd']}: no reply within {budget:.1f}s ({last})") from last
-            address = self._address_for(frame)
+                raise _core.exhausted_error(frame, last, budget) from last
+            address = self.router.address_for(frame)
             if address is None:
-                last = NotLeader("no known leader", "NO_LEADER")
-                await self._pause_and_refresh()
-                continue
+                last = NoLeader(f"partition {self.router.partition_of(frame)} has no known leader", "NO_LEADER")
+            else:
+                try:
+                    return await self._pool(address).pick().call(frame, remaining)
+                except (ShoalError, OSError) as exc:
+                    if isinstance(exc, ClientClosed) and self._closed:
+                        raise
+                    error = ConnectionLost(f"{address}: {exc}") if isinstance(exc, OSError) else exc
+                    if _core.retry_action(error, frame) is Action.RAISE:
+                        if error is exc:
+                            raise
+                        raise error from exc
+                    last = error
+                    if isinstance(error, CommandError) and self.router.apply_hint(frame, error.reply):
+                        attempt += 1
+                        continue  # straight to the leader the hint names
+                    if self.router.partition_of(frame) is None:
+                        self.router.skip_node()
+            attempt += 1
+            await self._between_retries(attempt, deadline)
+
+    async def _between_retries(self, attempt: int, deadline: float) -> None:
+        pause = _core.retry_pause_s(attempt, self._rng.random())
+        await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+        if time.monotonic() < deadline:
             try:
-                return await self._pool(address).pick().call(frame, remaining)
-            except CommandError as exc:
-                if exc.code in _NOT_APPLIED or (exc.code in _UNKNOWN_OUTCOME and safe):
-                    last = exc
-                    self._apply_hint(frame, exc)
-                    await self._pause_and_refresh()
-                    continue
-                raise
-            except (ConnectionLost, CommandTimeout) as exc:
-                if not safe:
-                    raise
-                last = exc
-                await self._pause_and_refresh()
-
-    def _address_for(self, frame: dict[str, Any]) -> str | None:
-        assert self.topology is not None
-        partition = self.partition_of(frame)
-        if partition is None:
-            node = next(iter(self.topology.nodes.values()))
-        else:
-            node = self.topology.leader_of(partition)
-        return f"{node.host}:{node.port}" if node else None
-
-    def _apply_hint(self, frame: dict[str, Any], exc: CommandError) -> None:
-        hint = exc.reply.get("leader")
-        partition = self.partition_of(frame)
-        if hint and partition is not None and self.topology is not None:
-            info = self.topology.partition_map[partition]
-            self.topology = self.topology.with_leader(partition, str(hint["nodeId"]), info.term + 1)
-
-    async def _pause_and_refresh(self) -> None:
-        await asyncio.sleep(_RETRY_PAUSE_S)
-        try:
-            await self.refresh_topology()
-        except ShoalError:
-            pass
+                await asyncio.wait_for(self.refresh_topology(), max(0.001, deadline - time.monotonic()))
+            except (ShoalError, asyncio.TimeoutError):
+                pass
 
     async def fan_out(self, frame: dict[str, Any]) -> dict[int, dict[str, Any]]:
-        """Send a partition-routed command to every partition; replies by partition."""
-        if self.topology is None:
+        """Send a partition-routed command to every partition's leader with ``{partition: p}``;
+        the replies by partition."""
+        if self.router.topology is None:
             await self.connect()
-        assert self.topology is not None
-        partitions = range(self.topology.partitions)
+        assert self.router.topology is not None
+        partitions = range(self.router.topology.partitions)
         replies = await asyncio.gather(*(self.call({**frame, "partition": p}) for p in partitions))
         return dict(zip(partitions, replies))
 
     # --- events ---------------------------------------------------------------------------------
 
-    async def events(self, queue: str | None = None, *, max_buffered: int = 10_000) -> AsyncIterator[dict[str, Any]]:
-        """Job events of ``queue`` (or every queue) from every partition leader."""
-        if self.topology is None:
+    async def events(self, queue: str | None = None, *,
+                     max_buffered: int = 10_000) -> AsyncIterator[dict[str, Any]]:
+        """Job events (``{event: "job", ...}``) of ``queue`` (or of every queue), from every node.
+
+        One connection per node subscribes (and subscribes again after a reconnect).
+        Events beyond ``max_buffered`` unread ones are dropped.
+        """
+        queues = None if queue is None else {queue}
+        async for event in self._events(queues, max_buffered):
+            yield event
+
+    async def _events(self, queues: set[str] | None, max_buffered: int) -> AsyncIterator[dict[str, Any]]:
+        if self.router.topology is None:
             await self.connect()
-        assert self.topology is not None
-        buffer: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max_buffered)
+        buffer: asyncio.Queue[dict[str, Any]] = asyncio.Queue(min(max(1, max_buffered), _EVENTS_BUFFERED_MAX))
 
         def listener(frame: dict[str, Any]) -> None:
-            if queue is None or frame.get("queue") == queue:
-                if not buffer.full():
-                    buffer.put_nowait(frame)
+            job = frame.get("job")
+            name = frame.get("queue") or (job.get("queue") if isinstance(job, dict) else None)
+            if (queues is None or name in queues) and not buffer.full():
+                buffer.put_nowait(frame)
 
         self._listeners.append(listener)
         try:
-            frame: dict[str, Any] = {"cmd": "Subscribe"}
-            if queue is not None:
-                frame["queue"] = queue
-            leaders = {f"{n.host}:{n.port}" for p in self.topology.partition_map
-                       if (n := self.topology.leader_of(p.id)) is not None}
-            for address in leaders:
-                for conn in self._pool(address).connections:
-                    await conn.call(frame, self.options.command_timeout)
+            frames = [{"cmd": "Subscribe"}] if queues is None else \
+                [{"cmd": "Subscribe", "queue": q} for q in sorted(queues)]
+            for address in self.router.addresses():
+                conn = self._pool(address).connections[0]
+                for frame in frames:
+                    conn.subscribe(frame)
+                    try:
+                        await conn.call(frame, self.options.command_timeout)
+                    except (ConnectionLost, ProtocolError, OSError):
+                        pass  # subscribes again when it reconnects
             while True:
                 yield await buffer.get()
         finally:
@@ -319,33 +306,38 @@ class AsyncClient:
 
     # --- high-level handles ---------------------------------------------------------------------
 
-    def queue(self, name: str) -> "AsyncQueue":
+    def queue(self, name: str, *, shards: int | None = None) -> "AsyncQueue":
+        """A handle on queue ``name``; ``shards=k`` if it was created with ``k`` shards."""
         from .queue import AsyncQueue
-        return AsyncQueue(self, name)
+        if shards is not None:
+            self._shards[name] = shards
+        return AsyncQueue(self, name, shards=self._shards.get(name))
 
     def tube(self, name: str) -> "AsyncTube":
+        """A tarantool-style handle on queue ``name``."""
         from .tube import AsyncTube
         return AsyncTube(self, name)
 
     async def ping(self) -> dict[str, Any]:
+        """``Ping`` any node: ``{pong: True, time}``."""
         return await self.call({"cmd": "Ping"})
 
     async def list_queues(self) -> list[str]:
+        """Every queue of the cluster (merged from every partition's leader)."""
         replies = await self.fan_out({"cmd": "ListQueues"})
-        return sorted({q for r in replies.values() for q in r.get("queues", [])})
+        return sorted({q for r in replies.values() for q in r.get("queues") or []})
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[int, Any]:
+        """``Stats`` of every partition, by partition."""
         replies = await self.fan_out({"cmd": "Stats"})
-        return {str(p): r.get("stats") for p, r in replies.items()}
+        return {p: r.get("stats") for p, r in replies.items()}
 
     async def cron_list(self) -> list[dict[str, Any]]:
+        """Every cron schedule of the cluster."""
         replies = await self.fan_out({"cmd": "CronList"})
-        return [c for r in replies.values() for c in r.get("crons", [])]
+        return [c for r in replies.values() for c in r.get("crons") or []]
 
     async def cron_delete(self, name: str) -> bool:
+        """Delete the cron schedule ``name`` wherever it lives; ``True`` if one was deleted."""
         replies = await self.fan_out({"cmd": "CronDelete", "name": name})
         return any(r.get("deleted") for r in replies.values())
-
-
-from .queue import AsyncQueue  # noqa: E402  (type names for the handles above)
-from .tube import AsyncTube  # noqa: E402

@@ -1,77 +1,65 @@
-"""``Client``: the synchronous facade. The same methods as :class:`AsyncClient`, run on an
-event loop in a background thread, so blocking code and notebooks can use Shoal."""
+"""``Client``: the blocking facade of :class:`AsyncClient`.
+
+It runs an :class:`AsyncClient` on a private event loop in a background thread,
+so routing, retries and connections are exactly the async client's; every
+method is the async one, blocking. Handles (``queue()``, ``tube()``) are the
+blocking twins :class:`Queue` and :class:`Tube`.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from shoal.cluster.topology import Topology
+
 from ._async import AsyncClient
+from ._loop import LoopThread
 from .options import ConnectionOptions
+from .queue import Queue
+from .tube import Tube
 
-__all__ = ["Client", "SyncHandle"]
-
-
-class SyncHandle:
-    """Wraps an async object (queue, tube): every coroutine method becomes a blocking call."""
-
-    def __init__(self, target: Any, client: "Client") -> None:
-        self._target = target
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if inspect.iscoroutinefunction(attr):
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return self._client._run(attr(*args, **kwargs))
-            call.__doc__ = attr.__doc__
-            call.__name__ = name
-            return call
-        if inspect.isasyncgenfunction(attr):
-            def iterate(*args: Any, **kwargs: Any) -> Iterator[Any]:
-                return self._client._iterate(attr(*args, **kwargs))
-            return iterate
-        return attr
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(self._target)))
+__all__ = ["Client"]
 
 
 class Client:
-    """Blocking client: ``with Client(["127.0.0.1:6789"]) as client: client.queue("q").add(...)``."""
+    """Blocking client.
+
+        with Client(["127.0.0.1:6789"], token=None, options=ConnectionOptions(command_timeout=5.0)) as client:
+            job_id = client.queue("emails").add({"to": "a@example.com"})
+
+    Thread-safe: calls from any number of threads share the background loop.
+    """
 
     def __init__(self, seeds: list[str] | str, token: str | None = None,
                  options: ConnectionOptions | None = None, *, session: str | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="shoal-client", daemon=True)
-        self._thread.start()
         self._async = AsyncClient(seeds, token, options, session=session)
+        self._runner = LoopThread()
         self._closed = False
 
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def __repr__(self) -> str:
+        return f"<Client seeds={self._async.seeds}{' closed' if self._closed else ''}>"
 
-    def _iterate(self, agen: Any) -> Iterator[Any]:
-        while True:
-            try:
-                yield self._run(agen.__anext__())
-            except StopAsyncIteration:
-                return
+    # --- lifecycle ------------------------------------------------------------------------------
 
     def connect(self) -> "Client":
-        self._run(self._async.connect())
+        """Learn the topology from the seeds (see :meth:`AsyncClient.connect`)."""
+        try:
+            self._runner.run(self._async.connect())
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
+        """Close the connections and stop the background loop."""
         if self._closed:
             return
         self._closed = True
-        self._run(self._async.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        try:
+            self._runner.run(self._async.close())
+        finally:
+            self._runner.stop()
 
     def __enter__(self) -> "Client":
         return self.connect()
@@ -79,16 +67,63 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def queue(self, name: str) -> SyncHandle:
-        return SyncHandle(self._async.queue(name), self)
-
-    def tube(self, name: str) -> SyncHandle:
-        return SyncHandle(self._async.tube(name), self)
-
-    def __getattr__(self, name: str) -> Any:
-        # call, ping, list_queues, stats, cron_list, ... : the AsyncClient's methods, blocking.
-        return getattr(SyncHandle(self._async, self), name)
+    # --- properties -----------------------------------------------------------------------------
 
     @property
-    def topology(self) -> Any:
+    def topology(self) -> Topology | None:
+        """The freshest known topology."""
         return self._async.topology
+
+    @property
+    def options(self) -> ConnectionOptions:
+        return self._async.options
+
+    @property
+    def session(self) -> str:
+        return self._async.session
+
+    # --- the AsyncClient's methods, blocking ----------------------------------------------------
+
+    def queue(self, name: str, *, shards: int | None = None) -> Queue:
+        """A blocking handle on queue ``name`` (``shards=k`` for a sharded queue)."""
+        return Queue(self._async.queue(name, shards=shards), self._runner)
+
+    def tube(self, name: str) -> Tube:
+        """A blocking tarantool-style handle on queue ``name``."""
+        return Tube(self._async.tube(name), self._runner)
+
+    def call(self, frame: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Send a raw command frame to the right node (see :meth:`AsyncClient.call`)."""
+        return self._runner.run(self._async.call(frame, timeout=timeout))
+
+    def fan_out(self, frame: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Send a partition-routed command to every partition's leader; replies by partition."""
+        return self._runner.run(self._async.fan_out(frame))
+
+    def refresh_topology(self) -> Topology:
+        """Ask the nodes for the topology now."""
+        return self._runner.run(self._async.refresh_topology())
+
+    def ping(self) -> dict[str, Any]:
+        """``Ping`` any node."""
+        return self._runner.run(self._async.ping())
+
+    def list_queues(self) -> list[str]:
+        """Every queue of the cluster."""
+        return self._runner.run(self._async.list_queues())
+
+    def stats(self) -> dict[int, Any]:
+        """``Stats`` of every partition."""
+        return self._runner.run(self._async.stats())
+
+    def cron_list(self) -> list[dict[str, Any]]:
+        """Every cron schedule of the cluster."""
+        return self._runner.run(self._async.cron_list())
+
+    def cron_delete(self, name: str) -> bool:
+        """Delete a cron schedule; ``True`` if one was deleted."""
+        return self._runner.run(self._async.cron_delete(name))
+
+    def events(self, queue: str | None = None, *, max_buffered: int = 10_000) -> Iterator[dict[str, Any]]:
+        """Job events (blocking iterator; break out of the loop to stop)."""
+        return self._runner.iterate(self._async.events(queue, max_buffered=max_buffered))

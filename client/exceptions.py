@@ -12,8 +12,10 @@
     │   ├── QueueFull          QUEUE_FULL
     │   ├── Paused             PAUSED
     │   ├── AuthError          AUTH_REQUIRED, AUTH_FAILED
-    │   ├── NotLeader          NOT_LEADER, NO_LEADER (retried by the client; raised when retries run out)
-    │   └── Overloaded         OVERLOADED, SHUTTING_DOWN
+    │   ├── NotLeader          NOT_LEADER (retried by the client; raised when retries run out)
+    │   │   └── NoLeader       NO_LEADER: an election is under way (retried likewise)
+    │   ├── Overloaded         OVERLOADED, SHUTTING_DOWN
+    │   └── NodeTimeout        TIMEOUT: the node gave up on it (also a CommandTimeout; outcome unknown)
     └── ClientClosed           the client was closed
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 
 __all__ = ["ShoalError", "ProtocolError", "ConnectionLost", "CommandTimeout", "CommandError", "InvalidCommand",
            "NotFound", "InvalidState", "LeaseMismatch", "QueueFull", "Paused", "AuthError", "NotLeader",
-           "Overloaded", "ClientClosed", "error_from_reply"]
+           "Overloaded", "ClientClosed", "NoLeader", "NodeTimeout", "error_from_reply"]
 
 
 class ShoalError(Exception):
@@ -49,7 +51,10 @@ class ClientClosed(ShoalError):
 class CommandError(ShoalError):
     """The node refused the command; ``code`` is the wire error code, ``reply`` the whole frame."""
 
-    def __init__(self, message: str, code: str, reply: dict[str, Any] | None = None) -> None:
+    code: str
+    reply: dict[str, Any]
+
+    def __init__(self, message: str, code: str = "INTERNAL", reply: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reply = reply or {}
@@ -87,15 +92,23 @@ class NotLeader(CommandError):
     """No leader could be reached for the partition within the command timeout."""
 
 
+class NoLeader(NotLeader):
+    """The partition has no leader (an election is under way) and none appeared in time."""
+
+
 class Overloaded(CommandError):
     """The node is overloaded or shutting down."""
+
+
+class NodeTimeout(CommandError, CommandTimeout):
+    """The node answered ``TIMEOUT``: it could not finish the command in time; it may have been applied."""
 
 
 _BY_CODE: dict[str, type[CommandError]] = {
     "INVALID": InvalidCommand, "UNKNOWN_COMMAND": InvalidCommand, "PROTOCOL_ERROR": InvalidCommand,
     "FRAME_TOO_LARGE": InvalidCommand, "NOT_FOUND": NotFound, "INVALID_STATE": InvalidState,
     "LEASE_MISMATCH": LeaseMismatch, "QUEUE_FULL": QueueFull, "PAUSED": Paused, "AUTH_REQUIRED": AuthError,
-    "AUTH_FAILED": AuthError, "NOT_LEADER": NotLeader, "NO_LEADER": NotLeader, "OVERLOADED": Overloaded,
+    "AUTH_FAILED": AuthError, "NOT_LEADER": NotLeader, "NO_LEADER": NoLeader, "TIMEOUT": NodeTimeout, "OVERLOADED": Overloaded,
     "SHUTTING_DOWN": Overloaded,
 }
 

@@ -10,6 +10,8 @@ __all__ = ["Job", "JobState"]
 
 
 class JobState(str, Enum):
+    """A job's state as the node reports it."""
+
     WAITING = "waiting"
     DELAYED = "delayed"
     ACTIVE = "active"
@@ -19,7 +21,12 @@ class JobState(str, Enum):
 
 @dataclass(slots=True)
 class Job:
-    """A pulled or fetched job. ``token`` is the lease's fencing token (set when pulled)."""
+    """A pulled or fetched job. ``token`` is the lease's fencing token (set when pulled).
+
+    Times (``created_at``, ``run_at``) are epoch seconds. A job that came from a queue
+    handle can report on itself: ``job.set_progress(50)``, ``job.add_log("..")``, ``job.extend(30)``
+    (awaitables from an async queue, blocking calls from a sync one).
+    """
 
     id: str
     queue: str
@@ -38,12 +45,30 @@ class Job:
     result: Any = None
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    handle: Any = field(default=None, repr=False, compare=False)
+
+    def set_progress(self, progress: int, message: str | None = None) -> Any:
+        """Report progress 0..100 (with an optional message) through the queue handle."""
+        return self._handle().progress(self, progress, message)
+
+    def add_log(self, message: str) -> Any:
+        """Append a line to the job's log through the queue handle."""
+        return self._handle().log(self, message)
+
+    def extend(self, ttr: float) -> Any:
+        """Extend the lease to ``ttr`` seconds from now through the queue handle."""
+        return self._handle().extend(self, ttr)
+
+    def _handle(self) -> Any:
+        if self.handle is None:
+            raise RuntimeError("this Job is not bound to a queue handle")
+        return self.handle
 
     @classmethod
-    def from_wire(cls, wire: dict[str, Any], token: str | None = None) -> "Job":
+    def from_wire(cls, wire: dict[str, Any], token: str | None = None, handle: Any = None) -> "Job":
         return cls(id=wire["id"], queue=wire["queue"], data=wire.get("data"), priority=wire.get("priority", 0),
                    state=wire.get("state", "waiting"), attempts=wire.get("attempts", 0),
                    max_attempts=wire.get("maxAttempts", 1), created_at=wire.get("createdAt", 0) / 1000,
                    run_at=wire.get("runAt", 0) / 1000, progress=wire.get("progress", 0), token=token,
                    group=wire.get("group"), custom_id=wire.get("customId"), tag=wire.get("tag"),
-                   result=wire.get("result"), error=wire.get("error"), raw=wire)
+                   result=wire.get("result"), error=wire.get("error"), raw=wire, handle=handle)

@@ -1,36 +1,38 @@
-"""``AsyncQueue``: the BullMQ/bunqueue-style API of one queue (times in seconds)."""
+"""``AsyncQueue`` and its blocking twin ``Queue``: the BullMQ/bunqueue-style API of one queue.
+
+Times are seconds (floats); the wire gets milliseconds. A sharded queue
+(``client.queue(name, shards=k)``, or created here with ``shards=k``) spreads
+over the sub-queues ``name#0 .. name#k-1``: a job goes to the shard of its
+``group`` (or ``custom_id``), else round-robin; pulls take from every shard;
+counts and control commands cover every shard.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
+from shoal.cluster.errors import CommandError as WireCommandError
+
+from ._core import ShardPicker, group_by_partition, job_fields, ms
+from ._loop import SyncHandle, blocking, blocking_iter
+from .exceptions import InvalidCommand
 from .job import Job
 
 if TYPE_CHECKING:
     from ._async import AsyncClient
 
-__all__ = ["AsyncQueue"]
+__all__ = ["AsyncQueue", "Queue", "job_fields"]
 
-_JOB_OPTIONS = {"priority": "priority", "custom_id": "customId", "attempts": "attempts", "group": "group",
-                "tag": "tag"}
-_TIME_OPTIONS = {"delay": "delay", "ttl": "ttl", "ttr": "ttr", "backoff": "backoff"}
-
-
-def job_fields(options: dict[str, Any]) -> dict[str, Any]:
-    """Python keyword options → wire fields (seconds → ms)."""
-    from ._async import ms
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key in _JOB_OPTIONS:
-            out[_JOB_OPTIONS[key]] = value
-        elif key in _TIME_OPTIONS:
-            out[_TIME_OPTIONS[key]] = ms(value)
-        else:
-            raise TypeError(f"unknown job option {key!r}")
-    return out
+_BATCH_JOBS_MAX = 10_000
+_SHARD_POLL_SLICE_S = 0.25
+_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed")
+_QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
+                       "history_age": "historyAgeMs"}
+_QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
+                  "attempts": "attempts", "history_max": "historyMax", "priority": "priority"}
 
 
 def _id(job: Job | str) -> str:
@@ -42,172 +44,354 @@ def _token(job: Job | str, token: str | None) -> dict[str, Any]:
     return {"token": token} if token is not None else {}
 
 
-class AsyncQueue:
-    """One queue of an :class:`AsyncClient`."""
+def queue_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Python queue options (``ttr=30.0``, ``max_deliveries=5``, …; seconds) → wire ``options``."""
+    wire: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in _QUEUE_TIME_OPTIONS:
+            wire[_QUEUE_TIME_OPTIONS[key]] = ms(value)
+        elif key in _QUEUE_OPTIONS:
+            wire[_QUEUE_OPTIONS[key]] = value
+        elif key in _QUEUE_OPTIONS.values() or key in _QUEUE_TIME_OPTIONS.values():
+            wire[key] = value  # already a wire name (ms for times)
+        else:
+            raise TypeError(f"unknown queue option {key!r}")
+    return wire
 
-    def __init__(self, client: "AsyncClient", name: str) -> None:
+
+class AsyncQueue:
+    """One queue of an :class:`AsyncClient` (get it with ``client.queue(name)``)."""
+
+    def __init__(self, client: "AsyncClient", name: str, *, shards: int | None = None) -> None:
         self.client = client
         self.name = name
+        self._shards = ShardPicker(name, shards)
 
-    async def _call(self, cmd: str, **fields: Any) -> dict[str, Any]:
-        return await self.client.call({"cmd": cmd, "queue": self.name, **fields})
+    def __repr__(self) -> str:
+        return f"<AsyncQueue {self.name!r}{f' shards={self._shards.shards}' if self._shards.sharded else ''}>"
 
-    async def create(self, type: str = "standard", **options: Any) -> bool:
-        """Create the queue with a type (fifo, fifottl, limfifottl, utube, utubettl, log) and options."""
-        from ._async import ms
-        wire = {k: (ms(v) if k in ("ttr", "ttl", "backoff", "historyAgeMs") else v) for k, v in options.items()}
-        return (await self._call("CreateQueue", type=type, options=wire))["created"]
+    @property
+    def shards(self) -> int | None:
+        """The number of shards, or ``None`` for a plain queue."""
+        return self._shards.shards
+
+    @property
+    def queue_names(self) -> list[str]:
+        """The wire queue names behind this handle (the sub-queues of a sharded queue)."""
+        return list(self._shards.names)
+
+    # --- internals --------------------------------------------------------------------------
+
+    async def _on(self, queue: str, cmd: str, **fields: Any) -> dict[str, Any]:
+        return await self.client.call({"cmd": cmd, "queue": queue, **fields})
+
+    async def _every(self, cmd: str, **fields: Any) -> list[dict[str, Any]]:
+        """``cmd`` on every (sub-)queue, concurrently."""
+        return list(await asyncio.gather(*(self._on(q, cmd, **fields) for q in self._shards.names)))
+
+    async def _sum(self, cmd: str, key: str = "count", **fields: Any) -> int:
+        return sum(int(r.get(key) or 0) for r in await self._every(cmd, **fields))
+
+    async def _job_call(self, cmd: str, job: Job | str, **fields: Any) -> dict[str, Any]:
+        return await self.client.call({"cmd": cmd, "id": _id(job), **fields})
+
+    def _job(self, wire: dict[str, Any], token: str | None = None) -> Job:
+        return Job.from_wire(wire, token, self)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def create(self, type: str = "standard", *, shards: int | None = None, **options: Any) -> bool:
+        """Create the queue with a type (``standard``, ``fifo``, ``fifottl``, ``limfifottl``, ``utube``,
+        ``utubettl``, ``log``) and options (``ttr``, ``ttl``, ``backoff`` in seconds; ``capacity``,
+        ``discard``, ``max_deliveries``, ``attempts``, ``history_max``). ``shards=k`` spreads it over
+        ``k`` sub-queues. Returns ``True`` if it did not exist before."""
+        wire = queue_options(options)
+        if shards is not None:
+            self._shards = ShardPicker(self.name, shards)
+            self.client._shards[self.name] = shards
+            created = (await self._on(self.name, "CreateQueue", type=type,
+                                      options={**wire, "shards": shards}))["created"]
+            # Make sure every sub-queue exists with the same type and options (idempotent).
+            subs = await asyncio.gather(*(self._on(q, "CreateQueue", type=type, options=wire)
+                                          for q in self._shards.names))
+            return bool(created) or any(r.get("created") for r in subs)
+        return bool((await self._on(self.name, "CreateQueue", type=type, options=wire))["created"])
+
+    # --- producing --------------------------------------------------------------------------
 
     async def add(self, data: Any, *, priority: int | None = None, delay: float | None = None,
                   custom_id: str | None = None, attempts: int | None = None, backoff: float | None = None,
                   ttl: float | None = None, ttr: float | None = None, group: str | None = None,
-                  tag: str | None = None) -> str:
-        """Enqueue one job; returns its id. Safe to retry: the client adds an idempotency key."""
+                  tag: str | None = None, timeout: float | None = None) -> str:
+        """Enqueue one job and return its id (``"3-17"``).
+
+        ``priority``: lower runs first; ``delay``/``ttl``/``ttr``/``backoff`` in seconds;
+        ``attempts``: maximum attempts; ``custom_id``: dedupe key; ``group``: utube
+        sub-queue; ``timeout``: wait up to that long on a full capped queue. Safe to
+        retry: the client adds an idempotency key, so a failover never enqueues twice.
+        """
         fields = job_fields({"priority": priority, "delay": delay, "custom_id": custom_id, "attempts": attempts,
                              "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag})
-        reply = await self._call("PUSH", data=data, idempotencyKey=self.client.new_idempotency_key(), **fields)
-        return reply["id"]
-
-    async def add_bulk(self, items: Iterable[Any], *, batch_size: int = 1000, **options: Any) -> list[str]:
-        """Enqueue many jobs in pipelined batches; ``options`` apply to every job."""
-        import asyncio
-        fields = job_fields(options)
-        jobs = [{"data": item, "idempotencyKey": self.client.new_idempotency_key(), **fields} for item in items]
-        batches = [jobs[i:i + batch_size] for i in range(0, len(jobs), batch_size)]
-        replies = await asyncio.gather(*(self._call("PUSHB", jobs=b) for b in batches))
-        return [job_id for r in replies for job_id in r["ids"]]
-
-    async def pull(self, timeout: float = 0.0, *, ttr: float | None = None) -> Job | None:
-        """Lease the next job (waiting up to ``timeout`` seconds), or ``None``."""
-        from ._async import ms
-        fields: dict[str, Any] = {"timeout": ms(timeout)} if timeout else {}
-        if ttr is not None:
-            fields["ttr"] = ms(ttr)
-        reply = await self._call("PULL", **fields)
-        return Job.from_wire(reply["job"], reply.get("token")) if reply.get("job") else None
-
-    async def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None) -> list[Job]:
-        from ._async import ms
-        fields: dict[str, Any] = {"count": count}
         if timeout:
             fields["timeout"] = ms(timeout)
-        if ttr is not None:
-            fields["ttr"] = ms(ttr)
-        reply = await self._call("PULLB", **fields)
-        return [Job.from_wire(j, t) for j, t in zip(reply["jobs"], reply.get("tokens") or [])]
+        target = self._shards.pick(group, custom_id)
+        reply = await self._on(target, "PUSH", data=data, idempotencyKey=self.client.new_idempotency_key(), **fields)
+        return str(reply["id"])
+
+    async def add_bulk(self, items: Iterable[Any], *, batch_size: int = 1000, **options: Any) -> list[str]:
+        """Enqueue many jobs (``options`` as for :meth:`add`, applied to every job) in pipelined
+        ``PUSHB`` batches of ``batch_size``; returns the ids in input order."""
+        if not 1 <= batch_size <= _BATCH_JOBS_MAX:
+            raise ValueError(f"batch_size must be in 1..{_BATCH_JOBS_MAX}")
+        fields = job_fields(options)
+        group, custom_id = options.get("group"), options.get("custom_id")
+        per_target: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        count = 0
+        for i, item in enumerate(items):
+            job = {"data": item, "idempotencyKey": self.client.new_idempotency_key(), **fields}
+            per_target.setdefault(self._shards.pick(group, custom_id), []).append((i, job))
+            count = i + 1
+        ids: list[str] = [""] * count
+
+        async def send(target: str, chunk: list[tuple[int, dict[str, Any]]]) -> None:
+            reply = await self._on(target, "PUSHB", jobs=[job for _, job in chunk])
+            for (i, _), job_id in zip(chunk, reply["ids"]):
+                ids[i] = str(job_id)
+
+        await asyncio.gather(*(send(target, jobs[k:k + batch_size]) for target, jobs in per_target.items()
+                               for k in range(0, len(jobs), batch_size)))
+        return ids
+
+    # --- consuming --------------------------------------------------------------------------
+
+    async def pull(self, timeout: float = 0.0, *, ttr: float | None = None) -> Job | None:
+        """Lease the next job, waiting up to ``timeout`` seconds for one; ``None`` if none came.
+        ``ttr``: the lease length in seconds (default: the queue's)."""
+        jobs = await self._pull(1, timeout, ttr)
+        return jobs[0] if jobs else None
+
+    async def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None) -> list[Job]:
+        """Lease up to ``count`` jobs, waiting up to ``timeout`` seconds for the first."""
+        return await self._pull(count, timeout, ttr)
+
+    async def _pull(self, count: int, timeout: float, ttr: float | None) -> list[Job]:
+        extra: dict[str, Any] = {"ttr": ms(ttr)} if ttr is not None else {}
+        if not self._shards.sharded:
+            return await self._pull_one(self.name, count, timeout, extra)
+        deadline = time.monotonic() + max(0.0, timeout)
+        got: list[Job] = []
+        while True:
+            for target in self._shards.rotation():  # a quick sweep over every shard
+                got += await self._pull_one(target, count - len(got), 0.0, extra)
+                if len(got) >= count:
+                    return got
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            # Park briefly on one shard, then sweep again.
+            target = self._shards.rotation()[0]
+            got += await self._pull_one(target, count, min(remaining, _SHARD_POLL_SLICE_S), extra)
+            if got:
+                return got
+
+    async def _pull_one(self, target: str, count: int, timeout: float, extra: dict[str, Any]) -> list[Job]:
+        fields = dict(extra)
+        if timeout > 0:
+            fields["timeout"] = ms(timeout)
+        if count == 1:
+            reply = await self._on(target, "PULL", **fields)
+            return [self._job(reply["job"], reply.get("token"))] if reply.get("job") else []
+        reply = await self._on(target, "PULLB", count=count, **fields)
+        tokens = reply.get("tokens") or [None] * len(reply["jobs"])
+        return [self._job(j, t) for j, t in zip(reply["jobs"], tokens)]
 
     async def ack(self, job: Job | str, result: Any = None, *, token: str | None = None) -> None:
+        """Complete a job (with an optional ``result``, kept for :meth:`get_result`)."""
         fields = _token(job, token)
         if result is not None:
             fields["result"] = result
-        await self.client.call({"cmd": "ACK", "id": _id(job), **fields})
+        await self._job_call("ACK", job, **fields)
 
-    async def ack_many(self, jobs: list[Job]) -> int:
-        """Acknowledge jobs (split by partition, as ACKB requires)."""
-        from shoal.cluster.jobid import partition_of_job
-        groups: dict[int, list[Job]] = {}
-        for job in jobs:
-            groups.setdefault(partition_of_job(job.id), []).append(job)
-        done = 0
-        for batch in groups.values():
-            reply = await self.client.call({"cmd": "ACKB", "ids": [j.id for j in batch],
-                                             "tokens": [j.token for j in batch]})
-            done += reply.get("count", len(batch))
-        return done
+    async def ack_many(self, jobs: list[Job], results: list[Any] | None = None) -> int:
+        """Complete many jobs (``ACKB`` per partition, concurrently); returns how many."""
+        if results is not None and len(results) != len(jobs):
+            raise ValueError("give one result per job")
+        try:
+            groups = group_by_partition(j.id for j in jobs)
+        except WireCommandError as exc:
+            raise InvalidCommand(str(exc), exc.code.value) from exc
+
+        async def one(indexes: list[int]) -> int:
+            frame: dict[str, Any] = {"cmd": "ACKB", "ids": [jobs[i].id for i in indexes]}
+            if any(jobs[i].token is not None for i in indexes):
+                frame["tokens"] = [jobs[i].token for i in indexes]
+            if results is not None:
+                frame["results"] = [results[i] for i in indexes]
+            reply = await self.client.call(frame)
+            return int(reply.get("count", len(indexes)))
+
+        return sum(await asyncio.gather(*(one(ix) for ix in groups.values())))
 
     async def fail(self, job: Job | str, error: str = "failed", *, delay: float | None = None,
                    token: str | None = None) -> str:
-        """Fail an attempt: retried with backoff while attempts remain, else dead-lettered."""
-        from ._async import ms
-        fields = {"error": error, **_token(job, token)}
+        """Fail an attempt: it is retried (after ``delay`` or the queue's backoff) while attempts
+        remain, else dead-lettered. Returns the job's new state."""
+        fields: dict[str, Any] = {"error": error, **_token(job, token)}
         if delay is not None:
             fields["delay"] = ms(delay)
-        return (await self.client.call({"cmd": "FAIL", "id": _id(job), **fields}))["state"]
+        return str((await self._job_call("FAIL", job, **fields))["state"])
 
     async def release(self, job: Job | str, *, delay: float | None = None, token: str | None = None) -> str:
-        from ._async import ms
+        """Give a leased job back (after ``delay`` seconds) without counting a failure; its new state."""
         fields = _token(job, token)
         if delay:
             fields["delay"] = ms(delay)
-        return (await self.client.call({"cmd": "Release", "id": _id(job), **fields}))["state"]
+        return str((await self._job_call("Release", job, **fields))["state"])
 
     async def extend(self, job: Job | str, ttr: float, *, token: str | None = None) -> float:
         """Extend the lease to ``ttr`` seconds from now; returns the new deadline (epoch seconds)."""
-        from ._async import ms
-        reply = await self.client.call({"cmd": "Touch", "id": _id(job), "ttr": ms(ttr), **_token(job, token)})
-        return reply["deadline"] / 1000
+        reply = await self._job_call("Touch", job, ttr=ms(ttr), **_token(job, token))
+        return float(reply["deadline"]) / 1000
 
     async def progress(self, job: Job | str, progress: int, message: str | None = None) -> None:
+        """Report a job's progress (0..100) and an optional message."""
         fields: dict[str, Any] = {"progress": progress}
         if message is not None:
             fields["message"] = message
-        await self.client.call({"cmd": "Progress", "id": _id(job), **fields})
+        await self._job_call("Progress", job, **fields)
 
     async def log(self, job: Job | str, message: str) -> None:
-        await self.client.call({"cmd": "AddLog", "id": _id(job), "message": message})
+        """Append a line to a job's log."""
+        await self._job_call("AddLog", job, message=message)
 
     async def logs(self, job: Job | str, limit: int | None = None) -> list[dict[str, Any]]:
-        fields = {"limit": limit} if limit else {}
-        return (await self.client.call({"cmd": "GetLogs", "id": _id(job), **fields}))["logs"]
+        """A job's log lines."""
+        return list((await self._job_call("GetLogs", job, **({"limit": limit} if limit else {})))["logs"])
+
+    # --- queries ----------------------------------------------------------------------------
 
     async def get_job(self, job_id: str) -> Job | None:
-        reply = await self.client.call({"cmd": "GetJob", "id": job_id})
-        return Job.from_wire(reply["job"]) if reply.get("job") else None
+        """The job with this id, or ``None``."""
+        reply = await self._job_call("GetJob", job_id)
+        return self._job(reply["job"]) if reply.get("job") else None
+
+    async def get_job_by_custom_id(self, custom_id: str) -> Job | None:
+        """The job added with this ``custom_id``, or ``None``."""
+        reply = await self._on(self._shards.pick(None, custom_id), "GetJobByCustomId", customId=custom_id)
+        return self._job(reply["job"]) if reply.get("job") else None
 
     async def get_state(self, job_id: str) -> str:
-        return (await self.client.call({"cmd": "GetState", "id": job_id}))["state"]
+        """``waiting``, ``delayed``, ``active``, ``completed`` or ``failed``."""
+        return str((await self._job_call("GetState", job_id))["state"])
 
     async def get_result(self, job_id: str) -> Any:
-        return (await self.client.call({"cmd": "GetResult", "id": job_id}))["result"]
+        """The result a completed job was acked with."""
+        return (await self._job_call("GetResult", job_id))["result"]
+
+    async def get_progress(self, job_id: str) -> int:
+        """A job's last reported progress."""
+        return int((await self._job_call("GetProgress", job_id))["progress"])
 
     async def counts(self) -> dict[str, int]:
-        return (await self._call("GetJobCounts"))["counts"]
+        """Jobs by state: ``{"waiting", "active", "delayed", "completed", "failed"}``."""
+        total = dict.fromkeys(_COUNT_KEYS, 0)
+        for reply in await self._every("GetJobCounts"):
+            for state, n in (reply.get("counts") or {}).items():
+                total[state] = total.get(state, 0) + int(n)
+        return total
 
     async def count(self, state: str | None = None) -> int:
-        return (await self._call("Count", **({"state": state} if state else {})))["count"]
+        """How many jobs (in ``state``, or waiting + delayed by the node's default)."""
+        return await self._sum("Count", **({"state": state} if state else {}))
+
+    async def counts_per_priority(self) -> dict[int, int]:
+        """Waiting jobs by priority."""
+        total: dict[int, int] = {}
+        for reply in await self._every("GetCountsPerPriority"):
+            for priority, n in (reply.get("counts") or {}).items():
+                total[int(priority)] = total.get(int(priority), 0) + int(n)
+        return total
 
     async def get_jobs(self, state: str | None = None, offset: int = 0, limit: int = 100) -> tuple[list[Job], int]:
+        """A page of jobs (in ``state``) and the total (per shard for a sharded queue)."""
         fields: dict[str, Any] = {"offset": offset, "limit": limit}
         if state:
             fields["state"] = state
-        reply = await self._call("GetJobs", **fields)
-        return [Job.from_wire(j) for j in reply["jobs"]], reply["total"]
-
-    async def pause(self) -> None:
-        await self._call("Pause")
-
-    async def resume(self) -> None:
-        await self._call("Resume")
+        replies = await self._every("GetJobs", **fields)
+        jobs = [self._job(j) for r in replies for j in r["jobs"]][:limit]
+        return jobs, sum(int(r.get("total") or 0) for r in replies)
 
     async def is_paused(self) -> bool:
-        return (await self._call("IsPaused"))["paused"]
+        """Is the queue (every shard) paused?"""
+        return all(r.get("paused") for r in await self._every("IsPaused"))
+
+    async def metrics(self) -> dict[str, Any]:
+        """The node's ``Metrics`` of the queue (of each shard, by name, when sharded)."""
+        replies = await self._every("Metrics")
+        if not self._shards.sharded:
+            return dict(replies[0]["metrics"])
+        return {name: r["metrics"] for name, r in zip(self._shards.names, replies)}
+
+    # --- control ----------------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Stop handing out jobs (pushes still land)."""
+        await self._every("Pause")
+
+    async def resume(self) -> None:
+        """Hand out jobs again."""
+        await self._every("Resume")
 
     async def drain(self) -> int:
-        return (await self._call("Drain"))["count"]
+        """Remove every waiting (and delayed) job; how many."""
+        return await self._sum("Drain")
 
     async def clean(self, grace: float = 0.0, state: str = "completed", limit: int | None = None) -> int:
-        from ._async import ms
+        """Remove jobs in ``state`` older than ``grace`` seconds; how many."""
         fields: dict[str, Any] = {"grace": ms(grace), "state": state}
         if limit:
             fields["limit"] = limit
-        return (await self._call("Clean", **fields))["count"]
+        return await self._sum("Clean", **fields)
 
     async def obliterate(self) -> None:
-        await self._call("Obliterate")
+        """Delete the queue and every job in it."""
+        await self._every("Obliterate")
+
+    async def cancel(self, job_id: str) -> None:
+        """Remove a job that is not active."""
+        await self._job_call("Cancel", job_id)
+
+    async def promote(self, job_id: str) -> None:
+        """Make a delayed job waiting now."""
+        await self._job_call("Promote", job_id)
+
+    # --- dead-letter queue ------------------------------------------------------------------
 
     async def dlq(self, limit: int = 100) -> list[Job]:
-        return [Job.from_wire(j) for j in (await self._call("Dlq", limit=limit))["jobs"]]
+        """Dead-lettered jobs (each with its last ``error``)."""
+        replies = await self._every("Dlq", limit=limit)
+        return [self._job(j) for r in replies for j in r["jobs"]][:limit]
 
     async def retry_dlq(self, job_id: str | None = None) -> int:
-        return (await self._call("RetryDlq", **({"id": job_id} if job_id else {})))["count"]
+        """Move dead-lettered jobs (or one) back to waiting with fresh attempts; how many."""
+        return await self._sum("RetryDlq", **({"id": job_id} if job_id else {}))
+
+    async def retry_completed(self, job_id: str | None = None) -> int:
+        """Run completed jobs (or one) again; how many."""
+        return await self._sum("RetryCompleted", **({"id": job_id} if job_id else {}))
 
     async def purge_dlq(self) -> int:
-        return (await self._call("PurgeDlq"))["count"]
+        """Delete every dead-lettered job; how many."""
+        return await self._sum("PurgeDlq")
+
+    # --- cron and events --------------------------------------------------------------------
 
     async def cron(self, name: str, data: Any = None, *, schedule: str | None = None,
                    every: float | None = None, priority: int | None = None, limit: int | None = None) -> float:
-        """Add or replace a named schedule (cron expression or every N seconds); returns next run (epoch s)."""
-        from ._async import ms
+        """Add or replace the named schedule (a cron ``schedule`` expression, or ``every`` N seconds)
+        that enqueues ``data``; returns the next run (epoch seconds)."""
         fields: dict[str, Any] = {"name": name, "data": data}
         if schedule is not None:
             fields["schedule"] = schedule
@@ -217,8 +401,91 @@ class AsyncQueue:
             fields["priority"] = priority
         if limit is not None:
             fields["limit"] = limit
-        return (await self._call("Cron", **fields))["nextRunAt"] / 1000
+        return float((await self._on(self._shards.names[0], "Cron", **fields))["nextRunAt"]) / 1000
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        async for event in self.client.events(self.name):
+    async def events(self, *, max_buffered: int = 10_000) -> AsyncIterator[dict[str, Any]]:
+        """This queue's job events as they happen (``async for event in q.events(): ...``)."""
+        async for event in self.client._events(set(self._shards.names), max_buffered):
             yield event
+
+
+class Queue(SyncHandle):
+    """The blocking twin of :class:`AsyncQueue` (from ``Client.queue(name)``): same methods, not awaited."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return str(self._async.name)
+
+    @property
+    def shards(self) -> int | None:
+        return self._async.shards  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r}>"
+
+    def _job(self, job: Job | None) -> Job | None:
+        if job is not None:
+            job.handle = self
+        return job
+
+    create = blocking(AsyncQueue.create)
+    add = blocking(AsyncQueue.add)
+    add_bulk = blocking(AsyncQueue.add_bulk)
+    ack = blocking(AsyncQueue.ack)
+    ack_many = blocking(AsyncQueue.ack_many)
+    fail = blocking(AsyncQueue.fail)
+    release = blocking(AsyncQueue.release)
+    extend = blocking(AsyncQueue.extend)
+    progress = blocking(AsyncQueue.progress)
+    log = blocking(AsyncQueue.log)
+    logs = blocking(AsyncQueue.logs)
+    get_state = blocking(AsyncQueue.get_state)
+    get_result = blocking(AsyncQueue.get_result)
+    get_progress = blocking(AsyncQueue.get_progress)
+    counts = blocking(AsyncQueue.counts)
+    count = blocking(AsyncQueue.count)
+    counts_per_priority = blocking(AsyncQueue.counts_per_priority)
+    is_paused = blocking(AsyncQueue.is_paused)
+    metrics = blocking(AsyncQueue.metrics)
+    pause = blocking(AsyncQueue.pause)
+    resume = blocking(AsyncQueue.resume)
+    drain = blocking(AsyncQueue.drain)
+    clean = blocking(AsyncQueue.clean)
+    obliterate = blocking(AsyncQueue.obliterate)
+    cancel = blocking(AsyncQueue.cancel)
+    promote = blocking(AsyncQueue.promote)
+    retry_dlq = blocking(AsyncQueue.retry_dlq)
+    retry_completed = blocking(AsyncQueue.retry_completed)
+    purge_dlq = blocking(AsyncQueue.purge_dlq)
+    cron = blocking(AsyncQueue.cron)
+    events = blocking_iter(AsyncQueue.events)
+
+    # Methods that return jobs bind them to this sync handle (so job.set_progress() blocks).
+
+    def pull(self, timeout: float = 0.0, *, ttr: float | None = None) -> Job | None:
+        """Lease the next job, waiting up to ``timeout`` seconds for one; ``None`` if none came."""
+        return self._job(self._runner.run(self._async.pull(timeout, ttr=ttr)))
+
+    def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None) -> list[Job]:
+        """Lease up to ``count`` jobs, waiting up to ``timeout`` seconds for the first."""
+        jobs = self._runner.run(self._async.pull_many(count, timeout, ttr=ttr))
+        return [j for j in map(self._job, jobs) if j is not None]
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with this id, or ``None``."""
+        return self._job(self._runner.run(self._async.get_job(job_id)))
+
+    def get_job_by_custom_id(self, custom_id: str) -> Job | None:
+        """The job added with this ``custom_id``, or ``None``."""
+        return self._job(self._runner.run(self._async.get_job_by_custom_id(custom_id)))
+
+    def get_jobs(self, state: str | None = None, offset: int = 0, limit: int = 100) -> tuple[list[Job], int]:
+        """A page of jobs (in ``state``) and the total."""
+        jobs, total = self._runner.run(self._async.get_jobs(state, offset, limit))
+        return [j for j in map(self._job, jobs) if j is not None], total
+
+    def dlq(self, limit: int = 100) -> list[Job]:
+        """Dead-lettered jobs (each with its last ``error``)."""
+        return [j for j in map(self._job, self._runner.run(self._async.dlq(limit))) if j is not None]

@@ -1,11 +1,22 @@
 """``Worker``: runs a handler over a queue's jobs with a concurrency limit.
 
-Each slot pulls a job (long poll), runs the handler, and while it runs extends
-the lease every ``lease/3`` seconds. A return value acks the job with it as
-the result; an exception fails the attempt with its text (retried with backoff
-while attempts remain, then dead-lettered); :class:`Retry` re-queues it after
-a delay without counting a failure. ``close()`` stops taking jobs, lets
-running handlers finish within ``grace`` seconds, and releases the rest.
+Each of ``concurrency`` slots long-polls a job, runs the handler, and while it
+runs extends the lease every ``lease / 3`` seconds. The handler's return value
+acks the job (it becomes the job's result); an exception fails the attempt with
+its text (the node retries it with the queue's backoff while attempts remain,
+then dead-letters it); :class:`Retry` puts it back after a delay. Inside the
+handler ``job.set_progress(n)`` and ``job.add_log(text)`` report on the job.
+
+``close(grace)`` stops taking jobs, lets running handlers finish within
+``grace`` seconds, and releases the jobs of those that did not. Leases belong to
+the client's session, which every connection re-identifies with after a
+reconnect, so a worker keeps its jobs across a short link failure (within the
+node's session grace).
+
+Async handlers run on the event loop; plain functions run in a thread pool of
+``concurrency`` threads (so they may block). Jobs
+given to a plain-function handler are bound to a blocking :class:`Queue`, so
+``job.set_progress(n)`` blocks in the handler's thread.
 """
 
 from __future__ import annotations
@@ -14,18 +25,25 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .exceptions import ConnectionLost, ShoalError
+from ._async import AsyncClient
+from ._loop import LoopRunner
+from ._sync import Client
+from .exceptions import LeaseMismatch, NotFound, ShoalError
 from .job import Job
+from .queue import Queue
 
 __all__ = ["Worker", "Retry"]
 
 log = logging.getLogger(__name__)
+_ERROR_CHARS_MAX = 60_000
+_PULL_ERROR_PAUSE_S = 0.5
 
 
 class Retry(Exception):
-    """Raise from a handler to put the job back after ``delay`` seconds."""
+    """Raise from a handler to put the job back after ``delay`` seconds without failing it."""
 
     def __init__(self, delay: float = 0.0) -> None:
         super().__init__(f"retry in {delay}s")
@@ -36,69 +54,130 @@ Handler = Callable[[Job], Any] | Callable[[Job], Awaitable[Any]]
 
 
 class Worker:
-    """Process ``queue`` with ``handler``; async use: ``await worker.run()`` or ``start()``/``close()``."""
+    """Process queue ``queue`` of ``client`` with ``handler``.
 
-    def __init__(self, client: Any, queue: str, handler: Handler, *, concurrency: int = 1, lease: float = 30.0,
-                 poll_timeout: float = 1.0) -> None:
-        from ._sync import Client
-        self._sync = isinstance(client, Client)
-        self.client = client._async if self._sync else client
-        self.queue = self.client.queue(queue)
+        async with AsyncClient(seeds) as client:
+            async with Worker(client, "emails", send_email, concurrency=8):
+                ...                      # runs until the block ends (graceful close)
+
+        with Client(seeds) as client, Worker(client, "emails", send_email) as worker:
+            ...
+
+    ``lease``: seconds each job is leased for (extended while the handler runs);
+    ``poll_timeout``: seconds one long-poll waits for a job; ``close_grace``: the
+    default grace of :meth:`close`.
+    """
+
+    def __init__(self, client: AsyncClient | Client, queue: str, handler: Handler, *, concurrency: int = 1,
+                 lease: float = 30.0, poll_timeout: float = 1.0, close_grace: float = 30.0,
+                 shards: int | None = None) -> None:
+        if concurrency < 1 or concurrency > 10_000:
+            raise ValueError("concurrency must be in 1..10000")
+        if lease <= 0 or poll_timeout < 0:
+            raise ValueError("lease must be positive and poll_timeout non-negative")
+        self._sync_client = client if isinstance(client, Client) else None
+        self.client: AsyncClient = client._async if isinstance(client, Client) else client
+        self.queue = self.client.queue(queue, shards=shards)
         self.handler = handler
-        self.concurrency = max(1, concurrency)
+        self.concurrency = concurrency
         self.lease = lease
         self.poll_timeout = poll_timeout
+        self.close_grace = close_grace
+        #: Jobs acked, failed (handler raised), retried (:class:`Retry`) so far.
         self.processed = 0
         self.failed = 0
-        self._stopping = asyncio.Event() if not self._sync else None
+        self.retried = 0
+        self._is_async = inspect.iscoroutinefunction(handler) or \
+            inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopping: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, Job] = {}
-        self._runner = client if self._sync else None
+
+    def __repr__(self) -> str:
+        return (f"<Worker {self.queue.name!r} concurrency={self.concurrency} processed={self.processed} "
+                f"failed={self.failed} running={len(self._running)}>")
+
+    @property
+    def running(self) -> bool:
+        return bool(self._tasks) and not all(t.done() for t in self._tasks)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> "Worker":
-        """Start the slots (from a sync Client: on its loop thread)."""
-        if self._sync:
-            self._runner._run(self._start())  # type: ignore[union-attr]
+        """Start the slots (with a sync :class:`Client`: on its loop thread; returns at once)."""
+        if self._sync_client is not None:
+            self._sync_client._runner.run(self._start())
         else:
-            asyncio.get_running_loop()
             self._spawn()
         return self
 
     async def _start(self) -> None:
-        self._stopping = asyncio.Event()
         self._spawn()
 
     def _spawn(self) -> None:
-        assert self._stopping is not None
-        self._tasks = [asyncio.get_running_loop().create_task(self._slot(i)) for i in range(self.concurrency)]
+        if self._tasks and not all(t.done() for t in self._tasks):
+            raise RuntimeError("the worker is already running")
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if not self._is_async and self._executor is None:
+            self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"shoal-{self.queue.name}")
+        self._tasks = [loop.create_task(self._slot(i)) for i in range(self.concurrency)]
 
     async def run(self) -> None:
-        """Run until ``close()`` is called from another task."""
-        self._spawn()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Run until :meth:`close` is called from another task (or the task is cancelled)."""
+        if not self._tasks or all(t.done() for t in self._tasks):
+            self._spawn()
+        try:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            await self._close(self.close_grace)
+            raise
 
-    def close(self, grace: float = 30.0) -> Any:
-        """Stop taking jobs; finish running ones within ``grace`` seconds, release the rest."""
-        if self._sync:
-            return self._runner._run(self._close(grace))  # type: ignore[union-attr]
+    def close(self, grace: float | None = None) -> Any:
+        """Stop taking jobs; let running handlers finish within ``grace`` seconds, release the rest.
+
+        With an :class:`AsyncClient` this returns an awaitable; with a :class:`Client` it blocks.
+        """
+        grace = self.close_grace if grace is None else grace
+        if self._sync_client is not None:
+            return self._sync_client._runner.run(self._close(grace))
         return self._close(grace)
 
     async def _close(self, grace: float) -> None:
-        assert self._stopping is not None
-        self._stopping.set()
-        done, pending = await asyncio.wait(self._tasks, timeout=grace) if self._tasks else (set(), set())
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        if self._stopping is not None:
+            self._stopping.set()
+        tasks = [t for t in self._tasks if not t.done()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=max(grace, 0.0))
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
         for job in list(self._running.values()):
             try:
                 await self.queue.release(job)
-            except ShoalError:
-                pass  # the lease will lapse by itself
+            except ShoalError as exc:
+                log.info("worker: releasing %s on close failed (%s); its lease will lapse", job.id, exc)
         self._running.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def __aenter__(self) -> "Worker":
+        self._spawn()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close(self.close_grace)
+
+    def __enter__(self) -> "Worker":
+        if self._sync_client is None:
+            raise TypeError("use 'async with' for a Worker of an AsyncClient")
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- one slot -------------------------------------------------------------------------------
 
@@ -107,45 +186,62 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 job = await self.queue.pull(self.poll_timeout, ttr=self.lease)
+            except asyncio.CancelledError:
+                raise
             except ShoalError as exc:
-                log.warning("worker slot %d: pull failed: %s", index, exc)
-                await asyncio.sleep(min(1.0, self.poll_timeout))
+                log.warning("worker %s slot %d: pull failed: %s", self.queue.name, index, exc)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), _PULL_ERROR_PAUSE_S)
+                except asyncio.TimeoutError:
+                    pass
                 continue
-            if job is None:
-                continue
-            await self._process(job)
+            if job is not None:
+                await self._process(job)
 
     async def _process(self, job: Job) -> None:
         self._running[job.id] = job
         extender = asyncio.get_running_loop().create_task(self._extend(job))
         try:
-            result = self.handler(job)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await self._invoke(job)
         except Retry as retry:
-            await self._settle(self.queue.release(job, delay=retry.delay))
+            self.retried += 1
+            await self._settle(job, self.queue.release(job, delay=retry.delay))
         except asyncio.CancelledError:
-            raise  # close() releases jobs of cancelled slots
+            raise  # close() releases the jobs of cancelled slots
         except Exception as exc:  # the handler's failure is the job's failure
             self.failed += 1
-            await self._settle(self.queue.fail(job, f"{type(exc).__name__}: {exc}"))
+            text = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS_MAX]
+            await self._settle(job, self.queue.fail(job, text))
         else:
             self.processed += 1
-            await self._settle(self.queue.ack(job, result))
+            await self._settle(job, self.queue.ack(job, result))
         finally:
             extender.cancel()
         self._running.pop(job.id, None)
 
-    async def _settle(self, op: Awaitable[Any]) -> None:
+    async def _invoke(self, job: Job) -> Any:
+        if self._is_async:
+            return await self.handler(job)  # type: ignore[misc]
+        loop = asyncio.get_running_loop()
+        job.handle = Queue(self.queue, LoopRunner(loop))  # blocking job.set_progress() from the thread
+        result = await loop.run_in_executor(self._executor, self.handler, job)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _settle(self, job: Job, op: Awaitable[Any]) -> None:
         try:
             await op
-        except (ShoalError, ConnectionLost) as exc:
-            log.warning("worker: settling a job failed (%s); its lease will lapse and it is redelivered", exc)
+        except ShoalError as exc:
+            log.warning("worker: settling %s failed (%s); its lease will lapse and it is redelivered", job.id, exc)
 
     async def _extend(self, job: Job) -> None:
         while True:
             await asyncio.sleep(self.lease / 3)
             try:
                 await self.queue.extend(job, self.lease)
+            except (LeaseMismatch, NotFound) as exc:
+                log.warning("worker: lost the lease of %s (%s); another worker may run it", job.id, exc)
+                return
             except ShoalError as exc:
                 log.warning("worker: extending %s failed: %s", job.id, exc)

@@ -24,7 +24,9 @@ Checker = Callable[[str, Any], None]
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 QUEUE_TYPES = ("standard", "fifo", "fifottl", "limfifottl", "utube", "utubettl", "log")
 
-_QUEUE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,%d}\Z" % L.queue_name_chars_max)
+# A sharded queue's sub-queues are ``name#0`` .. ``name#1023`` (DESIGN §3), so one
+# ``#<shard>`` suffix is allowed after the base name.
+_QUEUE_RE = re.compile(r"(?=.{1,%d}\Z)[A-Za-z0-9_.:\-]+(?:#(?:0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3]))?\Z" % L.queue_name_chars_max)
 # Below this many characters a str's MessagePack encoding (≤ 4 bytes per char
 # plus a 5-byte header) cannot reach the data limit, so no need to pack it.
 _STR_CHARS_SAFE = (L.data_bytes_max - 5) // 4
@@ -74,13 +76,14 @@ _QUEUES_OK_MAX = 4096
 
 
 def queue(field: str, v: Any) -> None:
-    """A queue name: 1..256 characters of ``[A-Za-z0-9_.:-]``."""
+    """A queue name: 1..256 characters of ``[A-Za-z0-9_.:-]``, optionally ``#<shard>``."""
     if type(v) is not str:
         raise bad(field, "must be a string")
     if v in _queues_ok:
         return
     if _QUEUE_RE.match(v) is None:
-        raise bad(field, f"must be 1..{L.queue_name_chars_max} characters of A-Z a-z 0-9 _ . : -")
+        raise bad(field, f"must be 1..{L.queue_name_chars_max} characters of A-Z a-z 0-9 _ . : - "
+                  "(a shard suffix #0..#1023 allowed)")
     if len(_queues_ok) >= _QUEUES_OK_MAX:
         _queues_ok.clear()
     _queues_ok.add(v)

@@ -221,9 +221,12 @@ def test_queue_name() -> None:
     assert len(ok) == L.queue_name_chars_max
     validate({**PUSH, "queue": ok})
     invalid({**PUSH, "queue": ok + "x"}, "queue")
-    for bad in ("", "a b", "a#b", "a/b", "é", "a\n", 7, None, ["q"]):
+    for bad in ("", "a b", "a#b", "a/b", "é", "a\n", 7, None, ["q"],
+                "a#", "#1", "a#01", "a#1#2", "a#1024", ok + "#1"):
         invalid({**PUSH, "queue": bad}, "queue")
     validate({"cmd": "Count", "queue": "orders:eu-1.v2"})
+    for shard in ("q#0", "q#9", "q#1023", ok[:-2] + "#1"):   # a sharded queue's sub-queues
+        validate({**PUSH, "queue": shard})
 
 
 def _raw_of_size(size: int) -> Raw:
