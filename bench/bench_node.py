@@ -5,7 +5,12 @@ jobs/s, the latency of a lone PUSH (p50/p99), and the seconds from a leader
 SIGKILL to the first successful write. The driver runs in this process; the
 nodes are separate processes started with ``LocalCluster``.
 
-    python bench/bench_node.py [--seconds 5] [--partitions 8]
+    python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
+                               [--profile DIR]
+
+``--profile DIR`` records py-spy collapsed stacks of every node during each
+throughput phase (``DIR/<phase>-<node>.txt``, loadable in speedscope or
+flamegraph.pl) and prints each node's busiest functions.
 
 Every loop is bounded by a job count and a time limit.
 """
@@ -14,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import subprocess
 import tempfile
 import time
+from collections import Counter
 from typing import Any
 
 import uvloop
@@ -251,23 +259,83 @@ async def bench_failover(cluster: LocalCluster) -> float:
     raise TimeoutError("no write within 30 s of the leader kill")
 
 
+class Profiler:
+    """py-spy ``record`` on every node for the duration of one phase (optional)."""
+
+    def __init__(self, cluster: LocalCluster, out: str | None, phase: str, seconds: float) -> None:
+        self.cluster, self.out, self.phase, self.seconds = cluster, out, phase, seconds
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.files: list[tuple[str, str]] = []
+
+    def __enter__(self) -> "Profiler":
+        if self.out:
+            os.makedirs(self.out, exist_ok=True)
+            for node_id, pid in self.cluster.pids.items():
+                out = os.path.join(self.out, f"{self.phase}-{node_id}.txt")
+                self.files.append((node_id, out))
+                self.procs.append(subprocess.Popen(
+                    ["py-spy", "record", "--pid", str(pid), "--duration", str(int(self.seconds) + 1),
+                     "--rate", "200", "--format", "raw", "--output", out, "--nonblocking"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(0.5)  # py-spy attaches before the load starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            try:
+                proc.wait(self.seconds + 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for node_id, path in self.files:
+            if os.path.exists(path):
+                print(f"  {self.phase} {node_id}: " + ", ".join(
+                    f"{name} {share:.0%}" for name, share in top_functions(path, 8)))
+
+
+def top_functions(path: str, n: int) -> list[tuple[str, float]]:
+    """The ``n`` functions with the most samples on the stack (inclusive), from collapsed stacks."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not count.isdigit():
+                continue
+            total += int(count)
+            for name in {frame.split(" (")[0] for frame in stack.split(";")}:
+                inclusive[name] += int(count)
+    skip = {"<module>", "run", "run_forever", "_run_once", "main", "_run", "run_until_complete"}
+    return [(name, c / max(total, 1)) for name, c in inclusive.most_common(n + len(skip))
+            if name not in skip][:n]
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "latency", "failover"}
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
-            wait_balanced(cluster)
-            push = await bench_push(cluster, args.seconds)
-            print(f"PUSH (window 100):        {push:12,.0f} ops/s")
-            wait_balanced(cluster)
-            pushb = await bench_pushb(cluster, args.seconds)
-            print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s")
-            wait_balanced(cluster)
-            pull = await bench_pull_ack(cluster, args.seconds)
-            print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s")
-            p50, p99 = await bench_latency(cluster, args.samples)
-            print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")
-            fo = await bench_failover(cluster)
-            print(f"leader SIGKILL -> write:  {fo:.2f} s")
+            if "push" in only:
+                wait_balanced(cluster)
+                with Profiler(cluster, args.profile, "push", args.seconds):
+                    push = await bench_push(cluster, args.seconds)
+                print(f"PUSH (window 100):        {push:12,.0f} ops/s")
+            if "pushb" in only:
+                wait_balanced(cluster)
+                with Profiler(cluster, args.profile, "pushb", args.seconds):
+                    pushb = await bench_pushb(cluster, args.seconds)
+                print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s")
+            if "pull" in only:
+                wait_balanced(cluster)
+                with Profiler(cluster, args.profile, "pull", args.seconds):
+                    pull = await bench_pull_ack(cluster, args.seconds)
+                print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s")
+            if "latency" in only:
+                p50, p99 = await bench_latency(cluster, args.samples)
+                print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+            if "failover" in only:
+                fo = await bench_failover(cluster)
+                print(f"leader SIGKILL -> write:  {fo:.2f} s")
 
 
 def main() -> None:
@@ -275,6 +343,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
+    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,latency,failover")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
     uvloop.install()
     asyncio.run(main_async(args))

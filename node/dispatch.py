@@ -228,6 +228,10 @@ class Dispatcher:
                 return
             conn.reply(req_id, result)
 
+        if frame["cmd"] == "PULLB":
+            # Replicated with the command, so every replica stops at the same job: a reply
+            # that could not be sent would leave its jobs leased until their TTR ran out.
+            frame["_bytesMax"] = self.node.config.frame_bytes_max
         self.node.group_commits[p].submit(frame, done)
 
     def _park_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float) -> None:

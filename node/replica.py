@@ -265,6 +265,7 @@ class PartitionReplica(SyncObj):
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
         engine = self.engine
+        engine.replies = self._isLeader()
         for cmd in commands:
             try:
                 results.append(engine.apply(cmd, now_ms))
@@ -311,6 +312,7 @@ class PartitionReplica(SyncObj):
 
     def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """Answer a read-only command from the applied state."""
+        self.engine.replies = True
         return self.engine.apply(cmd, now_ms)
 
     def has_ready(self, queue: str) -> bool:

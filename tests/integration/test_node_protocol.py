@@ -239,3 +239,39 @@ def test_concurrent_connections_all_get_answers(cluster: LocalCluster) -> None:
     assert not errors
     with leader_conn(cluster, "conc") as c:
         assert c.call({"cmd": "Count", "queue": "conc"})["count"] == 400
+
+
+def test_pullb_reply_stays_within_the_frame_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A PULLB never leases more jobs than its reply can carry; the rest stay waiting."""
+    from conftest import NODE_COMMAND
+    from shoal.cluster.launcher import free_base_port
+
+    frame_max = 64 * 1024
+    with LocalCluster(nodes=3, partitions=2, data_dir=tmp_path / "c", base_port=free_base_port(3, 2),
+                      node_command=NODE_COMMAND, extra_env={"SHOAL_FRAME_BYTES_MAX": str(frame_max)}) as cl:
+        cl.wait_balanced()
+        router = Router(cl.addresses)
+        try:
+            router.refresh()
+            address = router.leader_address(partition_for("fat", 2))
+            assert address
+            with RawConn(address) as c:
+                blob = b"x" * 10_000
+                for _ in range(4):  # 5 × 10 kB per frame: under the 64 kB limit
+                    assert c.call({"cmd": "PUSHB", "queue": "fat", "jobs": [{"data": blob}] * 5})["ok"]
+                seen: list[str] = []
+                for _ in range(20):  # bounded: 20 jobs, each reply carries at least one
+                    r = c.call({"cmd": "PULLB", "queue": "fat", "count": 20})
+                    assert r["ok"], r
+                    if not r["jobs"]:
+                        break
+                    assert len(r["jobs"]) < 20                 # cut at the frame limit...
+                    assert all(j["data"] == blob for j in r["jobs"])
+                    seen += [j["id"] for j in r["jobs"]]
+                    assert c.call({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]],
+                                   "tokens": r["tokens"]})["ok"]
+                assert len(set(seen)) == 20                     # ...and nothing was left leased
+                for state in ("waiting", "active"):
+                    assert c.call({"cmd": "Count", "queue": "fat", "state": state})["count"] == 0
+        finally:
+            router.close()
