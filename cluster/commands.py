@@ -33,6 +33,7 @@ from typing import Any, Literal
 from . import _fields as F
 from . import limits as L
 from ._fields import JOB_STATES, QUEUE_TYPES, Checker
+from .codec import Raw
 from .errors import CommandError, ErrorCode
 from .jobid import parse_job_id
 
@@ -123,7 +124,13 @@ def _jobs(name: str, v: Any) -> None:
         raise F.bad(name, "must be a non-empty list of jobs")
     if len(v) > L.batch_jobs_max:
         raise F.bad(name, f"at most {L.batch_jobs_max} jobs per batch, got {len(v)}")
+    data_max = L.data_bytes_max
     for i, job in enumerate(v):
+        if type(job) is dict and len(job) == 1:
+            # The common item, ``{"data": <raw>}`` from the node's decoder: checked inline.
+            d = job.get("data", job)
+            if type(d) is Raw and len(d.packed) <= data_max:
+                continue
         F.fields_map(f"{name}[{i}]", job, _JOB_ITEM_FIELDS, "job field", required=("data",))
 
 
