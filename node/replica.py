@@ -37,6 +37,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
+from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .state import PartitionEngine
@@ -206,6 +207,25 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
     return SyncObjConf(**kwargs)
 
 
+def unwrap_job_data(cmd: dict[str, Any]) -> None:
+    """Replace the ``Raw`` wrapper of pushed job data by its bytes, in place, before replication.
+
+    Pickling a ``Raw`` costs a Python-level ``__reduce__`` and an ``__init__`` call per job
+    (~1.3 µs, on every replica); plain bytes pickle ~8× faster. The engine stores job data
+    as the packed bytes either way, so applying either form gives the same state.
+    """
+    name = cmd.get("cmd")
+    if name == "PUSHB":
+        for item in cmd["jobs"]:
+            data = item.get("data")
+            if type(data) is Raw:
+                item["data"] = data.packed
+    elif name == "PUSH":
+        data = cmd.get("data")
+        if type(data) is Raw:
+            cmd["data"] = data.packed
+
+
 class PartitionReplica(SyncObj):
     """A partition's engine replicated by pysyncobj."""
 
@@ -283,6 +303,8 @@ class PartitionReplica(SyncObj):
     def propose(self, now_ms: int, commands: list[dict[str, Any]],
                 callback: Callable[[BatchResult | None, int], None]) -> None:
         """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
+        for cmd in commands:
+            unwrap_job_data(cmd)
         self.apply_batch(now_ms, commands, callback=callback)
         self.schedule_tick()
 
