@@ -117,6 +117,7 @@ def _strip_map_header(packed: bytes) -> bytes:
     return packed[1:]
 
 
+_PACKED_DATA_KEY = msgpack.packb("data")
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 
 
@@ -125,6 +126,18 @@ def _pack(obj: Any) -> bytes:
     if kind is Raw:
         return obj.packed
     if kind is dict:
+        data = obj.get("data")
+        if type(data) is Raw:
+            # A job: pack everything but ``data`` in C, then splice the raw data last. A
+            # deeper Raw (e.g. a result) makes msgpack raise TypeError: the general path.
+            rest = dict(obj)
+            del rest["data"]
+            try:
+                body = _packb(rest)
+            except TypeError:
+                pass
+            else:
+                return _map_header(len(obj)) + _strip_map_header(body) + _PACKED_DATA_KEY + data.packed
         # One C-level pack for the scalar fields, then splice the containers after them.
         flat: dict[Any, Any] = {}
         tail: list[bytes] = []
