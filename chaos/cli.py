@@ -93,3 +93,53 @@ def proxy_command(listen: str, seed: int | None, config: Path | None, use_uvloop
         raise click.ClickException(str(exc)) from exc
     with contextlib.suppress(Exception):
         sys.stdout.flush()
+
+
+@chaos.command("run")
+@click.argument("scenario")
+@click.option("--duration", type=click.FloatRange(5, 24 * 3600), default=20.0, show_default=True,
+              help="Seconds of load; faults happen within it, then the queue is drained and checked.")
+@click.option("--nodes", type=click.IntRange(3, 5), default=3, show_default=True)
+@click.option("--partitions", type=click.IntRange(1, 8), default=2, show_default=True)
+@click.option("--seed", type=int, default=None, help="Seed of the proxies' randomness (printed when omitted).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for summary.txt, result.json, history.jsonl and timeline.png "
+                   "[default: ./chaos-<scenario>].")
+@click.option("--toxiproxy", default=None, metavar="HOST:PORT",
+              help="Drive a running Toxiproxy instead of starting the built-in proxy.")
+@click.option("--recovery-max", type=float, default=10.0, show_default=True,
+              help="Seconds within which writes must be back after each fault is healed.")
+@click.option("--soak", is_flag=True, help="Repeat the scenario until one run breaks an invariant or "
+              "--duration runs out, each run 60 s of load.")
+def run_command(scenario: str, duration: float, nodes: int, partitions: int, seed: int | None,
+                out_dir: Path | None, toxiproxy: str | None, recovery_max: float, soak: bool) -> None:
+    """Run SCENARIO against a fresh local cluster behind proxies; exit 1 if an invariant broke.
+
+    Scenarios: leader-kill, leader-pause, partition-leader, majority-minority, flapping,
+    slow-network, full-restart, bridge, one-way, reset-peer.
+    """
+    import random
+    import time
+
+    from shoal.chaos.scenarios import SCENARIOS, run_scenario
+
+    if scenario not in SCENARIOS:
+        raise click.BadParameter(f"choose from {', '.join(SCENARIOS)}", param_hint="SCENARIO")
+    out = out_dir or Path(f"chaos-{scenario}")
+    runs = 0
+    deadline = time.monotonic() + duration
+    rng = random.Random(seed)
+    while True:
+        runs += 1
+        run_seed = seed if (seed is not None and not soak) else rng.randrange(1 << 30)
+        report = run_scenario(scenario, duration_s=60.0 if soak else duration, nodes=nodes, seed=run_seed,
+                              out_dir=out / f"run-{runs}" if soak else out, toxiproxy=toxiproxy,
+                              partitions=partitions, recovery_max_s=recovery_max)
+        click.echo(report.summary())
+        click.echo(f"  report: {report.out_dir}")
+        if not report.valid:
+            sys.exit(1)
+        if not soak or time.monotonic() + 60 > deadline:
+            break
+    if soak:
+        click.echo(f"soak: {runs} runs of {scenario}, every invariant held")

@@ -88,9 +88,20 @@ class NodeSpec:
     http_port: int = DEFAULT_HTTP_PORT
     raft_port: int = DEFAULT_RAFT_PORT
     data_dir: str | None = None
+    # The client port to bind when it differs from the advertised ``port`` (a proxy or a
+    # NAT in front of the node: the chaos harness routes client links through proxies).
+    listen_port: int | None = None
+    # (peer id, "host:port") pairs: this node reaches ``peer``'s Raft port of partition p
+    # at host:port+p instead of the peer's own address (a proxy per link, for chaos tests).
+    raft_routes: tuple[tuple[str, str], ...] = ()
 
     def raft_address(self, partition: int) -> str:
         return f"{self.host}:{self.raft_port + partition}"
+
+    @property
+    def client_listen_port(self) -> int:
+        """The port the client listener binds."""
+        return self.listen_port or self.port
 
     def address(self) -> NodeAddress:
         return NodeAddress(self.id, self.host, self.port, self.http_port)
@@ -124,6 +135,14 @@ class ClusterConfig:
             if spec.id == wanted:
                 return spec
         raise ConfigError(f"node {wanted!r} is not in the cluster's node list {[n.id for n in self.nodes]}")
+
+    def peer_raft_address(self, from_id: str, to_id: str, partition: int) -> str:
+        """The address ``from_id`` dials for ``to_id``'s Raft group of ``partition`` (routes honoured)."""
+        for peer, address in self.node(from_id).raft_routes:
+            if peer == to_id:
+                host, _, port = address.rpartition(":")
+                return f"{host}:{int(port) + partition}"
+        return self.node(to_id).raft_address(partition)
 
     def node_data_dir(self, node_id: str | None = None) -> Path:
         spec = self.node(node_id)
@@ -160,6 +179,14 @@ class ClusterConfig:
             raise ConfigError("inflight_per_connection must be ≥ 1 and session_grace_ms ≥ 0")
         if not all(isinstance(t, str) and t for t in self.tokens):
             raise ConfigError("tokens must be a list of non-empty strings")
+        for n in self.nodes:
+            if n.listen_port is not None and not 1 <= n.listen_port <= 65535:
+                raise ConfigError(f"node {n.id}: listen_port must be 1..65535")
+            for peer, address in n.raft_routes:
+                host, sep, port = address.rpartition(":")
+                if peer not in ids or peer == n.id or not sep or not host or not port.isdigit():
+                    raise ConfigError(f"node {n.id}: raft route {peer!r} = {address!r} must name another "
+                                      "node and a host:port")
         if self.raft_needs_secret() and not self.secret:
             raise ConfigError("Raft binds a non-loopback address but no cluster secret is set "
                               "(SHOAL_CLUSTER_SECRET / [cluster] secret): pysyncobj unpickles what peers "
@@ -180,6 +207,10 @@ class ClusterConfig:
                                  "raft_port": n.raft_port}
             if n.data_dir:
                 d["data_dir"] = n.data_dir
+            if n.listen_port is not None:
+                d["listen_port"] = n.listen_port
+            if n.raft_routes:
+                d["raft_routes"] = dict(n.raft_routes)
             nodes.append(d)
         return tomli_w.dumps({"cluster": cluster, "nodes": nodes})
 
@@ -243,7 +274,10 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     try:
         nodes = tuple(NodeSpec(str(n["id"]), str(n.get("host", "127.0.0.1")), int(n.get("port", port)),
                                int(n.get("http_port", http_port)), int(n.get("raft_port", raft_port)),
-                               n.get("data_dir")) for n in raw.get("nodes", []))
+                               n.get("data_dir"),
+                               int(n["listen_port"]) if n.get("listen_port") is not None else None,
+                               tuple(sorted((str(k), str(v)) for k, v in dict(n.get("raft_routes", {})).items())))
+                      for n in raw.get("nodes", []))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"[[nodes]] entry is malformed: {exc}") from exc
     if env.get("SHOAL_PEERS"):

@@ -89,14 +89,18 @@ class Topology:
         return replace(self, partition_map=tuple(parts), epoch=self.epoch + 1)
 
     def merge(self, other: "Topology") -> "Topology":
-        """Per partition, keep the view with the highest term (ties keep a known leader)."""
+        """Per partition, keep the view that names a leader, then the one with the highest term.
+
+        A node that names no leader is campaigning; an isolated node keeps raising its
+        term (pysyncobj has no pre-vote), so its leaderless view must not hide the
+        leader the majority elected at a lower term.
+        """
         if other.partitions != self.partitions:
             return other if other.epoch > self.epoch else self
         parts = []
         changed = False
         for mine, theirs in zip(self.partition_map, other.partition_map):
-            newer = theirs.term > mine.term or (theirs.term == mine.term and mine.leader is None
-                                                and theirs.leader is not None)
+            newer = (theirs.leader is not None, theirs.term) > (mine.leader is not None, mine.term)
             parts.append(theirs if newer else mine)
             changed |= newer
         nodes = {**self.nodes, **other.nodes}

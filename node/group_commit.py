@@ -24,6 +24,16 @@ __all__ = ["GroupCommit", "ReplyCallback"]
 ReplyCallback = Callable[[Any], None]
 
 
+class _Entry:
+    """One proposed entry's callbacks; ``settled`` once answered (by Raft or by abandonment)."""
+
+    __slots__ = ("cbs", "settled")
+
+    def __init__(self, cbs: list[ReplyCallback]) -> None:
+        self.cbs = cbs
+        self.settled = False
+
+
 class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
@@ -37,6 +47,7 @@ class GroupCommit:
         self._cmds: list[dict[str, Any]] = []
         self._cbs: list[ReplyCallback] = []
         self._inflight = 0
+        self._entries: set[_Entry] = set()
         self._scheduled = False
         self._last_now_ms = 0
         self.proposed_batches = 0
@@ -87,19 +98,43 @@ class GroupCommit:
             self.proposed_batches += 1
             self.proposed_commands += len(cmds)
             loop = self.loop
+            entry = _Entry(cbs)
+            self._entries.add(entry)
 
-            def done(results: Any, reason: int, cbs: list[ReplyCallback] = cbs) -> None:
+            def done(results: Any, reason: int, entry: _Entry = entry) -> None:
                 # Called inside pysyncobj's apply loop: answer after it finishes this tick.
-                loop.call_soon(self._complete, cbs, results, reason)
+                loop.call_soon(self._complete, entry, results, reason)
 
             try:
                 self.replica.propose(self.now_ms(), cmds, done)
             except Exception as exc:  # pysyncobj refused synchronously (e.g. destroyed)
-                self._complete(cbs, None, -1, exc)
+                self._complete(entry, None, -1, exc)
 
-    def _complete(self, cbs: list[ReplyCallback], results: Any, reason: int,
-                  exc: Exception | None = None) -> None:
+    def abandon_inflight(self) -> None:
+        """Leadership was lost: answer every proposed, uncommitted entry with ``TIMEOUT``.
+
+        pysyncobj keeps a deposed leader's proposals waiting until its log is overwritten,
+        which for an isolated leader means until the partition heals. Whether such an entry
+        commits is unknown (the new leader may have it), so the answer is TIMEOUT: clients
+        retry with the same idempotency key. Raft's late answer is then ignored.
+        """
+        entries, self._entries = self._entries, set()
+        err = CommandError(ErrorCode.TIMEOUT, "leadership was lost before the write committed; "
+                                              "its outcome is unknown (retry with the same idempotency key)")
+        for entry in entries:
+            if not entry.settled:
+                entry.settled = True
+                self._inflight -= 1
+                for cb in entry.cbs:
+                    cb(err)
+
+    def _complete(self, entry: _Entry, results: Any, reason: int, exc: Exception | None = None) -> None:
+        if entry.settled:
+            return  # already answered by abandon_inflight
+        entry.settled = True
+        self._entries.discard(entry)
         self._inflight -= 1
+        cbs = entry.cbs
         if results is None or reason != 0:
             err = (CommandError(ErrorCode.SHUTTING_DOWN, f"replication unavailable: {exc}") if exc
                    else fail_reason_error(reason))

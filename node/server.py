@@ -74,6 +74,9 @@ class Node:
         self._applied_flags: dict[int, bool] = {}
         self._raft_to_node = {f"{n.host}:{n.raft_port + p}": n.id
                               for n in config.nodes for p in range(config.partitions)}
+        for peer, _ in self.spec.raft_routes:  # a peer reached through a proxy is known by that address
+            for p in range(config.partitions):
+                self._raft_to_node[config.peer_raft_address(node_id, peer, p)] = peer
         self._stopped = asyncio.Event()
         self.http_runner: Any = None
 
@@ -87,7 +90,7 @@ class Node:
             if self.node_id not in replicas:
                 continue
             me = self.spec.raft_address(p)
-            peers = [self.config.node(r).raft_address(p) for r in replicas if r != self.node_id]
+            peers = [self.config.peer_raft_address(self.node_id, r, p) for r in replicas if r != self.node_id]
             bind = f"{listen}:{self.spec.raft_port + p}" if listen else None
             replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir), loop=self.loop,
                                        secret=self.config.secret, bind_host=bind)
@@ -98,11 +101,11 @@ class Node:
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
                                      self.config.inflight_per_connection),
-            host, self.spec.port, reuse_address=True, backlog=1024)
+            host, self.spec.client_listen_port, reuse_address=True, backlog=1024)
         self.http_runner = await start_http(self, host, self.spec.http_port)
         for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop()):
             self._tasks.append(self.loop.create_task(coro))
-        log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.port,
+        log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
                  sorted(self.replicas))
 
     async def serve_forever(self) -> None:
@@ -226,6 +229,7 @@ class Node:
             err = self.not_leader_error(p) if topo.partition_map[p].leader else \
                 CommandError(ErrorCode.NO_LEADER, f"partition {p} lost its leader; retry")
             self.group_commits[p].fail_all(err)
+            self.group_commits[p].abandon_inflight()
             self.dispatcher.fail_parked(p, err)
         if topo is not self.topology:
             self.topology = topo
@@ -245,7 +249,7 @@ class Node:
                 preferred = self.placement[p][0]
                 if preferred == self.node_id or not replica.is_leader():
                     continue
-                target = self.config.node(preferred).raft_address(p)
+                target = self.config.peer_raft_address(self.node_id, preferred, p)
                 node = next((n for n in replica.otherNodes if n.address == target), None)
                 if node is not None and replica.isNodeConnected(node):
                     try:

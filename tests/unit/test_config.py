@@ -113,3 +113,25 @@ def test_toml_round_trip(config_file: Path, tmp_path: Path) -> None:
 def test_env_var_list_is_the_documented_contract() -> None:
     assert len(ENV_VARS) == len(set(ENV_VARS)) and all(v.startswith("SHOAL_") for v in ENV_VARS)
     assert isinstance(ClusterConfig.__doc__, str)
+
+
+def test_routes_and_listen_port_for_proxied_links(tmp_path: Path) -> None:
+    """The chaos harness's hooks: a peer's Raft reached through a proxy, a client port behind one."""
+    text = TOML.replace('raft_port = 7201\n', 'raft_port = 7201\nlisten_port = 7301\n'
+                        '[nodes.raft_routes]\nn2 = "127.0.0.1:9000"\n')
+    path = tmp_path / "routes.toml"
+    path.write_text(text)
+    cfg = load_config(path, env={}, node_id="n1")
+    n1 = cfg.node("n1")
+    assert n1.port == 7001 and n1.client_listen_port == 7301
+    assert cfg.node("n2").client_listen_port == 7002
+    assert cfg.peer_raft_address("n1", "n2", 3) == "127.0.0.1:9003"        # routed
+    assert cfg.peer_raft_address("n1", "n3", 3) == cfg.node("n3").raft_address(3)
+    assert cfg.peer_raft_address("n2", "n1", 0) == "127.0.0.1:7201"        # routes are per node
+    again = tmp_path / "again.toml"
+    again.write_text(cfg.to_toml())
+    assert load_config(again, env={}, node_id="n1") == cfg
+    for bad in ('n9 = "127.0.0.1:9000"', 'n1 = "127.0.0.1:9000"', 'n2 = "nowhere"'):
+        path.write_text(TOML.replace('raft_port = 7201\n', f'raft_port = 7201\n[nodes.raft_routes]\n{bad}\n'))
+        with pytest.raises(ConfigError, match="raft route"):
+            load_config(path, env={})

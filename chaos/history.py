@@ -1,0 +1,86 @@
+"""The operation history of a chaos run, Jepsen-style.
+
+Every client operation is recorded twice: ``invoke`` when it starts, then ``ok``
+(it happened), ``fail`` (it certainly did not) or ``info`` (unknown: a timeout or
+a lost connection after retries). Entries are plain tuples, appended from one
+event loop; times are seconds since the run started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = ["Op", "Fault", "History"]
+
+INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
+
+
+class Op(NamedTuple):
+    """One history entry. ``value``: push → the pushed value; pull → (job id, value, token);
+    ack → (job id, token)."""
+
+    time: float
+    process: str
+    type: str      # invoke | ok | fail | info
+    f: str         # push | pull | ack
+    value: Any
+
+
+@dataclass
+class Fault:
+    """A fault window: injected at ``start``, healed at ``end`` (seconds since the run began)."""
+
+    name: str
+    start: float
+    end: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class History:
+    """Operations and faults of one run."""
+
+    started: float = field(default_factory=time.monotonic)
+    ops: list[Op] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def add(self, process: str, type: str, f: str, value: Any) -> None:
+        self.ops.append(Op(self.now(), process, type, f, value))
+
+    def fault(self, name: str, detail: str = "") -> Fault:
+        fault = Fault(name, self.now(), None, detail)
+        self.faults.append(fault)
+        return fault
+
+    def heal(self, fault: Fault) -> None:
+        fault.end = self.now()
+
+    def save(self, path: str | Path) -> None:
+        """JSON lines: one op per line, then the faults (for offline checking)."""
+        with open(path, "w") as out:
+            for op in self.ops:
+                out.write(json.dumps(op._asdict()) + "\n")
+            for fault in self.faults:
+                out.write(json.dumps({"fault": fault.name, "start": fault.start, "end": fault.end,
+                                      "detail": fault.detail}) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "History":
+        history = cls(started=0.0)
+        with open(path) as f:
+            for line in f:
+                d = json.loads(line)
+                if "fault" in d:
+                    history.faults.append(Fault(d["fault"], d["start"], d["end"], d.get("detail", "")))
+                else:
+                    value = d["value"]
+                    history.ops.append(Op(d["time"], d["process"], d["type"], d["f"],
+                                          tuple(value) if isinstance(value, list) else value))
+        return history

@@ -1,0 +1,136 @@
+"""Named chaos scenarios: a proxied cluster, a workload, a fault schedule, a check, a report.
+
+A scenario's schedule is a list of (start fraction, end fraction, nemesis) over the
+run's producing time; the target of each fault is the leader of the workload
+queue's partition at the moment the fault starts. After the last fault is healed
+the producers stop, the consumers drain the queue, and the checker runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.cluster.partitioning import partition_for
+
+from .checker import RECOVERY_MAX_S, Result, check
+from .history import History
+from .nemesis import NEMESES, Heal
+from .proxied_cluster import ProxiedCluster
+from .workload import Workload, WorkloadConfig
+
+__all__ = ["SCENARIOS", "RunReport", "run_scenario"]
+
+# name -> [(start, end, nemesis)], start/end as fractions of the producing time
+SCENARIOS: dict[str, list[tuple[float, float, str]]] = {
+    "leader-kill": [(0.25, 0.6, "kill")],
+    "leader-pause": [(0.25, 0.6, "pause")],
+    "partition-leader": [(0.25, 0.6, "isolate")],
+    "majority-minority": [(0.25, 0.6, "minority")],
+    "flapping": [(0.15 + 0.12 * i, 0.21 + 0.12 * i, "isolate") for i in range(5)],
+    "slow-network": [(0.2, 0.45, "slow"), (0.5, 0.7, "bandwidth")],
+    "full-restart": [(0.3, 0.4, "kill-all")],
+    "bridge": [(0.25, 0.6, "bridge")],
+    "one-way": [(0.25, 0.6, "one-way")],
+    "reset-peer": [(0.25, 0.6, "reset-peer")],
+}
+SETTLE_S = 1.0  # producing time after the last heal, so recovery is visible before the drain
+
+
+@dataclass
+class RunReport:
+    """The outcome of one scenario run."""
+
+    scenario: str
+    seed: int
+    nodes: int
+    duration_s: float
+    result: Result
+    history: History
+    out_dir: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return self.result.valid
+
+    def summary(self) -> str:
+        r = self.result
+        lines = [
+            f"scenario {self.scenario} (nodes {self.nodes}, seed {self.seed}, {self.duration_s:.0f} s of load)",
+            f"  pushes: {r.attempted} attempted, {r.acknowledged} acknowledged, {r.indeterminate} unknown outcome",
+            f"  deliveries: {r.delivered} ({r.redelivered} redeliveries), acks accepted: {r.acked}",
+            f"  lost: {len(r.lost)}  duplicated: {len(r.duplicated)}  unexpected: {len(r.unexpected)}  "
+            f"stale acks accepted: {len(r.stale_acks)}  double acks: {len(r.double_acks)}",
+        ]
+        for rec in r.recovery:
+            lines.append(f"  fault {rec['fault']} at {rec['start']}s, healed {rec['end']}s: "
+                         f"first write {_s(rec['after_fault_s'])} after the fault, "
+                         f"{_s(rec['after_heal_s'])} after healing")
+        lines.append("  VALID" if r.valid else "  INVALID: " + "; ".join(r.problems()))
+        return "\n".join(lines)
+
+
+def _s(v: float | None) -> str:
+    return "none" if v is None else f"{v:.2f} s"
+
+
+async def _schedule(cluster: ProxiedCluster, history: History, steps: list[tuple[float, float, str]],
+                    produce_s: float, partition: int) -> None:
+    """Run the fault schedule: inject at start, heal at end (blocking calls in a thread)."""
+    for start, end, name in steps:
+        await asyncio.sleep(max(0.0, start * produce_s - history.now()))
+        target = await asyncio.to_thread(cluster.leader_of, partition)
+        heal: Heal = await asyncio.to_thread(NEMESES[name], cluster, history, target)
+        await asyncio.sleep(max(0.0, end * produce_s - history.now()))
+        await asyncio.to_thread(heal)
+
+
+def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int | None = None,
+                 out_dir: str | Path | None = None, toxiproxy: str | None = None,
+                 partitions: int = 2, recovery_max_s: float = RECOVERY_MAX_S,
+                 workload: WorkloadConfig | None = None) -> RunReport:
+    """Run scenario ``name`` against a fresh proxied cluster; write the report files to ``out_dir``."""
+    if name not in SCENARIOS:
+        raise KeyError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+    seed = random.randrange(1 << 30) if seed is None else seed
+    random.seed(seed)
+    steps = SCENARIOS[name]
+    produce_s = duration_s + SETTLE_S
+    config = workload or WorkloadConfig()
+    with tempfile.TemporaryDirectory(prefix="shoal-chaos-") as tmp:
+        with ProxiedCluster(Path(tmp) / "cluster", nodes=nodes, partitions=partitions,
+                            toxiproxy=toxiproxy, seed=seed) as cluster:
+            history = History()
+            partition = partition_for(config.queue, partitions)
+
+            async def main() -> None:
+                work = Workload(cluster.addresses, history, config)
+                faults = asyncio.create_task(_schedule(cluster, history, steps, duration_s, partition))
+                try:
+                    await work.run(produce_s)
+                finally:
+                    if not faults.done():
+                        faults.cancel()
+                    try:
+                        await faults
+                    except asyncio.CancelledError:
+                        pass
+                    await asyncio.to_thread(cluster.heal)
+
+            asyncio.run(main())
+    result = check(history, recovery_max_s)
+    report = RunReport(name, seed, nodes, duration_s, result, history)
+    if out_dir is not None:
+        from .report import write_report
+        write_report(report, Path(out_dir))
+    return report
+
+
+def describe() -> dict[str, Any]:
+    """Scenario name -> its fault schedule, for ``--help`` and the docs."""
+    return {name: [f"{NEMESES[n].__name__} {s:.0%}–{e:.0%}" for s, e, n in steps] for name, steps in SCENARIOS.items()}
