@@ -270,11 +270,14 @@ def _bad_request(message: str) -> web.HTTPBadRequest:
                               content_type="application/json")
 
 
+API_KEY = web.AppKey("api", HttpApi)
+
+
 def build_app(node: "Node") -> web.Application:
     """The node's aiohttp application (every route of the OpenAPI description)."""
     api = HttpApi(node)
     app = web.Application(middlewares=[api.errors, api.auth], client_max_size=node.config.frame_bytes_max)
-    app["api"] = api
+    app[API_KEY] = api
 
     async def close_forwarder(_: web.Application) -> None:
         await api.forwarder.close()
