@@ -172,8 +172,9 @@ _SPECS = [
     _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "timeout": _timeout},
           retry=True),  # retried under its idempotencyKey, which the client always sets
     _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True),
-    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr}),
-    _spec("PULLB", "queue", {"queue": F.queue, "count": _count}, {"timeout": _timeout, "ttr": _ttr}),
+    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean}),
+    _spec("PULLB", "queue", {"queue": F.queue, "count": _count}, {"timeout": _timeout, "ttr": _ttr,
+                                                                  "detach": F.boolean}),
     _spec("ACK", "id", _ID, {"result": F.data, **_TOK}),
     _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens}, check=_same_length_as_ids),
     _spec("FAIL", "id", _ID, {"error": _error_text, "delay": _delay, **_TOK}),

@@ -203,8 +203,13 @@ class Dispatcher:
     # --- pulls and long polls ------------------------------------------------------------------
 
     def _pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
-        frame["_session"] = conn.session
-        self.sessions.used_partition(conn.session, p)
+        if frame.get("detach"):
+            # The lease outlives this connection: only an ack or its TTR ends it (for consumers
+            # that ack from another process, e.g. the Spark stream's commit).
+            frame.pop("_session", None)
+        else:
+            frame["_session"] = conn.session
+            self.sessions.used_partition(conn.session, p)
         timeout_ms = frame.get("timeout") or 0
         replica = self.node.replicas[p]
         if timeout_ms > 0 and not replica.has_ready(frame["queue"]):

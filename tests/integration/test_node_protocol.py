@@ -275,3 +275,19 @@ def test_pullb_reply_stays_within_the_frame_limit(tmp_path) -> None:  # type: ig
                     assert c.call({"cmd": "Count", "queue": "fat", "state": state})["count"] == 0
         finally:
             router.close()
+
+
+def test_a_detached_lease_outlives_its_connection(cluster: LocalCluster) -> None:
+    """PULLB {detach: true}: closing the connection does not release the lease; its token acks it."""
+    with leader_conn(cluster, "detached") as c:
+        assert c.call({"cmd": "PUSHB", "queue": "detached", "jobs": [{"data": 1}, {"data": 2}]})["ok"]
+        kept = c.call({"cmd": "PULLB", "queue": "detached", "count": 1, "detach": True, "ttr": 60_000})
+        bound = c.call({"cmd": "PULLB", "queue": "detached", "count": 1, "ttr": 60_000})
+        assert kept["ok"] and bound["ok"] and kept["jobs"] and bound["jobs"]
+        assert c.call({"cmd": "PULL", "queue": "x", "detach": "yes"})["code"] == "INVALID"
+    time.sleep(1.0)  # the session (grace 0) has ended and its release has been applied
+    with leader_conn(cluster, "detached") as c:
+        assert c.call({"cmd": "Count", "queue": "detached", "state": "active"})["count"] == 1
+        assert c.call({"cmd": "Count", "queue": "detached", "state": "waiting"})["count"] == 1
+        job = kept["jobs"][0]
+        assert c.call({"cmd": "ACK", "id": job["id"], "token": kept["tokens"][0]})["ok"]

@@ -1,0 +1,257 @@
+"""The connector's options: Spark hands them over as strings; here they become small value objects.
+
+Parsed once in the driver (when Spark asks the data source for its schema, reader or
+writer), so a typo fails the query at planning time with the option's name in the
+message, not in every task. The value objects are frozen, slotted and picklable:
+they travel to the Python workers inside the readers and writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shoal.cluster import limits as L
+
+__all__ = ["OptionError", "Connect", "WriteOptions", "ReadOptions", "StreamOptions", "parse_connect",
+           "parse_write", "parse_read", "parse_stream", "DATA_FORMATS_IN", "DATA_FORMATS_OUT"]
+
+#: How a ``dataColumn`` value becomes job data (write side).
+DATA_FORMATS_IN = ("value", "json", "msgpack")
+#: How job data becomes the ``data`` column (read side).
+DATA_FORMATS_OUT = ("msgpack", "json", "string")
+QUEUE_TYPES = ("jobs", "log")
+DEDUPE_MODES = ("idempotencyKey", "customId")
+_STATES = ("waiting", "delayed", "active", "completed", "failed")
+
+_BATCH_SIZE_DEFAULT = 2000
+_IN_FLIGHT_DEFAULT = 8
+_IN_FLIGHT_MAX = 64
+_PAGE_SIZE_DEFAULT = 5000
+_STREAM_BATCH_DEFAULT = 10_000
+_STREAM_BATCH_MAX = 1_000_000
+_LEASE_S_DEFAULT = 300.0
+_COMMAND_TIMEOUT_S_DEFAULT = 30.0
+_TASK_TIMEOUT_S_DEFAULT = 3600.0
+
+
+class OptionError(ValueError):
+    """A connector option is missing or has a bad value (the message names the option)."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark passes a case-insensitive dict; plain dicts (tests, tools) may use any case.
+    value = options.get(name)
+    if value is None:
+        lowered = {k.lower(): v for k, v in options.items()}
+        value = lowered.get(name.lower())
+    return None if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, low: int, high: int) -> int | None:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise OptionError(f"option {name}: expected an integer, got {raw!r}") from exc
+    if not low <= value <= high:
+        raise OptionError(f"option {name}: must be in {low}..{high}, got {value}")
+    return value
+
+
+def _float(options: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise OptionError(f"option {name}: expected a number of seconds, got {raw!r}") from exc
+    if not low <= value <= high:
+        raise OptionError(f"option {name}: must be in {low}..{high}, got {value}")
+    return value
+
+
+def _choice(options: Mapping[str, str], name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    for choice in choices:
+        if raw.lower() == choice.lower():
+            return choice
+    raise OptionError(f"option {name}: one of {', '.join(choices)}, got {raw!r}")
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}: true or false, got {raw!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Where the cluster is and which queue: options ``seeds``, ``queue``, ``token``, ``shards``,
+    ``commandTimeout`` (seconds)."""
+
+    seeds: tuple[str, ...]
+    queue: str
+    token: str | None = None
+    shards: int | None = None
+    command_timeout_s: float = _COMMAND_TIMEOUT_S_DEFAULT
+
+    def queue_names(self, shards: int | None = None) -> list[str]:
+        """The wire names of the (sub-)queues: ``q`` or ``q#0 .. q#k-1``."""
+        k = self.shards if shards is None else shards
+        return [f"{self.queue}#{i}" for i in range(k)] if k else [self.queue]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """How rows become jobs (see ``docs/spark.md`` for the table of options)."""
+
+    connect: Connect
+    write_id: str
+    data_column: str | None = None
+    data_format: str = "value"
+    priority_column: str | None = None
+    delay_column: str | None = None
+    group_column: str | None = None
+    custom_id_column: str | None = None
+    tag_column: str | None = None
+    dedupe: str = "idempotencyKey"
+    batch_size: int = _BATCH_SIZE_DEFAULT
+    max_in_flight: int = _IN_FLIGHT_DEFAULT
+    task_timeout_s: float = _TASK_TIMEOUT_S_DEFAULT
+    #: Test hook ``"<partitionId>:<rows>"``: the first attempt of that task raises after pushing that many rows.
+    fail_first_attempt: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """What a batch read lists: ``queueType``, ``state``, ``dataFormat``, ``pageSize``."""
+
+    connect: Connect
+    queue_type: str = "jobs"
+    states: tuple[str, ...] = ()
+    data_format: str = "msgpack"
+    page_size: int = _PAGE_SIZE_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """How a stream reads: ``maxRecordsPerBatch``/``maxJobsPerBatch``, ``leaseSeconds``, ``startingOffsets``."""
+
+    connect: Connect
+    queue_type: str = "log"
+    data_format: str = "msgpack"
+    max_per_batch: int = _STREAM_BATCH_DEFAULT
+    lease_s: float = _LEASE_S_DEFAULT
+    starting: str = "earliest"  # earliest | latest | a JSON offset {"0": seq, ...}
+    page_size: int = _PAGE_SIZE_DEFAULT
+
+
+def parse_connect(options: Mapping[str, str]) -> Connect:
+    """``seeds``, ``queue``, ``token``, ``shards``, ``commandTimeout``."""
+    seeds_raw = _get(options, "seeds")
+    if seeds_raw is None:
+        raise OptionError("option seeds: required, e.g. .option('seeds', '10.0.0.1:6789,10.0.0.2:6789')")
+    seeds = tuple(s.strip() for s in seeds_raw.split(",") if s.strip())
+    for seed in seeds:
+        host, _, port = seed.rpartition(":")
+        if not host or not port.isdigit():
+            raise OptionError(f"option seeds: {seed!r} is not host:port")
+    queue = _get(options, "queue")
+    if queue is None:
+        raise OptionError("option queue: required")
+    if "#" in queue or len(queue) > L.queue_name_chars_max:
+        raise OptionError(f"option queue: {queue!r} is not a queue name (give shards=k for a sharded queue)")
+    return Connect(seeds=seeds, queue=queue, token=_get(options, "token"),
+                   shards=_int(options, "shards", None, 1, 1024),
+                   command_timeout_s=_float(options, "commandTimeout", _COMMAND_TIMEOUT_S_DEFAULT, 0.1, 3600.0))
+
+
+def _fail_hook(options: Mapping[str, str]) -> tuple[int, int] | None:
+    raw = _get(options, "testFailFirstAttempt")
+    if raw is None:
+        return None
+    partition, _, rows = raw.partition(":")
+    if not partition.isdigit() or not rows.isdigit():
+        raise OptionError(f"option testFailFirstAttempt: '<partitionId>:<rows>', got {raw!r}")
+    return int(partition), int(rows)
+
+
+def parse_write(options: Mapping[str, str], write_id: str) -> WriteOptions:
+    """The write options; ``write_id`` is used unless the ``writeId`` option fixes one."""
+    wid = _get(options, "writeId") or write_id
+    if len(wid) > 64 or ":" in wid:
+        raise OptionError("option writeId: at most 64 characters, no ':'")
+    return WriteOptions(
+        connect=parse_connect(options), write_id=wid,
+        data_column=_get(options, "dataColumn"),
+        data_format=_choice(options, "dataFormat", "value", DATA_FORMATS_IN) or "value",
+        priority_column=_get(options, "priorityColumn"), delay_column=_get(options, "delayColumn"),
+        group_column=_get(options, "groupColumn"), custom_id_column=_get(options, "customIdColumn"),
+        tag_column=_get(options, "tagColumn"),
+        dedupe=_choice(options, "dedupe", "idempotencyKey", DEDUPE_MODES) or "idempotencyKey",
+        batch_size=_int(options, "batchSize", _BATCH_SIZE_DEFAULT, 1, L.batch_jobs_max) or _BATCH_SIZE_DEFAULT,
+        max_in_flight=_int(options, "maxInFlight", _IN_FLIGHT_DEFAULT, 1, _IN_FLIGHT_MAX) or _IN_FLIGHT_DEFAULT,
+        task_timeout_s=_float(options, "taskTimeout", _TASK_TIMEOUT_S_DEFAULT, 1.0, 7 * 24 * 3600.0),
+        fail_first_attempt=_fail_hook(options))
+
+
+def _states(options: Mapping[str, str]) -> tuple[str, ...]:
+    raw = _get(options, "state")
+    if raw is None:
+        return ()
+    states = tuple(dict.fromkeys(s.strip().lower() for s in raw.split(",") if s.strip()))
+    bad = [s for s in states if s not in _STATES]
+    if bad:
+        raise OptionError(f"option state: {bad[0]!r} is not one of {', '.join(_STATES)}")
+    return states
+
+
+def parse_read(options: Mapping[str, str], queue_type: str) -> ReadOptions:
+    """The batch-read options (``queue_type`` as detected or given by ``queueType``)."""
+    return ReadOptions(connect=parse_connect(options), queue_type=queue_type, states=_states(options),
+                       data_format=_choice(options, "dataFormat", "msgpack", DATA_FORMATS_OUT) or "msgpack",
+                       page_size=_int(options, "pageSize", _PAGE_SIZE_DEFAULT, 1, L.page_limit_max)
+                       or _PAGE_SIZE_DEFAULT)
+
+
+def parse_stream(options: Mapping[str, str], queue_type: str) -> StreamOptions:
+    """The streaming options."""
+    name = "maxRecordsPerBatch" if queue_type == "log" else "maxJobsPerBatch"
+    starting = _get(options, "startingOffsets") or "earliest"
+    if starting not in ("earliest", "latest"):
+        try:
+            parsed = json.loads(starting)
+        except ValueError as exc:
+            raise OptionError("option startingOffsets: earliest, latest or JSON like {\"0\": 1}") from exc
+        if not isinstance(parsed, dict) or not all(isinstance(v, int) and v >= 1 for v in parsed.values()):
+            raise OptionError("option startingOffsets: JSON object of shard -> sequence number (>= 1)")
+    return StreamOptions(connect=parse_connect(options), queue_type=queue_type,
+                         data_format=_choice(options, "dataFormat", "msgpack", DATA_FORMATS_OUT) or "msgpack",
+                         max_per_batch=_int(options, name, _STREAM_BATCH_DEFAULT, 1, _STREAM_BATCH_MAX)
+                         or _STREAM_BATCH_DEFAULT,
+                         lease_s=_float(options, "leaseSeconds", _LEASE_S_DEFAULT, 1.0, L.ttr_ms_max / 1000),
+                         starting=starting,
+                         page_size=_int(options, "pageSize", _PAGE_SIZE_DEFAULT, 1, L.page_limit_max)
+                         or _PAGE_SIZE_DEFAULT)
+
+
+def queue_type_option(options: Mapping[str, str]) -> str | None:
+    """The ``queueType`` option (``jobs`` or ``log``), or ``None`` to detect it."""
+    return _choice(options, "queueType", None, QUEUE_TYPES)
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean option."""
+    return _bool(options, name, default)

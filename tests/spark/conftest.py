@@ -1,0 +1,49 @@
+"""One 3-node cluster and one local[2,2] SparkSession per test module (both stopped at the end).
+
+``local[2,2]``: two cores, and a failed task is tried twice (the retry test needs that).
+Spark's Python workers run this interpreter (``PYSPARK_PYTHON``), where the connector is
+installed; Spark finds it through the ``pyspark_shoal`` module, with no register call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.cluster.launcher import LocalCluster, free_base_port
+
+
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path_factory.mktemp("spark-cluster"),
+                      base_port=free_base_port(3, 4)) as cl:
+        cl.wait_balanced()
+        yield cl
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    warehouse: Path = tmp_path_factory.mktemp("spark-warehouse")
+    session = (SparkSession.builder.master("local[2,2]").appName("shoal-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.warehouse.dir", str(warehouse)).getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture()
+def seeds(cluster: LocalCluster) -> str:
+    return ",".join(cluster.addresses)
