@@ -144,16 +144,20 @@ class Connection:
             raise ClientClosed("the connection is closed")
         if self.state is ConnState.CONNECTED:
             return
+        wait = self._next_attempt - time.monotonic()
+        if wait > 0:
+            if deadline is not None:
+                # A command does not wait out the backoff of a node that just failed: the
+                # caller re-routes (a new leader is usually elected meanwhile), and the
+                # background loop reconnects. Waiting here held writes for seconds after a
+                # leader died (found by `shoal chaos run leader-kill`).
+                raise ConnectionLost(f"{self.address} is down; next reconnect attempt in {wait:.2f}s")
+            await asyncio.sleep(wait)  # the background reconnect loop, outside the lock
         async with self._connect_lock:
             if self.state is ConnState.CONNECTED:
                 return
             if self._closed:
                 raise ClientClosed("the connection is closed")
-            wait = self._next_attempt - time.monotonic()
-            if deadline is not None and time.monotonic() + max(wait, 0.0) >= deadline:
-                raise ConnectionLost(f"{self.address} is down; next reconnect attempt in {max(wait, 0):.2f}s")
-            if wait > 0:
-                await asyncio.sleep(wait)
             self.state = ConnState.CONNECTING if self._failures == 0 else ConnState.RECONNECTING
             budget = self.options.connect_timeout
             if deadline is not None:

@@ -38,11 +38,7 @@ def test_invariants_hold_under(scenario: str, tmp_path: Path) -> None:
 
 
 def test_chaos_run_command_reports_leader_kill(tmp_path: Path) -> None:
-    """``shoal chaos run leader-kill``: summary, files, exit 0; writes back after the kill.
-
-    Usually within ~1.5 s; in about one run in three the two pushes in flight at the
-    kill wait out the client's 5 s command timeout first (docs/chaos.md), hence the bound.
-    """
+    """``shoal chaos run leader-kill``: summary, files, exit 0; writes back soon after the kill."""
     out = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "shoal.cli", "chaos", "run", "leader-kill",
                            "--duration", str(DURATION_S), "--seed", "3", "--out", str(out)],
@@ -55,7 +51,7 @@ def test_chaos_run_command_reports_leader_kill(tmp_path: Path) -> None:
     import json
     result = json.loads((out / "result.json").read_text())
     kill = result["recovery"][0]
-    assert kill["fault"] == "kill" and kill["after_fault_s"] is not None and kill["after_fault_s"] < 10.0
+    assert kill["fault"] == "kill" and kill["after_fault_s"] is not None and kill["after_fault_s"] < 5.0
 
 
 def test_unknown_scenario_is_a_usage_error() -> None:
