@@ -243,12 +243,15 @@ def test_concurrent_connections_all_get_answers(cluster: LocalCluster) -> None:
 
 def test_pullb_reply_stays_within_the_frame_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A PULLB never leases more jobs than its reply can carry; the rest stay waiting."""
-    from conftest import NODE_COMMAND
+    import os
+
     from shoal.cluster.launcher import free_base_port
+
+    node_command = os.environ.get("SHOAL_TEST_NODE_COMMAND", "").split() or None  # as conftest's fixtures
 
     frame_max = 64 * 1024
     with LocalCluster(nodes=3, partitions=2, data_dir=tmp_path / "c", base_port=free_base_port(3, 2),
-                      node_command=NODE_COMMAND, extra_env={"SHOAL_FRAME_BYTES_MAX": str(frame_max)}) as cl:
+                      node_command=node_command, extra_env={"SHOAL_FRAME_BYTES_MAX": str(frame_max)}) as cl:
         cl.wait_balanced()
         router = Router(cl.addresses)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
 
 pytestmark = pytest.mark.spark
+
+STREAM_TIMEOUT_S = 120.0
 
 
 def test_write_then_read_back_exactly_the_rows(spark: Any, seeds: str, cluster: LocalCluster) -> None:
@@ -53,9 +56,12 @@ def _collect_stream(spark: Any, seeds: str, queue: str, checkpoint: Path, sink: 
         sink.extend(batch.collect())
 
     query = reader.load().writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint)).start()
+    watchdog = threading.Timer(STREAM_TIMEOUT_S, query.stop)  # bounds processAllAvailable
+    watchdog.start()
     try:
         query.processAllAvailable()
     finally:
+        watchdog.cancel()
         query.stop()
 
 

@@ -88,6 +88,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "schedule": st.sampled_from(["* * * * *", "*/5 * * * *", "0 3 * * 1-5"]),
     "repeatEvery": st.integers(1, L.delay_ms_max),
     "local": st.booleans(),
+    "detach": st.booleans(),
     "queues": st.lists(keys, max_size=5),
     "capabilities": st.lists(st.sampled_from(["pipelining", "events"]), max_size=2),
     "protocolVersion": st.integers(1, 2),
