@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -188,34 +189,81 @@ async def bench_pushb(cluster: LocalCluster, seconds: float) -> float:
     return n * 100 / dt
 
 
+class _ConsumeDriver(asyncio.Protocol):
+    """``slots`` consumers on one connection, each PULLB -> ACKB -> PULLB ... without waiting idle.
+
+    A PULLB reply sends its ACKB at once and the ACKB's reply sends the next PULLB, so
+    ``slots`` commands are always in flight, as a pipelined consumer keeps them.
+    """
+
+    def __init__(self, queue: str, batch: int, slots: int, deadline: float) -> None:
+        self.queue, self.batch, self.slots, self.deadline = queue, batch, slots, deadline
+        self.decoder = FrameDecoder(requests=False)
+        self.next_id = 0
+        self.acked = 0
+        self.in_flight = 0
+        self.drained = False
+        self.error: Any = None
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _send(self, frame: dict[str, Any]) -> None:
+        self.next_id += 1
+        frame["reqId"] = self.next_id
+        self.in_flight += 1
+        self.transport.write(encode(frame))
+
+    def _pull(self) -> None:
+        if self.drained or time.perf_counter() > self.deadline:
+            return
+        self._send({"cmd": "PULLB", "queue": self.queue, "count": self.batch})
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(encode({"cmd": "Hello", "protocolVersion": 2, "reqId": 0}))
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        for frame in self.decoder:
+            req_id = frame.get("reqId")
+            if req_id is None:
+                continue  # a pushed event, not a reply
+            if req_id == 0:
+                for _ in range(self.slots):
+                    self._pull()
+                continue
+            self.in_flight -= 1
+            if not frame.get("ok"):
+                self.error = frame
+                self.drained = True
+            elif "jobs" in frame:
+                jobs = frame["jobs"]
+                if jobs:
+                    self._send({"cmd": "ACKB", "ids": [j["id"] for j in jobs], "tokens": frame["tokens"]})
+                else:
+                    self.drained = True  # queue empty: this slot stops
+            else:
+                self.acked += frame["count"]
+                self._pull()
+        if self.in_flight == 0 and not self.finished.done():
+            self.finished.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_exception(ConnectionError("closed"))
+
+
 async def bench_pull_ack(cluster: LocalCluster, seconds: float) -> float:
-    conn = await leader_conn(cluster, "bench-pushb")
-    done = 0
+    host, port = leader_address(cluster, "bench-pushb").rsplit(":", 1)
     t0 = time.perf_counter()
-    deadline = t0 + seconds
-    window = 8
-    pending: set[asyncio.Future[dict[str, Any]]] = set()
-    while time.perf_counter() < deadline:
-        while len(pending) < window:
-            pending.add(conn.send({"cmd": "PULLB", "queue": "bench-pushb", "count": 100}))
-        finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        acks = []
-        for f in finished:
-            r = f.result()
-            if r.get("jobs"):
-                acks.append(conn.send({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}))
-                done += len(r["jobs"])
-        if acks:
-            for r in await asyncio.gather(*acks):
-                if not r.get("ok"):
-                    raise RuntimeError(r)
-        if not any(f.result().get("jobs") for f in finished):
-            break  # queue drained
-    dt = time.perf_counter() - t0
-    for f in pending:
-        await f
-    conn.close()
-    return done / dt
+    transport, proto = await asyncio.get_running_loop().create_connection(
+        lambda: _ConsumeDriver("bench-pushb", 100, 16, t0 + seconds), host, int(port))
+    try:
+        await asyncio.wait_for(proto.finished, seconds + 30)
+    finally:
+        transport.close()
+    if proto.error:
+        raise RuntimeError(proto.error)
+    return proto.acked / (time.perf_counter() - t0)
 
 
 async def bench_latency(cluster: LocalCluster, samples: int) -> tuple[float, float]:
@@ -257,6 +305,63 @@ async def bench_failover(cluster: LocalCluster) -> float:
                 return time.perf_counter() - t0
         await asyncio.sleep(0.02)
     raise TimeoutError("no write within 30 s of the leader kill")
+
+
+async def raft_batching(cluster: LocalCluster) -> tuple[int, int]:
+    """(Raft entries proposed, commands they carried) over every node, from ``Prometheus``."""
+    entries = commands = 0
+    for address in cluster.addresses:
+        conn = await Conn.open(address)
+        try:
+            text = (await conn.call({"cmd": "Prometheus"}))["text"]
+        finally:
+            conn.close()
+        for line in text.splitlines():
+            name, value = line.partition("{")[0], line.rsplit(" ", 1)[-1]
+            if name == "shoal_raft_batches_total":
+                entries += int(float(value))
+            elif name == "shoal_raft_batched_commands_total":
+                commands += int(float(value))
+    return entries, commands
+
+
+class CpuMeter:
+    """CPU seconds each node and this driver used during one phase (from /proc and getrusage)."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+
+    @staticmethod
+    def _proc_cpu_s(pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def _sample(self) -> dict[str, float]:
+        out = {node_id: self._proc_cpu_s(pid) for node_id, pid in self.cluster.pids.items()}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        out["driver"] = usage.ru_utime + usage.ru_stime
+        return out
+
+    def __enter__(self) -> "CpuMeter":
+        self.t0, self.before = time.perf_counter(), self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self.t0
+        after = self._sample()
+        self.shares = {k: (after[k] - self.before.get(k, 0.0)) / wall for k in after}
+
+    def summary(self) -> str:
+        return "cpu " + ", ".join(f"{k} {v:.0%}" for k, v in self.shares.items())
+
+
+def batching(before: tuple[int, int], after: tuple[int, int]) -> str:
+    entries, commands = after[0] - before[0], after[1] - before[1]
+    return f", {entries:,} Raft entries of {commands / max(entries, 1):.1f} commands"
 
 
 class Profiler:
@@ -317,19 +422,22 @@ async def main_async(args: argparse.Namespace) -> None:
                           base_port=free_base_port(3, args.partitions)) as cluster:
             if "push" in only:
                 wait_balanced(cluster)
-                with Profiler(cluster, args.profile, "push", args.seconds):
+                entries = await raft_batching(cluster)
+                with Profiler(cluster, args.profile, "push", args.seconds), CpuMeter(cluster) as cpu:
                     push = await bench_push(cluster, args.seconds)
-                print(f"PUSH (window 100):        {push:12,.0f} ops/s")
+                print(f"PUSH (window 100):        {push:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "pushb" in only:
                 wait_balanced(cluster)
-                with Profiler(cluster, args.profile, "pushb", args.seconds):
+                entries = await raft_batching(cluster)
+                with Profiler(cluster, args.profile, "pushb", args.seconds), CpuMeter(cluster) as cpu:
                     pushb = await bench_pushb(cluster, args.seconds)
-                print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s")
+                print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "pull" in only:
                 wait_balanced(cluster)
-                with Profiler(cluster, args.profile, "pull", args.seconds):
+                entries = await raft_batching(cluster)
+                with Profiler(cluster, args.profile, "pull", args.seconds), CpuMeter(cluster) as cpu:
                     pull = await bench_pull_ack(cluster, args.seconds)
-                print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s")
+                print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "latency" in only:
                 p50, p99 = await bench_latency(cluster, args.samples)
                 print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")

@@ -187,7 +187,7 @@ class HttpApi(StreamHandlers):
                 memory["rssBytes"] = int(f.read().split()[1]) * _PAGE_SIZE
         except (OSError, ValueError, IndexError):
             pass
-        jobs = sum(len(r.engine.jobs) for r in node.replicas.values())
+        jobs = sum(r.engine.job_count() for r in node.replicas.values())
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],

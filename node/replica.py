@@ -41,6 +41,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .state import PartitionEngine
+from .state._segments import split_plain
 
 __all__ = ["PartitionReplica", "BatchResult", "LoopPoller", "raft_conf", "TICK_PERIOD_S"]
 
@@ -216,7 +217,19 @@ def unwrap_job_data(cmd: dict[str, Any]) -> None:
     """
     name = cmd.get("cmd")
     if name == "PUSHB":
-        for item in cmd["jobs"]:
+        items = cmd["jobs"]
+        plain = split_plain(items)
+        if plain is not None:
+            # Items with nothing but data (and a key) travel as lists (``_datas``, ``_keys``):
+            # a fraction of the pickling work of one dict per job, on the leader and every
+            # follower, and the engine stores them as one segment.
+            datas, keys = plain
+            cmd["_datas"] = [d.packed if type(d) is Raw else d for d in datas]
+            if keys is not None:
+                cmd["_keys"] = keys
+            del cmd["jobs"]
+            return
+        for item in items:
             data = item.get("data")
             if type(data) is Raw:
                 item["data"] = data.packed

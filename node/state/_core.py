@@ -21,6 +21,13 @@ delayed run times, lease deadlines and TTL deadlines; stale heap entries are
 skipped when they surface. Expiry happens lazily when a pull applies and in
 the leader's periodic ``_Tick`` command.
 
+Bulk ingest: a ``PUSHB`` whose items carry only ``data`` is stored as one
+:class:`~._segments.Segment` (a list of data bytes) with one ready-heap entry
+pointing at its lowest untaken job; a segment's job becomes a ``Job`` object
+("materialized") when a pull reaches it or a command names it. Materializing
+changes the representation, never the state: snapshots, digests and listings
+see every job in seq order either way.
+
 Every command is atomic: it checks everything that can fail before it
 changes anything, so a refused command (``CommandError``) leaves no trace.
 """
@@ -41,6 +48,7 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
+from ._segments import Segment, SegmentStore, split_plain
 from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, check_transition
 
 __all__ = ["PartitionEngine", "QUEUE_PRESETS", "DEFAULTS"]
@@ -174,6 +182,8 @@ class PartitionEngine:
         self.lease_seq = 0
         self.now_ms = 0
         self.jobs: dict[int, Job] = {}
+        self.segments = SegmentStore()  # plain PUSHB jobs not materialized yet
+        self._jobs_unordered = False    # a materialized job was inserted behind later seqs
         self.queues: dict[str, Queue] = {}
         self.delayed: list[tuple[int, int]] = []          # (run_at_ms, seq)
         self.leases: list[tuple[int, int, str]] = []      # (deadline_ms, seq, token)
@@ -257,7 +267,7 @@ class PartitionEngine:
         """
         state = (
             _SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
-            [j.to_tuple() for j in self.jobs.values()],
+            [j.to_tuple() for j in self._all_jobs()],
             [q.settings() for q in self.queues.values()],
             {s: list(seqs) for s, seqs in self.sessions.items()},
             [(t, list(k)) for t, k in self.idempotency_order],
@@ -326,10 +336,58 @@ class PartitionEngine:
 
     def _job(self, job_id: str) -> Job:
         partition, seq = parse_job_id(job_id)
-        job = self.jobs.get(seq) if partition == self.partition else None
-        if job is None:
+        if partition != self.partition:
             raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
+        job = self.jobs.get(seq)
+        if job is None:
+            job = self._materialize(seq)
+            if job is None:
+                raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
         return job
+
+    def job_count(self) -> int:
+        """Jobs held in every state, materialized or not."""
+        return len(self.jobs) + self.segments.jobs
+
+    def _materialize(self, seq: int) -> Job | None:
+        """Turn a segment's untaken job ``seq`` into a waiting ``Job``; None if no segment holds it.
+
+        Keeps the invariant that every waiting job has exactly one ready-heap entry: the
+        segment's entry (at its lowest untaken seq) passes to the job when that is the one
+        taken, and the segment gets a new entry at its next seq; any other job gets its own.
+        """
+        segments = self.segments
+        seg = segments.find(seq)
+        if seg is None:
+            return None
+        was_low = seq == seg.low
+        job = Job(seq, seg.queue, segments.take(seg, seq), 0, seg.created_ms)
+        job.max_attempts = seg.max_attempts
+        job.backoff_ms = seg.backoff_ms
+        job.ttr_ms = seg.ttr_ms
+        self.jobs[seq] = job
+        self._jobs_unordered = True
+        ready = self.queues[seg.queue].ready
+        if not was_low:
+            heapq.heappush(ready, (0, seq))
+        elif seg.left:
+            heapq.heappush(ready, (0, seg.low))
+        return job
+
+    def _all_jobs(self) -> list[Job]:
+        """Every job in seq order; a segment's untouched jobs as detached copies (not stored)."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        jobs = list(self.jobs.values())
+        if self.segments:
+            for seg in self.segments:
+                for seq in seg.seqs():
+                    job = Job(seq, seg.queue, seg.datas[seq - seg.first], 0, seg.created_ms)
+                    job.max_attempts, job.backoff_ms, job.ttr_ms = seg.max_attempts, seg.backoff_ms, seg.ttr_ms
+                    jobs.append(job)
+            jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
+        return jobs
 
     def _id(self, job: Job) -> str:
         return f"{self.partition}-{job.seq}"
@@ -383,6 +441,8 @@ class PartitionEngine:
         while ready:
             prio, seq = ready[0]
             job = self.jobs.get(seq)
+            if job is None and self.segments:
+                job = self._materialize(seq)
             if job is not None and job.state == WAITING and job.group is None and job.queue == q.name:
                 break
             heapq.heappop(ready)
@@ -458,6 +518,31 @@ class PartitionEngine:
         else:
             q.dlq[job.seq] = None
             q.totals["failed"] += 1
+
+    def _complete(self, q: Queue, job: Job) -> None:
+        """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks."""
+        session = job.session
+        if session is not None:
+            leased = self.sessions.get(session)
+            if leased is not None:
+                leased.pop(job.seq, None)
+                if not leased:
+                    del self.sessions[session]
+        job.token = None
+        job.session = None
+        job.lease_deadline_ms = 0
+        if job.group is not None:
+            self._release_group(q, job)
+        job.finished_ms = self.now_ms
+        job.state = COMPLETED  # active -> completed, a move of the diagram (_transitions)
+        counts = q.counts
+        counts[ACTIVE] -= 1
+        counts[COMPLETED] += 1
+        self.events.append((q.name, job.seq, COMPLETED, ACTIVE))
+        q.history.append(job.seq)
+        q.totals["completed"] += 1
+        if len(q.history) > q.opts["historyMax"]:
+            self._trim_history(q)
 
     def _remove(self, q: Queue, job: Job) -> None:
         """Delete a job for good (cancel, drain, clean, TTL, purge)."""
@@ -667,6 +752,68 @@ class PartitionEngine:
         else:
             q.prio_counts.pop(priority, None)
 
+    def _push_segment(self, q: Queue, datas: list[Any], keys: list[str | None] | None) -> list[str]:
+        """Plain jobs (data and maybe a key, no TTL) as one segment: O(1) index work per batch.
+
+        Same outcome as pushing the items one by one: a key seen within the window, or
+        earlier in this batch, answers the original id and adds nothing.
+        """
+        now, name = self.now_ms, q.name
+        prefix = f"{self.partition}-"
+        dup_of: list[Any] | None = None
+        fresh = datas
+        if keys is not None:
+            dup_of = [None] * len(datas)
+            idem = self.idempotency
+            first_in_batch: dict[str, int] = {}
+            for i, key in enumerate(keys):
+                if key is None:
+                    continue
+                entry = idem.get((name, key))
+                if entry is not None and entry[1] > now:
+                    dup_of[i] = entry[0]
+                elif key in first_in_batch:
+                    dup_of[i] = first_in_batch[key]
+                else:
+                    first_in_batch[key] = i
+            fresh = [d for d, dup in zip(datas, dup_of) if dup is None]
+        n = len(fresh)
+        if n:
+            self._check_push(q, {}, extra=n - 1)  # before any change: a refused batch leaves no trace
+        first = self.seq + 1
+        self.seq += n
+        if dup_of is not None:
+            ids: list[str] = []
+            seq = first
+            expires = now + IDEMPOTENCY_WINDOW_MS
+            order = self.idempotency_order
+            for i, dup in enumerate(dup_of):
+                if dup is None:
+                    job_id = prefix + str(seq)
+                    seq += 1
+                    key = keys[i]  # type: ignore[index]
+                    if key is not None:
+                        self.idempotency[(name, key)] = (job_id, expires)
+                        order.append((expires, (name, key)))
+                    ids.append(job_id)
+                else:
+                    ids.append(ids[dup] if type(dup) is int else dup)
+        if not n:
+            return ids if dup_of is not None else []
+        opts = q.opts
+        # A copy: the segment marks taken slots in its list, and a command may be applied twice
+        # (the same dict on two engines in tests).
+        self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"]))
+        heapq.heappush(q.ready, (0, first))
+        q.counts[WAITING] += n
+        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+        q.totals["enqueued"] += n
+        if not self.replies:
+            return []  # a follower's reply (and event feed) is never read
+        seqs = range(first, first + n)
+        self.events.extend([(name, seq, WAITING, None) for seq in seqs])
+        return ids if dup_of is not None else [prefix + str(seq) for seq in seqs]
+
     def _append_log(self, q: Queue, data: Any, tag: str | None) -> dict[str, Any]:
         lseq = q.log_next
         q.log_next += 1
@@ -688,8 +835,26 @@ class PartitionEngine:
 
     def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
-        items = cmd["jobs"]
-        self._count(q, "PUSHB")
+        reply = self._push_batch(q, cmd)
+        self._count(q, "PUSHB")  # after the checks: a refused batch leaves no trace
+        return reply
+
+    def _push_batch(self, q: Queue, cmd: dict[str, Any]) -> dict[str, Any]:
+        # ``_datas``/``_keys``: the node's replicated form of a batch whose items carry only
+        # data and maybe an idempotency key (what bulk ingest sends).
+        datas, keys = cmd.get("_datas"), cmd.get("_keys")
+        if datas is None:
+            plain = split_plain(cmd["jobs"])
+            if plain is not None:
+                datas, keys = plain
+                datas = [d.packed if type(d) is Raw else d for d in datas]
+        if datas is not None:
+            if q.type != "log" and not (q.preset["ttl"] and q.opts["ttl"]):
+                return {"ids": self._push_segment(q, datas, keys)}
+            items = [{"data": d} if k is None else {"data": d, "idempotencyKey": k}
+                     for d, k in zip(datas, keys or [None] * len(datas))]
+        else:
+            items = cmd["jobs"]
         if q.type == "log":
             return {"ids": [self._append_log(q, item["data"], item.get("tag"))["id"] for item in items]}
         # Only items with a key or customId can be duplicates; only the first fresh item
@@ -744,6 +909,8 @@ class PartitionEngine:
         self._count(q, cmd["cmd"])
         if q.paused:
             return [], []
+        if not q.group_heads and not q.group_fifo:
+            return self._pull_ungrouped(q, cmd, count)
         jobs, tokens = [], []
         # ``_bytesMax`` (set by the node from its frame limit): stop before the reply would
         # outgrow a frame; the first job is always taken (its data fits a frame by the limits).
@@ -764,6 +931,66 @@ class PartitionEngine:
             jobs.append(self.wire_job(job) if self.replies else None)
         return jobs, tokens
 
+    def _pull_ungrouped(self, q: Queue, cmd: dict[str, Any], count: int) -> tuple[list[Any], list[str]]:
+        """``_pull`` for a queue with no group jobs waiting: the ready heap alone orders it.
+
+        The same steps as ``_pop_ready`` + ``_lease`` per job, with one heap look per job
+        and the counters moved once per batch (the hot loop of every consumer).
+        """
+        jobs: list[Any] = []
+        tokens: list[str] = []
+        budget = cmd.get("_bytesMax") or 0
+        used = REPLY_BYTES_OVERHEAD
+        ttr_ms = cmd.get("ttr")
+        session = cmd.get("_session")
+        sessions = self.sessions
+        leased = sessions.setdefault(session, {}) if session is not None else None
+        ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self.events
+        heappop, heappush = heapq.heappop, heapq.heappush
+        name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
+        wire_job = self.wire_job if self.replies else None
+        prefix = f"{self.partition}."
+        lease_seq = self.lease_seq
+        while len(tokens) < count and ready:
+            seq = ready[0][1]
+            job = all_jobs.get(seq)
+            if job is None and segments:
+                job = self._materialize(seq)
+            if job is None or job.state != WAITING or job.group is not None or job.queue != name:
+                heappop(ready)  # stale entry (lazy deletion)
+                continue
+            if budget:
+                used += wire_bytes_max(job)
+                if tokens and used > budget:
+                    break
+            heappop(ready)
+            lease_seq += 1
+            token = prefix + str(lease_seq)
+            job.attempts += 1
+            job.token = token
+            job.session = session
+            job.lease_deadline_ms = deadline = now + (ttr_ms or job.ttr_ms or default_ttr)
+            job.state = ACTIVE  # waiting -> active, a move of the diagram (_transitions)
+            prio = job.priority
+            left = prio_counts[prio] - 1
+            if left:
+                prio_counts[prio] = left
+            else:
+                del prio_counts[prio]
+            events.append((name, seq, ACTIVE, WAITING))
+            heappush(leases, (deadline, seq, token))
+            if leased is not None:
+                leased[seq] = None
+            tokens.append(token)
+            jobs.append(wire_job(job) if wire_job is not None else None)
+        self.lease_seq = lease_seq
+        taken = len(tokens)
+        q.counts[WAITING] -= taken
+        q.counts[ACTIVE] += taken
+        if leased is not None and not leased:
+            del sessions[session]  # type: ignore[arg-type]
+        return jobs, tokens
+
     def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
         jobs, tokens = self._pull(cmd, 1)
         return {"job": jobs[0], "token": tokens[0]} if jobs else {"job": None}
@@ -780,7 +1007,7 @@ class PartitionEngine:
         if result is not None:
             job.result = result.packed if type(result) is Raw else _pack(result)
         self._count(q, "ACK")
-        self._finish(q, job, COMPLETED)
+        self._complete(q, job)
         return {}
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -788,18 +1015,23 @@ class PartitionEngine:
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
         jobs = []
+        find = self._job
         for job_id, token in zip(ids, tokens):   # check all first: the batch is atomic
-            job = self._job(job_id)
-            self._require_active(job, {"token": token})
+            job = find(job_id)
+            if job.state != ACTIVE or (token is not None and str(token) != job.token):
+                self._require_active(job, {"token": token})  # raises the precise error
             jobs.append(job)
         if len({j.seq for j in jobs}) != len(jobs):
             raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
+        queues = self.queues
+        q = None
         for job, result in zip(jobs, results):
-            q = self.queues[job.queue]
+            if q is None or q.name != job.queue:
+                q = queues[job.queue]
             if result is not None:
                 job.result = _pack(result)
-            self._count(q, "ACKB")
-            self._finish(q, job, COMPLETED)
+            q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
+            self._complete(q, job)
         return {"count": len(jobs)}
 
     def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -968,17 +1200,17 @@ class PartitionEngine:
     def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
                       limit: int | None = None) -> int:
         victims = []
-        for job in self.jobs.values():
+        for job in self._all_jobs():
             if job.queue != q.name or job.state not in states:
                 continue
             stamp = job.finished_ms or job.created_ms
             if older_than_ms is not None and stamp > older_than_ms:
                 continue
-            victims.append(job)
+            victims.append(job.seq)
             if limit is not None and len(victims) >= limit:
                 break
-        for job in victims:
-            self._remove(q, job)
+        for seq in victims:
+            self._remove(q, self.jobs.get(seq) or self._materialize(seq))  # type: ignore[arg-type]
         return len(victims)
 
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1158,7 +1390,7 @@ class PartitionEngine:
         total = q.counts[state] if state else sum(q.counts.values())
         page: list[dict[str, Any]] = []
         skipped = 0
-        for job in self.jobs.values():  # seq order; a paging query, not a hot path
+        for job in self._all_jobs():  # seq order; a paging query, not a hot path
             if job.queue != q.name or (state and job.state != state):
                 continue
             if skipped < offset:
@@ -1217,6 +1449,10 @@ class PartitionEngine:
                                                                    for n, q in self.queues.items()},
                           "jobs": totals, "sessions": len(self.sessions), "crons": len(self.crons),
                           "lastSeq": self.seq, "now": self.now_ms}}
+
+
+def _seq_of(job: Job) -> int:
+    return job.seq
 
 
 def _pack(value: Any) -> bytes:

@@ -25,7 +25,14 @@ def random_commands(seed: int, count: int) -> list[tuple[dict[str, Any], int]]:
         now += rng.choice([0, 0, 5, 300, 2_000])
         kind = rng.random()
         queue = rng.choice(["a", "b", "u"])
-        if kind < 0.35:
+        if kind < 0.08:
+            # plain items (data, maybe a key): stored as one segment, materialized job by job
+            items = [{"data": raw_of(pushed + i)} | ({"idempotencyKey": f"k{rng.randint(0, 20)}"}
+                                                     if rng.random() < 0.3 else {})
+                     for i in range(rng.randint(1, 4))]
+            out.append(({"cmd": "PUSHB", "queue": queue, "jobs": items}, now))
+            pushed += len(items)
+        elif kind < 0.35:
             out.append(({"cmd": "PUSH", "queue": queue, "data": raw_of(pushed), "priority": rng.randint(-2, 2),
                          "delay": rng.choice([0, 0, 1_000]), "group": rng.choice([None, "g1", "g2"]),
                          "idempotencyKey": rng.choice([None, f"k{rng.randint(0, 20)}"])}, now))
@@ -235,6 +242,53 @@ def test_limfifottl_capacity_rejects_and_never_drops() -> None:
         run(e, {"cmd": "PUSH", "queue": "lim", "data": raw_of(3)})
     assert info.value.code.value == "QUEUE_FULL"
     assert run(e, {"cmd": "Count", "queue": "lim"})["count"] == 2
+
+
+def test_plain_batches_behave_like_single_pushes() -> None:
+    """A segment (plain PUSHB) and the same jobs pushed one by one answer every command alike."""
+    batched, single = PartitionEngine(0), PartitionEngine(0)
+    for e in (batched, single):
+        run(e, {"cmd": "CreateQueue", "queue": "q", "options": {"ttr": 500}})
+    keys = [None, "a", None, "a", "b", None, None, "b"]  # repeats inside the batch are duplicates
+    items = [{"data": raw_of(i)} | ({"idempotencyKey": k} if k else {}) for i, k in enumerate(keys)]
+    ids_b = run(batched, {"cmd": "PUSHB", "queue": "q", "jobs": items})["ids"]
+    ids_s = [run(single, {"cmd": "PUSH", "queue": "q", **item})["id"] for item in items]
+    assert ids_b == ids_s == ["0-1", "0-2", "0-3", "0-2", "0-4", "0-5", "0-6", "0-4"]
+    script: list[dict[str, Any]] = [
+        {"cmd": "GetJob", "id": "0-4"},                       # a read from the middle of the segment
+        {"cmd": "Cancel", "id": "0-3"},
+        {"cmd": "PULLB", "queue": "q", "count": 2, "_session": "s"},
+        {"cmd": "GetJobs", "queue": "q", "state": "waiting"},
+        {"cmd": "Clean", "queue": "q", "state": "waiting", "grace": 0, "limit": 1},
+        {"cmd": "PULL", "queue": "q"},
+        {"cmd": "GetJobCounts", "queue": "q"},
+    ]
+    for cmd in script:
+        assert unraw(run(batched, dict(cmd))) == unraw(run(single, dict(cmd))), cmd
+    for e in (batched, single):  # leases lapse; the reclaimed jobs come back first
+        run(e, {"cmd": "_Tick"}, 2_000)
+    for _ in range(4):
+        cmd = {"cmd": "PULL", "queue": "q"}
+        assert unraw(run(batched, dict(cmd), 2_000))["job"] == unraw(run(single, dict(cmd), 2_000))["job"]
+
+
+def test_a_plain_batch_over_capacity_leaves_no_trace() -> None:
+    e = PartitionEngine(0)
+    run(e, {"cmd": "CreateQueue", "queue": "lim", "type": "limfifottl", "options": {"capacity": 3}})
+    before = e.digest()
+    with pytest.raises(CommandError) as info:
+        run(e, {"cmd": "PUSHB", "queue": "lim", "jobs": [{"data": raw_of(i)} for i in range(4)]})
+    assert info.value.code.value == "QUEUE_FULL"
+    assert e.digest() == before
+    assert len(run(e, {"cmd": "PUSHB", "queue": "lim", "jobs": [{"data": raw_of(i)} for i in range(3)]})["ids"]) == 3
+
+
+def test_a_plain_batch_into_a_ttl_queue_still_expires() -> None:
+    e = PartitionEngine(0)
+    run(e, {"cmd": "CreateQueue", "queue": "t", "type": "fifottl", "options": {"ttl": 1_000}})
+    run(e, {"cmd": "PUSHB", "queue": "t", "jobs": [{"data": raw_of(i)} for i in range(3)]})
+    run(e, {"cmd": "_Tick"}, 2_500)
+    assert run(e, {"cmd": "Count", "queue": "t"}, 2_500)["count"] == 0
 
 
 def test_utube_one_active_job_per_group_in_fifo_order() -> None:

@@ -4,6 +4,11 @@ The model keeps a plain dict per job and recomputes everything by scanning; the
 engine must give the same answers: which job a pull returns, what ACK/FAIL/
 Release accept, and the counts by state, while time advances and ticks expire
 delays and leases.
+
+Batches of plain jobs (``PUSHB`` items with only data and maybe an idempotency
+key) are stored as segments and materialized job by job; reads (``GetJob``)
+materialize on the engine under test only, so a twin engine that applies the
+same writes and no reads must keep the same digest, and so must a restore.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class Model:
 
     def __init__(self) -> None:
         self.jobs: dict[int, dict[str, Any]] = {}
+        self.keys: dict[str, tuple[int, int]] = {}  # idempotency key -> (seq, expires)
         self.now = 0
 
     def expire(self) -> None:
@@ -58,23 +64,75 @@ class EngineVsModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engine = PartitionEngine(0)
-        self.engine.apply({"cmd": "CreateQueue", "queue": "q",
-                           "options": {"ttr": TTR_MS, "maxDeliveries": MAX_DELIVERIES, "backoff": 0}}, 0)
+        self.twin = PartitionEngine(0)  # same writes, never a read
+        create = {"cmd": "CreateQueue", "queue": "q",
+                  "options": {"ttr": TTR_MS, "maxDeliveries": MAX_DELIVERIES, "backoff": 0}}
+        self.engine.apply(create, 0)
+        self.twin.apply(create, 0)
         self.model = Model()
         self.tokens: dict[int, str] = {}       # current token per active job (from the engine)
         self.stale: list[tuple[int, str]] = []  # tokens of leases that ended
 
     def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return self.engine.apply(cmd, self.model.now)
+        try:
+            return self.engine.apply(cmd, self.model.now)
+        finally:
+            if cmd["cmd"] not in ("GetJob", "GetJobCounts"):
+                try:
+                    self.twin.apply(cmd, self.model.now)
+                except CommandError:
+                    pass
+
+    def _add(self, seq: int, prio: int, delay: int, attempts: int) -> None:
+        self.model.jobs[seq] = {"prio": prio, "state": "delayed" if delay else "waiting",
+                                "run_at": self.model.now + delay, "attempts": 0, "max": attempts,
+                                "deadline": 0, "token": None}
 
     @rule(prio=st.integers(-3, 3), delay=st.sampled_from([0, 0, 500, 1500]), attempts=st.integers(1, 3))
     def push(self, prio: int, delay: int, attempts: int) -> None:
         r = self.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(prio), "priority": prio, "delay": delay,
                         "attempts": attempts})
-        seq = int(r["id"].split("-")[1])
-        self.model.jobs[seq] = {"prio": prio, "state": "delayed" if delay else "waiting",
-                                "run_at": self.model.now + delay, "attempts": 0, "max": attempts,
-                                "deadline": 0, "token": None}
+        self._add(int(r["id"].split("-")[1]), prio, delay, attempts)
+
+    @rule(keys=st.lists(st.sampled_from([None, None, "k1", "k2", "k3"]), min_size=1, max_size=6))
+    def push_batch(self, keys: list[str | None]) -> None:
+        items = [{"data": raw_of(i)} if k is None else {"data": raw_of(i), "idempotencyKey": k}
+                 for i, k in enumerate(keys)]
+        ids = self.apply({"cmd": "PUSHB", "queue": "q", "jobs": items})["ids"]
+        assert len(ids) == len(keys)
+        m = self.model
+        for key, job_id in zip(keys, ids):
+            seq = int(job_id.split("-")[1])
+            known = m.keys.get(key) if key is not None else None
+            if known is not None and known[1] > m.now:
+                assert seq == known[0], "a key seen within the window must answer the original id"
+                continue
+            assert seq not in m.jobs
+            self._add(seq, 0, 0, 1)
+            if key is not None:
+                m.keys[key] = (seq, m.now + 120_000)
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data())
+    def get_job(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.model.jobs)))
+        job = self.apply({"cmd": "GetJob", "id": f"0-{seq}"})["job"]
+        self.model.expire()
+        state = self.model.jobs[seq]["state"]
+        if state not in ("delayed", "active"):  # those two may have lapsed in the engine only lazily
+            assert job["state"] == state
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self.apply({"cmd": "_Tick"})
+        self.model.expire()
+        seq = data.draw(st.sampled_from(sorted(self.model.jobs)))
+        if self.model.jobs[seq]["state"] == "active":
+            return
+        self.apply({"cmd": "Cancel", "id": f"0-{seq}"})
+        del self.model.jobs[seq]
+        self.tokens.pop(seq, None)
 
     @rule()
     def pull(self) -> None:
@@ -137,6 +195,12 @@ class EngineVsModel(RuleBasedStateMachine):
     def counts_agree(self) -> None:
         got = self.apply({"cmd": "GetJobCounts", "queue": "q"})["counts"]
         assert got == self.model.counts()
+
+    @invariant()
+    def representation_never_shows(self) -> None:
+        digest = self.engine.digest()
+        assert digest == self.twin.digest(), "reads (materializing jobs) changed the snapshot"
+        assert PartitionEngine.restore(self.engine.snapshot()).digest() == digest
 
 
 TestEngineVsModel = EngineVsModel.TestCase
