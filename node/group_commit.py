@@ -5,6 +5,11 @@ Event-loop side only. Up to ``inflight_max`` entries are in flight at once
 (pysyncobj pipelines them); everything else waits in ``_pending`` and is
 proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
+
+Inside a batch, a run of consecutive plain PUSHes to one queue (data and maybe
+an idempotency key) travels as one ``_PushMany`` command: one list of data
+bytes to pickle and one segment for the engines to store, instead of a dict
+and a job object per push on every replica. Each push keeps its own result.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .replica import PartitionReplica, fail_reason_error
@@ -24,13 +30,58 @@ __all__ = ["GroupCommit", "ReplyCallback"]
 ReplyCallback = Callable[[Any], None]
 
 
+#: Fields a PUSH may carry and still ride in a ``_PushMany`` (``timeout`` and ``_deadline``
+#: only matter to the dispatcher, which parks a push refused with QUEUE_FULL).
+_PLAIN_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "timeout", "_deadline"})
+
+
+def coalesce_pushes(cmds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """Replace each run of 2+ consecutive plain PUSHes to one queue by one ``_PushMany``.
+
+    Returns the commands to replicate and, when anything was merged, how many original
+    commands each stands for (0 for a command kept as it was); None when nothing was.
+    """
+    out: list[dict[str, Any]] = []
+    sizes: list[int] = []
+    merged = False
+    i, n = 0, len(cmds)
+    while i < n:
+        cmd = cmds[i]
+        j = i + 1
+        if cmd["cmd"] == "PUSH" and cmd.keys() <= _PLAIN_PUSH_FIELDS:
+            queue = cmd["queue"]
+            while j < n and cmds[j]["cmd"] == "PUSH" and cmds[j]["queue"] == queue \
+                    and cmds[j].keys() <= _PLAIN_PUSH_FIELDS:
+                j += 1
+        if j - i < 2:
+            out.append(cmd)
+            sizes.append(0)
+            i += 1
+            continue
+        run = cmds[i:j]
+        many: dict[str, Any] = {"cmd": "_PushMany", "queue": queue,
+                                "_datas": [d.packed if type(d) is Raw else d for d in [c["data"] for c in run]]}
+        keys = [c.get("idempotencyKey") for c in run]
+        if any(k is not None for k in keys):
+            many["_keys"] = keys
+        out.append(many)
+        sizes.append(j - i)
+        merged = True
+        i = j
+    return out, (sizes if merged else None)
+
+
 class _Entry:
-    """One proposed entry's callbacks; ``settled`` once answered (by Raft or by abandonment)."""
+    """One proposed entry's callbacks; ``settled`` once answered (by Raft or by abandonment).
 
-    __slots__ = ("cbs", "settled")
+    ``sizes`` (from :func:`coalesce_pushes`) maps the replicated commands back to the callbacks.
+    """
 
-    def __init__(self, cbs: list[ReplyCallback]) -> None:
+    __slots__ = ("cbs", "sizes", "settled")
+
+    def __init__(self, cbs: list[ReplyCallback], sizes: list[int] | None) -> None:
         self.cbs = cbs
+        self.sizes = sizes
         self.settled = False
 
 
@@ -98,7 +149,8 @@ class GroupCommit:
             self.proposed_batches += 1
             self.proposed_commands += len(cmds)
             loop = self.loop
-            entry = _Entry(cbs)
+            cmds, sizes = coalesce_pushes(cmds)
+            entry = _Entry(cbs, sizes)
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:
@@ -140,9 +192,21 @@ class GroupCommit:
                    else fail_reason_error(reason))
             for cb in cbs:
                 cb(err)
-        else:
+        elif entry.sizes is None:
             for cb, res in zip(cbs, results):
                 cb(res)
+        else:
+            k = 0
+            for res, n in zip(results, entry.sizes):
+                if n == 0:
+                    cbs[k](res)
+                    k += 1
+                    continue
+                # a _PushMany: one result per push, or one error for all (an engine failure)
+                each = res["results"] if type(res) is dict else [res] * n
+                for cb, r in zip(cbs[k:k + n], each):
+                    cb(r)
+                k += n
         if self._cmds and not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._flush)

@@ -752,67 +752,126 @@ class PartitionEngine:
         else:
             q.prio_counts.pop(priority, None)
 
-    def _push_segment(self, q: Queue, datas: list[Any], keys: list[str | None] | None) -> list[str]:
+    def _push_segment(self, q: Queue, datas: list[Any], keys: list[str | None] | None,
+                      per_item: bool = False) -> tuple[list[Any], list[Any] | None]:
         """Plain jobs (data and maybe a key, no TTL) as one segment: O(1) index work per batch.
 
         Same outcome as pushing the items one by one: a key seen within the window, or
-        earlier in this batch, answers the original id and adds nothing.
+        earlier in this batch, answers the original id and adds nothing. Capacity is checked
+        for the batch as a whole (PUSHB: all or nothing) or, with ``per_item``, item by item
+        (coalesced single PUSHes: the ones past the capacity are refused).
+
+        Returns, per item, its job id (a duplicate's is the original's; None when refused),
+        and the plan (None: every item new; else per item None = new, a str = duplicate of an
+        earlier job, an int = duplicate of that earlier item, ``_FULL`` = refused). A follower
+        (``replies`` off) gets no ids.
         """
         now, name = self.now_ms, q.name
         prefix = f"{self.partition}-"
-        dup_of: list[Any] | None = None
+        room = None
+        if per_item:
+            capacity = q.opts["capacity"]
+            if capacity and q.preset["capacity"]:
+                counts = q.counts
+                room = capacity - (counts[WAITING] + counts[DELAYED] + counts[ACTIVE])
+        plan: list[Any] | None = None
         fresh = datas
-        if keys is not None:
-            dup_of = [None] * len(datas)
+        if keys is not None or room is not None:
+            plan = [None] * len(datas)
             idem = self.idempotency
             first_in_batch: dict[str, int] = {}
-            for i, key in enumerate(keys):
-                if key is None:
-                    continue
-                entry = idem.get((name, key))
-                if entry is not None and entry[1] > now:
-                    dup_of[i] = entry[0]
-                elif key in first_in_batch:
-                    dup_of[i] = first_in_batch[key]
-                else:
+            for i in range(len(datas)):
+                key = keys[i] if keys is not None else None
+                if key is not None:
+                    entry = idem.get((name, key))
+                    if entry is not None and entry[1] > now:
+                        plan[i] = entry[0]
+                        continue
+                    earlier = first_in_batch.get(key)
+                    if earlier is not None:
+                        plan[i] = earlier
+                        continue
+                if room is not None:
+                    if room <= 0:
+                        plan[i] = _FULL
+                        continue
+                    room -= 1
+                if key is not None:
                     first_in_batch[key] = i
-            fresh = [d for d, dup in zip(datas, dup_of) if dup is None]
+            fresh = [d for d, step in zip(datas, plan) if step is None]
         n = len(fresh)
-        if n:
+        if n and not per_item:
             self._check_push(q, {}, extra=n - 1)  # before any change: a refused batch leaves no trace
         first = self.seq + 1
         self.seq += n
-        if dup_of is not None:
-            ids: list[str] = []
+        ids: list[Any] = []
+        if plan is not None:
             seq = first
             expires = now + IDEMPOTENCY_WINDOW_MS
             order = self.idempotency_order
-            for i, dup in enumerate(dup_of):
-                if dup is None:
+            for i, step in enumerate(plan):
+                if step is None:
                     job_id = prefix + str(seq)
                     seq += 1
-                    key = keys[i]  # type: ignore[index]
+                    key = keys[i] if keys is not None else None
                     if key is not None:
                         self.idempotency[(name, key)] = (job_id, expires)
                         order.append((expires, (name, key)))
                     ids.append(job_id)
+                elif step is _FULL:
+                    ids.append(None)
                 else:
-                    ids.append(ids[dup] if type(dup) is int else dup)
-        if not n:
-            return ids if dup_of is not None else []
-        opts = q.opts
-        # A copy: the segment marks taken slots in its list, and a command may be applied twice
-        # (the same dict on two engines in tests).
-        self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"]))
-        heapq.heappush(q.ready, (0, first))
-        q.counts[WAITING] += n
-        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
-        q.totals["enqueued"] += n
+                    ids.append(ids[step] if type(step) is int else step)
+        if n:
+            opts = q.opts
+            # A copy: the segment marks taken slots in its list, and a command may be applied
+            # twice (the same dict on two engines in tests).
+            self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"]))
+            heapq.heappush(q.ready, (0, first))
+            q.counts[WAITING] += n
+            q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+            q.totals["enqueued"] += n
+            if per_item:
+                q.calls["PUSH"] = q.calls.get("PUSH", 0) + n  # as n accepted PUSH commands count
         if not self.replies:
-            return []  # a follower's reply (and event feed) is never read
+            return [], plan  # a follower's reply (and event feed) is never read
         seqs = range(first, first + n)
-        self.events.extend([(name, seq, WAITING, None) for seq in seqs])
-        return ids if dup_of is not None else [prefix + str(seq) for seq in seqs]
+        if n:
+            self.events.extend([(name, seq, WAITING, None) for seq in seqs])
+        return (ids if plan is not None else [prefix + str(seq) for seq in seqs]), plan
+
+    def _op_PushMany(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Consecutive plain PUSHes to one queue that group commit put in one command.
+
+        Each keeps its own outcome, exactly as if applied one by one: ``results`` holds per
+        push the PUSH reply or the ``CommandError`` it would have raised.
+        """
+        q = self._queue(cmd["queue"], create=True)
+        datas, keys = cmd["_datas"], cmd.get("_keys")
+        results: list[Any] = []
+        if q.type == "log" or (q.preset["ttl"] and q.opts["ttl"]):
+            for i, data in enumerate(datas):
+                single = {"cmd": "PUSH", "queue": q.name, "data": data}
+                if keys is not None and keys[i] is not None:
+                    single["idempotencyKey"] = keys[i]
+                try:
+                    results.append(self._op_PUSH(single))
+                except CommandError as exc:
+                    results.append(exc)
+            return {"results": results}
+        ids, plan = self._push_segment(q, datas, keys, per_item=True)
+        if not self.replies:
+            return {"results": results}
+        for i, job_id in enumerate(ids):
+            step = plan[i] if plan is not None else None
+            if step is None:
+                results.append({"id": job_id})
+            elif step is _FULL:
+                results.append(CommandError(ErrorCode.QUEUE_FULL, f"queue {q.name!r} is at its capacity of "
+                                                                  f"{q.opts['capacity']}"))
+            else:
+                results.append({"id": job_id, "duplicate": True})
+        return {"results": results}
 
     def _append_log(self, q: Queue, data: Any, tag: str | None) -> dict[str, Any]:
         lseq = q.log_next
@@ -850,7 +909,7 @@ class PartitionEngine:
                 datas = [d.packed if type(d) is Raw else d for d in datas]
         if datas is not None:
             if q.type != "log" and not (q.preset["ttl"] and q.opts["ttl"]):
-                return {"ids": self._push_segment(q, datas, keys)}
+                return {"ids": self._push_segment(q, datas, keys)[0]}
             items = [{"data": d} if k is None else {"data": d, "idempotencyKey": k}
                      for d, k in zip(datas, keys or [None] * len(datas))]
         else:
@@ -1449,6 +1508,10 @@ class PartitionEngine:
                                                                    for n, q in self.queues.items()},
                           "jobs": totals, "sessions": len(self.sessions), "crons": len(self.crons),
                           "lastSeq": self.seq, "now": self.now_ms}}
+
+
+#: ``_push_segment``'s plan mark for an item refused for capacity.
+_FULL = object()
 
 
 def _seq_of(job: Job) -> int:

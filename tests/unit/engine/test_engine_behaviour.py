@@ -272,6 +272,32 @@ def test_plain_batches_behave_like_single_pushes() -> None:
         assert unraw(run(batched, dict(cmd), 2_000))["job"] == unraw(run(single, dict(cmd), 2_000))["job"]
 
 
+@pytest.mark.parametrize("qtype,options", [("limfifottl", {"capacity": 4}), ("standard", {}),
+                                            ("fifottl", {"ttl": 1_000}), ("log", {})])
+def test_push_many_answers_each_push_as_if_alone(qtype: str, options: dict[str, Any]) -> None:
+    """Group commit's ``_PushMany`` (coalesced plain PUSHes) against the same PUSHes one by one."""
+    many, single = PartitionEngine(0), PartitionEngine(0)
+    keys = [None, "a", "a", None, "b", None, "b", None]
+    for e in (many, single):
+        run(e, {"cmd": "CreateQueue", "queue": "q", "type": qtype, "options": options})
+        run(e, {"cmd": "PUSH", "queue": "q", "data": raw_of("first"), "idempotencyKey": "b"})
+    got = run(many, {"cmd": "_PushMany", "queue": "q", "_datas": [raw_of(i).packed for i in range(len(keys))],
+                     "_keys": keys})["results"]
+    expected: list[Any] = []
+    for i, key in enumerate(keys):
+        cmd = {"cmd": "PUSH", "queue": "q", "data": raw_of(i)} | ({"idempotencyKey": key} if key else {})
+        try:
+            expected.append(run(single, cmd))
+        except CommandError as exc:
+            expected.append(exc.code.value)
+    assert [r.code.value if isinstance(r, CommandError) else r for r in got] == expected
+    if qtype == "limfifottl":
+        assert "QUEUE_FULL" in expected
+    listing = {"cmd": "GetJobs", "queue": "q"}
+    assert unraw(run(many, listing)) == unraw(run(single, listing))
+    assert run(many, {"cmd": "Metrics", "queue": "q"}) == run(single, {"cmd": "Metrics", "queue": "q"})
+
+
 def test_a_plain_batch_over_capacity_leaves_no_trace() -> None:
     e = PartitionEngine(0)
     run(e, {"cmd": "CreateQueue", "queue": "lim", "type": "limfifottl", "options": {"capacity": 3}})
