@@ -69,6 +69,30 @@ def test_raw_data_is_the_clients_bytes() -> None:
     assert Raw(b"\x01").decode() == 1 and len(Raw(b"\x01")) == 1
 
 
+def _map(*pairs: tuple[bytes, bytes]) -> bytes:
+    """A map frame from already-packed keys and values (to write encodings msgpack would not)."""
+    return bytes([0x80 | len(pairs)]) + b"".join(k + v for k, v in pairs)
+
+
+@pytest.mark.parametrize("data", [
+    b"\xca\x3f\xc0\x00\x00",               # float32 1.5: a C decode would give back a float64
+    b"\xc5\x00\x03abc",                      # bin16 header for 3 bytes (not the minimal bin8)
+    b"\xd9\x02hi",                            # str8 header for a 2-char string (not fixstr)
+    b"\xd6\xff\x00\x00\x00\x01",              # timestamp ext
+    b"\xc4\x03xyz",                           # the minimal encoding: the small-frame fast path
+])
+def test_small_frames_keep_every_encoding_of_data_byte_for_byte(data: bytes) -> None:
+    pk = msgpack.packb
+    tag = "\u00a4data"  # its UTF-8 holds the bytes of the "data" key: the fast path must not be fooled
+    body = _map((pk("cmd"), pk("PUSH")), (pk("queue"), pk("q")), (pk("tag"), pk(tag)), (pk("data"), data),
+                (pk("reqId"), pk(7)))
+    frame = decode_request(body, raw_data=True)
+    assert frame["data"] == Raw(data)
+    assert frame["tag"] == tag and frame["reqId"] == 7
+    big = _map((pk("cmd"), pk("PUSH")), (pk("queue"), pk("q")), (pk("pad"), pk("p" * 5000)), (pk("data"), data))
+    assert decode_request(big, raw_data=True)["data"] == Raw(data)  # over the small-frame size: the exact walk
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6))
 def test_responses_round_trip(reply: dict[str, Any]) -> None:
