@@ -17,7 +17,8 @@ def parse_job_id(job_id: object) -> tuple[int, int]:
     if not isinstance(job_id, str):
         raise CommandError(ErrorCode.INVALID, "id: must be a string like '3-17'")
     head, sep, tail = job_id.partition("-")
-    if not sep or not head.isdigit() or not tail.isdigit() or len(job_id) > 40:
+    # isascii: str.isdigit() accepts digits such as "²" that int() refuses
+    if not sep or not job_id.isascii() or not head.isdigit() or not tail.isdigit() or len(job_id) > 40:
         raise CommandError(ErrorCode.INVALID, f"id: {job_id!r} is not a job id like '3-17'")
     return int(head), int(tail)
 

@@ -1008,6 +1008,7 @@ class PartitionEngine:
         heappop, heappush = heapq.heappop, heapq.heappush
         name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
         wire_job = self.wire_job if self.replies else None
+        job_bytes_fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(name)  # wire_bytes_max of a job with no texts
         prefix = f"{self.partition}."
         lease_seq = self.lease_seq
         while len(tokens) < count and ready:
@@ -1019,7 +1020,10 @@ class PartitionEngine:
                 heappop(ready)  # stale entry (lazy deletion)
                 continue
             if budget:
-                used += wire_bytes_max(job)
+                if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
+                    used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
+                else:
+                    used += wire_bytes_max(job)
                 if tokens and used > budget:
                     break
             heappop(ready)
@@ -1074,9 +1078,16 @@ class PartitionEngine:
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
         jobs = []
-        find = self._job
+        find, all_jobs = self._job, self.jobs
+        prefix = f"{self.partition}-"
+        cut = len(prefix)
         for job_id, token in zip(ids, tokens):   # check all first: the batch is atomic
-            job = find(job_id)
+            # A validated id of this partition: the seq is the digits after the prefix. Anything
+            # else (another partition, a segment's job, a bad id) takes ``_job`` and its errors.
+            tail = job_id[cut:] if job_id.startswith(prefix) else ""
+            job = all_jobs.get(int(tail)) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else None
+            if job is None:
+                job = find(job_id)
             if job.state != ACTIVE or (token is not None and str(token) != job.token):
                 self._require_active(job, {"token": token})  # raises the precise error
             jobs.append(job)

@@ -266,7 +266,7 @@ def test_keys_are_short_strings(field: str) -> None:
 def test_job_ids() -> None:
     for good in ("0-0", "3-17", "1023-9007199254740993"):
         validate({"cmd": "GetJob", "id": good})
-    for bad in ("3", "a-1", "-1", "1-", "1-2-3", " 1-2", 3, None, "", "1-2" + "0" * 40):
+    for bad in ("3", "a-1", "-1", "1-", "1-2-3", " 1-2", 3, None, "", "1-2" + "0" * 40, "0-\u00b2", "\u0661-1"):
         invalid({"cmd": "GetJob", "id": bad}, "id")
 
 
