@@ -271,42 +271,10 @@ def new_unpacker(frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> msgpack.Unpa
     return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(frame_bytes_max, 1))
 
 
-#: Frames up to this size with a ``data`` field try :func:`_decode_small` first.
-SMALL_FRAME_BYTES = 4096
-_DATA_KEY = b"\xa4data"  # "data" as a fixstr
-
-
-def _decode_small(payload: bytes) -> dict[str, Any] | None:
-    """A small frame with ``data`` decoded in C, its data kept as the exact bytes received.
-
-    The Python walk that cuts ``data`` out of a frame costs ~7 µs; one C decode costs ~1.
-    The decoded data is packed again (C) and kept only if those bytes stand in the frame
-    right after the ``data`` key, i.e. the client's encoding is reproduced byte for byte;
-    anything else (float32, non-minimal headers, timestamps) returns None for the exact walk.
-    Bounded by :data:`SMALL_FRAME_BYTES`, so no large job data is ever decoded.
-    """
-    try:
-        frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        if type(frame) is not dict or "data" not in frame:
-            return None
-        raw = _packb(frame["data"])
-    except Exception:
-        return None  # the exact walk reports the precise error
-    at = payload.find(_DATA_KEY) + len(_DATA_KEY)
-    if at < len(_DATA_KEY) or payload[at:at + len(raw)] != raw:
-        return None
-    frame["data"] = Raw(raw)
-    return frame
-
-
 def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
     if b"data" not in payload and b"jobs" not in payload:
         # No key can be "data" or "jobs" (their UTF-8 bytes would appear): one C-level decode.
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    if len(payload) <= SMALL_FRAME_BYTES and b"jobs" not in payload:
-        frame = _decode_small(payload)
-        if frame is not None:
-            return frame
     if unpacker is None:
         unpacker = new_unpacker(len(payload))
     base = unpacker.tell()
