@@ -79,7 +79,7 @@ def _map(*pairs: tuple[bytes, bytes]) -> bytes:
     b"\xc5\x00\x03abc",                      # bin16 header for 3 bytes (not the minimal bin8)
     b"\xd9\x02hi",                            # str8 header for a 2-char string (not fixstr)
     b"\xd6\xff\x00\x00\x00\x01",              # timestamp ext
-    b"\xc4\x03xyz",                           # the minimal encoding: the small-frame fast path
+    b"\xc4\x03xyz",                           # the minimal encoding
 ])
 def test_small_frames_keep_every_encoding_of_data_byte_for_byte(data: bytes) -> None:
     pk = msgpack.packb
