@@ -1,8 +1,10 @@
 """Node benchmark: a raw pipelined protocol driver against a local 3-node cluster.
 
-Measures PUSH ops/s (window 100), PUSHB jobs/s (100 jobs per frame), PULLB+ACKB
-jobs/s, the latency of a lone PUSH (p50/p99), and the seconds from a leader
-SIGKILL to the first successful write. The driver runs in this process; the
+Measures PUSH ops/s (window 100), PUSHB jobs/s (100 jobs per frame, 16 frames in
+flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB), the
+latency of a lone PUSH (p50/p99), and the seconds from a leader SIGKILL to the
+first successful write. Each throughput phase also prints the CPU share of every
+node and of the driver, and how many commands the Raft entries carried. The driver runs in this process; the
 nodes are separate processes started with ``LocalCluster``.
 
     python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
@@ -143,20 +145,25 @@ class _WindowDriver(asyncio.Protocol):
             self.finished.set_exception(ConnectionError("closed"))
 
 
-async def windowed(address: str, make: Any, total: int, window: int, seconds: float) -> tuple[int, float]:
-    """Keep ``window`` commands in flight on one connection until ``total`` are done or time runs out."""
+async def drive(address: str, make_driver: Any, seconds: float) -> tuple[Any, float]:
+    """Run one driver protocol (built from its deadline) on a new connection; (driver, seconds taken)."""
     host, port = address.rsplit(":", 1)
     t0 = time.perf_counter()
-    loop = asyncio.get_running_loop()
-    transport, proto = await loop.create_connection(
-        lambda: _WindowDriver(make, total, window, t0 + seconds), host, int(port))
+    transport, proto = await asyncio.get_running_loop().create_connection(
+        lambda: make_driver(t0 + seconds), host, int(port))
     try:
         await asyncio.wait_for(proto.finished, seconds + 30)
     finally:
         transport.close()
     if proto.error:
         raise RuntimeError(proto.error)
-    return proto.done, time.perf_counter() - t0
+    return proto, time.perf_counter() - t0
+
+
+async def windowed(address: str, make: Any, total: int, window: int, seconds: float) -> tuple[int, float]:
+    """Keep ``window`` commands in flight on one connection until ``total`` are done or time runs out."""
+    proto, dt = await drive(address, lambda deadline: _WindowDriver(make, total, window, deadline), seconds)
+    return proto.done, dt
 
 
 def wait_balanced(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
@@ -253,17 +260,9 @@ class _ConsumeDriver(asyncio.Protocol):
 
 
 async def bench_pull_ack(cluster: LocalCluster, seconds: float) -> float:
-    host, port = leader_address(cluster, "bench-pushb").rsplit(":", 1)
-    t0 = time.perf_counter()
-    transport, proto = await asyncio.get_running_loop().create_connection(
-        lambda: _ConsumeDriver("bench-pushb", 100, 16, t0 + seconds), host, int(port))
-    try:
-        await asyncio.wait_for(proto.finished, seconds + 30)
-    finally:
-        transport.close()
-    if proto.error:
-        raise RuntimeError(proto.error)
-    return proto.acked / (time.perf_counter() - t0)
+    proto, dt = await drive(leader_address(cluster, "bench-pushb"),
+                            lambda deadline: _ConsumeDriver("bench-pushb", 100, 16, deadline), seconds)
+    return proto.acked / dt
 
 
 async def bench_latency(cluster: LocalCluster, samples: int) -> tuple[float, float]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from ._fast_frames import decode_job_frame
+
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -275,6 +277,9 @@ def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
     if b"data" not in payload and b"jobs" not in payload:
         # No key can be "data" or "jobs" (their UTF-8 bytes would appear): one C-level decode.
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    frame = decode_job_frame(payload, Raw)  # a plain PUSH/PUSHB in C; None: walk it exactly
+    if frame is not None:
+        return frame
     if unpacker is None:
         unpacker = new_unpacker(len(payload))
     base = unpacker.tell()

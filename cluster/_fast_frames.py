@@ -1,0 +1,117 @@
+"""The node's fast decode of job-carrying requests (PUSH, PUSHB), with ``data`` left raw.
+
+Cutting ``data`` out of a frame with msgpack's streaming ``Unpacker`` takes one
+Python-level call per key and value: ~6 µs for a PUSH and ~1.3 µs per PUSHB item,
+the largest cost of a leader under pipelined pushes. msgspec decodes the same
+frame in C against a schema whose ``data`` is :class:`msgspec.Raw` (the value's
+exact bytes, never decoded or re-encoded), ~0.5 µs a PUSH.
+
+The schema only covers well-typed PUSH/PUSHB fields. Anything it cannot take
+(another command's fields, a wrong type, an unknown or repeated key, garbage)
+makes :func:`decode_job_frame` return ``None``, and the codec's exact walk
+decodes the frame and reports what is wrong, as it always did. msgspec drops
+unknown keys of a TypedDict silently, so the top-level key count is checked
+against the map header; item structs forbid unknown fields outright.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import msgspec
+
+__all__ = ["decode_job_frame"]
+
+_UNSET = msgspec.UNSET
+_Unset = msgspec.UnsetType
+
+
+class _Item(msgspec.Struct, forbid_unknown_fields=True):
+    """One PUSHB item; every field optional (validation says what is missing)."""
+
+    data: msgspec.Raw | _Unset = _UNSET
+    priority: int | _Unset = _UNSET
+    delay: int | _Unset = _UNSET
+    customId: str | _Unset = _UNSET  # noqa: N815 (wire name)
+    ttl: int | _Unset = _UNSET
+    ttr: int | _Unset = _UNSET
+    attempts: int | _Unset = _UNSET
+    backoff: int | _Unset = _UNSET
+    group: str | _Unset = _UNSET
+    tag: str | _Unset = _UNSET
+    idempotencyKey: str | _Unset = _UNSET  # noqa: N815 (wire name)
+
+
+_ITEM_FIELDS = _Item.__struct_fields__
+_PLAIN_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 1)           # only data set
+_KEYED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 2)           # data and idempotencyKey set
+assert _ITEM_FIELDS[0] == "data" and _ITEM_FIELDS[-1] == "idempotencyKey"
+
+
+class _JobFrame(TypedDict, total=False):
+    cmd: str
+    reqId: int | str  # noqa: N815 (wire name)
+    queue: str
+    data: msgspec.Raw
+    jobs: list[_Item]
+    priority: int
+    delay: int
+    customId: str  # noqa: N815
+    ttl: int
+    ttr: int
+    attempts: int
+    backoff: int
+    group: str
+    tag: str
+    idempotencyKey: str  # noqa: N815
+    timeout: int
+
+
+_decoder = msgspec.msgpack.Decoder(_JobFrame)
+
+
+def _map_len(payload: bytes) -> int:
+    """Entries in the map that starts ``payload`` (-1 if it does not start with a map)."""
+    first = payload[0]
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE:
+        return int.from_bytes(payload[1:3], "big")
+    if first == 0xDF:
+        return int.from_bytes(payload[1:5], "big")
+    return -1
+
+
+def _item(item: _Item, raw: type) -> dict[str, Any]:
+    values = msgspec.structs.astuple(item)
+    tail = values[1:]
+    if values[0] is not _UNSET:
+        if tail == _PLAIN_TAIL:
+            return {"data": raw(bytes(values[0]))}  # the bulk case
+        if tail[:-1] == _KEYED_TAIL and values[-1] is not _UNSET:
+            return {"data": raw(bytes(values[0])), "idempotencyKey": values[-1]}
+    out: dict[str, Any] = {}
+    for name, value in zip(_ITEM_FIELDS, values):
+        if value is not _UNSET:
+            out[name] = raw(bytes(value)) if name == "data" else value
+    return out
+
+
+def decode_job_frame(payload: bytes, raw: type) -> dict[str, Any] | None:
+    """The request in ``payload`` with ``data`` and ``jobs[i].data`` as ``raw(bytes)``, or None.
+
+    None means "not a plain, well-typed PUSH/PUSHB frame": decode it the exact way.
+    """
+    try:
+        frame: dict[str, Any] = _decoder.decode(payload)  # type: ignore[assignment]
+    except msgspec.MsgspecError:
+        return None
+    if len(frame) != _map_len(payload):
+        return None  # an unknown key (dropped by msgspec) or a repeated one
+    data = frame.get("data")
+    if data is not None:
+        frame["data"] = raw(bytes(data))
+    jobs = frame.get("jobs")
+    if jobs is not None:
+        frame["jobs"] = [_item(item, raw) for item in jobs]
+    return frame
