@@ -185,8 +185,11 @@ def test_encode_refuses_what_the_peer_would_refuse() -> None:
     with pytest.raises(ProtocolError) as info:
         encode({"cmd": "PUSH", "queue": "q", "data": b"x" * 2000}, frame_bytes_max=1000)
     assert info.value.code is ErrorCode.FRAME_TOO_LARGE and not info.value.fatal
-    with pytest.raises(ProtocolError):
-        encode({"cmd": "PUSH", "data": object()})
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    for bad in (object(), 2**70, "\ud800", cyclic):
+        with pytest.raises(ProtocolError):
+            encode({"cmd": "PUSH", "data": bad})
 
 
 def test_decoder_rejects_a_nonpositive_limit() -> None:
