@@ -100,19 +100,20 @@ class Job:
                  "lease_deadline_ms", "group", "custom_id", "tag", "result", "error", "progress",
                  "message", "logs", "finished_ms")
 
-    def __init__(self, seq: int, queue: str, data: bytes, priority: int, created_ms: int) -> None:
+    def __init__(self, seq: int, queue: str, data: bytes, priority: int, created_ms: int,
+                 max_attempts: int = 1, backoff_ms: int = 0, ttr_ms: int = 0) -> None:
         self.seq = seq
         self.queue = queue
         self.data = data
         self.priority = priority
         self.state = WAITING
         self.attempts = 0
-        self.max_attempts = 1
-        self.backoff_ms = 0
+        self.max_attempts = max_attempts
+        self.backoff_ms = backoff_ms
         self.created_ms = created_ms
         self.run_at_ms = created_ms
         self.ttl_deadline_ms = 0
-        self.ttr_ms = 0
+        self.ttr_ms = ttr_ms
         self.token: str | None = None
         self.session: str | None = None
         self.lease_deadline_ms = 0
@@ -361,10 +362,8 @@ class PartitionEngine:
         if seg is None:
             return None
         was_low = seq == seg.low
-        job = Job(seq, seg.queue, segments.take(seg, seq), 0, seg.created_ms)
-        job.max_attempts = seg.max_attempts
-        job.backoff_ms = seg.backoff_ms
-        job.ttr_ms = seg.ttr_ms
+        job = Job(seq, seg.queue, segments.take(seg, seq), 0, seg.created_ms,
+                  seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
         self.jobs[seq] = job
         self._jobs_unordered = True
         ready = self.queues[seg.queue].ready
@@ -383,9 +382,8 @@ class PartitionEngine:
         if self.segments:
             for seg in self.segments:
                 for seq in seg.seqs():
-                    job = Job(seq, seg.queue, seg.datas[seq - seg.first], 0, seg.created_ms)
-                    job.max_attempts, job.backoff_ms, job.ttr_ms = seg.max_attempts, seg.backoff_ms, seg.ttr_ms
-                    jobs.append(job)
+                    jobs.append(Job(seq, seg.queue, seg.datas[seq - seg.first], 0,  # type: ignore[arg-type]
+                                    seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms))
             jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
@@ -1005,28 +1003,51 @@ class PartitionEngine:
         sessions = self.sessions
         leased = sessions.setdefault(session, {}) if session is not None else None
         ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self.events
-        heappop, heappush = heapq.heappop, heapq.heappush
+        heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
         name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
         wire_job = self.wire_job if self.replies else None
         job_bytes_fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(name)  # wire_bytes_max of a job with no texts
         prefix = f"{self.partition}."
         lease_seq = self.lease_seq
+        seg: Segment | None = None  # the segment the previous job came from
         while len(tokens) < count and ready:
             seq = ready[0][1]
             job = all_jobs.get(seq)
+            straight = False  # taken from its segment with its heap entry already popped
             if job is None and segments:
-                job = self._materialize(seq)
-            if job is None or job.state != WAITING or job.group is not None or job.queue != name:
-                heappop(ready)  # stale entry (lazy deletion)
-                continue
-            if budget:
-                if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
-                    used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
+                if seg is None or seg.low != seq:
+                    seg = segments.find(seq)
+                if seg is not None and seg.low == seq and seg.queue == name:
+                    # The segment's own heap entry: its lowest job goes straight into a lease.
+                    # Same steps as _materialize + heappop, with one heap sift instead of three.
+                    if budget:
+                        used += len(seg.datas[seq - seg.first]) + job_bytes_fixed  # type: ignore[arg-type]
+                        if tokens and used > budget:
+                            break
+                    job = Job(seq, name, segments.take(seg, seq), 0, seg.created_ms,
+                              seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+                    all_jobs[seq] = job
+                    self._jobs_unordered = True
+                    if seg.left:
+                        heapreplace(ready, (0, seg.low))
+                    else:
+                        heappop(ready)
+                    straight = True
                 else:
-                    used += wire_bytes_max(job)
-                if tokens and used > budget:
-                    break
-            heappop(ready)
+                    job = self._materialize(seq)
+                    seg = None
+            if not straight:
+                if job is None or job.state != WAITING or job.group is not None or job.queue != name:
+                    heappop(ready)  # stale entry (lazy deletion)
+                    continue
+                if budget:
+                    if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
+                        used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
+                    else:
+                        used += wire_bytes_max(job)
+                    if tokens and used > budget:
+                        break
+                heappop(ready)
             lease_seq += 1
             token = prefix + str(lease_seq)
             job.attempts += 1

@@ -298,6 +298,23 @@ def test_push_many_answers_each_push_as_if_alone(qtype: str, options: dict[str, 
     assert run(many, {"cmd": "Metrics", "queue": "q"}) == run(single, {"cmd": "Metrics", "queue": "q"})
 
 
+def test_pullb_from_a_segment_stops_at_the_reply_budget_and_keeps_order() -> None:
+    e = PartitionEngine(0)
+    run(e, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of("x" * 1000)} for _ in range(10)]})
+    run(e, {"cmd": "PUSH", "queue": "q", "data": raw_of("late")})
+    before = e.digest()
+    got: list[str] = []
+    for _ in range(20):
+        # room for the reply overhead and about three 1 KB jobs per PULLB
+        r = run(e, {"cmd": "PULLB", "queue": "q", "count": 100, "_bytesMax": 1024 + 3 * 1600})
+        if not r["jobs"]:
+            break
+        assert len(r["jobs"]) <= 3
+        got += [j["id"] for j in r["jobs"]]
+    assert got == [f"0-{i}" for i in range(1, 12)]
+    assert e.digest() != before
+
+
 def test_a_plain_batch_over_capacity_leaves_no_trace() -> None:
     e = PartitionEngine(0)
     run(e, {"cmd": "CreateQueue", "queue": "lim", "type": "limfifottl", "options": {"capacity": 3}})
