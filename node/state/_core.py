@@ -536,7 +536,8 @@ class PartitionEngine:
         counts = q.counts
         counts[ACTIVE] -= 1
         counts[COMPLETED] += 1
-        self.events.append((q.name, job.seq, COMPLETED, ACTIVE))
+        if self.replies:  # events feed subscribers of the leader only (not replicated state)
+            self.events.append((q.name, job.seq, COMPLETED, ACTIVE))
         q.history.append(job.seq)
         q.totals["completed"] += 1
         if len(q.history) > q.opts["historyMax"]:
@@ -568,7 +569,14 @@ class PartitionEngine:
                 continue
             if len(history) > limit or job.finished_ms < oldest_ms:
                 history.popleft()
-                self._remove(q, job)
+                if job.custom_id is None:
+                    # What _remove does for a completed job (no lease, heap entry, DLQ or group
+                    # slot to undo), inline: this runs once per ack when the history is full.
+                    del self.jobs[job.seq]
+                    q.counts[COMPLETED] -= 1
+                    self.events.append((q.name, job.seq, "removed", COMPLETED))
+                else:
+                    self._remove(q, job)
                 continue
             break
 
@@ -1061,7 +1069,8 @@ class PartitionEngine:
                 prio_counts[prio] = left
             else:
                 del prio_counts[prio]
-            events.append((name, seq, ACTIVE, WAITING))
+            if wire_job is not None:  # the leader: events feed its subscribers
+                events.append((name, seq, ACTIVE, WAITING))
             heappush(leases, (deadline, seq, token))
             if leased is not None:
                 leased[seq] = None
@@ -1116,13 +1125,14 @@ class PartitionEngine:
             raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
         queues = self.queues
         q = None
+        complete = self._complete
         for job, result in zip(jobs, results):
             if q is None or q.name != job.queue:
                 q = queues[job.queue]
             if result is not None:
                 job.result = _pack(result)
             q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
-            self._complete(q, job)
+            complete(q, job)
         return {"count": len(jobs)}
 
     def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
