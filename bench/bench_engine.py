@@ -61,7 +61,8 @@ def bench_batches(n: int, size: int = 100) -> None:
     print(f"PULLB+ACKB ({size}/batch)  {rate(done, time.perf_counter() - t)}")
 
 
-def bench_memory(n: int) -> None:
+def bench_memory(n: int, options: dict[str, int] | None = None) -> None:
+    """Engine bytes per waiting job: plain jobs (stored as segments), or with ``options`` (one object each)."""
     gc.collect()
     payloads = [b"\xc4\x64" + i.to_bytes(4, "big") * 25 for i in range(n)]  # distinct 102-byte payloads
     data_bytes = sum(len(p) for p in payloads)
@@ -69,13 +70,14 @@ def bench_memory(n: int) -> None:
     e = PartitionEngine(0)
     before = tracemalloc.get_traced_memory()[0]
     for start in range(0, n, 1000):
-        e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": Raw(p)} for p in payloads[start:start + 1000]]},
-                NOW)
+        e.apply({"cmd": "PUSHB", "queue": "q",
+                 "jobs": [{"data": Raw(p), **(options or {})} for p in payloads[start:start + 1000]]}, NOW)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     # The payload bytes objects were allocated before tracing started and are shared by the
     # engine, so everything traced is engine overhead beyond the raw data.
-    print(f"memory: {n:,} waiting jobs, {(after - before) / n:,.0f} bytes of engine overhead per job "
+    kind = f"jobs with {options}" if options else "plain jobs (segments)"
+    print(f"memory: {n:,} waiting {kind}, {(after - before) / n:,.0f} bytes of engine overhead per job "
           f"(data itself: {data_bytes / n:.0f} bytes/job)")
 
 
@@ -126,6 +128,7 @@ def main() -> None:
     bench_push(args.jobs)
     bench_batches(args.jobs)
     bench_memory(args.memory_jobs)
+    bench_memory(args.memory_jobs, {"priority": 1})
     put_s, take_s = bench_utube_a()
     print(f"utube (a) 30,000 groups: put {put_s * 1000:,.0f} ms (tarantool 270 ms: x{0.27 / put_s:.2f}), "
           f"take+ack {take_s:,.2f} s (tarantool 1.7 s: x{1.7 / take_s:.2f})")
