@@ -20,7 +20,6 @@ import msgpack
 import msgspec
 
 from ._fast_frames import decode_job_frame
-
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [

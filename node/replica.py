@@ -363,7 +363,8 @@ class PartitionReplica(SyncObj):
         meanwhile (the next entry, carrying the commit index), it is skipped. Followers that lag
         (after a restart) still catch up round after round at that pace.
         """
-        if SyncObj._SyncObj__applyLogEntries(self) and not self._announce_due:  # type: ignore[attr-defined]
+        applied = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
+        if applied and not self._announce_due and self._isLeader():
             self._announce_due = True
             self.loop.call_later(COMMIT_ANNOUNCE_DELAY_S, self._announce_commit,
                                  self._SyncObj__newAppendEntriesTime)
