@@ -232,8 +232,7 @@ def unwrap_job_data(cmd: dict[str, Any]) -> None:
             # Items with nothing but data (and a key) travel as lists (``_datas``, ``_keys``):
             # a fraction of the pickling work of one dict per job, on the leader and every
             # follower, and the engine stores them as one segment.
-            datas, keys = plain
-            cmd["_datas"] = [d.packed if type(d) is Raw else d for d in datas]
+            cmd["_datas"], keys = plain
             if keys is not None:
                 cmd["_keys"] = keys
             del cmd["jobs"]

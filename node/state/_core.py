@@ -362,8 +362,7 @@ class PartitionEngine:
         if seg is None:
             return None
         was_low = seq == seg.low
-        job = Job(seq, seg.queue, segments.take(seg, seq), 0, seg.created_ms,
-                  seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+        job = _segment_job(seg, seq, segments.take(seg, seq))
         self.jobs[seq] = job
         self._jobs_unordered = True
         ready = self.queues[seg.queue].ready
@@ -382,8 +381,7 @@ class PartitionEngine:
         if self.segments:
             for seg in self.segments:
                 for seq in seg.seqs():
-                    jobs.append(Job(seq, seg.queue, seg.datas[seq - seg.first], 0,  # type: ignore[arg-type]
-                                    seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms))
+                    jobs.append(_segment_job(seg, seq, seg.datas[seq - seg.first]))  # type: ignore[arg-type]
             jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
@@ -519,18 +517,7 @@ class PartitionEngine:
 
     def _complete(self, q: Queue, job: Job) -> None:
         """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks."""
-        session = job.session
-        if session is not None:
-            leased = self.sessions.get(session)
-            if leased is not None:
-                leased.pop(job.seq, None)
-                if not leased:
-                    del self.sessions[session]
-        job.token = None
-        job.session = None
-        job.lease_deadline_ms = 0
-        if job.group is not None:
-            self._release_group(q, job)
+        self._end_lease(q, job)
         job.finished_ms = self.now_ms
         job.state = COMPLETED  # active -> completed, a move of the diagram (_transitions)
         counts = q.counts
@@ -569,14 +556,7 @@ class PartitionEngine:
                 continue
             if len(history) > limit or job.finished_ms < oldest_ms:
                 history.popleft()
-                if job.custom_id is None:
-                    # What _remove does for a completed job (no lease, heap entry, DLQ or group
-                    # slot to undo), inline: this runs once per ack when the history is full.
-                    del self.jobs[job.seq]
-                    q.counts[COMPLETED] -= 1
-                    self.events.append((q.name, job.seq, "removed", COMPLETED))
-                else:
-                    self._remove(q, job)
+                self._remove(q, job)
                 continue
             break
 
@@ -912,7 +892,6 @@ class PartitionEngine:
             plain = split_plain(cmd["jobs"])
             if plain is not None:
                 datas, keys = plain
-                datas = [d.packed if type(d) is Raw else d for d in datas]
         if datas is not None:
             if q.type != "log" and not (q.preset["ttl"] and q.opts["ttl"]):
                 return {"ids": self._push_segment(q, datas, keys)[0]}
@@ -1032,8 +1011,7 @@ class PartitionEngine:
                         used += len(seg.datas[seq - seg.first]) + job_bytes_fixed  # type: ignore[arg-type]
                         if tokens and used > budget:
                             break
-                    job = Job(seq, name, segments.take(seg, seq), 0, seg.created_ms,
-                              seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+                    job = _segment_job(seg, seq, segments.take(seg, seq))
                     all_jobs[seq] = job
                     self._jobs_unordered = True
                     if seg.left:
@@ -1554,6 +1532,11 @@ class PartitionEngine:
 
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
+
+
+def _segment_job(seg: Segment, seq: int, data: bytes) -> Job:
+    """Segment job ``seq`` as the waiting job a plain push would have made (priority 0)."""
+    return Job(seq, seg.queue, data, 0, seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
 
 
 def _seq_of(job: Job) -> int:

@@ -19,6 +19,8 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
 
+from shoal.cluster.codec import Raw
+
 __all__ = ["Segment", "SegmentStore", "split_plain"]
 
 _PLAIN_KEYED = frozenset({"data", "idempotencyKey"})
@@ -28,7 +30,8 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
     """``(datas, keys)`` of PUSHB items that carry only ``data`` (and maybe ``idempotencyKey``).
 
     ``keys`` is None when no item has a key; the result is None when any item has another
-    field (priority, delay, group, ...): such a batch takes the per-job path. Data stays as given.
+    field (priority, delay, group, ...): such a batch takes the per-job path. A ``Raw`` data
+    becomes its packed bytes (what the engine stores); any other value stays as given.
     """
     keyed = False
     for item in items:
@@ -36,7 +39,7 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
             if len(item) != 2 or "idempotencyKey" not in item or "data" not in item:
                 return None
             keyed = True
-    datas = [item["data"] for item in items]
+    datas = [d.packed if type(d) is Raw else d for d in [item["data"] for item in items]]
     return datas, ([item.get("idempotencyKey") for item in items] if keyed else None)
 
 
