@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import deque
+from itertools import islice
 from datetime import datetime, timezone
 from typing import Any
 
@@ -48,7 +49,7 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
-from ._segments import Segment, SegmentStore, split_plain
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, SLOT_WAITING, Segment, SegmentStore, split_plain
 from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, check_transition
 
 __all__ = ["PartitionEngine", "QUEUE_PRESETS", "DEFAULTS"]
@@ -187,7 +188,9 @@ class PartitionEngine:
         self._jobs_unordered = False    # a materialized job was inserted behind later seqs
         self.queues: dict[str, Queue] = {}
         self.delayed: list[tuple[int, int]] = []          # (run_at_ms, seq)
-        self.leases: list[tuple[int, int, str]] = []      # (deadline_ms, seq, token)
+        # (deadline_ms, seq, token, 0) per lease, or (deadline_ms, first seq, its token, last seq) per
+        # run of segment jobs leased by one pull (see _expire_run)
+        self.leases: list[tuple[int, int, str, int]] = []
         self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
         self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
         self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
@@ -314,7 +317,7 @@ class PartitionEngine:
         elif job.state == DELAYED:
             heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
         elif job.state == ACTIVE:
-            heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or ""))
+            heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
             if job.group is not None:
                 q.group_active[job.group] = job.seq
         if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
@@ -339,49 +342,72 @@ class PartitionEngine:
         partition, seq = parse_job_id(job_id)
         if partition != self.partition:
             raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
-        job = self.jobs.get(seq)
+        job = self._get(seq)
         if job is None:
-            job = self._materialize(seq)
-            if job is None:
-                raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
+            raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
         return job
 
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""
         return len(self.jobs) + self.segments.jobs
 
-    def _materialize(self, seq: int) -> Job | None:
-        """Turn a segment's untaken job ``seq`` into a waiting ``Job``; None if no segment holds it.
+    def _get(self, seq: int) -> Job | None:
+        """Job ``seq`` as an object (materialized from its segment if need be); None if gone."""
+        job = self.jobs.get(seq)
+        if job is None and self.segments:
+            job = self._materialize(seq)
+        return job
+
+    def _materialize(self, seq: int, waiting_only: bool = False) -> Job | None:
+        """Turn a segment's job ``seq`` into a ``Job`` in the same state; None if no segment holds it.
 
         Keeps the invariant that every waiting job has exactly one ready-heap entry: the
-        segment's entry (at its lowest untaken seq) passes to the job when that is the one
+        segment's entry (at its lowest waiting seq) passes to the job when that is the one
         taken, and the segment gets a new entry at its next seq; any other job gets its own.
+        A leased job keeps no heap entry of its own: its run's lease entry covers it
+        (``_expire_run``). ``waiting_only``: leave a leased or completed job where it is.
         """
         segments = self.segments
         seg = segments.find(seq)
         if seg is None:
             return None
+        i = seq - seg.first
+        waiting = seg.states[i] == SLOT_WAITING
+        if not waiting and waiting_only:
+            return None
+        job = _slot_job(seg, i, self.partition)
         was_low = seq == seg.low
-        job = _segment_job(seg, seq, segments.take(seg, seq))
+        segments.take(seg, seq)
         self.jobs[seq] = job
         self._jobs_unordered = True
-        ready = self.queues[seg.queue].ready
-        if not was_low:
-            heapq.heappush(ready, (0, seq))
-        elif seg.left:
-            heapq.heappush(ready, (0, seg.low))
+        if waiting:
+            ready = self.queues[seg.queue].ready
+            if not was_low:
+                heapq.heappush(ready, (0, seq))
+            elif seg.left:
+                heapq.heappush(ready, (0, seg.low))
         return job
 
+    def _materialize_active(self, q: Queue) -> None:
+        """Materialize every leased segment job of ``q`` (before a scan of ``self.jobs``)."""
+        for seg in self.segments:
+            if seg.queue == q.name:
+                states = seg.states
+                i = states.find(SLOT_ACTIVE)
+                while i >= 0:
+                    self._materialize(seg.first + i)
+                    i = states.find(SLOT_ACTIVE, i + 1)
+
     def _all_jobs(self) -> list[Job]:
-        """Every job in seq order; a segment's untouched jobs as detached copies (not stored)."""
+        """Every job in seq order; a segment's jobs as detached copies (not stored)."""
         if self._jobs_unordered:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
         jobs = list(self.jobs.values())
         if self.segments:
+            p = self.partition
             for seg in self.segments:
-                for seq in seg.seqs():
-                    jobs.append(_segment_job(seg, seq, seg.datas[seq - seg.first]))  # type: ignore[arg-type]
+                jobs.extend(_slot_job(seg, i, p) for i, d in enumerate(seg.datas) if d is not None)
             jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
@@ -438,7 +464,7 @@ class PartitionEngine:
             prio, seq = ready[0]
             job = self.jobs.get(seq)
             if job is None and self.segments:
-                job = self._materialize(seq)
+                job = self._materialize(seq, waiting_only=True)
             if job is not None and job.state == WAITING and job.group is None and job.queue == q.name:
                 break
             heapq.heappop(ready)
@@ -515,8 +541,11 @@ class PartitionEngine:
             q.dlq[job.seq] = None
             q.totals["failed"] += 1
 
-    def _complete(self, q: Queue, job: Job) -> None:
-        """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks."""
+    def _complete(self, q: Queue, job: Job, trim: bool = True) -> None:
+        """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks.
+
+        ``trim`` False: the caller trims the history once its batch is done.
+        """
         self._end_lease(q, job)
         job.finished_ms = self.now_ms
         job.state = COMPLETED  # active -> completed, a move of the diagram (_transitions)
@@ -527,7 +556,7 @@ class PartitionEngine:
             self.events.append((q.name, job.seq, COMPLETED, ACTIVE))
         q.history.append(job.seq)
         q.totals["completed"] += 1
-        if len(q.history) > q.opts["historyMax"]:
+        if trim and len(q.history) > q.opts["historyMax"]:
             self._trim_history(q)
 
     def _remove(self, q: Queue, job: Job) -> None:
@@ -548,10 +577,33 @@ class PartitionEngine:
     def _trim_history(self, q: Queue) -> None:
         limit = q.opts["historyMax"]
         oldest_ms = self.now_ms - q.opts["historyAgeMs"]
-        history = q.history
+        history, all_jobs, segments = q.history, self.jobs, self.segments
+        seg: Segment | None = None  # the segment the previous completed job was held in
         while history:
-            job = self.jobs.get(history[0])
-            if job is None or job.state != COMPLETED:
+            seq = history[0]
+            job = all_jobs.get(seq)
+            if job is None:
+                # A completed segment job: let its slot go without making it an object first.
+                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                    seg = segments.find(seq)
+                i = seq - seg.first if seg is not None else 0
+                if seg is None or seg.states[i] != SLOT_COMPLETED:
+                    history.popleft()
+                    continue
+                over = len(history) - limit
+                if over > 1 and self._trim_run(q, seg, seq, over):
+                    continue
+                if over > 0 or seg.finished[i] < oldest_ms:
+                    history.popleft()
+                    seg.datas[i] = None
+                    seg.states[i] = SLOT_GONE
+                    segments.gone(seg, 1)
+                    q.counts[COMPLETED] -= 1
+                    if self.replies:
+                        self.events.append((q.name, seq, "removed", COMPLETED))
+                    continue
+                break
+            if job.state != COMPLETED:
                 history.popleft()
                 continue
             if len(history) > limit or job.finished_ms < oldest_ms:
@@ -559,6 +611,28 @@ class PartitionEngine:
                 self._remove(q, job)
                 continue
             break
+
+    def _trim_run(self, q: Queue, seg: Segment, first: int, n: int) -> bool:
+        """Let the ``n`` oldest history entries go at once if they are ``seg``'s completed slots
+        ``first .. first+n-1`` (the usual case: acked in runs); False, changing nothing, if not."""
+        i = first - seg.first
+        end = i + n
+        history = q.history
+        if end > len(seg.datas) or seg.states.count(SLOT_COMPLETED, i, end) != n or history[n - 1] != first + n - 1:
+            return False
+        if list(islice(history, n)) != list(range(first, first + n)):
+            return False
+        seg.datas[i:end] = [None] * n
+        seg.states[i:end] = bytes(n)  # SLOT_GONE
+        self.segments.gone(seg, n)
+        q.counts[COMPLETED] -= n
+        popleft = history.popleft
+        for _ in range(n):
+            popleft()
+        if self.replies:
+            name = q.name
+            self.events.extend([(name, seq, "removed", COMPLETED) for seq in range(first, first + n)])
+        return True
 
     def _check_token(self, job: Job, cmd: dict[str, Any]) -> None:
         token = cmd.get("token")
@@ -609,17 +683,14 @@ class PartitionEngine:
                 self._enqueue_ready(q, job)
         leases = self.leases
         while leases and leases[0][0] <= now:
-            deadline, seq, token = heapq.heappop(leases)
+            deadline, seq, token, last = heapq.heappop(leases)
+            if last:
+                self._expire_run(deadline, seq, token, last)
+                continue
             job = self.jobs.get(seq)
             if job is None or job.state != ACTIVE or job.token != token or job.lease_deadline_ms != deadline:
                 continue
-            q = self.queues[job.queue]
-            q.totals["reclaimed"] += 1
-            if job.attempts >= q.opts["maxDeliveries"]:
-                job.error = f"lease expired after {job.attempts} deliveries"
-                self._finish(q, job, FAILED)
-            else:
-                self._to_waiting(q, job)
+            self._reclaim(job)
         ttls = self.ttls
         while ttls and ttls[0][0] <= now:
             deadline, seq = heapq.heappop(ttls)
@@ -628,6 +699,41 @@ class PartitionEngine:
                 q = self.queues[job.queue]
                 q.totals["expired"] += 1
                 self._remove(q, job)
+
+    def _expire_run(self, deadline: int, first: int, token: str, last: int) -> None:
+        """Reclaim the jobs of one run lease (seqs ``first .. last``) still under it.
+
+        A run is contiguous, so handling it in seq order here is the order in which its
+        jobs' own lease entries would surface. A job materialized since keeps the run's
+        token and deadline unless something (a touch, a new lease) changed its lease.
+        """
+        prefix = f"{self.partition}."
+        base = int(token[len(prefix):]) - first  # lease number of seq s: base + s
+        segments = self.segments
+        for s in range(first, last + 1):
+            job = self.jobs.get(s)
+            if job is None:
+                seg = segments.find(s)
+                if seg is None:
+                    continue
+                i = s - seg.first
+                if seg.states[i] != SLOT_ACTIVE or seg.deadlines[i] != deadline or seg.lease_nos[i] != base + s:
+                    continue
+                job = self._materialize(s)
+                assert job is not None
+            elif job.state != ACTIVE or job.lease_deadline_ms != deadline or job.token != prefix + str(base + s):
+                continue
+            self._reclaim(job)
+
+    def _reclaim(self, job: Job) -> None:
+        """An active job's lease lapsed: back to waiting, or dead-lettered after maxDeliveries."""
+        q = self.queues[job.queue]
+        q.totals["reclaimed"] += 1
+        if job.attempts >= q.opts["maxDeliveries"]:
+            job.error = f"lease expired after {job.attempts} deliveries"
+            self._finish(q, job, FAILED)
+        else:
+            self._to_waiting(q, job)
 
     def _fire_crons(self) -> None:
         for name in [n for n, c in self.crons.items() if c["nextRunAt"] <= self.now_ms]:
@@ -938,7 +1044,7 @@ class PartitionEngine:
         if job.group is not None:
             q.group_active[job.group] = job.seq  # before the state change: the group is now busy
         self._set_state(q, job, ACTIVE)
-        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token))
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token, 0))
         if session is not None:
             self.sessions.setdefault(session, {})[job.seq] = None
         return token
@@ -979,7 +1085,9 @@ class PartitionEngine:
         """``_pull`` for a queue with no group jobs waiting: the ready heap alone orders it.
 
         The same steps as ``_pop_ready`` + ``_lease`` per job, with one heap look per job
-        and the counters moved once per batch (the hot loop of every consumer).
+        and the counters moved once per batch (the hot loop of every consumer). When the
+        heap's top is a segment's lowest waiting job, the segment's consecutive waiting jobs
+        that come before every other heap entry are leased as one run (``_lease_run``).
         """
         jobs: list[Any] = []
         tokens: list[str] = []
@@ -990,51 +1098,41 @@ class PartitionEngine:
         sessions = self.sessions
         leased = sessions.setdefault(session, {}) if session is not None else None
         ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self.events
-        heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
+        heappop, heappush = heapq.heappop, heapq.heappush
         name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
-        wire_job = self.wire_job if self.replies else None
+        replies = self.replies
+        wire_job = self.wire_job
         job_bytes_fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(name)  # wire_bytes_max of a job with no texts
         prefix = f"{self.partition}."
-        lease_seq = self.lease_seq
-        seg: Segment | None = None  # the segment the previous job came from
-        while len(tokens) < count and ready:
+        taken = 0
+        full = False  # the reply's byte budget is spent
+        while taken < count and ready and not full:
             seq = ready[0][1]
             job = all_jobs.get(seq)
-            straight = False  # taken from its segment with its heap entry already popped
             if job is None and segments:
-                if seg is None or seg.low != seq:
-                    seg = segments.find(seq)
+                seg = segments.find(seq)
                 if seg is not None and seg.low == seq and seg.queue == name:
-                    # The segment's own heap entry: its lowest job goes straight into a lease.
-                    # Same steps as _materialize + heappop, with one heap sift instead of three.
-                    if budget:
-                        used += len(seg.datas[seq - seg.first]) + job_bytes_fixed  # type: ignore[arg-type]
-                        if tokens and used > budget:
-                            break
-                    job = _segment_job(seg, seq, segments.take(seg, seq))
-                    all_jobs[seq] = job
-                    self._jobs_unordered = True
-                    if seg.left:
-                        heapreplace(ready, (0, seg.low))
-                    else:
-                        heappop(ready)
-                    straight = True
+                    k, full = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms, session,
+                                              jobs, tokens)
+                    if k or full:
+                        taken += k
+                        if budget and k:
+                            i = seq - seg.first
+                            used += k * job_bytes_fixed + sum(map(len, seg.datas[i:i + k]))  # type: ignore[arg-type]
+                        continue
+                job = self._materialize(seq, waiting_only=True)
+            if job is None or job.state != WAITING or job.group is not None or job.queue != name:
+                heappop(ready)  # stale entry (lazy deletion)
+                continue
+            if budget:
+                if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
+                    used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
                 else:
-                    job = self._materialize(seq)
-                    seg = None
-            if not straight:
-                if job is None or job.state != WAITING or job.group is not None or job.queue != name:
-                    heappop(ready)  # stale entry (lazy deletion)
-                    continue
-                if budget:
-                    if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
-                        used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
-                    else:
-                        used += wire_bytes_max(job)
-                    if tokens and used > budget:
-                        break
-                heappop(ready)
-            lease_seq += 1
+                    used += wire_bytes_max(job)
+                if taken and used > budget:
+                    break
+            heappop(ready)
+            self.lease_seq = lease_seq = self.lease_seq + 1
             token = prefix + str(lease_seq)
             job.attempts += 1
             job.token = token
@@ -1047,20 +1145,82 @@ class PartitionEngine:
                 prio_counts[prio] = left
             else:
                 del prio_counts[prio]
-            if wire_job is not None:  # the leader: events feed its subscribers
-                events.append((name, seq, ACTIVE, WAITING))
-            heappush(leases, (deadline, seq, token))
+            q.counts[WAITING] -= 1
+            q.counts[ACTIVE] += 1
+            heappush(leases, (deadline, seq, token, 0))
             if leased is not None:
                 leased[seq] = None
-            tokens.append(token)
-            jobs.append(wire_job(job) if wire_job is not None else None)
-        self.lease_seq = lease_seq
-        taken = len(tokens)
-        q.counts[WAITING] -= taken
-        q.counts[ACTIVE] += taken
+            taken += 1
+            if replies:  # the leader: its reply, and events for its subscribers
+                events.append((name, seq, ACTIVE, WAITING))
+                tokens.append(token)
+                jobs.append(wire_job(job))
         if leased is not None and not leased:
             del sessions[session]  # type: ignore[arg-type]
         return jobs, tokens
+
+    def _lease_run(self, q: Queue, seg: Segment, want: int, budget: int, used: int, any_taken: bool,
+                   ttr_ms: int | None, session: str | None, jobs: list[Any], tokens: list[str]) -> tuple[int, bool]:
+        """Lease up to ``want`` consecutive waiting jobs of ``seg`` from its lowest, as one run.
+
+        The run stops before the next job another heap entry ranks first (the heap's top is
+        the segment's entry, so only its two children can), before a slot that is not
+        waiting, and where the reply would outgrow ``budget``. The run's jobs stay in the
+        segment (state, lease number, deadline and session per slot) and share one lease
+        heap entry. Returns how many were leased and whether the budget stopped the run.
+        """
+        ready = q.ready
+        first = seg.low
+        i = first - seg.first
+        limit = min(len(seg.datas), i + want)
+        for child in ready[1:3]:
+            if child[0] == 0 and child[1] - seg.first < limit:
+                limit = child[1] - seg.first
+        end = seg.run_end(i, limit)
+        full = False
+        if budget:
+            fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
+            datas = seg.datas
+            for j in range(i, end):
+                used += len(datas[j]) + fixed  # type: ignore[arg-type]
+                if used > budget and (any_taken or j > i):
+                    end, full = j, True
+                    break
+        k = end - i
+        if not k:
+            return 0, full
+        base = self.lease_seq
+        self.lease_seq = base + k
+        deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
+        seg.lease_run(i, k, base, deadline, session)
+        if seg.left:
+            heapq.heapreplace(ready, (0, seg.low))
+        else:
+            heapq.heappop(ready)
+        prefix = f"{self.partition}."
+        last = first + k - 1
+        heapq.heappush(self.leases, (deadline, first, prefix + str(base + 1), last))
+        prio_counts = q.prio_counts
+        left = prio_counts[0] - k
+        if left:
+            prio_counts[0] = left
+        else:
+            del prio_counts[0]
+        q.counts[WAITING] -= k
+        q.counts[ACTIVE] += k
+        seqs = range(first, last + 1)
+        if session is not None:
+            self.sessions[session].update(dict.fromkeys(seqs))
+        if self.replies:
+            name = q.name
+            self.events.extend([(name, s, ACTIVE, WAITING) for s in seqs])
+            tokens.extend([prefix + str(n) for n in range(base + 1, base + k + 1)])
+            p, created, attempts_max = self.partition, seg.created_ms, seg.max_attempts
+            jobs.extend([{"id": f"{p}-{s}", "queue": name, "data": Raw(d), "priority": 0, "state": ACTIVE,
+                          "attempts": 1, "maxAttempts": attempts_max, "createdAt": created, "runAt": created,
+                          "progress": 0, "leaseDeadline": deadline}
+                         for s, d in zip(seqs, seg.datas[i:end])])
+        return k, full
 
     def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
         jobs, tokens = self._pull(cmd, 1)
@@ -1083,35 +1243,146 @@ class PartitionEngine:
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
         ids = cmd["ids"]
+        if not cmd.get("results") and self.segments:
+            done = self._ack_run(ids, cmd.get("tokens"))
+            if done:
+                return {"count": done}
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
-        jobs = []
-        find, all_jobs = self._job, self.jobs
+        # Per id: its Job, or the slot (segment, index) of a leased segment job acked without
+        # a result, which completes in place (no object is made for it).
+        targets: list[Any] = []
+        find, all_jobs, segments = self._job, self.jobs, self.segments
         prefix = f"{self.partition}-"
+        token_prefix = f"{self.partition}."
         cut = len(prefix)
-        for job_id, token in zip(ids, tokens):   # check all first: the batch is atomic
+        seg: Segment | None = None  # the segment of the previous slot
+        for job_id, token, result in zip(ids, tokens, results):   # check all first: the batch is atomic
             # A validated id of this partition: the seq is the digits after the prefix. Anything
-            # else (another partition, a segment's job, a bad id) takes ``_job`` and its errors.
+            # else (another partition, a bad id) takes ``_job`` and its errors.
             tail = job_id[cut:] if job_id.startswith(prefix) else ""
-            job = all_jobs.get(int(tail)) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else None
+            seq = int(tail) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else 0
+            job = all_jobs.get(seq) if seq else None
+            if job is None and seq and segments and result is None:
+                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                    seg = segments.find(seq)
+                if seg is not None:
+                    i = seq - seg.first
+                    if (seg.states[i] == SLOT_ACTIVE
+                            and (token is None or str(token) == token_prefix + str(seg.lease_nos[i]))):
+                        targets.append((seg, i))
+                        continue
             if job is None:
                 job = find(job_id)
             if job.state != ACTIVE or (token is not None and str(token) != job.token):
                 self._require_active(job, {"token": token})  # raises the precise error
-            jobs.append(job)
-        if len({j.seq for j in jobs}) != len(jobs):
+            targets.append(job)
+        if len({t.seq if type(t) is Job else t[0].first + t[1] for t in targets}) != len(targets):
             raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
-        queues = self.queues
+        queues, sessions, now = self.queues, self.sessions, self.now_ms
+        touched: dict[str, Queue] = {}
         q = None
         complete = self._complete
-        for job, result in zip(jobs, results):
-            if q is None or q.name != job.queue:
-                q = queues[job.queue]
-            if result is not None:
-                job.result = _pack(result)
+        for target, result in zip(targets, results):
+            if type(target) is Job:
+                if q is None or q.name != target.queue:
+                    q = touched[target.queue] = queues[target.queue]
+                if result is not None:
+                    target.result = result.packed if type(result) is Raw else _pack(result)
+                q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
+                complete(q, target, trim=False)
+                continue
+            seg, i = target
+            if q is None or q.name != seg.queue:
+                q = touched[seg.queue] = queues[seg.queue]
+            seq = seg.first + i
+            # The steps of _complete (lease ended, completed, into the history) on the slot.
+            seg.states[i] = SLOT_COMPLETED
+            seg.finished[i] = now
+            session = seg.sessions[i]
+            if session is not None:
+                seg.sessions[i] = None
+                leased = sessions.get(session)
+                if leased is not None:
+                    leased.pop(seq, None)
+                    if not leased:
+                        del sessions[session]
+            counts = q.counts
+            counts[ACTIVE] -= 1
+            counts[COMPLETED] += 1
+            if self.replies:
+                self.events.append((q.name, seq, COMPLETED, ACTIVE))
+            q.history.append(seq)
+            q.totals["completed"] += 1
             q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
-            complete(q, job)
-        return {"count": len(jobs)}
+        for q in touched.values():
+            if len(q.history) > q.opts["historyMax"]:
+                self._trim_history(q)  # once per batch: the same jobs go as trimming after each ack
+        return {"count": len(targets)}
+
+    def _ack_run(self, ids: list[str], tokens: list[Any] | None) -> int:
+        """ACKB of one segment's consecutive leased jobs (what a consumer acks after a PULLB).
+
+        Checks and completes the run slice by slice: the same outcome as acking the jobs
+        one by one. Returns 0, having changed nothing, when the batch is anything else
+        (the general path then handles it, errors included).
+        """
+        k = len(ids)
+        prefix = f"{self.partition}-"
+        cut = len(prefix)
+        head, tail = ids[0], ids[-1]
+        if not (type(head) is str and type(tail) is str and head.startswith(prefix) and tail.startswith(prefix)):
+            return 0
+        head, tail = head[cut:], tail[cut:]
+        if not (head.isdigit() and head.isascii() and tail.isdigit() and tail.isascii() and len(tail) < 20):
+            return 0
+        first, last = int(head), int(tail)
+        seg = self.segments.find(first)
+        if seg is None or last - first + 1 != k or last - seg.first >= len(seg.datas):
+            return 0
+        i = first - seg.first
+        end = i + k
+        seqs = range(first, last + 1)
+        if seg.states.count(SLOT_ACTIVE, i, end) != k:
+            return 0
+        # Whole-list comparisons as strings: map(str) and join run in C, no string per job.
+        if "\n".join(ids) != prefix + ("\n" + prefix).join(map(str, seqs)):
+            return 0
+        if tokens is not None:
+            token_prefix = f"{self.partition}."
+            try:
+                given = "\n".join(tokens)
+            except TypeError:
+                return 0
+            if given != token_prefix + ("\n" + token_prefix).join(map(str, seg.lease_nos[i:end])):
+                return 0
+        q = self.queues[seg.queue]
+        now = self.now_ms
+        seg.states[i:end] = bytes([SLOT_COMPLETED]) * k
+        seg.finished[i:end] = [now] * k
+        sessions = self.sessions
+        for session in set(seg.sessions[i:end]):
+            if session is not None:
+                leased = sessions.get(session)
+                if leased is not None:
+                    pop = leased.pop
+                    for seq in seqs:
+                        pop(seq, None)
+                    if not leased:
+                        del sessions[session]
+        seg.sessions[i:end] = [None] * k
+        counts = q.counts
+        counts[ACTIVE] -= k
+        counts[COMPLETED] += k
+        if self.replies:
+            name = q.name
+            self.events.extend([(name, seq, COMPLETED, ACTIVE) for seq in seqs])
+        q.history.extend(seqs)
+        q.totals["completed"] += k
+        q.calls["ACKB"] = q.calls.get("ACKB", 0) + k
+        if len(q.history) > q.opts["historyMax"]:
+            self._trim_history(q)
+        return k
 
     def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -1160,7 +1431,7 @@ class PartitionEngine:
         q = self.queues[job.queue]
         self._count(q, cmd["cmd"])
         job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms)
-        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or ""))
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
         return {"deadline": job.lease_deadline_ms}
 
     def _op_Touch(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1172,6 +1443,7 @@ class PartitionEngine:
     def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
         self._count(q, "ReleaseAll")
+        self._materialize_active(q)
         active = [j for j in self.jobs.values() if j.queue == q.name and j.state == ACTIVE]
         for job in active:
             self._to_waiting(q, job)
@@ -1180,7 +1452,7 @@ class PartitionEngine:
     def _op_ReleaseSession(self, cmd: dict[str, Any]) -> dict[str, Any]:
         seqs = list(self.sessions.get(cmd["session"], ()))
         for seq in seqs:
-            job = self.jobs.get(seq)
+            job = self._get(seq)
             if job is not None and job.state == ACTIVE and job.session == cmd["session"]:
                 self._to_waiting(self.queues[job.queue], job)
         self.sessions.pop(cmd["session"], None)
@@ -1289,7 +1561,7 @@ class PartitionEngine:
             if limit is not None and len(victims) >= limit:
                 break
         for seq in victims:
-            self._remove(q, self.jobs.get(seq) or self._materialize(seq))  # type: ignore[arg-type]
+            self._remove(q, self._get(seq))  # type: ignore[arg-type]
         return len(victims)
 
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1345,7 +1617,7 @@ class PartitionEngine:
                 raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not completed in {q.name}")
             seqs = [job.seq]
         else:
-            seqs = [s for s in q.history if s in self.jobs and self.jobs[s].state == COMPLETED]
+            seqs = [s for s in q.history if (j := self._get(s)) is not None and j.state == COMPLETED]
         for seq in seqs:
             job = self.jobs[seq]
             job.attempts = 0
@@ -1534,9 +1806,26 @@ class PartitionEngine:
 _FULL = object()
 
 
-def _segment_job(seg: Segment, seq: int, data: bytes) -> Job:
-    """Segment job ``seq`` as the waiting job a plain push would have made (priority 0)."""
-    return Job(seq, seg.queue, data, 0, seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+def _slot_job(seg: Segment, i: int, partition: int) -> Job:
+    """Slot ``i`` of ``seg`` as the job the per-job path would hold in the same state.
+
+    A plain push makes a waiting job at priority 0; a pull leases it for the first time
+    (attempt 1); an ack without a result completes it and ends its lease.
+    """
+    job = Job(seg.first + i, seg.queue, seg.datas[i], 0, seg.created_ms,  # type: ignore[arg-type]
+              seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+    code = seg.states[i]
+    if code != SLOT_WAITING:
+        job.attempts = 1
+        if code == SLOT_ACTIVE:
+            job.state = ACTIVE
+            job.token = f"{partition}.{seg.lease_nos[i]}"
+            job.session = seg.sessions[i]
+            job.lease_deadline_ms = seg.deadlines[i]
+        else:
+            job.state = COMPLETED
+            job.finished_ms = seg.finished[i]
+    return job
 
 
 def _seq_of(job: Job) -> int:

@@ -21,7 +21,12 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 
-__all__ = ["Segment", "SegmentStore", "split_plain"]
+__all__ = ["Segment", "SegmentStore", "split_plain", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE", "SLOT_COMPLETED"]
+
+#: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
+SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED = 0, 1, 2, 3
+_WAITING_RUN = bytes([SLOT_WAITING]) * 1024
+_ACTIVE_RUN = bytes([SLOT_ACTIVE]) * 1024
 
 _PLAIN_KEYED = frozenset({"data", "idempotencyKey"})
 
@@ -44,9 +49,16 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
 
 
 class Segment:
-    """The still-untouched jobs of one plain ``PUSHB`` (taken slots hold ``None``)."""
+    """The jobs of one plain ``PUSHB`` still held as a batch (any state but delayed and failed).
 
-    __slots__ = ("first", "datas", "queue", "created_ms", "max_attempts", "backoff_ms", "ttr_ms", "low", "left")
+    Per slot ``i`` (job ``first + i``): ``datas[i]`` is its data, or None once the slot is
+    gone (the job materialized or removed); ``states[i]`` is one of the ``SLOT_*`` codes.
+    A leased slot keeps its lease number, deadline and session, a completed one its finish
+    time; those four lists exist only once the segment's first job is leased.
+    """
+
+    __slots__ = ("first", "datas", "queue", "created_ms", "max_attempts", "backoff_ms", "ttr_ms",
+                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished")
 
     def __init__(self, first: int, datas: list[bytes | None], queue: str, created_ms: int,
                  max_attempts: int, backoff_ms: int, ttr_ms: int) -> None:
@@ -57,13 +69,46 @@ class Segment:
         self.max_attempts = max_attempts
         self.backoff_ms = backoff_ms
         self.ttr_ms = ttr_ms
-        self.low = first           # lowest untaken seq: the one the queue's ready heap points at
-        self.left = len(datas)     # untaken jobs
+        n = len(datas)
+        self.low = first           # lowest waiting seq (0: none): the one the ready heap points at
+        self.left = n              # waiting slots
+        self.held = n              # slots not gone
+        self.states = bytearray(_WAITING_RUN[:n]) if n <= len(_WAITING_RUN) else bytearray([SLOT_WAITING]) * n
+        self.lease_nos: list[int] = []
+        self.deadlines: list[int] = []
+        self.sessions: list[str | None] = []
+        self.finished: list[int] = []
 
     def seqs(self) -> Iterator[int]:
-        """Untaken seqs, ascending."""
+        """Held seqs, ascending."""
         first = self.first
         return (first + i for i, d in enumerate(self.datas) if d is not None)
+
+    def lease_run(self, i: int, k: int, lease_base: int, deadline: int, session: str | None) -> None:
+        """Lease waiting slots ``i .. i+k-1`` (lease numbers from ``lease_base + 1``); moves ``low`` on."""
+        if not self.lease_nos:
+            n = len(self.datas)
+            self.lease_nos = [0] * n
+            self.deadlines = [0] * n
+            self.sessions = [None] * n
+            self.finished = [0] * n
+        end = i + k
+        self.states[i:end] = _ACTIVE_RUN[:k] if k <= len(_ACTIVE_RUN) else bytes([SLOT_ACTIVE]) * k
+        self.lease_nos[i:end] = range(lease_base + 1, lease_base + k + 1)
+        self.deadlines[i:end] = [deadline] * k
+        self.sessions[i:end] = [session] * k
+        self.left -= k
+        nxt = self.states.find(SLOT_WAITING, end) if self.left else -1
+        self.low = 0 if nxt < 0 else self.first + nxt
+
+    def run_end(self, i: int, limit: int) -> int:
+        """First index in ``i .. limit`` that is not a waiting slot (``limit`` if none)."""
+        states = self.states
+        for code in (SLOT_GONE, SLOT_ACTIVE, SLOT_COMPLETED):
+            j = states.find(code, i, limit)
+            if j >= 0:
+                limit = j
+        return limit
 
 
 class SegmentStore:
@@ -74,7 +119,7 @@ class SegmentStore:
     def __init__(self) -> None:
         self._by_first: dict[int, Segment] = {}
         self._firsts: list[int] = []   # ascending: seqs only grow
-        self.jobs = 0                  # untaken jobs over all segments
+        self.jobs = 0                  # held jobs over all segments
 
     def __bool__(self) -> bool:
         return bool(self._firsts)
@@ -82,15 +127,15 @@ class SegmentStore:
     def __iter__(self) -> Iterator[Segment]:
         """Segments in seq order."""
         by_first = self._by_first
-        return (by_first[f] for f in self._firsts)
+        return (by_first[f] for f in list(self._firsts))
 
     def add(self, segment: Segment) -> None:
         self._by_first[segment.first] = segment
         self._firsts.append(segment.first)
-        self.jobs += segment.left
+        self.jobs += segment.held
 
     def find(self, seq: int) -> Segment | None:
-        """The segment still holding ``seq`` untaken, if any."""
+        """The segment still holding ``seq`` (in any state), if any."""
         firsts = self._firsts
         if not firsts or seq < firsts[0]:
             return None
@@ -101,25 +146,35 @@ class SegmentStore:
         return None
 
     def take(self, segment: Segment, seq: int) -> bytes:
-        """Remove ``seq`` from ``segment`` and return its data; advances ``segment.low`` past it."""
+        """Let go of slot ``seq`` (its job materialized or removed); returns its data.
+
+        A waiting slot that was ``low`` moves ``low`` to the next waiting one.
+        """
         datas = segment.datas
         i = seq - segment.first
         data = datas[i]
         assert data is not None
         datas[i] = None
-        segment.left -= 1
-        self.jobs -= 1
-        if segment.left == 0:
+        states = segment.states
+        was_waiting = states[i] == SLOT_WAITING
+        states[i] = SLOT_GONE
+        self.gone(segment, 1)
+        if was_waiting:
+            segment.left -= 1
+            if seq == segment.low:
+                nxt = states.find(SLOT_WAITING, i + 1) if segment.left else -1
+                segment.low = 0 if nxt < 0 else segment.first + nxt
+        return data
+
+    def gone(self, segment: Segment, n: int) -> None:
+        """``n`` slots of ``segment`` were let go (their ``datas``/``states`` already cleared)."""
+        segment.held -= n
+        self.jobs -= n
+        if segment.held == 0:
             del self._by_first[segment.first]
             firsts = self._firsts
             del firsts[bisect_right(firsts, segment.first) - 1]
             segment.low = 0
-        elif seq == segment.low:
-            i += 1
-            while datas[i] is None:
-                i += 1
-            segment.low = segment.first + i
-        return data
 
     def clear(self) -> None:
         self._by_first.clear()

@@ -291,6 +291,37 @@ def test_ackb_ids_of_one_partition() -> None:
     validate({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", None], "results": [1, {"a": 2}]})
 
 
+def test_ackb_fast_checks_miss_nothing() -> None:
+    """The one-pass checks of ids and tokens refuse what the per-item checks refuse, naming the item."""
+    invalid({"cmd": "ACKB", "ids": ["1-1\n1-2"]}, "ids[0]")  # joined, it would read as two ids
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-2\n1-3", "1-4"]}, "ids[1]")
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-" + "9" * 39]}, "ids[1]")
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-\u00b2"]}, "ids[1]")
+    validate({"cmd": "ACKB", "ids": ["1-5", "01-6"]})  # one partition, spelled two ways
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", ""]}, "tokens[1]")
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", "x" * (L.token_chars_max + 1)]}, "tokens[1]")
+    invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", -1]}, "tokens[1]")
+    validate({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["0.1", 7]})
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(st.from_regex(r"[0-9]{1,3}-[0-9]{1,4}", fullmatch=True),
+                          st.text(alphabet="0123456789-\n\u00b2x", min_size=0, max_size=6)), min_size=1, max_size=6))
+def test_ackb_ids_fast_and_per_id_checks_agree(ids: list[str]) -> None:
+    from shoal.cluster.jobid import parse_job_id
+    try:
+        parts = {parse_job_id(i)[0] for i in ids}
+        expected = len(parts) == 1
+    except CommandError:
+        expected = False
+    try:
+        validate({"cmd": "ACKB", "ids": ids})
+        accepted = True
+    except CommandError:
+        accepted = False
+    assert accepted == expected
+
+
 def test_cross_field_and_nested_rules() -> None:
     invalid({"cmd": "Cron", "name": "c", "queue": "q"}, "schedule")
     invalid({"cmd": "Cron", "name": "c", "queue": "q", "schedule": "* * * * *", "repeatEvery": 5}, "schedule")
