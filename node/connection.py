@@ -17,8 +17,10 @@ import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import FrameDecoder, encode
+from shoal.cluster.codec import FrameDecoder, encode, encode_body
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+
+from .dispatch import is_plain_push
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -109,6 +111,9 @@ class ClientConnection(asyncio.Protocol):
         backlog = self._backlog
         while backlog and self._inflight < self.inflight_max and not self.closed:
             frame = backlog.popleft()
+            if self.authed and is_plain_push(frame):
+                self._pump_pushes(frame)
+                continue
             self._inflight += 1
             try:
                 self.dispatcher.handle(self, frame)
@@ -122,6 +127,27 @@ class ClientConnection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
+    def _pump_pushes(self, frame: dict[str, Any]) -> None:
+        """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""
+        backlog = self._backlog
+        block = [frame]
+        queue = frame["queue"]
+        room = self.inflight_max - self._inflight - 1
+        while room > 0 and backlog:
+            nxt = backlog[0]
+            if not (is_plain_push(nxt) and nxt["queue"] == queue):
+                break
+            block.append(backlog.popleft())
+            room -= 1
+        self._inflight += len(block)
+        try:
+            self.dispatcher.handle_pushes(self, block)
+        except Exception as exc:
+            log.exception("dispatch failed for a block of %d PUSH", len(block))
+            error = CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            for f in block:
+                self.reply_error(f.get("reqId"), error)
+
     def upgrade(self, version: int) -> None:
         """Switch to protocol v2 (pipelined, out-of-order replies)."""
         if version >= 2:
@@ -134,6 +160,29 @@ class ClientConnection(asyncio.Protocol):
         if req_id is not None:
             frame["reqId"] = req_id
         self._finish(frame)
+
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        """Answer commands that completed together: per command a reply dict or a CommandError."""
+        self.dispatcher.node.metrics.observe(cmd, seconds, len(req_ids))
+        self._inflight -= len(req_ids)
+        if self.closed:
+            return
+        out = self._out
+        for req_id, result in zip(req_ids, results):
+            frame = {"ok": True, **result} if type(result) is dict else result.to_reply()
+            if req_id is not None:
+                frame["reqId"] = req_id
+            try:
+                body = encode_body(frame)  # a short reply: well under any frame limit
+            except ProtocolError:
+                self.send_frame(frame)  # says why, as every reply does
+                continue
+            out.append(len(body).to_bytes(4, "big") + body)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        if self._backlog:
+            self._pump()
 
     def reply_error(self, req_id: Any, exc: CommandError) -> None:
         frame = exc.to_reply()

@@ -147,7 +147,8 @@ class GroupCommit:
             cbs, self._cbs = self._cbs[:n], self._cbs[n:]
             self._inflight += 1
             self.proposed_batches += 1
-            self.proposed_commands += len(cmds)
+            # A block of plain pushes (Dispatcher.handle_pushes) arrives as one _PushMany: count its pushes.
+            self.proposed_commands += sum(len(c["_datas"]) if c["cmd"] == "_PushMany" else 1 for c in cmds)
             loop = self.loop
             cmds, sizes = coalesce_pushes(cmds)
             entry = _Entry(cbs, sizes)

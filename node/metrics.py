@@ -100,13 +100,14 @@ class _LatencyHistograms(Collector):
         self._counts: dict[str, list[int]] = {}   # cmd -> per-bucket counts (last: +Inf)
         self._sums: dict[str, float] = {}
 
-    def observe(self, cmd: str, seconds: float) -> None:
+    def observe(self, cmd: str, seconds: float, n: int = 1) -> None:
+        """``n`` samples of ``seconds`` each (commands answered together took the same time)."""
         counts = self._counts.get(cmd)
         if counts is None:
             counts = self._counts[cmd] = [0] * (len(_BUCKETS) + 1)
             self._sums[cmd] = 0.0
-        counts[bisect_left(_BUCKETS, seconds)] += 1
-        self._sums[cmd] += seconds
+        counts[bisect_left(_BUCKETS, seconds)] += n
+        self._sums[cmd] += seconds * n
 
     def collect(self) -> Iterator[Any]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=["cmd"])
@@ -147,9 +148,10 @@ class NodeMetrics:
         self._http_children: dict[tuple[str, str, int], Any] = {}
         self._http_cmd_children: dict[str, Any] = {}
 
-    def observe(self, cmd: str, seconds: float) -> None:
-        """Record one command's latency (``cmd`` is a validated command name: a bounded set)."""
-        self.latency.observe(cmd, seconds)
+    def observe(self, cmd: str, seconds: float, n: int = 1) -> None:
+        """Record the latency of ``n`` commands answered together (``cmd`` is a validated
+        command name: a bounded set)."""
+        self.latency.observe(cmd, seconds, n)
 
     def observe_http_command(self, cmd: str, seconds: float) -> None:
         """Record one command run for HTTP (cmd names come from clients, hence the bound)."""
