@@ -438,6 +438,7 @@ class Dispatcher:
                 conn.subscriptions = set()
             conn.subscriptions.add(queue or "")
             self.subscribers.add(conn)
+            self.node.events_wanted()
             return {}
         if cmd == "Prometheus":
             return {"text": self.node.metrics.exposition()}

@@ -109,6 +109,7 @@ class StreamHandlers:
         metrics = self.node.metrics
         metrics.http_streams["events"] += 1
         self.node.event_listeners.append(listener)
+        self.node.events_wanted()
         seq = 0
         try:
             await response.write(f"retry: {RETRY_MS}\n: connected to {self.node.node_id}\n\n".encode())
@@ -172,6 +173,7 @@ class StreamHandlers:
             return frame
 
         node.event_listeners.append(listener)
+        node.events_wanted()
         response: web.StreamResponse | None = None
         seq = 0
         try:

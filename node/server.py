@@ -186,11 +186,19 @@ class Node:
         self._applied_flags[p] = False
         replica = self.replicas[p]
         engine = replica.engine
-        if engine.events and replica.is_leader() and (self.event_listeners or self.dispatcher.subscribers):
+        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.subscribers)
+        engine.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
+        if engine.events and wanted:
             self.dispatcher.publish(engine.drain_events())
         else:
             engine.events.clear()  # nobody listens: building event dicts was ~8% of a follower's time
         self.dispatcher.on_applied(p)
+
+    def events_wanted(self) -> None:
+        """A listener or subscriber came: engines this node leads record job events from now on."""
+        for replica in self.replicas.values():
+            if replica.is_leader():
+                replica.engine.record_events = True
 
     # --- background loops ----------------------------------------------------------------------
 

@@ -201,6 +201,9 @@ class PartitionEngine:
         # Followers set this False: nobody reads their replies, so pulls skip building the
         # wire form of each job. Only reply contents depend on it, never the state.
         self.replies = True
+        # The node sets this False where nobody listens to job events: the hot paths (batch
+        # push, pull and ack, history trimming) then skip their event tuples. Not state either.
+        self.record_events = True
         self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
 
     # ------------------------------------------------------------------------------------------
@@ -552,7 +555,7 @@ class PartitionEngine:
         counts = q.counts
         counts[ACTIVE] -= 1
         counts[COMPLETED] += 1
-        if self.replies:  # events feed subscribers of the leader only (not replicated state)
+        if self.replies and self.record_events:  # events feed the leader's subscribers (not state)
             self.events.append((q.name, job.seq, COMPLETED, ACTIVE))
         q.history.append(job.seq)
         q.totals["completed"] += 1
@@ -599,7 +602,7 @@ class PartitionEngine:
                     seg.states[i] = SLOT_GONE
                     segments.gone(seg, 1)
                     q.counts[COMPLETED] -= 1
-                    if self.replies:
+                    if self.record_events:
                         self.events.append((q.name, seq, "removed", COMPLETED))
                     continue
                 break
@@ -629,7 +632,7 @@ class PartitionEngine:
         popleft = history.popleft
         for _ in range(n):
             popleft()
-        if self.replies:
+        if self.record_events:
             name = q.name
             self.events.extend([(name, seq, "removed", COMPLETED) for seq in range(first, first + n)])
         return True
@@ -928,7 +931,7 @@ class PartitionEngine:
         if not self.replies:
             return [], plan  # a follower's reply (and event feed) is never read
         seqs = range(first, first + n)
-        if n:
+        if n and self.record_events:
             self.events.extend([(name, seq, WAITING, None) for seq in seqs])
         return (ids if plan is not None else [prefix + str(seq) for seq in seqs]), plan
 
@@ -1152,7 +1155,8 @@ class PartitionEngine:
                 leased[seq] = None
             taken += 1
             if replies:  # the leader: its reply, and events for its subscribers
-                events.append((name, seq, ACTIVE, WAITING))
+                if self.record_events:
+                    events.append((name, seq, ACTIVE, WAITING))
                 tokens.append(token)
                 jobs.append(wire_job(job))
         if leased is not None and not leased:
@@ -1213,13 +1217,22 @@ class PartitionEngine:
             self.sessions[session].update(dict.fromkeys(seqs))
         if self.replies:
             name = q.name
-            self.events.extend([(name, s, ACTIVE, WAITING) for s in seqs])
+            if self.record_events:
+                self.events.extend([(name, s, ACTIVE, WAITING) for s in seqs])
             tokens.extend([prefix + str(n) for n in range(base + 1, base + k + 1)])
-            p, created, attempts_max = self.partition, seg.created_ms, seg.max_attempts
-            jobs.extend([{"id": f"{p}-{s}", "queue": name, "data": Raw(d), "priority": 0, "state": ACTIVE,
-                          "attempts": 1, "maxAttempts": attempts_max, "createdAt": created, "runAt": created,
-                          "progress": 0, "leaseDeadline": deadline}
-                         for s, d in zip(seqs, seg.datas[i:end])])
+            # The wire form of each job (wire_job's keys, in its order): copies of one template,
+            # then the two fields that differ (a third cheaper than a literal per job).
+            created = seg.created_ms
+            template = {"id": None, "queue": name, "data": None, "priority": 0, "state": ACTIVE, "attempts": 1,
+                        "maxAttempts": seg.max_attempts, "createdAt": created, "runAt": created, "progress": 0,
+                        "leaseDeadline": deadline}
+            copy = template.copy
+            wire = [copy() for _ in seqs]
+            id_prefix = f"{self.partition}-"
+            for job, s, d in zip(wire, seqs, seg.datas[i:end]):
+                job["id"] = id_prefix + str(s)
+                job["data"] = Raw(d)
+            jobs.extend(wire)
         return k, full
 
     def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -1310,7 +1323,7 @@ class PartitionEngine:
             counts = q.counts
             counts[ACTIVE] -= 1
             counts[COMPLETED] += 1
-            if self.replies:
+            if self.record_events:
                 self.events.append((q.name, seq, COMPLETED, ACTIVE))
             q.history.append(seq)
             q.totals["completed"] += 1
@@ -1374,7 +1387,7 @@ class PartitionEngine:
         counts = q.counts
         counts[ACTIVE] -= k
         counts[COMPLETED] += k
-        if self.replies:
+        if self.record_events:
             name = q.name
             self.events.extend([(name, seq, COMPLETED, ACTIVE) for seq in seqs])
         q.history.extend(seqs)
