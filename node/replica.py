@@ -41,7 +41,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .state import PartitionEngine
-from .state._segments import split_plain
+from .state._segments import ack_run_of, split_plain
 
 __all__ = ["PartitionReplica", "BatchResult", "LoopPoller", "raft_conf", "TICK_PERIOD_S"]
 
@@ -330,6 +330,15 @@ class PartitionReplica(SyncObj):
         """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
         for cmd in commands:
             unwrap_job_data(cmd)
+            if cmd["cmd"] == "ACKB" and not cmd.get("results"):
+                # A consumer's ack of one pull, checked once here instead of on every replica:
+                # replicated as (first seq, count, first lease number); the engine still checks
+                # the jobs' states and leases when it applies it.
+                run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+                if run is not None:
+                    cmd["_ackRun"] = run
+                    del cmd["ids"]
+                    cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)
         self.schedule_tick()
 

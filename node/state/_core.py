@@ -49,7 +49,8 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, SLOT_WAITING, Segment, SegmentStore, split_plain
+from ._segments import (SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, SLOT_WAITING, Segment, SegmentStore, ack_run_of,
+                        split_plain)
 from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, check_transition
 
 __all__ = ["PartitionEngine", "QUEUE_PRESETS", "DEFAULTS"]
@@ -1255,11 +1256,16 @@ class PartitionEngine:
         return {}
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        ids = cmd["ids"]
-        if not cmd.get("results") and self.segments:
-            done = self._ack_run(ids, cmd.get("tokens"))
+        run = cmd.get("_ackRun")  # the leader's compact form of a consecutive batch (replica.propose)
+        if run is None and not cmd.get("results") and self.segments:
+            run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+        if run is not None:
+            done = self._ack_run(*run) if self.segments else 0
             if done:
                 return {"count": done}
+            if "_ackRun" in cmd:
+                cmd = _ack_of_run(self.partition, run)  # the batch it stands for, with its errors
+        ids = cmd["ids"]
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
         # Per id: its Job, or the slot (segment, index) of a leased segment job acked without
@@ -1333,42 +1339,24 @@ class PartitionEngine:
                 self._trim_history(q)  # once per batch: the same jobs go as trimming after each ack
         return {"count": len(targets)}
 
-    def _ack_run(self, ids: list[str], tokens: list[Any] | None) -> int:
-        """ACKB of one segment's consecutive leased jobs (what a consumer acks after a PULLB).
+    def _ack_run(self, first: int, k: int, lease: int) -> int:
+        """ACKB of one segment's consecutive leased jobs ``first .. first+k-1`` (``ack_run_of``),
+        their leases numbered from ``lease`` (-1: no tokens given).
 
         Checks and completes the run slice by slice: the same outcome as acking the jobs
-        one by one. Returns 0, having changed nothing, when the batch is anything else
-        (the general path then handles it, errors included).
+        one by one. Returns 0, having changed nothing, when the jobs are not that run
+        (the general path then handles the batch, errors included).
         """
-        k = len(ids)
-        prefix = f"{self.partition}-"
-        cut = len(prefix)
-        head, tail = ids[0], ids[-1]
-        if not (type(head) is str and type(tail) is str and head.startswith(prefix) and tail.startswith(prefix)):
-            return 0
-        head, tail = head[cut:], tail[cut:]
-        if not (head.isdigit() and head.isascii() and tail.isdigit() and tail.isascii() and len(tail) < 20):
-            return 0
-        first, last = int(head), int(tail)
         seg = self.segments.find(first)
-        if seg is None or last - first + 1 != k or last - seg.first >= len(seg.datas):
+        if seg is None:
             return 0
         i = first - seg.first
         end = i + k
-        seqs = range(first, last + 1)
-        if seg.states.count(SLOT_ACTIVE, i, end) != k:
+        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
             return 0
-        # Whole-list comparisons as strings: map(str) and join run in C, no string per job.
-        if "\n".join(ids) != prefix + ("\n" + prefix).join(map(str, seqs)):
+        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
             return 0
-        if tokens is not None:
-            token_prefix = f"{self.partition}."
-            try:
-                given = "\n".join(tokens)
-            except TypeError:
-                return 0
-            if given != token_prefix + ("\n" + token_prefix).join(map(str, seg.lease_nos[i:end])):
-                return 0
+        seqs = range(first, first + k)
         q = self.queues[seg.queue]
         now = self.now_ms
         seg.states[i:end] = bytes([SLOT_COMPLETED]) * k
@@ -1839,6 +1827,15 @@ def _slot_job(seg: Segment, i: int, partition: int) -> Job:
             job.state = COMPLETED
             job.finished_ms = seg.finished[i]
     return job
+
+
+def _ack_of_run(partition: int, run: tuple[int, int, int]) -> dict[str, Any]:
+    """The ACKB that ``ack_run_of`` turned into ``run``."""
+    first, k, lease = run
+    cmd: dict[str, Any] = {"cmd": "ACKB", "ids": [f"{partition}-{s}" for s in range(first, first + k)]}
+    if lease >= 0:
+        cmd["tokens"] = [f"{partition}.{n}" for n in range(lease, lease + k)]
+    return cmd
 
 
 def _seq_of(job: Job) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 
-__all__ = ["Segment", "SegmentStore", "split_plain", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE", "SLOT_COMPLETED"]
+__all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE", "SLOT_COMPLETED"]
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED = 0, 1, 2, 3
@@ -46,6 +46,46 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
             keyed = True
     datas = [d.packed if type(d) is Raw else d for d in [item["data"] for item in items]]
     return datas, ([item.get("idempotencyKey") for item in items] if keyed else None)
+
+
+def ack_run_of(partition: int, ids: list[Any], tokens: list[Any] | None) -> tuple[int, int, int] | None:
+    """``(first seq, count, first lease number or -1)`` when an ACKB names ``partition``'s jobs
+    ``first .. first+count-1`` in that order and ``tokens`` (if given) are their consecutive
+    lease tokens: how a consumer acks what one PULLB gave it. None for any other batch.
+
+    Checked as whole strings (``map(str)`` and ``join`` run in C): no string per job.
+    """
+    k = len(ids)
+    if not k or (tokens is not None and len(tokens) != k):
+        return None
+    first = _number_after(f"{partition}-", ids)
+    if first is None:
+        return None
+    lease = -1
+    if tokens is not None:
+        lease_first = _number_after(f"{partition}.", tokens)
+        if lease_first is None:
+            return None
+        lease = lease_first
+    return first, k, lease
+
+
+def _number_after(prefix: str, texts: list[Any]) -> int | None:
+    """N when ``texts`` are exactly ``prefix + str(N + i)`` for i = 0, 1, ..."""
+    head = texts[0]
+    if type(head) is not str or not head.startswith(prefix):
+        return None
+    digits = head[len(prefix):]
+    if not (digits.isdigit() and digits.isascii() and len(digits) < 20):
+        return None
+    n = int(digits)
+    try:
+        joined = "\n".join(texts)
+    except TypeError:
+        return None
+    if joined != prefix + ("\n" + prefix).join(map(str, range(n, n + len(texts)))):
+        return None
+    return n
 
 
 class Segment:

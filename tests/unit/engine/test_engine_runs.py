@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.state import PartitionEngine
+from shoal.node.state._segments import ack_run_of
 
 TTR_MS = 1_000
 MAX_DELIVERIES = 2
@@ -183,12 +184,16 @@ class RunsVsPerJob(RuleBasedStateMachine):
             cmd["tokens"] = tokens
         if results is not None:
             cmd["results"] = results
+        # The engine under test gets what a leader replicates (replica.propose): a consecutive
+        # batch as its compact run; the reference gets the batch as sent.
+        run = ack_run_of(0, cmd["ids"], tokens) if results is None else None
+        sent = {"cmd": "ACKB", "_ackRun": run} if run is not None else cmd
         jobs = self.model.jobs
         ok = len(set(seqs)) == len(seqs) and all(
             s in jobs and jobs[s]["state"] == "active" and (tokens is None or self.tokens.get(s) == t)
             for s, t in zip(seqs, tokens or seqs))
         try:
-            self.both(cmd)
+            self.both(sent, cmd)
             accepted = True
         except CommandError:
             accepted = False
