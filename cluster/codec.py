@@ -309,6 +309,12 @@ class FrameDecoder:
         if payload is None:
             raise StopIteration
         if self._requests:
+            if self._raw and (b"\xa4data" in payload or b"\xa4jobs" in payload):
+                # A job-carrying frame: one C decode; anything the schema does not fit (or a
+                # missing cmd) takes the exact walk below, which also says what is wrong.
+                frame = decode_job_frame(payload, Raw)
+                if frame is not None and type(frame.get("cmd")) is str and frame["cmd"]:
+                    return frame
             try:
                 return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)
             except ProtocolError:
