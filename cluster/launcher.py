@@ -60,12 +60,29 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_base_port(nodes: int = 3, partitions: int = 8, low: int = 20_000, high: int = 55_000,
                    attempts_max: int = 200) -> int:
-    """A base port whose whole layout is free on loopback right now."""
+    """A base port whose whole layout is free on loopback right now.
+
+    The layout stays below the kernel's ephemeral range when it can: a port found free there
+    can be taken by any outgoing connection (Raft peers, clients) before the node binds it.
+    """
     rng = random.Random()
+    span = max(_ports_of(low, nodes, partitions)) - low
+    top = min(high, _ephemeral_low() - span)
+    if top <= low + 1_000:
+        top = high  # a machine whose ephemeral range starts low: take the chance
     for _ in range(attempts_max):
-        base = rng.randrange(low, high)
+        base = rng.randrange(low, top)
         if all(_port_free(p) for p in _ports_of(base, nodes, partitions)):
             return base
     raise RuntimeError(f"no free port range found in {attempts_max} attempts")
