@@ -178,9 +178,7 @@ class ClientConnection(asyncio.Protocol):
                 self.send_frame(frame)  # says why, as every reply does
                 continue
             out.append(len(body).to_bytes(4, "big") + body)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        self._schedule_flush()
         if self._backlog:
             self._pump()
 
@@ -220,6 +218,9 @@ class ClientConnection(asyncio.Protocol):
             data = encode({"ok": False, "error": f"reply could not be sent: {exc}",
                            "code": exc.code.value, "reqId": frame.get("reqId")})
         self._out.append(data)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)

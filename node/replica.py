@@ -329,13 +329,14 @@ class PartitionReplica(SyncObj):
         """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
         for cmd in commands:
             unwrap_job_data(cmd)
-            if cmd["cmd"] == "ACKB" and not cmd.get("results"):
+            if cmd["cmd"] == "ACKB":
                 # A consumer's ack of one pull, checked once here instead of on every replica:
                 # replicated as (first seq, count, first lease number); the engine still checks
-                # the jobs' states and leases when it applies it.
-                run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+                # the jobs' states and leases when it applies it. None: not such a batch (the
+                # replicas need not look again).
+                run = None if cmd.get("results") else ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+                cmd["_ackRun"] = run
                 if run is not None:
-                    cmd["_ackRun"] = run
                     del cmd["ids"]
                     cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)

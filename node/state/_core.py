@@ -598,13 +598,7 @@ class PartitionEngine:
                 if over > 1 and self._trim_run(q, seg, seq, over):
                     continue
                 if over > 0 or seg.finished[i] < oldest_ms:
-                    history.popleft()
-                    seg.datas[i] = None
-                    seg.states[i] = SLOT_GONE
-                    segments.gone(seg, 1)
-                    q.counts[COMPLETED] -= 1
-                    if self.record_events:
-                        self.events.append((q.name, seq, "removed", COMPLETED))
+                    self._let_go_completed(q, seg, i, 1)
                     continue
                 break
             if job.state != COMPLETED:
@@ -626,17 +620,22 @@ class PartitionEngine:
             return False
         if list(islice(history, n)) != list(range(first, first + n)):
             return False
+        self._let_go_completed(q, seg, i, n)
+        return True
+
+    def _let_go_completed(self, q: Queue, seg: Segment, i: int, n: int) -> None:
+        """Remove completed slots ``i .. i+n-1`` of ``seg``, the ``n`` oldest entries of the history."""
+        end = i + n
         seg.datas[i:end] = [None] * n
-        seg.states[i:end] = bytes(n)  # SLOT_GONE
+        seg.states[i:end] = bytes([SLOT_GONE]) * n
         self.segments.gone(seg, n)
         q.counts[COMPLETED] -= n
-        popleft = history.popleft
+        popleft = q.history.popleft
         for _ in range(n):
             popleft()
         if self.record_events:
-            name = q.name
-            self.events.extend([(name, seq, "removed", COMPLETED) for seq in range(first, first + n)])
-        return True
+            name, first = q.name, seg.first
+            self.events.extend([(name, first + j, "removed", COMPLETED) for j in range(i, end)])
 
     def _check_token(self, job: Job, cmd: dict[str, Any]) -> None:
         token = cmd.get("token")
@@ -1116,13 +1115,10 @@ class PartitionEngine:
             if job is None and segments:
                 seg = segments.find(seq)
                 if seg is not None and seg.low == seq and seg.queue == name:
-                    k, full = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms, session,
-                                              jobs, tokens)
+                    k, full, used = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms,
+                                                    session, jobs, tokens)
                     if k or full:
                         taken += k
-                        if budget and k:
-                            i = seq - seg.first
-                            used += k * job_bytes_fixed + sum(map(len, seg.datas[i:i + k]))  # type: ignore[arg-type]
                         continue
                 job = self._materialize(seq, waiting_only=True)
             if job is None or job.state != WAITING or job.group is not None or job.queue != name:
@@ -1165,14 +1161,16 @@ class PartitionEngine:
         return jobs, tokens
 
     def _lease_run(self, q: Queue, seg: Segment, want: int, budget: int, used: int, any_taken: bool,
-                   ttr_ms: int | None, session: str | None, jobs: list[Any], tokens: list[str]) -> tuple[int, bool]:
+                   ttr_ms: int | None, session: str | None, jobs: list[Any],
+                   tokens: list[str]) -> tuple[int, bool, int]:
         """Lease up to ``want`` consecutive waiting jobs of ``seg`` from its lowest, as one run.
 
         The run stops before the next job another heap entry ranks first (the heap's top is
         the segment's entry, so only its two children can), before a slot that is not
         waiting, and where the reply would outgrow ``budget``. The run's jobs stay in the
         segment (state, lease number, deadline and session per slot) and share one lease
-        heap entry. Returns how many were leased and whether the budget stopped the run.
+        heap entry. Returns how many were leased, whether the budget stopped the run, and
+        the reply bytes ``used`` so far (counted only with a budget).
         """
         ready = q.ready
         first = seg.low
@@ -1187,13 +1185,14 @@ class PartitionEngine:
             fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
             datas = seg.datas
             for j in range(i, end):
-                used += len(datas[j]) + fixed  # type: ignore[arg-type]
-                if used > budget and (any_taken or j > i):
+                size = len(datas[j]) + fixed  # type: ignore[arg-type]
+                if used + size > budget and (any_taken or j > i):
                     end, full = j, True
                     break
+                used += size
         k = end - i
         if not k:
-            return 0, full
+            return 0, full, used
         base = self.lease_seq
         self.lease_seq = base + k
         deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
@@ -1234,7 +1233,7 @@ class PartitionEngine:
                 job["id"] = id_prefix + str(s)
                 job["data"] = Raw(d)
             jobs.extend(wire)
-        return k, full
+        return k, full, used
 
     def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
         jobs, tokens = self._pull(cmd, 1)
@@ -1256,14 +1255,18 @@ class PartitionEngine:
         return {}
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        run = cmd.get("_ackRun")  # the leader's compact form of a consecutive batch (replica.propose)
-        if run is None and not cmd.get("results") and self.segments:
+        if "_ackRun" in cmd:
+            # The leader looked (replica.propose): a consecutive batch in its compact form, or None.
+            run = cmd["_ackRun"]
+        elif not cmd.get("results") and self.segments:
             run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+        else:
+            run = None
         if run is not None:
             done = self._ack_run(*run) if self.segments else 0
             if done:
                 return {"count": done}
-            if "_ackRun" in cmd:
+            if "ids" not in cmd:
                 cmd = _ack_of_run(self.partition, run)  # the batch it stands for, with its errors
         ids = cmd["ids"]
         tokens = cmd.get("tokens") or [None] * len(ids)
@@ -1298,7 +1301,7 @@ class PartitionEngine:
             targets.append(job)
         if len({t.seq if type(t) is Job else t[0].first + t[1] for t in targets}) != len(targets):
             raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
-        queues, sessions, now = self.queues, self.sessions, self.now_ms
+        queues = self.queues
         touched: dict[str, Queue] = {}
         q = None
         complete = self._complete
@@ -1314,26 +1317,7 @@ class PartitionEngine:
             seg, i = target
             if q is None or q.name != seg.queue:
                 q = touched[seg.queue] = queues[seg.queue]
-            seq = seg.first + i
-            # The steps of _complete (lease ended, completed, into the history) on the slot.
-            seg.states[i] = SLOT_COMPLETED
-            seg.finished[i] = now
-            session = seg.sessions[i]
-            if session is not None:
-                seg.sessions[i] = None
-                leased = sessions.get(session)
-                if leased is not None:
-                    leased.pop(seq, None)
-                    if not leased:
-                        del sessions[session]
-            counts = q.counts
-            counts[ACTIVE] -= 1
-            counts[COMPLETED] += 1
-            if self.record_events:
-                self.events.append((q.name, seq, COMPLETED, ACTIVE))
-            q.history.append(seq)
-            q.totals["completed"] += 1
-            q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
+            self._complete_slots(q, seg, i, 1)
         for q in touched.values():
             if len(q.history) > q.opts["historyMax"]:
                 self._trim_history(q)  # once per batch: the same jobs go as trimming after each ack
@@ -1356,11 +1340,21 @@ class PartitionEngine:
             return 0
         if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
             return 0
-        seqs = range(first, first + k)
         q = self.queues[seg.queue]
-        now = self.now_ms
+        self._complete_slots(q, seg, i, k)
+        if len(q.history) > q.opts["historyMax"]:
+            self._trim_history(q)
+        return k
+
+    def _complete_slots(self, q: Queue, seg: Segment, i: int, k: int) -> None:
+        """ACKB's completion of leased slots ``i .. i+k-1`` of ``seg``, without a result: the
+        steps of ``_complete`` (lease ended, completed, into the history) done slice by slice.
+        The caller checked them and trims the history."""
+        end = i + k
+        first = seg.first + i
+        seqs = range(first, first + k)
         seg.states[i:end] = bytes([SLOT_COMPLETED]) * k
-        seg.finished[i:end] = [now] * k
+        seg.finished[i:end] = [self.now_ms] * k
         sessions = self.sessions
         for session in set(seg.sessions[i:end]):
             if session is not None:
@@ -1381,9 +1375,6 @@ class PartitionEngine:
         q.history.extend(seqs)
         q.totals["completed"] += k
         q.calls["ACKB"] = q.calls.get("ACKB", 0) + k
-        if len(q.history) > q.opts["historyMax"]:
-            self._trim_history(q)
-        return k
 
     def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])

@@ -25,8 +25,6 @@ __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", 
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED = 0, 1, 2, 3
-_WAITING_RUN = bytes([SLOT_WAITING]) * 1024
-_ACTIVE_RUN = bytes([SLOT_ACTIVE]) * 1024
 
 _PLAIN_KEYED = frozenset({"data", "idempotencyKey"})
 
@@ -113,16 +111,11 @@ class Segment:
         self.low = first           # lowest waiting seq (0: none): the one the ready heap points at
         self.left = n              # waiting slots
         self.held = n              # slots not gone
-        self.states = bytearray(_WAITING_RUN[:n]) if n <= len(_WAITING_RUN) else bytearray([SLOT_WAITING]) * n
+        self.states = bytearray([SLOT_WAITING]) * n
         self.lease_nos: list[int] = []
         self.deadlines: list[int] = []
         self.sessions: list[str | None] = []
         self.finished: list[int] = []
-
-    def seqs(self) -> Iterator[int]:
-        """Held seqs, ascending."""
-        first = self.first
-        return (first + i for i, d in enumerate(self.datas) if d is not None)
 
     def lease_run(self, i: int, k: int, lease_base: int, deadline: int, session: str | None) -> None:
         """Lease waiting slots ``i .. i+k-1`` (lease numbers from ``lease_base + 1``); moves ``low`` on."""
@@ -133,7 +126,7 @@ class Segment:
             self.sessions = [None] * n
             self.finished = [0] * n
         end = i + k
-        self.states[i:end] = _ACTIVE_RUN[:k] if k <= len(_ACTIVE_RUN) else bytes([SLOT_ACTIVE]) * k
+        self.states[i:end] = bytes([SLOT_ACTIVE]) * k
         self.lease_nos[i:end] = range(lease_base + 1, lease_base + k + 1)
         self.deadlines[i:end] = [deadline] * k
         self.sessions[i:end] = [session] * k
