@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
-__all__ = ["decode_job_frame"]
+__all__ = ["PlainPush", "decode_job_frame", "decode_plain_push", "plain_push_decoder"]
 
 _UNSET = msgspec.UNSET
 _Unset = msgspec.UnsetType
@@ -68,6 +68,50 @@ class _JobFrame(TypedDict, total=False):
 
 
 _decoder = msgspec.msgpack.Decoder(_JobFrame)
+
+
+class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fields=True, gc=False):
+    """A PUSH with only ``queue``, ``data`` and maybe ``reqId`` and ``idempotencyKey``.
+
+    The node's hot path: pipelined producers send these back to back, and the node
+    answers a run of them as one block (``Dispatcher.handle_pushes``). A struct is
+    ~5x cheaper to decode than the general job frame (no dict, no ``Raw`` wrapper);
+    ``data`` is the value's exact bytes as a :class:`msgspec.Raw`.
+    """
+
+    queue: str
+    data: msgspec.Raw
+    reqId: int | str | None = None  # noqa: N815 (wire name)
+    idempotencyKey: str | None = None  # noqa: N815 (wire name)
+
+    def to_frame(self, raw: type) -> dict[str, Any]:
+        """The same request as the general decoder gives it (a dict, ``data`` as ``raw(bytes)``)."""
+        frame: dict[str, Any] = {"cmd": "PUSH", "queue": self.queue, "data": raw(bytes(self.data))}
+        if self.reqId is not None:
+            frame["reqId"] = self.reqId
+        if self.idempotencyKey is not None:
+            frame["idempotencyKey"] = self.idempotencyKey
+        return frame
+
+
+plain_push_decoder = msgspec.msgpack.Decoder(PlainPush)
+_plain_decode = plain_push_decoder.decode
+
+
+def decode_plain_push(payload: Any) -> PlainPush | None:
+    """``payload`` (bytes or a memoryview) as a :class:`PlainPush`, or None if it is not exactly one.
+
+    msgspec neither requires the tag field nor rejects a repeated key, so the map's entry
+    count must equal the fields present: a missing ``cmd``, an explicit nil, or a repeated
+    key all fall back to the general decoder, which reports them as it always did.
+    """
+    try:
+        push = _plain_decode(payload)
+    except msgspec.MsgspecError:
+        return None
+    if _map_len(payload) != 3 + (push.reqId is not None) + (push.idempotencyKey is not None):
+        return None
+    return push
 
 
 def _map_len(payload: bytes) -> int:

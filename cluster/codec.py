@@ -13,13 +13,14 @@ re-encodes a job's payload.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgpack
 import msgspec
 
-from ._fast_frames import decode_job_frame
+from ._fast_frames import PlainPush, decode_job_frame, decode_plain_push, plain_push_decoder
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "HEADER_BYTES",
     "Raw",
     "FrameDecoder",
+    "PlainPush",
     "encode",
     "encode_body",
     "decode_request",
@@ -38,6 +40,8 @@ __all__ = [
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 HEADER_BYTES = 4
+_HEADER = struct.Struct(">I")
+_plain_decode = plain_push_decoder.decode
 _RAW_FIELDS = frozenset({"data"})  # kept raw at the top level and in each item of "jobs"
 
 
@@ -247,12 +251,15 @@ class FrameDecoder:
     stream stays in sync, iterate again for the next); a length over
     ``frame_bytes_max`` raises a *fatal* ``FRAME_TOO_LARGE`` and the decoder
     refuses further input.
+
+    ``plain_push=True`` (the node) lets :meth:`drain` return a plain PUSH as a
+    :class:`PlainPush` struct instead of a dict.
     """
 
-    __slots__ = ("_buf", "_pos", "_max", "_requests", "_raw", "_broken", "_unpacker")
+    __slots__ = ("_buf", "_pos", "_max", "_requests", "_raw", "_broken", "_unpacker", "_plain")
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT, *, requests: bool = True,
-                 raw_data: bool = False) -> None:
+                 raw_data: bool = False, plain_push: bool = False) -> None:
         if frame_bytes_max < 1:
             raise ValueError("frame_bytes_max must be positive")
         self._buf = bytearray()
@@ -262,6 +269,7 @@ class FrameDecoder:
         self._raw = raw_data
         self._broken = False
         self._unpacker: msgpack.Unpacker | None = new_unpacker(frame_bytes_max) if raw_data else None
+        self._plain = plain_push and requests and raw_data
 
     @property
     def buffered_bytes(self) -> int:
@@ -304,10 +312,76 @@ class FrameDecoder:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
 
-    def __next__(self) -> dict[str, Any]:
-        payload = self.next_payload()
-        if payload is None:
-            raise StopIteration
+    def drain(self, data: bytes) -> list[Any]:
+        """Feed ``data`` and return every whole frame now buffered, in order.
+
+        Each item is a decoded frame (a :class:`PlainPush` when built with
+        ``plain_push``) or the :class:`ProtocolError` of a malformed one; a fatal
+        error is the last item and closes the decoder. The node's receive path:
+        one tight loop over a burst of pipelined frames, with no per-frame
+        generator step or copy into the buffer when no partial frame was pending.
+        """
+        if self._broken:
+            raise ProtocolError("decoder closed after a fatal error", ErrorCode.PROTOCOL_ERROR, fatal=True)
+        buf = self._buf
+        if self._pos == len(buf):
+            src: bytes = data  # nothing pending: parse the received bytes in place
+            if buf:
+                buf.clear()
+                self._pos = 0
+        else:
+            buf += data
+            pending = len(buf) - self._pos
+            if pending < HEADER_BYTES:
+                return []
+            length = int.from_bytes(buf[self._pos:self._pos + HEADER_BYTES], "big")
+            if pending < HEADER_BYTES + length and length <= self._max:
+                return []  # still inside one frame: no copy of what is buffered
+            src = bytes(buf[self._pos:])
+            buf.clear()
+            self._pos = 0
+        out: list[Any] = []
+        view = memoryview(src)
+        size, pos, limit = len(src), 0, self._max
+        plain, header = self._plain, _HEADER.unpack_from
+        while size - pos >= HEADER_BYTES:
+            (length,) = header(src, pos)
+            if length > limit:
+                self._broken = True
+                out.append(ProtocolError(f"frame of {length} bytes exceeds the maximum of {limit}",
+                                         ErrorCode.FRAME_TOO_LARGE, fatal=True))
+                return out
+            start = pos + HEADER_BYTES
+            pos = start + length
+            if pos > size:
+                pos = start - HEADER_BYTES
+                break
+            if plain and length:
+                # decode_plain_push, inlined: this loop runs once per pipelined PUSH
+                try:
+                    push = _plain_decode(view[start:pos])
+                except msgspec.MsgspecError:
+                    pass
+                else:
+                    first = src[start]
+                    if (first & 0x0F if 0x80 <= first <= 0x8F else -1) == \
+                            3 + (push.reqId is not None) + (push.idempotencyKey is not None):
+                        out.append(push)
+                        continue
+                    if first >= 0xDE:  # a plain push packed with a 16/32-bit map header
+                        push = decode_plain_push(view[start:pos])
+                        if push is not None:
+                            out.append(push)
+                            continue
+            try:
+                out.append(self._decode(src[start:pos]))
+            except ProtocolError as exc:
+                out.append(exc)
+        if pos < size:
+            buf += view[pos:]
+        return out
+
+    def _decode(self, payload: bytes) -> dict[str, Any]:
         if self._requests:
             if self._raw and (b"\xa4data" in payload or b"\xa4jobs" in payload):
                 # A job-carrying frame: one C decode; anything the schema does not fit (or a
@@ -322,3 +396,9 @@ class FrameDecoder:
                     self._unpacker = new_unpacker(self._max)
                 raise
         return decode_response(payload)
+
+    def __next__(self) -> dict[str, Any]:
+        payload = self.next_payload()
+        if payload is None:
+            raise StopIteration
+        return self._decode(payload)

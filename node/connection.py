@@ -17,10 +17,8 @@ import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import FrameDecoder, encode, encode_body
+from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, encode, encode_body
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
-
-from .dispatch import is_plain_push
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -38,7 +36,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, dispatcher: "Dispatcher", frame_bytes_max: int, inflight_max: int) -> None:
         self.dispatcher = dispatcher
         self.conn_id = next(_conn_ids)
-        self.decoder = FrameDecoder(frame_bytes_max, requests=True, raw_data=True)
+        self.decoder = FrameDecoder(frame_bytes_max, requests=True, raw_data=True, plain_push=True)
         self.frame_bytes_max = frame_bytes_max
         self.inflight_v2_max = inflight_max
         self.inflight_max = 1  # v1 until Hello
@@ -48,7 +46,7 @@ class ClientConnection(asyncio.Protocol):
         self.subscriptions: set[str] | None = None  # None = not subscribed; "" = every queue
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._backlog: deque[dict[str, Any]] = deque()
+        self._backlog: deque[dict[str, Any] | PlainPush] = deque()
         self._inflight = 0
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -77,22 +75,19 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.decoder.feed(data)
+            frames = self.decoder.drain(data)
         except ProtocolError:
             return  # decoder already broken; the connection is closing
-        while True:
-            try:
-                frame = next(self.decoder, None)
-            except ProtocolError as exc:
-                self._protocol_error(exc)
-                if exc.fatal:
+        backlog = self._backlog
+        for frame in frames:
+            if type(frame) is ProtocolError:
+                self._protocol_error(frame)
+                if frame.fatal:
                     return
                 continue
-            if frame is None:
-                break
-            self._backlog.append(frame)
+            backlog.append(frame)
         self._pump()
-        if len(self._backlog) > _BACKLOG_PAUSE_FRAMES and not self._paused and self.transport:
+        if len(backlog) > _BACKLOG_PAUSE_FRAMES and not self._paused and self.transport:
             self._paused = True
             self.transport.pause_reading()
 
@@ -111,9 +106,11 @@ class ClientConnection(asyncio.Protocol):
         backlog = self._backlog
         while backlog and self._inflight < self.inflight_max and not self.closed:
             frame = backlog.popleft()
-            if self.authed and is_plain_push(frame):
-                self._pump_pushes(frame)
-                continue
+            if type(frame) is PlainPush:
+                if self.authed:
+                    self._pump_pushes(frame)
+                    continue
+                frame = frame.to_frame(Raw)  # the general path answers AUTH_REQUIRED
             self._inflight += 1
             try:
                 self.dispatcher.handle(self, frame)
@@ -127,15 +124,15 @@ class ClientConnection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
-    def _pump_pushes(self, frame: dict[str, Any]) -> None:
+    def _pump_pushes(self, frame: PlainPush) -> None:
         """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""
         backlog = self._backlog
         block = [frame]
-        queue = frame["queue"]
+        queue = frame.queue
         room = self.inflight_max - self._inflight - 1
         while room > 0 and backlog:
             nxt = backlog[0]
-            if not (is_plain_push(nxt) and nxt["queue"] == queue):
+            if type(nxt) is not PlainPush or nxt.queue != queue:
                 break
             block.append(backlog.popleft())
             room -= 1
@@ -146,7 +143,7 @@ class ClientConnection(asyncio.Protocol):
             log.exception("dispatch failed for a block of %d PUSH", len(block))
             error = CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
             for f in block:
-                self.reply_error(f.get("reqId"), error)
+                self.reply_error(f.reqId, error)
 
     def upgrade(self, version: int) -> None:
         """Switch to protocol v2 (pipelined, out-of-order replies)."""

@@ -23,7 +23,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import Raw
+from shoal.cluster import limits as L
+from shoal.cluster.codec import PlainPush, Raw
 from shoal.cluster.commands import COMMANDS, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .connection import ClientConnection
     from .server import Node
 
-__all__ = ["Dispatcher", "is_plain_push"]
+__all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +46,11 @@ PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 LEASE_COMMANDS = frozenset({"PULL", "PULLB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
-#: A PUSH carrying only these fields may be answered in a block (``Dispatcher.handle_pushes``);
-#: one with job options or a ``timeout`` (it may park on a full queue) takes ``handle``.
-PLAIN_PUSH_KEYS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey"})
 PARKED_PER_QUEUE_MAX = 10_000
-
-
-def is_plain_push(frame: dict[str, Any]) -> bool:
-    """A PUSH with a queue and data and nothing but an idempotency key beside them."""
-    return frame["cmd"] == "PUSH" and frame.keys() <= PLAIN_PUSH_KEYS and "queue" in frame and "data" in frame
+#: The PUSH schema's own field checks, run by the plain-push block path as ``handle`` runs them.
+_check_queue = COMMANDS["PUSH"].checks["queue"]
+_check_data = COMMANDS["PUSH"].checks["data"]
+_check_key = COMMANDS["PUSH"].checks["idempotencyKey"]
 
 
 class _Parked:
@@ -173,8 +170,8 @@ class Dispatcher:
 
     # --- writes --------------------------------------------------------------------------------
 
-    def handle_pushes(self, conn: "ClientConnection", frames: list[dict[str, Any]]) -> None:
-        """Answer consecutive plain PUSHes (``is_plain_push``) of one connection to one queue.
+    def handle_pushes(self, conn: "ClientConnection", frames: list[PlainPush]) -> None:
+        """Answer consecutive plain PUSHes of one connection to one queue.
 
         Each frame gets the reply ``handle`` would give it; the valid ones go to group commit
         as one ``_PushMany`` (the form it gives a run of plain pushes anyway), so the block
@@ -183,47 +180,43 @@ class Dispatcher:
         the caller's error reply.
         """
         self.commands_total += len(frames)
-        checks = COMMANDS["PUSH"].checks
-        check_data, check_key = checks["data"], checks["idempotencyKey"]
-        queue = frames[0]["queue"]
+        queue = frames[0].queue
         p = 0
-        block_error: CommandError | None = None
         try:
-            checks["queue"]("queue", queue)
-            p = self._partition_of("queue", frames[0])
+            _check_queue("queue", queue)
+            p = self._partition_of("queue", {"queue": queue})
             replica = self.node.replicas.get(p)
             if replica is None or not replica.is_leader():
                 raise self.node.not_leader_error(p)
         except CommandError as exc:
-            block_error = exc
-        errors: list[CommandError | None] = []
-        if block_error is None:
             for frame in frames:
-                try:
-                    check_data("data", frame["data"])
-                    key = frame.get("idempotencyKey")
-                    if key is not None:
-                        check_key("idempotencyKey", key)
-                    errors.append(None)
-                except CommandError as exc:
-                    errors.append(exc)
-        else:
-            errors = [block_error] * len(frames)
+                conn.reply_error(frame.reqId, exc)
+            return
         req_ids: list[Any] = []
-        datas: list[Any] = []
-        keys: list[Any] = []
-        for frame, error in zip(frames, errors):
-            if error is not None:
-                conn.reply_error(frame.get("reqId"), error)
+        datas: list[bytes] = []
+        keys: list[str | None] | None = None
+        data_max = L.data_bytes_max
+        for i, frame in enumerate(frames):
+            data = bytes(frame.data)
+            key = frame.idempotencyKey
+            try:
+                if len(data) > data_max:
+                    _check_data("data", Raw(data))
+                if key is not None:
+                    _check_key("idempotencyKey", key)
+            except CommandError as exc:
+                conn.reply_error(frame.reqId, exc)
                 continue
-            req_ids.append(frame.get("reqId"))
-            data = frame["data"]
-            datas.append(data.packed if type(data) is Raw else data)
-            keys.append(frame.get("idempotencyKey"))
+            if key is not None and keys is None:
+                keys = [None] * len(datas)
+            req_ids.append(frame.reqId)
+            datas.append(data)
+            if keys is not None:
+                keys.append(key)
         if not req_ids:
             return
         cmd: dict[str, Any] = {"cmd": "_PushMany", "queue": queue, "_datas": datas}
-        if any(k is not None for k in keys):
+        if keys is not None:
             cmd["_keys"] = keys
         n = len(req_ids)
         started = time.perf_counter()

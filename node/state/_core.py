@@ -49,6 +49,7 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
+from ._decimal import decimal_run
 from ._segments import (SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, SLOT_WAITING, Segment, SegmentStore, ack_run_of,
                         split_plain)
 from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, check_transition
@@ -1219,7 +1220,7 @@ class PartitionEngine:
             name = q.name
             if self.record_events:
                 self.events.extend([(name, s, ACTIVE, WAITING) for s in seqs])
-            tokens.extend([prefix + str(n) for n in range(base + 1, base + k + 1)])
+            tokens.extend(decimal_run(prefix, base + 1, k))
             # The wire form of each job (wire_job's keys, in its order): copies of one template,
             # then the two fields that differ (a third cheaper than a literal per job).
             created = seg.created_ms
@@ -1229,8 +1230,8 @@ class PartitionEngine:
             copy = template.copy
             wire = [copy() for _ in seqs]
             id_prefix = f"{self.partition}-"
-            for job, s, d in zip(wire, seqs, seg.datas[i:end]):
-                job["id"] = id_prefix + str(s)
+            for job, job_id, d in zip(wire, decimal_run(id_prefix, first, k), seg.datas[i:end]):
+                job["id"] = job_id
                 job["data"] = Raw(d)
             jobs.extend(wire)
         return k, full, used

@@ -21,6 +21,8 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 
+from ._decimal import joined_decimal_run
+
 __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE", "SLOT_COMPLETED"]
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
@@ -81,7 +83,7 @@ def _number_after(prefix: str, texts: list[Any]) -> int | None:
         joined = "\n".join(texts)
     except TypeError:
         return None
-    if joined != prefix + ("\n" + prefix).join(map(str, range(n, n + len(texts)))):
+    if joined != joined_decimal_run(prefix, n, len(texts)):
         return None
     return n
 
