@@ -3,12 +3,13 @@
 Measures PUSH ops/s (window 100), PUSHB jobs/s (100 jobs per frame, 16 frames in
 flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB), the
 latency of a lone PUSH (p50/p99), and the seconds from a leader SIGKILL to the
-first successful write. Each throughput phase also prints the CPU share of every
+first successful write, and as a reference for the machine's speed in the same run, PUSH
+ops/s against ``bare_server.py`` (uvloop + msgpack answering frames, no Raft). Each throughput phase also prints the CPU share of every
 node and of the driver, and how many commands the Raft entries carried. The driver runs in this process; the
 nodes are separate processes started with ``LocalCluster``.
 
     python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
-                               [--profile DIR]
+                               [--profile DIR]   (phases: push,pushb,pull,latency,failover,bare)
 
 ``--profile DIR`` records py-spy collapsed stacks of every node during each
 throughput phase (``DIR/<phase>-<node>.txt``, loadable in speedscope or
@@ -25,6 +26,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -245,6 +247,22 @@ async def bench_push(cluster: LocalCluster, seconds: float) -> float:
     n, dt = await windowed(leader_address(cluster, "bench-push"),
                            frame_with_req_ids({"cmd": "PUSH", "queue": "bench-push", "data": DATA_100}),
                            2_000_000, 100, seconds)
+    return n / dt
+
+
+async def bench_bare_push(seconds: float) -> float:
+    """PUSH ops/s of the same driver against ``bare_server.py`` (the machine's speed right now)."""
+    port = free_base_port(1, 0)
+    server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "bare_server.py"), str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        n, dt = await windowed(f"127.0.0.1:{port}",
+                               frame_with_req_ids({"cmd": "PUSH", "queue": "bench-push", "data": DATA_100}),
+                               5_000_000, 100, seconds)
+    finally:
+        server.kill()
+        server.wait(10)
     return n / dt
 
 
@@ -473,7 +491,7 @@ def top_functions(path: str, n: int) -> list[tuple[str, float]]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "latency", "failover"}
+    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "latency", "failover", "bare"}
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
@@ -501,6 +519,10 @@ async def main_async(args: argparse.Namespace) -> None:
             if "failover" in only:
                 fo = await bench_failover(cluster)
                 print(f"leader SIGKILL -> write:  {fo:.2f} s")
+    if "bare" in only:
+        bare = await bench_bare_push(args.seconds)
+        print(f"reference, bare server:   {bare:12,.0f} ops/s   PUSH, window 100, to bench/bare_server.py "
+              "(uvloop + msgpack, no Raft): this machine's speed in this run")
 
 
 def main() -> None:
@@ -508,7 +530,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
-    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,latency,failover")
+    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,latency,failover,bare")
     parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
     uvloop.install()

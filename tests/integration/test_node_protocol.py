@@ -124,23 +124,25 @@ def test_v2_pipelining_answers_out_of_order_and_v1_in_order(cluster: LocalCluste
 def test_a_burst_of_plain_pushes_gets_the_right_reply_each(cluster: LocalCluster) -> None:
     """Plain PUSHes that arrive together are answered as a block: each still gets its own
     reply (errors, duplicates), and jobs keep the order their frames came in."""
-    frames = {i: {"cmd": "PUSH", "queue": "burst", "data": i, "reqId": i} for i in range(1, 11)}
+    frames = {i: {"cmd": "PUSH", "queue": "burst", "data": i, "reqId": i} for i in range(1, 12)}
     frames[4]["data"] = b"x" * (L.data_bytes_max + 1)        # refused alone, the rest go on
     frames[6]["idempotencyKey"] = frames[7]["idempotencyKey"] = "k6"  # 7 is 6 again
     frames[8]["priority"] = 1                                 # job options: the one-by-one path
     frames[9]["queue"] = "bad name!"
+    frames[11]["reqId"] = "eleven"                           # a string reqId comes back as sent
     with leader_conn(cluster, "burst") as c:
         c.send_raw(b"".join(encode(f) for f in frames.values()))
-        replies = {i: c.wait_reply(i) for i in frames}
+        replies = {i: c.wait_reply(f["reqId"]) for i, f in frames.items()}
+        assert set(replies[1]) == {"ok", "reqId", "id"} and replies[11]["reqId"] == "eleven"
         assert replies[4]["code"] == "INVALID" and "data" in replies[4]["error"]
         assert replies[9]["code"] == "INVALID" and "queue" in replies[9]["error"]
         assert replies[7]["ok"] and replies[7]["duplicate"] and replies[7]["id"] == replies[6]["id"]
-        new = [1, 2, 3, 5, 6, 8, 10]
+        new = [1, 2, 3, 5, 6, 8, 10, 11]
         assert all(replies[i]["ok"] and not replies[i].get("duplicate") for i in new)
         seqs = [int(replies[i]["id"].split("-")[1]) for i in new]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         got = c.call({"cmd": "PULLB", "queue": "burst", "count": 20})
-        assert [j["data"] for j in got["jobs"]] == [1, 2, 3, 5, 6, 10, 8]  # priority 1 comes last
+        assert [j["data"] for j in got["jobs"]] == [1, 2, 3, 5, 6, 10, 11, 8]  # priority 1 comes last
 
 
 def test_v1_and_v2_connections_side_by_side(cluster: LocalCluster) -> None:
