@@ -9,6 +9,8 @@ Prints frames/s for
 - ``FrameDecoder(raw_data=True)`` over a buffer of back-to-back frames fed in 64 KiB
   chunks (what a node does; the data stays raw bytes),
 - ``FrameDecoder(raw_data=False)`` (what a client does with replies),
+- ``FrameDecoder.drain`` with ``plain_push`` over the same chunks of plain PUSHes (queue, data,
+  reqId), the node's receive path (each frame becomes a ``PlainPush`` struct),
 
 and µs per ``validate()`` of the decoded PUSH. Every loop is bounded by
 ``--frames`` × ``--repeat``; the best repeat is reported.
@@ -88,6 +90,20 @@ def main(argv: list[str] | None = None) -> int:
             return count
         return run
 
+    # The node's receive path: FrameDecoder.drain over the same chunks, for plain PUSHes
+    # (queue, data, reqId: no priority), which come out as PlainPush structs.
+    plain = {k: v for k, v in frame.items() if k != "priority"}
+    plain_stream = encode(plain) * n
+    plain_chunks = [plain_stream[i:i + CHUNK_BYTES] for i in range(0, len(plain_stream), CHUNK_BYTES)]
+
+    def drain_plain() -> int:
+        dec = FrameDecoder(raw_data=True, plain_push=True)
+        count = 0
+        for chunk in plain_chunks:
+            count += len(dec.drain(chunk))
+        assert count == n
+        return count
+
     decoded = next(iter(_decode_one(wire)))
 
     def validate_run() -> int:
@@ -100,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ("encode (data as Raw)", best_rate(encode_raw, repeat)),
         ("decode, FrameDecoder(raw_data=True)", best_rate(decoder(True), repeat)),
         ("decode, FrameDecoder(raw_data=False)", best_rate(decoder(False), repeat)),
+        ("decode, FrameDecoder.drain, plain PUSH", best_rate(drain_plain, repeat)),
     ]
     validate_us = 1e6 / best_rate(validate_run, repeat)
     print(f"shoal codec benchmark: {len(wire)}-byte PUSH frames, {n} frames x {repeat} runs (best), "

@@ -9,44 +9,44 @@ pre-built three-digit suffixes: one concatenation per item, or one ``join`` in C
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 __all__ = ["decimal_run", "joined_decimal_run"]
 
 _SUFFIXES = tuple(f"{i:03d}" for i in range(1000))
 
 
+def _pieces(first: int, count: int) -> Iterator[tuple[int, int, int]]:
+    """``(high, low, take)`` pieces of ``first .. first+count-1``: ``take`` numbers from
+    ``high * 1000 + low`` sharing the stem ``high``; high -1 for numbers under 1000 (no stem)."""
+    n, left = first, count
+    while left > 0:
+        high, low = divmod(n, 1000) if n >= 1000 else (-1, n)
+        take = min(left, 1000 - low)
+        yield high, low, take
+        n += take
+        left -= take
+
+
 def decimal_run(prefix: str, first: int, count: int) -> list[str]:
     """``[prefix + str(first), prefix + str(first + 1), ...]``, ``count`` items (``first`` ≥ 0)."""
     out: list[str] = []
-    n, left = first, count
-    if n < 1000 and left > 0:  # no stem yet: these have fewer than four digits
-        head = min(left, 1000 - n)
-        out += [prefix + str(i) for i in range(n, n + head)]
-        n += head
-        left -= head
-    while left > 0:
-        high, low = divmod(n, 1000)
-        take = min(left, 1000 - low)
-        stem = prefix + str(high)
-        out += [stem + s for s in _SUFFIXES[low:low + take]]
-        n += take
-        left -= take
+    for high, low, take in _pieces(first, count):
+        if high < 0:
+            out += [prefix + str(i) for i in range(low, low + take)]
+        else:
+            stem = prefix + str(high)
+            out += [stem + s for s in _SUFFIXES[low:low + take]]
     return out
 
 
 def joined_decimal_run(prefix: str, first: int, count: int, sep: str = "\n") -> str:
     """``sep.join(decimal_run(prefix, first, count))``, built a thousand items per C call."""
     parts: list[str] = []
-    n, left = first, count
-    if n < 1000 and left > 0:
-        head = min(left, 1000 - n)
-        parts.append(sep.join([prefix + str(i) for i in range(n, n + head)]))
-        n += head
-        left -= head
-    while left > 0:
-        high, low = divmod(n, 1000)
-        take = min(left, 1000 - low)
-        stem = prefix + str(high)
-        parts.append(stem + (sep + stem).join(_SUFFIXES[low:low + take]))
-        n += take
-        left -= take
+    for high, low, take in _pieces(first, count):
+        if high < 0:
+            parts.append(sep.join([prefix + str(i) for i in range(low, low + take)]))
+        else:
+            stem = prefix + str(high)
+            parts.append(stem + (sep + stem).join(_SUFFIXES[low:low + take]))
     return sep.join(parts)
