@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
-__all__ = ["PlainPush", "decode_job_frame", "decode_plain_push", "plain_push_decoder"]
+__all__ = ["PlainPush", "decode_job_frame", "map_len", "plain_push_decoder", "plain_push_entries"]
 
 _UNSET = msgspec.UNSET
 _Unset = msgspec.UnsetType
@@ -95,26 +95,19 @@ class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fiel
 
 
 plain_push_decoder = msgspec.msgpack.Decoder(PlainPush)
-_plain_decode = plain_push_decoder.decode
 
 
-def decode_plain_push(payload: Any) -> PlainPush | None:
-    """``payload`` (bytes or a memoryview) as a :class:`PlainPush`, or None if it is not exactly one.
+def plain_push_entries(push: PlainPush) -> int:
+    """How many map entries ``push`` was decoded from, if its map held no other keys.
 
-    msgspec neither requires the tag field nor rejects a repeated key, so the map's entry
-    count must equal the fields present: a missing ``cmd``, an explicit nil, or a repeated
-    key all fall back to the general decoder, which reports them as it always did.
+    msgspec neither requires the tag field nor rejects a repeated key, so a frame is a plain
+    push only when its map header counts exactly these entries: a missing ``cmd``, an
+    explicit nil or a repeated key falls back to the general decoder, which reports them.
     """
-    try:
-        push = _plain_decode(payload)
-    except msgspec.MsgspecError:
-        return None
-    if _map_len(payload) != 3 + (push.reqId is not None) + (push.idempotencyKey is not None):
-        return None
-    return push
+    return 3 + (push.reqId is not None) + (push.idempotencyKey is not None)
 
 
-def _map_len(payload: bytes) -> int:
+def map_len(payload: bytes) -> int:
     """Entries in the map that starts ``payload`` (-1 if it does not start with a map)."""
     first = payload[0]
     if 0x80 <= first <= 0x8F:
@@ -150,7 +143,7 @@ def decode_job_frame(payload: bytes, raw: type) -> dict[str, Any] | None:
         frame: dict[str, Any] = _decoder.decode(payload)  # type: ignore[assignment]
     except msgspec.MsgspecError:
         return None
-    if len(frame) != _map_len(payload):
+    if len(frame) != map_len(payload):
         return None  # an unknown key (dropped by msgspec) or a repeated one
     data = frame.get("data")
     if data is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-from ._fast_frames import PlainPush, decode_job_frame, decode_plain_push, plain_push_decoder
+from ._fast_frames import PlainPush, decode_job_frame, map_len, plain_push_decoder, plain_push_entries
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -357,22 +357,16 @@ class FrameDecoder:
                 pos = start - HEADER_BYTES
                 break
             if plain and length:
-                # decode_plain_push, inlined: this loop runs once per pipelined PUSH
                 try:
                     push = _plain_decode(view[start:pos])
                 except msgspec.MsgspecError:
                     pass
                 else:
-                    first = src[start]
-                    if (first & 0x0F if 0x80 <= first <= 0x8F else -1) == \
-                            3 + (push.reqId is not None) + (push.idempotencyKey is not None):
+                    first = src[start]  # a fixmap's count is read inline: this runs once per PUSH
+                    entries = first & 0x0F if 0x80 <= first <= 0x8F else map_len(view[start:pos])
+                    if entries == plain_push_entries(push):
                         out.append(push)
                         continue
-                    if first >= 0xDE:  # a plain push packed with a 16/32-bit map header
-                        push = decode_plain_push(view[start:pos])
-                        if push is not None:
-                            out.append(push)
-                            continue
             try:
                 out.append(self._decode(src[start:pos]))
             except ProtocolError as exc:
