@@ -100,6 +100,9 @@ _SNAPSHOT_MAGIC = b"SHOALSNAP1"
 TICK_PERIOD_S = 0.02
 #: How long a leader waits for its next entry to carry a new commit index before sending it alone.
 COMMIT_ANNOUNCE_DELAY_S = 0.002
+_LEADER = _pysyncobj_syncobj._RAFT_STATE.LEADER
+_STATE_NAMES = {_pysyncobj_syncobj._RAFT_STATE.FOLLOWER: "follower",
+                _pysyncobj_syncobj._RAFT_STATE.CANDIDATE: "candidate", _LEADER: "leader"}
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
 _WRITE = POLL_EVENT_TYPE.WRITE
 
@@ -259,12 +262,14 @@ class PartitionReplica(SyncObj):
         self.loop = loop
         #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
+        #: Set by the node: called on the loop when this replica stops leading its partition.
+        self.on_leadership_lost: Callable[[int], None] | None = None
         self.applied_batches = 0
         self._tick_scheduled = False
         self._announce_due = False
         self._closed = False
         self._poller = LoopPoller(loop, self.schedule_tick)
-        conf = raft_conf(data_dir, partition, secret, bind_host,
+        conf = raft_conf(data_dir, partition, secret, bind_host, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         with _poller_for_construction(self._poller):
             super().__init__(self_addr, peer_addrs, conf=conf)
@@ -301,6 +306,15 @@ class PartitionReplica(SyncObj):
         self._timer.cancel()
         self.destroy()  # autoTick=False: pysyncobj tears the transport down at once
         self._poller.close()
+
+    def _state_changed(self, old: int, new: int) -> None:
+        # Runs inside a tick. A deposed leader's unanswered proposals must be answered at once:
+        # polling the leader (the topology loop) misses a step-down and re-election between two
+        # polls, and pysyncobj itself answers them only once other entries fill their indexes.
+        log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
+                 _STATE_NAMES.get(new, new), self.raftCurrentTerm)
+        if old == _LEADER and new != _LEADER and self.on_leadership_lost is not None:
+            self.loop.call_soon(self.on_leadership_lost, self.partition)
 
     # --- replicated state machine -------------------------------------------------------------
 

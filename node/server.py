@@ -95,6 +95,7 @@ class Node:
             replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir), loop=self.loop,
                                        secret=self.config.secret, bind_host=bind)
             replica.on_applied = self._applied
+            replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
             self.group_commits[p] = GroupCommit(replica, self.loop)
         host = listen or self.spec.host
@@ -233,15 +234,23 @@ class Node:
                 lost.append(p)
             if (leader, term) != (info.leader, info.term):
                 topo = topo.with_leader(p, leader, term)
-        for p in lost:
-            err = self.not_leader_error(p) if topo.partition_map[p].leader else \
-                CommandError(ErrorCode.NO_LEADER, f"partition {p} lost its leader; retry")
-            self.group_commits[p].fail_all(err)
-            self.group_commits[p].abandon_inflight()
-            self.dispatcher.fail_parked(p, err)
         if topo is not self.topology:
             self.topology = topo
             self._announce_topology()
+        for p in lost:
+            self._release_partition(p)
+
+    def _leadership_lost(self, p: int) -> None:
+        """A hosted replica stopped leading (pysyncobj's state callback, on the loop)."""
+        self.refresh_topology()
+        self._release_partition(p)  # also when the topology poll had already seen the change
+
+    def _release_partition(self, p: int) -> None:
+        """Answer everything this node holds for partition ``p``, which it no longer leads."""
+        err = self.not_leader_error(p)
+        self.group_commits[p].fail_all(err)
+        self.group_commits[p].abandon_inflight()
+        self.dispatcher.fail_parked(p, err)
 
     def _announce_topology(self) -> None:
         event = {"event": "topology", "topology": self.topology.to_wire()}
