@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -439,6 +440,12 @@ def batching(before: tuple[int, int], after: tuple[int, int]) -> str:
     return f", {entries:,} Raft entries of {commands / max(entries, 1):.1f} commands"
 
 
+def _py_spy() -> str:
+    """py-spy from this interpreter's environment (the venv's bin), else from PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.path.exists(here) else (shutil.which("py-spy") or "py-spy")
+
+
 class Profiler:
     """py-spy ``record`` on every node for the duration of one phase (optional)."""
 
@@ -454,7 +461,7 @@ class Profiler:
                 out = os.path.join(self.out, f"{self.phase}-{node_id}.txt")
                 self.files.append((node_id, out))
                 self.procs.append(subprocess.Popen(
-                    ["py-spy", "record", "--pid", str(pid), "--duration", str(int(self.seconds) + 1),
+                    [_py_spy(), "record", "--pid", str(pid), "--duration", str(int(self.seconds) + 1),
                      "--rate", "200", "--format", "raw", "--output", out, "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             time.sleep(0.5)  # py-spy attaches before the load starts
@@ -485,9 +492,9 @@ def top_functions(path: str, n: int) -> list[tuple[str, float]]:
             total += int(count)
             for name in {frame.split(" (")[0] for frame in stack.split(";")}:
                 inclusive[name] += int(count)
-    skip = {"<module>", "run", "run_forever", "_run_once", "main", "_run", "run_until_complete"}
-    return [(name, c / max(total, 1)) for name, c in inclusive.most_common(n + len(skip))
-            if name not in skip][:n]
+    # The entry chain (runpy, the CLI, run_node) is on almost every stack and says nothing.
+    return [(name, c / max(total, 1)) for name, c in inclusive.most_common()
+            if c < 0.9 * total][:n]
 
 
 async def main_async(args: argparse.Namespace) -> None:
