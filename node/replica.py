@@ -313,7 +313,7 @@ class PartitionReplica(SyncObj):
         # polls, and pysyncobj itself answers them only once other entries fill their indexes.
         log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
                  _STATE_NAMES.get(new, new), self.raftCurrentTerm)
-        if old == _LEADER and new != _LEADER and self.on_leadership_lost is not None:
+        if old == _LEADER and new != _LEADER and self.on_leadership_lost is not None and not self._closed:
             self.loop.call_soon(self.on_leadership_lost, self.partition)
 
     # --- replicated state machine -------------------------------------------------------------
