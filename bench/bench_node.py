@@ -1,6 +1,7 @@
 """Node benchmark: a raw pipelined protocol driver against a local 3-node cluster.
 
-Measures PUSH ops/s (window 100), PUSHB jobs/s (100 jobs per frame, 16 frames in
+Measures PUSH ops/s (window 100; and summed over one such stream per node, each to a
+queue that node leads), PUSHB jobs/s (100 jobs per frame, 16 frames in
 flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB), the
 latency of a lone PUSH (p50/p99), and the seconds from a leader SIGKILL to the
 first successful write, and as a reference for the machine's speed in the same run, PUSH
@@ -9,7 +10,7 @@ node and of the driver, and how many commands the Raft entries carried. The driv
 nodes are separate processes started with ``LocalCluster``.
 
     python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
-                               [--profile DIR]   (phases: push,pushb,pull,latency,failover,bare)
+                               [--profile DIR]   (phases: push,spread,pushb,pull,latency,failover,bare)
 
 ``--profile DIR`` records py-spy collapsed stacks of every node during each
 throughput phase (``DIR/<phase>-<node>.txt``, loadable in speedscope or
@@ -249,6 +250,37 @@ async def bench_push(cluster: LocalCluster, seconds: float) -> float:
                            frame_with_req_ids({"cmd": "PUSH", "queue": "bench-push", "data": DATA_100}),
                            2_000_000, 100, seconds)
     return n / dt
+
+
+def queues_led_by_each_node(cluster: LocalCluster) -> dict[str, str]:
+    """One queue name per node whose partition that node leads: node id -> queue."""
+    topo = cluster.topology()
+    out: dict[str, str] = {}
+    for i in range(10_000):
+        queue = f"bench-spread-{i}"
+        leader = topo.leader_of(partition_for(queue, topo.partitions))
+        if leader is not None and leader.id not in out:
+            out[leader.id] = queue
+        if len(out) == len(topo.nodes):
+            break
+    return out
+
+
+async def bench_spread(cluster: LocalCluster, seconds: float) -> float:
+    """PUSH ops/s summed over one window-100 stream per node, each to a queue that node leads.
+
+    Every node is then a leader for one stream and a follower for the others, as in a
+    cluster whose partitions are all busy.
+    """
+    topo = cluster.topology()
+    runs = []
+    for node_id, queue in sorted(queues_led_by_each_node(cluster).items()):
+        node = topo.nodes[node_id]
+        runs.append(windowed(f"{node.host}:{node.port}",
+                             frame_with_req_ids({"cmd": "PUSH", "queue": queue, "data": DATA_100}),
+                             2_000_000, 100, seconds))
+    done = await asyncio.gather(*runs)
+    return sum(n for n, _ in done) / max(dt for _, dt in done)
 
 
 async def bench_bare_push(seconds: float) -> float:
@@ -498,7 +530,7 @@ def top_functions(path: str, n: int) -> list[tuple[str, float]]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "latency", "failover", "bare"}
+    only = set(args.only.split(",")) if args.only else {"push", "spread", "pushb", "pull", "latency", "failover", "bare"}
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
@@ -508,6 +540,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 with Profiler(cluster, args.profile, "push", args.seconds), CpuMeter(cluster) as cpu:
                     push = await bench_push(cluster, args.seconds)
                 print(f"PUSH (window 100):        {push:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
+            if "spread" in only:
+                wait_balanced(cluster)
+                entries = await raft_batching(cluster)
+                with Profiler(cluster, args.profile, "spread", args.seconds), CpuMeter(cluster) as cpu:
+                    spread = await bench_spread(cluster, args.seconds)
+                print(f"PUSH, one stream a node:  {spread:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "pushb" in only:
                 wait_balanced(cluster)
                 entries = await raft_batching(cluster)
@@ -537,7 +575,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
-    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,latency,failover,bare")
+    parser.add_argument("--only", default="", help="comma list of phases: push,spread,pushb,pull,latency,failover,bare")
     parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
     uvloop.install()

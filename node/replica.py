@@ -8,7 +8,8 @@ batch to its :class:`~shoal.node.state.PartitionEngine`.
 pysyncobj runs *inside the node's event loop*, not in a tick thread of its
 own: :class:`LoopPoller` maps pysyncobj's socket subscriptions onto
 ``loop.add_reader``/``add_writer`` and every socket event schedules one
-``_onTick`` of that replica. A command therefore crosses no thread boundary
+``_onTick`` of that replica (except a follower's AppendEntries, answered inside the
+event; the periodic tick applies them). A command therefore crosses no thread boundary
 between the client socket, Raft and the reply (no GIL hand-offs, no locks),
 and a read never sees a half-applied batch because an apply runs to its end
 without yielding to the loop.
@@ -102,6 +103,7 @@ TICK_PERIOD_S = 0.02
 #: How long a leader waits for its next entry to carry a new commit index before sending it alone.
 COMMIT_ANNOUNCE_DELAY_S = 0.002
 _LEADER = _pysyncobj_syncobj._RAFT_STATE.LEADER
+_FOLLOWER = _pysyncobj_syncobj._RAFT_STATE.FOLLOWER
 _STATE_NAMES = {_pysyncobj_syncobj._RAFT_STATE.FOLLOWER: "follower",
                 _pysyncobj_syncobj._RAFT_STATE.CANDIDATE: "candidate", _LEADER: "leader"}
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
@@ -116,9 +118,11 @@ class LoopPoller(Poller):
     surface as readability (pysyncobj then checks ``SO_ERROR`` itself).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None],
+                 before_event: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self.on_event = on_event
+        self.before_event = before_event
         self._masks: dict[int, int] = {}
         self._callbacks: dict[int, Callable[[int, int], None]] = {}
 
@@ -154,6 +158,8 @@ class LoopPoller(Poller):
         callback = self._callbacks.get(descr)
         if callback is None:
             return
+        if self.before_event is not None:
+            self.before_event()
         try:
             callback(descr, event)
         except Exception:  # a transport bug must not take the event loop down
@@ -273,7 +279,9 @@ class PartitionReplica(SyncObj):
         self._tick_scheduled = False
         self._announce_due = False
         self._closed = False
-        self._poller = LoopPoller(loop, self.schedule_tick)
+        self._event_messages = 0
+        self._event_tick_free = 0
+        self._poller = LoopPoller(loop, self._after_socket_event, self._before_socket_event)
         conf = raft_conf(data_dir, partition, secret, bind_host, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         with _poller_for_construction(self._poller):
@@ -287,6 +295,14 @@ class PartitionReplica(SyncObj):
         if not self._tick_scheduled and not self._closed:
             self._tick_scheduled = True
             self.loop.call_soon(self._tick)
+
+    def _before_socket_event(self) -> None:
+        self._event_messages = self._event_tick_free = 0
+
+    def _after_socket_event(self) -> None:
+        if self._event_messages and self._event_messages == self._event_tick_free:
+            return  # nothing in this event needs a tick before the periodic one
+        self.schedule_tick()
 
     def _tick(self) -> None:
         self._tick_scheduled = False
@@ -371,9 +387,12 @@ class PartitionReplica(SyncObj):
         again, which the follower truncates and re-appends ("truncating already-applied log
         entries"). A success reply only ever confirms a prefix, so the optimistic pointer may
         stay where it was; a *reset* (rejection) still rewinds it as Raft requires.
+
+        Also counts the messages of the current socket event that need no tick of their own.
         """
-        if type(message) is dict and message.get("type") == "next_node_idx" and message.get("success") \
-                and not message.get("reset"):
+        self._event_messages += 1
+        kind = message.get("type") if type(message) is dict else None
+        if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             next_index = self._SyncObj__raftNextIndex
             before = next_index.get(node)
             SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
@@ -382,6 +401,12 @@ class PartitionReplica(SyncObj):
                 next_index[node] = before
             return
         SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
+        if kind == "append_entries" and self._SyncObj__raftState == _FOLLOWER \
+                and "prevLogIdx" in message and "transmission" not in message:
+            # A follower has appended the entries and answered inside this call; applying them
+            # is all a tick would add, and nothing waits for a follower's apply (reads and
+            # replies come from the leader). The periodic tick applies them, many per tick.
+            self._event_tick_free += 1
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 (pysyncobj's name)
         """Apply committed entries; announce the new commit index a moment later, if still needed.
