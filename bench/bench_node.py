@@ -10,7 +10,7 @@ node and of the driver, and how many commands the Raft entries carried. The driv
 nodes are separate processes started with ``LocalCluster``.
 
     python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
-                               [--profile DIR]   (phases: push,spread,pushb,pull,latency,failover,bare)
+                               [--profile DIR]   (phases: push,pushb,pull,spread,latency,failover,bare)
 
 ``--profile DIR`` records py-spy collapsed stacks of every node during each
 throughput phase (``DIR/<phase>-<node>.txt``, loadable in speedscope or
@@ -530,7 +530,7 @@ def top_functions(path: str, n: int) -> list[tuple[str, float]]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    only = set(args.only.split(",")) if args.only else {"push", "spread", "pushb", "pull", "latency", "failover", "bare"}
+    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "spread", "latency", "failover", "bare"}
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
@@ -540,12 +540,6 @@ async def main_async(args: argparse.Namespace) -> None:
                 with Profiler(cluster, args.profile, "push", args.seconds), CpuMeter(cluster) as cpu:
                     push = await bench_push(cluster, args.seconds)
                 print(f"PUSH (window 100):        {push:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
-            if "spread" in only:
-                wait_balanced(cluster)
-                entries = await raft_batching(cluster)
-                with Profiler(cluster, args.profile, "spread", args.seconds), CpuMeter(cluster) as cpu:
-                    spread = await bench_spread(cluster, args.seconds)
-                print(f"PUSH, one stream a node:  {spread:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "pushb" in only:
                 wait_balanced(cluster)
                 entries = await raft_batching(cluster)
@@ -558,6 +552,12 @@ async def main_async(args: argparse.Namespace) -> None:
                 with Profiler(cluster, args.profile, "pull", args.seconds), CpuMeter(cluster) as cpu:
                     pull = await bench_pull_ack(cluster, args.seconds)
                 print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
+            if "spread" in only:
+                wait_balanced(cluster)
+                entries = await raft_batching(cluster)
+                with Profiler(cluster, args.profile, "spread", args.seconds), CpuMeter(cluster) as cpu:
+                    spread = await bench_spread(cluster, args.seconds)
+                print(f"PUSH, one stream a node:  {spread:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
             if "latency" in only:
                 p50, p99 = await bench_latency(cluster, args.samples)
                 print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")
@@ -575,7 +575,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
-    parser.add_argument("--only", default="", help="comma list of phases: push,spread,pushb,pull,latency,failover,bare")
+    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,spread,latency,failover,bare")
     parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
     uvloop.install()
