@@ -48,6 +48,31 @@ def test_health_endpoints_and_auth(secured: LocalCluster) -> None:
     run(main())
 
 
+def test_ready_stays_ready_on_every_node_while_writes_flow(secured: LocalCluster) -> None:
+    """Followers apply a few entries at a time: that normal lag must not read as catching up."""
+    async def main() -> None:
+        base = leader_url(secured, "h-ready")
+        urls = [http_url(secured, n) for n in secured.node_ids]
+        not_ready: list[dict[str, object]] = []
+        async with aiohttp.ClientSession(headers=AUTH) as s:
+            async def writes() -> None:
+                for i in range(300):
+                    async with s.post(base + "/queues/h-ready/jobs", json={"data": i}) as r:
+                        assert r.status in (200, 201), await r.text()
+
+            async def probes() -> None:
+                for _ in range(60):
+                    for url in urls:
+                        async with s.get(url + "/ready") as r:
+                            if r.status != 200:
+                                not_ready.append(await r.json())
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(asyncio.gather(writes(), probes()), 60)
+        assert not not_ready, not_ready[:3]
+    run(main())
+
+
 def test_rest_add_pull_get_ack_fail(secured: LocalCluster) -> None:
     async def main() -> None:
         base = leader_url(secured, "h-rest")
