@@ -529,35 +529,29 @@ def top_functions(path: str, n: int) -> list[tuple[str, float]]:
             if c < 0.9 * total][:n]
 
 
+#: (phase, label, unit, run): each against a balanced cluster, with CPU shares and Raft batching.
+THROUGHPUT_PHASES = [
+    ("push", "PUSH (window 100):", "ops/s", bench_push),
+    ("pushb", "PUSHB (100/frame):", "jobs/s", bench_pushb),
+    ("pull", "PULLB+ACKB (100/frame):", "jobs/s", bench_pull_ack),
+    ("spread", "PUSH, one stream a node:", "ops/s", bench_spread),
+]
+
+
 async def main_async(args: argparse.Namespace) -> None:
     only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "spread", "latency", "failover", "bare"}
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
-            if "push" in only:
+            for name, label, unit, run in THROUGHPUT_PHASES:
+                if name not in only:
+                    continue
                 wait_balanced(cluster)
                 entries = await raft_batching(cluster)
-                with Profiler(cluster, args.profile, "push", args.seconds), CpuMeter(cluster) as cpu:
-                    push = await bench_push(cluster, args.seconds)
-                print(f"PUSH (window 100):        {push:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
-            if "pushb" in only:
-                wait_balanced(cluster)
-                entries = await raft_batching(cluster)
-                with Profiler(cluster, args.profile, "pushb", args.seconds), CpuMeter(cluster) as cpu:
-                    pushb = await bench_pushb(cluster, args.seconds)
-                print(f"PUSHB (100/frame):        {pushb:12,.0f} jobs/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
-            if "pull" in only:
-                wait_balanced(cluster)
-                entries = await raft_batching(cluster)
-                with Profiler(cluster, args.profile, "pull", args.seconds), CpuMeter(cluster) as cpu:
-                    pull = await bench_pull_ack(cluster, args.seconds)
-                print(f"PULLB+ACKB (100/frame):   {pull:12,.0f} jobs/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
-            if "spread" in only:
-                wait_balanced(cluster)
-                entries = await raft_batching(cluster)
-                with Profiler(cluster, args.profile, "spread", args.seconds), CpuMeter(cluster) as cpu:
-                    spread = await bench_spread(cluster, args.seconds)
-                print(f"PUSH, one stream a node:  {spread:12,.0f} ops/s" + "   " + cpu.summary() + batching(entries, await raft_batching(cluster)))
+                with Profiler(cluster, args.profile, name, args.seconds), CpuMeter(cluster) as cpu:
+                    rate = await run(cluster, args.seconds)
+                print(f"{label:<26}{rate:12,.0f} {unit}" + "   " + cpu.summary()
+                      + batching(entries, await raft_batching(cluster)))
             if "latency" in only:
                 p50, p99 = await bench_latency(cluster, args.samples)
                 print(f"lone PUSH latency:        p50 {p50:.2f} ms  p99 {p99:.2f} ms")

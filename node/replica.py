@@ -9,10 +9,10 @@ pysyncobj runs *inside the node's event loop*, not in a tick thread of its
 own: :class:`LoopPoller` maps pysyncobj's socket subscriptions onto
 ``loop.add_reader``/``add_writer`` and every socket event schedules one
 ``_onTick`` of that replica (except a follower's AppendEntries, answered inside the
-event and applied a few entries at a time, see :data:`FOLLOWER_APPLY_BATCH`). A command therefore crosses no thread boundary
-between the client socket, Raft and the reply (no GIL hand-offs, no locks),
-and a read never sees a half-applied batch because an apply runs to its end
-without yielding to the loop.
+event and applied a few entries at a time, see :data:`FOLLOWER_APPLY_BATCH`). A command
+therefore crosses no thread boundary between the client socket, Raft and the reply (no
+GIL hand-offs, no locks), and a read never sees a half-applied batch because an apply
+runs to its end without yielding to the loop.
 
 Snapshots use pysyncobj's custom serializer hook, so the dump file is the
 engine's own compact snapshot (job data stays raw bytes) plus pysyncobj's
@@ -100,9 +100,10 @@ RECV_BUFFER_BYTES = 1024 * 1024
 #: Unbounded (only the 20 ms tick) cut its CPU most but made its ticks long enough to delay
 #: its next answer: lone-PUSH p99 1.7-2.4 ms -> 2.2-2.4 ms; with 8, p99 1.4-1.8 ms.
 FOLLOWER_APPLY_BATCH = 8
-#: Idle tick: heartbeats, election timeouts, reconnects, log compaction. Socket events tick at once.
-#: Every partition ticks, busy or not. 0.04 s saved ~2 % of a busy leader but slowed recovery
-#: (``shoal chaos run flapping``: first write after a heal 0.15 s -> 5.2 s, full-restart 1.4 -> 3.0 s).
+#: Idle tick: heartbeats, election timeouts, reconnects, log compaction, a follower's applies.
+#: Every partition ticks, busy or not. 0.04 s saved ~2 % of a busy leader but seemed to slow
+#: recovery in ``shoal chaos run flapping``; that stall was a race in noticing a lost leadership,
+#: since fixed (``_state_changed``), so a longer tick is open again (README, Benchmarks).
 TICK_PERIOD_S = 0.02
 #: How long a leader waits for its next entry to carry a new commit index before sending it alone.
 COMMIT_ANNOUNCE_DELAY_S = 0.002
