@@ -228,16 +228,6 @@ async def windowed(address: str, make: Any, total: int, window: int, seconds: fl
     return proto.done, dt
 
 
-def wait_balanced(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
-    """Wait until every partition is led by its preferred replica (the balancer has settled)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        topo = cluster.topology()
-        if all(p.leader == p.replicas[0] for p in topo.partition_map):
-            return
-        time.sleep(0.2)
-
-
 def leader_address(cluster: LocalCluster, queue: str) -> str:
     topo = cluster.topology()
     node = topo.leader_of(partition_for(queue, topo.partitions))
@@ -546,7 +536,7 @@ async def main_async(args: argparse.Namespace) -> None:
             for name, label, unit, run in THROUGHPUT_PHASES:
                 if name not in only:
                     continue
-                wait_balanced(cluster)
+                cluster.wait_balanced(30.0)
                 entries = await raft_batching(cluster)
                 with Profiler(cluster, args.profile, name, args.seconds), CpuMeter(cluster) as cpu:
                     rate = await run(cluster, args.seconds)

@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,15 @@ def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None
                 if frame.get("reqId") == 1:
                     return frame
         raise TimeoutError("no Hello reply")
+
+
+def node_ready(host: str, http_port: int, timeout_s: float = 1.0) -> bool:
+    """True when the node's ``/ready`` answers 200 (open without a token)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{http_port}/ready", timeout=timeout_s) as r:
+            return bool(r.status == 200)
+    except (OSError, urllib.error.URLError):  # HTTPError (the 503) is a URLError
+        return False
 
 
 def _is_our_node(pid: int) -> bool:
@@ -221,7 +232,7 @@ class LocalCluster:
         return proc.pid
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> Topology:
-        """Block until the running nodes agree every partition has a leader."""
+        """Block until every partition has a leader and every running node's ``/ready`` says 200."""
         deadline = time.monotonic() + timeout_s
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -230,19 +241,28 @@ class LocalCluster:
                     raise RuntimeError(f"node {node_id} exited with {proc.returncode}; see {self.log_file(node_id)}")
             try:
                 topo = self.topology()
-                if all(p.leader for p in topo.partition_map):
+                # The merged view can name every leader before each node has learned its own
+                # (topology poll) or regained a quorum, which /ready checks per node.
+                if all(p.leader for p in topo.partition_map) and self.nodes_ready():
                     return topo
             except (OSError, RuntimeError) as exc:
                 last_error = exc
             time.sleep(0.1)
         raise TimeoutError(f"cluster not ready within {timeout_s}s (last error: {last_error})")
 
+    def nodes_ready(self) -> bool:
+        """True when every running node's ``/ready`` answers 200."""
+        return all(node_ready(n.host, n.http_port) for n in map(self.config.node, self.pids))
+
     def wait_balanced(self, timeout_s: float = 15.0) -> bool:
-        """Wait until every partition is led by its preferred replica; False if it did not settle."""
+        """Wait until every partition is led by its preferred replica and every node is ready again.
+
+        False if it did not settle within ``timeout_s``.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                if all(p.leader == p.replicas[0] for p in self.topology().partition_map):
+                if all(p.leader == p.replicas[0] for p in self.topology().partition_map) and self.nodes_ready():
                     return True
             except RuntimeError:
                 pass

@@ -31,6 +31,9 @@ def test_health_endpoints_and_auth(secured: LocalCluster) -> None:
             for path in ("/healthz", "/ready"):      # open without a token
                 async with s.get(base + path) as r:
                     assert r.status == 200, path
+            for node_id in secured.node_ids:         # wait_balanced promises every node is ready
+                async with s.get(http_url(secured, node_id) + "/ready") as r:
+                    assert r.status == 200, (node_id, await r.json())
             async with s.get(base + "/health") as r:
                 assert r.status == 401 and (await r.json())["code"] == "AUTH_REQUIRED"
             async with s.get(base + "/health", headers={"Authorization": "Bearer nope"}) as r:
