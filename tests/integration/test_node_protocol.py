@@ -228,22 +228,41 @@ def test_session_leases_are_released_when_the_connection_closes(cluster: LocalCl
         assert state == "waiting"
 
 
-def test_stats_local_digests_agree_across_replicas(cluster: LocalCluster) -> None:
-    with leader_conn(cluster, "digest") as c:
-        for i in range(50):
-            c.call({"cmd": "PUSH", "queue": "digest", "data": i})
-    p = str(partition_for("digest", 8))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict]:
+    """Every node's local Stats of ``queue``'s partition, once all have applied the same index."""
+    p = str(partition_for(queue, 8))
+    deadline = time.monotonic() + timeout_s
+    while True:
         views = []
         for address in cluster.addresses:
             with RawConn(address) as c:
                 views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
-        if len({v["appliedIndex"] for v in views}) == 1:
-            break
+        if len({v["appliedIndex"] for v in views}) == 1 or time.monotonic() > deadline:
+            return views
         time.sleep(0.2)
+
+
+def test_stats_local_digests_agree_across_replicas(cluster: LocalCluster) -> None:
+    with leader_conn(cluster, "digest") as c:
+        for i in range(50):
+            c.call({"cmd": "PUSH", "queue": "digest", "data": i})
+    views = replica_views(cluster, "digest")
     assert len({v["appliedIndex"] for v in views}) == 1
     assert len({v["digest"] for v in views}) == 1
+
+
+def test_raft_entries_larger_than_a_socket_read_replicate_whole(cluster: LocalCluster) -> None:
+    # A Raft link reads at most 1 MiB per recv() and stops at a short read: a 10 MB entry
+    # arrives over many socket events and must still be parsed as one message on each follower.
+    blobs = [bytes([i]) * 500_000 for i in range(20)]
+    with leader_conn(cluster, "huge") as c:
+        r = c.call({"cmd": "PUSHB", "queue": "huge", "jobs": [{"data": b} for b in blobs]}, timeout_s=30)
+        assert r["ok"] and len(r["ids"]) == 20
+        assert c.call({"cmd": "PUSH", "queue": "huge", "data": b"z" * 3_000_000}, timeout_s=30)["ok"]
+        views = replica_views(cluster, "huge", 30)
+        assert len({v["appliedIndex"] for v in views}) == 1 and len({v["digest"] for v in views}) == 1
+        got = c.call({"cmd": "PULLB", "queue": "huge", "count": 21}, timeout_s=30)["jobs"]
+        assert [j["data"] for j in got] == blobs + [b"z" * 3_000_000]
 
 
 def test_concurrent_connections_all_get_answers(cluster: LocalCluster) -> None:
