@@ -373,7 +373,7 @@ def cluster_group() -> None:
 @click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
                                              "(stop them with `shoal cluster down`).")
 def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool) -> None:
-    """Start N local nodes and wait until every partition has a leader.
+    """Start N local nodes and wait until every partition has a leader and every node is ready.
 
     Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
     again on the same --data to bring the same cluster back with its data.
