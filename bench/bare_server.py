@@ -16,6 +16,7 @@ import sys
 
 import msgpack
 import uvloop
+from frame_split import split_frames  # bench/ is this script's sys.path[0]
 
 
 class _Answerer(asyncio.Protocol):
@@ -27,20 +28,13 @@ class _Answerer(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
+        self.buf += data
         out = []
-        pos, size = 0, len(buf)
-        while size - pos >= 4:
-            end = pos + 4 + int.from_bytes(buf[pos:pos + 4], "big")
-            if end > size:
-                break
-            req = msgpack.unpackb(buf[pos + 4:end])
-            pos = end
+        for request in split_frames(self.buf):
+            req = msgpack.unpackb(request)
             self.seq += 1
             body = msgpack.packb({"ok": True, "id": f"0-{self.seq}", "reqId": req.get("reqId")})
             out.append(len(body).to_bytes(4, "big") + body)
-        del buf[:pos]
         if out:
             self.transport.write(b"".join(out))  # type: ignore[attr-defined]
 

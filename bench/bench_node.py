@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 import uvloop
+from frame_split import split_frames  # bench/ is this script's sys.path[0]
 
 from shoal.cluster.codec import FrameDecoder, decode_response, encode, encode_body
 from shoal.cluster.launcher import LocalCluster, free_base_port
@@ -127,19 +128,8 @@ class _Frames:
 
     def feed(self, data: bytes) -> list[tuple[_Reply, bytes]]:
         """Every whole frame now buffered, as (lean reply, raw body)."""
-        buf = self.buf
-        buf += data
-        out = []
-        pos, size = 0, len(buf)
-        while size - pos >= 4:
-            end = pos + 4 + int.from_bytes(buf[pos:pos + 4], "big")
-            if end > size:
-                break
-            body = bytes(buf[pos + 4:end])
-            out.append((_decode_reply(body), body))
-            pos = end
-        del buf[:pos]
-        return out
+        self.buf += data
+        return [(_decode_reply(body), body) for body in split_frames(self.buf)]
 
 
 def frame_with_req_ids(frame: dict[str, Any]) -> Any:

@@ -245,8 +245,8 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
         appendEntriesBatchSizeBytes=8 * 1024 * 1024,  # a group-committed batch travels as one message
         # The kernel socket buffers (SO_SNDBUF/SO_RCVBUF), and pysyncobj's size for each recv().
         # A 4 MiB recv() costs ~6 us more per call than 1 MiB here (the allocation leaves the
-        # heap), and a Raft link does two per message received; 1 MiB still reads a typical
-        # group-committed entry in one call.
+        # heap), and a Raft link does one per message received (_read_available); 1 MiB still
+        # reads a typical group-committed entry in one call.
         sendBufferSize=4 * 1024 * 1024,
         recvBufferSize=RECV_BUFFER_BYTES,
         logCompactionMinEntries=20_000,
