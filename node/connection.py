@@ -14,8 +14,11 @@ import asyncio
 import itertools
 import logging
 import socket
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, encode, encode_body
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
@@ -28,6 +31,42 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
+_pack = msgspec.msgpack.Encoder().encode
+_PUSH_REPLY_HEAD = b"\x83\xa2ok\xc3\xa2id"  # map of 3: "ok": true, "id": (the id follows)
+_PUSH_REPLY_REQ = b"\xa5reqId"
+_PUSH_REPLY_FIXED = len(_PUSH_REPLY_HEAD) + len(_PUSH_REPLY_REQ)
+_PUSH_REPLY_SIZE = struct.Struct(">I").pack
+
+
+def encode_replies(out: list[bytes], req_ids: list[Any], results: list[Any]) -> list[dict[str, Any]]:
+    """Append the length-prefixed replies to ``out`` (pieces to join); per command a reply dict
+    or a CommandError. Returns the reply frames that could not be encoded.
+    """
+    add = out.append
+    failed: list[dict[str, Any]] = []
+    for req_id, result in zip(req_ids, results):
+        job_id = result.get("id") if type(result) is dict and len(result) == 1 else None
+        if type(job_id) is str and (type(req_id) is int or type(req_id) is str):
+            # A plain push's reply, {"ok": true, "id": ..., "reqId": ...}, spliced from its two
+            # encoded values: half the cost of building and encoding a dict per reply.
+            packed_id = _pack(job_id)
+            packed_req = _pack(req_id)
+            add(_PUSH_REPLY_SIZE(_PUSH_REPLY_FIXED + len(packed_id) + len(packed_req)))
+            add(_PUSH_REPLY_HEAD)
+            add(packed_id)
+            add(_PUSH_REPLY_REQ)
+            add(packed_req)
+            continue
+        frame = {"ok": True, **result} if type(result) is dict else result.to_reply()
+        if req_id is not None:
+            frame["reqId"] = req_id
+        try:
+            body = encode_body(frame)  # a short reply: well under any frame limit
+        except ProtocolError:
+            failed.append(frame)
+            continue
+        add(len(body).to_bytes(4, "big") + body)
+    return failed
 
 
 class ClientConnection(asyncio.Protocol):
@@ -49,6 +88,7 @@ class ClientConnection(asyncio.Protocol):
         self._backlog: deque[dict[str, Any] | PlainPush] = deque()
         self._inflight = 0
         self._out: list[bytes] = []
+        self._deferred: list[tuple[list[Any], list[Any]]] = []
         self._flush_scheduled = False
         self._close_after_flush = False
         self._paused = False
@@ -164,20 +204,23 @@ class ClientConnection(asyncio.Protocol):
         self._inflight -= len(req_ids)
         if self.closed:
             return
-        out = self._out
-        for req_id, result in zip(req_ids, results):
-            frame = {"ok": True, **result} if type(result) is dict else result.to_reply()
-            if req_id is not None:
-                frame["reqId"] = req_id
-            try:
-                body = encode_body(frame)  # a short reply: well under any frame limit
-            except ProtocolError:
-                self.send_frame(frame)  # says why, as every reply does
-                continue
-            out.append(len(body).to_bytes(4, "big") + body)
+        if self.protocol_version >= 2:
+            # Free the slots first and encode at flush time: the next commands waiting here are
+            # proposed before these replies are built, so their Raft round overlaps the encoding
+            # and the write. (v1 answers in order, so it encodes at once.)
+            self._deferred.append((req_ids, results))
+            self._schedule_flush()
+            if self._backlog:
+                self._pump()
+            return
+        self._encode_replies(req_ids, results)
         self._schedule_flush()
         if self._backlog:
             self._pump()
+
+    def _encode_replies(self, req_ids: list[Any], results: list[Any]) -> None:
+        for frame in encode_replies(self._out, req_ids, results):
+            self.send_frame(frame)  # says why it could not be sent, as every reply does
 
     def reply_error(self, req_id: Any, exc: CommandError) -> None:
         frame = exc.to_reply()
@@ -224,6 +267,11 @@ class ClientConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            if not self.closed:
+                for req_ids, results in deferred:
+                    self._encode_replies(req_ids, results)
         if self._out and self.transport is not None and not self.closed:
             out, self._out = self._out, []
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])

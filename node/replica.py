@@ -8,11 +8,12 @@ batch to its :class:`~shoal.node.state.PartitionEngine`.
 pysyncobj runs *inside the node's event loop*, not in a tick thread of its
 own: :class:`LoopPoller` maps pysyncobj's socket subscriptions onto
 ``loop.add_reader``/``add_writer`` and every socket event schedules one
-``_onTick`` of that replica (except a follower's AppendEntries, answered inside the
-event and applied a few entries at a time, see :data:`FOLLOWER_APPLY_BATCH`). A command
-therefore crosses no thread boundary between the client socket, Raft and the reply (no
-GIL hand-offs, no locks), and a read never sees a half-applied batch because an apply
-runs to its end without yielding to the loop.
+``_onTick`` of that replica, except a follower's AppendEntries (answered inside the
+event and applied a few entries at a time, see :data:`FOLLOWER_APPLY_BATCH`) and a
+leader's ack of entries already committed; a leader's proposal is appended and sent
+at once, without a tick. A command therefore crosses no thread boundary between the
+client socket, Raft and the reply (no GIL hand-offs, no locks), and a read never sees a
+half-applied batch because an apply runs to its end without yielding to the loop.
 
 Snapshots use pysyncobj's custom serializer hook, so the dump file is the
 engine's own compact snapshot (job data stays raw bytes) plus pysyncobj's
@@ -409,7 +410,14 @@ class PartitionReplica(SyncObj):
                     del cmd["ids"]
                     cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)
-        self.schedule_tick()
+        if self._SyncObj__raftState == _LEADER and self._SyncObj__transport.ready \
+                and self._SyncObj__otherNodes:
+            # Append and send the entry now rather than in a tick a loop iteration later: the
+            # rest of a tick (commit index, applies, timers) has nothing to do until a follower
+            # answers, and that answer schedules one. (A lone replica commits in a tick.)
+            self._checkCommandsToApply()
+        else:
+            self.schedule_tick()
 
     # --- pipelining fix ------------------------------------------------------------------------
 
@@ -433,6 +441,10 @@ class PartitionReplica(SyncObj):
             after = next_index.get(node)
             if before is not None and after is not None and after < before:
                 next_index[node] = before
+            if self._SyncObj__raftMatchIndex.get(node, 0) <= self._SyncObj__raftCommitIndex:
+                # An ack of entries already committed (the slower follower's, usually) cannot
+                # move the commit index, which is all a tick after an ack is for.
+                self._event_tick_free += 1
             return
         SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
         if kind == "append_entries" and self._SyncObj__raftState == _FOLLOWER \
