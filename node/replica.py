@@ -135,6 +135,10 @@ FOLLOWER_APPLY_BATCH = 8
 #: recovery in ``shoal chaos run flapping``; that stall was a race in noticing a lost leadership,
 #: since fixed (``_state_changed``), so a longer tick is open again (README, Benchmarks).
 TICK_PERIOD_S = 0.02
+#: A follower that answered within this long gets a new entry at once (_fast_follower).
+FAST_FOLLOWER_STALL_S = 0.01
+#: The other followers get what they lack at most this often while entries keep coming.
+LAZY_SEND_PERIOD_S = 0.005
 #: How long a leader waits for its next entry to carry a new commit index before sending it alone.
 COMMIT_ANNOUNCE_DELAY_S = 0.002
 _LEADER = _pysyncobj_syncobj._RAFT_STATE.LEADER
@@ -316,11 +320,17 @@ class PartitionReplica(SyncObj):
         self._closed = False
         self._event_messages = 0
         self._event_tick_free = 0
+        self._direct_send = False
+        self._direct_sends = 0
+        self._last_sent: dict[Any, float] = {}
         self._poller = LoopPoller(loop, self._after_socket_event, self._before_socket_event)
         conf = raft_conf(data_dir, partition, secret, bind_host, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         with _poller_for_construction(self._poller):
             super().__init__(self_addr, peer_addrs, conf=conf)
+        by_address = {n.address: n for n in self.otherNodes}
+        #: Followers in the order ``peer_addrs`` lists them (placement order: see _fast_follower).
+        self._follower_order = [by_address[a] for a in peer_addrs if a in by_address]
         self._timer = loop.call_later(TICK_PERIOD_S, self._periodic_tick)
 
     # --- driving pysyncobj from the loop ------------------------------------------------------
@@ -352,6 +362,8 @@ class PartitionReplica(SyncObj):
         if self._closed:
             return
         self._tick()
+        if self._SyncObj__raftState == _LEADER and not self._closed:
+            self._send_lagging(_pysyncobj_tcp.monotonicTime())  # entries proposed, then a pause
         self._timer = self.loop.call_later(TICK_PERIOD_S, self._periodic_tick)
 
     def close(self) -> None:
@@ -415,9 +427,72 @@ class PartitionReplica(SyncObj):
             # Append and send the entry now rather than in a tick a loop iteration later: the
             # rest of a tick (commit index, applies, timers) has nothing to do until a follower
             # answers, and that answer schedules one. (A lone replica commits in a tick.)
-            self._checkCommandsToApply()
+            self._direct_send = True
+            try:
+                self._checkCommandsToApply()
+            finally:
+                self._direct_send = False
         else:
             self.schedule_tick()
+
+    # --- one follower at once, the others a little later --------------------------------------
+
+    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (pysyncobj's name)
+        """Send a proposal's entry to one responsive follower; the others get it lazily.
+
+        A commit needs one follower's ack out of two. Sending every entry to both costs the
+        leader a send and an ack per follower per entry, and on two cores a second follower
+        woken per entry competes with the leader for a core. So a new entry goes at once to
+        the first follower in placement order that answered within
+        :data:`FAST_FOLLOWER_STALL_S` (a preferred leader that is following stays caught up
+        for the balancer's hand-back); the others receive everything pending in one message
+        at most every :data:`LAZY_SEND_PERIOD_S`, on the periodic tick and on pysyncobj's
+        heartbeat. If no follower answered lately, every follower gets the entry at once.
+        Commit still needs a majority; only the order of sends changes.
+        """
+        if self._direct_send:
+            now = _pysyncobj_tcp.monotonicTime()
+            fast = self._fast_follower(now)
+            if fast is not None and self._send_entries_to(fast, now):
+                self._send_lagging(now, fast)
+                return
+        SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+
+    def _fast_follower(self, now: float) -> Any:
+        connected = self._SyncObj__connectedNodes
+        last = self._SyncObj__lastResponseTime
+        for node in self._follower_order:
+            if node in connected and now - last.get(node, 0.0) < FAST_FOLLOWER_STALL_S:
+                return node
+        return None
+
+    def _send_lagging(self, now: float, skip: Any = None) -> None:
+        """Catch up the followers not sent to for :data:`LAZY_SEND_PERIOD_S`."""
+        for node in self._follower_order:
+            if node is not skip and now - self._last_sent.get(node, 0.0) >= LAZY_SEND_PERIOD_S \
+                    and node in self._SyncObj__connectedNodes:
+                self._send_entries_to(node, now)
+
+    def _send_entries_to(self, node: Any, now: float) -> bool:
+        """Send ``node`` every entry it lacks in one AppendEntries; False when that takes
+        pysyncobj's own path (a snapshot, an entry over the batch size) or nothing is due."""
+        raft_log = self._SyncObj__raftLog
+        next_idx = self._SyncObj__raftNextIndex.get(node)
+        if next_idx is None or next_idx <= raft_log[0][1] or next_idx > raft_log[-1][1]:
+            return False
+        prev = self._SyncObj__getEntries(next_idx - 1, 1)
+        limit = self._SyncObj__conf.appendEntriesBatchSizeBytes
+        entries = self._SyncObj__getEntries(next_idx, None, limit)
+        if not prev or not entries or (len(entries) == 1 and len(entries[0][0]) >= limit):
+            return False
+        self._SyncObj__raftNextIndex[node] = entries[-1][1] + 1
+        self._last_sent[node] = now
+        self._direct_sends += 1
+        self._SyncObj__transport.send(node, {
+            "type": "append_entries", "term": self.raftCurrentTerm,
+            "commit_index": self._SyncObj__raftCommitIndex, "entries": entries,
+            "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]})
+        return True
 
     # --- pipelining fix ------------------------------------------------------------------------
 
@@ -469,14 +544,14 @@ class PartitionReplica(SyncObj):
         if applied and not self._announce_due and self._isLeader():
             self._announce_due = True
             self.loop.call_later(COMMIT_ANNOUNCE_DELAY_S, self._announce_commit,
-                                 self._SyncObj__newAppendEntriesTime)
+                                 (self._SyncObj__newAppendEntriesTime, self._direct_sends))
         return False
 
-    def _announce_commit(self, sent_mark: float) -> None:
+    def _announce_commit(self, sent_mark: Any) -> None:
         self._announce_due = False
         if self._closed or not self._isLeader():
             return
-        if self._SyncObj__newAppendEntriesTime == sent_mark:  # nothing sent since the apply
+        if (self._SyncObj__newAppendEntriesTime, self._direct_sends) == sent_mark:  # nothing sent since
             try:
                 self._SyncObj__sendAppendEntries()  # type: ignore[attr-defined]
             except Exception:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
+
+from rawproto import RawConn
 
 #: Override how nodes start (e.g. "coverage run -m shoal.node"); default: this Python.
 NODE_COMMAND = os.environ.get("SHOAL_TEST_NODE_COMMAND", "").split() or None
@@ -68,3 +71,18 @@ def follower_url(cluster: LocalCluster, queue: str) -> str:
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
+
+
+def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Every running node's local Stats of ``queue``'s partition, once all have applied the
+    same index (or the timeout passed): compare their ``digest`` to check the replicas agree."""
+    p = str(partition_for(queue, cluster.config.partitions))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        views = []
+        for node_id in cluster.pids:
+            with RawConn(cluster.address_of(node_id)) as c:
+                views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
+        if len({v["appliedIndex"] for v in views}) == 1 or time.monotonic() > deadline:
+            return views
+        time.sleep(0.2)

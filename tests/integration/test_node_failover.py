@@ -11,6 +11,7 @@ import pytest
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
+from conftest import replica_views
 from rawproto import Router
 
 pytestmark = pytest.mark.integration
@@ -129,4 +130,41 @@ def test_sigterm_hands_leadership_over_and_exits_zero(fresh_cluster: LocalCluste
     reply = router.call({"cmd": "PUSH", "queue": QUEUE, "data": "after", "idempotencyKey": "after"}, timeout_s=10)
     assert reply["ok"]
     assert_nothing_lost(router, acked + [reply["id"]])
+    router.close()
+
+
+def test_follower_sigstop_during_push_stream_then_replicas_agree(fresh_cluster: LocalCluster) -> None:
+    # A leader sends a new entry to one follower at once and to the other a little later
+    # (replica._fast_follower): pausing either follower must not stop the writes, and the
+    # paused one catches up after SIGCONT.
+    router = Router(fresh_cluster.addresses)
+    p = partition_for(QUEUE, fresh_cluster.config.partitions)
+    leader = fresh_cluster.leader_of(p)
+    assert leader
+    followers = [n for n in fresh_cluster.config.placement()[p] if n != leader]
+    acked: list[str] = []
+    for round_, follower in enumerate(followers):
+        paused = False
+        slowest = 0.0
+        try:
+            for i in range(300):
+                if i == 100:
+                    fresh_cluster.pause(follower)
+                    paused = True
+                t0 = time.monotonic()
+                key = f"f{round_}-{i}"
+                reply = router.call({"cmd": "PUSH", "queue": QUEUE, "data": i, "idempotencyKey": key}, timeout_s=20)
+                assert reply["ok"], reply
+                acked.append(reply["id"])
+                if paused:
+                    slowest = max(slowest, time.monotonic() - t0)
+        finally:
+            if paused:
+                fresh_cluster.resume(follower)
+        print(f"\nfollower {follower} SIGSTOP: slowest push while paused {slowest * 1000:.0f} ms")
+    assert fresh_cluster.leader_of(p) == leader
+    views = replica_views(fresh_cluster, QUEUE, 30)
+    assert len({v["appliedIndex"] for v in views}) == 1, views
+    assert len({v["digest"] for v in views}) == 1, views
+    assert_nothing_lost(router, acked)
     router.close()

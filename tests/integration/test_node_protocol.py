@@ -14,6 +14,7 @@ from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
+from conftest import replica_views
 from rawproto import RawConn, Router
 
 pytestmark = pytest.mark.integration
@@ -226,20 +227,6 @@ def test_session_leases_are_released_when_the_connection_closes(cluster: LocalCl
                 break
             time.sleep(0.05)
         assert state == "waiting"
-
-
-def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict]:
-    """Every node's local Stats of ``queue``'s partition, once all have applied the same index."""
-    p = str(partition_for(queue, 8))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        views = []
-        for address in cluster.addresses:
-            with RawConn(address) as c:
-                views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
-        if len({v["appliedIndex"] for v in views}) == 1 or time.monotonic() > deadline:
-            return views
-        time.sleep(0.2)
 
 
 def test_stats_local_digests_agree_across_replicas(cluster: LocalCluster) -> None:
