@@ -3,14 +3,14 @@
 Measures PUSH ops/s (window 100; and summed over one such stream per node, each to a
 queue that node leads), PUSHB jobs/s (100 jobs per frame, 16 frames in
 flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB), the
-latency of a lone PUSH (p50/p99), and the seconds from a leader SIGKILL to the
-first successful write, and as a reference for the machine's speed in the same run, PUSH
+latency of a lone PUSH (p50/p99), the seconds from a leader SIGKILL to the
+first successful write, PUSH and lone-PUSH latency of a one-node Shoal, and as a reference for the machine's speed in the same run, PUSH
 ops/s against ``bare_server.py`` (uvloop + msgpack answering frames, no Raft). Each throughput phase also prints the CPU share of every
 node and of the driver, and how many commands the Raft entries carried. The driver runs in this process; the
 nodes are separate processes started with ``LocalCluster``.
 
     python bench/bench_node.py [--seconds 5] [--partitions 8] [--only push,pushb,pull]
-                               [--profile DIR]   (phases: push,pushb,pull,spread,latency,failover,bare)
+                               [--profile DIR]   (phases: push,pushb,pull,spread,latency,failover,single,bare)
 
 ``--profile DIR`` records py-spy collapsed stacks of every node during each
 throughput phase (``DIR/<phase>-<node>.txt``, loadable in speedscope or
@@ -518,8 +518,20 @@ THROUGHPUT_PHASES = [
 ]
 
 
+async def bench_single_node(args: argparse.Namespace) -> None:
+    """PUSH throughput and lone-PUSH latency of a one-node Shoal (``shoal cluster up --nodes 1``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalCluster(nodes=1, partitions=args.partitions, data_dir=tmp,
+                          base_port=free_base_port(1, args.partitions)) as cluster:
+            cluster.wait_balanced(30.0)
+            rate = await bench_push(cluster, args.seconds)
+            p50, p99 = await bench_latency(cluster, args.samples)
+    print(f"one node (RF 1):          PUSH {rate:,.0f} ops/s (window 100), lone PUSH p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+
+
 async def main_async(args: argparse.Namespace) -> None:
-    only = set(args.only.split(",")) if args.only else {"push", "pushb", "pull", "spread", "latency", "failover", "bare"}
+    only = (set(args.only.split(",")) if args.only
+            else {"push", "pushb", "pull", "spread", "latency", "failover", "single", "bare"})
     with tempfile.TemporaryDirectory() as tmp:
         with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
                           base_port=free_base_port(3, args.partitions)) as cluster:
@@ -538,6 +550,8 @@ async def main_async(args: argparse.Namespace) -> None:
             if "failover" in only:
                 fo = await bench_failover(cluster)
                 print(f"leader SIGKILL -> write:  {fo:.2f} s")
+    if "single" in only:
+        await bench_single_node(args)
     if "bare" in only:
         bare = await bench_bare_push(args.seconds)
         print(f"reference, bare server:   {bare:12,.0f} ops/s   PUSH, window 100, to bench/bare_server.py "
@@ -549,7 +563,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2000, help="lone-PUSH latency samples")
-    parser.add_argument("--only", default="", help="comma list of phases: push,pushb,pull,spread,latency,failover,bare")
+    parser.add_argument("--only", default="",
+                        help="comma list of phases: push,pushb,pull,spread,latency,failover,single,bare")
     parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
     uvloop.install()

@@ -422,16 +422,19 @@ class PartitionReplica(SyncObj):
                     del cmd["ids"]
                     cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)
-        if self._SyncObj__raftState == _LEADER and self._SyncObj__transport.ready \
-                and self._SyncObj__otherNodes:
+        if self._SyncObj__raftState == _LEADER and self._SyncObj__transport.ready:
             # Append and send the entry now rather than in a tick a loop iteration later: the
             # rest of a tick (commit index, applies, timers) has nothing to do until a follower
-            # answers, and that answer schedules one. (A lone replica commits in a tick.)
+            # answers, and that answer schedules one.
             self._direct_send = True
             try:
                 self._checkCommandsToApply()
             finally:
                 self._direct_send = False
+            if not self._SyncObj__otherNodes:
+                # A lone replica commits in the next tick. (A tick appends proposals only after
+                # computing the commit index, so before this it waited for the periodic one.)
+                self.schedule_tick()
         else:
             self.schedule_tick()
 
