@@ -205,15 +205,11 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         if self.protocol_version >= 2:
-            # Free the slots first and encode at flush time: the next commands waiting here are
-            # proposed before these replies are built, so their Raft round overlaps the encoding
-            # and the write. (v1 answers in order, so it encodes at once.)
+            # Encoded at flush time, so the pump below dispatches the next commands waiting
+            # here (into the partition's next entry) before these replies are built.
             self._deferred.append((req_ids, results))
-            self._schedule_flush()
-            if self._backlog:
-                self._pump()
-            return
-        self._encode_replies(req_ids, results)
+        else:
+            self._encode_replies(req_ids, results)  # v1 answers strictly in order
         self._schedule_flush()
         if self._backlog:
             self._pump()
