@@ -11,6 +11,7 @@ Prints frames/s for
 - ``FrameDecoder(raw_data=False)`` (what a client does with replies),
 - ``FrameDecoder.drain`` with ``plain_push`` over the same chunks of plain PUSHes (queue, data,
   reqId), the node's receive path (each frame becomes a ``PlainPush`` struct),
+- ``encode_replies`` of push replies in blocks of 50 (a node answering a block of pushes),
 
 and µs per ``validate()`` of the decoded PUSH. Every loop is bounded by
 ``--frames`` × ``--repeat``; the best repeat is reported.
@@ -28,6 +29,7 @@ import msgpack
 
 from shoal.cluster.codec import FrameDecoder, Raw, encode
 from shoal.cluster.commands import validate
+from shoal.node.connection import encode_replies
 
 FRAME_BYTES = 100
 CHUNK_BYTES = 64 * 1024
@@ -104,6 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         assert count == n
         return count
 
+    # The node's answers to a block of 50 plain pushes: {"ok", "id", "reqId"} each.
+    block = 50
+    reply_results = [{"id": f"3-{1_000_000 + i}"} for i in range(block)]
+    reply_req_ids = list(range(block))
+
+    def push_replies() -> int:
+        blocks = max(1, n // block)
+        for _ in range(blocks):
+            encode_replies([], reply_req_ids, reply_results)
+        return blocks * block
+
     decoded = next(iter(_decode_one(wire)))
 
     def validate_run() -> int:
@@ -117,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         ("decode, FrameDecoder(raw_data=True)", best_rate(decoder(True), repeat)),
         ("decode, FrameDecoder(raw_data=False)", best_rate(decoder(False), repeat)),
         ("decode, FrameDecoder.drain, plain PUSH", best_rate(drain_plain, repeat)),
+        ("encode_replies, push replies (blocks of 50)", best_rate(push_replies, repeat)),
     ]
     validate_us = 1e6 / best_rate(validate_run, repeat)
     print(f"shoal codec benchmark: {len(wire)}-byte PUSH frames, {n} frames x {repeat} runs (best), "
           f"Python {platform.python_version()}, msgpack {msgpack.version}")
     for label, rate in results:
-        print(f"  {label:<40} {rate:>12,.0f} frames/s")
-    print(f"  {'validate(PUSH, 3 fields + reqId)':<40} {validate_us:>12.2f} µs/frame")
+        print(f"  {label:<44} {rate:>12,.0f} frames/s")
+    print(f"  {'validate(PUSH, 3 fields + reqId)':<44} {validate_us:>12.2f} µs/frame")
     return 0
 
 
