@@ -1,0 +1,707 @@
+"""Shoal's write-ahead journal: one replica's Raft log in checksummed segment files.
+
+Theory of operation
+-------------------
+The log is a run of entries ``(index, term, payload)`` with contiguous
+indexes and non-decreasing terms. It lives in a directory of segment files
+named ``<first index, 20 digits>.wal``; each starts with a 16-byte header
+(magic, format version) followed by records::
+
+    length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
+
+little-endian, the CRC32C covering ``length, term, index`` and the payload.
+Records are appended with ordinary writes; a segment is sealed (fdatasync'ed)
+when it reaches ``segment_bytes`` and the next one is started.
+
+Durability is explicit. :meth:`Journal.append` only writes. :meth:`Journal.sync`
+fdatasyncs what was written (and fsyncs the directory if segments were
+created) and returns the highest durable index. :class:`SyncBatcher` lets the
+node sync every journal written in one loop iteration once, after all of them
+wrote. Deleting a suffix (a follower's log conflicts with its leader) is made
+durable before it returns, so entries appended afterwards can never be
+followed by stale ones after a power cut. Deleting a prefix (after a
+snapshot) records the new first index durably in ``start`` and then removes
+whole segments below it; a segment that still holds some covered entries is
+kept until all of it is covered.
+
+Recovery at open scans the segments from the first needed one. A record that
+fails its checks in the last segment is a torn tail: the segment is cut there
+and the cut (file, offset, bytes) is logged. A failing record in a sealed
+segment, or segments that do not follow each other, raise
+:class:`JournalCorrupt` naming the file and offset — a sealed segment was
+synced before its successor existed, so damage there is not a torn write.
+
+Memory does not grow with the payloads: the journal keeps one 8-byte offset per
+record (``array('q')`` per segment), the term changes, and a bounded cache of
+the newest entries; older entries are read back from disk.
+
+The class also implements the raft-log interface pysyncobj 0.3.17 uses for its
+``FileJournal`` (``add``, ``clear``, ``deleteEntriesFrom``, ``deleteEntriesTo``,
+positional ``__getitem__`` returning ``(command, index, term)``, ``__len__``,
+term/vote/commit-index accessors), so it can stand in for pysyncobj's mmap
+journal. Position 0 is the first entry held, whatever its index.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+from array import array
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import google_crc32c
+
+from ._io import FileHandle, FileIO, NoSpace
+from .meta import RaftMeta
+
+__all__ = [
+    "Entry",
+    "Journal",
+    "JournalCorrupt",
+    "NoSpace",
+    "SyncBatcher",
+    "SEGMENT_BYTES",
+    "RECORD_HEADER_BYTES",
+]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 64 * 1024 * 1024
+_SEGMENT_MAGIC = b"SHOALWAL"
+_SEGMENT_VERSION = 1
+_SEGMENT_HEADER = struct.Struct("<8sII")
+SEGMENT_HEADER_BYTES = _SEGMENT_HEADER.size
+_RECORD = struct.Struct("<IIQQ")
+RECORD_HEADER_BYTES = _RECORD.size
+_CRC_FIELDS = struct.Struct("<IQQ")
+_START = struct.Struct("<8sQI")
+_START_MAGIC = b"SHOALSTA"
+PAYLOAD_BYTES_MAX = 256 * 1024 * 1024
+_SUFFIX = ".wal"
+
+Entry = tuple[bytes, int, int]
+"""``(payload, index, term)`` — pysyncobj's ``(command, idx, term)`` order."""
+
+
+class JournalCorrupt(Exception):
+    """A journal record that cannot be a torn tail is damaged; the message names file and offset."""
+
+
+def _crc(length: int, term: int, index: int, payload: bytes) -> int:
+    return google_crc32c.extend(google_crc32c.value(_CRC_FIELDS.pack(length, term, index)), payload)
+
+
+def encode_record(index: int, term: int, payload: bytes) -> bytes:
+    """One record's bytes: header and payload."""
+    n = len(payload)
+    return _RECORD.pack(n, _crc(n, term, index, payload), term, index) + payload
+
+
+def _segment_name(first_index: int) -> str:
+    return f"{first_index:020d}{_SUFFIX}"
+
+
+@dataclass
+class _Segment:
+    path: str
+    first_index: int
+    offsets: array = field(default_factory=lambda: array("q"))
+    size: int = SEGMENT_HEADER_BYTES
+
+    @property
+    def next_index(self) -> int:
+        return self.first_index + len(self.offsets)
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.offsets) - 1
+
+
+class Journal:
+    """One replica's Raft log, durable on :meth:`sync`; see the module docstring.
+
+    ``cache_entries_max``/``cache_bytes_max`` bound the newest entries held in
+    memory; ``segment_bytes`` is the size at which a segment is sealed.
+    ``batcher``, if given, is told each time this journal writes.
+    """
+
+    def __init__(
+        self,
+        io: FileIO,
+        directory: str,
+        *,
+        segment_bytes: int = SEGMENT_BYTES,
+        cache_entries_max: int = 4096,
+        cache_bytes_max: int = 32 * 1024 * 1024,
+        batcher: SyncBatcher | None = None,
+    ) -> None:
+        self._io = io
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.cache_entries_max = cache_entries_max
+        self.cache_bytes_max = cache_bytes_max
+        self._batcher = batcher
+        self._segments: list[_Segment] = []
+        self._active: FileHandle | None = None
+        self._first_index = 1
+        self._last_index = 0
+        self._run_index = array("q")
+        self._run_term = array("q")
+        self._cache: deque[bytes] = deque()
+        self._cache_bytes = 0
+        self._first_entry: Entry | None = None
+        self._synced_index = 0
+        self._data_dirty = False
+        self._dir_dirty = False
+        self.syncs = 0
+        self.disk_reads = 0
+        io.makedirs(directory)
+        self.meta = RaftMeta(io, os.path.join(directory, "meta"))
+        self._recover()
+        self._commit_index = max(1, min(self.meta.state.commit_index, max(self._last_index, 1)))
+        self._commit_stored = self.meta.state.commit_index
+
+    # ------------------------------------------------------------------ state
+    @property
+    def first_index(self) -> int:
+        """Index of the first entry held (``last_index + 1`` when empty)."""
+        return self._first_index
+
+    @property
+    def last_index(self) -> int:
+        """Index of the last entry written (``first_index - 1`` when empty)."""
+        return self._last_index
+
+    @property
+    def synced_index(self) -> int:
+        """Highest index known to be on stable storage."""
+        return self._synced_index
+
+    @property
+    def dirty(self) -> bool:
+        """True if something written is not yet synced."""
+        return self._data_dirty or self._dir_dirty
+
+    def term_at(self, index: int) -> int | None:
+        """Term of the entry at ``index``, or ``None`` if not held."""
+        if index < self._first_index or index > self._last_index:
+            return None
+        pos = bisect.bisect_right(self._run_index, index) - 1
+        return self._run_term[pos]
+
+    @property
+    def last_term(self) -> int:
+        """Term of the last entry (0 when empty)."""
+        return self._run_term[-1] if self._last_index >= self._first_index else 0
+
+    # ------------------------------------------------------------------ writes
+    def append(self, index: int, term: int, payload: bytes, *, check_space: bool = True) -> None:
+        """Write one entry (not synced). ``index`` must follow the last one.
+
+        With ``check_space`` the write is refused with :class:`NoSpace` below
+        ``disk_free_min_bytes``; a real ``ENOSPC`` is refused either way. A
+        refused append leaves the journal as it was.
+        """
+        if self._last_index >= self._first_index:
+            if index != self._last_index + 1:
+                raise ValueError(f"append index {index} does not follow last index {self._last_index}")
+            if term < self._run_term[-1]:
+                raise ValueError(f"append term {term} below last term {self._run_term[-1]}")
+        else:
+            self._restart_at(index)
+        record = encode_record(index, term, payload)
+        seg = self._segments[-1]
+        if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
+            seg = self._roll(index)
+        assert self._active is not None
+        offset = self._active.append(record, check_space=check_space)
+        seg.offsets.append(offset)
+        seg.size = offset + len(record)
+        self._last_index = index
+        if not self._run_term or self._run_term[-1] != term:
+            self._run_index.append(index)
+            self._run_term.append(term)
+        self._cache_push(payload)
+        self._mark_dirty()
+
+    def _restart_at(self, index: int) -> None:
+        """The journal is empty: make sure the active segment starts at ``index``."""
+        if self._segments and self._segments[-1].next_index == index:
+            self._first_index = index
+            return
+        self._drop_all_segments()
+        self._first_index = index
+        self._last_index = index - 1
+        self._synced_index = min(self._synced_index, index - 1)
+        self._new_segment(index)
+
+    def _new_segment(self, first_index: int) -> _Segment:
+        path = os.path.join(self.directory, _segment_name(first_index))
+        handle = self._io.open(path)
+        try:
+            handle.truncate(0)
+            handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, 0))
+        except BaseException:
+            handle.close()
+            self._io.unlink(path)
+            raise
+        if self._active is not None:
+            self._active.close()
+        self._active = handle
+        seg = _Segment(path, first_index)
+        self._segments.append(seg)
+        self._dir_dirty = True
+        return seg
+
+    def _roll(self, next_index: int) -> _Segment:
+        # The sealed segment is synced before its successor can exist on disk,
+        # so after a power cut only the last segment can have a torn tail.
+        assert self._active is not None
+        old = self._active
+        old.datasync()
+        self.syncs += 1
+        if not self._dir_dirty:
+            self._synced_index = self._last_index
+        self._data_dirty = False
+        try:
+            return self._new_segment(next_index)
+        except NoSpace:
+            self._active = old
+            raise
+
+    def _mark_dirty(self) -> None:
+        self._data_dirty = True
+        if self._batcher is not None:
+            self._batcher.mark(self)
+
+    def sync(self) -> int:
+        """fdatasync everything written so far; return the highest durable index."""
+        target = self._last_index
+        if self._data_dirty and self._active is not None:
+            self._data_dirty = False
+            self._active.datasync()
+            self.syncs += 1
+        if self._dir_dirty:
+            self._dir_dirty = False
+            self._io.fsync_dir(self.directory)
+        self._synced_index = max(self._synced_index, target)
+        return self._synced_index
+
+    def delete_from(self, index: int) -> None:
+        """Delete entries ``index`` and later, durably before returning (Raft §5.3 conflict)."""
+        if index > self._last_index:
+            return
+        index = max(index, self._first_index)
+        while len(self._segments) > 1 and self._segments[-1].first_index >= index:
+            seg = self._segments.pop()
+            self._io.unlink(seg.path)
+            self._dir_dirty = True
+            if self._active is not None:
+                self._active.close()
+            self._active = self._io.open(self._segments[-1].path, create=False)
+        seg = self._segments[-1]
+        keep = index - seg.first_index
+        cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.size
+        del seg.offsets[keep:]
+        seg.size = cut
+        assert self._active is not None
+        self._active.truncate(cut)
+        self._active.datasync()
+        self.syncs += 1
+        self._data_dirty = False
+        if self._dir_dirty:
+            self._dir_dirty = False
+            self._io.fsync_dir(self.directory)
+        removed = self._last_index - index + 1
+        self._last_index = index - 1
+        self._synced_index = min(self._synced_index, self._last_index)
+        pos = bisect.bisect_left(self._run_index, index)
+        del self._run_index[pos:]
+        del self._run_term[pos:]
+        for _ in range(min(removed, len(self._cache))):
+            self._cache_bytes -= len(self._cache.pop())
+        if self._first_entry is not None and self._first_entry[1] >= index:
+            self._first_entry = None
+
+    def delete_to(self, index: int) -> None:
+        """Forget entries below ``index`` (covered by a durable snapshot).
+
+        The new first index is made durable first; then whole segments below
+        it are removed (their removal is made durable by the next :meth:`sync`).
+        """
+        index = min(index, self._last_index + 1)
+        if index <= self._first_index:
+            return
+        self._store_start(index)
+        self._first_index = index
+        self._first_entry = None
+        while len(self._segments) > 1 and self._segments[1].first_index <= index:
+            self._io.unlink(self._segments.pop(0).path)
+            self._dir_dirty = True
+        pos = bisect.bisect_right(self._run_index, index) - 1
+        if pos > 0:
+            del self._run_index[:pos]
+            del self._run_term[:pos]
+        if self._dir_dirty and self._batcher is not None:
+            self._batcher.mark(self)
+
+    def clear(self) -> None:
+        """Delete every entry, durably before returning."""
+        self._drop_all_segments()
+        self._first_index = self._last_index + 1
+
+    def _drop_all_segments(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        for seg in self._segments:
+            self._io.unlink(seg.path)
+        if self._segments:
+            self._io.fsync_dir(self.directory)
+        self._segments.clear()
+        if self._start != 0:
+            self._store_start(0)
+        self._run_index = array("q")
+        self._run_term = array("q")
+        self._cache.clear()
+        self._cache_bytes = 0
+        self._first_entry = None
+        self._data_dirty = self._dir_dirty = False
+
+    def _store_start(self, index: int) -> None:
+        self._start = index
+        body = struct.pack("<Q", index)
+        self._io.write_atomic(
+            os.path.join(self.directory, "start"),
+            [_START.pack(_START_MAGIC, index, google_crc32c.value(body))],
+        )
+
+    def close(self) -> None:
+        """Sync and close the files."""
+        if self._active is not None:
+            self.sync()
+            self._active.close()
+            self._active = None
+
+    # ------------------------------------------------------------------ reads
+    def _cache_push(self, payload: bytes) -> None:
+        self._cache.append(payload)
+        self._cache_bytes += len(payload)
+        while len(self._cache) > self.cache_entries_max or (
+            self._cache_bytes > self.cache_bytes_max and len(self._cache) > 1
+        ):
+            self._cache_bytes -= len(self._cache.popleft())
+
+    def entries(self, start: int, stop: int) -> list[Entry]:
+        """Entries with ``start <= index < stop`` (clamped to what is held), oldest first."""
+        start = max(start, self._first_index)
+        stop = min(stop, self._last_index + 1)
+        if start >= stop:
+            return []
+        cached_from = self._last_index + 1 - len(self._cache)
+        out: list[Entry] = []
+        if start < cached_from:
+            out.extend(self._read_disk(start, min(stop, cached_from)))
+        base = max(start, cached_from)
+        if base < stop:
+            cache = self._cache
+            first = base - cached_from
+            for i in range(stop - base):
+                index = base + i
+                out.append((cache[first + i], index, self._term_unchecked(index)))
+        return out
+
+    def _term_unchecked(self, index: int) -> int:
+        run_index = self._run_index
+        if run_index[-1] <= index:
+            return self._run_term[-1]
+        return self._run_term[bisect.bisect_right(run_index, index) - 1]
+
+    def _read_disk(self, start: int, stop: int) -> Iterator[Entry]:
+        self.disk_reads += 1
+        firsts = [s.first_index for s in self._segments]
+        k = bisect.bisect_right(firsts, start) - 1
+        index = start
+        while index < stop:
+            seg = self._segments[k]
+            a = index - seg.first_index
+            b = min(stop, seg.next_index) - seg.first_index
+            lo = seg.offsets[a]
+            hi = seg.offsets[b] if b < len(seg.offsets) else seg.size
+            if seg is self._segments[-1] and self._active is not None:
+                raw = self._active.pread(lo, hi - lo)
+            else:
+                handle = self._io.open(seg.path, create=False)
+                try:
+                    raw = handle.pread(lo, hi - lo)
+                finally:
+                    handle.close()
+            view = memoryview(raw)
+            pos = 0
+            while pos < len(view):
+                length, crc, term, idx = _RECORD.unpack_from(view, pos)
+                payload = bytes(view[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length])
+                if idx != index or len(payload) != length or _crc(length, term, idx, payload) != crc:
+                    raise JournalCorrupt(f"{seg.path}: record at offset {lo + pos} fails its check on read")
+                yield payload, idx, term
+                pos += RECORD_HEADER_BYTES + length
+                index += 1
+            k += 1
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        io = self._io
+        names = [n for n in io.listdir(self.directory) if n.endswith(_SUFFIX) and n[:-4].isdigit()]
+        segments = sorted((int(n[:-4]), os.path.join(self.directory, n)) for n in names)
+        start = self._start = self._load_start()
+        # Segments wholly below the durable start are leftovers of a prefix drop.
+        while len(segments) > 1 and segments[1][0] <= start:
+            io.unlink(segments.pop(0)[1])
+            self._dir_dirty = True
+        if not segments:
+            self._first_index = max(start, 1)
+            self._last_index = self._first_index - 1
+            return
+        for k, (first, path) in enumerate(segments):
+            last = k == len(segments) - 1
+            seg = self._scan(path, first, last)
+            if self._segments and self._segments[-1].next_index != first:
+                raise JournalCorrupt(
+                    f"{path}: segment starts at index {first} but the previous one ends at "
+                    f"{self._segments[-1].last_index}"
+                )
+            self._segments.append(seg)
+        tail = self._segments[-1]
+        self._active = io.open(tail.path, create=False)
+        self._last_index = tail.last_index
+        self._first_index = min(max(start, self._segments[0].first_index), self._last_index + 1)
+        pos = bisect.bisect_right(self._run_index, self._first_index) - 1
+        if pos > 0:
+            del self._run_index[:pos]
+            del self._run_term[:pos]
+        self._synced_index = self._last_index
+        for payload, _, _ in self._read_disk(
+            max(self._first_index, self._last_index + 1 - self.cache_entries_max), self._last_index + 1
+        ):
+            self._cache_push(payload)
+        self.disk_reads = 0
+
+    def _load_start(self) -> int:
+        path = os.path.join(self.directory, "start")
+        if not self._io.exists(path):
+            return 0
+        raw = self._io.read_all(path)
+        if len(raw) != _START.size:
+            raise JournalCorrupt(f"{path}: {len(raw)} bytes, expected {_START.size}")
+        magic, index, crc = _START.unpack(raw)
+        if magic != _START_MAGIC or google_crc32c.value(struct.pack("<Q", index)) != crc:
+            raise JournalCorrupt(f"{path}: bad magic or checksum at offset 0")
+        return index
+
+    def _scan(self, path: str, first: int, is_last: bool) -> _Segment:
+        """Read one segment's records, checking each; cut a torn tail of the last segment."""
+        handle = self._io.open(path, create=False)
+        try:
+            size = handle.size
+            seg = _Segment(path, first)
+            header = handle.pread(0, SEGMENT_HEADER_BYTES)
+            if len(header) < SEGMENT_HEADER_BYTES or _SEGMENT_HEADER.unpack(header)[:2] != (
+                _SEGMENT_MAGIC,
+                _SEGMENT_VERSION,
+            ):
+                if not is_last:
+                    raise JournalCorrupt(f"{path}: bad segment header at offset 0")
+                log.warning("journal %s: torn segment header (%d bytes), rewriting it", path, size)
+                handle.truncate(0)
+                handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, 0))
+                handle.datasync()
+                return seg
+            offset = SEGMENT_HEADER_BYTES
+            index = first
+            chunk_bytes = 4 * 1024 * 1024
+            buf = b""
+            buf_at = offset
+            offsets = seg.offsets
+            run_index, run_term = self._run_index, self._run_term
+            last_term = run_term[-1] if run_term else 0
+            problem = ""
+            while offset < size:
+                rel = offset - buf_at
+                if rel + RECORD_HEADER_BYTES > len(buf):
+                    buf = handle.pread(offset, max(chunk_bytes, RECORD_HEADER_BYTES))
+                    buf_at, rel = offset, 0
+                    if len(buf) < RECORD_HEADER_BYTES:
+                        problem = "incomplete record header"
+                        break
+                length, crc, term, idx = _RECORD.unpack_from(buf, rel)
+                if length > PAYLOAD_BYTES_MAX:
+                    problem = f"record length {length} beyond the limit"
+                    break
+                end = rel + RECORD_HEADER_BYTES + length
+                if end > len(buf):
+                    buf = handle.pread(offset, max(chunk_bytes, RECORD_HEADER_BYTES + length))
+                    buf_at, rel = offset, 0
+                    end = RECORD_HEADER_BYTES + length
+                    if end > len(buf):
+                        problem = "incomplete record"
+                        break
+                payload = buf[rel + RECORD_HEADER_BYTES : end]
+                if _crc(length, term, idx, payload) != crc:
+                    problem = "checksum mismatch"
+                    break
+                if idx != index:
+                    problem = f"index {idx} where {index} was expected"
+                    break
+                if term < last_term:
+                    problem = f"term {term} below the previous term {last_term}"
+                    break
+                if term != last_term or not run_term:
+                    run_index.append(idx)
+                    run_term.append(term)
+                    last_term = term
+                offsets.append(offset)
+                offset += RECORD_HEADER_BYTES + length
+                index += 1
+            if problem:
+                if not is_last:
+                    raise JournalCorrupt(f"{path}: {problem} at offset {offset} in a sealed segment")
+                log.warning(
+                    "journal %s: torn tail cut at offset %d (%d bytes dropped: %s)",
+                    path, offset, size - offset, problem,
+                )
+                handle.truncate(offset)
+                handle.datasync()
+            seg.size = offset
+            return seg
+        finally:
+            handle.close()
+
+    # ------------------------------------------------------------------ pysyncobj's raft-log interface
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        """pysyncobj: append an entry (never refused for low space, only for a full disk)."""
+        self.append(idx, term, command, check_space=False)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
+        """pysyncobj: delete entries from position ``entryFrom`` on."""
+        self.delete_from(self._first_index + entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
+        """pysyncobj: keep entries from position ``entryTo`` on (it becomes position 0)."""
+        self.delete_to(self._first_index + entryTo)
+
+    def __len__(self) -> int:
+        return self._last_index - self._first_index + 1
+
+    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
+        n = len(self)
+        if isinstance(item, slice):
+            a, b, step = item.indices(n)
+            if step != 1:
+                return self.entries(self._first_index, self._last_index + 1)[item]
+            return self.entries(self._first_index + a, self._first_index + b)
+        pos = item + n if item < 0 else item
+        if not 0 <= pos < n:
+            raise IndexError("journal position out of range")
+        if pos == 0:
+            if self._first_entry is None:
+                self._first_entry = self.entries(self._first_index, self._first_index + 1)[0]
+            return self._first_entry
+        index = self._first_index + pos
+        return self.entries(index, index + 1)[0]
+
+    def __iter__(self) -> Iterator[Entry]:
+        step = 1024
+        for start in range(self._first_index, self._last_index + 1, step):
+            yield from self.entries(start, start + step)
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802
+        """pysyncobj: remember the commit index (stored lazily by :meth:`onOneSecondTimer`)."""
+        self._commit_index = raftCommitIndex
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        """pysyncobj: the commit index, never past the journal's end."""
+        return max(1, min(self._commit_index, max(self._last_index, 1)))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802
+        """pysyncobj: make term and vote durable before returning (Raft §5.1)."""
+        self.meta.store(term, votedForNodeId, self._stored_commit_hint())
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return self.meta.state.term
+
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        return self.meta.state.voted_for
+
+    def _stored_commit_hint(self) -> int:
+        # A commit hint past what is synced could outlive the entries after a power cut.
+        hint = min(self._commit_index, self._synced_index) if self._synced_index else self._commit_stored
+        self._commit_stored = hint
+        return hint
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        """pysyncobj: once a second, store a changed commit hint."""
+        if min(self._commit_index, self._synced_index) != self._commit_stored:
+            state = self.meta.state
+            self.meta.store(state.term, state.voted_for, self._stored_commit_hint())
+
+    def flush(self) -> None:
+        """pysyncobj: make everything durable."""
+        self.sync()
+
+    def _destroy(self) -> None:
+        self.close()
+
+
+class SyncBatcher:
+    """Coalesces the syncs of every journal that wrote in one loop iteration.
+
+    Shoal keeps one journal per partition (a partition's log is read back and
+    compacted on its own), so a node-wide single fdatasync is not possible;
+    instead each journal that wrote calls :meth:`mark`, and the node calls
+    :meth:`sync_all` once per loop iteration, after the iteration's writes and
+    before any reply leaves. Each dirty journal is synced once however many
+    entries it got. ``sync_all`` runs the fdatasyncs one after the other; the
+    kernel (ext4's jbd2) may merge concurrent ones, which
+    :meth:`sync_all_threads` exploits — see docs/benchmarks.md for both.
+    """
+
+    def __init__(self) -> None:
+        self._dirty: dict[int, Journal] = {}
+        self.rounds = 0
+
+    def mark(self, journal: Journal) -> None:
+        """``journal`` wrote something not yet synced."""
+        self._dirty[id(journal)] = journal
+
+    @property
+    def pending(self) -> int:
+        """Journals waiting for a sync."""
+        return len(self._dirty)
+
+    def sync_all(self) -> dict[Journal, int]:
+        """Sync each dirty journal once; map each to its new durable index."""
+        dirty, self._dirty = self._dirty, {}
+        self.rounds += 1
+        return {j: j.sync() for j in dirty.values()}
+
+    def sync_all_threads(self, executor: object) -> dict[Journal, int]:
+        """Like :meth:`sync_all`, with the fdatasyncs issued concurrently on ``executor``.
+
+        ``executor`` is a ``concurrent.futures.Executor``. No journal may be
+        written to or truncated while this runs.
+        """
+        dirty, self._dirty = self._dirty, {}
+        self.rounds += 1
+        journals = list(dirty.values())
+        results = list(executor.map(Journal.sync, journals))  # type: ignore[attr-defined]
+        return dict(zip(journals, results, strict=True))
+
+
+def iter_payloads(entries: Iterable[Entry]) -> Iterator[bytes]:
+    """The payloads of ``entries``."""
+    for payload, _, _ in entries:
+        yield payload

@@ -1,0 +1,225 @@
+"""The write-ahead journal on real files: recovery, segments, reads from disk, batching."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from shoal.node.raft._io import RealIO, SimIO
+from shoal.node.raft.journal import (
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    Journal,
+    JournalCorrupt,
+    SyncBatcher,
+)
+
+
+def real() -> RealIO:
+    return RealIO(disk_free_min_bytes=0)
+
+
+def fill(j: Journal, first: int, last: int, term: int = 1, size: int = 100) -> None:
+    for i in range(first, last + 1):
+        j.append(i, term, i.to_bytes(4, "big") * (size // 4))
+
+
+def payload(i: int, size: int = 100) -> bytes:
+    return i.to_bytes(4, "big") * (size // 4)
+
+
+def segment_files(d) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.endswith(".wal"))
+
+
+def test_entries_survive_a_reopen(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 50)
+    assert j.sync() == 50 and j.synced_index == 50
+    j.close()
+    j = Journal(real(), str(tmp_path))
+    assert (j.first_index, j.last_index, len(j)) == (1, 50, 50)
+    assert j[0] == (payload(1), 1, 1) and j[-1] == (payload(50), 50, 1)
+    assert [e[1] for e in j[10:13]] == [11, 12, 13]
+
+
+def test_torn_tail_is_cut_and_the_cut_is_logged(tmp_path, caplog) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 10)
+    j.sync()
+    j.close()
+    (name,) = segment_files(tmp_path)
+    path = tmp_path / name
+    full = path.stat().st_size
+    record = RECORD_HEADER_BYTES + 100
+    with open(path, "r+b") as f:  # the last record only half written
+        f.truncate(full - record // 2)
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        j = Journal(real(), str(tmp_path))
+    assert j.last_index == 9
+    cut_at = full - record
+    assert f"torn tail cut at offset {cut_at}" in caplog.text and str(path) in caplog.text
+    assert f"({record - record // 2} bytes dropped" in caplog.text
+    assert path.stat().st_size == cut_at
+    fill(j, 10, 12)  # appends continue where the cut was
+    j.sync()
+    j.close()
+    assert Journal(real(), str(tmp_path)).last_index == 12
+
+
+@pytest.mark.parametrize("damage", ["zeros", "flip"])
+def test_damaged_last_record_of_the_last_segment_is_a_torn_tail(tmp_path, damage) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 5)
+    j.sync()
+    j.close()
+    path = tmp_path / segment_files(tmp_path)[0]
+    raw = bytearray(path.read_bytes())
+    if damage == "zeros":
+        raw[-60:] = bytes(60)
+    else:
+        raw[-1] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert Journal(real(), str(tmp_path)).last_index == 4
+
+
+def test_corrupt_record_in_a_sealed_segment_stops_with_file_and_offset(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    fill(j, 1, 60)
+    j.sync()
+    j.close()
+    names = segment_files(tmp_path)
+    assert len(names) > 3
+    victim = tmp_path / names[1]
+    raw = bytearray(victim.read_bytes())
+    offset = SEGMENT_HEADER_BYTES + 2 * (RECORD_HEADER_BYTES + 100)  # third record
+    raw[offset + RECORD_HEADER_BYTES + 7] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(real(), str(tmp_path))
+    assert str(victim) in str(err.value) and f"offset {offset}" in str(err.value)
+    assert "checksum mismatch" in str(err.value)
+
+
+def test_missing_middle_segment_is_refused(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    fill(j, 1, 60)
+    j.sync()
+    j.close()
+    os.unlink(tmp_path / segment_files(tmp_path)[1])
+    with pytest.raises(JournalCorrupt, match="segment starts at index"):
+        Journal(real(), str(tmp_path))
+
+
+def test_segments_roll_and_a_prefix_delete_drops_whole_segments_only(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    fill(j, 1, 100)
+    names = segment_files(tmp_path)
+    per_segment = (2_000 - SEGMENT_HEADER_BYTES) // (RECORD_HEADER_BYTES + 100)
+    assert len(names) == -(-100 // per_segment)
+    assert names[1] == f"{per_segment + 1:020d}.wal"
+    j.delete_to(per_segment + 3)  # inside the second segment
+    j.sync()
+    assert j.first_index == per_segment + 3 and j[0][1] == per_segment + 3
+    assert segment_files(tmp_path) == names[1:]
+    j.close()
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    assert j.first_index == per_segment + 3 and j.last_index == 100  # the start is durable
+
+
+def test_old_entries_are_read_back_from_disk_with_a_bounded_cache(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=4_000, cache_entries_max=8)
+    fill(j, 1, 300)
+    assert len(j._cache) == 8
+    before = j.disk_reads
+    assert j.entries(295, 301) == [(payload(i), i, 1) for i in range(295, 301)]
+    assert j.disk_reads == before  # the tail is in the cache
+    got = j.entries(3, 250)
+    assert got == [(payload(i), i, 1) for i in range(3, 250)]
+    assert j.disk_reads == before + 1
+    j.close()
+    j = Journal(real(), str(tmp_path), segment_bytes=4_000, cache_entries_max=8)
+    assert len(j._cache) == 8 and j[5] == (payload(6), 6, 1)
+
+
+def test_term_changes_are_kept_compactly(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 10, term=1)
+    fill(j, 11, 20, term=3)
+    fill(j, 21, 25, term=4)
+    assert [j.term_at(i) for i in (1, 10, 11, 20, 21, 25, 26)] == [1, 1, 3, 3, 4, 4, None]
+    assert len(j._run_term) == 3
+    j.delete_from(15)
+    assert j.last_term == 3 and j.last_index == 14
+    j.close()
+    j = Journal(real(), str(tmp_path))
+    assert [j.term_at(i) for i in (1, 11, 14)] == [1, 3, 3] and j.last_index == 14
+
+
+def test_append_refuses_gaps_and_term_regressions(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 3, term=2)
+    with pytest.raises(ValueError, match="does not follow"):
+        j.append(5, 2, b"x")
+    with pytest.raises(ValueError, match="below last term"):
+        j.append(4, 1, b"x")
+
+
+def test_suffix_delete_is_durable_before_it_returns() -> None:
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=2_000)
+    fill(j, 1, 40, term=1)
+    j.sync()
+    j.delete_from(12)  # across segment boundaries
+    fill(j, 12, 13, term=2)
+    io.power_cut()
+    j = Journal(io, "/j", segment_bytes=2_000)
+    assert j.last_index == 11 and j.last_term == 1
+
+
+def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
+    batcher = SyncBatcher()
+    journals = [Journal(real(), str(tmp_path / f"p{k}"), batcher=batcher) for k in range(3)]
+    for j in journals[:2]:
+        fill(j, 1, 20)
+    assert batcher.pending == 2
+    before = [j.syncs for j in journals]
+    done = batcher.sync_all()
+    assert {j.directory: idx for j, idx in done.items()} == {journals[0].directory: 20, journals[1].directory: 20}
+    assert [j.syncs - b for j, b in zip(journals, before)] == [1, 1, 0]
+    assert batcher.pending == 0 and batcher.sync_all() == {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    fill(journals[2], 1, 5)
+    with ThreadPoolExecutor(2) as pool:
+        assert list(batcher.sync_all_threads(pool).values()) == [5]
+
+
+def test_sync_really_reaches_fdatasync(tmp_path, monkeypatch) -> None:
+    calls: list[int] = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real_fdatasync(fd))[1])
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 10)
+    assert calls == []  # append is write-only
+    j.sync()
+    assert len(calls) == 1
+    j.sync()  # nothing new: no sync call
+    assert len(calls) == 1
+
+
+def test_clear_then_add_at_any_index(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 10)
+    j.sync()
+    j.clear()
+    assert len(j) == 0
+    j.add(b"snap-prev", 500, 3)
+    j.add(b"snap", 501, 3)
+    j.sync()
+    j.close()
+    j = Journal(real(), str(tmp_path))
+    assert list(j) == [(b"snap-prev", 500, 3), (b"snap", 501, 3)]
+    assert segment_files(tmp_path) == [f"{500:020d}.wal"]
