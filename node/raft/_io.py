@@ -388,6 +388,7 @@ class _SimFile(FileHandle):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             data = data[:fit]
         inode.data[offset : offset + len(data)] = data
+        io._step(f"write {self.path}")
         return len(data)
 
     def pread(self, offset: int, size: int) -> bytes:
@@ -396,11 +397,13 @@ class _SimFile(FileHandle):
     def truncate(self, size: int) -> None:
         inode = self._live()
         del inode.data[size:]
+        self._io._step(f"truncate {self.path}")
 
     def datasync(self) -> None:
         inode = self._live()
         self._io.sync_calls += 1
         inode.synced = bytes(inode.data)
+        self._io._step(f"sync {self.path}")
 
     def fsync(self) -> None:
         self.datasync()
@@ -428,6 +431,13 @@ class SimIO(FileIO):
         self._names: dict[str, _Inode] = {}
         self._durable_names: dict[str, _Inode] = {}
         self.log: list[str] = []
+        self.step_hook: Callable[[str], None] | None = None
+        """Called after every simulated operation with its name; a test may raise from it to stop there."""
+
+    def _step(self, what: str) -> None:
+        self.log.append(what)
+        if self.step_hook is not None:
+            self.step_hook(what)
 
     # -- FileIO ------------------------------------------------------------------
     def open(self, path: str, *, create: bool = True) -> FileHandle:
@@ -436,8 +446,9 @@ class SimIO(FileIO):
             if not create:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
             inode = self._names[path] = _Inode()
-        self.log.append(f"open {path}")
-        return _SimFile(self, path, inode)
+        handle = _SimFile(self, path, inode)
+        self._step(f"open {path}")
+        return handle
 
     def exists(self, path: str) -> bool:
         return path in self._names
@@ -454,11 +465,11 @@ class SimIO(FileIO):
     def rename(self, src: str, dst: str) -> None:
         inode = self._names.pop(src)
         self._names[dst] = inode
-        self.log.append(f"rename {src} {dst}")
+        self._step(f"rename {src} {dst}")
 
     def unlink(self, path: str) -> None:
         self._names.pop(path, None)
-        self.log.append(f"unlink {path}")
+        self._step(f"unlink {path}")
 
     def fsync_dir(self, directory: str) -> None:
         prefix = directory.rstrip("/") + "/"
@@ -472,7 +483,7 @@ class SimIO(FileIO):
         for name, inode in self._names.items():
             if in_dir(name):
                 self._durable_names[name] = inode
-        self.log.append(f"fsync_dir {directory}")
+        self._step(f"fsync_dir {directory}")
 
     def free_bytes(self, directory: str) -> int:
         if self.capacity_bytes is None:
