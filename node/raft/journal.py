@@ -135,8 +135,8 @@ class Journal:
         directory: str,
         *,
         segment_bytes: int = SEGMENT_BYTES,
-        cache_entries_max: int = 4096,
-        cache_bytes_max: int = 32 * 1024 * 1024,
+        cache_entries_max: int = 1024,
+        cache_bytes_max: int = 8 * 1024 * 1024,
         batcher: SyncBatcher | None = None,
     ) -> None:
         self._io = io
@@ -192,6 +192,12 @@ class Journal:
             return None
         pos = bisect.bisect_right(self._run_index, index) - 1
         return self._run_term[pos]
+
+    def memory_bytes(self) -> int:
+        """Bytes the journal holds in memory: offsets, term changes and the tail cache."""
+        offsets = sum(s.offsets.itemsize * len(s.offsets) for s in self._segments)
+        runs = 16 * len(self._run_index)
+        return offsets + runs + self._cache_bytes
 
     @property
     def last_term(self) -> int:
@@ -384,6 +390,7 @@ class Journal:
         """Sync and close the files."""
         if self._active is not None:
             self.sync()
+            self.onOneSecondTimer()
             self._active.close()
             self._active = None
 
