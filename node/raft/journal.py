@@ -302,13 +302,18 @@ class Journal:
         if index > self._last_index:
             return
         index = max(index, self._first_index)
+        # Whole segments go first, durably, then the one left is cut: every state a
+        # power cut can leave on the way is a prefix of the log before the call.
+        dropped = False
         while len(self._segments) > 1 and self._segments[-1].first_index >= index:
             seg = self._segments.pop()
             self._io.unlink(seg.path)
-            self._dir_dirty = True
+            dropped = True
             if self._active is not None:
                 self._active.close()
             self._active = self._io.open(self._segments[-1].path, create=False)
+        if dropped:
+            self._io.fsync_dir(self.directory)
         seg = self._segments[-1]
         keep = index - seg.first_index
         cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.size

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj.journal import MemoryJournal
@@ -118,3 +119,157 @@ def test_recovery_after_power_cuts_keeps_every_synced_entry_and_nothing_deleted(
             model = got
             durable_last = got[-1][1] if got else first - 1  # what recovery kept is on disk now
         assert j.last_index == (model[-1][1] if model else j.first_index - 1)
+
+
+class _Cut(Exception):
+    """Raised from the simulated disk's step hook: the power fails in the middle of an operation."""
+
+
+OPS_WITH_MID_CUTS = st.lists(
+    st.tuples(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(1, 6), st.integers(0, 2), st.integers(0, 300)),
+            st.tuples(st.just("sync")),
+            st.tuples(st.just("delete_from"), st.integers(0, 40)),
+            st.tuples(st.just("delete_to"), st.integers(0, 40)),
+            st.tuples(st.just("clear")),
+        ),
+        st.one_of(st.none(), st.integers(1, 12)),  # cut the power at this I/O step of the operation
+        st.integers(0, 2**32),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS_WITH_MID_CUTS)
+def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it(ops) -> None:
+    """A cut at any I/O step of an operation: recovery holds every entry durable before it,
+    nothing not in the log before or after it, and the first index of before or after."""
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+    model: list[tuple[bytes, int, int]] = []
+    first = 1
+    durable_last = 0
+    for op, cut_at, seed in ops:
+        steps = [0]
+
+        def hook(what: str) -> None:
+            steps[0] += 1
+            if steps[0] == cut_at:
+                raise _Cut(what)
+
+        io.step_hook = hook if cut_at is not None else None
+        kind = op[0]
+        after = list(model)
+        firsts = {first}
+        keep_last = durable_last  # entries up to here must survive whatever happens
+        try:
+            if kind == "add":
+                _, count, dterm, size = op
+                for k in range(count):
+                    idx = after[-1][1] + 1 if after else first
+                    term = (after[-1][2] if after else 1) + (dterm if k == 0 else 0)
+                    entry = (_payload(idx, term, size), idx, term)
+                    after.append(entry)
+                    j.append(idx, term, entry[0])
+            elif kind == "sync":
+                j.sync()
+                durable_last = after[-1][1] if after else durable_last
+            elif kind == "delete_from" and model:
+                index = first + op[1] % (len(model) + 1)
+                keep_last = min(durable_last, index - 1)
+                del after[index - first :]
+                j.delete_from(index)
+                durable_last = keep_last
+            elif kind == "delete_to" and model:
+                index = first + op[1] % len(model)
+                firsts.add(index)
+                del after[: index - first]
+                j.delete_to(index)
+                first = index
+            elif kind == "clear":
+                after = []
+                j.clear()
+                first = j.first_index
+                firsts.add(first)
+                durable_last = 0  # nothing is owed after a clear
+            model = after
+            continue
+        except _Cut:
+            pass
+        io.step_hook = None
+        io.power_cut(random.Random(seed))
+        j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+        got = list(j)
+        last = got[-1][1] if got else j.first_index - 1
+        if got:
+            assert got[0][1] in firsts, (got[0][1], firsts)
+            candidates = [m for m in (model, after) if m and m[0][1] <= got[0][1]]
+            assert any(m[got[0][1] - m[0][1] :][: len(got)] == got for m in candidates), (
+                "recovered entries are neither the log before nor after the operation"
+            )
+        if not (kind == "clear" and not got):  # a cut clear may have removed everything
+            assert last >= keep_last, f"entry {keep_last} was durable before a cut during {kind} and is lost"
+        model = got
+        first = got[0][1] if got else j.first_index
+        durable_last = last if got else 0  # an empty log owes nothing
+    io.step_hook = None
+
+
+def _journal_of_segments() -> tuple[SimIO, Journal, list[tuple[bytes, int, int]]]:
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=500, cache_entries_max=4)
+    log = [(_payload(i, 1 + i // 10, 100), i, 1 + i // 10) for i in range(1, 41)]
+    for entry in log:
+        j.append(entry[1], entry[2], entry[0])
+    j.sync()
+    assert len(io.listdir("/j")) > 5
+    return io, j, log
+
+
+OPERATIONS = {
+    "delete_to across segments": lambda j: j.delete_to(29),  # inside a segment
+    "delete_from across segments": lambda j: j.delete_from(9),
+    "clear": lambda j: j.clear(),
+    "append with roll-overs, then sync": lambda j: [
+        j.append(i, 5, _payload(i, 5, 300)) for i in range(41, 47)
+    ] and j.sync(),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERATIONS))
+def test_a_cut_at_every_io_step_of_an_operation_leaves_the_log_before_or_after_it(name) -> None:
+    operation = OPERATIONS[name]
+    _, done_j, log = _journal_of_segments()
+    operation(done_j)
+    after = list(done_j)
+    completed = False
+    for cut_at in range(1, 200):
+        io, j, _ = _journal_of_segments()
+        steps = [0]
+
+        def hook(what: str) -> None:
+            steps[0] += 1
+            if steps[0] == cut_at:
+                raise _Cut(what)
+
+        io.step_hook = hook
+        try:
+            operation(j)
+            completed = True
+        except _Cut:
+            pass
+        io.step_hook = None
+        io.power_cut()
+        got = list(Journal(io, "/j", segment_bytes=500))
+        if completed:
+            assert got == after, f"{name} returned before its effect was durable"
+            break
+        if name.startswith("append"):
+            assert got == after[: len(got)] and len(got) >= len(log)
+        elif name.startswith("delete_from"):  # a prefix of the log before, never shorter than after
+            assert got == log[: len(got)] and len(got) >= len(after)
+        else:
+            assert got in (log, after), f"cut after I/O step {cut_at} of {name}: neither before nor after"
+    assert completed
