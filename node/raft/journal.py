@@ -13,9 +13,11 @@ little-endian, the CRC32C covering ``length, term, index`` and the payload.
 Records are appended with ordinary writes; a segment is sealed (fdatasync'ed)
 when it reaches ``segment_bytes`` and the next one is started.
 
-Durability is explicit. :meth:`Journal.append` only writes. :meth:`Journal.sync`
-fdatasyncs what was written (and fsyncs the directory if segments were
-created) and returns the highest durable index. :class:`SyncBatcher` lets the
+Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
+own only when sealing a segment, or when more than ``unsynced_bytes_max``
+would be left unsynced). :meth:`Journal.sync` fdatasyncs what was written (and
+fsyncs the directory if segments were created) and returns the highest
+durable index. :class:`SyncBatcher` lets the
 node sync every journal written in one loop iteration once, after all of them
 wrote. Deleting a suffix (a follower's log conflicts with its leader) is made
 durable before it returns, so entries appended afterwards can never be
@@ -24,12 +26,15 @@ snapshot) records the new first index durably in ``start`` and then removes
 whole segments below it; a segment that still holds some covered entries is
 kept until all of it is covered.
 
-Recovery at open scans the segments from the first needed one. A record that
-fails its checks in the last segment is a torn tail: the segment is cut there
-and the cut (file, offset, bytes) is logged. A failing record in a sealed
-segment, or segments that do not follow each other, raise
-:class:`JournalCorrupt` naming the file and offset — a sealed segment was
-synced before its successor existed, so damage there is not a torn write.
+Recovery at open scans the segments from the first needed one. Only the
+unsynced tail can be torn by a power cut, and it lies in the last segment and
+spans at most ``unsynced_bytes_max`` bytes (recorded in each segment's header)
+or one record. A record that fails its checks there is a torn tail: the
+segment is cut at it and the cut (file, offset, bytes) is logged. A failing
+record anywhere else — in a sealed segment, or further from the end of the last
+one — and segments that do not follow each other raise :class:`JournalCorrupt`
+naming the file and offset. What recovery found is then synced, since after a
+crash of the process alone it may still be only in the page cache.
 
 Memory does not grow with the payloads: the journal keeps one 8-byte offset per
 record (``array('q')`` per segment), the term changes, and a bounded cache of
@@ -71,6 +76,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 * 1024 * 1024
+UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
 _SEGMENT_VERSION = 1
 _SEGMENT_HEADER = struct.Struct("<8sII")
@@ -125,7 +131,10 @@ class Journal:
     """One replica's Raft log, durable on :meth:`sync`; see the module docstring.
 
     ``cache_entries_max``/``cache_bytes_max`` bound the newest entries held in
-    memory; ``segment_bytes`` is the size at which a segment is sealed.
+    memory; ``segment_bytes`` is the size at which a segment is sealed;
+    ``unsynced_bytes_max`` bounds what may be written but not synced (an
+    append that would exceed it syncs first), which is what lets recovery tell
+    a torn tail from a damaged record (see :meth:`_scan`).
     ``batcher``, if given, is told each time this journal writes.
     """
 
@@ -137,6 +146,7 @@ class Journal:
         segment_bytes: int = SEGMENT_BYTES,
         cache_entries_max: int = 1024,
         cache_bytes_max: int = 8 * 1024 * 1024,
+        unsynced_bytes_max: int = UNSYNCED_BYTES_MAX,
         batcher: SyncBatcher | None = None,
     ) -> None:
         self._io = io
@@ -144,6 +154,8 @@ class Journal:
         self.segment_bytes = segment_bytes
         self.cache_entries_max = cache_entries_max
         self.cache_bytes_max = cache_bytes_max
+        self.unsynced_bytes_max = unsynced_bytes_max
+        self._unsynced_bytes = 0
         self._batcher = batcher
         self._segments: list[_Segment] = []
         self._active: FileHandle | None = None
@@ -223,8 +235,11 @@ class Journal:
         seg = self._segments[-1]
         if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
             seg = self._roll(index)
+        elif self._unsynced_bytes and self._unsynced_bytes + len(record) > self.unsynced_bytes_max:
+            self.sync()
         assert self._active is not None
         offset = self._active.append(record, check_space=check_space)
+        self._unsynced_bytes += len(record)
         seg.offsets.append(offset)
         seg.size = offset + len(record)
         self._last_index = index
@@ -250,7 +265,7 @@ class Journal:
         handle = self._io.open(path)
         try:
             handle.truncate(0)
-            handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, 0))
+            handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, self.unsynced_bytes_max))
         except BaseException:
             handle.close()
             self._io.unlink(path)
@@ -258,6 +273,7 @@ class Journal:
         if self._active is not None:
             self._active.close()
         self._active = handle
+        self._unsynced_bytes = SEGMENT_HEADER_BYTES
         seg = _Segment(path, first_index)
         self._segments.append(seg)
         self._dir_dirty = True
@@ -291,6 +307,7 @@ class Journal:
             self._data_dirty = False
             self._active.datasync()
             self.syncs += 1
+            self._unsynced_bytes = 0
         if self._dir_dirty:
             self._dir_dirty = False
             self._io.fsync_dir(self.directory)
@@ -324,6 +341,7 @@ class Journal:
         self._active.datasync()
         self.syncs += 1
         self._data_dirty = False
+        self._unsynced_bytes = 0
         if self._dir_dirty:
             self._dir_dirty = False
             self._io.fsync_dir(self.directory)
@@ -477,6 +495,7 @@ class Journal:
         if not segments:
             self._first_index = max(start, 1)
             self._last_index = self._first_index - 1
+            self.sync()
             return
         for k, (first, path) in enumerate(segments):
             last = k == len(segments) - 1
@@ -495,7 +514,11 @@ class Journal:
         if pos > 0:
             del self._run_index[:pos]
             del self._run_term[:pos]
-        self._synced_index = self._last_index
+        # What was read may still sit only in the page cache (the process died,
+        # the machine did not): make it durable before anyone counts on it.
+        self._data_dirty = True
+        self.sync()
+        self.syncs = 0
         for payload, _, _ in self._read_disk(
             max(self._first_index, self._last_index + 1 - self.cache_entries_max), self._last_index + 1
         ):
@@ -521,17 +544,16 @@ class Journal:
             size = handle.size
             seg = _Segment(path, first)
             header = handle.pread(0, SEGMENT_HEADER_BYTES)
-            if len(header) < SEGMENT_HEADER_BYTES or _SEGMENT_HEADER.unpack(header)[:2] != (
-                _SEGMENT_MAGIC,
-                _SEGMENT_VERSION,
-            ):
+            fields = _SEGMENT_HEADER.unpack(header) if len(header) == SEGMENT_HEADER_BYTES else None
+            if fields is None or fields[:2] != (_SEGMENT_MAGIC, _SEGMENT_VERSION):
                 if not is_last:
                     raise JournalCorrupt(f"{path}: bad segment header at offset 0")
                 log.warning("journal %s: torn segment header (%d bytes), rewriting it", path, size)
                 handle.truncate(0)
-                handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, 0))
+                handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, self.unsynced_bytes_max))
                 handle.datasync()
                 return seg
+            unsynced_max = fields[2]
             offset = SEGMENT_HEADER_BYTES
             index = first
             chunk_bytes = 4 * 1024 * 1024
@@ -581,6 +603,11 @@ class Journal:
             if problem:
                 if not is_last:
                     raise JournalCorrupt(f"{path}: {problem} at offset {offset} in a sealed segment")
+                if not self._may_be_torn(handle, offset, size, unsynced_max):
+                    raise JournalCorrupt(
+                        f"{path}: {problem} at offset {offset}, {size - offset} bytes before the end: more "
+                        f"than the {unsynced_max} bytes that can be unsynced, so not a torn write"
+                    )
                 log.warning(
                     "journal %s: torn tail cut at offset %d (%d bytes dropped: %s)",
                     path, offset, size - offset, problem,
@@ -591,6 +618,22 @@ class Journal:
             return seg
         finally:
             handle.close()
+
+    @staticmethod
+    def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int) -> bool:
+        """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
+
+        Only the unsynced tail can be torn, and it is at most ``unsynced_max``
+        bytes or a single record (an append larger than the bound syncs what
+        came before it), in which case the bad record reaches the end of file.
+        """
+        if size - offset <= unsynced_max:
+            return True
+        header = handle.pread(offset, RECORD_HEADER_BYTES)
+        if len(header) < RECORD_HEADER_BYTES:
+            return True
+        length = _RECORD.unpack(header)[0]
+        return length <= PAYLOAD_BYTES_MAX and offset + RECORD_HEADER_BYTES + length >= size
 
     # ------------------------------------------------------------------ pysyncobj's raft-log interface
     def add(self, command: bytes, idx: int, term: int) -> None:

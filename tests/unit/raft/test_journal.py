@@ -223,3 +223,55 @@ def test_clear_then_add_at_any_index(tmp_path) -> None:
     j = Journal(real(), str(tmp_path))
     assert list(j) == [(b"snap-prev", 500, 3), (b"snap", 501, 3)]
     assert segment_files(tmp_path) == [f"{500:020d}.wal"]
+
+
+def test_damage_further_from_the_end_than_the_unsynced_bound_is_refused(tmp_path) -> None:
+    """In the last segment too: only the last unsynced_bytes_max bytes can be a torn write."""
+    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
+    fill(j, 1, 40)
+    j.sync()
+    j.close()
+    path = tmp_path / segment_files(tmp_path)[0]
+    raw = bytearray(path.read_bytes())
+    offset = SEGMENT_HEADER_BYTES + 5 * (RECORD_HEADER_BYTES + 100)  # the sixth of 40 records
+    raw[offset + RECORD_HEADER_BYTES + 1] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(real(), str(tmp_path))
+    assert f"{path}: checksum mismatch at offset {offset}" in str(err.value)
+    assert "not a torn write" in str(err.value)
+
+
+def test_appends_sync_on_their_own_past_the_unsynced_bound(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
+    fill(j, 1, 20)  # 124 bytes each after a 16-byte segment header: synced before 8 and before 16
+    assert j.syncs == 2 and j.synced_index == 15
+    j.append(21, 1, b"b" * 5_000)  # one record larger than the bound
+    j.append(22, 1, b"c")
+    assert j.synced_index == 21
+
+
+def test_a_torn_record_larger_than_the_unsynced_bound_is_a_torn_tail(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
+    fill(j, 1, 3)
+    j.sync()
+    j.append(4, 1, b"big" * 2_000)
+    j.close()
+    path = tmp_path / segment_files(tmp_path)[0]
+    raw = bytearray(path.read_bytes())
+    raw[-3_000:-1_000] = bytes(2_000)  # its middle pages never reached the disk
+    path.write_bytes(bytes(raw))
+    assert Journal(real(), str(tmp_path)).last_index == 3
+
+
+def test_recovery_makes_page_cache_entries_durable() -> None:
+    """The process died without syncing; the machine then loses power after the restart."""
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 5)
+    j.sync()
+    fill(j, 6, 9)  # written, never synced; the process dies here
+    j = Journal(io, "/j")
+    assert j.synced_index == 9
+    io.power_cut()
+    assert Journal(io, "/j").last_index == 9

@@ -75,7 +75,7 @@ def test_raft_log_interface_matches_pysyncobj_memory_journal(ops) -> None:
 @given(OPS)
 def test_recovery_after_power_cuts_keeps_every_synced_entry_and_nothing_deleted(ops) -> None:
     io = SimIO()
-    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
     model: list[tuple[bytes, int, int]] = []  # the log as the journal holds it now
     first = 1  # the model's first index
     durable_last = 0  # every index in [first, durable_last] must survive a cut
@@ -110,7 +110,7 @@ def test_recovery_after_power_cuts_keeps_every_synced_entry_and_nothing_deleted(
         elif kind == "cut":
             _, seed, torn = op
             io.power_cut(random.Random(seed) if torn else None)
-            j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+            j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
             got = list(j)
             if got:
                 assert got[0][1] == first, "the durable first index moved"
@@ -147,7 +147,7 @@ def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it
     """A cut at any I/O step of an operation: recovery holds every entry durable before it,
     nothing not in the log before or after it, and the first index of before or after."""
     io = SimIO()
-    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
     model: list[tuple[bytes, int, int]] = []
     first = 1
     durable_last = 0
@@ -200,7 +200,7 @@ def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it
             pass
         io.step_hook = None
         io.power_cut(random.Random(seed))
-        j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4)
+        j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
         got = list(j)
         last = got[-1][1] if got else j.first_index - 1
         if got:
