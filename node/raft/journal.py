@@ -55,7 +55,8 @@ import os
 import struct
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import google_crc32c
@@ -681,14 +682,17 @@ class Journal:
         """pysyncobj: the commit index, never past the journal's end."""
         return max(1, min(self._commit_index, max(self._last_index, 1)))
 
-    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802
+    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:  # noqa: N802
         """pysyncobj: make term and vote durable before returning (Raft §5.1)."""
-        self.meta.store(term, votedForNodeId, self._stored_commit_hint())
+        voted = None if votedForNodeId is None else str(votedForNodeId)
+        self.meta.store(term, voted, self._stored_commit_hint())
 
     def getCurrentTerm(self) -> int:  # noqa: N802
+        """pysyncobj: the durable current term."""
         return self.meta.state.term
 
     def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        """pysyncobj: the durable vote of the current term."""
         return self.meta.state.voted_for
 
     def _stored_commit_hint(self) -> int:
@@ -708,6 +712,7 @@ class Journal:
         self.sync()
 
     def _destroy(self) -> None:
+        """pysyncobj: the node stops; sync and close."""
         self.close()
 
 
@@ -743,20 +748,14 @@ class SyncBatcher:
         self.rounds += 1
         return {j: j.sync() for j in dirty.values()}
 
-    def sync_all_threads(self, executor: object) -> dict[Journal, int]:
+    def sync_all_threads(self, executor: Executor) -> dict[Journal, int]:
         """Like :meth:`sync_all`, with the fdatasyncs issued concurrently on ``executor``.
 
-        ``executor`` is a ``concurrent.futures.Executor``. No journal may be
-        written to or truncated while this runs.
+        fdatasync releases the GIL, and ext4 commits concurrent ones together.
+        No journal may be written to or truncated while this runs.
         """
         dirty, self._dirty = self._dirty, {}
         self.rounds += 1
         journals = list(dirty.values())
-        results = list(executor.map(Journal.sync, journals))  # type: ignore[attr-defined]
+        results = list(executor.map(Journal.sync, journals))
         return dict(zip(journals, results, strict=True))
-
-
-def iter_payloads(entries: Iterable[Entry]) -> Iterator[bytes]:
-    """The payloads of ``entries``."""
-    for payload, _, _ in entries:
-        yield payload
