@@ -13,8 +13,9 @@ on the machine's disk) and prints, for entries of ~7 KB (a 50-push batch of
 - ``batched``: every loop iteration appends one entry to each of
   ``--partitions`` journals, then one :class:`SyncBatcher` round syncs them all
   — serially (``sync_all``) and concurrently on a thread pool
-  (``sync_all_threads``): entries/s and round latency p50/p99 (what a reply
-  waits);
+  (``sync_all_threads``) — and, for comparison, the same entries appended to
+  one node-wide journal with one sync per round: entries/s and round latency
+  p50/p99 (what a reply waits);
 - ``recovery``: time to open a journal of ``--recovery-records`` records of
   ``--recovery-payload`` bytes, and of ``--recovery-bytes`` bytes of ~7 KB
   records, with the memory the open journal holds. ``--drop-caches`` (root)
@@ -68,37 +69,55 @@ def per_entry(root: str, entries: int) -> None:
               f"  ({j.syncs} syncs for {entries} entries)")
 
 
-def batched(root: str, entries: int, partitions: int) -> None:
-    print(f"\n== batched: one entry into each of {partitions} journals per round, one SyncBatcher round")
-    rounds = max(1, entries // partitions)
+def batched(root: str, entries: int, partitions: int, blocks: int = 5) -> None:
+    print(f"\n== batched: one entry into each of {partitions} partitions per round, one sync round"
+          f" (modes interleaved in {blocks} blocks)")
+    rounds = max(1, entries // partitions // blocks)
+    modes = ("serial", "threads", "one journal")
     with ThreadPoolExecutor(partitions) as pool:
         for label, size in SIZES.items():
             payload = os.urandom(size)
-            for mode in ("serial", "threads"):
-                d = os.path.join(root, f"batch-{size}-{mode}")
-                batcher = SyncBatcher()
-                js = [Journal(RealIO(disk_free_min_bytes=0), os.path.join(d, f"p{k}"), batcher=batcher)
-                      for k in range(partitions)]
-                lat = []
-                t0 = time.perf_counter()
-                for i in range(1, rounds + 1):
-                    s = time.perf_counter()
-                    for j in js:
-                        j.append(i, 1, payload)
-                    if mode == "serial":
-                        batcher.sync_all()
-                    else:
-                        batcher.sync_all_threads(pool)
-                    lat.append(time.perf_counter() - s)
-                took = time.perf_counter() - t0
-                syncs = sum(j.syncs for j in js)
-                for j in js:
+            lat: dict[str, list[float]] = {m: [] for m in modes}
+            busy: dict[str, float] = dict.fromkeys(modes, 0.0)
+            syncs: dict[str, int] = dict.fromkeys(modes, 0)
+            journals = {}
+            batchers = {}
+            for mode in modes:
+                batchers[mode] = SyncBatcher()
+                count = 1 if mode == "one journal" else partitions
+                journals[mode] = [Journal(RealIO(disk_free_min_bytes=0),
+                                          os.path.join(root, f"batch-{size}", mode.replace(" ", "-"), f"p{k}"),
+                                          batcher=batchers[mode]) for k in range(count)]
+            done = dict.fromkeys(modes, 0)
+            for _ in range(blocks):
+                for mode in modes:
+                    js, batcher = journals[mode], batchers[mode]
+                    t0 = time.perf_counter()
+                    for _ in range(rounds):
+                        s = time.perf_counter()
+                        i = done[mode] = done[mode] + 1
+                        if mode == "one journal":  # a node-wide journal: every partition's entry, one sync
+                            for k in range(partitions):
+                                js[0].append((i - 1) * partitions + k + 1, 1, payload)
+                        else:
+                            for j in js:
+                                j.append(i, 1, payload)
+                        if mode == "threads":
+                            batcher.sync_all_threads(pool)
+                        else:
+                            batcher.sync_all()
+                        lat[mode].append(time.perf_counter() - s)
+                    busy[mode] += time.perf_counter() - t0
+            for mode in modes:
+                syncs[mode] = sum(j.syncs for j in journals[mode])
+                for j in journals[mode]:
                     j.close()
-                shutil.rmtree(d)
-                n = rounds * partitions
-                print(f"{label:>24} {mode:>7}: {n / took:8.0f} entries/s {n * size / took / 1e6:7.1f} MB/s"
-                      f"  round p50 {pct(lat, 0.5) * 1e3:.3f} ms  p99 {pct(lat, 0.99) * 1e3:.3f} ms"
-                      f"  ({syncs} syncs, {rounds} rounds)")
+                n = done[mode] * partitions
+                print(f"{label:>24} {mode:>11}: {n / busy[mode]:8.0f} entries/s"
+                      f" {n * size / busy[mode] / 1e6:7.1f} MB/s"
+                      f"  round p50 {pct(lat[mode], 0.5) * 1e3:.3f} ms  p99 {pct(lat[mode], 0.99) * 1e3:.3f} ms"
+                      f"  ({syncs[mode]} syncs, {done[mode]} rounds)")
+            shutil.rmtree(os.path.join(root, f"batch-{size}"))
 
 
 def drop_caches() -> None:
@@ -145,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["per-entry", "batched", "recovery"], default=None)
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="bench-journal-", dir=args.dir)
-    print(f"python {platform.python_version()} on {platform.machine()}, journals under {root}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus, "
+          f"load average {load}, journals under {root}")
     try:
         if args.only in (None, "per-entry"):
             per_entry(root, args.entries)
