@@ -401,6 +401,8 @@ class _SimFile(FileHandle):
 
     def datasync(self) -> None:
         inode = self._live()
+        if self._io.fail_syncs_errno is not None:
+            raise OSError(self._io.fail_syncs_errno, os.strerror(self._io.fail_syncs_errno))
         self._io.sync_calls += 1
         inode.synced = bytes(inode.data)
         self._io._step(f"sync {self.path}")
@@ -426,6 +428,7 @@ class SimIO(FileIO):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.capacity_bytes = capacity_bytes
         self.fail_writes_errno: int | None = None
+        self.fail_syncs_errno: int | None = None
         self.epoch = 0
         self.sync_calls = 0
         self._names: dict[str, _Inode] = {}
@@ -473,6 +476,8 @@ class SimIO(FileIO):
 
     def fsync_dir(self, directory: str) -> None:
         prefix = directory.rstrip("/") + "/"
+        if self.fail_syncs_errno is not None:
+            raise OSError(self.fail_syncs_errno, os.strerror(self.fail_syncs_errno))
         self.sync_calls += 1
 
         def in_dir(name: str) -> bool:

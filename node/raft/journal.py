@@ -69,6 +69,7 @@ __all__ = [
     "Journal",
     "JournalCorrupt",
     "NoSpace",
+    "SyncFailed",
     "SyncBatcher",
     "SEGMENT_BYTES",
     "RECORD_HEADER_BYTES",
@@ -96,6 +97,16 @@ Entry = tuple[bytes, int, int]
 
 class JournalCorrupt(Exception):
     """A journal record that cannot be a torn tail is damaged; the message names file and offset."""
+
+
+class SyncFailed(OSError):
+    """An fdatasync/fsync of the journal failed; the journal refuses all further use.
+
+    After a failed fsync Linux may have dropped the dirty pages and a retry can
+    report success without writing them, so nothing written since the last good
+    sync can be trusted: the partition must be reopened (recovery reads what is
+    really on disk).
+    """
 
 
 def _crc(length: int, term: int, index: int, payload: bytes) -> int:
@@ -162,6 +173,7 @@ class Journal:
         self.cache_bytes_max = cache_bytes_max
         self.unsynced_bytes_max = unsynced_bytes_max
         self._unsynced_bytes = 0
+        self._failed: str | None = None
         self._batcher = batcher
         self.sync_every_append = sync_every_append
         self._segments: list[_Segment] = []
@@ -231,6 +243,7 @@ class Journal:
         ``disk_free_min_bytes``; a real ``ENOSPC`` is refused either way. A
         refused append leaves the journal as it was.
         """
+        self._check_usable()
         if self._last_index >= self._first_index:
             if index != self._last_index + 1:
                 raise ValueError(f"append index {index} does not follow last index {self._last_index}")
@@ -293,8 +306,7 @@ class Journal:
         # so after a power cut only the last segment can have a torn tail.
         assert self._active is not None
         old = self._active
-        old.datasync()
-        self.syncs += 1
+        self._datasync(old)
         if not self._dir_dirty:
             self._synced_index = self._last_index
         self._data_dirty = False
@@ -304,6 +316,25 @@ class Journal:
             self._active = old
             raise
 
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise SyncFailed(self._failed)
+
+    def _datasync(self, handle: FileHandle) -> None:
+        try:
+            handle.datasync()
+        except OSError as exc:
+            self._failed = f"{self.directory}: fdatasync of {handle.path} failed ({exc}); reopen the journal"
+            raise SyncFailed(self._failed) from exc
+        self.syncs += 1
+
+    def _fsync_dir(self) -> None:
+        try:
+            self._io.fsync_dir(self.directory)
+        except OSError as exc:
+            self._failed = f"{self.directory}: directory fsync failed ({exc}); reopen the journal"
+            raise SyncFailed(self._failed) from exc
+
     def _mark_dirty(self) -> None:
         self._data_dirty = True
         if self._batcher is not None:
@@ -312,19 +343,20 @@ class Journal:
     def sync(self) -> int:
         """fdatasync everything written so far; return the highest durable index."""
         target = self._last_index
+        self._check_usable()
         if self._data_dirty and self._active is not None:
+            self._datasync(self._active)
             self._data_dirty = False
-            self._active.datasync()
-            self.syncs += 1
             self._unsynced_bytes = 0
         if self._dir_dirty:
+            self._fsync_dir()
             self._dir_dirty = False
-            self._io.fsync_dir(self.directory)
         self._synced_index = max(self._synced_index, target)
         return self._synced_index
 
     def delete_from(self, index: int) -> None:
         """Delete entries ``index`` and later, durably before returning (Raft §5.3 conflict)."""
+        self._check_usable()
         if index > self._last_index:
             return
         index = max(index, self._first_index)
@@ -339,7 +371,7 @@ class Journal:
                 self._active.close()
             self._active = self._io.open(self._segments[-1].path, create=False)
         if dropped:
-            self._io.fsync_dir(self.directory)
+            self._fsync_dir()
         seg = self._segments[-1]
         keep = index - seg.first_index
         cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.size
@@ -347,13 +379,12 @@ class Journal:
         seg.size = cut
         assert self._active is not None
         self._active.truncate(cut)
-        self._active.datasync()
-        self.syncs += 1
+        self._datasync(self._active)
         self._data_dirty = False
         self._unsynced_bytes = 0
         if self._dir_dirty:
+            self._fsync_dir()
             self._dir_dirty = False
-            self._io.fsync_dir(self.directory)
         removed = self._last_index - index + 1
         self._last_index = index - 1
         self._synced_index = min(self._synced_index, self._last_index)
@@ -371,6 +402,7 @@ class Journal:
         The new first index is made durable first; then whole segments below
         it are removed (their removal is made durable by the next :meth:`sync`).
         """
+        self._check_usable()
         index = min(index, self._last_index + 1)
         if index <= self._first_index:
             return
@@ -389,6 +421,7 @@ class Journal:
 
     def clear(self) -> None:
         """Delete every entry, durably before returning."""
+        self._check_usable()
         self._drop_all_segments()
         self._first_index = self._last_index + 1
 
@@ -399,7 +432,7 @@ class Journal:
         for seg in self._segments:
             self._io.unlink(seg.path)
         if self._segments:
-            self._io.fsync_dir(self.directory)
+            self._fsync_dir()
         self._segments.clear()
         if self._start != 0:
             self._store_start(0)
@@ -419,12 +452,15 @@ class Journal:
         )
 
     def close(self) -> None:
-        """Sync and close the files."""
+        """Sync and close the files (after a failed sync: only close them)."""
         if self._active is not None:
-            self.sync()
-            self.onOneSecondTimer()
-            self._active.close()
-            self._active = None
+            try:
+                if self._failed is None:
+                    self.sync()
+                    self.onOneSecondTimer()
+            finally:
+                self._active.close()
+                self._active = None
 
     # ------------------------------------------------------------------ reads
     def _cache_push(self, payload: bytes) -> None:

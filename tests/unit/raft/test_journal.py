@@ -275,3 +275,31 @@ def test_recovery_makes_page_cache_entries_durable() -> None:
     assert j.synced_index == 9
     io.power_cut()
     assert Journal(io, "/j").last_index == 9
+
+
+def test_a_failed_fdatasync_poisons_the_journal_until_it_is_reopened() -> None:
+    """A retried fsync may 'succeed' after the kernel dropped the dirty pages: never retry."""
+    import errno
+
+    from shoal.node.raft.journal import SyncFailed
+
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 5)
+    j.sync()
+    fill(j, 6, 8)
+    io.fail_syncs_errno = errno.EIO
+    with pytest.raises(SyncFailed, match="fdatasync of /j/.* failed"):
+        j.sync()
+    io.fail_syncs_errno = None
+    with pytest.raises(SyncFailed):
+        j.sync()
+    with pytest.raises(SyncFailed):
+        j.append(9, 1, b"x")
+    assert j.synced_index == 5
+    j.close()  # closes without syncing
+    io.power_cut()
+    j = Journal(io, "/j")
+    assert j.last_index == 5
+    fill(j, 6, 6)
+    assert j.sync() == 6
