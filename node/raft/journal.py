@@ -5,7 +5,7 @@ Theory of operation
 The log is a run of entries ``(index, term, payload)`` with contiguous
 indexes and non-decreasing terms. It lives in a directory of segment files
 named ``<first index, 20 digits>.wal``; each starts with a 16-byte header
-(magic, format version) followed by records::
+(magic, format version, the unsynced-bytes bound) followed by records::
 
     length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
 
@@ -17,11 +17,13 @@ Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
 own only when sealing a segment, or when more than ``unsynced_bytes_max``
 would be left unsynced). :meth:`Journal.sync` fdatasyncs what was written (and
 fsyncs the directory if segments were created) and returns the highest
-durable index. :class:`SyncBatcher` lets the
-node sync every journal written in one loop iteration once, after all of them
-wrote. Deleting a suffix (a follower's log conflicts with its leader) is made
-durable before it returns, so entries appended afterwards can never be
-followed by stale ones after a power cut. Deleting a prefix (after a
+durable index; a failed sync raises :class:`SyncFailed` and the journal
+refuses all further use until reopened. :class:`SyncBatcher` lets the node sync
+every journal written in one loop iteration once, after all of them wrote.
+Deleting a suffix (a follower's log conflicts with its leader) is made durable
+before it returns, whole segments first, so every state a power cut can leave
+is a prefix of the log and entries appended afterwards can never be followed by
+stale ones. Deleting a prefix (after a
 snapshot) records the new first index durably in ``start`` and then removes
 whole segments below it; a segment that still holds some covered entries is
 kept until all of it is covered.
@@ -35,6 +37,9 @@ record anywhere else — in a sealed segment, or further from the end of the las
 one — and segments that do not follow each other raise :class:`JournalCorrupt`
 naming the file and offset. What recovery found is then synced, since after a
 crash of the process alone it may still be only in the page cache.
+
+The directory also holds ``meta`` (term, vote, commit hint: :mod:`.meta`) and
+``start`` (the durable first index after a prefix drop).
 
 Memory does not grow with the payloads: the journal keeps one 8-byte offset per
 record (``array('q')`` per segment), the term changes, and a bounded cache of
@@ -129,6 +134,7 @@ class _Segment:
     first_index: int
     offsets: array = field(default_factory=lambda: array("q"))
     size: int = SEGMENT_HEADER_BYTES
+    unsynced_max: int = UNSYNCED_BYTES_MAX  # as recorded in its header: recovery relies on it
 
     @property
     def next_index(self) -> int:
@@ -255,7 +261,7 @@ class Journal:
         seg = self._segments[-1]
         if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
             seg = self._roll(index)
-        elif self._unsynced_bytes and self._unsynced_bytes + len(record) > self.unsynced_bytes_max:
+        elif self._unsynced_bytes and self._unsynced_bytes + len(record) > seg.unsynced_max:
             self.sync()
         assert self._active is not None
         offset = self._active.append(record, check_space=check_space)
@@ -296,7 +302,7 @@ class Journal:
             self._active.close()
         self._active = handle
         self._unsynced_bytes = SEGMENT_HEADER_BYTES
-        seg = _Segment(path, first_index)
+        seg = _Segment(path, first_index, unsynced_max=self.unsynced_bytes_max)
         self._segments.append(seg)
         self._dir_dirty = True
         return seg
@@ -587,7 +593,7 @@ class Journal:
         handle = self._io.open(path, create=False)
         try:
             size = handle.size
-            seg = _Segment(path, first)
+            seg = _Segment(path, first, unsynced_max=self.unsynced_bytes_max)
             header = handle.pread(0, SEGMENT_HEADER_BYTES)
             fields = _SEGMENT_HEADER.unpack(header) if len(header) == SEGMENT_HEADER_BYTES else None
             if fields is None or fields[:2] != (_SEGMENT_MAGIC, _SEGMENT_VERSION):
@@ -598,7 +604,7 @@ class Journal:
                 handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, self.unsynced_bytes_max))
                 handle.datasync()
                 return seg
-            unsynced_max = fields[2]
+            unsynced_max = seg.unsynced_max = fields[2]
             offset = SEGMENT_HEADER_BYTES
             index = first
             chunk_bytes = 4 * 1024 * 1024

@@ -303,3 +303,12 @@ def test_a_failed_fdatasync_poisons_the_journal_until_it_is_reopened() -> None:
     assert j.last_index == 5
     fill(j, 6, 6)
     assert j.sync() == 6
+
+
+def test_the_unsynced_bound_of_a_segment_holds_across_a_reopen_with_another_setting(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
+    fill(j, 1, 3)
+    j.close()
+    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000_000)
+    fill(j, 4, 30)  # still bounded by the 1,000 bytes its segment's header promises
+    assert j.synced_index >= 22
