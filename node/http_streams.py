@@ -8,20 +8,19 @@ All three run their commands through the dispatcher on an
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, decode_request, encode, raw_of
+from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, check_depth, decode_request, encode, raw_of
 from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
 
 from .http_conn import HttpConnection
 from .http_forward import Forwarder
-from .http_util import dumps, error_response, json_response, sse
+from .http_util import dumps, error_response, json_response, loads_bounded, sse
 
 if TYPE_CHECKING:
     from .server import Node
@@ -280,14 +279,16 @@ class StreamHandlers:
                 binary_events[0] = binary
                 try:
                     if binary:  # the binary protocol's own decoder: job data stays raw bytes
+                        check_depth(msg.data)
                         frame = decode_request(msg.data, raw_data=True)
                     else:
-                        frame = json.loads(msg.data)
+                        frame = loads_bounded(msg.data)
                         if not isinstance(frame, dict) or not isinstance(frame.get("cmd"), str) or not frame["cmd"]:
                             raise ProtocolError("a frame is a JSON object with a non-empty string cmd")
                         _rawify(frame)
                 except (ValueError, ProtocolError) as exc:
-                    err: dict[str, Any] = {"ok": False, "code": "PROTOCOL_ERROR", "error": str(exc)}
+                    code = exc.code.value if isinstance(exc, ProtocolError) else "PROTOCOL_ERROR"
+                    err: dict[str, Any] = {"ok": False, "code": code, "error": str(exc)}
                     if isinstance(exc, ProtocolError) and exc.req_id is not None:
                         err["reqId"] = exc.req_id
                     await send(err, binary)
