@@ -301,3 +301,53 @@ def test_identify_cannot_adopt_a_guessed_session(cluster: LocalCluster) -> None:
                 break
             time.sleep(0.1)
         assert state == "waiting"
+
+
+# --- 5. the memory budget ----------------------------------------------------------------------
+
+def test_memory_budget_refuses_new_jobs_while_consumers_drain(tmp_path_factory: pytest.TempPathFactory) -> None:
+    budget = 200 * MiB  # high-water mark 180 MiB: a node starts well under it
+    env = {"SHOAL_MEMORY_MAX_BYTES": str(budget)}
+    with LocalCluster(nodes=1, partitions=2, data_dir=tmp_path_factory.mktemp("budget"),
+                      base_port=free_base_port(1, 2), tokens=(TOKEN,), extra_env=env,
+                      node_command=NODE_COMMAND) as cl, authed(cl.addresses[0]) as c:
+        queue, payload = "budget", b"x" * MiB
+        pushed: list[str] = []
+        refusal: dict[str, Any] | None = None
+        for _ in range(400):  # bounded: ~3 MiB of RSS per 1 MiB job crosses the mark well before
+            reply = c.call({"cmd": "PUSH", "queue": queue, "data": payload})
+            if not reply["ok"]:
+                refusal = reply
+                break
+            pushed.append(reply["id"])
+            if len(pushed) % 10 == 0:
+                time.sleep(0.15)  # let the watchdog sample (every 0.1 s)
+        assert refusal is not None and refusal["code"] == "OVERLOADED", refusal
+        assert "memory_max_bytes" in refusal["error"] and pushed
+        assert c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 1}]})["code"] == "OVERLOADED"
+        # Consumers keep working: pull and ack, delete.
+        for _ in range(3):
+            got = c.call({"cmd": "PULL", "queue": queue})
+            assert got["ok"] and got["job"] is not None
+            assert c.call({"cmd": "ACK", "id": got["job"]["id"], "token": got["token"]})["ok"]
+        assert c.call({"cmd": "Cancel", "id": pushed[-1]})["ok"]
+        n = cl.config.nodes[0]
+
+        async def http() -> None:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+                base = f"http://{n.host}:{n.http_port}"
+                async with s.post(base + f"/queues/{queue}/jobs", json={"data": 1}) as r:
+                    assert r.status == 503 and r.headers["Retry-After"]
+                    assert (await r.json())["code"] == "OVERLOADED"
+                async with s.get(base + "/health") as r:
+                    memory = (await r.json())["memory"]
+                    assert memory["budgetBytes"] == budget and memory["refusingNewJobs"] is True
+                    assert memory["usedBytes"] > memory["highWaterBytes"]
+                async with s.get(base + "/prometheus") as r:
+                    text = await r.text()
+                    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                              if line and not line.startswith("#")}
+                    assert values["shoal_memory_budget_bytes"] == budget and values["shoal_memory_refusing"] == 1
+                    assert "shoal_event_loop_lag_seconds_bucket" in text
+
+        asyncio.run(http())
