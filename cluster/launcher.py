@@ -22,7 +22,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import click
 
 from .codec import FrameDecoder, encode
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS
 from .topology import Topology
 
 __all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
@@ -372,16 +374,28 @@ def cluster_group() -> None:
               help="Replicas per partition (capped at the node count).")
 @click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
                                              "(stop them with `shoal cluster down`).")
-def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool) -> None:
+@click.option("--token", "tokens", multiple=True, metavar="TOKEN",
+              help="Client token the nodes require (repeatable). Default: SHOAL_AUTH_TOKENS, else none.")
+def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool,
+               tokens: tuple[str, ...]) -> None:
     """Start N local nodes and wait until every partition has a leader and every node is ready.
 
     Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
     again on the same --data to bring the same cluster back with its data.
     """
+    tokens, node_env = _security_from_env(tokens, os.environ)
     try:
-        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication)
+        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication, tokens=tokens,
+                               extra_env=node_env)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if tokens and cluster.config.tokens != tokens:  # an existing cluster.toml: the flags win
+        cluster.config = replace(cluster.config, tokens=tokens)
+        cluster.config_path.write_text(cluster.config.to_toml())
+        click.echo(f"{cluster.config_path}: client tokens replaced", err=True)
+    if not cluster.config.tokens:
+        click.echo("warning: no client tokens: every local process can use this cluster "
+                   "(secure it with --token)", err=True)
     if cluster.config_path.exists() and (len(cluster.config.nodes), cluster.config.partitions) != (nodes, partitions):
         click.echo(f"reusing {cluster.config_path}: {len(cluster.config.nodes)} nodes, "
                    f"{cluster.config.partitions} partitions (flags ignored)", err=True)
@@ -414,7 +428,8 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     for n in cluster.config.nodes:
         click.echo(f"  {n.id}: client {n.host}:{n.port}  http http://{n.host}:{n.http_port}  "
                    f"pid {cluster.pid(n.id)}")
-    click.echo(f"Connect with: Client({cluster.addresses!r})")
+    token_hint = ", token=..." if cluster.config.tokens else ""
+    click.echo(f"Connect with: Client({cluster.addresses!r}{token_hint})")
     if detach:
         click.echo("Detached; stop with: shoal cluster down --data " + str(cluster.data_dir))
         return
@@ -431,6 +446,27 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     click.echo("stopping...")
     cluster.stop()
     click.echo("stopped")
+
+
+#: ``SHOAL_*`` variables ``shoal cluster up`` passes to its nodes: limits and TLS apply to every
+#: node alike. SHOAL_AUTH_TOKENS becomes the cluster file's tokens; SHOAL_CLUSTER_SECRET is the
+#: concern of ``--secret``. Any other (ports, peers, node id, data dir...) would contradict the
+#: layout the launcher writes, so it is refused rather than silently dropped.
+_PASSED_TO_NODES = frozenset(LIMITS_ENV_VARS) | frozenset(TLS_ENV_VARS)
+_HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET"})
+
+
+def _security_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The tokens to use and the variables to pass to the nodes; ClickException for the rest."""
+    refused = sorted(k for k, v in env.items() if k.startswith("SHOAL_") and v and not k.startswith("SHOAL_TEST_")
+                     and k not in _PASSED_TO_NODES and k not in _HANDLED_ELSEWHERE)
+    if refused:
+        raise click.ClickException(
+            f"{', '.join(refused)} set, but `shoal cluster up` lays its nodes out itself (flags and "
+            "<data>/cluster.toml) and would not apply them: unset them, or edit cluster.toml")
+    if not tokens and env.get("SHOAL_AUTH_TOKENS"):
+        tokens = tuple(t.strip() for t in env["SHOAL_AUTH_TOKENS"].split(",") if t.strip())
+    return tuple(tokens), {k: v for k, v in env.items() if k in _PASSED_TO_NODES and v}
 
 
 def _pids_in(data_dir: Path) -> Iterator[tuple[str, int, Path]]:
