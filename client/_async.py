@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ __all__ = ["AsyncClient", "PROCESS_SESSION"]
 
 #: One lease session per process by default: clients in a process share pools and leases, and a
 #: reconnecting connection identifies with it again so its leases survive within the node's grace.
-PROCESS_SESSION = f"c-{uuid.uuid4().hex[:16]}"
+PROCESS_SESSION = f"c-{secrets.token_hex(16)}"  # 128 random bits: Identify takes a session over by id
 _EVENTS_BUFFERED_MAX = 100_000
 _ = _SHARED_POOLS  # re-exported for tests and tools
 

@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ import click
 
 from .codec import FrameDecoder, encode
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
-from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings
 from .topology import Topology
 
 __all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
@@ -92,9 +93,13 @@ def free_base_port(nodes: int = 3, partitions: int = 8, low: int = 20_000, high:
     raise RuntimeError(f"no free port range found in {attempts_max} attempts")
 
 
-def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None) -> dict[str, Any]:
+def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None,
+          ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """One synchronous Hello (after Auth when a token is given); returns the reply."""
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
+        if ssl_context is not None:
+            sock = stack.enter_context(ssl_context.wrap_socket(sock, server_hostname=host))
         frames = []
         if token:
             frames.append({"cmd": "Auth", "token": token, "reqId": 0})
@@ -113,10 +118,12 @@ def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None
         raise TimeoutError("no Hello reply")
 
 
-def node_ready(host: str, http_port: int, timeout_s: float = 1.0) -> bool:
+def node_ready(host: str, http_port: int, timeout_s: float = 1.0, ssl_context: ssl.SSLContext | None = None) -> bool:
     """True when the node's ``/ready`` answers 200 (open without a token)."""
+    scheme = "https" if ssl_context is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://{host}:{http_port}/ready", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"{scheme}://{host}:{http_port}/ready", timeout=timeout_s,
+                                    context=ssl_context) as r:
             return bool(r.status == 200)
     except (OSError, urllib.error.URLError):  # HTTPError (the 503) is a URLError
         return False
@@ -144,7 +151,7 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, partitions: int = 8, data_dir: str | os.PathLike[str] = ".shoal",
                  base_port: int = 6789, replication: int = 3, tokens: tuple[str, ...] = (),
                  secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None,
-                 node_command: list[str] | None = None) -> None:
+                 node_command: list[str] | None = None, tls: TlsSettings | None = None) -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be 1..{NODES_MAX}")
         self.data_dir = Path(data_dir).absolute()
@@ -161,7 +168,9 @@ class LocalCluster:
                 specs.append(NodeSpec(f"n{i + 1}", "127.0.0.1", client, http, raft))
             self.config = ClusterConfig(nodes=tuple(specs), partitions=partitions, replication=replication,
                                         tokens=tuple(tokens), secret=secret, session_grace_ms=session_grace_ms,
-                                        data_dir=str(self.data_dir)).validate()
+                                        data_dir=str(self.data_dir), tls=tls).validate()
+        # The launcher's own Hello and /ready checks speak TLS when the nodes do.
+        self.ssl_context: ssl.SSLContext | None = self.config.tls.client_context() if self.config.tls else None
 
     # --- info ----------------------------------------------------------------------------------
 
@@ -254,7 +263,8 @@ class LocalCluster:
 
     def nodes_ready(self) -> bool:
         """True when every running node's ``/ready`` answers 200."""
-        return all(node_ready(n.host, n.http_port) for n in map(self.config.node, self.pids))
+        return all(node_ready(n.host, n.http_port, ssl_context=self.ssl_context)
+                   for n in map(self.config.node, self.pids))
 
     def wait_balanced(self, timeout_s: float = 15.0) -> bool:
         """Wait until every partition is led by its preferred replica and every node is ready again.
@@ -278,7 +288,7 @@ class LocalCluster:
         for node_id in self.pids:
             n = self.config.node(node_id)
             try:
-                reply = hello(n.host, n.port, 1.0, token)
+                reply = hello(n.host, n.port, 1.0, token, self.ssl_context)
             except (OSError, TimeoutError):
                 continue
             if not reply.get("ok"):
@@ -511,7 +521,8 @@ def cluster_status(data_dir: str) -> None:
         click.echo(f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}")
         if alive:
             with contextlib.suppress(OSError, TimeoutError):
-                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None)
+                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None,
+                              config.tls.client_context() if config.tls else None)
                 if reply.get("ok"):
                     t = Topology.from_wire(reply["topology"])
                     topo = t if topo is None else topo.merge(t)

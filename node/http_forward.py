@@ -41,6 +41,8 @@ class Forwarder:
     def __init__(self, node: "Node") -> None:
         self.node = node
         self._session: aiohttp.ClientSession | None = None
+        tls = node.config.tls
+        self._ssl = tls.client_context() if tls else None  # peers speak HTTPS when this node does
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -48,7 +50,7 @@ class Forwarder:
             # (the client's disconnect cancels it); only connecting is bounded.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl or False), auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
@@ -63,7 +65,7 @@ class Forwarder:
                 or info.id == self.node.node_id:
             return json_response(reply, STATUS_BY_CODE["NOT_LEADER"])
         host = f"[{info.host}]" if ":" in info.host else info.host
-        url = f"http://{host}:{info.http_port}{request.path_qs}"
+        url = f"{'https' if self._ssl else 'http'}://{host}:{info.http_port}{request.path_qs}"
         headers = {FORWARDED_HEADER: self.node.node_id}
         for name in ("Authorization", "Content-Type", "Accept", "Last-Event-ID"):
             if name in request.headers:
