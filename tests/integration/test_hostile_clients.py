@@ -33,6 +33,7 @@ LIMITS_ENV = {
     "SHOAL_UNAUTHENTICATED_IDLE_MS": "1500",
     "SHOAL_CONNECTIONS_PER_ADDRESS_MAX": str(PER_ADDRESS_MAX),
     "SHOAL_OUTPUT_HIGH_BYTES": str(1 << 20),
+    "SHOAL_OUTPUT_MAX_BYTES": str(8 << 20),
 }
 MiB = 1 << 20
 
@@ -262,6 +263,28 @@ def test_a_client_that_never_reads_costs_bounded_memory(cluster: LocalCluster) -
         assert got == 200
 
 
+def test_a_subscriber_that_never_reads_is_cut_off(cluster: LocalCluster) -> None:
+    queue = "unread-events"
+    address = cluster.address_of(leader_of(cluster, queue))
+    with authed(address) as pusher, authed(address) as sub:
+        sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        assert sub.call({"cmd": "Subscribe", "queue": queue})["ok"]
+        for _ in range(30):  # 300,000 events of ~60 bytes: ~18 MB for a reader that never reads
+            assert pusher.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 1}] * 10_000})["ok"]
+        assert ping_s(pusher) < 1.0
+        received = 0
+        sub.sock.settimeout(10.0)
+        for _ in range(100_000):  # now read: the stream ends (the node closed it) before the last event
+            try:
+                data = sub.sock.recv(1 << 20)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            received += len(data)
+        assert received < 16 << 20
+
+
 # --- sessions ------------------------------------------------------------------------------------
 
 def _neighbours(session: str) -> list[str]:
@@ -351,3 +374,22 @@ def test_memory_budget_refuses_new_jobs_while_consumers_drain(tmp_path_factory: 
                     assert "shoal_event_loop_lag_seconds_bucket" in text
 
         asyncio.run(http())
+
+
+def test_websocket_without_a_header_is_held_to_the_pre_auth_rules(cluster: LocalCluster) -> None:
+    n = cluster.config.nodes[0]
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(f"http://{n.host}:{n.http_port}/ws") as ws:   # a big message before Auth
+                await ws.send_bytes(b"\x80" * (1 << 20))
+                msg = await ws.receive(timeout=10)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
+            async with s.ws_connect(f"http://{n.host}:{n.http_port}/ws") as ws:   # three wrong tokens
+                for i in range(3):
+                    await ws.send_str(f'{{"cmd":"Auth","token":"wrong","reqId":{i}}}')
+                    assert (await ws.receive_json(timeout=10))["code"] == "AUTH_FAILED"
+                msg = await ws.receive(timeout=10)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+
+    asyncio.run(main())
