@@ -6,10 +6,11 @@ value nested deeper than :data:`DEPTH_MAX` is refused before it is decoded,
 so no decoder (node, HTTP edge, client) ever meets it.
 
 The check costs nothing for short input: nesting ``n`` levels takes at least
-``n`` bytes, and at least ``n`` bytes that could start a container, which
-:func:`msgpack_too_deep` counts in C (``bytes.translate``) before it walks
-the value headers in Python. Only a frame with ``DEPTH_MAX`` such bytes is
-walked, once.
+``n`` bytes. Longer input gets a walk over its value headers of at most
+2,048 values (small job data, and deep nesting, end there); past that, a C
+count of the bytes that could start a container (``bytes.translate``) clears
+most input, and only input with more than ``DEPTH_MAX`` of them is walked
+further, up to :data:`WALK_VALUES_MAX` values.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ __all__ = ["DEPTH_MAX", "msgpack_too_deep", "json_too_deep", "msgpack_req_id", "
 
 #: Deepest nesting of maps and arrays accepted in a request, job data included.
 DEPTH_MAX = 512
+#: Values the exact walk steps over at most (~15 ms of Python). Nesting past DEPTH_MAX that
+#: only starts beyond them meets the decoders' own bound instead (msgspec's RecursionError near
+#: 1,000 levels, answered INVALID too); this keeps the check's cost bounded per frame.
+WALK_VALUES_MAX = 100_000
+_QUICK_WALK_VALUES = 2_048
 
 # Every byte that cannot start a map or an array (fixmap, fixarray, array16/32, map16/32):
 # deleting them leaves one byte per possible container header (~0.4 ns a byte, in C).
@@ -45,12 +51,17 @@ def msgpack_too_deep(payload: bytes | memoryview, limit: int = DEPTH_MAX) -> boo
     if len(payload) <= limit:
         return False
     data = bytes(payload)
+    verdict = _walk_depth(data, limit, _QUICK_WALK_VALUES)  # small values and deep attacks end here
+    if verdict is not None:
+        return verdict
     if len(data.translate(None, _NOT_CONTAINER)) <= limit:
         return False
-    return _walk_depth(data, limit)
+    return _walk_depth(data, limit, WALK_VALUES_MAX) is True
 
 
-def _walk_depth(data: bytes, limit: int) -> bool:
+def _walk_depth(data: bytes, limit: int, values_max: int) -> bool | None:
+    """Walk value headers (skipping strings and binaries by their length); None when
+    ``values_max`` values were stepped over without a verdict."""
     # A stack of remaining element counts per open container; maps count keys and values.
     stack: list[int] = []
     pos, end = 0, len(data)
@@ -60,6 +71,9 @@ def _walk_depth(data: bytes, limit: int) -> bool:
             if not stack:
                 return False
             remaining = stack.pop()
+        values_max -= 1
+        if values_max < 0:
+            return None
         remaining -= 1
         b = data[pos]
         pos += 1
@@ -97,10 +111,16 @@ def _walk_depth(data: bytes, limit: int) -> bool:
     return False
 
 
+#: Values :func:`msgpack_req_id` steps over before it gives up (a ``reqId`` placed after a
+#: million-element value must not cost a million Python steps).
+REQ_ID_SCAN_VALUES_MAX = 4096
+
+
 def msgpack_req_id(payload: bytes | memoryview) -> Any:
     """The top-level ``reqId`` of a request map (int or str), found without decoding other values.
 
-    Used to answer a frame refused before decoding; None when absent or not findable.
+    Used to answer a frame refused before decoding; None when absent, or not found within
+    :data:`REQ_ID_SCAN_VALUES_MAX` values.
     """
     data = bytes(payload)
     if not data:
@@ -114,13 +134,14 @@ def msgpack_req_id(payload: bytes | memoryview) -> Any:
     else:
         return None
     key = b"\xa5reqId"
+    budget = [REQ_ID_SCAN_VALUES_MAX]
     for _ in range(count):
         if data[pos:pos + len(key)] == key:
             return _scalar_at(data, pos + len(key))
-        pos = _skip(data, pos)  # the key
+        pos = _skip(data, pos, budget)  # the key
         if pos < 0:
             return None
-        pos = _skip(data, pos)  # its value
+        pos = _skip(data, pos, budget)  # its value
         if pos < 0:
             return None
     return None
@@ -146,13 +167,15 @@ def _scalar_at(data: bytes, pos: int) -> Any:
     return None
 
 
-def _skip(data: bytes, pos: int) -> int:
-    """The position after the value at ``pos`` (iterative: any depth); -1 past the end."""
+def _skip(data: bytes, pos: int, budget: list[int]) -> int:
+    """The position after the value at ``pos`` (iterative: any depth); -1 past the end or once
+    ``budget[0]`` values have been stepped over."""
     remaining = 1
     end = len(data)
     while remaining:
-        if pos >= end:
+        if pos >= end or budget[0] <= 0:
             return -1
+        budget[0] -= 1
         remaining -= 1
         b = data[pos]
         pos += 1

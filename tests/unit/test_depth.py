@@ -59,12 +59,14 @@ def test_frame_depth_limit_is_512_levels(depth: int) -> None:
         assert type(out[0]) is not ProtocolError
 
 
-def test_req_id_is_found_behind_a_deep_value() -> None:
-    body = b"\x83\xa3cmd\xa4PUSH\xa4data" + b"\x91" * 100_000 + b"\x00" + b"\xa5reqId\xa3abc"
+def test_req_id_is_found_behind_a_small_value_not_behind_a_huge_one() -> None:
+    body = b"\x83\xa3cmd\xa4PUSH\xa4data" + b"\x91" * 600 + b"\x00" + b"\xa5reqId\xa3abc"
     assert msgpack_req_id(body) == "abc"
     with pytest.raises(ProtocolError) as err:
         check_depth(body)
     assert err.value.req_id == "abc"
+    huge = b"\x83\xa3cmd\xa4PUSH\xa4data" + b"\x91" * 1_000_000 + b"\x00" + b"\xa5reqId\xa3abc"
+    assert msgpack_req_id(huge) is None  # bounded work: the reply then carries no reqId
 
 
 def test_json_depth() -> None:
