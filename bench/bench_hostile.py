@@ -19,6 +19,7 @@ run: PUSH ops/s, PULLB+ACKB jobs/s, the node's event-loop lag p99 (from its
 ``shoal_event_loop_lag_seconds`` histogram, bucket upper bound) and its peak RSS (VmHWM).
 
     python bench/bench_hostile.py [--seconds 6] [--pairs 2] [--cases deep_nesting,wrong_tokens]
+    python bench/bench_hostile.py --decode     # the depth check's cost in frame decoding
 """
 
 from __future__ import annotations
@@ -255,13 +256,50 @@ def vm_hwm_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 
 
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def decode_costs() -> None:
+    """What the nesting-depth check adds to the node's frame decoding (no cluster needed)."""
+    from shoal.cluster.codec import Raw
+
+    def push(data: Any, i: int) -> bytes:
+        return encode({"cmd": "PUSH", "queue": "q", "data": Raw(msgpack.packb(data)), "reqId": i})
+
+    cases = {"100 B map (under 512 B: not checked)": lambda i: push({"n": i, "pad": "x" * 64}, i),
+             "1 KB map": lambda i: push({"n": i, "pad": "x" * 1000}, i),
+             "1 KB bytes (scalar data: not checked)": lambda i: push(b"x" * 1000, i),
+             "deep 10^6 (1 MB, refused)": lambda i: _frame(b"\x84\xa3cmd\xa4PUSH\xa5queue\xa4deep\xa5reqId\x07"
+                                                         b"\xa4data" + b"\x91" * 10**6 + b"\x00")}
+    for name, make in cases.items():
+        count = 20 if name.startswith("deep") else 5000
+        data = b"".join(make(i) for i in range(count))
+        best = float("inf")
+        try:
+            for _ in range(7):
+                decoder = FrameDecoder(raw_data=True, plain_push=True)
+                started = time.perf_counter()
+                for off in range(0, len(data), 1 << 18):
+                    decoder.drain(data[off:off + (1 << 18)])
+                best = min(best, time.perf_counter() - started)
+        except Exception as exc:  # the node code before the depth limit: the error escaped drain
+            print(f"{name:>40}: {type(exc).__name__} escaped the decoder")
+            continue
+        print(f"{name:>40}: {best / count * 1e6:8.2f} us/frame")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--decode", action="store_true", help="only time frame decoding with the depth check")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--cases", default=",".join(c.__name__ for c in CASES),
                     help="comma-separated attack cases run together (default: all)")
     args = ap.parse_args()
+    if args.decode:
+        decode_costs()
+        return
     names = args.cases.split(",")
     unknown = set(names) - {c.__name__ for c in CASES}
     if unknown:
