@@ -10,6 +10,7 @@ cluster file or by its ``SHOAL_*`` variable (the variable wins)::
     connections_per_address_max = 1000  # client connections per client IP address
     output_high_bytes = 4194304         # unsent replies of a connection: stop reading it above this
     output_max_bytes = 268435456        # ... and close it above this (a reader that never reads)
+    unfinished_bytes_max = 0            # all connections' unfinished frames; 0: a quarter of the budget
     memory_max_bytes = 0                # 0: 70 % of the cgroup limit, else of physical memory
     memory_high_ratio = 0.9             # new jobs get OVERLOADED above ratio * memory_max_bytes
 
@@ -26,6 +27,7 @@ SHOAL_CONNECTIONS_MAX                  ``connections_max``
 SHOAL_CONNECTIONS_PER_ADDRESS_MAX      ``connections_per_address_max``
 SHOAL_OUTPUT_HIGH_BYTES                ``output_high_bytes``
 SHOAL_OUTPUT_MAX_BYTES                 ``output_max_bytes``
+SHOAL_UNFINISHED_BYTES_MAX             ``unfinished_bytes_max``
 SHOAL_MEMORY_MAX_BYTES                 ``memory_max_bytes``
 SHOAL_TLS_CERT / _KEY / _CA            ``[tls] cert`` / ``key`` / ``ca``
 SHOAL_TLS_CLIENT_CERTS                 ``[tls] client_certs``
@@ -60,6 +62,7 @@ class NodeLimits:
     connections_per_address_max: int = 1_000
     output_high_bytes: int = 4 * 1024 * 1024
     output_max_bytes: int = 256 * 1024 * 1024
+    unfinished_bytes_max: int = 0
     memory_max_bytes: int = 0
     memory_high_ratio: float = 0.9
 
@@ -70,9 +73,9 @@ class NodeLimits:
             if f.name == "memory_high_ratio":
                 if not 0.1 <= value <= 1.0:
                     raise ValueError("limits.memory_high_ratio must be 0.1 .. 1.0")
-            elif f.name == "memory_max_bytes":
+            elif f.name in ("memory_max_bytes", "unfinished_bytes_max"):
                 if value < 0:
-                    raise ValueError("limits.memory_max_bytes must be ≥ 0 (0: 70 % of the memory)")
+                    raise ValueError(f"limits.{f.name} must be ≥ 0 (0: the default share of the memory)")
             elif value < 1:
                 raise ValueError(f"limits.{f.name} must be ≥ 1")
         if self.output_max_bytes < self.output_high_bytes:
@@ -82,6 +85,10 @@ class NodeLimits:
     def memory_budget_bytes(self) -> int:
         """``memory_max_bytes``, or 70 % of the cgroup limit / physical memory when it is 0."""
         return self.memory_max_bytes or int(memory_total_bytes() * 0.7)
+
+    def unfinished_budget_bytes(self) -> int:
+        """``unfinished_bytes_max``, or a quarter of the memory budget when it is 0."""
+        return self.unfinished_bytes_max or self.memory_budget_bytes() // 4
 
     def to_table(self) -> dict[str, Any]:
         """The settings that differ from the defaults (for the cluster file)."""
@@ -97,6 +104,7 @@ LIMITS_ENV_VARS = {
     "SHOAL_CONNECTIONS_PER_ADDRESS_MAX": "connections_per_address_max",
     "SHOAL_OUTPUT_HIGH_BYTES": "output_high_bytes",
     "SHOAL_OUTPUT_MAX_BYTES": "output_max_bytes",
+    "SHOAL_UNFINISHED_BYTES_MAX": "unfinished_bytes_max",
     "SHOAL_MEMORY_MAX_BYTES": "memory_max_bytes",
 }
 

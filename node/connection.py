@@ -46,6 +46,9 @@ _BACKLOG_PAUSE_FRAMES = 2_000
 #: Wrong-token delays (seconds) before AUTH_FAILED is answered, by failure count.
 AUTH_FAIL_DELAYS_S = (0.25, 0.5, 1.0)
 _PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
+#: Unfinished frames larger than this count against limits.unfinished_bytes_max (smaller ones
+#: are the tail of a pipelined burst: counting them would cost every read).
+UNFINISHED_COUNTED_BYTES = 1 << 20
 
 
 class _Head(msgspec.Struct):
@@ -129,6 +132,7 @@ class ClientConnection(asyncio.Protocol):
         self.opened_at = self.last_frame_at = self.loop.time()
         self.partial_since = 0.0      # loop time the pending unfinished frame began (0: none)
         self.refused = False          # turned away at connect (connection limits)
+        self.unfinished_bytes = 0     # this connection's share of the node's unfinished-frame budget
         self._pre_buf = bytearray()   # bytes before Auth (only used while not authed)
         self._auth_failures = 0
         self._auth_wait = False
@@ -158,6 +162,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.unfinished_bytes:
+            self.dispatcher.unfinished_add(-self.unfinished_bytes)
+            self.unfinished_bytes = 0
         self._backlog.clear()
         self._pre_buf.clear()
         self.dispatcher.connection_closed(self)
@@ -194,11 +201,18 @@ class ClientConnection(asyncio.Protocol):
             frames = decoder.drain(data)
         except ProtocolError:
             return  # decoder already broken; the connection is closing
-        if decoder.buffered_bytes:
+        buffered = decoder.buffered_bytes
+        if buffered:
             if frames or not self.partial_since:
                 self.partial_since = self.loop.time()  # a new unfinished frame began in this chunk
-        elif self.partial_since:
-            self.partial_since = 0.0
+            if buffered > UNFINISHED_COUNTED_BYTES or self.unfinished_bytes:
+                if not self._count_unfinished(buffered):
+                    return
+        else:
+            if self.partial_since:
+                self.partial_since = 0.0
+            if self.unfinished_bytes:
+                self._count_unfinished(0)
         backlog = self._backlog
         if backlog:
             self._backlog_bytes += len(data)
@@ -215,6 +229,20 @@ class ClientConnection(asyncio.Protocol):
                 self._set_reading()
         else:
             self._backlog_bytes = 0
+
+    def _count_unfinished(self, buffered: int) -> bool:
+        """Account this connection's large unfinished frame in the node's budget; False (and
+        the connection refused) when it would pass ``unfinished_bytes_max``."""
+        counted = buffered if buffered > UNFINISHED_COUNTED_BYTES else 0
+        dispatcher = self.dispatcher
+        if not dispatcher.unfinished_add(counted - self.unfinished_bytes):
+            dispatcher.unfinished_add(-self.unfinished_bytes)
+            self.unfinished_bytes = 0
+            self._refuse_and_close(ErrorCode.OVERLOADED, "the node holds too many unfinished frames "
+                                   "(limits.unfinished_bytes_max): send this frame again later")
+            return False
+        self.unfinished_bytes = counted
+        return True
 
     # --- before Auth ----------------------------------------------------------------------------
 

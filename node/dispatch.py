@@ -97,6 +97,8 @@ class Dispatcher:
         self._per_address: dict[str, int] = {}
         #: Set by the node's memory guard: new jobs are refused while True.
         self.overloaded: CommandError | None = None
+        self.unfinished_bytes = 0
+        self._unfinished_max = limits.unfinished_budget_bytes()
         self.sessions = SessionTable(node.node_id, node.loop, node.config.session_grace_ms,
                                      self._release_session)
         self.connections: set["ClientConnection"] = set()
@@ -125,6 +127,14 @@ class Dispatcher:
         self.connections.add(conn)
         self.sessions.attach(conn.session, conn.conn_id)
         return None
+
+    def unfinished_add(self, delta: int) -> bool:
+        """Grow (or shrink) the bytes held in large unfinished frames; False, and nothing
+        changed, when growing would pass limits.unfinished_bytes_max."""
+        if delta > 0 and self.unfinished_bytes + delta > self._unfinished_max:
+            return False
+        self.unfinished_bytes += delta
+        return True
 
     def connection_closed(self, conn: "ClientConnection") -> None:
         if conn not in self.connections:

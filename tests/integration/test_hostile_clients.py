@@ -34,6 +34,7 @@ LIMITS_ENV = {
     "SHOAL_CONNECTIONS_PER_ADDRESS_MAX": str(PER_ADDRESS_MAX),
     "SHOAL_OUTPUT_HIGH_BYTES": str(1 << 20),
     "SHOAL_OUTPUT_MAX_BYTES": str(8 << 20),
+    "SHOAL_UNFINISHED_BYTES_MAX": str(64 << 20),
 }
 MiB = 1 << 20
 
@@ -208,6 +209,29 @@ def test_unfinished_frame_and_slow_sender_are_closed(cluster: LocalCluster) -> N
             time.sleep(0.2)
         if not closed:
             read_until_closed(c.sock, 3.0)
+
+
+def test_unfinished_frames_share_one_node_budget(cluster: LocalCluster) -> None:
+    node = cluster.node_ids[1]
+    pid, address = cluster.pids[node], cluster.address_of(node)
+    rss_before = proc_status_kib(pid, "VmRSS")
+    with contextlib.ExitStack() as stack:
+        holders = [stack.enter_context(authed(address)) for _ in range(3)]
+        refused = []
+        for conn in holders:  # 40 MiB of a 60 MiB frame each: the budget (64 MiB) holds one
+            try:
+                conn.send_raw(struct.pack(">I", 60 << 20) + b"\x00" * (40 << 20))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        time.sleep(0.5)
+        for conn in holders[1:]:
+            frames = read_until_closed(conn.sock, 5.0)
+            refused += [f for f in frames if f.get("code") == "OVERLOADED"]
+        assert len(refused) == 2 and "unfinished_bytes_max" in refused[0]["error"]
+        grown_kib = proc_status_kib(pid, "VmRSS") - rss_before
+        assert grown_kib < 100 * 1024, f"RSS grew {grown_kib} KiB"
+        with authed(address) as other:
+            assert other.call({"cmd": "Ping"})["ok"]
 
 
 def test_silent_unauthenticated_connection_is_closed(cluster: LocalCluster) -> None:
