@@ -244,6 +244,8 @@ def lag_buckets(http: str) -> dict[float, float]:
 
 
 def p99(before: dict[float, float], after: dict[float, float]) -> float:
+    if not after:
+        return float("nan")  # a node without the histogram (older code)
     total = after[float("inf")] - before[float("inf")]
     for bound in sorted(after):
         if after[bound] - before.get(bound, 0) >= 0.99 * total:
