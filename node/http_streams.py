@@ -292,7 +292,15 @@ class StreamHandlers:
             await send(reply, binary)
 
         try:
-            async for msg in ws:
+            idle_s = node.config.limits.unauthenticated_idle_ms / 1000
+            while True:
+                try:  # like a binary connection: silent this long before Auth, and it is closed
+                    msg = await ws.receive(timeout=None if conn.authed else idle_s)
+                except asyncio.TimeoutError:
+                    await ws.close(code=1008, message=b"no Auth in time (limits.unauthenticated_idle_ms)")
+                    break
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     continue
                 binary = msg.type == WSMsgType.BINARY

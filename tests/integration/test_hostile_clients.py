@@ -409,6 +409,9 @@ def test_websocket_without_a_header_is_held_to_the_pre_auth_rules(cluster: Local
                 await ws.send_bytes(b"\x80" * (1 << 20))
                 msg = await ws.receive(timeout=10)
                 assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR)
+            async with s.ws_connect(f"http://{n.host}:{n.http_port}/ws") as ws:   # silent before Auth
+                msg = await ws.receive(timeout=10)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
             async with s.ws_connect(f"http://{n.host}:{n.http_port}/ws") as ws:   # three wrong tokens
                 for i in range(3):
                     await ws.send_str(f'{{"cmd":"Auth","token":"wrong","reqId":{i}}}')
