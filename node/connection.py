@@ -157,6 +157,7 @@ class ClientConnection(asyncio.Protocol):
             self.send_frame(refusal.to_reply())
             self._close_after_flush = True
             self._flush()
+            self.closed = True  # nothing it sends before the close is read
             return
         transport.set_write_buffer_limits(high=self._output_high)  # type: ignore[attr-defined]
 
@@ -357,6 +358,7 @@ class ClientConnection(asyncio.Protocol):
         self.send_frame({"ok": False, "code": code.value, "error": message})
         self._close_after_flush = True
         self._flush()
+        self.closed = True  # nothing read after this is dispatched
 
     # --- command flow -------------------------------------------------------------------------
 
