@@ -404,7 +404,7 @@ class Dispatcher:
         if read_only:
             now = self.node.now_ms()
             parts = {p: self.node.replicas[p].read(frame, now) for p in led}
-            conn.reply(req_id, _merge(cmd, parts))
+            conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
             return
         results: dict[int, Any] = {}
         if not led:
@@ -542,13 +542,18 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
-def _merge(cmd: str, parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Combine one partition-routed command's replies from several partitions."""
+def _merge(cmd: str, parts: dict[int, dict[str, Any]], limit: int | None = None) -> dict[str, Any]:
+    """Combine one partition-routed command's replies from several partitions (a listing keeps
+    its page size: the first ``limit`` items, ``more`` when any partition or the merge had more)."""
     covered = sorted(parts)
+    limit = limit or L.page_limit_max
+    more = any(r.get("more") for r in parts.values())
     if cmd == "ListQueues":
-        return {"queues": sorted({q for r in parts.values() for q in r.get("queues", [])}), "partitions": covered}
+        names = sorted({q for r in parts.values() for q in r.get("queues", [])})
+        return {"queues": names[:limit], "more": more or len(names) > limit, "partitions": covered}
     if cmd == "CronList":
-        return {"crons": [c for r in parts.values() for c in r.get("crons", [])], "partitions": covered}
+        crons = [c for r in parts.values() for c in r.get("crons", [])]
+        return {"crons": crons[:limit], "more": more or len(crons) > limit, "partitions": covered}
     if cmd == "CronDelete":
         return {"deleted": any(r.get("deleted") for r in parts.values()), "partitions": covered}
     if cmd == "Stats":

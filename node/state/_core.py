@@ -75,6 +75,7 @@ IDEMPOTENCY_WINDOW_MS = 120_000
 JOB_LOGS_MAX = 100
 EVENTS_MAX = 10_000
 PAGE_DEFAULT = 100
+PAGE_LIMIT_MAX = 10_000  # ListQueues/CronList page (cluster.limits.page_limit_max)
 _SNAPSHOT_VERSION = 1
 
 
@@ -1692,7 +1693,10 @@ class PartitionEngine:
         return {"deleted": self.crons.pop(cmd["name"], None) is not None}
 
     def _op_CronList(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in self.crons.values()]}
+        limit = cmd.get("limit") or PAGE_LIMIT_MAX
+        crons = list(islice(self.crons.values(), limit + 1))
+        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in crons[:limit]],
+                "more": len(crons) > limit}
 
     # ------------------------------------------------------------------------------------------
     # queries (never change state)
@@ -1776,7 +1780,11 @@ class PartitionEngine:
         return {"paused": bool(q and q.paused)}
 
     def _op_ListQueues(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return {"queues": self.queue_names()}
+        # One page in name order after ``after``: a reply of every name of a partition with a
+        # million queues would be built, encoded and sent in one go on the node's loop.
+        after, limit = cmd.get("after"), cmd.get("limit") or PAGE_LIMIT_MAX
+        names = heapq.nsmallest(limit + 1, self.queues if after is None else (n for n in self.queues if n > after))
+        return {"queues": names[:limit], "more": len(names) > limit}
 
     def _op_Dlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
