@@ -156,8 +156,12 @@ class TlsSettings:
         return ctx
 
     def client_context(self) -> ssl.SSLContext:
-        """A context for the node's own calls to peers (trusts ``ca``, presents its certificate)."""
+        """A context for calls to the nodes (peers, the launcher): trusts ``ca`` or, without
+        one, the nodes' own certificate; presents that certificate."""
         ctx = ssl.create_default_context(cafile=self.ca)
+        if not self.ca:
+            ctx.load_verify_locations(self.cert)
+            ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the certificate itself is the anchor
         ctx.load_cert_chain(self.cert, self.key)
         return ctx
 

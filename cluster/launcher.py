@@ -32,7 +32,7 @@ import click
 
 from .codec import FrameDecoder, encode
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
-from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings, parse_tls
 from .topology import Topology
 
 __all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
@@ -395,8 +395,10 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     """
     tokens, node_env = _security_from_env(tokens, os.environ)
     try:
+        # TLS goes into cluster.toml, so the launcher's own readiness checks speak it too.
+        tls = parse_tls({}, os.environ)
         cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication, tokens=tokens,
-                               extra_env=node_env)
+                               extra_env=node_env, tls=tls)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if tokens and cluster.config.tokens != tokens:  # an existing cluster.toml: the flags win
@@ -458,12 +460,12 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     click.echo("stopped")
 
 
-#: ``SHOAL_*`` variables ``shoal cluster up`` passes to its nodes: limits and TLS apply to every
-#: node alike. SHOAL_AUTH_TOKENS becomes the cluster file's tokens; SHOAL_CLUSTER_SECRET is the
+#: ``SHOAL_*`` variables ``shoal cluster up`` passes to its nodes: limits apply to every node
+#: alike. SHOAL_AUTH_TOKENS and SHOAL_TLS_* go into the cluster file; SHOAL_CLUSTER_SECRET is the
 #: concern of ``--secret``. Any other (ports, peers, node id, data dir...) would contradict the
 #: layout the launcher writes, so it is refused rather than silently dropped.
-_PASSED_TO_NODES = frozenset(LIMITS_ENV_VARS) | frozenset(TLS_ENV_VARS)
-_HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET"})
+_PASSED_TO_NODES = frozenset(LIMITS_ENV_VARS)
+_HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TLS_ENV_VARS})
 
 
 def _security_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:

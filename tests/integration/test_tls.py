@@ -132,3 +132,22 @@ def test_http_port_speaks_tls(tls_cluster: LocalCluster, pki: dict[str, str]) ->
                     assert r.status in (200, 201), await r.text()
 
     asyncio.run(main())
+
+
+def test_cluster_up_takes_tls_from_the_environment(pki: dict[str, str], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from shoal.cluster.launcher import cluster_group
+
+    data, base = tmp_path / "up", free_base_port(1, 1)
+    env = {"SHOAL_TLS_CERT": pki["cert"], "SHOAL_TLS_KEY": pki["key"]}
+    try:
+        result = CliRunner().invoke(cluster_group, ["up", "--nodes", "1", "--partitions", "1", "--detach",
+                                                    "--data", str(data), "--base-port", str(base),
+                                                    "--token", TOKEN], env=env)
+        assert result.exit_code == 0, result.output
+        options = ConnectionOptions(tls=ssl.create_default_context(cafile=pki["ca"]))
+        with Client([f"127.0.0.1:{base}"], token=TOKEN, options=options) as client:
+            assert client.ping()["pong"] is True
+    finally:
+        CliRunner().invoke(cluster_group, ["down", "--data", str(data)])
