@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,8 @@ __all__ = ["AsyncClient", "PROCESS_SESSION"]
 
 #: One lease session per process by default: clients in a process share pools and leases, and a
 #: reconnecting connection identifies with it again so its leases survive within the node's grace.
-PROCESS_SESSION = f"c-{uuid.uuid4().hex[:16]}"
+LIST_PAGES_MAX = 10_000  # list_queues pages (of up to 10,000 names from each partition)
+PROCESS_SESSION = f"c-{secrets.token_hex(16)}"  # 128 random bits: Identify takes a session over by id
 _EVENTS_BUFFERED_MAX = 100_000
 _ = _SHARED_POOLS  # re-exported for tests and tools
 
@@ -323,9 +324,22 @@ class AsyncClient:
         return await self.call({"cmd": "Ping"})
 
     async def list_queues(self) -> list[str]:
-        """Every queue of the cluster (merged from every partition's leader)."""
-        replies = await self.fan_out({"cmd": "ListQueues"})
-        return sorted({q for r in replies.values() for q in r.get("queues") or []})
+        """Every queue of the cluster (merged from every partition's leader, page by page)."""
+        names: set[str] = set()
+        after: str | None = None
+        for _ in range(LIST_PAGES_MAX):
+            frame: dict[str, Any] = {"cmd": "ListQueues"}
+            if after is not None:
+                frame["after"] = after
+            replies = await self.fan_out(frame)
+            page = sorted({q for r in replies.values() for q in r.get("queues") or []})
+            names.update(page)
+            if not page or not any(r.get("more") for r in replies.values()):
+                break
+            # Every partition listed its names up to some point: the smallest of their last
+            # names is where all of them are complete.
+            after = min(r["queues"][-1] for r in replies.values() if r.get("more") and r.get("queues"))
+        return sorted(names)
 
     async def stats(self) -> dict[int, Any]:
         """``Stats`` of every partition, by partition."""

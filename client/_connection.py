@@ -188,10 +188,12 @@ class Connection:
         if self.options.pipelining:
             hello["capabilities"] = ["pipelining"]
         self.hello = await self._request(hello, timeout)
+        if self.token:
+            # A node with tokens keeps its topology and our session id for the Auth reply.
+            auth = await self._request({"cmd": "Auth", "token": self.token}, timeout)
+            self.hello = {**self.hello, **{k: auth[k] for k in ("topology", "session") if k in auth}}
         if self.on_event is not None and isinstance(self.hello.get("topology"), dict):
             self.on_event({"event": "topology", "topology": self.hello["topology"]})
-        if self.token:
-            await self._request({"cmd": "Auth", "token": self.token}, timeout)
         if self.session:
             await self._request({"cmd": "Identify", "session": self.session}, timeout)
         for frame in list(self._replay):

@@ -141,7 +141,7 @@ def decode_job_frame(payload: bytes, raw: type) -> dict[str, Any] | None:
     """
     try:
         frame: dict[str, Any] = _decoder.decode(payload)  # type: ignore[assignment]
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return None
     if len(frame) != map_len(payload):
         return None  # an unknown key (dropped by msgspec) or a repeated one

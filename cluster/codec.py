@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import msgspec
 
+from ._depth import DEPTH_MAX, depth_message, msgpack_req_id, msgpack_too_deep
 from ._fast_frames import PlainPush, decode_job_frame, map_len, plain_push_decoder, plain_push_entries
 from .errors import ErrorCode, ProtocolError
 
@@ -36,13 +37,17 @@ __all__ = [
     "raw_of",
     "unraw",
     "new_unpacker",
+    "check_depth",
+    "DEPTH_MAX",
 ]
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 HEADER_BYTES = 4
 _HEADER = struct.Struct(">I")
 _plain_decode = plain_push_decoder.decode
-_RAW_FIELDS = frozenset({"data"})  # kept raw at the top level and in each item of "jobs"
+_RAW_FIELDS = frozenset({"data"})
+#: First bytes of a map or an array (fixmap, fixarray, array16/32, map16/32).
+_CONTAINER_FIRST = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])  # kept raw at the top level and in each item of "jobs"
 
 
 class Raw:
@@ -182,6 +187,14 @@ def decode_request(payload: bytes, *, raw_data: bool = False,
         raise ProtocolError("cmd: missing or not a string" if cmd is None else "cmd: must be a non-empty string",
                             req_id=req_id if _plain_req_id(req_id) else None)
     return frame
+
+
+def check_depth(payload: bytes | memoryview) -> None:
+    """Raise a non-fatal ``INVALID`` :class:`ProtocolError` when ``payload`` nests deeper than
+    :data:`DEPTH_MAX` (with the request's ``reqId`` when one can be found)."""
+    if len(payload) > DEPTH_MAX and msgpack_too_deep(payload):
+        req_id = msgpack_req_id(payload)
+        raise ProtocolError(depth_message(), ErrorCode.INVALID, req_id=req_id if _plain_req_id(req_id) else None)
 
 
 def _plain_req_id(req_id: object) -> bool:
@@ -359,14 +372,25 @@ class FrameDecoder:
             if plain and length:
                 try:
                     push = _plain_decode(view[start:pos])
-                except msgspec.MsgspecError:
-                    pass
+                except (msgspec.MsgspecError, RecursionError):
+                    pass  # (too deep for msgspec: the check below says so)
                 else:
                     first = src[start]  # a fixmap's count is read inline: this runs once per PUSH
                     entries = first & 0x0F if 0x80 <= first <= 0x8F else map_len(view[start:pos])
                     if entries == plain_push_entries(push):
+                        # Only a map or array can nest: scalar data (bytes, text) costs no check.
+                        if length > DEPTH_MAX and memoryview(push.data)[0] in _CONTAINER_FIRST:
+                            if msgpack_too_deep(bytes(push.data), DEPTH_MAX - 1):
+                                out.append(ProtocolError(depth_message(), ErrorCode.INVALID, req_id=push.reqId))
+                                continue
                         out.append(push)
                         continue
+            if length > DEPTH_MAX and msgpack_too_deep(src[start:pos]):
+                # Refused before any decoder recurses into it (msgspec gives up near 1,000 levels).
+                req_id = msgpack_req_id(src[start:pos])
+                out.append(ProtocolError(depth_message(), ErrorCode.INVALID,
+                                         req_id=req_id if _plain_req_id(req_id) else None))
+                continue
             try:
                 out.append(self._decode(src[start:pos]))
             except ProtocolError as exc:
@@ -395,4 +419,6 @@ class FrameDecoder:
         payload = self.next_payload()
         if payload is None:
             raise StopIteration
+        if self._requests:
+            check_depth(payload)
         return self._decode(payload)

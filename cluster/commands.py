@@ -209,7 +209,8 @@ _SPECS = [
     _spec("Promote", "id", _ID),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
     _spec("Progress", "id", {"id": F.job_id, "progress": _progress}, {"message": _log_text, **_TOK}, retry=True),
-    _spec("ListQueues", "partition", {}, {"partition": _partition}, read=True),
+    _spec("ListQueues", "partition", {}, {"partition": _partition, "after": F.text(L.queue_name_chars_max + 8),
+                                          "limit": _limit}, read=True),
     # dead-letter queue
     _spec("Dlq", "queue", _Q, {"limit": _limit}, read=True),
     _spec("RetryDlq", "queue", _Q, {"id": F.job_id}),
@@ -220,7 +221,7 @@ _SPECS = [
           {"data": F.data, "schedule": F.cron_schedule, "repeatEvery": F.int_range(1, L.delay_ms_max),
            "priority": _priority, "limit": F.int_range(1, 2**40)}, retry=True, check=_one_schedule),
     _spec("CronDelete", "partition", {"name": _key}, {"partition": _partition}, retry=True),
-    _spec("CronList", "partition", {}, {"partition": _partition}, read=True),
+    _spec("CronList", "partition", {}, {"partition": _partition, "limit": _limit}, read=True),
     # monitoring
     _spec("Stats", "partition", {}, {"partition": _partition, "local": F.boolean}, read=True),
     _spec("Metrics", "queue", _Q, read=True),

@@ -40,6 +40,9 @@ SHOAL_RAFT_PORT            default Raft base port
 SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
 SHOAL_FRAME_BYTES_MAX      maximum frame size
 =========================  ==================================================
+
+Limits on what clients can make a node hold (``[limits]``) and TLS
+(``[tls]``) are described, with their variables, in :mod:`shoal.cluster.guard`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import Any
 import tomli_w
 
 from .codec import FRAME_BYTES_MAX_DEFAULT
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, NodeLimits, TlsSettings, parse_limits, parse_tls
 from .partitioning import default_rf, place_replicas
 from .topology import NodeAddress, PartitionInfo, Topology
 
@@ -71,7 +75,7 @@ ENV_VARS = (
     "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
     "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
     "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX",
-)
+) + tuple(LIMITS_ENV_VARS) + TLS_ENV_VARS
 
 
 class ConfigError(ValueError):
@@ -123,6 +127,8 @@ class ClusterConfig:
     data_dir: str = ".shoal"
     node_id: str | None = None
     listen: str | None = None
+    limits: NodeLimits = NodeLimits()
+    tls: TlsSettings | None = None
 
     @property
     def rf(self) -> int:
@@ -201,6 +207,11 @@ class ClusterConfig:
             "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
             "data_dir": self.data_dir,
         }
+        doc: dict[str, Any] = {"cluster": cluster}
+        if self.limits.to_table():
+            doc["limits"] = self.limits.to_table()
+        if self.tls is not None:
+            doc["tls"] = self.tls.to_table()
         nodes = []
         for n in self.nodes:
             d: dict[str, Any] = {"id": n.id, "host": n.host, "port": n.port, "http_port": n.http_port,
@@ -212,7 +223,8 @@ class ClusterConfig:
             if n.raft_routes:
                 d["raft_routes"] = dict(n.raft_routes)
             nodes.append(d)
-        return tomli_w.dumps({"cluster": cluster, "nodes": nodes})
+        doc["nodes"] = nodes
+        return tomli_w.dumps(doc)
 
 
 def _is_loopback(host: str) -> bool:
@@ -288,6 +300,11 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     tokens = tuple(tokens)
     if env.get("SHOAL_AUTH_TOKENS"):
         tokens = tuple(t.strip() for t in env["SHOAL_AUTH_TOKENS"].split(",") if t.strip())
+    try:
+        limits = parse_limits(raw.get("limits", {}), env)
+        tls = parse_tls(raw.get("tls", {}), env)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from exc
     me = node_id or env.get("SHOAL_NODE_ID") or None
     if me and env.get("SHOAL_DATA_DIR"):
         nodes = tuple(replace(n, data_dir=env["SHOAL_DATA_DIR"]) if n.id == me else n for n in nodes)
@@ -304,6 +321,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         data_dir=str(c.get("data_dir", ".shoal")),
         node_id=me,
         listen=env.get("SHOAL_LISTEN") or None,
+        limits=limits,
+        tls=tls,
     )
     cfg.validate()
     if me:

@@ -17,12 +17,14 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import click
 
 from .codec import FrameDecoder, encode
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings, parse_tls
 from .topology import Topology
 
 __all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
@@ -90,9 +93,13 @@ def free_base_port(nodes: int = 3, partitions: int = 8, low: int = 20_000, high:
     raise RuntimeError(f"no free port range found in {attempts_max} attempts")
 
 
-def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None) -> dict[str, Any]:
+def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None,
+          ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """One synchronous Hello (after Auth when a token is given); returns the reply."""
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
+        if ssl_context is not None:
+            sock = stack.enter_context(ssl_context.wrap_socket(sock, server_hostname=host))
         frames = []
         if token:
             frames.append({"cmd": "Auth", "token": token, "reqId": 0})
@@ -111,10 +118,12 @@ def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None
         raise TimeoutError("no Hello reply")
 
 
-def node_ready(host: str, http_port: int, timeout_s: float = 1.0) -> bool:
+def node_ready(host: str, http_port: int, timeout_s: float = 1.0, ssl_context: ssl.SSLContext | None = None) -> bool:
     """True when the node's ``/ready`` answers 200 (open without a token)."""
+    scheme = "https" if ssl_context is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://{host}:{http_port}/ready", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"{scheme}://{host}:{http_port}/ready", timeout=timeout_s,
+                                    context=ssl_context) as r:
             return bool(r.status == 200)
     except (OSError, urllib.error.URLError):  # HTTPError (the 503) is a URLError
         return False
@@ -142,7 +151,7 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, partitions: int = 8, data_dir: str | os.PathLike[str] = ".shoal",
                  base_port: int = 6789, replication: int = 3, tokens: tuple[str, ...] = (),
                  secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None,
-                 node_command: list[str] | None = None) -> None:
+                 node_command: list[str] | None = None, tls: TlsSettings | None = None) -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be 1..{NODES_MAX}")
         self.data_dir = Path(data_dir).absolute()
@@ -159,7 +168,9 @@ class LocalCluster:
                 specs.append(NodeSpec(f"n{i + 1}", "127.0.0.1", client, http, raft))
             self.config = ClusterConfig(nodes=tuple(specs), partitions=partitions, replication=replication,
                                         tokens=tuple(tokens), secret=secret, session_grace_ms=session_grace_ms,
-                                        data_dir=str(self.data_dir)).validate()
+                                        data_dir=str(self.data_dir), tls=tls).validate()
+        # The launcher's own Hello and /ready checks speak TLS when the nodes do.
+        self.ssl_context: ssl.SSLContext | None = self.config.tls.client_context() if self.config.tls else None
 
     # --- info ----------------------------------------------------------------------------------
 
@@ -252,7 +263,8 @@ class LocalCluster:
 
     def nodes_ready(self) -> bool:
         """True when every running node's ``/ready`` answers 200."""
-        return all(node_ready(n.host, n.http_port) for n in map(self.config.node, self.pids))
+        return all(node_ready(n.host, n.http_port, ssl_context=self.ssl_context)
+                   for n in map(self.config.node, self.pids))
 
     def wait_balanced(self, timeout_s: float = 15.0) -> bool:
         """Wait until every partition is led by its preferred replica and every node is ready again.
@@ -276,7 +288,7 @@ class LocalCluster:
         for node_id in self.pids:
             n = self.config.node(node_id)
             try:
-                reply = hello(n.host, n.port, 1.0, token)
+                reply = hello(n.host, n.port, 1.0, token, self.ssl_context)
             except (OSError, TimeoutError):
                 continue
             if not reply.get("ok"):
@@ -372,16 +384,30 @@ def cluster_group() -> None:
               help="Replicas per partition (capped at the node count).")
 @click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
                                              "(stop them with `shoal cluster down`).")
-def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool) -> None:
+@click.option("--token", "tokens", multiple=True, metavar="TOKEN",
+              help="Client token the nodes require (repeatable). Default: SHOAL_AUTH_TOKENS, else none.")
+def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool,
+               tokens: tuple[str, ...]) -> None:
     """Start N local nodes and wait until every partition has a leader and every node is ready.
 
     Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
     again on the same --data to bring the same cluster back with its data.
     """
+    tokens, node_env = _security_from_env(tokens, os.environ)
     try:
-        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication)
+        # TLS goes into cluster.toml, so the launcher's own readiness checks speak it too.
+        tls = parse_tls({}, os.environ)
+        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication, tokens=tokens,
+                               extra_env=node_env, tls=tls)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if tokens and cluster.config.tokens != tokens:  # an existing cluster.toml: the flags win
+        cluster.config = replace(cluster.config, tokens=tokens)
+        cluster.config_path.write_text(cluster.config.to_toml())
+        click.echo(f"{cluster.config_path}: client tokens replaced", err=True)
+    if not cluster.config.tokens:
+        click.echo("warning: no client tokens: every local process can use this cluster "
+                   "(secure it with --token)", err=True)
     if cluster.config_path.exists() and (len(cluster.config.nodes), cluster.config.partitions) != (nodes, partitions):
         click.echo(f"reusing {cluster.config_path}: {len(cluster.config.nodes)} nodes, "
                    f"{cluster.config.partitions} partitions (flags ignored)", err=True)
@@ -414,7 +440,8 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     for n in cluster.config.nodes:
         click.echo(f"  {n.id}: client {n.host}:{n.port}  http http://{n.host}:{n.http_port}  "
                    f"pid {cluster.pid(n.id)}")
-    click.echo(f"Connect with: Client({cluster.addresses!r})")
+    token_hint = ", token=..." if cluster.config.tokens else ""
+    click.echo(f"Connect with: Client({cluster.addresses!r}{token_hint})")
     if detach:
         click.echo("Detached; stop with: shoal cluster down --data " + str(cluster.data_dir))
         return
@@ -431,6 +458,27 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     click.echo("stopping...")
     cluster.stop()
     click.echo("stopped")
+
+
+#: ``SHOAL_*`` variables ``shoal cluster up`` passes to its nodes: limits apply to every node
+#: alike. SHOAL_AUTH_TOKENS and SHOAL_TLS_* go into the cluster file; SHOAL_CLUSTER_SECRET is the
+#: concern of ``--secret``. Any other (ports, peers, node id, data dir...) would contradict the
+#: layout the launcher writes, so it is refused rather than silently dropped.
+_PASSED_TO_NODES = frozenset(LIMITS_ENV_VARS)
+_HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TLS_ENV_VARS})
+
+
+def _security_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The tokens to use and the variables to pass to the nodes; ClickException for the rest."""
+    refused = sorted(k for k, v in env.items() if k.startswith("SHOAL_") and v and not k.startswith("SHOAL_TEST_")
+                     and k not in _PASSED_TO_NODES and k not in _HANDLED_ELSEWHERE)
+    if refused:
+        raise click.ClickException(
+            f"{', '.join(refused)} set, but `shoal cluster up` lays its nodes out itself (flags and "
+            "<data>/cluster.toml) and would not apply them: unset them, or edit cluster.toml")
+    if not tokens and env.get("SHOAL_AUTH_TOKENS"):
+        tokens = tuple(t.strip() for t in env["SHOAL_AUTH_TOKENS"].split(",") if t.strip())
+    return tuple(tokens), {k: v for k, v in env.items() if k in _PASSED_TO_NODES and v}
 
 
 def _pids_in(data_dir: Path) -> Iterator[tuple[str, int, Path]]:
@@ -475,7 +523,8 @@ def cluster_status(data_dir: str) -> None:
         click.echo(f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}")
         if alive:
             with contextlib.suppress(OSError, TimeoutError):
-                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None)
+                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None,
+                              config.tls.client_context() if config.tls else None)
                 if reply.get("ok"):
                     t = Topology.from_wire(reply["topology"])
                     topo = t if topo is None else topo.merge(t)

@@ -6,6 +6,16 @@ protocol v1: one command at a time, replies strictly in order. After
 ``Hello {protocolVersion: 2}`` up to ``inflight_max`` commands run at once and
 replies go out as they complete, matched by ``reqId``. Replies written in one
 event-loop iteration leave in a single ``write`` call.
+
+Limits (``shoal.cluster.guard``): when the node has tokens, a connection that
+has not authenticated may send only ``Hello``, ``Auth`` and ``Ping`` in frames
+of at most 64 KiB; every other command is answered ``AUTH_REQUIRED`` from its
+``cmd`` and ``reqId`` alone, and a wrong token costs a growing delay, the third
+one the connection. Once a connection is authenticated (or the node has no
+tokens) none of this runs: frames take the decoder's fast path. Reading stops
+while a connection's unsent output is above ``output_high_bytes`` or its
+decoded-but-undispatched frames pile up, so a client that never reads costs a
+bounded amount of memory; above ``output_max_bytes`` it is closed.
 """
 
 from __future__ import annotations
@@ -20,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, encode, encode_body
+from shoal.cluster.codec import (FrameDecoder, PlainPush, Raw, check_depth, decode_request, encode,
+                                 encode_body)
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -31,6 +43,22 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
+#: Wrong-token delays (seconds) before AUTH_FAILED is answered, by failure count.
+AUTH_FAIL_DELAYS_S = (0.25, 0.5, 1.0)
+_PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
+#: Unfinished frames larger than this count against limits.unfinished_bytes_max (smaller ones
+#: are the tail of a pipelined burst: counting them would cost every read).
+UNFINISHED_COUNTED_BYTES = 1 << 20
+
+
+class _Head(msgspec.Struct):
+    """A request's ``cmd`` and ``reqId``; every other value is skipped, not built."""
+
+    cmd: str = ""
+    reqId: int | str | None = None  # noqa: N815 (wire name)
+
+
+_head_decode = msgspec.msgpack.Decoder(_Head).decode
 _pack = msgspec.msgpack.Encoder().encode
 _PUSH_REPLY_HEAD = b"\x83\xa2ok\xc3\xa2id"  # map of 3: "ok": true, "id": (the id follows)
 _PUSH_REPLY_REQ = b"\xa5reqId"
@@ -91,14 +119,30 @@ class ClientConnection(asyncio.Protocol):
         self._deferred: list[tuple[list[Any], list[Any]]] = []
         self._flush_scheduled = False
         self._close_after_flush = False
-        self._paused = False
+        self._paused = False          # reading paused (backlog or output over its high-water mark)
+        self._write_paused = False    # the transport's unsent output is over output_high_bytes
+        self._out_bytes = 0           # bytes in _out (frames of this iteration not yet written)
+        self._backlog_bytes = 0       # bytes received while frames waited in the backlog
         self._pumping = False
         self.loop = dispatcher.loop
+        limits = dispatcher.node.config.limits
+        self._output_high = limits.output_high_bytes
+        self._output_max = limits.output_max_bytes
+        self.peer_host = ""
+        self.opened_at = self.last_frame_at = self.loop.time()
+        self.partial_since = 0.0      # loop time the pending unfinished frame began (0: none)
+        self.refused = False          # turned away at connect (connection limits)
+        self.unfinished_bytes = 0     # this connection's share of the node's unfinished-frame budget
+        self._pre_buf = bytearray()   # bytes before Auth (only used while not authed)
+        self._auth_failures = 0
+        self._auth_wait = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -106,19 +150,73 @@ class ClientConnection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        self.dispatcher.connection_opened(self)
+        refusal = self.dispatcher.connection_opened(self)
+        if refusal is not None:
+            self.refused = True
+            self._backlog.clear()
+            self.send_frame(refusal.to_reply())
+            self._close_after_flush = True
+            self._flush()
+            self.closed = True  # nothing it sends before the close is read
+            return
+        transport.set_write_buffer_limits(high=self._output_high)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.unfinished_bytes:
+            self.dispatcher.unfinished_add(-self.unfinished_bytes)
+            self.unfinished_bytes = 0
         self._backlog.clear()
+        self._pre_buf.clear()
         self.dispatcher.connection_closed(self)
 
+    def pause_writing(self) -> None:
+        """The transport holds more than ``output_high_bytes`` unsent: stop reading this client."""
+        self._write_paused = True
+        self._set_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._set_reading()
+        if self._backlog:
+            self._pump()
+
+    def _set_reading(self) -> None:
+        """Pause or resume reading: paused while output is over its mark or the backlog is full."""
+        backlog = self._backlog
+        full = len(backlog) > _BACKLOG_PAUSE_FRAMES or (bool(backlog) and self._backlog_bytes > self._output_high)
+        want = self._write_paused or self._auth_wait or full
+        if want != self._paused and self.transport is not None and not self.closed:
+            self._paused = want
+            if want:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
     def data_received(self, data: bytes) -> None:
+        if not self.authed:
+            self._pre_auth_received(data)
+            return
+        decoder = self.decoder
         try:
-            frames = self.decoder.drain(data)
+            frames = decoder.drain(data)
         except ProtocolError:
             return  # decoder already broken; the connection is closing
+        buffered = decoder.buffered_bytes
+        if buffered:
+            if frames or not self.partial_since:
+                self.partial_since = self.loop.time()  # a new unfinished frame began in this chunk
+            if buffered > UNFINISHED_COUNTED_BYTES or self.unfinished_bytes:
+                if not self._count_unfinished(buffered):
+                    return
+        else:
+            if self.partial_since:
+                self.partial_since = 0.0
+            if self.unfinished_bytes:
+                self._count_unfinished(0)
         backlog = self._backlog
+        if backlog:
+            self._backlog_bytes += len(data)
         for frame in frames:
             if type(frame) is ProtocolError:
                 self._protocol_error(frame)
@@ -127,9 +225,140 @@ class ClientConnection(asyncio.Protocol):
                 continue
             backlog.append(frame)
         self._pump()
-        if len(backlog) > _BACKLOG_PAUSE_FRAMES and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
+        if backlog:
+            if not self._paused and (len(backlog) > _BACKLOG_PAUSE_FRAMES or self._backlog_bytes > self._output_high):
+                self._set_reading()
+        else:
+            self._backlog_bytes = 0
+
+    def _count_unfinished(self, buffered: int) -> bool:
+        """Account this connection's large unfinished frame in the node's budget; False (and
+        the connection refused) when it would pass ``unfinished_bytes_max``."""
+        counted = buffered if buffered > UNFINISHED_COUNTED_BYTES else 0
+        dispatcher = self.dispatcher
+        if not dispatcher.unfinished_add(counted - self.unfinished_bytes):
+            dispatcher.unfinished_add(-self.unfinished_bytes)
+            self.unfinished_bytes = 0
+            self._refuse_and_close(ErrorCode.OVERLOADED, "the node holds too many unfinished frames "
+                                   "(limits.unfinished_bytes_max): send this frame again later")
+            return False
+        self.unfinished_bytes = counted
+        return True
+
+    # --- before Auth ----------------------------------------------------------------------------
+
+    def _pre_auth_received(self, data: bytes) -> None:
+        """Frames of a connection that has not authenticated: small, and only Hello/Auth/Ping."""
+        if self.closed:
+            return
+        self._pre_buf += data
+        self._pre_auth_pump()
+
+    def _pre_auth_pump(self) -> None:
+        buf = self._pre_buf
+        while not self.authed and not self.closed and not self._auth_wait and len(buf) >= 4:
+            length = int.from_bytes(buf[:4], "big")
+            if length > PRE_AUTH_FRAME_BYTES_MAX:
+                # Refused from the length header alone: nothing of the body is read or kept.
+                buf.clear()
+                self._protocol_error(ProtocolError(
+                    f"frame of {length} bytes before Auth; until it authenticates a connection may send "
+                    f"frames of at most {PRE_AUTH_FRAME_BYTES_MAX} bytes", ErrorCode.AUTH_REQUIRED, fatal=True))
+                return
+            if len(buf) < 4 + length:
+                if not self.partial_since:
+                    self.partial_since = self.loop.time()
+                return
+            payload = bytes(buf[4:4 + length])
+            del buf[:4 + length]
+            self.partial_since = 0.0
+            self.last_frame_at = self.loop.time()
+            self._pre_auth_frame(payload)
+        if self.authed and buf and not self.closed:
+            rest = bytes(buf)
+            buf.clear()
+            self.data_received(rest)  # authenticated mid-chunk: the rest takes the normal path
+
+    def _pre_auth_frame(self, payload: bytes) -> None:
+        frame: dict[str, Any] | None = None
+        try:
+            check_depth(payload)
+            head = _head_decode(payload)
+            cmd, req_id = head.cmd, head.reqId
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        except (msgspec.MsgspecError, RecursionError):
+            try:
+                frame = decode_request(payload)  # at most 64 KiB: says exactly what is wrong
+            except ProtocolError as exc:
+                self._protocol_error(exc)
+                return
+            cmd, req_id = frame["cmd"], frame.get("reqId")
+        if cmd not in _PRE_AUTH_COMMANDS:
+            reply: dict[str, Any] = {"ok": False, "code": ErrorCode.AUTH_REQUIRED.value,
+                                     "error": "authenticate with Auth {token} first"}
+            if req_id is not None:
+                reply["reqId"] = req_id
+            self.send_frame(reply)
+            return
+        if frame is None:
+            try:
+                frame = decode_request(payload)
+            except ProtocolError as exc:
+                self._protocol_error(exc)
+                return
+        self._inflight += 1
+        try:
+            self.dispatcher.handle(self, frame)
+        except CommandError as exc:
+            if exc.code is ErrorCode.AUTH_FAILED:
+                self._auth_failed(req_id, exc)
+            else:
+                self.reply_error(req_id, exc)
+
+    def _auth_failed(self, req_id: Any, exc: CommandError) -> None:
+        """A wrong token: answer after a growing delay (reading paused meanwhile); the last closes."""
+        self._auth_failures += 1
+        failures = self._auth_failures
+        self._auth_wait = True
+        self._set_reading()
+
+        def answer() -> None:
+            if self.closed:
+                return
+            self._auth_wait = False
+            if failures >= AUTH_FAILURES_MAX:
+                self.reply_error(req_id, CommandError(
+                    ErrorCode.AUTH_FAILED, f"invalid token ({failures} wrong tokens: closing the connection)"))
+                self._close_after_flush = True
+                self._flush()
+                return
+            self.reply_error(req_id, exc)
+            self._set_reading()
+            self._pre_auth_pump()
+
+        delay = AUTH_FAIL_DELAYS_S[min(failures, len(AUTH_FAIL_DELAYS_S)) - 1]
+        self.loop.call_later(delay, answer)
+
+    def check_deadlines(self, now: float, frame_timeout_s: float, idle_s: float) -> None:
+        """Close this connection if a frame has been arriving for too long, or if it has stayed
+        unauthenticated and silent for too long (called by the node's guard every ~0.5 s)."""
+        if self.closed:
+            return
+        if self.partial_since and now - self.partial_since > frame_timeout_s:
+            self._refuse_and_close(ErrorCode.TIMEOUT, f"a frame did not arrive whole within {frame_timeout_s:g} s "
+                                                      "of its first byte (limits.frame_timeout_ms)")
+        elif not self.authed and now - self.last_frame_at > idle_s:
+            self._refuse_and_close(ErrorCode.AUTH_REQUIRED, f"no Auth within {idle_s:g} s "
+                                                            "(limits.unauthenticated_idle_ms)")
+
+    def _refuse_and_close(self, code: ErrorCode, message: str) -> None:
+        self._backlog.clear()
+        self.send_frame({"ok": False, "code": code.value, "error": message})
+        self._close_after_flush = True
+        self._flush()
+        self.closed = True  # nothing read after this is dispatched
 
     # --- command flow -------------------------------------------------------------------------
 
@@ -144,7 +373,10 @@ class ClientConnection(asyncio.Protocol):
 
     def _pump_backlog(self) -> None:
         backlog = self._backlog
-        while backlog and self._inflight < self.inflight_max and not self.closed:
+        # Output over its high-water mark stops dispatch too: replies a read answers at once (GetJob
+        # of a large job) would otherwise pile up in memory before the transport can say so.
+        while (backlog and self._inflight < self.inflight_max and not self.closed
+               and not self._write_paused and self._out_bytes < self._output_high):
             frame = backlog.popleft()
             if type(frame) is PlainPush:
                 if self.authed:
@@ -160,9 +392,10 @@ class ClientConnection(asyncio.Protocol):
                 log.exception("dispatch failed for %s", frame.get("cmd"))
                 self.reply_error(frame.get("reqId"),
                                  CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
-        if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and self.transport and not self.closed:
-            self._paused = False
-            self.transport.resume_reading()
+        if not backlog:
+            self._backlog_bytes = 0
+        if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and not self._write_paused:
+            self._set_reading()
 
     def _pump_pushes(self, frame: PlainPush) -> None:
         """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""
@@ -254,6 +487,7 @@ class ClientConnection(asyncio.Protocol):
             data = encode({"ok": False, "error": f"reply could not be sent: {exc}",
                            "code": exc.code.value, "reqId": frame.get("reqId")})
         self._out.append(data)
+        self._out_bytes += len(data)
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
@@ -270,9 +504,19 @@ class ClientConnection(asyncio.Protocol):
                     self._encode_replies(req_ids, results)
         if self._out and self.transport is not None and not self.closed:
             out, self._out = self._out, []
+            self._out_bytes = 0
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            if self._write_paused and self.transport.get_write_buffer_size() > self._output_max:
+                # Replies and events keep coming for a client that does not read: cut it off.
+                log.warning("connection %d from %s: %d bytes unsent (limits.output_max_bytes): closing",
+                            self.conn_id, self.peer_host, self.transport.get_write_buffer_size())
+                self.closed = True
+                self.transport.abort()
+                return
         if self._close_after_flush and self.transport is not None:
             self.transport.close()
+        elif self._backlog and not self._write_paused and not self.closed:
+            self._pump()  # dispatch had stopped at the output mark; the transport took it
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import itertools
 import logging
@@ -44,6 +45,8 @@ NODE_COMMANDS = frozenset({"Hello", "Auth", "Ping", "Identify", "Subscribe", "Pr
                            "RegisterWorker", "UnregisterWorker", "ListWorkers"})
 PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 LEASE_COMMANDS = frozenset({"PULL", "PULLB"})
+#: Commands that add jobs: refused with OVERLOADED while the node is over its memory budget.
+NEW_JOB_COMMANDS = frozenset({"PUSH", "PUSHB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
 PARKED_PER_QUEUE_MAX = 10_000
@@ -86,7 +89,16 @@ class Dispatcher:
         self.loop = node.loop
         self.partitions = node.config.partitions
         self.auth_required = bool(node.config.tokens)
-        self._tokens = [t.encode() for t in node.config.tokens]
+        # Digests of both sides are compared, so not even a token's length shows in the timing.
+        self._token_digests = [_digest(t) for t in node.config.tokens]
+        limits = node.config.limits
+        self._connections_max = limits.connections_max
+        self._per_address_max = limits.connections_per_address_max
+        self._per_address: dict[str, int] = {}
+        #: Set by the node's memory guard: new jobs are refused while True.
+        self.overloaded: CommandError | None = None
+        self.unfinished_bytes = 0
+        self._unfinished_max = limits.unfinished_budget_bytes()
         self.sessions = SessionTable(node.node_id, node.loop, node.config.session_grace_ms,
                                      self._release_session)
         self.connections: set["ClientConnection"] = set()
@@ -101,14 +113,41 @@ class Dispatcher:
 
     # --- connection lifecycle ------------------------------------------------------------------
 
-    def connection_opened(self, conn: "ClientConnection") -> None:
+    def connection_opened(self, conn: "ClientConnection") -> CommandError | None:
+        """Admit a new connection, or say why not (the connection limits); it then closes."""
+        host = conn.peer_host
+        if len(self.connections) >= self._connections_max:
+            return CommandError(ErrorCode.OVERLOADED, f"this node already has {len(self.connections)} client "
+                                f"connections (limits.connections_max = {self._connections_max})")
+        count = self._per_address.get(host, 0)
+        if count >= self._per_address_max:
+            return CommandError(ErrorCode.OVERLOADED, f"{count} connections from {host} already "
+                                f"(limits.connections_per_address_max = {self._per_address_max})")
+        self._per_address[host] = count + 1
         self.connections.add(conn)
         self.sessions.attach(conn.session, conn.conn_id)
+        return None
+
+    def unfinished_add(self, delta: int) -> bool:
+        """Grow (or shrink) the bytes held in large unfinished frames; False, and nothing
+        changed, when growing would pass limits.unfinished_bytes_max."""
+        if delta > 0 and self.unfinished_bytes + delta > self._unfinished_max:
+            return False
+        self.unfinished_bytes += delta
+        return True
 
     def connection_closed(self, conn: "ClientConnection") -> None:
+        if conn not in self.connections:
+            return  # refused at connect: never counted
         self.connections.discard(conn)
         self.subscribers.discard(conn)
         self.sessions.detach(conn.session, conn.conn_id)
+        host = conn.peer_host
+        count = self._per_address.get(host, 0) - 1
+        if count > 0:
+            self._per_address[host] = count
+        else:
+            self._per_address.pop(host, None)
 
     def _release_session(self, session: str, partitions: set[int]) -> None:
         for p in partitions:
@@ -128,6 +167,8 @@ class Dispatcher:
         if cmd in NODE_COMMANDS:
             conn.reply(req_id, self._node_command(conn, cmd, frame))
             return
+        if self.overloaded is not None and cmd in NEW_JOB_COMMANDS:
+            raise self.overloaded
         if cmd == "Stats" and frame.get("local"):
             conn.reply(req_id, self.node.local_stats(frame.get("partition")))
             return
@@ -183,6 +224,8 @@ class Dispatcher:
         queue = frames[0].queue
         p = 0
         try:
+            if self.overloaded is not None:
+                raise self.overloaded
             _check_queue("queue", queue)
             p = self._partition_of("queue", {"queue": queue})
             replica = self.node.replicas.get(p)
@@ -361,7 +404,7 @@ class Dispatcher:
         if read_only:
             now = self.node.now_ms()
             parts = {p: self.node.replicas[p].read(frame, now) for p in led}
-            conn.reply(req_id, _merge(cmd, parts))
+            conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
             return
         results: dict[int, Any] = {}
         if not led:
@@ -393,10 +436,13 @@ class Dispatcher:
                 raise CommandError(ErrorCode.INVALID, "protocolVersion: must be a positive integer")
             version = min(version, 2)
             conn.upgrade(version)
-            return {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
-                    "nodeId": self.node.node_id, "clusterId": self.node.config.cluster_id,
-                    "topology": self.node.topology.to_wire(), "session": conn.session,
-                    "authRequired": self.auth_required}
+            reply = {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
+                     "nodeId": self.node.node_id, "clusterId": self.node.config.cluster_id,
+                     "authRequired": self.auth_required}
+            if conn.authed:  # the cluster's layout and the session only to authenticated clients
+                reply["topology"] = self.node.topology.to_wire()
+                reply["session"] = conn.session
+            return reply
         if cmd == "Auth":
             token = frame.get("token")
             if not isinstance(token, str):
@@ -404,15 +450,17 @@ class Dispatcher:
             if not self.auth_required:
                 conn.authed = True
                 return {}
-            given = token.encode()
+            if len(token) > L.auth_token_chars_max:
+                raise CommandError(ErrorCode.AUTH_FAILED, "invalid token")
+            given = _digest(token)
             # Compare against every token so timing does not reveal which (or whether one) matched.
             matched = False
-            for t in self._tokens:
+            for t in self._token_digests:
                 matched |= hmac.compare_digest(given, t)
             if not matched:
                 raise CommandError(ErrorCode.AUTH_FAILED, "invalid token")
             conn.authed = True
-            return {}
+            return {"topology": self.node.topology.to_wire(), "session": conn.session}
         if cmd == "Identify":
             session = frame.get("session")
             if session is not None:
@@ -490,13 +538,22 @@ def _ignore(_: Any) -> None:
     pass
 
 
-def _merge(cmd: str, parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """Combine one partition-routed command's replies from several partitions."""
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _merge(cmd: str, parts: dict[int, dict[str, Any]], limit: int | None = None) -> dict[str, Any]:
+    """Combine one partition-routed command's replies from several partitions (a listing keeps
+    its page size: the first ``limit`` items, ``more`` when any partition or the merge had more)."""
     covered = sorted(parts)
+    limit = limit or L.page_limit_max
+    more = any(r.get("more") for r in parts.values())
     if cmd == "ListQueues":
-        return {"queues": sorted({q for r in parts.values() for q in r.get("queues", [])}), "partitions": covered}
+        names = sorted({q for r in parts.values() for q in r.get("queues", [])})
+        return {"queues": names[:limit], "more": more or len(names) > limit, "partitions": covered}
     if cmd == "CronList":
-        return {"crons": [c for r in parts.values() for c in r.get("crons", [])], "partitions": covered}
+        crons = [c for r in parts.values() for c in r.get("crons", [])]
+        return {"crons": crons[:limit], "more": more or len(crons) > limit, "partitions": covered}
     if cmd == "CronDelete":
         return {"deleted": any(r.get("deleted") for r in parts.values()), "partitions": covered}
     if cmd == "Stats":

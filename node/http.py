@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from shoal.cluster.codec import raw_of
+from shoal.cluster.errors import ProtocolError
 
 from .http_conn import HttpConnection
 from .http_forward import Forwarder
 from .http_streams import StreamHandlers
-from .http_util import STATUS_BY_CODE, error_response, json_response
+from .http_util import STATUS_BY_CODE, error_response, json_response, loads_bounded
 from .replica import FOLLOWER_APPLY_BATCH
 
 #: Committed but not yet applied entries a ready node may have on a partition.
@@ -152,7 +153,9 @@ class HttpApi(StreamHandlers):
         if not text.strip():
             return {}
         try:
-            body = json.loads(text)
+            body = loads_bounded(text)
+        except ProtocolError as exc:  # the nesting limit
+            raise _bad_request(f"body: {exc}") from exc
         except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError from text()
             raise _bad_request(f"body: not valid JSON ({exc})") from exc
         if not isinstance(body, dict):
@@ -199,7 +202,8 @@ class HttpApi(StreamHandlers):
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],
-            "nodeId": node.node_id, "uptimeS": round(time.time() - self.started, 1), "memory": memory,
+            "nodeId": node.node_id, "uptimeS": round(time.time() - self.started, 1),
+            "memory": {**memory, **node.guard.memory()},
             "jobsHeld": jobs, "connections": len(node.dispatcher.connections),
             "httpStreams": dict(node.metrics.http_streams), "sessions": node.dispatcher.sessions.active,
             "partitions": sorted(node.replicas),
@@ -317,5 +321,6 @@ async def start_http(node: "Node", host: str, port: int) -> web.AppRunner:
     # handler_cancellation: a /work stream's leases are released the moment its client goes away.
     runner = web.AppRunner(build_app(node), access_log=None, shutdown_timeout=2.0, handler_cancellation=True)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    await web.TCPSite(runner, host, port, reuse_address=True,
+                      ssl_context=node.config.tls.server_context() if node.config.tls else None).start()
     return runner

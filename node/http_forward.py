@@ -16,6 +16,7 @@ lead the partition either (leadership moved in between) answers 503 ``NOT_LEADER
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -41,14 +42,17 @@ class Forwarder:
     def __init__(self, node: "Node") -> None:
         self.node = node
         self._session: aiohttp.ClientSession | None = None
+        self._ssl: ssl.SSLContext | None = None  # peers speak HTTPS when this node does
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            tls = self.node.config.tls
+            self._ssl = tls.client_context() if tls else None
             # No total timeout: a forwarded long poll or stream lasts as long as its client wants
             # (the client's disconnect cancels it); only connecting is bounded.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl or False), auto_decompress=False)
         return self._session
 
     async def close(self) -> None:
@@ -63,7 +67,8 @@ class Forwarder:
                 or info.id == self.node.node_id:
             return json_response(reply, STATUS_BY_CODE["NOT_LEADER"])
         host = f"[{info.host}]" if ":" in info.host else info.host
-        url = f"http://{host}:{info.http_port}{request.path_qs}"
+        session = self.session()
+        url = f"{'https' if self._ssl else 'http'}://{host}:{info.http_port}{request.path_qs}"
         headers = {FORWARDED_HEADER: self.node.node_id}
         for name in ("Authorization", "Content-Type", "Accept", "Last-Event-ID"):
             if name in request.headers:
@@ -71,7 +76,7 @@ class Forwarder:
         body = await request.read() or None  # cached by aiohttp if the handler read it already
         self.node.metrics.http_forwarded += 1
         try:
-            upstream = await self.session().request(request.method, url, data=body, headers=headers,
+            upstream = await session.request(request.method, url, data=body, headers=headers,
                                                     allow_redirects=False)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             return json_response({**reply, "error": f"{reply.get('error')}; forwarding to {info.id} "

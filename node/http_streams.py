@@ -8,29 +8,31 @@ All three run their commands through the dispatcher on an
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, decode_request, encode, raw_of
+from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, check_depth, decode_request, encode, raw_of
 from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 from shoal.cluster.partitioning import partition_for
 
+from .connection import AUTH_FAIL_DELAYS_S
 from .http_conn import HttpConnection
 from .http_forward import Forwarder
-from .http_util import dumps, error_response, json_response, sse
+from .http_util import dumps, error_response, json_response, loads_bounded, sse
 
 if TYPE_CHECKING:
     from .server import Node
 
-__all__ = ["StreamHandlers", "WORK_MAX", "EVENTS_BUFFER_MAX"]
+__all__ = ["StreamHandlers", "WORK_MAX", "EVENTS_BUFFER_MAX", "WS_PENDING_MAX"]
 
 WORK_MAX = 1_000
 WORK_POLL_MS = 5_000          # one long poll at a time; also how often an idle stream says ": hb"
 EVENTS_BUFFER_MAX = 10_000    # events queued for one slow /events reader before it is told it lost some
+WS_PENDING_MAX = 10_000       # unsent frames (events, replies) of one /ws before it is closed
 HEARTBEAT_S = 15.0
 RETRY_MS = 2_000              # EventSource reconnect delay we suggest
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -232,7 +234,10 @@ class StreamHandlers:
         """
         node = self.node
         authed = not node.config.tokens or bool(self.token_ok(request.headers.get("Authorization", "")))
-        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=node.config.frame_bytes_max)
+        # A socket that authenticates with an Auth message (browsers) keeps the pre-Auth frame
+        # limit for its life: aiohttp reads a whole message before the node sees any of it.
+        max_msg = node.config.frame_bytes_max if authed else PRE_AUTH_FRAME_BYTES_MAX
+        ws = web.WebSocketResponse(heartbeat=30, max_msg_size=max_msg)
         await ws.prepare(request)
         node.metrics.http_streams["ws"] += 1
         frame_max = node.config.frame_bytes_max or FRAME_BYTES_MAX_DEFAULT
@@ -256,11 +261,18 @@ class StreamHandlers:
                 pass
 
         def on_event(frame: dict[str, Any]) -> None:
+            if len(tasks) >= WS_PENDING_MAX:
+                # Events outpace a client that does not read: close it rather than queue without end.
+                if not ws.closed:
+                    asyncio.get_running_loop().create_task(
+                        ws.close(code=1008, message=b"too many unsent events (client not reading)"))
+                return
             task = asyncio.get_running_loop().create_task(send(frame, binary_events[0]))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
         conn = HttpConnection(node.dispatcher, authed=authed, protocol_version=1, on_event=on_event)
+        auth_failures = [0]
 
         async def run(frame: dict[str, Any], binary: bool) -> None:
             req_id = frame.get("reqId")
@@ -270,24 +282,41 @@ class StreamHandlers:
                 inflight.release()
             if req_id is not None:
                 reply["reqId"] = req_id
+            if reply.get("code") == "AUTH_FAILED" and frame.get("cmd") == "Auth":
+                auth_failures[0] += 1  # as on the binary port: a growing delay, the third closes
+                await asyncio.sleep(AUTH_FAIL_DELAYS_S[min(auth_failures[0], len(AUTH_FAIL_DELAYS_S)) - 1])
+                await send(reply, binary)
+                if auth_failures[0] >= AUTH_FAILURES_MAX:
+                    await ws.close(code=1008, message=b"too many wrong tokens")
+                return
             await send(reply, binary)
 
         try:
-            async for msg in ws:
+            idle_s = node.config.limits.unauthenticated_idle_ms / 1000
+            while True:
+                try:  # like a binary connection: silent this long before Auth, and it is closed
+                    msg = await ws.receive(timeout=None if conn.authed else idle_s)
+                except asyncio.TimeoutError:
+                    await ws.close(code=1008, message=b"no Auth in time (limits.unauthenticated_idle_ms)")
+                    break
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     continue
                 binary = msg.type == WSMsgType.BINARY
                 binary_events[0] = binary
                 try:
                     if binary:  # the binary protocol's own decoder: job data stays raw bytes
+                        check_depth(msg.data)
                         frame = decode_request(msg.data, raw_data=True)
                     else:
-                        frame = json.loads(msg.data)
+                        frame = loads_bounded(msg.data)
                         if not isinstance(frame, dict) or not isinstance(frame.get("cmd"), str) or not frame["cmd"]:
                             raise ProtocolError("a frame is a JSON object with a non-empty string cmd")
                         _rawify(frame)
                 except (ValueError, ProtocolError) as exc:
-                    err: dict[str, Any] = {"ok": False, "code": "PROTOCOL_ERROR", "error": str(exc)}
+                    code = exc.code.value if isinstance(exc, ProtocolError) else "PROTOCOL_ERROR"
+                    err: dict[str, Any] = {"ok": False, "code": code, "error": str(exc)}
                     if isinstance(exc, ProtocolError) and exc.req_id is not None:
                         err["reqId"] = exc.req_id
                     await send(err, binary)

@@ -8,9 +8,11 @@ from typing import Any
 
 from aiohttp import web
 
+from shoal.cluster._depth import DEPTH_MAX, depth_message, json_too_deep
 from shoal.cluster.codec import Raw, unraw
+from shoal.cluster.errors import ErrorCode, ProtocolError
 
-__all__ = ["STATUS_BY_CODE", "dumps", "json_response", "error_response", "sse"]
+__all__ = ["STATUS_BY_CODE", "dumps", "json_response", "error_response", "sse", "loads_bounded"]
 
 #: HTTP status of each wire error code (the body always carries the code itself).
 #: QUEUE_FULL is 429: the client should back off and retry, the node is not out of storage.
@@ -60,3 +62,16 @@ def sse(event: str | None, data: Any, *, event_id: int | None = None) -> bytes:
     if event:
         head += f"event: {event}\n"
     return f"{head}data: {dumps(data)}\n\n".encode()
+
+
+def loads_bounded(text: str) -> Any:
+    """``json.loads`` with the protocol's nesting limit: an ``INVALID`` ProtocolError naming the
+    limit beyond :data:`~shoal.cluster._depth.DEPTH_MAX` levels (never a ``RecursionError``);
+    ValueError for text that is not JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError as exc:
+        raise ProtocolError(depth_message(), ErrorCode.INVALID) from exc
+    if json_too_deep(text, value, DEPTH_MAX):
+        raise ProtocolError(depth_message(), ErrorCode.INVALID)
+    return value

@@ -32,6 +32,7 @@ from shoal.cluster.topology import Topology
 from .connection import ClientConnection
 from .dispatch import Dispatcher
 from .group_commit import GroupCommit
+from .guard import NodeGuard
 from .http import start_http
 from .metrics import NodeMetrics
 from .replica import PartitionReplica
@@ -65,6 +66,8 @@ class Node:
         self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
         self.metrics = NodeMetrics(self)
         self.dispatcher = Dispatcher(self)
+        self.guard = NodeGuard(self)
+        self.metrics.registry.register(self.guard)
         self.started_at = time.monotonic()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
@@ -102,9 +105,11 @@ class Node:
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
                                      self.config.inflight_per_connection),
-            host, self.spec.client_listen_port, reuse_address=True, backlog=1024)
+            host, self.spec.client_listen_port, reuse_address=True, backlog=1024,
+            ssl=self.config.tls.server_context() if self.config.tls else None)
         self.http_runner = await start_http(self, host, self.spec.http_port)
-        for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop()):
+        for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop(),
+                     self.guard.run()):
             self._tasks.append(self.loop.create_task(coro))
         log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
                  sorted(self.replicas))
@@ -284,7 +289,8 @@ class Node:
             await asyncio.sleep(PEER_POLL_INTERVAL_S)
             for peer in peers:
                 try:
-                    topo = await asyncio.wait_for(_fetch_topology(peer.host, peer.port, self.config.tokens), 1.0)
+                    topo = await asyncio.wait_for(_fetch_topology(peer.host, peer.port, self.config.tokens,
+                                                                  self.config.tls), 1.0)
                 except (OSError, asyncio.TimeoutError, CommandError, ValueError):
                     continue
                 merged = self.topology.merge(topo)
@@ -293,8 +299,8 @@ class Node:
                     self._announce_topology()
 
 
-async def _fetch_topology(host: str, port: int, tokens: tuple[str, ...]) -> Topology:
-    reader, writer = await asyncio.open_connection(host, port)
+async def _fetch_topology(host: str, port: int, tokens: tuple[str, ...], tls: Any = None) -> Topology:
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls.client_context() if tls else None)
     try:
         frames = [{"cmd": "Hello", "protocolVersion": 2, "reqId": 1}]
         if tokens:

@@ -8,8 +8,7 @@ replicated ``_ReleaseSession`` command on each partition it pulled from.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
+import secrets
 from collections.abc import Callable
 
 __all__ = ["SessionTable"]
@@ -22,8 +21,6 @@ class SessionTable:
 
     def __init__(self, node_id: str, loop: asyncio.AbstractEventLoop, grace_ms: int,
                  release: Callable[[str, set[int]], None]) -> None:
-        self._prefix = f"{node_id}.{int(time.time() * 1000):x}."
-        self._ids = itertools.count(1)
         self.loop = loop
         self.grace_ms = grace_ms
         self._release = release
@@ -32,7 +29,9 @@ class SessionTable:
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def new_session_id(self) -> str:
-        return f"{self._prefix}{next(self._ids)}"
+        """128 random bits: a session owns leases, so its id must not be guessable (``Identify``
+        takes a session over by id)."""
+        return secrets.token_hex(16)
 
     def attach(self, session: str, conn_id: int) -> None:
         """A connection now belongs to ``session`` (new, or taken back within its grace)."""

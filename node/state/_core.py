@@ -64,17 +64,18 @@ DEFAULTS: dict[str, Any] = {
 #: tarantool's queue types as presets: which job options each honours.
 QUEUE_PRESETS: dict[str, dict[str, bool]] = {
     "standard":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": True},
-    "fifo":       {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": False},
-    "fifottl":    {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": False},
+    "fifo":       {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": True},
+    "fifottl":    {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": True},
     "limfifottl": {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": True},
-    "utube":      {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": True,  "capacity": False},
-    "utubettl":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": False},
-    "log":        {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": False},
+    "utube":      {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": True,  "capacity": True},
+    "utubettl":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": True},
+    "log":        {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": True},
 }
 IDEMPOTENCY_WINDOW_MS = 120_000
 JOB_LOGS_MAX = 100
 EVENTS_MAX = 10_000
 PAGE_DEFAULT = 100
+PAGE_LIMIT_MAX = 10_000  # ListQueues/CronList page (cluster.limits.page_limit_max)
 _SNAPSHOT_VERSION = 1
 
 
@@ -763,8 +764,15 @@ class PartitionEngine:
     # ------------------------------------------------------------------------------------------
     # push
 
+    def _check_log_capacity(self, q: Queue, adding: int) -> None:
+        """A log queue's capacity counts its records (``discard: reject``: nothing is dropped)."""
+        capacity = q.opts["capacity"]
+        if capacity and len(q.log) + adding > capacity:
+            raise CommandError(ErrorCode.QUEUE_FULL, f"queue {q.name!r} is at its capacity of {capacity}")
+
     def _check_push(self, q: Queue, options: dict[str, Any], extra: int = 0) -> None:
         if q.type == "log":
+            self._check_log_capacity(q, 1 + extra)
             return
         preset = q.preset
         if not preset["group"] and options.get("group") is not None:
@@ -979,6 +987,7 @@ class PartitionEngine:
     def _op_PUSH(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
         if q.type == "log":
+            self._check_log_capacity(q, 1)
             self._count(q, "PUSH")
             return self._append_log(q, cmd["data"], cmd.get("tag"))
         dup = self._duplicate(q, cmd)
@@ -1010,6 +1019,7 @@ class PartitionEngine:
         else:
             items = cmd["jobs"]
         if q.type == "log":
+            self._check_log_capacity(q, len(items))
             return {"ids": [self._append_log(q, item["data"], item.get("tag"))["id"] for item in items]}
         # Only items with a key or customId can be duplicates; only the first fresh item
         # needs the capacity check (state does not change while checking), later ones the
@@ -1683,7 +1693,10 @@ class PartitionEngine:
         return {"deleted": self.crons.pop(cmd["name"], None) is not None}
 
     def _op_CronList(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in self.crons.values()]}
+        limit = cmd.get("limit") or PAGE_LIMIT_MAX
+        crons = list(islice(self.crons.values(), limit + 1))
+        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in crons[:limit]],
+                "more": len(crons) > limit}
 
     # ------------------------------------------------------------------------------------------
     # queries (never change state)
@@ -1767,7 +1780,11 @@ class PartitionEngine:
         return {"paused": bool(q and q.paused)}
 
     def _op_ListQueues(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return {"queues": self.queue_names()}
+        # One page in name order after ``after``: a reply of every name of a partition with a
+        # million queues would be built, encoded and sent in one go on the node's loop.
+        after, limit = cmd.get("after"), cmd.get("limit") or PAGE_LIMIT_MAX
+        names = heapq.nsmallest(limit + 1, self.queues if after is None else (n for n in self.queues if n > after))
+        return {"queues": names[:limit], "more": len(names) > limit}
 
     def _op_Dlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])

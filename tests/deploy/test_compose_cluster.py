@@ -38,6 +38,7 @@ from _deploy import (NODE_SERVICES, compose, compose_test_argv, dashboard_metric
 pytestmark = pytest.mark.integration
 
 SECRET = "compose-test-secret"
+TOKEN = "compose-test-token"
 FORMING_S = 60.0
 RETRY_S = 30.0
 T = TypeVar("T")
@@ -127,7 +128,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def compose_nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, LocalNode]]:
     services = compose()["services"]
     host_env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    variables = {**host_env, "SHOAL_CLUSTER_SECRET": SECRET}
+    variables = {**host_env, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN}
     envs = {name: service_env(services[name], variables) for name in NODE_SERVICES}
     configs = {name: load_config(env=env) for name, env in envs.items()}
     partitions = configs["shoal-1"].partitions
@@ -165,6 +166,7 @@ class Conn:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
         self.decoder = FrameDecoder(requests=False)
         self.req_ids = itertools.count(1)
+        assert self.call({"cmd": "Auth", "token": TOKEN}).get("ok"), "compose requires client tokens"
 
     def call(self, frame: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
         req_id = next(self.req_ids)
@@ -234,7 +236,9 @@ def on_leader(seed_port: int, queue: str, steps: Callable[[Conn], T]) -> T:
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as resp:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=3) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -263,7 +267,7 @@ def test_compose_node_services_form_a_cluster_that_pushes_and_pulls(compose_node
     nodes = compose_nodes
     topology = wait_formed(nodes)
     # The settings come from the compose environment alone (no config file, no flags).
-    compose_env = service_env(compose()["services"]["shoal-1"], {"SHOAL_CLUSTER_SECRET": SECRET})
+    compose_env = service_env(compose()["services"]["shoal-1"], {"SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN})
     assert {n["id"] for n in topology["nodes"]} == set(NODE_SERVICES)
     assert topology["clusterId"] == compose_env["SHOAL_CLUSTER_ID"]
     assert topology["partitions"] == int(compose_env["SHOAL_PARTITIONS"])

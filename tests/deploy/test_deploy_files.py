@@ -24,14 +24,16 @@ import pytest
 import yaml
 
 from shoal.cluster.config import ENV_VARS, load_config
+from shoal.cluster.guard import TLS_ENV_VARS
 
 from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
+                     interpolate,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
                      healthcheck_argv, image_argv, lookup, render_env_block, service_env, template_texts,
                      values_paths_used)
 
 REPO = DEPLOY.parent
-SECRET_VARS = {"SHOAL_CLUSTER_SECRET": "s3cret-for-tests"}
+SECRET_VARS = {"SHOAL_CLUSTER_SECRET": "s3cret-for-tests", "SHOAL_AUTH_TOKENS": "token-for-tests"}
 
 sys.path.insert(0, str(DEPLOY))
 import make_toxiproxy_config  # noqa: E402
@@ -108,7 +110,23 @@ def test_compose_refuses_to_start_without_a_cluster_secret() -> None:
     with pytest.raises(MissingVariable):
         _node_env("shoal-1", {})
     with pytest.raises(MissingVariable):
-        _node_env("shoal-1", {"SHOAL_CLUSTER_SECRET": ""})
+        _node_env("shoal-1", {**SECRET_VARS, "SHOAL_CLUSTER_SECRET": ""})
+
+
+def test_compose_refuses_to_start_without_client_tokens() -> None:
+    for name in (*NODE_SERVICES, *CHAOS_SERVICES, "prometheus"):
+        with pytest.raises(MissingVariable):
+            _node_env(name, {"SHOAL_CLUSTER_SECRET": "s"})
+        with pytest.raises(MissingVariable):
+            _node_env(name, {**SECRET_VARS, "SHOAL_AUTH_TOKENS": ""})
+    assert load_config(env=_node_env("shoal-1")).tokens == ("token-for-tests",)
+
+
+def test_compose_publishes_ports_on_loopback_unless_told_otherwise() -> None:
+    for name, svc in compose()["services"].items():
+        for spec in svc.get("ports", []):
+            assert interpolate(spec, {}).startswith("127.0.0.1:"), f"{name}: {spec}"
+            assert interpolate(spec, {"SHOAL_PUBLISH": "0.0.0.0"}).startswith("0.0.0.0:")
 
 
 def test_compose_depends_on_conditions_name_real_services() -> None:
@@ -147,8 +165,9 @@ def test_compose_publishes_each_node_on_its_own_advertised_ports() -> None:
     for name in NODE_SERVICES:
         me = load_config(env=_node_env(name)).node()
         assert me.host == name, "peers reach a node by its compose service name"
-        published = {tuple(p.split(":")) for p in services[name]["ports"]}
-        assert published == {(str(me.port), str(me.port)), (str(me.http_port), str(me.http_port))}
+        published = {tuple(interpolate(p, {}).split(":")) for p in services[name]["ports"]}
+        assert published == {("127.0.0.1", str(me.port), str(me.port)),
+                             ("127.0.0.1", str(me.http_port), str(me.http_port))}
     clients = [load_config(env=_node_env(n)).node().port for n in NODE_SERVICES]
     assert len(set(clients)) == 3
 
@@ -166,7 +185,8 @@ def test_chaos_profile_routes_every_link_through_the_real_toxiproxy_image() -> N
     listens = {int(p["listen"].rsplit(":", 1)[1]): p["upstream"] for p in proxies}
     published = set()
     for spec in toxi["ports"]:
-        host, container = spec.split(":")
+        bind, host, container = interpolate(spec, {}).split(":")
+        assert bind == "127.0.0.1"
         lo, _, hi = container.partition("-")
         published |= set(range(int(lo), int(hi or lo) + 1))
     for name in CHAOS_SERVICES:
@@ -391,7 +411,8 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
             "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
             "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
-    not_for_pods = {"SHOAL_CONFIG"}
+    # TLS needs a certificate Secret mounted into the pods: the chart has no TLS settings yet.
+    not_for_pods = {"SHOAL_CONFIG", *TLS_ENV_VARS}
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
         f"shoal node reads variables the chart does not set: {sorted(set(ENV_VARS) - set(names) - not_for_pods)}"
     secret_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["secret.yaml"], re.M))

@@ -66,6 +66,7 @@ _QUEUE_OPTIONS = {
 FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     **_JOB_OPTIONS,
     "queue": queue_names,
+    "after": queue_names,
     "data": msgpack_values,
     "result": msgpack_values,
     "timeout": st.integers(0, L.timeout_ms_max),

@@ -1,0 +1,86 @@
+"""The nesting-depth bounds of requests (shoal.cluster._depth) and the codec's use of them."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shoal.cluster._depth import DEPTH_MAX, json_too_deep, msgpack_req_id, msgpack_too_deep
+from shoal.cluster.codec import FrameDecoder, check_depth
+from shoal.cluster.errors import ErrorCode, ProtocolError
+
+
+def nest(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def depth_of(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((max(depth_of(k), depth_of(v)) for k, v in value.items()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    return 0
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=40)
+    | st.binary(max_size=300),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=60)
+
+
+@given(values, st.integers(1, 12))
+def test_msgpack_depth_matches_a_naive_walk(value: Any, limit: int) -> None:
+    packed = msgpack.packb(value, use_bin_type=True)
+    # The cheap pre-checks only skip the walk when it could not exceed the limit.
+    assert msgpack_too_deep(packed, limit) == (depth_of(value) > limit)
+
+
+@pytest.mark.parametrize("depth", [DEPTH_MAX - 2, DEPTH_MAX - 1, DEPTH_MAX, DEPTH_MAX + 1, 100_000])
+def test_frame_depth_limit_is_512_levels(depth: int) -> None:
+    body = b"\x83\xa3cmd\xa4PUSH\xa5reqId\x07\xa4data" + b"\x91" * (depth - 1) + b"\x00"
+    # The frame's map is level 1, so data nested depth - 1 arrays deep makes a frame of ``depth``.
+    assert msgpack_too_deep(body) == (depth > DEPTH_MAX)
+    assert msgpack_req_id(body) == 7
+    out = FrameDecoder(raw_data=True, plain_push=True).drain(struct.pack(">I", len(body)) + body)
+    if depth > DEPTH_MAX:
+        assert type(out[0]) is ProtocolError and out[0].code is ErrorCode.INVALID and out[0].req_id == 7
+        assert not out[0].fatal and "512" in str(out[0])
+    else:
+        assert type(out[0]) is not ProtocolError
+
+
+def test_req_id_is_found_behind_a_small_value_not_behind_a_huge_one() -> None:
+    body = b"\x83\xa3cmd\xa4PUSH\xa4data" + b"\x91" * 600 + b"\x00" + b"\xa5reqId\xa3abc"
+    assert msgpack_req_id(body) == "abc"
+    with pytest.raises(ProtocolError) as err:
+        check_depth(body)
+    assert err.value.req_id == "abc"
+    huge = b"\x83\xa3cmd\xa4PUSH\xa4data" + b"\x91" * 1_000_000 + b"\x00" + b"\xa5reqId\xa3abc"
+    assert msgpack_req_id(huge) is None  # bounded work: the reply then carries no reqId
+
+
+def test_json_depth() -> None:
+    for depth, deep in ((DEPTH_MAX, False), (DEPTH_MAX + 1, True)):
+        text = json.dumps(nest(depth))
+        assert json_too_deep(text, json.loads(text)) is deep
+    flat = json.dumps([[] for _ in range(2000)])   # many brackets, depth 2
+    assert not json_too_deep(flat, json.loads(flat))
+    text = json.dumps({"s": "[" * 2000})           # brackets inside a string count for nothing
+    assert not json_too_deep(text, json.loads(text))
+
+
+def test_element_counts_cannot_outgrow_the_frame() -> None:
+    # A header claiming 4 billion elements in a 6-byte frame is refused, not allocated.
+    body = b"\x82\xa3cmd\xa4Ping\xa1x\xdd\xff\xff\xff\xff"
+    out = FrameDecoder(raw_data=True, plain_push=True).drain(struct.pack(">I", len(body)) + body)
+    assert type(out[0]) is ProtocolError and not out[0].fatal
