@@ -13,6 +13,7 @@ the same way. The file::
     frame_bytes_max = 67108864
     inflight_per_connection = 50
     data_dir = ".shoal"         # node data goes under data_dir/<node id> unless set per node
+    dashboard_read_only = false # the web dashboard hides its actions and the API refuses them
 
     [[nodes]]
     id = "n1"
@@ -39,6 +40,7 @@ SHOAL_HTTP_PORT            default HTTP port
 SHOAL_RAFT_PORT            default Raft base port
 SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
 SHOAL_FRAME_BYTES_MAX      maximum frame size
+SHOAL_DASHBOARD_READ_ONLY  ``1``/``true``: the dashboard's actions are refused (``READ_ONLY``)
 =========================  ==================================================
 """
 
@@ -70,7 +72,7 @@ ENV_VARS = (
     "SHOAL_CONFIG", "SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_ID", "SHOAL_PARTITIONS",
     "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
     "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
-    "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX",
+    "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX", "SHOAL_DASHBOARD_READ_ONLY",
 )
 
 
@@ -123,6 +125,7 @@ class ClusterConfig:
     data_dir: str = ".shoal"
     node_id: str | None = None
     listen: str | None = None
+    dashboard_read_only: bool = False
 
     @property
     def rf(self) -> int:
@@ -199,7 +202,7 @@ class ClusterConfig:
             "id": self.cluster_id, "partitions": self.partitions, "replication": self.replication,
             "secret": self.secret, "tokens": list(self.tokens), "session_grace_ms": self.session_grace_ms,
             "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
-            "data_dir": self.data_dir,
+            "data_dir": self.data_dir, "dashboard_read_only": self.dashboard_read_only,
         }
         nodes = []
         for n in self.nodes:
@@ -304,6 +307,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         data_dir=str(c.get("data_dir", ".shoal")),
         node_id=me,
         listen=env.get("SHOAL_LISTEN") or None,
+        dashboard_read_only=(env.get("SHOAL_DASHBOARD_READ_ONLY", "").lower() in ("1", "true", "yes")
+                             or c.get("dashboard_read_only") is True),
     )
     cfg.validate()
     if me:

@@ -1729,21 +1729,22 @@ class PartitionEngine:
         if q is None:
             return {"jobs": [], "total": 0}
         state = cmd.get("state")
+        tag = cmd.get("tag")
         offset = cmd.get("offset") or 0
         limit = cmd.get("limit") or PAGE_DEFAULT
         total = q.counts[state] if state else sum(q.counts.values())
         page: list[dict[str, Any]] = []
-        skipped = 0
+        matched = 0
         for job in self._all_jobs():  # seq order; a paging query, not a hot path
-            if job.queue != q.name or (state and job.state != state):
+            if job.queue != q.name or (state and job.state != state) or (tag is not None and job.tag != tag):
                 continue
-            if skipped < offset:
-                skipped += 1
+            matched += 1
+            if matched <= offset or len(page) >= limit:
+                if tag is None and len(page) >= limit:
+                    break  # the total is known from the counters; with a tag it is counted here
                 continue
             page.append(self.wire_job(job))
-            if len(page) >= limit:
-                break
-        return {"jobs": page, "total": total}
+        return {"jobs": page, "total": matched if tag is not None else total}
 
     def _op_GetJobCounts(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])

@@ -443,3 +443,19 @@ def test_pull_while_a_million_jobs_are_delayed_is_cheap() -> None:
     assert r["job"] is not None and r["job"]["data"].packed == b"\x02"
     assert len(calls) < 10   # O(log n) heap work, no scan of the 1,000,000 delayed jobs
     assert run(e, {"cmd": "GetJobCounts", "queue": "d"}, 2_000)["counts"]["delayed"] == 1_000_000
+
+
+def test_getjobs_filters_by_tag_and_counts_the_matches() -> None:
+    e = PartitionEngine(0)
+    run(e, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(3)]})  # a segment, no tags
+    for i in range(7):
+        run(e, {"cmd": "PUSH", "queue": "q", "data": raw_of(i), "tag": "even" if i % 2 == 0 else "odd"})
+    before = e.digest()
+    page = run(e, {"cmd": "GetJobs", "queue": "q", "tag": "even", "offset": 1, "limit": 2})
+    assert page["total"] == 4
+    assert [unraw(j["data"]) for j in page["jobs"]] == [2, 4]
+    assert all(j["tag"] == "even" for j in page["jobs"])
+    assert run(e, {"cmd": "GetJobs", "queue": "q", "tag": "none"}) == {"jobs": [], "total": 0}
+    untagged = run(e, {"cmd": "GetJobs", "queue": "q", "offset": 8, "limit": 5})
+    assert untagged["total"] == 10 and len(untagged["jobs"]) == 2
+    assert e.digest() == before  # a query changes nothing
