@@ -232,7 +232,7 @@ class Dashboard:
         return web.FileResponse(STATIC_DIR / "index.html", headers={
             "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache",
             # The page loads nothing from elsewhere: say so to the browser too.
-            "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'",
+            "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'",
             "X-Frame-Options": "DENY"})
 
     async def static(self, request: web.Request) -> web.StreamResponse:

@@ -209,6 +209,7 @@ class Simulation:
             self.counters["pulled"] += 1
             if job.attempts > 1:
                 self.counters["redelivered"] += 1
+                self._event(w["id"], f"took it again (delivery {job.attempts}: reclaimed or retried)", job.id)
             try:
                 await q.log(job, f"{w['id']} took it (delivery {job.attempts})")
                 roll = self.rng.random()
