@@ -72,6 +72,10 @@ TIMELINE_ACTIVE_S = 30.0
 TIMELINE_JOBS_MAX = 50_000
 TIMELINE_ENTRIES_MAX = 32
 LIST_LIMIT_MAX = 200
+#: Dashboard actions: path (under /queues/{queue}/ or /jobs/{id}/) -> the protocol command it runs.
+QUEUE_ACTIONS = {"pause": "Pause", "resume": "Resume", "drain": "Drain", "clean": "Clean",
+                 "dlq/retry": "RetryDlq", "dlq/purge": "PurgeDlq"}
+JOB_ACTIONS = {"retry": "RetryDlq or RetryCompleted", "promote": "Promote", "cancel": "Bury", "release": "Release"}
 _STATES = ("waiting", "delayed", "active", "completed", "failed")
 _TOTALS = ("enqueued", "completed", "failed")
 
@@ -84,6 +88,7 @@ class QueueSampler:
         # queue -> deque of (time ms, counts tuple in _STATES order, totals tuple in _TOTALS order)
         self.samples: dict[str, collections.deque[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
         self.info: dict[str, dict[str, Any]] = {}  # queue -> {partition, paused, type, totals}
+        self.sampled_at: dict[int, int] = {}        # partition -> time of its last sample
 
     def sample(self) -> None:
         now = self.node.now_ms()
@@ -101,9 +106,15 @@ class QueueSampler:
                 ring = self.samples.get(name)
                 if ring is None:
                     ring = self.samples[name] = collections.deque(maxlen=HISTORY_SAMPLES)
+                    if p in self.sampled_at:
+                        # Born since the partition's last sample: everything it counted happened
+                        # in between, so a zero baseline then gives its first rates.
+                        zero = (0,) * len(_STATES)
+                        ring.append((self.sampled_at[p], zero, (0,) * len(_TOTALS)))
                 ring.append((now, counts, totals))
                 self.info[name] = {"partition": p, "paused": m["paused"], "type": m["type"],
                                    "totals": dict(m["totals"])}
+            self.sampled_at[p] = now
         for gone in set(self.samples) - seen:  # obliterated, or this node no longer hosts it
             del self.samples[gone]
             self.info.pop(gone, None)
@@ -467,7 +478,7 @@ class Dashboard:
         if refused is not None:
             return refused
         job_id = request.match_info["id"]
-        action = request.match_info.get("action") or ("delete" if request.method == "DELETE" else "")
+        action = "delete" if request.method == "DELETE" else _route(request).removeprefix("/jobs/{id}/")
         if action == "retry":
             got = await self.api.command({"cmd": "GetJob", "id": job_id})
             if not got.get("ok"):
@@ -492,10 +503,8 @@ class Dashboard:
         if refused is not None:
             return refused
         queue = request.match_info["queue"]
-        action = request.match_info["action"]
-        frame: dict[str, Any] = {"cmd": {"pause": "Pause", "resume": "Resume", "drain": "Drain",
-                                         "clean": "Clean", "retry": "RetryDlq", "purge": "PurgeDlq"}[action],
-                                 "queue": queue}
+        action = _route(request).removeprefix("/queues/{queue}/")
+        frame: dict[str, Any] = {"cmd": QUEUE_ACTIONS[action], "queue": queue}
         if action == "clean":
             body = await self.api.body(request)
             unknown = set(body) - {"state", "grace", "limit"}
@@ -541,6 +550,12 @@ class Dashboard:
         return json_response({"ok": True, "simulation": self.simulation.status()})
 
 
+def _route(request: web.Request) -> str:
+    """The matched route's pattern (``/jobs/{id}/retry``), never the client's spelling of the path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else ""
+
+
 def _page_size() -> int:
     import os
     return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -560,10 +575,11 @@ def add_dashboard_routes(app: web.Application, api: "HttpApi") -> Dashboard:
     r.add_get("/queues/{queue}", d.queue_info)
     r.add_get("/queues/{queue}/list", d.list_jobs)
     r.add_get("/queues/{queue}/search", d.search)
-    r.add_post("/queues/{queue}/{action:pause|resume|drain|clean}", d.queue_action)
-    r.add_post("/queues/{queue}/dlq/{action:retry|purge}", d.queue_action)
+    for action in QUEUE_ACTIONS:
+        r.add_post(f"/queues/{{queue}}/{action}", d.queue_action)
     r.add_get("/jobs/{id}/detail", d.job_detail)
-    r.add_post("/jobs/{id}/{action:retry|promote|cancel|release}", d.job_action)
+    for action in JOB_ACTIONS:
+        r.add_post(f"/jobs/{{id}}/{action}", d.job_action)
     r.add_delete("/jobs/{id}", d.job_action)
     r.add_get("/simulation", d.simulation_status)
     r.add_post("/simulation", d.simulation_start)

@@ -281,30 +281,33 @@ function renderLive() {
 
 function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
-function lineChart(t, series, { width = 800, height = 200, stacked = false } = {}) {
-  const padL = 44, padR = 10, padT = 10, padB = 22;
+function lineChart(t, series, { width = 800, height = 200, stacked = false, integer = false } = {}) {
+  // drawn at the container's pixel width, so text and strokes are never stretched
+  width = Math.max(240, Math.round(width));
+  const padL = 44, padR = 12, padT = 10, padB = 22;
   const w = width - padL - padR, h = height - padT - padB;
   const n = t.length;
-  if (n < 2) return `<svg class="chart" viewBox="0 0 ${width} ${height}"><text x="${width / 2}" y="${height / 2}" text-anchor="middle">collecting samples…</text></svg>`;
-  let max = 0;
+  if (n < 2) return `<svg class="chart" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}"><text x="${width / 2}" y="${height / 2}" text-anchor="middle">collecting samples (one a second)…</text></svg>`;
+  let top = 0;
   const sums = new Array(n).fill(0);
   for (const s of series) for (let i = 0; i < n; i++) {
     const v = s.values[i] || 0;
-    if (stacked) { sums[i] += v; max = Math.max(max, sums[i]); } else max = Math.max(max, v);
+    if (stacked) { sums[i] += v; top = Math.max(top, sums[i]); } else top = Math.max(top, v);
   }
-  max = niceMax(max);
+  const step = niceStep(top / 4, integer);
+  const max = Math.max(step, Math.ceil(top / step) * step);
   const x = (i) => padL + (i / (n - 1)) * w;
   const y = (v) => padT + h - (v / max) * h;
-  let out = `<svg class="chart" viewBox="0 0 ${width} ${height}" preserveAspectRatio="none" role="img">`;
-  for (let k = 0; k <= 4; k++) {
-    const v = (max / 4) * k, yy = y(v);
+  let out = `<svg class="chart" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img">`;
+  for (let v = 0; v <= max + step / 2; v += step) {
+    const yy = y(v).toFixed(1);
     out += `<line class="grid-line" x1="${padL}" x2="${width - padR}" y1="${yy}" y2="${yy}"/>`;
-    out += `<text x="${padL - 6}" y="${yy + 3}" text-anchor="end">${fmtNum(Math.round(v * 10) / 10)}</text>`;
+    out += `<text x="${padL - 6}" y="${+yy + 3}" text-anchor="end">${fmtNum(Math.round(v * 100) / 100)}</text>`;
   }
-  const t0 = t[0], t1 = t[n - 1];
-  for (let k = 0; k <= 4; k++) {
-    const tt = t0 + ((t1 - t0) * k) / 4;
-    out += `<text x="${padL + (w * k) / 4}" y="${height - 6}" text-anchor="${k === 0 ? "start" : k === 4 ? "end" : "middle"}">${fmtTime(tt).slice(0, 8)}</text>`;
+  const t0 = t[0], t1 = t[n - 1], labels = width < 480 ? 2 : 4;
+  for (let k = 0; k <= labels; k++) {
+    const tt = t0 + ((t1 - t0) * k) / labels;
+    out += `<text x="${padL + (w * k) / labels}" y="${height - 6}" text-anchor="${k === 0 ? "start" : k === labels ? "end" : "middle"}">${fmtTime(tt).slice(0, 8)}</text>`;
   }
   const base = new Array(n).fill(0);
   for (const s of series) {
@@ -317,17 +320,20 @@ function lineChart(t, series, { width = 800, height = 200, stacked = false } = {
     if (stacked) {
       const low = [];
       for (let i = n - 1; i >= 0; i--) low.push(`${x(i).toFixed(1)},${y(base[i]).toFixed(1)}`);
-      out += `<polygon points="${pts.join(" ")} ${low.join(" ")}" fill="${color}" fill-opacity="0.28" stroke="none"/>`;
+      out += `<polygon points="${pts.join(" ")} ${low.join(" ")}" fill="${color}" fill-opacity="0.25" stroke="none"/>`;
       for (let i = 0; i < n; i++) base[i] += s.values[i] || 0;
     }
-    out += `<polyline points="${pts.join(" ")}" fill="none" stroke="${color}" stroke-width="1.6" vector-effect="non-scaling-stroke"/>`;
+    out += `<polyline points="${pts.join(" ")}" fill="none" stroke="${color}" stroke-width="1.6" stroke-linejoin="round"/>`;
   }
   return out + "</svg>";
 }
-function niceMax(v) {
-  if (v <= 0) return 1;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+function niceStep(raw, integer) {
+  if (raw <= 0) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5, 10]) {
+    const step = m * p;
+    if (step >= raw && (!integer || Number.isInteger(step))) return step;
+  }
   return 10 * p;
 }
 function legend(series) {
@@ -499,11 +505,12 @@ function renderQueue(r, info, list) {
   const countSeries = [
     { name: "waiting", color: "--waiting", values: h.waiting }, { name: "delayed", color: "--delayed", values: h.delayed },
     { name: "active", color: "--active", values: h.active }, { name: "failed", color: "--failed", values: h.failed }];
-  $("#q-chart-counts").innerHTML = lineChart(h.t, countSeries, { stacked: true }) + legend(countSeries);
+  const cw = (id) => $(id).clientWidth - 32;
+  $("#q-chart-counts").innerHTML = lineChart(h.t, countSeries, { stacked: true, integer: true, width: cw("#q-chart-counts") }) + legend(countSeries);
   const rateSeries = [
     { name: "enqueued/s", color: "--waiting", values: h.enqueuedRate }, { name: "completed/s", color: "--completed", values: h.completedRate },
     { name: "failed/s", color: "--failed", values: h.failedRate }];
-  $("#q-chart-rates").innerHTML = lineChart(h.t, rateSeries) + legend(rateSeries);
+  $("#q-chart-rates").innerHTML = lineChart(h.t, rateSeries, { width: cw("#q-chart-rates") }) + legend(rateSeries);
   const jobs = list.jobs || [];
   if (!jobs.length) {
     $("#q-jobs").innerHTML = `<div class="empty">${r.q ? `No job of this queue has the id, custom id or tag “${esc(r.q)}”.` : `No ${esc(r.state)} jobs.`}</div>`;
@@ -518,7 +525,7 @@ function renderQueue(r, info, list) {
     $("#q-pager").innerHTML = `<span>${total ? `${fmtNum(from + 1)}–${fmtNum(Math.min(total, from + PAGE))} of ${fmtNum(total)}` : ""}</span>
       <a class="btn small ${r.page ? "" : "disabled"}" ${r.page ? `href="${esc(queueHash(r.queue, r.state, r.page - 1))}"` : ""}>‹ Prev</a>
       <span>page ${r.page + 1} / ${pages}</span>
-      <a class="btn small" ${r.page + 1 < pages ? `href="${esc(queueHash(r.queue, r.state, r.page + 1))}"` : ""}>Next ›</a>`;
+      <a class="btn small ${r.page + 1 < pages ? "" : "disabled"}" ${r.page + 1 < pages ? `href="${esc(queueHash(r.queue, r.state, r.page + 1))}"` : ""}>Next ›</a>`;
   }
 }
 
@@ -622,7 +629,7 @@ function jobDetailHtml(d) {
     ${jobActions(j, false)}
     <section><h3>Job</h3><dl class="kv">
       ${kv("Attempts", `${j.attempts} of ${j.maxAttempts}`)}${kv("Priority", esc(j.priority))}
-      ${kv("Progress", `<div class="progress"><i style="width:${Math.max(0, Math.min(100, j.progress || 0))}%"></i></div> ${esc(j.progress || 0)}%${d.progressMessage ? " · " + esc(d.progressMessage) : ""}`)}
+      ${kv("Progress", `<span class="progress-row"><span class="progress"><i style="width:${Math.max(0, Math.min(100, j.progress || 0))}%"></i></span><span>${esc(j.progress || 0)}%${d.progressMessage ? " · " + esc(d.progressMessage) : ""}</span></span>`)}
       ${kv("Created", esc(fmtDate(j.createdAt)))}${kv("Runs at", esc(fmtDate(j.runAt)))}
       ${j.leaseDeadline ? kv("Lease ends", esc(fmtDate(j.leaseDeadline))) : ""}${j.finishedAt ? kv("Finished", esc(fmtDate(j.finishedAt))) : ""}
       ${j.customId ? kv("Custom id", esc(j.customId)) : ""}${j.tag ? kv("Tag", esc(j.tag)) : ""}${j.group ? kv("Group", esc(j.group)) : ""}

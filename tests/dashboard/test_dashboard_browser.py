@@ -13,7 +13,7 @@ import pytest
 from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
 
-from conftest import PHONE, base_url
+from dashboard_helpers import PHONE, base_url, browser, cluster, page, shots  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -1,6 +1,9 @@
-"""Browser tests of the dashboard: headless Debian Chromium driven by Playwright, against real
-3-node clusters on loopback (stopped by pid afterwards). Skipped when Chromium or Playwright is
-missing; ``scripts/test`` installs both where it can."""
+"""What the dashboard's browser tests share: Chromium's settings, fixtures, the node's URL.
+
+Headless Debian Chromium driven by Playwright, against real 3-node clusters on loopback
+(stopped by pid afterwards). A test module that imports this is skipped when Chromium or
+Playwright is missing; ``scripts/test`` installs both where it can. (A module, not a
+conftest.py: the integration tests import their own ``conftest`` by that name.)"""
 
 from __future__ import annotations
 
@@ -21,14 +24,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
-pytestmark = pytest.mark.browser
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
     pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
