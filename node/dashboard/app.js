@@ -281,7 +281,7 @@ function renderLive() {
 
 function cssVar(name) { return getComputedStyle(document.documentElement).getPropertyValue(name).trim(); }
 
-function lineChart(t, series, { width = 800, height = 200, stacked = false, integer = false } = {}) {
+function lineChart(t, series, { width = 800, height = 200, stacked = false, area = false, integer = false } = {}) {
   // drawn at the container's pixel width, so text and strokes are never stretched
   width = Math.max(240, Math.round(width));
   const padL = 44, padR = 12, padT = 10, padB = 22;
@@ -304,7 +304,7 @@ function lineChart(t, series, { width = 800, height = 200, stacked = false, inte
     out += `<line class="grid-line" x1="${padL}" x2="${width - padR}" y1="${yy}" y2="${yy}"/>`;
     out += `<text x="${padL - 6}" y="${+yy + 3}" text-anchor="end">${fmtNum(Math.round(v * 100) / 100)}</text>`;
   }
-  const t0 = t[0], t1 = t[n - 1], labels = width < 480 ? 2 : 4;
+  const t0 = t[0], t1 = t[n - 1], labels = Math.max(1, Math.min(width < 480 ? 2 : 4, Math.floor((t1 - t0) / 2000)));
   for (let k = 0; k <= labels; k++) {
     const tt = t0 + ((t1 - t0) * k) / labels;
     out += `<text x="${padL + (w * k) / labels}" y="${height - 6}" text-anchor="${k === 0 ? "start" : k === labels ? "end" : "middle"}">${fmtTime(tt).slice(0, 8)}</text>`;
@@ -322,6 +322,9 @@ function lineChart(t, series, { width = 800, height = 200, stacked = false, inte
       for (let i = n - 1; i >= 0; i--) low.push(`${x(i).toFixed(1)},${y(base[i]).toFixed(1)}`);
       out += `<polygon points="${pts.join(" ")} ${low.join(" ")}" fill="${color}" fill-opacity="0.25" stroke="none"/>`;
       for (let i = 0; i < n; i++) base[i] += s.values[i] || 0;
+    }
+    if (area && !stacked) {
+      out += `<polygon points="${x(0).toFixed(1)},${y(0).toFixed(1)} ${pts.join(" ")} ${x(n - 1).toFixed(1)},${y(0).toFixed(1)}" fill="${color}" fill-opacity="0.10" stroke="none"/>`;
     }
     out += `<polyline points="${pts.join(" ")}" fill="none" stroke="${color}" stroke-width="1.6" stroke-linejoin="round"/>`;
   }
@@ -364,15 +367,17 @@ function overviewHtml(o) {
   const t = totalsOf(o);
   const ready = o.nodes.filter((n) => n.reachable && n.ready).length;
   const led = o.partitions.filter((p) => p.leader).length;
-  const stat = (label, value, extra = "", cls = "") => `<div class="card stat"><div class="label">${label}</div><div class="value ${cls}">${value}${extra}</div></div>`;
+  const stat = (label, value, sub, cls = "") => `<div class="card stat"><div class="label">${label}</div><div class="value ${cls}">${value}</div><div class="sub">${sub}</div></div>`;
+  const down = o.nodes.filter((n) => !n.reachable).map((n) => n.nodeId);
+  const leaderless = o.partitions.filter((p) => !p.leader).map((p) => "p" + p.id);
   return `
   <div class="grid stats" id="summary">
-    ${stat("Nodes ready", ready, `<small> / ${o.nodes.length}</small>`, ready < o.nodes.length ? "s-failed" : "")}
-    ${stat("Partitions led", led, `<small> / ${o.partitions.length}</small>`, led < o.partitions.length ? "s-failed" : "")}
-    ${stat("Waiting", fmtNum(t.waiting + t.delayed), t.delayed ? `<small> ${fmtNum(t.delayed)} delayed</small>` : "", "s-waiting")}
-    ${stat("Active", fmtNum(t.active), "", "s-active")}
-    ${stat("Failed (DLQ)", fmtNum(t.failed), "", t.failed ? "s-failed" : "")}
-    ${stat("Throughput", fmtRate(t.done), "<small> done/s</small>", "s-completed")}
+    ${stat("Nodes ready", `${ready}<small> / ${o.nodes.length}</small>`, down.length ? `unreachable: ${esc(down.join(", "))}` : ready < o.nodes.length ? "some are catching up" : "all reachable", ready < o.nodes.length ? "s-failed" : "")}
+    ${stat("Partitions led", `${led}<small> / ${o.partitions.length}</small>`, leaderless.length ? `no leader: ${esc(leaderless.join(", "))}` : `${o.partitions.length} Raft groups`, led < o.partitions.length ? "s-failed" : "")}
+    ${stat("Waiting", fmtNum(t.waiting), t.delayed ? `+ ${fmtNum(t.delayed)} delayed` : "ready to run", "s-waiting")}
+    ${stat("Active", fmtNum(t.active), "leased to workers", "s-active")}
+    ${stat("Failed", fmtNum(t.failed), "in dead-letter queues", t.failed ? "s-failed" : "")}
+    ${stat("Throughput", `${fmtRate(t.done)}<small> done/s</small>`, `${fmtRate(t.enq)} in/s · ${fmtRate(t.fail)} failed/s`, "s-completed")}
   </div>
   <div class="card" style="margin-bottom:16px">
     <header><h2>Queues</h2><span class="count">${Object.keys(o.queues).length}</span><span class="spacer"></span><a href="#/queues" class="muted">all queues →</a></header>
@@ -394,9 +399,18 @@ function nodeCard(n) {
       <dt>Memory (RSS)</dt><dd>${fmtBytes(n.rssBytes)}</dd>
       <dt>Connections</dt><dd>${fmtNum(n.connections)}</dd>
       <dt>Sessions</dt><dd>${fmtNum(n.sessions)}</dd>
-      <dt>Leads</dt><dd>${n.leading.length ? n.leading.map((p) => `<span class="badge leader">p${p}</span>`).join(" ") : `<span class="muted">none</span>`}</dd>
+      <dt>Leads</dt><dd>${leadsHtml(n)}</dd>
     </dl>` : `<p class="muted">${esc(n.error || "no answer")}</p>`;
   return `<div class="card node" data-node="${esc(n.nodeId)}"><h3>${esc(n.nodeId)} ${status}</h3>${body}</div>`;
+}
+
+function leadsHtml(n) {
+  // a replica that still believes it leads after a newer term elected another is shown apart
+  const parts = app.overview ? app.overview.partitions : [];
+  const leads = parts.filter((p) => p.leader === n.nodeId).map((p) => `<span class="badge leader">p${p.id}</span>`);
+  const stale = (n.leading || []).filter((id) => !parts.some((p) => p.id === id && p.leader === n.nodeId))
+    .map((id) => `<span class="badge warn" title="still believes it leads p${id}; a newer term elected another leader">p${id}?</span>`);
+  return leads.concat(stale).join(" ") || `<span class="muted">none</span>`;
 }
 
 function partitionsTable(o) {
@@ -471,6 +485,7 @@ function queueSkeleton(name) {
 
 async function loadQueue(r, background = false) {
   const name = r.queue;
+  const seq = (app.loadSeq = (app.loadSeq || 0) + 1);  // answers to an older route or reload are dropped
   const form = $("#q-search");
   if (form && !background) form.q.value = r.q;
   try {
@@ -479,7 +494,7 @@ async function loadQueue(r, background = false) {
       r.q ? api(`/queues/${encodeURIComponent(name)}/search?q=${encodeURIComponent(r.q)}`)
         : api(`/queues/${encodeURIComponent(name)}/list?state=${r.state}&offset=${r.page * PAGE}&limit=${PAGE}`),
     ]);
-    if (app.route.name !== "queue" || app.route.queue !== name) return;
+    if (seq !== app.loadSeq || app.route !== r) return;
     app.queue = { name, info, list };
     renderQueue(r, info, list);
   } catch (e) {
@@ -506,7 +521,7 @@ function renderQueue(r, info, list) {
     { name: "waiting", color: "--waiting", values: h.waiting }, { name: "delayed", color: "--delayed", values: h.delayed },
     { name: "active", color: "--active", values: h.active }, { name: "failed", color: "--failed", values: h.failed }];
   const cw = (id) => $(id).clientWidth - 32;
-  $("#q-chart-counts").innerHTML = lineChart(h.t, countSeries, { stacked: true, integer: true, width: cw("#q-chart-counts") }) + legend(countSeries);
+  $("#q-chart-counts").innerHTML = lineChart(h.t, countSeries, { area: true, integer: true, width: cw("#q-chart-counts") }) + legend(countSeries);
   const rateSeries = [
     { name: "enqueued/s", color: "--waiting", values: h.enqueuedRate }, { name: "completed/s", color: "--completed", values: h.completedRate },
     { name: "failed/s", color: "--failed", values: h.failedRate }];
@@ -708,7 +723,7 @@ function renderSimulation(o) {
     </div>
     <div class="grid two">
       <div class="card"><header><h2>Workers</h2><span class="count">${sim.workers.filter((w) => w.state === "busy").length} busy · ${sim.workers.filter((w) => w.state === "hung").length} hung</span></header>
-        <div class="body workers">${sim.workers.map((w) => `<div class="worker ${esc(w.state)}"><b>${esc(w.id)}<span>${esc(w.state)}</span></b><div class="job">${esc(w.job || "")}</div><div class="muted">${w.done} done · ${w.failed} failed · ${w.hung} hung</div></div>`).join("")}</div></div>
+        <div class="body workers">${sim.workers.map((w) => `<div class="worker ${esc(w.state)}"><b>${esc(w.id)}<span>${esc(w.state)}</span></b><div class="job">${esc(w.job || "")}</div><div class="wstats"><span class="s-completed" title="completed">✓ ${w.done}</span><span class="s-failed" title="failed attempts">✗ ${w.failed}</span><span class="s-active" title="hangs">⏸ ${w.hung}</span></div></div>`).join("")}</div></div>
       <div class="card"><header><h2>What happened</h2><span class="count">latest first</span></header>
         <div class="body"><ul class="events">${sim.events.map((e) => `<li><time>${esc(fmtTime(e.time))}</time><b>${esc(e.worker)}</b><span>${e.job ? `<span class="mono">${esc(e.job)}</span> ` : ""}${esc(e.text)}</span></li>`).join("") || `<li class="muted">Nothing unusual yet.</li>`}</ul></div></div>
     </div>`;
