@@ -67,6 +67,7 @@ OVERVIEW_SPARK_SAMPLES = 120     # the overview's small charts: the last two min
 RATE_WINDOW_SAMPLES = 5          # rates are averaged over the last five seconds
 OVERVIEW_QUEUES_MAX = 500
 PEER_TIMEOUT_S = 2.0
+OVERVIEW_SHARED_S = 0.25
 STREAM_INTERVAL_MS = (500, 10_000)
 TIMELINE_ACTIVE_S = 30.0
 TIMELINE_JOBS_MAX = 50_000
@@ -87,20 +88,27 @@ class QueueSampler:
         self.node = node
         # queue -> deque of (time ms, counts tuple in _STATES order, totals tuple in _TOTALS order)
         self.samples: dict[str, collections.deque[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
-        self.info: dict[str, dict[str, Any]] = {}  # queue -> {partition, paused, type, totals}
         self.sampled_at: dict[int, int] = {}        # partition -> time of its last sample
+        self.partition_of: dict[str, int] = {}
+
+    def read(self, now: int) -> dict[int, dict[str, Any]]:
+        """Every hosted replica's queue metrics (``Stats``) from its applied state, now."""
+        out = {}
+        for p, replica in list(self.node.replicas.items()):
+            try:
+                out[p] = replica.read({"cmd": "Stats"}, now)["stats"]["queues"]
+            except Exception:  # a replica still restoring: skip it this time
+                log.debug("partition %d: no stats", p, exc_info=True)
+        return out
 
     def sample(self) -> None:
         now = self.node.now_ms()
-        seen: set[str] = set()
-        for p, replica in list(self.node.replicas.items()):
-            try:
-                stats = replica.read({"cmd": "Stats"}, now)["stats"]
-            except Exception:  # a replica still restoring: skip it this second
-                log.debug("partition %d: no stats", p, exc_info=True)
-                continue
-            for name, m in stats["queues"].items():
+        read = self.read(now)
+        seen = {q for q, p in self.partition_of.items() if p not in read}  # unread: keep their history
+        for p, queues in read.items():
+            for name, m in queues.items():
                 seen.add(name)
+                self.partition_of[name] = p
                 counts = tuple(int(m["counts"].get(s, 0)) for s in _STATES)
                 totals = tuple(int(m["totals"].get(t, 0)) for t in _TOTALS)
                 ring = self.samples.get(name)
@@ -112,12 +120,10 @@ class QueueSampler:
                         zero = (0,) * len(_STATES)
                         ring.append((self.sampled_at[p], zero, (0,) * len(_TOTALS)))
                 ring.append((now, counts, totals))
-                self.info[name] = {"partition": p, "paused": m["paused"], "type": m["type"],
-                                   "totals": dict(m["totals"])}
             self.sampled_at[p] = now
         for gone in set(self.samples) - seen:  # obliterated, or this node no longer hosts it
             del self.samples[gone]
-            self.info.pop(gone, None)
+            self.partition_of.pop(gone, None)
 
     def history(self, queue: str, last: int = HISTORY_SAMPLES) -> dict[str, Any]:
         """Samples of ``queue`` as columns: ``t`` (ms), a list per state, and rates per second."""
@@ -136,12 +142,16 @@ class QueueSampler:
         first, last = ring[max(0, len(ring) - 1 - RATE_WINDOW_SAMPLES)], ring[-1]
         return {t: _per_s(first, last, i) for i, t in enumerate(_TOTALS)}
 
-    def queue_view(self, queue: str, spark: int) -> dict[str, Any]:
-        ring = self.samples[queue]
-        info = self.info[queue]
-        return {"partition": info["partition"], "paused": info["paused"], "type": info["type"],
-                "counts": dict(zip(_STATES, ring[-1][1])), "totals": info["totals"],
-                "rates": self.rates(queue), "history": self.history(queue, spark)}
+    def views(self, spark: int, limit: int) -> dict[str, dict[str, Any]]:
+        """Every queue hosted here: counts, totals and paused read now (a push shows up at the
+        next look, not the next sample), rates and the last ``spark`` samples of history."""
+        out: dict[str, dict[str, Any]] = {}
+        for p, queues in sorted(self.read(self.node.now_ms()).items()):
+            for name, m in queues.items():
+                out[name] = {"partition": p, "paused": m["paused"], "type": m["type"],
+                             "counts": dict(m["counts"]), "totals": dict(m["totals"]),
+                             "rates": self.rates(name), "history": self.history(name, spark)}
+        return {name: out[name] for name in sorted(out)[:limit]}
 
 
 def _per_s(a: tuple[int, Any, tuple[int, ...]], b: tuple[int, Any, tuple[int, ...]], i: int) -> float:
@@ -269,8 +279,7 @@ class Dashboard:
         replicas = node.local_stats()["replicas"]
         for r in replicas.values():
             r.pop("digest", None)  # hashing the whole state once a second per viewer: not for a chart
-        queues = {name: self.sampler.queue_view(name, OVERVIEW_SPARK_SAMPLES)
-                  for name in sorted(self.sampler.samples)[:OVERVIEW_QUEUES_MAX]}
+        queues = self.sampler.views(OVERVIEW_SPARK_SAMPLES, OVERVIEW_QUEUES_MAX)
         return {"nodeId": node.node_id, "ready": health["ready"], "stopping": node.stopping,
                 "uptimeS": round(time.time() - self.api.started, 1), "rssBytes": rss,
                 "connections": len(node.dispatcher.connections), "httpStreams": dict(node.metrics.http_streams),
@@ -306,8 +315,8 @@ class Dashboard:
     async def overview(self, authorization: str | None) -> dict[str, Any]:
         """Every node's view merged: nodes, partitions (leader's figures), queues (from leaders)."""
         cached = self._overview_cache
-        if cached is not None and cached[1] == (authorization or "") and time.monotonic() - cached[0] < 0.5:
-            return cached[2]  # several viewers on one node share one fan-out a half second
+        if cached is not None and cached[1] == (authorization or "") and time.monotonic() - cached[0] < OVERVIEW_SHARED_S:
+            return cached[2]  # several viewers of one node share one fan-out
         ids = [n.id for n in self.node.config.nodes]
         views = await asyncio.gather(*(
             asyncio.sleep(0, self.node_view()) if i == self.node.node_id else self._peer_view(i, authorization)
