@@ -267,6 +267,17 @@ function route() {
   }
 }
 
+let resizeTimer = 0;
+window.addEventListener("resize", () => {
+  // charts are drawn at their container's pixel width: draw them again at the new one
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    const r = app.route, q = app.queue;
+    if (r.name === "queue" && q && q.name === r.queue) renderQueue(r, q.info, q.list);
+    else renderLive();
+  }, 150);
+});
+
 function renderLive() {
   const r = app.route, o = app.overview;
   if (!o) return;

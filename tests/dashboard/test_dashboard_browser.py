@@ -68,6 +68,7 @@ def test_overview_shows_nodes_leaders_and_live_counts(cluster: LocalCluster, pag
     page.click("#theme")  # light theme
     page.screenshot(path=str(shots / "overview-light.png"), full_page=True)
     page.set_viewport_size(PHONE)
+    page.wait_for_timeout(400)  # the page redraws its charts for the new width
     page.screenshot(path=str(shots / "overview-phone.png"), full_page=True)
 
 
@@ -130,6 +131,7 @@ def test_queue_page_job_detail_and_actions(cluster: LocalCluster, page: Any, sho
     page.goto(base_url(cluster) + "/#/queue/orders?state=waiting")
     page.wait_for_selector("table.jobs tbody tr")
     page.set_viewport_size(PHONE)
+    page.wait_for_timeout(400)  # the page redraws its charts for the new width
     page.screenshot(path=str(shots / "queue-phone.png"), full_page=True)
 
 
