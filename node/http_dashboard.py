@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -317,10 +318,12 @@ class Dashboard:
         cached = self._overview_cache
         if cached is not None and cached[1] == (authorization or "") and time.monotonic() - cached[0] < OVERVIEW_SHARED_S:
             return cached[2]  # several viewers of one node share one fan-out
+        async def local() -> dict[str, Any]:
+            return self.node_view()
+
         ids = [n.id for n in self.node.config.nodes]
-        views = await asyncio.gather(*(
-            asyncio.sleep(0, self.node_view()) if i == self.node.node_id else self._peer_view(i, authorization)
-            for i in ids))
+        views = await asyncio.gather(*(local() if i == self.node.node_id else self._peer_view(i, authorization)
+                                       for i in ids))
         for v in views:
             if v.get("nodeId") == self.node.node_id:
                 v["reachable"] = True
@@ -442,12 +445,10 @@ class Dashboard:
                 found.setdefault(str(job["id"]), job)
                 matched.setdefault(str(job["id"]), []).append(how)
 
+        # Not an id (INVALID), or one of another partition (NOT_LEADER): no job of this queue.
         by_id = await self.api.command({"cmd": "GetJob", "id": text})
         if by_id.get("ok"):
             add(by_id.get("job"), "id")
-        elif by_id.get("code") == "NOT_LEADER" and "-" in text:
-            # the id names another partition: its job cannot be in this queue anyway
-            pass
         add(by_custom.get("job"), "customId")
         by_tag = await self.api.command({"cmd": "GetJobs", "queue": queue, "tag": text, "limit": LIST_LIMIT_MAX})
         tagged_total = 0
@@ -566,7 +567,6 @@ def _route(request: web.Request) -> str:
 
 
 def _page_size() -> int:
-    import os
     return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
