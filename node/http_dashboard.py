@@ -277,9 +277,11 @@ class Dashboard:
                 rss = int(f.read().split()[1]) * _page_size()
         except (OSError, ValueError, IndexError):
             pass
-        replicas = node.local_stats()["replicas"]
-        for r in replicas.values():
-            r.pop("digest", None)  # hashing the whole state once a second per viewer: not for a chart
+        # Not node.local_stats(): its digest hashes a snapshot of the whole state, far too much
+        # to do once a second for a chart.
+        replicas = {str(p): {"isLeader": r.is_leader(), "term": r.term(), "commitIndex": r.raftCommitIndex,
+                             "appliedIndex": r.raftLastApplied, "pendingCommands": node.group_commits[p].pending}
+                    for p, r in sorted(node.replicas.items())}
         queues = self.sampler.views(OVERVIEW_SPARK_SAMPLES, OVERVIEW_QUEUES_MAX)
         return {"nodeId": node.node_id, "ready": health["ready"], "stopping": node.stopping,
                 "uptimeS": round(time.time() - self.api.started, 1), "rssBytes": rss,

@@ -257,7 +257,10 @@ function route() {
     const same = prev.name === "queue" && prev.queue === r.queue;
     if (!same) view.innerHTML = queueSkeleton(r.queue);
     loadQueue(r);
-    app.timers.push(setInterval(() => loadQueue(app.route, true), 2000));
+    app.timers.push(setInterval(() => {
+      const q = app.queue, stale = !q || Date.now() - q.listedAt > LIST_REFRESH_MS;
+      loadQueue(app.route, true, stale);
+    }, 2000));
     if (r.job) openJob(r.job); else closeDrawer(false);
   } else {
     closeDrawer(false);
@@ -494,22 +497,34 @@ function queueSkeleton(name) {
     </div>`;
 }
 
-async function loadQueue(r, background = false) {
+// The job list is read again only when the queue's counts moved (or every LIST_REFRESH_MS):
+// listing scans the partition's jobs on the leader, the settings and history are cheap.
+const LIST_REFRESH_MS = 15000;
+
+async function loadQueue(r, background = false, withList = true) {
   const name = r.queue;
+  const prev = app.queue && app.queue.route === r ? app.queue : null;
+  if (!withList && !prev) withList = true;
+  if (background && !withList && app.queueLoading) return;  // never drop a list read for a chart refresh
+  app.queueLoading = true;
   const seq = (app.loadSeq = (app.loadSeq || 0) + 1);  // answers to an older route or reload are dropped
   const form = $("#q-search");
   if (form && !background) form.q.value = r.q;
   try {
     const [info, list] = await Promise.all([
       api(`/queues/${encodeURIComponent(name)}`),
-      r.q ? api(`/queues/${encodeURIComponent(name)}/search?q=${encodeURIComponent(r.q)}`)
+      !withList ? Promise.resolve(prev.list)
+        : r.q ? api(`/queues/${encodeURIComponent(name)}/search?q=${encodeURIComponent(r.q)}`)
         : api(`/queues/${encodeURIComponent(name)}/list?state=${r.state}&offset=${r.page * PAGE}&limit=${PAGE}`),
     ]);
     if (seq !== app.loadSeq || app.route !== r) return;
-    app.queue = { name, info, list };
+    app.queue = { name, route: r, info, list,
+      listedAt: withList ? Date.now() : prev.listedAt, counts: JSON.stringify(info.metrics.counts) };
     renderQueue(r, info, list);
   } catch (e) {
     if (!background) $("#q-jobs").innerHTML = `<div class="empty">${esc(e.message)}</div>`;
+  } finally {
+    if (seq === app.loadSeq) app.queueLoading = false;
   }
 }
 
@@ -577,9 +592,15 @@ function jobRow(r, j) {
 }
 
 function renderQueueLive(o) {
-  // between the 2 s reloads, the overview stream keeps the state tabs' counts current
+  // between the 2 s reloads, the overview stream keeps the state tabs' counts current, and a
+  // change of counts has the job list read again
   const q = o.queues[app.route.queue];
   if (!q) return;
+  const cur = app.queue;
+  if (cur && cur.route === app.route && cur.counts !== JSON.stringify(q.counts) && Date.now() - cur.listedAt > 1000) {
+    cur.counts = JSON.stringify(q.counts);
+    loadQueue(app.route, true, true);
+  }
   for (const s of STATES) {
     const el = document.querySelector(`#q-states a[data-state="${s}"] .tab-count`);
     if (el) el.textContent = fmtNum(q.counts[s]);

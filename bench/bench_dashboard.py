@@ -1,0 +1,93 @@
+"""What an open dashboard costs the cluster: bench_node's throughput phases, each run with no
+viewer and with one page's worth of dashboard traffic, in interleaved pairs.
+
+The viewer is what the page does while it shows the overview: it reads ``GET /cluster/stream``
+from n1 (once a second n1 asks every node for ``/node``, and every leader records job events
+for the timelines while that lasts). It runs in a thread of this process on its own socket.
+
+    python bench/bench_dashboard.py [--seconds 5] [--rounds 3] [--partitions 8] [--phases push,pushb,pull]
+
+Every loop is bounded by a round count and a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import threading
+import urllib.request
+
+import uvloop
+from bench_node import THROUGHPUT_PHASES  # bench/ is this script's sys.path[0]
+
+from shoal.cluster.launcher import LocalCluster, free_base_port
+
+
+class Viewer:
+    """A thread reading the overview stream, like an open dashboard page."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.events = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with urllib.request.urlopen(self.url, timeout=10) as resp:
+            while not self.stop.is_set():
+                line = resp.readline()
+                if not line:
+                    return
+                if line.startswith(b"event: overview"):
+                    self.events += 1
+
+    def __enter__(self) -> "Viewer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(5)  # wakes at the next overview (one a second)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    phases = [p for p in THROUGHPUT_PHASES if p[0] in args.phases.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalCluster(nodes=3, partitions=args.partitions, data_dir=tmp,
+                          base_port=free_base_port(3, args.partitions)) as cluster:
+            n1 = cluster.config.nodes[0]
+            url = f"http://{n1.host}:{n1.http_port}/cluster/stream?interval=1000"
+            for name, label, unit, run in phases:
+                ratios = []
+                for r in range(args.rounds):
+                    try:
+                        cluster.wait_balanced(30.0)
+                        off = await run(cluster, args.seconds)
+                        cluster.wait_balanced(30.0)
+                        with Viewer(url) as viewer:
+                            on = await run(cluster, args.seconds)
+                    except RuntimeError as exc:  # a leader moved mid-run (an election): this pair is void
+                        print(f"{label:<26} round {r + 1}: void, {str(exc)[:100]}")
+                        continue
+                    ratios.append(on / off)
+                    print(f"{label:<26} round {r + 1}: no viewer {off:10,.0f}  dashboard open {on:10,.0f} {unit}"
+                          f"  ({on / off:.2f}x, {viewer.events} overviews read)")
+                if ratios:
+                    print(f"{label:<26} median ratio open/closed: {statistics.median(ratios):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved pairs per phase")
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--phases", default="push,pushb,pull", help="comma list of bench_node phases")
+    args = parser.parse_args()
+    uvloop.install()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
