@@ -6,6 +6,8 @@ from n1 (once a second n1 asks every node for ``/node``, and every leader record
 for the timelines while that lasts). It runs in a thread of this process on its own socket.
 
     python bench/bench_dashboard.py [--seconds 5] [--rounds 3] [--partitions 8] [--phases push,pushb,pull]
+    python bench/bench_dashboard.py --listing 1000000   (engine only: what the queue page's job list
+                                                         costs the leader on a queue of that many jobs)
 
 Every loop is bounded by a round count and a time limit.
 """
@@ -17,12 +19,15 @@ import asyncio
 import statistics
 import tempfile
 import threading
+import time
 import urllib.request
 
 import uvloop
 from bench_node import THROUGHPUT_PHASES  # bench/ is this script's sys.path[0]
 
+from shoal.cluster.codec import raw_of
 from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.node.state import PartitionEngine
 
 
 class Viewer:
@@ -78,13 +83,39 @@ async def main_async(args: argparse.Namespace) -> None:
                     print(f"{label:<26} median ratio open/closed: {statistics.median(ratios):.2f}")
 
 
+def bench_listing(jobs: int) -> None:
+    """GetJobs pages (50 jobs) of a queue of ``jobs`` batch-pushed jobs, a tenth of them leased and acked."""
+    e = PartitionEngine(0)
+    now = 1_000
+    for start in range(0, jobs, 10_000):
+        e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(start, min(jobs, start + 10_000))]},
+                now)
+    for _ in range(jobs // 10 // 100):
+        got = e.apply({"cmd": "PULLB", "queue": "q", "count": 100}, now)
+        e.apply({"cmd": "ACKB", "ids": [j["id"] for j in got["jobs"]], "tokens": got["tokens"]}, now)
+    for state, offset in (("waiting", 0), ("waiting", 10_000), ("completed", 0), (None, 0)):
+        cmd = {"cmd": "GetJobs", "queue": "q", "offset": offset, "limit": 50, **({"state": state} if state else {})}
+        started = time.perf_counter()
+        rounds = 0
+        while rounds < 200 and time.perf_counter() - started < 2.0:
+            page = e.apply(cmd, now)
+            rounds += 1
+        took = (time.perf_counter() - started) / rounds
+        assert len(page["jobs"]) == 50
+        print(f"GetJobs state={state or 'any':<9} offset={offset:<6} limit=50 of {jobs:,} jobs: {took * 1000:9.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="time limit per throughput run")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved pairs per phase")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--phases", default="push,pushb,pull", help="comma list of bench_node phases")
+    parser.add_argument("--listing", type=int, default=0, metavar="JOBS", help="only time GetJobs pages (engine)")
     args = parser.parse_args()
+    if args.listing:
+        bench_listing(args.listing)
+        return
     uvloop.install()
     asyncio.run(main_async(args))
 
