@@ -19,11 +19,10 @@ of the page (unlike Flower, which keeps it in the UI process) and a change of le
 leader sampled the same applied state); it starts over when the node restarts. Replicating
 samples would put a Raft entry per partition per second on every cluster for a chart.
 
-**Job timelines** (state changes with times) are recorded by each partition leader from the
-engine's job events while a dashboard is open somewhere in the cluster (any ``/node`` request
-in the last :data:`TIMELINE_ACTIVE_S`): recording events costs the leader's hot path, so it is
-off otherwise. They live in memory (bounded LRU) and are lost on failover; the job's own fields
-(``createdAt``, ``runAt``, ``finishedAt``, lease deadline, logs) complete them.
+**Job timelines** are the job's own time fields (``createdAt``, ``runAt``, lease deadline,
+``finishedAt``) plus the state changes its leader records while someone has the job's detail
+open (:class:`Timelines`: recording job events costs the leader's hot path, so only then). They
+live in memory (bounded) and are lost on failover.
 
 With ``dashboard_read_only`` the actions and the simulation answer 403 ``READ_ONLY`` and the
 page hides them. The static files are served without a token (they hold no data); every API
@@ -71,7 +70,8 @@ PEER_TIMEOUT_S = 2.0
 OVERVIEW_SHARED_S = 0.25
 STREAM_INTERVAL_MS = (500, 10_000)
 TIMELINE_ACTIVE_S = 30.0
-TIMELINE_JOBS_MAX = 50_000
+TIMELINE_WATCHED_MAX = 100
+TIMELINE_JOBS_MAX = 10_000
 TIMELINE_ENTRIES_MAX = 32
 LIST_LIMIT_MAX = 200
 #: Dashboard actions: path (under /queues/{queue}/ or /jobs/{id}/) -> the protocol command it runs.
@@ -161,34 +161,45 @@ def _per_s(a: tuple[int, Any, tuple[int, ...]], b: tuple[int, Any, tuple[int, ..
 
 
 class Timelines:
-    """Job state changes with times, recorded by the leader while a dashboard is open."""
+    """State changes with times of the jobs someone is looking at, recorded by their leader.
+
+    Recording is on only while a job's detail is open (its drawer asks again every few
+    seconds): the engine then builds an event for every job state change of the partitions
+    this node leads, a cost on the hot path, so it is never on merely because a page is open.
+    """
 
     def __init__(self, node: "Node") -> None:
         self.node = node
         self.jobs: collections.OrderedDict[str, list[tuple[int, str]]] = collections.OrderedDict()
-        self.active_until = 0.0
+        self.watched: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> until
         self.listening = False
 
-    def touch(self) -> None:
-        """A dashboard asked: record for the next :data:`TIMELINE_ACTIVE_S` seconds."""
-        self.active_until = time.monotonic() + TIMELINE_ACTIVE_S
+    def touch(self, job_id: str) -> None:
+        """Someone opened ``job_id``: record its changes for the next :data:`TIMELINE_ACTIVE_S` s."""
+        self.watched[job_id] = time.monotonic() + TIMELINE_ACTIVE_S
+        self.watched.move_to_end(job_id)
+        while len(self.watched) > TIMELINE_WATCHED_MAX:
+            self.watched.popitem(last=False)
         if not self.listening:
             self.listening = True
             self.node.event_listeners.append(self.on_events)
             self.node.events_wanted()
 
     def expire(self) -> None:
-        if self.listening and time.monotonic() > self.active_until:
+        now = time.monotonic()
+        for job_id in [j for j, until in self.watched.items() if until < now]:
+            del self.watched[job_id]
+        if self.listening and not self.watched:
             self.listening = False
             self.node.event_listeners.remove(self.on_events)
 
     def on_events(self, events: list[dict[str, Any]]) -> None:
+        watched, jobs = self.watched, self.jobs
         now = self.node.now_ms()
-        jobs = self.jobs
         for ev in events:
-            if ev.get("event") != "job":
+            job_id = ev.get("id")
+            if job_id not in watched or ev.get("event") != "job":
                 continue
-            job_id = ev["id"]
             entries = jobs.get(job_id)
             if entries is None:
                 entries = jobs[job_id] = []
@@ -269,7 +280,6 @@ class Dashboard:
     def node_view(self) -> dict[str, Any]:
         """This node's part of the overview."""
         node = self.node
-        self.timelines.touch()
         health = self.api.readiness()
         rss = None
         try:
@@ -293,27 +303,36 @@ class Dashboard:
     async def node_endpoint(self, _: web.Request) -> web.Response:
         return json_response({"ok": True, **self.node_view()})
 
-    async def _peer_view(self, node_id: str, authorization: str | None) -> dict[str, Any]:
+    def _peer_url(self, node_id: str) -> str | None:
         info = self.node.topology.nodes.get(node_id)
         spec = next((n for n in self.node.config.nodes if n.id == node_id), None)
         host = info.host if info else spec.host if spec else None
         port = (info.http_port if info else 0) or (spec.http_port if spec else 0)
         if not host or not port:
-            return {"nodeId": node_id, "reachable": False, "error": "no HTTP address known"}
-        host = f"[{host}]" if ":" in host else host
+            return None
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    async def _peer_call(self, node_id: str, method: str, path: str,
+                         authorization: str | None) -> tuple[int, dict[str, Any]]:
+        """``method path`` on another node's HTTP port with the caller's Authorization."""
+        base = self._peer_url(node_id)
+        if base is None:
+            return 503, {"ok": False, "code": "NOT_FOUND", "error": f"no HTTP address known for {node_id}"}
         headers = {FORWARDED_HEADER: self.node.node_id}
         if authorization:
             headers["Authorization"] = authorization
+        async with self.api.forwarder.session().request(
+                method, base + path, headers=headers, timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as resp:
+            return resp.status, await resp.json()
+
+    async def _peer_view(self, node_id: str, authorization: str | None) -> dict[str, Any]:
         try:
-            async with self.api.forwarder.session().get(
-                    f"http://{host}:{port}/node", headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as resp:
-                body = await resp.json()
-                if resp.status != 200:
-                    return {"nodeId": node_id, "reachable": False, "error": body.get("error", resp.reason)}
-                return {**body, "reachable": True}
+            status, body = await self._peer_call(node_id, "GET", "/node", authorization)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
             return {"nodeId": node_id, "reachable": False, "error": type(exc).__name__}
+        if status != 200:
+            return {"nodeId": node_id, "reachable": False, "error": body.get("error", f"HTTP {status}")}
+        return {**body, "reachable": True}
 
     async def overview(self, authorization: str | None) -> dict[str, Any]:
         """Every node's view merged: nodes, partitions (leader's figures), queues (from leaders)."""
@@ -470,6 +489,7 @@ class Dashboard:
         job = reply.get("job")
         if job is None:
             return error_response("NOT_FOUND", f"no job {job_id}")
+        self.timelines.touch(job_id)  # this node leads the job's partition: GetJob was answered here
         logs = await self.api.command({"cmd": "GetLogs", "id": job_id})
         progress = await self.api.command({"cmd": "GetProgress", "id": job_id})
         return json_response({"ok": True, "job": job, "logs": logs.get("logs", []),
@@ -552,10 +572,21 @@ class Dashboard:
         self.simulation.start()
         return json_response({"ok": True, "simulation": self.simulation.status()})
 
-    async def simulation_stop(self, _: web.Request) -> web.StreamResponse:
+    async def simulation_stop(self, request: web.Request) -> web.StreamResponse:
+        """Stop this node's simulation, or with ``?node=<id>`` the one another node runs."""
         refused = self._refused()
         if refused is not None:
             return refused
+        other = request.query.get("node")
+        if other and other != self.node.node_id:
+            if other not in {n.id for n in self.node.config.nodes} or FORWARDED_HEADER in request.headers:
+                return error_response("INVALID", f"node: {other!r} is not a node of this cluster")
+            try:
+                status, body = await self._peer_call(other, "DELETE", "/simulation",
+                                                     request.headers.get("Authorization"))
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
+                return error_response("NOT_LEADER", f"node {other} did not answer: {type(exc).__name__}", 503)
+            return json_response(body, status)
         if self.simulation is None:
             return error_response("NOT_FOUND", "no simulation on this node")
         await self.simulation.stop()

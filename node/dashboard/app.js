@@ -256,6 +256,10 @@ function route() {
   if (r.name === "queue") {
     const same = prev.name === "queue" && prev.queue === r.queue;
     if (!same) view.innerHTML = queueSkeleton(r.queue);
+    else if (prev.state !== r.state || prev.page !== r.page || prev.q !== r.q) {
+      $("#q-jobs").innerHTML = `<div class="empty">Loading…</div>`;  // never the last tab's rows under a new tab
+      $("#q-pager").innerHTML = "";
+    }
     loadQueue(r);
     app.timers.push(setInterval(() => {
       const q = app.queue, stale = !q || Date.now() - q.listedAt > LIST_REFRESH_MS;
@@ -646,6 +650,9 @@ document.addEventListener("click", async (ev) => {
 async function openJob(id) {
   const panel = $("#drawer-panel");
   $("#drawer").hidden = false;
+  // asked again every 2 s while open: live state, and its leader keeps recording its history
+  clearInterval(app.drawerTimer);
+  app.drawerTimer = setInterval(() => { if (!$("#drawer").hidden && panel.dataset.job === id) openJob(id); }, 2000);
   if (panel.dataset.job !== id) panel.innerHTML = `<p class="muted">Loading ${esc(id)}…</p>`;
   panel.dataset.job = id;
   try {
@@ -659,6 +666,7 @@ async function openJob(id) {
 function closeDrawer(navigate = true) {
   if ($("#drawer").hidden) return;
   $("#drawer").hidden = true; $("#drawer-panel").dataset.job = "";
+  clearInterval(app.drawerTimer);
   const r = app.route;
   if (navigate && r.name === "queue" && r.job) location.hash = queueHash(r.queue, r.state, r.page, r.q);
 }
@@ -725,7 +733,8 @@ $("#main").addEventListener("submit", async (ev) => {
 });
 document.addEventListener("click", async (ev) => {
   if (!ev.target.closest("#sim-stop")) return;
-  try { await api("/simulation", { method: "DELETE" }); toast("Simulation stopped"); }
+  const node = ev.target.closest("#sim-stop").dataset.node || "";
+  try { await api("/simulation" + (node ? `?node=${encodeURIComponent(node)}` : ""), { method: "DELETE" }); toast("Simulation stopped"); }
   catch (e) { $("#sim-error").textContent = e.message; }
 });
 
@@ -740,7 +749,8 @@ function renderSimulation(o) {
   const bar = STATES.map((s) => `<i style="width:${((c[s] || 0) / total) * 100}%;background:var(--${s})" title="${s}: ${c[s] || 0}"></i>`).join("");
   const phase = { draining: "warn", finished: "ok", failed: "bad", stopped: "" }[sim.phase] ?? "";
   const stat = (label, v, cls = "") => `<div class="card stat"><div class="label">${label}</div><div class="value ${cls}">${fmtNum(v || 0)}</div></div>`;
-  $("#sim-start") && ($("#sim-start").disabled = sim.running);
+  $("#sim-start") && ($("#sim-start").disabled = sim.running && sim.nodeId === o.servedBy);
+  $("#sim-stop") && ($("#sim-stop").dataset.node = sim.nodeId);
   live.innerHTML = `
     <div class="card" style="margin-bottom:16px"><header><h2>Run on ${esc(sim.nodeId)}: queue <a href="${esc(queueHash(sim.queue, "waiting"))}">${esc(sim.queue)}</a></h2>
       <span class="badge ${phase}" id="sim-phase">${esc(sim.phase)}</span><span class="spacer"></span>

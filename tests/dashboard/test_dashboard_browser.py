@@ -103,7 +103,7 @@ def test_queue_page_job_detail_and_actions(cluster: LocalCluster, page: Any, sho
     page.wait_for_selector(f'tr[data-job="{special}"]')
     # the DLQ: retry one job from it, through the page
     page.goto(base_url(cluster) + "/#/queue/orders?state=failed")
-    page.wait_for_selector("table.jobs tbody tr")
+    page.wait_for_function("() => document.querySelectorAll('table.jobs tbody tr .s-failed').length === 2")
     assert page.locator("table.jobs tbody tr").count() == 2
     page.screenshot(path=str(shots / "queue-dlq.png"), full_page=True)
     failed_id = page.locator("table.jobs tbody tr").first.get_attribute("data-job")

@@ -127,22 +127,22 @@ def test_list_search_and_detail(cluster: LocalCluster) -> None:
         assert call(base + "/jobs/0-999999/detail")[0] == 404
 
 
-def test_timeline_records_state_changes_while_a_dashboard_is_open(cluster: LocalCluster) -> None:
-    for node in cluster.node_ids:  # what an open dashboard does: every node hears from it
-        assert call(http_url(cluster, node) + "/node")[0] == 200
+def test_timeline_records_state_changes_while_the_job_is_looked_at(cluster: LocalCluster) -> None:
     with Client(cluster.addresses) as client:
         q = client.queue("ov-timeline")
         job_id = q.add({"x": 1}, attempts=2, backoff=0.05)
+        status, d = call(http_url(cluster, "n1") + f"/jobs/{job_id}/detail")  # opening it starts recording
+        assert status == 200 and [e["state"] for e in d["timeline"]] == ["created"]
         job = q.pull(timeout=2)
         assert job is not None
         q.fail(job, "first try failed")
         job = q.pull(timeout=3)
         assert job is not None
         q.ack(job, {"ok": True})
-    status, d = call(http_url(cluster, "n1") + f"/jobs/{job_id}/detail")
+    status, d = call(http_url(cluster, "n2") + f"/jobs/{job_id}/detail")
     seen = [e["state"] for e in d["timeline"] if e["source"] == "leader"]
-    assert seen[0] == "waiting" and seen[-1] == "completed" and seen.count("active") == 2, d["timeline"]
-    assert d["job"]["result"] == {"ok": True}
+    assert seen[0] == "active" and seen[-1] == "completed" and seen.count("active") == 2, d["timeline"]
+    assert d["timeline"][-1]["state"] == "completed" and d["job"]["result"] == {"ok": True}
 
 
 def test_actions_run_on_the_leader_and_replicate(cluster: LocalCluster) -> None:
@@ -215,8 +215,10 @@ def test_simulation_validates_runs_and_stops(cluster: LocalCluster) -> None:
     assert (status, body["code"]) == (409, "INVALID_STATE")
     wait_for(lambda: call(base + "/simulation")[1]["simulation"]["counters"].get("completed", 0) >= 20,
              "the simulated workers completing jobs")
-    status, body = call(base + "/simulation", "DELETE")
+    status, body = call(http_url(cluster, "n1") + "/simulation?node=n3", "DELETE")  # relayed to n3
     assert status == 200 and not body["simulation"]["running"] and body["simulation"]["phase"] == "stopped"
+    assert call(http_url(cluster, "n1") + "/simulation?node=n9", "DELETE")[0] == 400
+    assert call(http_url(cluster, "n1") + "/simulation", "DELETE")[0] == 404  # n1 runs none
     with Client(cluster.addresses) as client:
         counts = client.queue("ov-sim").counts()
     # the stopped workers' client closed: no job is left leased to it

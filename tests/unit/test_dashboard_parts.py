@@ -10,7 +10,7 @@ import pytest
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
-from shoal.node.http_dashboard import TIMELINE_ENTRIES_MAX, QueueSampler, Timelines
+from shoal.node.http_dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
 
@@ -84,25 +84,32 @@ def test_sampler_keeps_history_while_a_replica_cannot_be_read_and_drops_deleted_
     assert sampler.history("nope")["t"] == [] and sampler.rates("nope")["completed"] == 0.0
 
 
-def test_timelines_record_only_while_a_dashboard_looks_and_stay_bounded() -> None:
+def test_timelines_record_only_watched_jobs_and_stay_bounded() -> None:
     node = Node()
     tl = Timelines(node)  # type: ignore[arg-type]
-    tl.touch()
+    tl.touch("0-1")
     assert node.event_listeners == [tl.on_events] and node.wanted == 1
-    tl.touch()
+    tl.touch("0-1")
     assert len(node.event_listeners) == 1
     for i in range(TIMELINE_ENTRIES_MAX + 5):
         node.now += 10
         tl.on_events([{"event": "job", "id": "0-1", "state": "active" if i % 2 else "waiting"},
+                      {"event": "job", "id": "0-2", "state": "active"},  # nobody looks at 0-2
                       {"event": "progress", "id": "0-1", "progress": 5}])
-    assert len(tl.jobs["0-1"]) == TIMELINE_ENTRIES_MAX
+    assert len(tl.jobs["0-1"]) == TIMELINE_ENTRIES_MAX and "0-2" not in tl.jobs
     job = {"id": "0-1", "createdAt": 5, "runAt": 5, "state": "completed", "finishedAt": node.now + 1}
     timeline = tl.of(job)
     assert timeline[0] == {"time": 5, "state": "created", "source": "job"}
     assert timeline[-1]["state"] == "completed" and [e["time"] for e in timeline] == sorted(e["time"] for e in timeline)
-    tl.active_until = 0
+    for i in range(TIMELINE_WATCHED_MAX + 10):
+        tl.touch(f"1-{i}")
+    assert len(tl.watched) == TIMELINE_WATCHED_MAX and "0-1" not in tl.watched
     tl.expire()
-    assert node.event_listeners == [] and not tl.listening
+    assert tl.listening
+    for job_id in tl.watched:
+        tl.watched[job_id] = 0.0
+    tl.expire()
+    assert node.event_listeners == [] and not tl.listening and not tl.watched
 
 
 @pytest.mark.parametrize("body, field", [
