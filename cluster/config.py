@@ -257,6 +257,20 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={value!r} is not an integer") from exc
 
 
+def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any], key: str) -> bool:
+    """A true/false setting: the environment variable (1/0, true/false, yes/no) over the file's key."""
+    value = env.get(name)
+    if value not in (None, ""):
+        text = value.strip().lower()  # type: ignore[union-attr]
+        if text not in ("1", "true", "yes", "0", "false", "no"):
+            raise ConfigError(f"{name}={value!r} is not a boolean (1/0, true/false, yes/no)")
+        return text in ("1", "true", "yes")
+    found = section.get(key, False)
+    if not isinstance(found, bool):
+        raise ConfigError(f"[cluster] {key} must be true or false")
+    return found
+
+
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
                 node_id: str | None = None) -> ClusterConfig:
     """Read the TOML file (if any) and apply ``SHOAL_*`` overrides, then validate."""
@@ -307,8 +321,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         data_dir=str(c.get("data_dir", ".shoal")),
         node_id=me,
         listen=env.get("SHOAL_LISTEN") or None,
-        dashboard_read_only=(env.get("SHOAL_DASHBOARD_READ_ONLY", "").lower() in ("1", "true", "yes")
-                             or c.get("dashboard_read_only") is True),
+        dashboard_read_only=_bool_setting(env, "SHOAL_DASHBOARD_READ_ONLY", c, "dashboard_read_only"),
     )
     cfg.validate()
     if me:
