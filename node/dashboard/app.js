@@ -765,7 +765,7 @@ function renderSimulation(o) {
     </div>
     <div class="grid two">
       <div class="card"><header><h2>Workers</h2><span class="count">${sim.workers.filter((w) => w.state === "busy").length} busy · ${sim.workers.filter((w) => w.state === "hung").length} hung</span></header>
-        <div class="body workers">${sim.workers.map((w) => `<div class="worker ${esc(w.state)}"><b>${esc(w.id)}<span>${esc(w.state)}</span></b><div class="job">${esc(w.job || "")}</div><div class="wstats"><span class="s-completed" title="completed">✓ ${w.done}</span><span class="s-failed" title="failed attempts">✗ ${w.failed}</span><span class="s-active" title="hangs">⏸ ${w.hung}</span></div></div>`).join("")}</div></div>
+        <div class="body workers">${sim.workers.map((w) => `<div class="worker ${esc(w.state)}"><b>${esc(w.id)}<span>${esc(w.state)}</span></b><div class="job">${esc(w.job || "")}</div><div class="wstats"><span class="s-completed" title="completed">✓ ${w.done}</span><span class="s-failed" title="failed attempts">✗ ${w.failed}</span><span class="s-active" title="hangs">‖ ${w.hung}</span></div></div>`).join("")}</div></div>
       <div class="card"><header><h2>What happened</h2><span class="count">latest first</span></header>
         <div class="body"><ul class="events">${sim.events.map((e) => `<li><time>${esc(fmtTime(e.time))}</time><b>${esc(e.worker)}</b><span>${e.job ? `<span class="mono">${esc(e.job)}</span> ` : ""}${esc(e.text)}</span></li>`).join("") || `<li class="muted">Nothing unusual yet.</li>`}</ul></div></div>
     </div>`;

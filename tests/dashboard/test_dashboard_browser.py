@@ -159,6 +159,9 @@ def test_simulation_drains_500_jobs_with_hangs_and_loses_none(cluster: LocalClus
     page.wait_for_function("() => document.querySelector('#sim-phase')?.textContent === 'finished'", timeout=120_000)
     page.wait_for_timeout(1_200)  # one more overview tick, so the screenshot shows the final counts
     page.screenshot(path=str(shots / "simulation-finished.png"), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(1_200)
+    page.screenshot(path=str(shots / "simulation-phone.png"), full_page=True)
     status, sim = api(cluster, "/simulation", node=0)
     assert status == 200
     counters = sim["simulation"]["counters"]
