@@ -228,6 +228,28 @@ def test_simulation_validates_runs_and_stops(cluster: LocalCluster) -> None:
     assert [s["nodeId"] for s in sim] == ["n3"]
 
 
+def test_overview_shows_a_dead_node_and_the_new_leaders(fresh_cluster: LocalCluster) -> None:
+    cl = fresh_cluster
+    victim = cl.leader_of(0)
+    assert victim is not None
+    survivor = next(n for n in cl.node_ids if n != victim)
+    cl.kill(victim)
+
+    def moved() -> Any:
+        status, o = call(http_url(cl, survivor) + "/cluster")
+        assert status == 200
+        nodes = {n["nodeId"]: n for n in o["nodes"]}
+        leaders = {p["id"]: p["leader"] for p in o["partitions"]}
+        if nodes[victim]["reachable"] or victim in leaders.values() or None in leaders.values():
+            return None
+        return o
+
+    o = wait_for(moved, "the overview to show the killed node unreachable and every partition led elsewhere",
+                 timeout=30.0)
+    assert {n["nodeId"] for n in o["nodes"] if n["reachable"]} == set(cl.node_ids) - {victim}
+    assert all(p["leader"] == cl.leader_of(p["id"]) for p in o["partitions"])
+
+
 @pytest.fixture(scope="module")
 def read_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(nodes=1, partitions=2, data_dir=tmp_path_factory.mktemp("dash-ro"),
