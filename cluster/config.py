@@ -13,6 +13,7 @@ the same way. The file::
     frame_bytes_max = 67108864
     inflight_per_connection = 50
     data_dir = ".shoal"         # node data goes under data_dir/<node id> unless set per node
+    dashboard_read_only = false # the web dashboard hides its actions and the API refuses them
 
     [[nodes]]
     id = "n1"
@@ -39,6 +40,7 @@ SHOAL_HTTP_PORT            default HTTP port
 SHOAL_RAFT_PORT            default Raft base port
 SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
 SHOAL_FRAME_BYTES_MAX      maximum frame size
+SHOAL_DASHBOARD_READ_ONLY  ``1``/``true``: the dashboard's actions are refused (``READ_ONLY``)
 =========================  ==================================================
 
 Limits on what clients can make a node hold (``[limits]``) and TLS
@@ -74,7 +76,7 @@ ENV_VARS = (
     "SHOAL_CONFIG", "SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_ID", "SHOAL_PARTITIONS",
     "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
     "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
-    "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX",
+    "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX", "SHOAL_DASHBOARD_READ_ONLY",
 ) + tuple(LIMITS_ENV_VARS) + TLS_ENV_VARS
 
 
@@ -129,6 +131,7 @@ class ClusterConfig:
     listen: str | None = None
     limits: NodeLimits = NodeLimits()
     tls: TlsSettings | None = None
+    dashboard_read_only: bool = False
 
     @property
     def rf(self) -> int:
@@ -205,7 +208,7 @@ class ClusterConfig:
             "id": self.cluster_id, "partitions": self.partitions, "replication": self.replication,
             "secret": self.secret, "tokens": list(self.tokens), "session_grace_ms": self.session_grace_ms,
             "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
-            "data_dir": self.data_dir,
+            "data_dir": self.data_dir, "dashboard_read_only": self.dashboard_read_only,
         }
         doc: dict[str, Any] = {"cluster": cluster}
         if self.limits.to_table():
@@ -266,6 +269,20 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={value!r} is not an integer") from exc
 
 
+def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any], key: str) -> bool:
+    """A true/false setting: the environment variable (1/0, true/false, yes/no) over the file's key."""
+    value = env.get(name)
+    if value not in (None, ""):
+        text = value.strip().lower()  # type: ignore[union-attr]
+        if text not in ("1", "true", "yes", "0", "false", "no"):
+            raise ConfigError(f"{name}={value!r} is not a boolean (1/0, true/false, yes/no)")
+        return text in ("1", "true", "yes")
+    found = section.get(key, False)
+    if not isinstance(found, bool):
+        raise ConfigError(f"[cluster] {key} must be true or false")
+    return found
+
+
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
                 node_id: str | None = None) -> ClusterConfig:
     """Read the TOML file (if any) and apply ``SHOAL_*`` overrides, then validate."""
@@ -323,6 +340,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         listen=env.get("SHOAL_LISTEN") or None,
         limits=limits,
         tls=tls,
+        dashboard_read_only=_bool_setting(env, "SHOAL_DASHBOARD_READ_ONLY", c, "dashboard_read_only"),
     )
     cfg.validate()
     if me:

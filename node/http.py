@@ -33,6 +33,7 @@ from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import ProtocolError
 
 from .http_conn import HttpConnection
+from .http_dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
 from .http_forward import Forwarder
 from .http_streams import StreamHandlers
 from .http_util import STATUS_BY_CODE, error_response, json_response, loads_bounded
@@ -48,10 +49,10 @@ __all__ = ["start_http", "build_app", "STATUS_BY_CODE", "HttpApi"]
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz", "/ready"})
+OPEN_PATHS = frozenset({"/healthz", "/ready"}) | DASHBOARD_OPEN_PATHS  # the page shell holds no data
 #: Paths that authenticate themselves (a WebSocket may send Auth after the upgrade instead).
 SELF_AUTH_PATHS = frozenset({"/ws"})
-STREAM_ROUTES = frozenset({"/events", "/work", "/queues/{queue}/work", "/ws"})
+STREAM_ROUTES = frozenset({"/events", "/work", "/queues/{queue}/work", "/ws", "/cluster/stream"})
 _METHODS = frozenset({"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"})
 _OPENAPI = Path(__file__).with_name("openapi.yaml")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -312,6 +313,7 @@ def build_app(node: "Node") -> web.Application:
     r.add_post("/jobs/{id}/fail", api.fail_job)
     r.add_get("/events", api.events)
     r.add_get("/ws", api.websocket)
+    add_dashboard_routes(app, api)  # the page at / and the endpoints only it needs
     return app
 
 

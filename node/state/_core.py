@@ -39,6 +39,7 @@ import heapq
 from collections import deque
 from itertools import islice
 from datetime import datetime, timezone
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -416,6 +417,30 @@ class PartitionEngine:
                 jobs.extend(_slot_job(seg, i, p) for i, d in enumerate(seg.datas) if d is not None)
             jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
+
+    def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
+        """Jobs of ``queue`` (in ``state``, if given) in seq order, a segment's as detached copies
+        made only when reached: listing the first page of a large batch-pushed queue does not
+        build a job per slot the way :meth:`_all_jobs` does."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        own = (j for j in self.jobs.values() if j.queue == queue and (state is None or j.state == state))
+        codes = _SLOT_CODES.get(state) if state is not None else (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED)
+        if not codes or not self.segments:
+            return own
+        p = self.partition
+
+        def slots() -> Iterator[Job]:
+            for seg in self.segments:
+                if seg.queue != queue:
+                    continue
+                states, datas = seg.states, seg.datas
+                for i in range(len(datas)):
+                    if states[i] in codes and datas[i] is not None:
+                        yield _slot_job(seg, i, p)
+
+        return heapq.merge(own, slots(), key=_seq_of)
 
     def _id(self, job: Job) -> str:
         return f"{self.partition}-{job.seq}"
@@ -1742,21 +1767,22 @@ class PartitionEngine:
         if q is None:
             return {"jobs": [], "total": 0}
         state = cmd.get("state")
+        tag = cmd.get("tag")
         offset = cmd.get("offset") or 0
         limit = cmd.get("limit") or PAGE_DEFAULT
         total = q.counts[state] if state else sum(q.counts.values())
         page: list[dict[str, Any]] = []
-        skipped = 0
-        for job in self._all_jobs():  # seq order; a paging query, not a hot path
-            if job.queue != q.name or (state and job.state != state):
+        matched = 0
+        for job in self._queue_jobs(q.name, state):  # seq order, built lazily: a page costs its offset
+            if tag is not None and job.tag != tag:
                 continue
-            if skipped < offset:
-                skipped += 1
+            matched += 1
+            if matched <= offset or len(page) >= limit:
+                if tag is None and len(page) >= limit:
+                    break  # the total is known from the counters; with a tag it is counted here
                 continue
             page.append(self.wire_job(job))
-            if len(page) >= limit:
-                break
-        return {"jobs": page, "total": total}
+        return {"jobs": page, "total": matched if tag is not None else total}
 
     def _op_GetJobCounts(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
@@ -1845,6 +1871,11 @@ def _ack_of_run(partition: int, run: tuple[int, int, int]) -> dict[str, Any]:
     if lease >= 0:
         cmd["tokens"] = [f"{partition}.{n}" for n in range(lease, lease + k)]
     return cmd
+
+
+#: The segment slot codes a job state can have (delayed and failed jobs never stay in a segment).
+_SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING,), ACTIVE: (SLOT_ACTIVE,),
+                                           COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: ()}
 
 
 def _seq_of(job: Job) -> int:

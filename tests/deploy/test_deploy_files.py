@@ -463,7 +463,8 @@ def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None
     assert 'name: {{ include "shoal.headless" . }}' in headless
     assert "clusterIP: None" in headless and "publishNotReadyAddresses: true" in headless
     # Numbers from values.yaml are float64 in Helm: quote them only after int (1e6 -> "1e+06").
-    numeric = {p for p in values_paths_used(sts) if isinstance(lookup(chart_values(), p)[1], int)}
+    numeric = {p for p in values_paths_used(sts)
+               if isinstance(v := lookup(chart_values(), p)[1], int) and not isinstance(v, bool)}
     for path in numeric:
         for m in re.finditer(rf"\.Values\.{re.escape(path)}((?:\s*\|\s*\w+)*)", sts):
             fns = re.findall(r"\|\s*(\w+)", m.group(1))

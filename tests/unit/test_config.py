@@ -135,3 +135,18 @@ def test_routes_and_listen_port_for_proxied_links(tmp_path: Path) -> None:
         path.write_text(TOML.replace('raft_port = 7201\n', f'raft_port = 7201\n[nodes.raft_routes]\n{bad}\n'))
         with pytest.raises(ConfigError, match="raft route"):
             load_config(path, env={})
+
+
+def test_dashboard_read_only_from_file_or_env(tmp_path: Path) -> None:
+    peers = {"SHOAL_PEERS": "a=127.0.0.1"}
+    assert load_config(env=peers).dashboard_read_only is False
+    assert load_config(env={**peers, "SHOAL_DASHBOARD_READ_ONLY": "true"}).dashboard_read_only is True
+    assert load_config(env={**peers, "SHOAL_DASHBOARD_READ_ONLY": "0"}).dashboard_read_only is False
+    with pytest.raises(ConfigError, match="SHOAL_DASHBOARD_READ_ONLY"):
+        load_config(env={**peers, "SHOAL_DASHBOARD_READ_ONLY": "maybe"})
+    path = tmp_path / "c.toml"
+    path.write_text('[cluster]\ndashboard_read_only = true\n[[nodes]]\nid = "a"\n')
+    assert load_config(path, env={}).dashboard_read_only is True
+    path.write_text('[cluster]\ndashboard_read_only = "yes"\n[[nodes]]\nid = "a"\n')
+    with pytest.raises(ConfigError, match="dashboard_read_only"):
+        load_config(path, env={})
