@@ -231,7 +231,12 @@ class PartitionReplica(HookedSyncObj):
             log.exception("partition %d: raft message %r from %s failed", self.partition,
                           message.get("type") if type(message) is dict else type(message).__name__, node)
         if self._event_messages and self._event_messages == self._event_tick_free:
-            return  # nothing in this message needs a tick before the timed one
+            # Nothing in this message needs a tick at once; a follower's new commit index is
+            # applied on the next busy tick (one timer slot per node, not one call per message).
+            raft = self._raft
+            if raft is not None and raft.commit_index > raft.last_applied:
+                self.scheduler.call_later(ACTIVE_TICK_S, self)
+            return
         self.schedule_tick()
 
     def _tick(self) -> None:

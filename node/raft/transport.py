@@ -169,7 +169,8 @@ class _Link(asyncio.Protocol):
             self.data_received(event.rest)
 
     def _refuse(self, exc: HandshakeFailed) -> None:
-        self.network.refused(self.address, self.peer_id, exc)
+        claimed = self.peer_id or (self._handshake.peer_id if self._handshake is not None else None)
+        self.network.refused(self.address, claimed, exc)
         if self.transport is not None and not exc.remote and self._handshake is not None:
             self.transport.write(self._handshake.reject_frame(exc.reason))
         self.close()
