@@ -94,7 +94,6 @@ class Node:
             self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
             {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
             set(config.raft_dials(self.node_id)))
-        await self.raft_network.start()
         for p, replicas in sorted(self.placement.items()):
             if self.node_id not in replicas:
                 continue
@@ -105,6 +104,10 @@ class Node:
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
             self.group_commits[p] = GroupCommit(replica, self.loop)
+        # Links come up once every group is registered, so no peer's first votes are lost.
+        await self.raft_network.start()
+        for replica in self.replicas.values():
+            replica.start()
         host = listen or self.spec.host
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
@@ -219,8 +222,13 @@ class Node:
             for p, replica in self.replicas.items():
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
-                due = replica.engine.next_due_ms()
-                if (due is not None and due <= now) or now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS:
+                engine = replica.engine
+                due = engine.next_due_ms()
+                # The idle tick trims histories by age; a partition without queues has nothing to
+                # trim, and with hundreds of partitions its Raft entry per second is most of a
+                # node's idle CPU.
+                if (due is not None and due <= now) or (
+                        engine.queues and now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS):
                     self._last_tick_ms[p] = now
                     self._tick_inflight.add(p)
                     self.group_commits[p].submit({"cmd": "_Tick"},

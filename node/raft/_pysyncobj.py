@@ -14,9 +14,12 @@ Nothing outside ``shoal.node.raft`` imports pysyncobj.
 from __future__ import annotations
 
 import pickle
+import socket
 from typing import Any
 
-import pysyncobj.pickle as _pickle_mod
+_INET_NTOP = socket.inet_ntop
+
+import pysyncobj.pickle as _pickle_mod  # noqa: E402 (the import below must follow the line above)
 import pysyncobj.syncobj as _syncobj_mod
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
@@ -24,6 +27,10 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 from pysyncobj.version import VERSION
+
+# pysyncobj.win_inet_pton (imported by its TCP transport) replaces socket.inet_ntop on every
+# OS with a Windows-only function that fails everywhere else; put the real one back.
+socket.inet_ntop = _INET_NTOP
 
 __all__ = ["SyncObj", "SyncObjConf", "replicated", "FAIL_REASON", "Node", "Transport", "monotonic_time",
            "VERSION", "CHECKED_VERSION", "LEADER", "FOLLOWER", "CANDIDATE", "RaftInternals",

@@ -9,6 +9,7 @@ partition with agreeing replicas.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import pickle
 import socket
@@ -58,11 +59,10 @@ def listening_sockets(pid: int) -> list[tuple[str, int]]:
                 continue
             hex_addr, hex_port = local.split(":")
             raw = bytes.fromhex(hex_addr)
-            if v6:
-                words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-                address = socket.inet_ntop(socket.AF_INET6, words)
+            if v6:  # four host-order 32-bit words
+                address = str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
             else:
-                address = socket.inet_ntop(socket.AF_INET, raw[::-1])
+                address = str(ipaddress.IPv4Address(raw[::-1]))
             found.append((address, int(hex_port, 16)))
     return found
 

@@ -52,3 +52,8 @@ def test_private_names_are_reached_in_one_module() -> None:
         if re.search(r"_SyncObj__|\._onTick\b|\._isLeader\b|\._getLeader\b|_checkCommandsToApply", path.read_text()):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_importing_pysyncobj_leaves_socket_alone() -> None:
+    import socket
+    assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
