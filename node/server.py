@@ -71,6 +71,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_tick_ms: dict[int, int] = {}
         self._tick_inflight: set[int] = set()
+        self._led: list[int] = []
         self._applied_flags: dict[int, bool] = {}
         self.raft_network: RaftNetwork | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -219,7 +220,8 @@ class Node:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
             now = self.now_ms()
-            for p, replica in self.replicas.items():
+            for p in self._led:  # the partitions this node led at the last topology refresh
+                replica = self.replicas[p]
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
                 engine = replica.engine
@@ -243,14 +245,18 @@ class Node:
         """Fold the hosted partitions' Raft view into the topology; announce changes."""
         topo = self.topology
         lost: list[int] = []
+        led: list[int] = []
         for p, replica in self.replicas.items():
             leader = replica.leader_id()
             term = replica.term()
+            if leader == self.node_id:
+                led.append(p)
             info = topo.partition_map[p]
             if info.leader == self.node_id and leader != self.node_id:
                 lost.append(p)
             if (leader, term) != (info.leader, info.term):
                 topo = topo.with_leader(p, leader, term)
+        self._led = led
         if topo is not self.topology:
             self.topology = topo
             self._announce_topology()

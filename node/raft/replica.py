@@ -29,6 +29,7 @@ import asyncio
 import logging
 import os
 import pickle
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,13 @@ ELECTION_TIMEOUT_MAX_S = 1.6
 #: At start, the preferred replica (first in placement) campaigns after this, the others only
 #: after a full election timeout more: leaders start where the balancer wants them.
 PREFERRED_FIRST_ELECTION_S = 0.2
+#: A campaign the node's budget (scheduler.CampaignBudget) deferred is retried after a random
+#: delay in this range.
+CAMPAIGN_RETRY_MIN_S = 0.1
+CAMPAIGN_RETRY_MAX_S = 0.6
+#: After a peer link comes up, a follower waits at least this long (over two heartbeats) before
+#: campaigning, so a leader it had not heard of yet can reach it first.
+LINK_UP_GRACE_S = 0.5
 #: A follower whose election deadline passed while it reaches no peer looks again this often
 #: (a peer link coming up ticks it at once anyway).
 UNCONNECTED_RECHECK_S = 0.5
@@ -199,13 +207,14 @@ class PartitionReplica(HookedSyncObj):
         self._direct_sends = 0
         self._last_sent: dict[Any, float] = {}
         self._last_proposal = 0.0
-        transport = PartitionTransport(network, partition, peers, self._deliver, self.schedule_tick)
+        transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
         conf = raft_conf(data_dir, partition, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         self._raft: RaftInternals | None = None
         super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
         self._raft = RaftInternals(self)
+        self._raft.store_commit_index_only_when_it_moves()
         #: Followers in placement order (see _fast_follower).
         self._follower_order = [network.node_of(p) for p in peers]
         self._preferred = preferred
@@ -231,6 +240,18 @@ class PartitionReplica(HookedSyncObj):
             self._tick_scheduled = True
             self.loop.call_soon(self._tick)
 
+    def _peer_link_up(self) -> None:
+        """A link to a peer came up: give its leader, if any, time to be heard before campaigning.
+
+        A replica whose election deadline passed while it reached nobody would otherwise
+        campaign the moment the first link comes up; pysyncobj has no pre-vote, so a node
+        rejoining a settled cluster would depose healthy leaders with its higher term.
+        """
+        raft = self._raft
+        if raft is not None and raft.state != _LEADER:
+            raft.election_deadline = max(raft.election_deadline, monotonic_time() + LINK_UP_GRACE_S)
+        self.schedule_tick()
+
     def _deliver(self, node: Any, message: Any) -> None:
         """One Raft message from the network; tick afterwards unless it needs none."""
         if self._closed:
@@ -250,11 +271,22 @@ class PartitionReplica(HookedSyncObj):
             return
         self.schedule_tick()
 
+    def _hold_campaign_unless_admitted(self) -> None:
+        """Defer this tick's campaign (if it would start one) when the node's budget is spent."""
+        raft = self._raft
+        if raft is None or raft.state == _LEADER:
+            return
+        now = monotonic_time()
+        if raft.election_deadline < now and raft.connected_nodes \
+                and not self.scheduler.campaigns.admit(now):
+            raft.election_deadline = now + random.uniform(CAMPAIGN_RETRY_MIN_S, CAMPAIGN_RETRY_MAX_S)
+
     def _tick(self) -> None:
         self._tick_scheduled = False
         if self._closed:
             return
         try:
+            self._hold_campaign_unless_admitted()
             self.raft_tick()
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
@@ -266,6 +298,7 @@ class PartitionReplica(HookedSyncObj):
             return
         self._tick_scheduled = False
         try:
+            self._hold_campaign_unless_admitted()
             self.raft_tick()
             if self.is_leader() and not self._closed:
                 self._send_lagging(monotonic_time())  # entries proposed, then a pause

@@ -15,13 +15,44 @@ import logging
 import math
 from typing import Protocol
 
-__all__ = ["TickScheduler", "Ticking", "SLOT_S"]
+__all__ = ["TickScheduler", "Ticking", "SLOT_S", "CampaignBudget"]
 
 log = logging.getLogger(__name__)
 
 #: Width of a timer slot: ticks are at most this late, and groups due within one slot tick together.
 SLOT_S = 0.01
+#: Elections a node's groups may start per second, and at once.
+CAMPAIGNS_PER_S = 50.0
+CAMPAIGN_BURST = 25
 _EARLY_S = 0.002
+
+
+class CampaignBudget:
+    """How many elections the node's groups may start: a token bucket.
+
+    A campaign and every vote for it write the Raft meta file (about a millisecond each
+    here, on the event loop). A thousand groups campaigning at once (start-up, or every
+    follower of a stalled node) would stall the loop for seconds, delay heartbeats and
+    set off more elections; spreading the campaigns keeps the loop responsive.
+    """
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._tokens = float(burst)
+        self._at: float | None = None
+        self.deferred = 0
+
+    def admit(self, now: float) -> bool:
+        """Take a token at ``now`` (monotonic seconds); False: campaign later."""
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate_per_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.deferred += 1
+        return False
 
 
 class Ticking(Protocol):
@@ -35,9 +66,12 @@ class Ticking(Protocol):
 class TickScheduler:
     """Books ticks in slots and runs each slot's groups from one loop timer."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, slot_s: float = SLOT_S) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, slot_s: float = SLOT_S,
+                 campaigns: CampaignBudget | None = None) -> None:
         self.loop = loop
         self.slot_s = slot_s
+        #: Shared by the node's groups: see :class:`CampaignBudget`.
+        self.campaigns = campaigns or CampaignBudget(CAMPAIGNS_PER_S, CAMPAIGN_BURST)
         self._slots: dict[int, list[Ticking]] = {}
         self._heap: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
