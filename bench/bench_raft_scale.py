@@ -21,12 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from shoal.client import Client
+from shoal.client import Client, ShoalError
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
 READY_TIMEOUT_S = 120.0
 SETTLE_S = 3.0
+PUSH_ATTEMPTS_MAX = 5
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,15 +73,24 @@ def run(partitions: int, idle_s: float) -> None:
                     queues.setdefault(partition_for(f"q{i}", partitions), f"q{i}")
                     i += 1
                 t2 = time.monotonic()
-                for queue in queues.values():
-                    client.call({"cmd": "PUSH", "queue": queue, "data": b"x"})
+                retries = 0
+                for p, queue in queues.items():
+                    for attempt in range(PUSH_ATTEMPTS_MAX):
+                        try:
+                            client.call({"cmd": "PUSH", "queue": queue, "data": b"x", "idempotencyKey": f"k{p}"})
+                            break
+                        except ShoalError:
+                            retries += 1
+                            if attempt == PUSH_ATTEMPTS_MAX - 1:
+                                raise
                 push_s = time.monotonic() - t2
         finally:
             cluster.stop()
     cpus = ", ".join(f"{n} {c:.1f}%" for n, c in sorted(cpu.items()))
     print(f"{partitions:>5} partitions: ready {ready_s:5.1f} s, balanced {balanced_s:5.1f} s"
           f"{'' if balanced else ' (NOT balanced)'}; idle cpu over {wall:.0f} s: {cpus}; "
-          f"elections while idle: {after - before}; one push per partition: {len(queues)} in {push_s:.1f} s")
+          f"elections while idle: {after - before}; one push per partition: {len(queues)} in {push_s:.1f} s"
+          f" ({retries} retried)")
     sys.stdout.flush()
 
 

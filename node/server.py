@@ -34,7 +34,7 @@ from .dispatch import Dispatcher
 from .group_commit import GroupCommit
 from .http import start_http
 from .metrics import NodeMetrics
-from .raft import PartitionReplica, RaftNetwork, TickScheduler
+from .raft import PartitionReplica, RaftNetwork, TickScheduler, timing_scale
 
 __all__ = ["Node", "run_node"]
 
@@ -72,6 +72,7 @@ class Node:
         self._last_tick_ms: dict[int, int] = {}
         self._tick_inflight: set[int] = set()
         self._led: list[int] = []
+        self._tick_idle_ms = TICK_IDLE_MS
         self._applied_flags: dict[int, bool] = {}
         self.raft_network: RaftNetwork | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -95,12 +96,16 @@ class Node:
             self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
             {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
             set(config.raft_dials(self.node_id)))
+        hosted = sum(self.node_id in replicas for replicas in self.placement.values())
+        # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
+        self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))
         for p, replicas in sorted(self.placement.items()):
             if self.node_id not in replicas:
                 continue
             peers = [r for r in replicas if r != self.node_id]
             replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
-                                       scheduler=self.scheduler, preferred=replicas[0] == self.node_id)
+                                       scheduler=self.scheduler, preferred=replicas[0] == self.node_id,
+                                       groups=hosted)
             replica.on_applied = self._applied
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
@@ -230,7 +235,7 @@ class Node:
                 # trim, and with hundreds of partitions its Raft entry per second is most of a
                 # node's idle CPU.
                 if (due is not None and due <= now) or (
-                        engine.queues and now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS):
+                        engine.queues and now - self._last_tick_ms.get(p, 0) >= self._tick_idle_ms):
                     self._last_tick_ms[p] = now
                     self._tick_inflight.add(p)
                     self.group_commits[p].submit({"cmd": "_Tick"},

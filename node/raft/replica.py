@@ -43,7 +43,7 @@ from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj
 from .scheduler import TickScheduler
 from .transport import PartitionTransport, RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data",
+__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S"]
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,16 @@ HEARTBEAT_GRID_S = 0.05
 #: replaced within about 1-2 s.
 ELECTION_TIMEOUT_MIN_S = 0.8
 ELECTION_TIMEOUT_MAX_S = 1.6
+#: A node hosting more groups than this stretches its heartbeat and election timeouts in
+#: proportion (1,024 groups: heartbeat 0.8 s, elections after 3.2-6.4 s): its loop has more to
+#: do per round, and slower failover beats heartbeats late enough to set off elections.
+TIMING_GROUPS_BASE = 256
+
+
+def timing_scale(groups: int) -> float:
+    """How much a node hosting ``groups`` Raft groups stretches its Raft timers (at least 1)."""
+    return max(1.0, groups / TIMING_GROUPS_BASE)
+
 #: At start, the preferred replica (first in placement) campaigns after this, the others only
 #: after a full election timeout more: leaders start where the balancer wants them.
 PREFERRED_FIRST_ELECTION_S = 0.2
@@ -111,7 +121,7 @@ class _NullPoller:
 _NULL_POLLER = _NullPoller()
 
 
-def raft_conf(data_dir: str, partition: int,
+def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
               on_state_changed: Callable[[int, int], None] | None = None,
               serializer: Callable[..., Any] | None = None,
               deserializer: Callable[..., Any] | None = None) -> SyncObjConf:
@@ -124,12 +134,14 @@ def raft_conf(data_dir: str, partition: int,
     """
     return SyncObjConf(
         appendEntriesUseBatch=False,
-        appendEntriesPeriod=HEARTBEAT_S,
-        raftMinTimeout=ELECTION_TIMEOUT_MIN_S,
-        raftMaxTimeout=ELECTION_TIMEOUT_MAX_S,
+        appendEntriesPeriod=HEARTBEAT_S * scale,
+        raftMinTimeout=ELECTION_TIMEOUT_MIN_S * scale,
+        raftMaxTimeout=ELECTION_TIMEOUT_MAX_S * scale,
         # A leader that has not heard from a majority for this long steps down (default 30 s), so
         # an isolated node stops serving reads and reports no leader instead of a stale one.
-        leaderFallbackTimeout=2.0,
+        leaderFallbackTimeout=2.0 * scale,
+        # Unused by Shoal's transport, but pysyncobj insists it be at least the election timeout.
+        connectionTimeout=max(3.5, ELECTION_TIMEOUT_MAX_S * scale),
         autoTick=False,  # ticked by the node's event loop (see TickScheduler)
         commandsQueueSize=200_000,
         appendEntriesBatchSizeBytes=8 * 1024 * 1024,  # a group-committed batch travels as one message
@@ -185,7 +197,8 @@ class PartitionReplica(HookedSyncObj):
     """
 
     def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, data_dir: str,
-                 loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False) -> None:
+                 loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False,
+                 groups: int = 1) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
         self.loop = loop
@@ -208,7 +221,8 @@ class PartitionReplica(HookedSyncObj):
         self._last_sent: dict[Any, float] = {}
         self._last_proposal = 0.0
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
-        conf = raft_conf(data_dir, partition, on_state_changed=self._state_changed,
+        self._scale = timing_scale(groups)
+        conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         self._raft: RaftInternals | None = None
         super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
@@ -228,7 +242,7 @@ class PartitionReplica(HookedSyncObj):
         assert self._raft is not None
         first = PREFERRED_FIRST_ELECTION_S
         if not self._preferred:
-            first += ELECTION_TIMEOUT_MAX_S
+            first += ELECTION_TIMEOUT_MAX_S * self._scale
         self._raft.election_deadline = monotonic_time() + first
         self._book_next_tick()
 
@@ -249,7 +263,7 @@ class PartitionReplica(HookedSyncObj):
         """
         raft = self._raft
         if raft is not None and raft.state != _LEADER:
-            raft.election_deadline = max(raft.election_deadline, monotonic_time() + LINK_UP_GRACE_S)
+            raft.election_deadline = max(raft.election_deadline, monotonic_time() + LINK_UP_GRACE_S * self._scale)
         self.schedule_tick()
 
     def _deliver(self, node: Any, message: Any) -> None:

@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 #: Width of a timer slot: ticks are at most this late, and groups due within one slot tick together.
 SLOT_S = 0.01
 #: Elections a node's groups may start per second, and at once.
-CAMPAIGNS_PER_S = 50.0
-CAMPAIGN_BURST = 25
+CAMPAIGNS_PER_S = 30.0
+CAMPAIGN_BURST = 30
 _EARLY_S = 0.002
 
 
