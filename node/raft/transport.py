@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ FRAME_SPLIT_BYTES = 4 * 1024 * 1024
 SEND_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 SEND_BUFFER_HIGH_WATER = 8 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 5.0
+#: Accepted connections still in their handshake; more are closed at once.
+HANDSHAKES_PENDING_MAX = 64
 CONNECT_TIMEOUT_S = 2.0
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 1.0
@@ -80,6 +83,12 @@ class _Link(asyncio.Protocol):
         self._out_bytes = 0
         self._flush_scheduled = False
         self._paused = False
+        self._counted = False
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.network.handshakes_pending -= 1
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -95,6 +104,13 @@ class _Link(asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(high=SEND_BUFFER_HIGH_WATER)
         net = self.network
+        if self.role is Role.LISTENER:
+            if net.handshakes_pending >= HANDSHAKES_PENDING_MAX:
+                net.refused(self.address, None, HandshakeFailed(RejectReason.BAD_FRAME, "too many pending handshakes"))
+                transport.close()
+                return
+            net.handshakes_pending += 1
+            self._counted = True
         self._handshake = Handshake(self.role, net.node_id, net.secret, net.cluster_id, peer_id=self.peer_id,
                                     known_peers=net.peer_ids)
         self._timeout = net.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timed_out)
@@ -124,6 +140,7 @@ class _Link(asyncio.Protocol):
         self._pump_handshake()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         if self._timeout is not None:
             self._timeout.cancel()
         self._handshake = None
@@ -155,6 +172,7 @@ class _Link(asyncio.Protocol):
                 return
 
     def _established(self, event: Established) -> None:
+        self._uncount()
         if self._timeout is not None:
             self._timeout.cancel()
             self._timeout = None
@@ -220,7 +238,8 @@ class RaftNetwork:
     """One node's Raft port and its links to every peer (see the module docstring)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, cluster_id: str, secret: bytes,
-                 bind: PeerAddress, peers: dict[str, PeerAddress], dial: set[str]) -> None:
+                 bind: PeerAddress, peers: dict[str, PeerAddress], dial: set[str],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.loop = loop
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -236,6 +255,9 @@ class RaftNetwork:
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals: dict[str, float] = {}
         self._closed = False
+        #: TLS for the links when set (both sides use it); the handshake runs inside it either way.
+        self.ssl_context = ssl_context
+        self.handshakes_pending = 0
         self.frames_sent = 0
         self.dropped = 0
         self.refused_count = 0
@@ -252,7 +274,7 @@ class RaftNetwork:
         """Bind the listener and start dialling the peers this node dials."""
         host, port = self.bind
         self._server = await self.loop.create_server(lambda: _Link(self, Role.LISTENER, None), host, port,
-                                                     reuse_address=True, backlog=128)
+                                                     reuse_address=True, backlog=128, ssl=self.ssl_context)
         for peer in sorted(self._dial):
             self._tasks.append(self.loop.create_task(self._dial_forever(peer)))
         log.info("raft port listening on %s:%d (peers %s; dialling %s)", host, port, sorted(self.peers),
@@ -274,7 +296,9 @@ class RaftNetwork:
         while not self._closed:
             link = _Link(self, Role.DIALER, peer)
             try:
-                await asyncio.wait_for(self.loop.create_connection(lambda: link, host, port), CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(self.loop.create_connection(
+                    lambda: link, host, port, ssl=self.ssl_context,
+                    server_hostname=host if self.ssl_context is not None else None), CONNECT_TIMEOUT_S)
                 await link.closed
                 if link.established:
                     delay = RETRY_MIN_S

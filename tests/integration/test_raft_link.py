@@ -128,6 +128,8 @@ def test_pickles_sent_to_every_port_run_nothing_and_the_node_keeps_serving(tmp_p
         for port in ports:
             for payload in probes(marker):
                 send_probe(port, payload)
+        # A crowd of silent connections holds no more than a bounded number of handshakes.
+        idle = [socket.create_connection(("127.0.0.1", n1.raft_port), timeout=2) for _ in range(80)]
         time.sleep(0.5)
         assert not marker.exists(), "a node unpickled bytes from an unauthenticated peer"
         log = cluster.log_file("n1").read_text()
@@ -139,6 +141,11 @@ def test_pickles_sent_to_every_port_run_nothing_and_the_node_keeps_serving(tmp_p
             push_everywhere(router, 4, "after-probe")
         finally:
             router.close()
+            for sock in idle:
+                sock.close()
+        with RawConn(cluster.address_of("n1")) as conn:
+            refused = conn.call({"cmd": "Stats", "local": True})["raft"]["handshakesRefused"]
+        assert refused >= 80 - 64, refused  # beyond 64 pending handshakes, closed at once
 
 
 def test_a_node_with_the_wrong_secret_never_joins(tmp_path: Path) -> None:
