@@ -15,10 +15,12 @@ into every partition (it serves) and counts the elections after "balanced"
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from shoal.client import Client, ShoalError
@@ -36,12 +38,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def elections(client: Client) -> int:
+def elections(cluster: LocalCluster) -> int:
     """Elections every node's replicas started (the ``raft.elections`` line of each node's /stats)."""
     total = 0
-    for node in client.topology.nodes.values() if client.topology else ():
-        with Client([f"{node.host}:{node.port}"]) as one:
-            total += int(one.call({"cmd": "Stats", "local": True})["raft"]["elections"])
+    for node in cluster.config.nodes:
+        with urllib.request.urlopen(f"http://{node.host}:{node.http_port}/stats", timeout=10) as reply:
+            total += int(json.load(reply)["raft"]["elections"])
     return total
 
 
@@ -59,14 +61,14 @@ def run(partitions: int, idle_s: float) -> None:
             time.sleep(SETTLE_S)
             with Client(cluster.addresses) as client:
                 client.refresh_topology()
-                before = elections(client)
+                before = elections(cluster)
                 pids = cluster.pids
                 start = {n: cpu_seconds(p) for n, p in pids.items()}
                 t1 = time.monotonic()
                 time.sleep(idle_s)
                 wall = time.monotonic() - t1
                 cpu = {n: 100.0 * (cpu_seconds(p) - start[n]) / wall for n, p in pids.items()}
-                after = elections(client)
+                after = elections(cluster)
                 queues: dict[int, str] = {}
                 i = 0
                 while len(queues) < partitions and i < 1_000_000:
