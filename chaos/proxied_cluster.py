@@ -1,13 +1,13 @@
 """A local cluster whose every Raft link and client link passes through a Toxiproxy proxy.
 
-pysyncobj keeps one TCP connection per pair of nodes, dialled by the node whose own
-address string is the greater one; the dialler first sends that address, and the
-acceptor looks it up among its peers. So for each pair (hi, lo) the harness gives
-``hi`` a route to ``lo`` through a proxy whose ports compare lower than ``hi``'s own,
-while ``lo`` keeps knowing ``hi`` by its real address. One proxy per (pair,
-partition) then carries both directions of that link: toxics on its ``upstream``
-stream hit hi→lo, on ``downstream`` lo→hi. Clients reach each node through a proxy
-too: the node advertises the proxy's port and binds another (``listen_port``).
+A node keeps one Raft connection per peer, every partition multiplexed over it,
+dialled by the node listed later in the cluster (``ClusterConfig.raft_dials``);
+the handshake names the dialler, so the acceptor does not care where it comes
+from. So for each pair (hi, lo) the harness gives ``hi`` a route to ``lo``'s Raft
+port through one proxy, which carries both directions of that pair's link: toxics
+on its ``upstream`` stream hit hi→lo, on ``downstream`` lo→hi. Clients reach each
+node through a proxy too: the node advertises the proxy's port and binds another
+(``listen_port``).
 
 The proxies are served by ``shoal chaos proxy`` in a child process (or by a real
 Toxiproxy given as ``toxiproxy="host:port"``) and driven with toxiproxy-python.
@@ -27,11 +27,12 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from shoal.cluster.config import ClusterConfig, NodeSpec
-from shoal.cluster.launcher import LocalCluster, _port_free, free_base_port, port_layout
+from shoal.cluster.launcher import (LocalCluster, _port_free, free_base_port, new_secret, port_layout,
+                                   write_cluster_file)
 
 __all__ = ["ProxiedCluster", "ProxyServerProcess"]
 
-PROXY_PORT_OFFSET = 10   # proxies listen on base+10 .. base+99: below every Raft port
+PROXY_PORT_OFFSET = 10   # proxies listen on base+10 .. base+99: below the Raft ports (base+100+i)
 PROXY_PORTS_MAX = 90
 START_TIMEOUT_S = 10.0
 
@@ -76,8 +77,8 @@ class ProxiedCluster:
                  toxiproxy: str | None = None, seed: int | None = None,
                  node_command: list[str] | None = None) -> None:
         pairs = nodes * (nodes - 1) // 2
-        if pairs * partitions + nodes > PROXY_PORTS_MAX:
-            raise ValueError(f"{nodes} nodes × {partitions} partitions need more than {PROXY_PORTS_MAX} proxies")
+        if pairs + 2 * nodes > PROXY_PORTS_MAX:
+            raise ValueError(f"{nodes} nodes need more than {PROXY_PORTS_MAX} proxy ports")
         self.data_dir = Path(data_dir).absolute()
         self.nodes_n, self.partitions = nodes, partitions
         self.external = toxiproxy
@@ -87,7 +88,7 @@ class ProxiedCluster:
         self.toxiproxy = Toxiproxy()
         self.cluster: LocalCluster | None = None
         self.config: ClusterConfig | None = None
-        self.raft_links: dict[tuple[str, str], list[str]] = {}   # (hi, lo) -> proxy names
+        self.raft_links: dict[tuple[str, str], list[str]] = {}   # (hi, lo) -> [proxy name]
         self.client_proxy: dict[str, str] = {}                   # node -> proxy name
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -121,7 +122,7 @@ class ProxiedCluster:
         else:
             self.config = self._layout()
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            config_path.write_text(self.config.to_toml())
+            write_cluster_file(config_path, self.config)
         self._create_proxies()
         self.cluster = LocalCluster(data_dir=self.data_dir, node_command=self.node_command)
         self.cluster.start()
@@ -151,19 +152,14 @@ class ProxiedCluster:
         ids = [f"n{i + 1}" for i in range(self.nodes_n)]
         ports = itertools.count(base + PROXY_PORT_OFFSET)
         routes: dict[str, list[tuple[str, str]]] = {i: [] for i in ids}
-        self._raft_plan: list[tuple[str, str, int]] = []   # (hi, lo, first proxy port)
         for a, b in itertools.combinations(range(self.nodes_n), 2):
-            hi, lo = ids[b], ids[a]      # equal-length ports: the later node's Raft ports are greater
-            first = next(ports)
-            for _ in range(self.partitions - 1):
-                next(ports)
-            routes[hi].append((lo, f"127.0.0.1:{first}"))
-            self._raft_plan.append((hi, lo, first))
+            hi, lo = ids[b], ids[a]      # the later node dials (ClusterConfig.raft_dials)
+            routes[hi].append((lo, f"127.0.0.1:{next(ports)}"))
         listen_ports = [base + PROXY_PORTS_MAX - self.nodes_n + PROXY_PORT_OFFSET + i for i in range(self.nodes_n)]
         specs = tuple(NodeSpec(ids[i], "127.0.0.1", client, http, raft, None, listen_ports[i],
                                tuple(sorted(routes[ids[i]])))
                       for i, (client, http, raft) in enumerate(layout))
-        return ClusterConfig(nodes=specs, partitions=self.partitions, replication=3,
+        return ClusterConfig(nodes=specs, partitions=self.partitions, replication=3, secret=new_secret(),
                              data_dir=str(self.data_dir)).validate()
 
     def _create_proxies(self) -> None:
@@ -172,14 +168,10 @@ class ProxiedCluster:
         wanted: list[dict[str, Any]] = []
         for n in self.config.nodes:
             for lo, address in n.raft_routes:
-                first = int(address.rsplit(":", 1)[1])
-                names = []
-                for p in range(self.partitions):
-                    name = f"shoal-raft-{n.id}-{lo}-p{p}"
-                    names.append(name)
-                    wanted.append({"name": name, "listen": f"127.0.0.1:{first + p}",
-                                   "upstream": specs[lo].raft_address(p), "enabled": True})
-                self.raft_links[(n.id, lo)] = names
+                name = f"shoal-raft-{n.id}-{lo}"
+                wanted.append({"name": name, "listen": address, "upstream": specs[lo].raft_address(),
+                               "enabled": True})
+                self.raft_links[(n.id, lo)] = [name]
             name = f"shoal-client-{n.id}"
             self.client_proxy[n.id] = name
             wanted.append({"name": name, "listen": f"127.0.0.1:{n.port}",
@@ -206,7 +198,7 @@ class ProxiedCluster:
         return proxy
 
     def link(self, a: str, b: str) -> tuple[list[str], str, str]:
-        """The proxies of the a–b Raft link, and which stream carries a→b and b→a."""
+        """The proxy of the a–b Raft link (a one-item list), and which stream carries a→b and b→a."""
         if (a, b) in self.raft_links:
             return self.raft_links[(a, b)], "upstream", "downstream"
         return self.raft_links[(b, a)], "downstream", "upstream"

@@ -7,7 +7,8 @@ the same way. The file::
     id = "shoal-local"          # cluster id reported in Hello
     partitions = 8
     replication = 3             # RF; capped at the node count
-    secret = ""                 # Raft password (required unless Raft binds loopback)
+    secret = ""                 # cluster secret: Raft peers authenticate with it (required unless
+                                # every Raft port binds loopback; `shoal cluster up` generates one)
     tokens = []                 # client auth tokens; empty = no auth
     session_grace_ms = 0
     frame_bytes_max = 67108864
@@ -20,7 +21,7 @@ the same way. The file::
     host = "127.0.0.1"          # advertised to clients and peers
     port = 6789                 # binary protocol
     http_port = 6790
-    raft_port = 7789            # Raft port of partition p = raft_port + p
+    raft_port = 7789            # the node's one Raft port (every partition shares it)
 
 Environment variables override the file (names are the contract with deploy/):
 
@@ -31,13 +32,13 @@ SHOAL_PEERS                ``id=host[:port[:http_port[:raft_port]]]`` comma list
 SHOAL_CLUSTER_ID           cluster id
 SHOAL_PARTITIONS           partition count
 SHOAL_REPLICATION          replication factor
-SHOAL_CLUSTER_SECRET       Raft password
+SHOAL_CLUSTER_SECRET       cluster secret (Raft link authentication)
 SHOAL_AUTH_TOKENS          comma-separated client tokens
 SHOAL_DATA_DIR             this node's data directory
 SHOAL_LISTEN               bind address of every listener (default: the node's host)
 SHOAL_CLIENT_PORT          default client port for peers without one
 SHOAL_HTTP_PORT            default HTTP port
-SHOAL_RAFT_PORT            default Raft base port
+SHOAL_RAFT_PORT            default Raft port
 SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
 SHOAL_FRAME_BYTES_MAX      maximum frame size
 SHOAL_DASHBOARD_READ_ONLY  ``1``/``true``: the dashboard's actions are refused (``READ_ONLY``)
@@ -97,12 +98,13 @@ class NodeSpec:
     # The client port to bind when it differs from the advertised ``port`` (a proxy or a
     # NAT in front of the node: the chaos harness routes client links through proxies).
     listen_port: int | None = None
-    # (peer id, "host:port") pairs: this node reaches ``peer``'s Raft port of partition p
-    # at host:port+p instead of the peer's own address (a proxy per link, for chaos tests).
+    # (peer id, "host:port") pairs: this node reaches ``peer``'s Raft port at host:port
+    # instead of the peer's own address (a proxy per node pair, for chaos tests).
     raft_routes: tuple[tuple[str, str], ...] = ()
 
-    def raft_address(self, partition: int) -> str:
-        return f"{self.host}:{self.raft_port + partition}"
+    def raft_address(self) -> str:
+        """``host:port`` of this node's Raft port, as peers dial it."""
+        return f"{self.host}:{self.raft_port}"
 
     @property
     def client_listen_port(self) -> int:
@@ -145,13 +147,23 @@ class ClusterConfig:
                 return spec
         raise ConfigError(f"node {wanted!r} is not in the cluster's node list {[n.id for n in self.nodes]}")
 
-    def peer_raft_address(self, from_id: str, to_id: str, partition: int) -> str:
-        """The address ``from_id`` dials for ``to_id``'s Raft group of ``partition`` (routes honoured)."""
+    def peer_raft_address(self, from_id: str, to_id: str) -> tuple[str, int]:
+        """(host, port) ``from_id`` dials for ``to_id``'s Raft port (routes honoured)."""
         for peer, address in self.node(from_id).raft_routes:
             if peer == to_id:
                 host, _, port = address.rpartition(":")
-                return f"{host}:{int(port) + partition}"
-        return self.node(to_id).raft_address(partition)
+                return host.strip("[]"), int(port)
+        spec = self.node(to_id)
+        return spec.host, spec.raft_port
+
+    def raft_dials(self, node_id: str) -> list[str]:
+        """The peers ``node_id`` dials: of each pair, the node listed later dials the earlier one."""
+        ids = [n.id for n in self.nodes]
+        return ids[:ids.index(node_id)]
+
+    def raft_bind_host(self, node_id: str | None = None) -> str:
+        """The address ``node_id``'s Raft listener binds: ``listen`` if set, else the node's host."""
+        return self.listen or self.node(node_id).host
 
     def node_data_dir(self, node_id: str | None = None) -> Path:
         spec = self.node(node_id)
@@ -168,8 +180,13 @@ class ClusterConfig:
         return Topology(self.cluster_id, self.partitions, nodes, parts, 0)
 
     def raft_needs_secret(self) -> bool:
-        """True when some Raft endpoint is not on loopback (pysyncobj unpickles peer data)."""
-        hosts = [n.host for n in self.nodes] + ([self.listen] if self.listen else [])
+        """True when some Raft listener may bind beyond loopback (a wildcard counts).
+
+        What is bound decides, not what is advertised: each node binds ``listen`` if set,
+        else its host. Without a node id every node's host is checked, since any may be this one.
+        """
+        hosts = [self.listen] if self.listen else (
+            [self.node().host] if self.node_id else [n.host for n in self.nodes])
         return any(not _is_loopback(h) for h in hosts)
 
     def validate(self) -> "ClusterConfig":
@@ -198,8 +215,8 @@ class ClusterConfig:
                                       "node and a host:port")
         if self.raft_needs_secret() and not self.secret:
             raise ConfigError("Raft binds a non-loopback address but no cluster secret is set "
-                              "(SHOAL_CLUSTER_SECRET / [cluster] secret): pysyncobj unpickles what peers "
-                              "send, so an open Raft port would run any peer's code")
+                              "(SHOAL_CLUSTER_SECRET / [cluster] secret): anyone who reaches the Raft "
+                              "port could join the cluster's replication")
         return self
 
     def to_toml(self) -> str:

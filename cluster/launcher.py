@@ -6,8 +6,11 @@ and each node's data. Starting again on the same directory reuses its
 ``cluster.toml``, so the same cluster comes back with its data.
 
 Ports for node *i* (0-based) from ``base_port``: client ``base + 2i``, HTTP
-``base + 2i + 1``, Raft ``base + 100 + i * stride + partition`` where
-``stride = max(64, partitions)``.
+``base + 2i + 1``, Raft ``base + 100 + i`` (one Raft port per node, whatever
+the partition count).
+
+Every local cluster is authenticated: unless a secret is given, a random one is
+generated into ``cluster.toml``, which is written readable by its owner only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import secrets
 import signal
 import socket
 import ssl
@@ -35,24 +39,36 @@ from .config import ClusterConfig, ConfigError, NodeSpec, load_config
 from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings, parse_tls
 from .topology import Topology
 
-__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout"]
+__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout", "write_cluster_file"]
 
 NODES_MAX = 32
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
 
-def port_layout(base_port: int, nodes: int, partitions: int) -> list[tuple[int, int, int]]:
-    """(client, http, raft base) ports of every node."""
-    stride = max(64, partitions)
-    return [(base_port + 2 * i, base_port + 2 * i + 1, base_port + 100 + i * stride) for i in range(nodes)]
+def port_layout(base_port: int, nodes: int, partitions: int = 0) -> list[tuple[int, int, int]]:
+    """(client, http, raft) ports of every node (``partitions`` is accepted and does not matter)."""
+    return [(base_port + 2 * i, base_port + 2 * i + 1, base_port + 100 + i) for i in range(nodes)]
 
 
-def _ports_of(base_port: int, nodes: int, partitions: int) -> list[int]:
+def _ports_of(base_port: int, nodes: int, partitions: int = 0) -> list[int]:
     ports = []
     for client, http, raft in port_layout(base_port, nodes, partitions):
-        ports += [client, http] + [raft + p for p in range(partitions)]
+        ports += [client, http, raft]
     return ports
+
+
+def new_secret() -> str:
+    """A random cluster secret (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_cluster_file(path: Path, config: ClusterConfig) -> None:
+    """Write ``config`` to ``path`` readable by its owner only (it holds the cluster secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # an existing file keeps its old mode through O_CREAT
+        f.write(config.to_toml())
 
 
 def _port_free(port: int) -> bool:
@@ -167,7 +183,8 @@ class LocalCluster:
             for i, (client, http, raft) in enumerate(port_layout(base_port, nodes, partitions)):
                 specs.append(NodeSpec(f"n{i + 1}", "127.0.0.1", client, http, raft))
             self.config = ClusterConfig(nodes=tuple(specs), partitions=partitions, replication=replication,
-                                        tokens=tuple(tokens), secret=secret, session_grace_ms=session_grace_ms,
+                                        tokens=tuple(tokens), secret=secret or new_secret(),
+                                        session_grace_ms=session_grace_ms,
                                         data_dir=str(self.data_dir), tls=tls).validate()
         # The launcher's own Hello and /ready checks speak TLS when the nodes do.
         self.ssl_context: ssl.SSLContext | None = self.config.tls.client_context() if self.config.tls else None
@@ -209,7 +226,7 @@ class LocalCluster:
         """Write ``cluster.toml`` (first time) and start every node not already running."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
-            self.config_path.write_text(self.config.to_toml())
+            write_cluster_file(self.config_path, self.config)
         for node_id in self.node_ids:
             if self.pid(node_id) is None:
                 self.start_node(node_id)
@@ -382,12 +399,15 @@ def cluster_group() -> None:
 @click.option("--base-port", default=6789, show_default=True, type=click.IntRange(1024, 65000))
 @click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 7),
               help="Replicas per partition (capped at the node count).")
+@click.option("--secret", default=None, envvar="SHOAL_CLUSTER_SECRET",
+              help="Cluster secret for the Raft links (default: SHOAL_CLUSTER_SECRET, else a random one; "
+                   "written to cluster.toml with mode 0600).")
 @click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
                                              "(stop them with `shoal cluster down`).")
 @click.option("--token", "tokens", multiple=True, metavar="TOKEN",
               help="Client token the nodes require (repeatable). Default: SHOAL_AUTH_TOKENS, else none.")
-def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, detach: bool,
-               tokens: tuple[str, ...]) -> None:
+def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, secret: str | None,
+               detach: bool, tokens: tuple[str, ...]) -> None:
     """Start N local nodes and wait until every partition has a leader and every node is ready.
 
     Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
@@ -398,7 +418,7 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
         # TLS goes into cluster.toml, so the launcher's own readiness checks speak it too.
         tls = parse_tls({}, os.environ)
         cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication, tokens=tokens,
-                               extra_env=node_env, tls=tls)
+                               secret=secret or "", extra_env=node_env, tls=tls)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if tokens and cluster.config.tokens != tokens:  # an existing cluster.toml: the flags win
@@ -429,6 +449,14 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
+        # Ready means settled: leaders on their preferred replicas, so no leadership moves
+        # (and no TIMEOUT of an in-flight write) follow the "ready" line.
+        while not stop_requested and time.monotonic() < deadline:
+            if cluster.wait_balanced(min(1.0, max(0.1, deadline - time.monotonic()))):
+                break
+        else:
+            if not stop_requested:
+                raise TimeoutError(f"leaders did not settle on their preferred replicas within {READY_TIMEOUT_S}s")
     except (RuntimeError, TimeoutError) as exc:
         cluster.stop()
         raise click.ClickException(str(exc)) from exc

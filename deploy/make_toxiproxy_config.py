@@ -2,12 +2,13 @@
 
 In that profile every node is known to its peers (and to clients) as
 ``toxiproxy:<port>``, so each client and Raft link crosses Toxiproxy and a fault
-can hit one direction of one link. Node *i* (1-based) uses client port
-``16789 + 100·i``, HTTP ``client + 1`` and Raft ``client + 10 + partition``;
-Toxiproxy listens on the same ports and forwards to ``shoal-chaos-<i>``. Proxy
-names: ``client_<i>``, ``http_<i>``, ``raft_<i>_p<partition>``.
+can hit one link. Node *i* (1-based) uses client port ``16789 + 100·i``, HTTP
+``client + 1`` and its one Raft port ``client + 10`` (every partition shares
+it); Toxiproxy listens on the same ports and forwards to ``shoal-chaos-<i>``.
+Proxy names: ``client_<i>``, ``http_<i>``, ``raft_<i>`` (the Raft links the other
+nodes dial to node *i*).
 
-    python deploy/make_toxiproxy_config.py   # after changing NODES or PARTITIONS
+    python deploy/make_toxiproxy_config.py   # after changing NODES
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ import json
 from pathlib import Path
 
 NODES = 3
-PARTITIONS = 8
 
 
 def node_ports(i: int) -> tuple[int, int, int]:
-    """(client, http, raft base) of chaos node ``i`` (1-based)."""
+    """(client, http, raft) ports of chaos node ``i`` (1-based)."""
     client = 16789 + 100 * i
     return client, client + 1, client + 10
 
@@ -34,9 +34,8 @@ def proxies() -> list[dict[str, object]]:
                     "enabled": True})
         out.append({"name": f"http_{i}", "listen": f"0.0.0.0:{http}", "upstream": f"{upstream}:{http}",
                     "enabled": True})
-        for p in range(PARTITIONS):
-            out.append({"name": f"raft_{i}_p{p}", "listen": f"0.0.0.0:{raft + p}",
-                        "upstream": f"{upstream}:{raft + p}", "enabled": True})
+        out.append({"name": f"raft_{i}", "listen": f"0.0.0.0:{raft}", "upstream": f"{upstream}:{raft}",
+                    "enabled": True})
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from .replica import PartitionReplica, fail_reason_error
+from .raft import PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]
 
@@ -138,7 +138,7 @@ class GroupCommit:
         self._scheduled = False
         while self._cmds and self._inflight < self.inflight_max:
             if not self.replica.is_leader():
-                leader = self.replica.leader_address()
+                leader = self.replica.leader_id()
                 self.fail_all(CommandError(ErrorCode.NOT_LEADER if leader else ErrorCode.NO_LEADER,
                                            "this node no longer leads the partition; retry"))
                 return

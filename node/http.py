@@ -37,7 +37,7 @@ from .http_dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
 from .http_forward import Forwarder
 from .http_streams import StreamHandlers
 from .http_util import STATUS_BY_CODE, error_response, json_response, loads_bounded
-from .replica import FOLLOWER_APPLY_BATCH
+from .raft.replica import FOLLOWER_APPLY_BATCH
 
 #: Committed but not yet applied entries a ready node may have on a partition.
 READY_APPLY_LAG_MAX = 4 * FOLLOWER_APPLY_BATCH
@@ -174,12 +174,12 @@ class HttpApi(StreamHandlers):
         # A follower cut off from every peer never starts an election and keeps naming its old
         # leader, so "has a leader" also needs a connected majority (pysyncobj's hasQuorum).
         missing = [p.id for p in node.topology.partition_map if p.id in node.replicas
-                   and (p.leader is None or not node.replicas[p.id].hasQuorum)]
+                   and (p.leader is None or not node.replicas[p.id].has_quorum())]
         # A follower applies committed entries a few at a time (FOLLOWER_APPLY_BATCH), and a socket
         # read may append several before its tick runs: a lag of that order is its normal state.
         # Catching up after a restart is a far larger one.
         lagging = [p for p, r in sorted(node.replicas.items())
-                   if r.raftCommitIndex - r.raftLastApplied > READY_APPLY_LAG_MAX]
+                   if r.commit_index() - r.applied_index() > READY_APPLY_LAG_MAX]
         ok = not missing and not lagging and not node.stopping
         return {"ready": ok, "stopping": node.stopping, "partitionsWithoutLeader": missing,
                 "partitionsCatchingUp": lagging}

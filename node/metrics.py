@@ -33,6 +33,9 @@ class _NodeCollector(Collector):
         yield GaugeMetricFamily("shoal_sessions", "Sessions with an open connection", value=d.sessions.active)
         term = GaugeMetricFamily("shoal_raft_term", "Raft term per hosted partition", labels=["partition"])
         commit = GaugeMetricFamily("shoal_raft_commit_index", "Raft commit index", labels=["partition"])
+        elections = CounterMetricFamily("shoal_raft_elections", "Elections this node's replica of the partition "
+                                        "started (campaigns, including requested leadership transfers)",
+                                        labels=["partition"])
         leader = GaugeMetricFamily("shoal_partition_is_leader", "1 when this node leads the partition",
                                    labels=["partition"])
         pending = GaugeMetricFamily("shoal_pending_commands", "Commands waiting for group commit",
@@ -45,7 +48,8 @@ class _NodeCollector(Collector):
         for p, replica in sorted(node.replicas.items()):
             label = [str(p)]
             term.add_metric(label, replica.term())
-            commit.add_metric(label, replica.raftCommitIndex)
+            commit.add_metric(label, replica.commit_index())
+            elections.add_metric(label, replica.elections)
             leader.add_metric(label, 1 if replica.is_leader() else 0)
             gc = node.group_commits[p]
             pending.add_metric(label, gc.pending)
@@ -66,7 +70,7 @@ class _NodeCollector(Collector):
             streams.add_metric([kind], n)
         forwarded = CounterMetricFamily("shoal_http_forwarded", "HTTP requests forwarded to a partition's leader",
                                         value=node.metrics.http_forwarded)
-        yield from (term, commit, leader, pending, batches, batched, leaders, inflight, streams, forwarded)
+        yield from (term, commit, elections, leader, pending, batches, batched, leaders, inflight, streams, forwarded)
         jobs = GaugeMetricFamily("shoal_queue_jobs", "Jobs by state, per queue (partitions this node leads)",
                                  labels=["queue", "state"])
         totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "

@@ -1,8 +1,8 @@
 """A Shoal node: the partitions it hosts, its client server and its background duties.
 
 Everything runs on one event loop (uvloop): client sockets, group commit,
-long polls, sessions, HTTP, and every hosted partition's pysyncobj group
-(ticked by the loop, see ``replica.LoopPoller``). Background tasks:
+long polls, sessions, HTTP, and every hosted partition's Raft group (all over
+the node's one Raft port and ticked by one timer, see ``raft``). Background tasks:
 
 - the *leader tick* proposes ``_Tick`` on every partition this node leads when
   something is due (delays, leases, TTL, cron) and at least once a second;
@@ -35,7 +35,7 @@ from .group_commit import GroupCommit
 from .guard import NodeGuard
 from .http import start_http
 from .metrics import NodeMetrics
-from .replica import PartitionReplica
+from .raft import PartitionReplica, RaftNetwork, TickScheduler, timing_scale
 
 __all__ = ["Node", "run_node"]
 
@@ -45,8 +45,8 @@ TICK_INTERVAL_S = 0.02
 TICK_IDLE_MS = 1_000
 TOPOLOGY_INTERVAL_S = 0.1
 PEER_POLL_INTERVAL_S = 1.0
-BALANCE_INTERVAL_S = 2.0
-BALANCE_START_DELAY_S = 3.0
+BALANCE_INTERVAL_S = 1.0
+BALANCE_START_DELAY_S = 1.0
 STOP_HANDOVER_S = 3.0
 
 
@@ -74,12 +74,11 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._last_tick_ms: dict[int, int] = {}
         self._tick_inflight: set[int] = set()
+        self._led: list[int] = []
+        self._tick_idle_ms = TICK_IDLE_MS
         self._applied_flags: dict[int, bool] = {}
-        self._raft_to_node = {f"{n.host}:{n.raft_port + p}": n.id
-                              for n in config.nodes for p in range(config.partitions)}
-        for peer, _ in self.spec.raft_routes:  # a peer reached through a proxy is known by that address
-            for p in range(config.partitions):
-                self._raft_to_node[config.peer_raft_address(node_id, peer, p)] = peer
+        self.raft_network: RaftNetwork | None = None
+        self.scheduler = TickScheduler(self.loop)
         self._stopped = asyncio.Event()
         self.http_runner: Any = None
 
@@ -89,18 +88,35 @@ class Node:
         """Open every hosted partition's Raft group, then the client and HTTP listeners."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         listen = self.config.listen
+        config = self.config
+        bind = config.raft_bind_host(self.node_id)
+        if not config.secret:
+            if config.raft_needs_secret():  # validate() refuses this too; never bind open by accident
+                raise RuntimeError(f"refusing to bind Raft on {bind} without a cluster secret")
+            log.warning("no cluster secret: Raft peers on loopback authenticate with an empty key")
+        others = [n.id for n in config.nodes if n.id != self.node_id]
+        self.raft_network = RaftNetwork(
+            self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
+            {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
+            set(config.raft_dials(self.node_id)))
+        hosted = sum(self.node_id in replicas for replicas in self.placement.values())
+        # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
+        self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))
         for p, replicas in sorted(self.placement.items()):
             if self.node_id not in replicas:
                 continue
-            me = self.spec.raft_address(p)
-            peers = [self.config.peer_raft_address(self.node_id, r, p) for r in replicas if r != self.node_id]
-            bind = f"{listen}:{self.spec.raft_port + p}" if listen else None
-            replica = PartitionReplica(p, me, peers, data_dir=str(self.data_dir), loop=self.loop,
-                                       secret=self.config.secret, bind_host=bind)
+            peers = [r for r in replicas if r != self.node_id]
+            replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
+                                       scheduler=self.scheduler, preferred=replicas[0] == self.node_id,
+                                       groups=hosted)
             replica.on_applied = self._applied
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
             self.group_commits[p] = GroupCommit(replica, self.loop)
+        # Links come up once every group is registered, so no peer's first votes are lost.
+        await self.raft_network.start()
+        for replica in self.replicas.values():
+            replica.start()
         host = listen or self.spec.host
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
@@ -128,7 +144,7 @@ class Node:
         for p, replica in self.replicas.items():
             if replica.is_leader() and len(self.placement[p]) > 1:
                 try:
-                    replica.transferLeadership()
+                    replica.transfer_leadership()
                 except Exception:  # best effort: a follower will time out and take over anyway
                     log.debug("partition %d: transferLeadership failed", p, exc_info=True)
         while time.monotonic() < deadline and any(
@@ -146,6 +162,9 @@ class Node:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():
             replica.close()
+        if self.raft_network is not None:
+            self.raft_network.close()
+        self.scheduler.close()
         self._stopped.set()
 
     # --- helpers used by the dispatcher ------------------------------------------------------------
@@ -169,16 +188,15 @@ class Node:
             if partition is not None and p != partition:
                 continue
             digest = replica.engine.digest()
-            applied = replica.raftLastApplied
-            out[str(p)] = {"leader": self._leader_id(replica), "isLeader": replica.is_leader(),
-                           "term": replica.term(), "commitIndex": replica.raftCommitIndex,
-                           "appliedIndex": applied, "digest": digest,
-                           "pendingCommands": self.group_commits[p].pending}
-        return {"nodeId": self.node_id, "replicas": out}
-
-    def _leader_id(self, replica: PartitionReplica) -> str | None:
-        addr = replica.leader_address()
-        return self._raft_to_node.get(addr) if addr else None
+            out[str(p)] = {"leader": replica.leader_id(), "isLeader": replica.is_leader(),
+                           "term": replica.term(), "commitIndex": replica.commit_index(),
+                           "appliedIndex": replica.applied_index(), "digest": digest,
+                           "pendingCommands": self.group_commits[p].pending, "elections": replica.elections}
+        net = self.raft_network
+        raft = {"elections": sum(r.elections for r in self.replicas.values()),
+                "peersConnected": net.connected_peers() if net else [],
+                "handshakesRefused": net.refused_count if net else 0}
+        return {"nodeId": self.node_id, "replicas": out, "raft": raft}
 
     # --- applied-batch notifications -----------------------------------------------------------
 
@@ -212,11 +230,17 @@ class Node:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
             now = self.now_ms()
-            for p, replica in self.replicas.items():
+            for p in self._led:  # the partitions this node led at the last topology refresh
+                replica = self.replicas[p]
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
-                due = replica.engine.next_due_ms()
-                if (due is not None and due <= now) or now - self._last_tick_ms.get(p, 0) >= TICK_IDLE_MS:
+                engine = replica.engine
+                due = engine.next_due_ms()
+                # The idle tick trims histories by age; a partition without queues has nothing to
+                # trim, and with hundreds of partitions its Raft entry per second is most of a
+                # node's idle CPU.
+                if (due is not None and due <= now) or (
+                        engine.queues and now - self._last_tick_ms.get(p, 0) >= self._tick_idle_ms):
                     self._last_tick_ms[p] = now
                     self._tick_inflight.add(p)
                     self.group_commits[p].submit({"cmd": "_Tick"},
@@ -231,14 +255,18 @@ class Node:
         """Fold the hosted partitions' Raft view into the topology; announce changes."""
         topo = self.topology
         lost: list[int] = []
+        led: list[int] = []
         for p, replica in self.replicas.items():
-            leader = self._leader_id(replica)
+            leader = replica.leader_id()
             term = replica.term()
+            if leader == self.node_id:
+                led.append(p)
             info = topo.partition_map[p]
             if info.leader == self.node_id and leader != self.node_id:
                 lost.append(p)
             if (leader, term) != (info.leader, info.term):
                 topo = topo.with_leader(p, leader, term)
+        self._led = led
         if topo is not self.topology:
             self.topology = topo
             self._announce_topology()
@@ -271,11 +299,9 @@ class Node:
                 preferred = self.placement[p][0]
                 if preferred == self.node_id or not replica.is_leader():
                     continue
-                target = self.config.peer_raft_address(self.node_id, preferred, p)
-                node = next((n for n in replica.otherNodes if n.address == target), None)
-                if node is not None and replica.isNodeConnected(node):
+                if replica.peer_connected(preferred):
                     try:
-                        replica.transferLeadership(node)
+                        replica.transfer_leadership(preferred)
                     except Exception:
                         log.debug("partition %d: transfer to %s refused", p, preferred, exc_info=True)
 

@@ -58,28 +58,6 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _free_raft_bases(count: int, partitions: int, taken: set[int]) -> list[int]:
-    """Base ports with ``partitions`` consecutive free ports each (25000-29999, probed)."""
-    bases: list[int] = []
-    start = 25000 + (os.getpid() * 97) % 4000
-    for base in itertools.chain(range(start, 29999 - partitions, partitions + 3),
-                                range(25000, start, partitions + 3)):
-        span = range(base, base + partitions)
-        if taken & set(span):
-            continue
-        try:
-            for port in span:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        bases.append(base)
-        taken |= set(span)
-        if len(bases) == count:
-            return bases
-    raise RuntimeError("no free Raft port ranges in 25000-29999")
-
-
 @dataclass
 class LocalNode:
     name: str
@@ -131,10 +109,9 @@ def compose_nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[di
     variables = {**host_env, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN}
     envs = {name: service_env(services[name], variables) for name in NODE_SERVICES}
     configs = {name: load_config(env=env) for name, env in envs.items()}
-    partitions = configs["shoal-1"].partitions
-    ports = _free_ports(2 * len(NODE_SERVICES))
-    raft = _free_raft_bases(len(NODE_SERVICES), partitions, set(ports))
-    remap = {name: ("127.0.0.1", ports[2 * i], ports[2 * i + 1], raft[i]) for i, name in enumerate(NODE_SERVICES)}
+    ports = _free_ports(3 * len(NODE_SERVICES))  # client, HTTP and the one Raft port of each node
+    remap = {name: ("127.0.0.1", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+             for i, name in enumerate(NODE_SERVICES)}
     procs: list[subprocess.Popen[bytes]] = []
     request.addfinalizer(lambda: _stop(procs))  # registered first: runs even if a start fails
     nodes: dict[str, LocalNode] = {}

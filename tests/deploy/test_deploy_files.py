@@ -199,9 +199,8 @@ def test_chaos_profile_routes_every_link_through_the_real_toxiproxy_image() -> N
             assert listens[node.port] == f"{node.id}:{node.port}"
             assert listens[node.http_port] == f"{node.id}:{node.http_port}"
             assert {node.port, node.http_port} <= published
-            for p in range(config.partitions):
-                assert listens[node.raft_port + p] == f"{node.id}:{node.raft_port + p}"
-        assert config.partitions == make_toxiproxy_config.PARTITIONS
+            assert listens[node.raft_port] == f"{node.id}:{node.raft_port}"  # one Raft port per node
+        assert not any(p["name"].startswith("raft_") and "_p" in p["name"] for p in proxies)
 
 
 def test_monitoring_profile_scrapes_every_node_and_provisions_grafana() -> None:
@@ -490,3 +489,13 @@ def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     assert "kind: Secret" in t["secret.yaml"] and "required" in t["secret.yaml"]
     notes = t["NOTES.txt"]
     assert "from shoal.client import Client" in notes and "rollout status" in notes and "port-forward" in notes
+
+
+def test_one_raft_port_per_node_everywhere() -> None:
+    """Compose, the image and the chart expose one Raft port per node, whatever the partition count."""
+    text = template_texts()["statefulset.yaml"]
+    assert text.count("containerPort") == 3 and "{name: raft, containerPort: {{ .Values.ports.raft }}}" in text
+    assert "until (int .Values.cluster.partitions)" not in text
+    assert re.search(r"^EXPOSE 6789 6790 7789$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    raft_proxies = [p for p in json.loads((DEPLOY / "toxiproxy.json").read_text()) if p["name"].startswith("raft_")]
+    assert len(raft_proxies) == make_toxiproxy_config.NODES

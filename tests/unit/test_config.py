@@ -44,7 +44,7 @@ def config_file(tmp_path: Path) -> Path:
 def test_load_from_file(config_file: Path) -> None:
     cfg = load_config(config_file, env={}, node_id="n2")
     assert (cfg.cluster_id, cfg.partitions, cfg.rf, cfg.tokens) == ("test", 4, 3, ("t1",))
-    assert cfg.node().port == 7002 and cfg.node("n1").raft_address(2) == "127.0.0.1:7203"
+    assert cfg.node().port == 7002 and cfg.node("n1").raft_address() == "127.0.0.1:7201"
     assert cfg.node_data_dir("n3") == Path(".shoal") / "n3"
     placement = cfg.placement()
     assert sorted(placement) == [0, 1, 2, 3] and all(len(set(r)) == 3 for r in placement.values())
@@ -96,6 +96,27 @@ def test_raft_off_loopback_needs_a_secret() -> None:
         load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_LISTEN": "0.0.0.0"})
 
 
+def test_what_is_bound_decides_the_secret_rule() -> None:
+    """The check looks at the address the Raft listener binds, not at the advertised one."""
+    peers = {"SHOAL_PEERS": "a=127.0.0.1,b=10.0.0.2"}
+    with pytest.raises(ConfigError, match="secret"):     # a wildcard bind behind a loopback host
+        load_config(env={**peers, "SHOAL_LISTEN": "0.0.0.0"}, node_id="a")
+    with pytest.raises(ConfigError, match="secret"):
+        load_config(env={**peers, "SHOAL_LISTEN": "::"}, node_id="a")
+    with pytest.raises(ConfigError, match="secret"):
+        load_config(env=peers, node_id="b")
+    cfg = load_config(env=peers, node_id="a")            # a binds 127.0.0.1: loopback only
+    assert cfg.raft_bind_host() == "127.0.0.1" and not cfg.raft_needs_secret()
+    cfg = load_config(env={**peers, "SHOAL_LISTEN": "127.0.0.1"}, node_id="b")
+    assert cfg.raft_bind_host() == "127.0.0.1" and not cfg.raft_needs_secret()
+
+
+def test_one_dialler_per_node_pair() -> None:
+    cfg = load_config(env={"SHOAL_PEERS": "n1=127.0.0.1,n2=127.0.0.1,n10=127.0.0.1"})
+    dials = {n.id: set(cfg.raft_dials(n.id)) for n in cfg.nodes}
+    assert dials == {"n1": set(), "n2": {"n1"}, "n10": {"n1", "n2"}}
+
+
 def test_ipv6_peer_and_limits() -> None:
     cfg = load_config(env={"SHOAL_PEERS": "a=[::1]:1:2:3"})
     assert cfg.nodes == (NodeSpec("a", "::1", 1, 2, 3),)
@@ -125,9 +146,9 @@ def test_routes_and_listen_port_for_proxied_links(tmp_path: Path) -> None:
     n1 = cfg.node("n1")
     assert n1.port == 7001 and n1.client_listen_port == 7301
     assert cfg.node("n2").client_listen_port == 7002
-    assert cfg.peer_raft_address("n1", "n2", 3) == "127.0.0.1:9003"        # routed
-    assert cfg.peer_raft_address("n1", "n3", 3) == cfg.node("n3").raft_address(3)
-    assert cfg.peer_raft_address("n2", "n1", 0) == "127.0.0.1:7201"        # routes are per node
+    assert cfg.peer_raft_address("n1", "n2") == ("127.0.0.1", 9000)        # routed
+    assert cfg.peer_raft_address("n1", "n3") == ("127.0.0.1", cfg.node("n3").raft_port)
+    assert cfg.peer_raft_address("n2", "n1") == ("127.0.0.1", 7201)        # routes are per node
     again = tmp_path / "again.toml"
     again.write_text(cfg.to_toml())
     assert load_config(again, env={}, node_id="n1") == cfg

@@ -6,14 +6,17 @@ entry per batch (group commit) and, once committed, every replica applies the
 batch to its :class:`~shoal.node.state.PartitionEngine`.
 
 pysyncobj runs *inside the node's event loop*, not in a tick thread of its
-own: :class:`LoopPoller` maps pysyncobj's socket subscriptions onto
-``loop.add_reader``/``add_writer`` and every socket event schedules one
-``_onTick`` of that replica, except a follower's AppendEntries (answered inside the
-event and applied a few entries at a time, see :data:`FOLLOWER_APPLY_BATCH`) and a
-leader's ack of entries already committed; a leader's proposal is appended and sent
-at once, without a tick. A command therefore crosses no thread boundary between the
-client socket, Raft and the reply (no GIL hand-offs, no locks), and a read never sees a
-half-applied batch because an apply runs to its end without yielding to the loop.
+own. Its messages travel over the node's shared Raft links
+(:class:`~.transport.PartitionTransport`); a received message is handled at
+once and schedules one ``_onTick`` of that replica, except a follower's
+AppendEntries (answered inside the call and applied a few entries at a time, see
+:data:`FOLLOWER_APPLY_BATCH`) and a leader's ack of entries already committed; a
+leader's proposal is appended and sent at once, without a tick. Timed work
+(heartbeats, election deadlines, a busy partition's lazy sends) is booked on the
+node's one :class:`~.scheduler.TickScheduler`: an idle group ticks only when its
+next heartbeat or election deadline comes. A command therefore crosses no
+thread boundary between the client socket, Raft and the reply, and a read never
+sees a half-applied batch because an apply runs to its end without yielding.
 
 Snapshots use pysyncobj's custom serializer hook, so the dump file is the
 engine's own compact snapshot (job data stays raw bytes) plus pysyncobj's
@@ -23,202 +26,102 @@ bookkeeping, never a pickle of the whole object.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import logging
 import os
 import pickle
-import struct
-import zlib
-from collections.abc import Callable, Iterator
+import random
+from collections.abc import Callable
 from typing import Any
-
-import pysyncobj.pickle as _pysyncobj_pickle
-import pysyncobj.syncobj as _pysyncobj_syncobj
-import pysyncobj.tcp_connection as _pysyncobj_tcp
-from pysyncobj import SyncObj, SyncObjConf, replicated
-from pysyncobj.config import FAIL_REASON
-from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from .state import PartitionEngine
-from .state._segments import ack_run_of, split_plain
+from ..state import PartitionEngine
+from ..state._segments import ack_run_of, split_plain
+from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
+                         install_module_patches, monotonic_time, replicated)
+from .scheduler import TickScheduler
+from .transport import PartitionTransport, RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "LoopPoller", "raft_conf", "TICK_PERIOD_S"]
+__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
+           "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S"]
 
 log = logging.getLogger(__name__)
 
-# pysyncobj pickles log entries and Raft messages with protocol 2 (for Python 2 peers). Protocol 2
-# has no binary-bytes opcode, so every job payload would take a slow latin-1 round trip through
-# codecs on every replica; that was a quarter of a leader's CPU. Every Shoal node runs Python 3
-# and this module, so all peers (and the journal) agree on protocol 5; loads reads any protocol.
-setattr(_pysyncobj_pickle, "__protocol", pickle.HIGHEST_PROTOCOL)
-
-
-def _zlib_stored(data: bytes, level: int = -1) -> bytes:
-    """``data`` as a valid zlib stream of uncompressed ("stored") blocks.
-
-    pysyncobj compresses every Raft message with zlib level 3: ~700 us per 800-job batch,
-    once per follower, on the leader's only thread. Job payloads are usually compressed
-    already and Raft links are local, so Shoal frames them uncompressed (~30 us); the
-    receiver's ``zlib.decompress`` reads stored blocks like any other.
-    """
-    out = [b"\x78\x01"]
-    size = len(data)
-    pos = 0
-    while True:
-        chunk = data[pos:pos + 0xFFFF]
-        pos += len(chunk)
-        final = pos >= size
-        out.append(struct.pack("<BHH", 1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
-        out.append(chunk)
-        if final:
-            break
-    out.append(struct.pack(">I", zlib.adler32(data)))
-    return b"".join(out)
-
-
-# pysyncobj wakes its own tick thread through a pipe on every proposal (a write and a read
-# syscall, and one more loop event, per Raft entry). Shoal ticks pysyncobj from the event loop
-# and schedules a tick itself when it proposes (PartitionReplica.propose), so the pipe is never
-# needed; the flag is read when a SyncObj is built and on every proposal.
-_pysyncobj_syncobj.PIPE_NOTIFIER_ENABLED = False
-
-
-def _read_available(self: Any) -> None:
-    """pysyncobj's read step, minus two syscalls and an exception per socket event.
-
-    pysyncobj reads until ``recv`` fails with EAGAIN and asks ``SO_ERROR`` after every read.
-    A read shorter than the buffer has emptied the socket for now (the loop's level-triggered
-    poll reports anything that arrives later), and a socket error surfaces from ``recv`` itself.
-    """
-    sock = self._TcpConnection__socket
-    size = self._TcpConnection__recvBufferSize
-    while True:
-        try:
-            incoming = sock.recv(size)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                self.disconnect()
-            break
-        if not incoming:
-            self.disconnect()
-            break
-        self._TcpConnection__readBuffer += incoming
-        if len(incoming) < size:
-            break
-    self._TcpConnection__lastReadTime = _pysyncobj_tcp.monotonicTime()
-
-
-_pysyncobj_tcp.TcpConnection._TcpConnection__tryReadBuffer = _read_available  # type: ignore[attr-defined]
-
-
-class _StoredZlib:
-    compress = staticmethod(_zlib_stored)
-    decompress = staticmethod(zlib.decompress)
-
-
-_pysyncobj_tcp.zlib = _StoredZlib  # type: ignore[assignment]
+install_module_patches()
 
 #: A batch's outcome: one reply dict (ok) or CommandError per command, in order.
 BatchResult = list[Any]
 _SNAPSHOT_MAGIC = b"SHOALSNAP1"
-RECV_BUFFER_BYTES = 1024 * 1024
 #: A follower applies committed entries on the periodic tick, or at once when this many wait.
 #: Unbounded (only the 20 ms tick) cut its CPU most but made its ticks long enough to delay
 #: its next answer: lone-PUSH p99 1.7-2.4 ms -> 2.2-2.4 ms; with 8, p99 1.4-1.8 ms.
 FOLLOWER_APPLY_BATCH = 8
-#: Idle tick: heartbeats, election timeouts, reconnects, log compaction, a follower's applies.
-#: Every partition ticks, busy or not. 0.04 s saved ~2 % of a busy leader but seemed to slow
-#: recovery in ``shoal chaos run flapping``; that stall was a race in noticing a lost leadership,
-#: since fixed (``_state_changed``), so a longer tick is open again (README, Benchmarks).
-TICK_PERIOD_S = 0.02
+#: A busy group (a leader that proposed lately, a follower with entries to apply) ticks this often.
+ACTIVE_TICK_S = 0.02
+#: How long after its last proposal a leader counts as busy.
+ACTIVE_WINDOW_S = 0.5
+#: A leader's heartbeat period when it has nothing to send: many groups on few cores make
+#: idle heartbeats the bulk of a node's idle CPU, so they are a fraction of the election timeout.
+HEARTBEAT_S = 0.2
+#: Heartbeats are booked on this grid so that many groups' heartbeats leave in one write per peer.
+HEARTBEAT_GRID_S = 0.05
+#: A follower that missed heartbeats for a random time in this range campaigns. Four to eight
+#: heartbeats fit in it (no election because one was late under load), and a killed leader is
+#: replaced within about 1-2 s.
+ELECTION_TIMEOUT_MIN_S = 0.8
+ELECTION_TIMEOUT_MAX_S = 1.6
+#: A node hosting more groups than this stretches its heartbeat and election timeouts in
+#: proportion (1,024 groups: heartbeat 0.8 s, elections after 3.2-6.4 s): its loop has more to
+#: do per round, and slower failover beats heartbeats late enough to set off elections.
+TIMING_GROUPS_BASE = 256
+
+
+def timing_scale(groups: int) -> float:
+    """How much a node hosting ``groups`` Raft groups stretches its Raft timers (at least 1)."""
+    return max(1.0, groups / TIMING_GROUPS_BASE)
+
+#: At start, the preferred replica (first in placement) campaigns after this, the others only
+#: after a full election timeout more: leaders start where the balancer wants them.
+PREFERRED_FIRST_ELECTION_S = 0.2
+#: A campaign the node's budget (scheduler.CampaignBudget) deferred is retried after a random
+#: delay in this range.
+CAMPAIGN_RETRY_MIN_S = 0.1
+CAMPAIGN_RETRY_MAX_S = 0.6
+#: After a peer link comes up, a follower waits at least this long (over two heartbeats) before
+#: campaigning, so a leader it had not heard of yet can reach it first.
+LINK_UP_GRACE_S = 0.5
+#: A follower whose election deadline passed while it reaches no peer looks again this often
+#: (a peer link coming up ticks it at once anyway).
+UNCONNECTED_RECHECK_S = 0.5
 #: A follower that answered within this long gets a new entry at once (_fast_follower).
 FAST_FOLLOWER_STALL_S = 0.01
 #: The other followers get what they lack at most this often while entries keep coming.
 LAZY_SEND_PERIOD_S = 0.005
 #: How long a leader waits for its next entry to carry a new commit index before sending it alone.
 COMMIT_ANNOUNCE_DELAY_S = 0.002
-_LEADER = _pysyncobj_syncobj._RAFT_STATE.LEADER
-_FOLLOWER = _pysyncobj_syncobj._RAFT_STATE.FOLLOWER
-_STATE_NAMES = {_pysyncobj_syncobj._RAFT_STATE.FOLLOWER: "follower",
-                _pysyncobj_syncobj._RAFT_STATE.CANDIDATE: "candidate", _LEADER: "leader"}
-_READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
-_WRITE = POLL_EVENT_TYPE.WRITE
+_LEADER = LEADER
+_FOLLOWER = FOLLOWER
+_STATE_NAMES = {FOLLOWER: "follower", CANDIDATE: "candidate", LEADER: "leader"}
 
 
-class LoopPoller(Poller):
-    """pysyncobj's poller interface on top of an asyncio loop.
+class _NullPoller:
+    """pysyncobj polls its own poller at the end of every tick; the node's loop does the polling."""
 
-    pysyncobj (re)subscribes a socket with a new mask on every state change,
-    so only the difference from the current mask touches the loop. Errors
-    surface as readability (pysyncobj then checks ``SO_ERROR`` itself).
-    """
+    def subscribe(self, *_args: Any) -> None:
+        pass
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None],
-                 before_event: Callable[[], None] | None = None) -> None:
-        self.loop = loop
-        self.on_event = on_event
-        self.before_event = before_event
-        self._masks: dict[int, int] = {}
-        self._callbacks: dict[int, Callable[[int, int], None]] = {}
+    def unsubscribe(self, *_args: Any) -> None:
+        pass
 
-    def subscribe(self, descr: int, callback: Callable[[int, int], None], eventMask: int) -> None:  # noqa: N803
-        old = self._masks.get(descr, 0)
-        self._callbacks[descr] = callback
-        if eventMask & _READ and not old & _READ:
-            self.loop.add_reader(descr, self._fire, descr, POLL_EVENT_TYPE.READ)
-        elif old & _READ and not eventMask & _READ:
-            self.loop.remove_reader(descr)
-        if eventMask & _WRITE and not old & _WRITE:
-            self.loop.add_writer(descr, self._fire, descr, POLL_EVENT_TYPE.WRITE)
-        elif old & _WRITE and not eventMask & _WRITE:
-            self.loop.remove_writer(descr)
-        self._masks[descr] = eventMask
-
-    def unsubscribe(self, descr: int) -> None:
-        old = self._masks.pop(descr, 0)
-        self._callbacks.pop(descr, None)
-        if old & _READ:
-            self.loop.remove_reader(descr)
-        if old & _WRITE:
-            self.loop.remove_writer(descr)
-
-    def poll(self, timeout: float) -> None:
-        """The event loop polls; pysyncobj's own poll at the end of a tick is a no-op."""
-
-    def close(self) -> None:
-        for descr in list(self._masks):
-            self.unsubscribe(descr)
-
-    def _fire(self, descr: int, event: int) -> None:
-        callback = self._callbacks.get(descr)
-        if callback is None:
-            return
-        if self.before_event is not None:
-            self.before_event()
-        try:
-            callback(descr, event)
-        except Exception:  # a transport bug must not take the event loop down
-            log.exception("raft socket callback failed")
-        self.on_event()
+    def poll(self, _timeout: float) -> None:
+        pass
 
 
-@contextlib.contextmanager
-def _poller_for_construction(poller: LoopPoller) -> Iterator[None]:
-    # SyncObj.__init__ builds its poller through this module-level name and subscribes the
-    # server socket and notify pipe right away, so ours must be in place before it runs.
-    original = _pysyncobj_syncobj.createPoller
-    _pysyncobj_syncobj.createPoller = lambda _kind: poller
-    try:
-        yield
-    finally:
-        _pysyncobj_syncobj.createPoller = original
+_NULL_POLLER = _NullPoller()
 
 
-def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
+def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
               on_state_changed: Callable[[int, int], None] | None = None,
               serializer: Callable[..., Any] | None = None,
               deserializer: Callable[..., Any] | None = None) -> SyncObjConf:
@@ -226,50 +129,32 @@ def raft_conf(data_dir: str, partition: int, secret: str, bind_host: str | None,
 
     ``appendEntriesUseBatch=False`` sends each entry at once (our own group
     commit does the batching), which takes a lone command from ~100 ms to
-    sub-millisecond. Election timeouts are short so a killed leader is
-    replaced within about a second.
+    sub-millisecond. The transport is Shoal's (authenticated, shared per node
+    pair), so pysyncobj's connection, bind and password settings do not apply.
     """
-    kwargs: dict[str, Any] = dict(
+    return SyncObjConf(
         appendEntriesUseBatch=False,
-        appendEntriesPeriod=0.05,
-        raftMinTimeout=0.4,
-        raftMaxTimeout=0.9,
-        connectionTimeout=2.0,
-        connectionRetryTime=0.3,
+        appendEntriesPeriod=HEARTBEAT_S * scale,
+        raftMinTimeout=ELECTION_TIMEOUT_MIN_S * scale,
+        raftMaxTimeout=ELECTION_TIMEOUT_MAX_S * scale,
         # A leader that has not heard from a majority for this long steps down (default 30 s), so
         # an isolated node stops serving reads and reports no leader instead of a stale one.
-        leaderFallbackTimeout=2.0,
-        # A restarted pod gets a new IP and a late peer must be found quickly: pysyncobj's
-        # defaults cache DNS answers for 600 s and failures for 30 s.
-        dnsCacheTime=5.0,
-        dnsFailCacheTime=1.0,
-        autoTick=False,  # ticked by the node's event loop (see LoopPoller)
-        bindRetryTime=0.5,
-        maxBindRetries=40,
+        leaderFallbackTimeout=2.0 * scale,
+        # Unused by Shoal's transport, but pysyncobj insists it be at least the election timeout.
+        connectionTimeout=max(3.5, ELECTION_TIMEOUT_MAX_S * scale),
+        autoTick=False,  # ticked by the node's event loop (see TickScheduler)
         commandsQueueSize=200_000,
         appendEntriesBatchSizeBytes=8 * 1024 * 1024,  # a group-committed batch travels as one message
-        # The kernel socket buffers (SO_SNDBUF/SO_RCVBUF), and pysyncobj's size for each recv().
-        # A 4 MiB recv() costs ~6 us more per call than 1 MiB here (the allocation leaves the
-        # heap), and a Raft link does one per message received (_read_available); 1 MiB still
-        # reads a typical group-committed entry in one call.
-        sendBufferSize=4 * 1024 * 1024,
-        recvBufferSize=RECV_BUFFER_BYTES,
         logCompactionMinEntries=20_000,
         logCompactionMinTime=120,
         dynamicMembershipChange=False,
-        tcp_keepalive=(5, 1, 3),
         onStateChanged=on_state_changed,
+        # A data dir is mandatory: without files pysyncobj would snapshot nothing useful.
+        journalFile=os.path.join(data_dir, f"p{partition}.journal"),
+        fullDumpFile=os.path.join(data_dir, f"p{partition}.dump"),
+        serializer=serializer,
+        deserializer=deserializer,
     )
-    if secret:
-        kwargs["password"] = secret
-    if bind_host:
-        kwargs["bindAddress"] = bind_host  # "host:port", the listen side of this partition's Raft port
-    # A data dir is mandatory: without files pysyncobj would snapshot nothing useful.
-    kwargs["journalFile"] = os.path.join(data_dir, f"p{partition}.journal")
-    kwargs["fullDumpFile"] = os.path.join(data_dir, f"p{partition}.dump")
-    kwargs["serializer"] = serializer
-    kwargs["deserializer"] = deserializer
-    return SyncObjConf(**kwargs)
 
 
 def unwrap_job_data(cmd: dict[str, Any]) -> None:
@@ -302,19 +187,30 @@ def unwrap_job_data(cmd: dict[str, Any]) -> None:
             cmd["data"] = data.packed
 
 
-class PartitionReplica(SyncObj):
-    """A partition's engine replicated by pysyncobj."""
+class PartitionReplica(HookedSyncObj):
+    """A partition's engine replicated by pysyncobj; the node's view of one Raft group.
 
-    def __init__(self, partition: int, self_addr: str, peer_addrs: list[str], *, data_dir: str,
-                 loop: asyncio.AbstractEventLoop, secret: str = "", bind_host: str | None = None) -> None:
+    What the rest of the node uses: :meth:`propose`, :meth:`read`, :attr:`engine`,
+    :meth:`is_leader`, :meth:`leader_id`, :meth:`term`, :meth:`commit_index`,
+    :meth:`applied_index`, :meth:`has_quorum`, :meth:`transfer_leadership`,
+    :meth:`peer_connected`, :attr:`elections` and :meth:`close`.
+    """
+
+    def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, data_dir: str,
+                 loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False,
+                 groups: int = 1) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
         self.loop = loop
+        self.scheduler = scheduler
         #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
         #: Set by the node: called on the loop when this replica stops leading its partition.
         self.on_leadership_lost: Callable[[int], None] | None = None
         self.applied_batches = 0
+        #: Campaigns this replica started (transitions to candidate), for metrics and /stats.
+        self.elections = 0
+        self.timer_slot: int | None = None
         self._tick_scheduled = False
         self._announce_due = False
         self._closed = False
@@ -323,62 +219,141 @@ class PartitionReplica(SyncObj):
         self._direct_send = False
         self._direct_sends = 0
         self._last_sent: dict[Any, float] = {}
-        self._poller = LoopPoller(loop, self._after_socket_event, self._before_socket_event)
-        conf = raft_conf(data_dir, partition, secret, bind_host, on_state_changed=self._state_changed,
+        self._last_proposal = 0.0
+        transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
+        self._scale = timing_scale(groups)
+        conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
-        with _poller_for_construction(self._poller):
-            super().__init__(self_addr, peer_addrs, conf=conf)
-        by_address = {n.address: n for n in self.otherNodes}
-        #: Followers in the order ``peer_addrs`` lists them (placement order: see _fast_follower).
-        self._follower_order = [by_address[a] for a in peer_addrs if a in by_address]
-        self._timer = loop.call_later(TICK_PERIOD_S, self._periodic_tick)
+        self._raft: RaftInternals | None = None
+        super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
+        self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
+        self._raft = RaftInternals(self)
+        self._raft.store_commit_index_only_when_it_moves()
+        #: Followers in placement order (see _fast_follower).
+        self._follower_order = [network.node_of(p) for p in peers]
+        self._preferred = preferred
+
+    def start(self) -> None:
+        """Start the election clock: the preferred replica campaigns first (see PREFERRED_FIRST_ELECTION_S).
+
+        Called once every group of the node is built, so building a thousand groups does not
+        eat into the first election timeouts.
+        """
+        assert self._raft is not None
+        first = PREFERRED_FIRST_ELECTION_S
+        if not self._preferred:
+            first += ELECTION_TIMEOUT_MAX_S * self._scale
+        self._raft.election_deadline = monotonic_time() + first
+        self._book_next_tick()
 
     # --- driving pysyncobj from the loop ------------------------------------------------------
 
     def schedule_tick(self) -> None:
-        """Run one pysyncobj tick soon (coalesced): after socket events and proposals."""
+        """Run one pysyncobj tick soon (coalesced): after messages, proposals, new peer links."""
         if not self._tick_scheduled and not self._closed:
             self._tick_scheduled = True
             self.loop.call_soon(self._tick)
 
-    def _before_socket_event(self) -> None:
-        self._event_messages = self._event_tick_free = 0
+    def _peer_link_up(self) -> None:
+        """A link to a peer came up: give its leader, if any, time to be heard before campaigning.
 
-    def _after_socket_event(self) -> None:
-        if self._event_messages and self._event_messages == self._event_tick_free:
-            return  # nothing in this event needs a tick before the periodic one
+        A replica whose election deadline passed while it reached nobody would otherwise
+        campaign the moment the first link comes up; pysyncobj has no pre-vote, so a node
+        rejoining a settled cluster would depose healthy leaders with its higher term.
+        """
+        raft = self._raft
+        if raft is not None and raft.state != _LEADER:
+            raft.election_deadline = max(raft.election_deadline, monotonic_time() + LINK_UP_GRACE_S * self._scale)
         self.schedule_tick()
+
+    def _deliver(self, node: Any, message: Any) -> None:
+        """One Raft message from the network; tick afterwards unless it needs none."""
+        if self._closed:
+            return
+        self._event_messages = self._event_tick_free = 0
+        try:
+            self.handle_message(node, message)
+        except Exception:  # a malformed message (from an authenticated peer) must not stop the link
+            log.exception("partition %d: raft message %r from %s failed", self.partition,
+                          message.get("type") if type(message) is dict else type(message).__name__, node)
+        if self._event_messages and self._event_messages == self._event_tick_free:
+            # Nothing in this message needs a tick at once; a follower's new commit index is
+            # applied on the next busy tick (one timer slot per node, not one call per message).
+            raft = self._raft
+            if raft is not None and raft.commit_index > raft.last_applied:
+                self.scheduler.call_later(ACTIVE_TICK_S, self)
+            return
+        self.schedule_tick()
+
+    def _hold_campaign_unless_admitted(self) -> None:
+        """Defer this tick's campaign (if it would start one) when the node's budget is spent."""
+        raft = self._raft
+        if raft is None or raft.state == _LEADER:
+            return
+        now = monotonic_time()
+        if raft.election_deadline < now and raft.connected_nodes \
+                and not self.scheduler.campaigns.admit(now):
+            raft.election_deadline = now + random.uniform(CAMPAIGN_RETRY_MIN_S, CAMPAIGN_RETRY_MAX_S)
 
     def _tick(self) -> None:
         self._tick_scheduled = False
         if self._closed:
             return
         try:
-            self._onTick(0.0)
+            self._hold_campaign_unless_admitted()
+            self.raft_tick()
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
+        self._book_next_tick()
 
-    def _periodic_tick(self) -> None:
+    def on_timer(self) -> None:
+        """The scheduler's tick: pysyncobj's, then the lazy sends of a busy leader."""
         if self._closed:
             return
-        self._tick()
-        if self._SyncObj__raftState == _LEADER and not self._closed:
-            self._send_lagging(_pysyncobj_tcp.monotonicTime())  # entries proposed, then a pause
-        self._timer = self.loop.call_later(TICK_PERIOD_S, self._periodic_tick)
+        self._tick_scheduled = False
+        try:
+            self._hold_campaign_unless_admitted()
+            self.raft_tick()
+            if self.is_leader() and not self._closed:
+                self._send_lagging(monotonic_time())  # entries proposed, then a pause
+        except Exception:
+            log.exception("partition %d: raft tick failed", self.partition)
+        self._book_next_tick()
+
+    def _book_next_tick(self) -> None:
+        """Book the next timed tick: heartbeat or busy tick (leader), deadline or applies (follower)."""
+        raft = self._raft
+        if self._closed or raft is None:
+            return
+        now = monotonic_time()
+        if raft.state == _LEADER:
+            due = raft.next_append_entries_time
+            if now - self._last_proposal < ACTIVE_WINDOW_S:
+                due = min(due, now + ACTIVE_TICK_S)
+            else:
+                due = -(-due // HEARTBEAT_GRID_S) * HEARTBEAT_GRID_S  # round up onto the shared grid
+        else:
+            due = raft.election_deadline
+            if due <= now:  # campaigning needs a connected peer; a new link ticks us at once
+                due = now + UNCONNECTED_RECHECK_S
+            if raft.commit_index > raft.last_applied:
+                due = min(due, now + ACTIVE_TICK_S)
+        self.scheduler.call_later(max(0.0, due - now), self)
 
     def close(self) -> None:
-        """Stop ticking and close every Raft socket."""
+        """Stop ticking and detach from the node's Raft links."""
         if self._closed:
             return
         self._closed = True
-        self._timer.cancel()
+        self.scheduler.cancel(self)
         self.destroy()  # autoTick=False: pysyncobj tears the transport down at once
-        self._poller.close()
 
     def _state_changed(self, old: int, new: int) -> None:
         # Runs inside a tick. A deposed leader's unanswered proposals must be answered at once:
         # polling the leader (the topology loop) misses a step-down and re-election between two
         # polls, and pysyncobj itself answers them only once other entries fill their indexes.
+        if new == CANDIDATE:
+            self.elections += 1
         log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
                  _STATE_NAMES.get(new, new), self.raftCurrentTerm)
         if old == _LEADER and new != _LEADER and self.on_leadership_lost is not None and not self._closed:
@@ -391,7 +366,7 @@ class PartitionReplica(SyncObj):
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
         engine = self.engine
-        engine.replies = self._isLeader()
+        engine.replies = self.is_leader()
         for cmd in commands:
             try:
                 results.append(engine.apply(cmd, now_ms))
@@ -422,16 +397,19 @@ class PartitionReplica(SyncObj):
                     del cmd["ids"]
                     cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)
-        if self._SyncObj__raftState == _LEADER and self._SyncObj__transport.ready:
+        self._last_proposal = monotonic_time()
+        raft = self._raft
+        assert raft is not None
+        if raft.state == _LEADER:
             # Append and send the entry now rather than in a tick a loop iteration later: the
             # rest of a tick (commit index, applies, timers) has nothing to do until a follower
             # answers, and that answer schedules one.
             self._direct_send = True
             try:
-                self._checkCommandsToApply()
+                self.append_queued_commands()
             finally:
                 self._direct_send = False
-            if not self._SyncObj__otherNodes:
+            if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
                 # computing the commit index, so before this it waited for the periodic one.)
                 self.schedule_tick()
@@ -440,7 +418,7 @@ class PartitionReplica(SyncObj):
 
     # --- one follower at once, the others a little later --------------------------------------
 
-    def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (pysyncobj's name)
+    def send_append_entries(self) -> None:
         """Send a proposal's entry to one responsive follower; the others get it lazily.
 
         A commit needs one follower's ack out of two. Sending every entry to both costs the
@@ -454,16 +432,18 @@ class PartitionReplica(SyncObj):
         Commit still needs a majority; only the order of sends changes.
         """
         if self._direct_send:
-            now = _pysyncobj_tcp.monotonicTime()
+            now = monotonic_time()
             fast = self._fast_follower(now)
             if fast is not None and self._send_entries_to(fast, now):
                 self._send_lagging(now, fast)
                 return
-        SyncObj._SyncObj__sendAppendEntries(self)  # type: ignore[attr-defined]
+        super().send_append_entries()
 
     def _fast_follower(self, now: float) -> Any:
-        connected = self._SyncObj__connectedNodes
-        last = self._SyncObj__lastResponseTime
+        raft = self._raft
+        assert raft is not None
+        connected = raft.connected_nodes
+        last = raft.last_response_time
         for node in self._follower_order:
             if node in connected and now - last.get(node, 0.0) < FAST_FOLLOWER_STALL_S:
                 return node
@@ -471,35 +451,40 @@ class PartitionReplica(SyncObj):
 
     def _send_lagging(self, now: float, skip: Any = None) -> None:
         """Catch up the followers not sent to for :data:`LAZY_SEND_PERIOD_S`."""
+        raft = self._raft
+        assert raft is not None
         for node in self._follower_order:
             if node is not skip and now - self._last_sent.get(node, 0.0) >= LAZY_SEND_PERIOD_S \
-                    and node in self._SyncObj__connectedNodes:
+                    and node in raft.connected_nodes:
                 self._send_entries_to(node, now)
 
     def _send_entries_to(self, node: Any, now: float) -> bool:
         """Send ``node`` every entry it lacks in one AppendEntries; False when that takes
         pysyncobj's own path (a snapshot, an entry over the batch size) or nothing is due."""
-        raft_log = self._SyncObj__raftLog
-        next_idx = self._SyncObj__raftNextIndex.get(node)
+        raft = self._raft
+        assert raft is not None
+        raft_log = raft.raft_log
+        next_index = raft.next_index
+        next_idx = next_index.get(node)
         if next_idx is None or next_idx <= raft_log[0][1] or next_idx > raft_log[-1][1]:
             return False
-        prev = self._SyncObj__getEntries(next_idx - 1, 1)
-        limit = self._SyncObj__conf.appendEntriesBatchSizeBytes
-        entries = self._SyncObj__getEntries(next_idx, None, limit)
+        prev = raft.get_entries(next_idx - 1, 1)
+        limit = raft.conf.appendEntriesBatchSizeBytes
+        entries = raft.get_entries(next_idx, None, limit)
         if not prev or not entries or (len(entries) == 1 and len(entries[0][0]) >= limit):
             return False
-        self._SyncObj__raftNextIndex[node] = entries[-1][1] + 1
+        next_index[node] = entries[-1][1] + 1
         self._last_sent[node] = now
         self._direct_sends += 1
-        self._SyncObj__transport.send(node, {
+        raft.transport.send(node, {
             "type": "append_entries", "term": self.raftCurrentTerm,
-            "commit_index": self._SyncObj__raftCommitIndex, "entries": entries,
+            "commit_index": raft.commit_index, "entries": entries,
             "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]})
         return True
 
     # --- pipelining fix ------------------------------------------------------------------------
 
-    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802 (pysyncobj's name)
+    def handle_message(self, node: Any, message: Any) -> None:
         """Keep ``nextIndex`` from moving backwards on a success reply.
 
         With several entries in flight, the reply to an older entry carries a lower
@@ -511,29 +496,31 @@ class PartitionReplica(SyncObj):
         Also counts the messages of the current socket event that need no tick of their own.
         """
         self._event_messages += 1
+        raft = self._raft
+        assert raft is not None
         kind = message.get("type") if type(message) is dict else None
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
-            next_index = self._SyncObj__raftNextIndex
+            next_index = raft.next_index
             before = next_index.get(node)
-            SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
+            super().handle_message(node, message)
             after = next_index.get(node)
             if before is not None and after is not None and after < before:
                 next_index[node] = before
-            if self._SyncObj__raftMatchIndex.get(node, 0) <= self._SyncObj__raftCommitIndex:
+            if raft.match_index.get(node, 0) <= raft.commit_index:
                 # An ack of entries already committed (the slower follower's, usually) cannot
                 # move the commit index, which is all a tick after an ack is for.
                 self._event_tick_free += 1
             return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)  # type: ignore[attr-defined]
-        if kind == "append_entries" and self._SyncObj__raftState == _FOLLOWER \
+        super().handle_message(node, message)
+        if kind == "append_entries" and raft.state == _FOLLOWER \
                 and "prevLogIdx" in message and "transmission" not in message \
-                and self._SyncObj__raftCommitIndex - self._SyncObj__raftLastApplied < FOLLOWER_APPLY_BATCH:
+                and raft.commit_index - raft.last_applied < FOLLOWER_APPLY_BATCH:
             # A follower has appended the entries and answered inside this call; applying them
             # is all a tick would add, and nothing waits for a follower's apply (reads and
             # replies come from the leader), so they are applied a few at a time.
             self._event_tick_free += 1
 
-    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 (pysyncobj's name)
+    def apply_log_entries(self) -> bool:
         """Apply committed entries; announce the new commit index a moment later, if still needed.
 
         With ``appendEntriesUseBatch=False`` pysyncobj follows every apply on the leader with
@@ -543,20 +530,21 @@ class PartitionReplica(SyncObj):
         meanwhile (the next entry, carrying the commit index), it is skipped. Followers that lag
         (after a restart) still catch up round after round at that pace.
         """
-        applied = SyncObj._SyncObj__applyLogEntries(self)  # type: ignore[attr-defined]
-        if applied and not self._announce_due and self._isLeader():
+        applied = super().apply_log_entries()
+        if applied and not self._announce_due and self.is_leader():
             self._announce_due = True
+            assert self._raft is not None
             self.loop.call_later(COMMIT_ANNOUNCE_DELAY_S, self._announce_commit,
-                                 (self._SyncObj__newAppendEntriesTime, self._direct_sends))
+                                 (self._raft.next_append_entries_time, self._direct_sends))
         return False
 
     def _announce_commit(self, sent_mark: Any) -> None:
         self._announce_due = False
-        if self._closed or not self._isLeader():
+        if self._closed or not self.is_leader() or self._raft is None:
             return
-        if (self._SyncObj__newAppendEntriesTime, self._direct_sends) == sent_mark:  # nothing sent since
+        if (self._raft.next_append_entries_time, self._direct_sends) == sent_mark:  # nothing sent since
             try:
-                self._SyncObj__sendAppendEntries()  # type: ignore[attr-defined]
+                self.send_append_entries()
             except Exception:
                 log.exception("partition %d: announcing the commit index failed", self.partition)
 
@@ -572,15 +560,36 @@ class PartitionReplica(SyncObj):
 
     # --- leadership ---------------------------------------------------------------------------
 
-    def is_leader(self) -> bool:
-        return self._isLeader()
-
-    def leader_address(self) -> str | None:
-        leader = self._getLeader()
-        return leader.address if leader is not None else None
+    def leader_id(self) -> str | None:
+        """The node id of the last known leader (this node's own id when it leads), or None."""
+        leader = self.leader_node()
+        return leader.id if leader is not None else None
 
     def term(self) -> int:
-        return self.raftCurrentTerm
+        return self.raftCurrentTerm  # type: ignore[no-any-return]
+
+    def commit_index(self) -> int:
+        return self.raftCommitIndex  # type: ignore[no-any-return]
+
+    def applied_index(self) -> int:
+        return self.raftLastApplied  # type: ignore[no-any-return]
+
+    def has_quorum(self) -> bool:
+        """True when this replica reaches a majority of its group (itself included)."""
+        return bool(self.hasQuorum)
+
+    def peer_connected(self, node_id: str) -> bool:
+        return any(n.id == node_id and self.isNodeConnected(n) for n in self._follower_order)
+
+    def transfer_leadership(self, node_id: str | None = None) -> None:
+        """Ask ``node_id`` (None: the most caught-up follower) to take over; best effort.
+
+        Refused quietly unless this replica leads and the target is connected and caught up.
+        """
+        target = next((n for n in self._follower_order if n.id == node_id), None) if node_id else None
+        if node_id and target is None:
+            return
+        self.transferLeadership(target)
 
     # --- snapshots (pysyncobj custom serializer hooks) ----------------------------------------
 
@@ -604,8 +613,8 @@ class PartitionReplica(SyncObj):
         pos = len(_SNAPSHOT_MAGIC)
         size = int.from_bytes(blob[pos:pos + 8], "big")
         pos += 8
-        # The dump file is written by this node itself; peers' snapshots arrive through the
-        # authenticated Raft transport, which already unpickles (hence the cluster secret rule).
+        # The dump file is written by this node itself; peers' snapshots arrive only over
+        # authenticated Raft links (see transport.py).
         raft_data = pickle.loads(blob[pos:pos + size])
         self.engine = PartitionEngine.restore(blob[pos + size:])
         return raft_data
