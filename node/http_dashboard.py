@@ -289,8 +289,8 @@ class Dashboard:
             pass
         # Not node.local_stats(): its digest hashes a snapshot of the whole state, far too much
         # to do once a second for a chart.
-        replicas = {str(p): {"isLeader": r.is_leader(), "term": r.term(), "commitIndex": r.raftCommitIndex,
-                             "appliedIndex": r.raftLastApplied, "pendingCommands": node.group_commits[p].pending}
+        replicas = {str(p): {"isLeader": r.is_leader(), "term": r.term(), "commitIndex": r.commit_index(),
+                             "appliedIndex": r.applied_index(), "pendingCommands": node.group_commits[p].pending}
                     for p, r in sorted(node.replicas.items())}
         queues = self.sampler.views(OVERVIEW_SPARK_SAMPLES, OVERVIEW_QUEUES_MAX)
         return {"nodeId": node.node_id, "ready": health["ready"], "stopping": node.stopping,
