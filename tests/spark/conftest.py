@@ -1,4 +1,4 @@
-"""One 3-node cluster and one local[2,2] SparkSession per test module (both stopped at the end).
+"""One 3-node cluster per test session and one local[2,2] SparkSession per test module (both stopped at the end).
 
 ``local[2,2]``: two cores, and a failed task is tried twice (the retry test needs that).
 Spark's Python workers run this interpreter (``PYSPARK_PYTHON``), where the connector is
@@ -17,9 +17,7 @@ import pytest
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path_factory.mktemp("spark-cluster"),
                       base_port=free_base_port(3, 4)) as cl:
