@@ -61,6 +61,6 @@ def test_the_spark_entry_module_is_a_real_file_on_sys_path() -> None:
     """What ``iter_modules`` needs, in this interpreter (editable or wheel install alike)."""
     import pkgutil
 
-    found = [m for m in pkgutil.iter_modules() if m.name == "pyspark_shoal"
-             and Path(getattr(m.module_finder, "path", "")).resolve() != REPO]  # not via the repository root
+    outside = [p for p in sys.path if Path(p or ".").resolve() != REPO]  # not via the repository root
+    found = [m for m in pkgutil.iter_modules(outside) if m.name == "pyspark_shoal"]
     assert found, "pyspark_shoal is not a file in any sys.path directory: reinstall the package"
