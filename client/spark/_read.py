@@ -16,6 +16,7 @@ copy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -71,17 +72,24 @@ def _list_jobs(client: Client, queue: str, state: str | None, page_size: int) ->
         frame["state"] = state
     first = client.call({**frame, "offset": 0})
     pages_max = int(first.get("total") or 0) // page_size + _PAGES_SLACK
-    reply, offset, last_seq = first, 0, 0
-    for _ in range(pages_max):  # bounded: the total at the start, plus slack for jobs added meanwhile
-        jobs = reply.get("jobs") or []
-        fresh = [j for j in jobs if _seq(j["id"]) > last_seq]
-        if fresh:
-            last_seq = _seq(fresh[-1]["id"])
-            yield fresh
-        if len(jobs) < page_size:
-            return
-        offset += len(jobs)
-        reply = client.call({**frame, "offset": offset})
+    offset, last_seq = 0, 0
+    # The next page is asked for before this one is handed on: the node and the network work on it
+    # while the caller converts this one. One request ahead at most.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shoal-read") as ahead:
+        upcoming: Future[dict[str, Any]] | None = None
+        reply = first
+        for _ in range(pages_max):  # bounded: the total at the start, plus slack for jobs added meanwhile
+            jobs = reply.get("jobs") or []
+            offset += len(jobs)
+            upcoming = ahead.submit(client.call, {**frame, "offset": offset}) if len(jobs) == page_size else None
+            if jobs and _seq(jobs[0]["id"]) <= last_seq:  # the listing shifted: drop what was already returned
+                jobs = [j for j in jobs if _seq(j["id"]) > last_seq]
+            if jobs:
+                last_seq = _seq(jobs[-1]["id"])  # pages are in job order
+                yield jobs
+            if upcoming is None:
+                return
+            reply = upcoming.result()
 
 
 def read_log_range(client: Client, queue: str, start: int, end: int | None, page_size: int, *,
