@@ -2,11 +2,12 @@
 
     df.write.format("shoal").option("seeds", "h1:6789,h2:6789").option("queue", "q").mode("append").save()
     spark.read.format("shoal").option("seeds", ...).option("queue", "q").load()
-    spark.readStream.format("shoal").option("seeds", ...).option("queue", "events").load()
+    spark.readStream.format("shoal").option("seeds", ...).option("queues", "clicks,views").load()
 
-After ``pip install 'shoal[spark]'`` Spark finds it by itself (the installed module
-``pyspark_shoal`` exports it as ``DefaultSource``); ``spark.dataSource.register(ShoalDataSource)``
-also works. Options and guarantees: ``docs/spark.md``.
+After ``pip install 'shoal[spark]'`` (or an editable install) Spark finds it by itself from any
+directory: the installed file ``pyspark_shoal.py`` exports it as ``DefaultSource``;
+``spark.dataSource.register(ShoalDataSource)`` also works. Options follow the Kafka source's
+names (``startingOffsets``, ``maxOffsetsPerTrigger``, …); options and guarantees: ``docs/spark.md``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["ShoalDataSource", "ShoalWriter", "ShoalCommitMessage", "OptionError"
 
 
 class ShoalDataSource(DataSource):
-    """``format("shoal")``: batch write, batch read and streaming read of a Shoal queue."""
+    """``format("shoal")``: batch write to a Shoal queue, batch and streaming reads of one or more."""
 
     @classmethod
     def name(cls) -> str:

@@ -3,8 +3,9 @@
 Theory of operation. ``DataSource.writer()`` runs once per write, in the driver's
 planner process: it draws the write's id (or takes the ``writeId`` option) and
 looks up the shards. The writer is pickled to the tasks. Each task opens its own
-:class:`AsyncClient`, turns its Arrow record batches into PUSHB items
-(:class:`RowsToJobs`), and keeps at most ``maxInFlight`` PUSHB batches of
+:class:`AsyncClient`, turns its Arrow record batches into PUSHB items — column-wise
+into pre-encoded ``jobs`` arrays when the columns allow it (``_pack``), else row by
+row (:class:`RowsToJobs`) — and keeps at most ``maxInFlight`` PUSHB batches of
 ``batchSize`` jobs in flight, each routed by the client to the leader of its
 (sub-)queue's partition (and re-routed on failover). The task returns a
 :class:`ShoalCommitMessage` once every batch is acknowledged.
