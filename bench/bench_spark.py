@@ -133,7 +133,13 @@ def main() -> None:
     for name, values in results.items():
         write = statistics.median(v[0] for v in values)
         read = statistics.median(v[1] for v in values)
-        print(f"  {name:28s} write {write:9,.0f} rows/s   read {read:9,.0f} rows/s")
+        print(f"  {name:32s} write {write:9,.0f} rows/s   read {read:9,.0f} rows/s")
+    for name, values in results.items():
+        beside = results.get(f"client (beside {name})")
+        if beside:  # each round's Spark figure over the client figure measured just before it
+            write = statistics.median(s[0] / c[0] for s, c in zip(values, beside))
+            read = statistics.median(s[1] / c[1] for s, c in zip(values, beside))
+            print(f"  {name} / client, median of the rounds' ratios: write {write:.0%}, read {read:.0%}")
 
 
 if __name__ == "__main__":
