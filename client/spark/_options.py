@@ -154,7 +154,8 @@ class WriteOptions:
 
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
-    """What a batch read lists: ``queueType``, ``state``, ``dataFormat``, ``pageSize``."""
+    """What a batch read lists: ``queueType``, ``state``, ``dataFormat``, ``pageSize``; for logs
+    ``startingOffsets``/``endingOffsets`` and ``failOnDataLoss``."""
 
     connect: Connect
     queue_type: str = "jobs"

@@ -28,7 +28,7 @@ from shoal.cluster.jobid import parse_job_id
 
 from ._cluster import Layout, connected, wire_names
 from ._convert import job_columns, log_columns, to_record_batch
-from ._options import EARLIEST, LATEST, Offsets, ReadOptions
+from ._options import EARLIEST, LATEST, Offsets, OptionError, ReadOptions
 
 __all__ = ["QueuePartition", "ShoalBatchReader", "ShoalPushdownReader", "read_log_range", "DataLoss", "log_ends",
            "resolve_offsets", "legacy_offsets", "log_firsts"]
@@ -174,6 +174,9 @@ def resolve_offsets(spec: Offsets, layout: Layout, ends: Positions, default: str
     given: dict[Any, dict[str, int]] = {} if isinstance(spec, str) else dict(spec)
     if None in given:  # legacy {"0": seq}: the (first) queue's
         given[layout[0][0]] = given.pop(None)
+    unknown = sorted(set(given) - {q for q, _ in layout})
+    if unknown:
+        raise OptionError(f"offsets name queues this read does not cover: {', '.join(unknown)}")
     kind = spec if isinstance(spec, str) else default
     out: Positions = {}
     for queue, _ in layout:

@@ -171,3 +171,8 @@ def test_old_option_names_work_with_a_warning_and_bad_ones_fail() -> None:
     with pytest.raises(OptionError, match="one queue"):
         from shoal.client.spark._options import parse_write
         parse_write({"seeds": "h:1", "queues": "a,b"}, "w")
+    from shoal.client.spark._read import resolve_offsets
+    with pytest.raises(OptionError, match="does not cover: b"):
+        resolve_offsets({"b": {"0": 3}}, (("a", None),), {"a": {"0": 9}}, "earliest")
+    assert resolve_offsets({"a": {"1": -1}}, (("a", 2),), {"a": {"0": 9, "1": 4}}, "earliest",
+                           {"a": {"0": 5, "1": 2}}) == {"a": {"0": 5, "1": 4}}
