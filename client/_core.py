@@ -38,7 +38,7 @@ from .exceptions import (CommandError, CommandTimeout, ConnectionLost, InvalidCo
                          ShoalError)
 
 __all__ = ["ms", "job_fields", "IdempotencyKeys", "Action", "retry_action", "is_retry_safe", "budget_s",
-           "retry_pause_s", "exhausted_error", "Router", "address_of", "ShardPicker", "group_by_partition"]
+           "KeyedPackedPush", "retry_pause_s", "exhausted_error", "Router", "address_of", "ShardPicker", "group_by_partition"]
 
 _RETRYABLE = frozenset(code.value for code in RETRYABLE_CODES)
 _LONG_POLL = frozenset({"PULL", "PULLB", "PUSH"})  # commands whose ``timeout`` field is a wait on the node
@@ -90,8 +90,18 @@ class Action(enum.Enum):
     RAISE = "raise"   # the error is the answer
 
 
+class KeyedPackedPush(dict[str, Any]):
+    """A ``PUSHB`` frame whose ``jobs`` is one pre-encoded MessagePack array (a codec ``Raw``), built
+    column-wise by a bulk producer (the Spark connector) that gives every item an ``idempotencyKey``.
+
+    The items cannot be inspected here, so the type is the producer's word that re-sending is safe.
+    """
+
+
 def is_retry_safe(frame: Mapping[str, Any]) -> bool:
     """May ``frame`` be sent again after an unknown outcome without a second effect?"""
+    if isinstance(frame, KeyedPackedPush):
+        return True
     spec = COMMANDS.get(frame.get("cmd", ""))
     if spec is None:
         return False

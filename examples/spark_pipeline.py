@@ -1,9 +1,10 @@
 """Example pipeline: ingest a generated DataFrame into Shoal in parallel, then read it back.
 
-    python examples/spark_pipeline.py [--rows 1000000] [--seeds host:port,...] [--master local[2]]
+    python examples/spark_pipeline.py [--rows 1000000] [--seeds host:port,...] [--master local[2]|standalone|spark://...]
 
 Without ``--seeds`` it starts a local 3-node cluster (RF 3) in a temporary directory and
-stops it at the end. Needs ``pip install 'shoal[spark]'`` and Java 17.
+stops it at the end. ``--master standalone`` starts a Spark standalone master and two workers
+on loopback from pyspark's own scripts, and stops them at the end. Needs ``pip install 'shoal[spark]'`` and Java 17.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -50,29 +53,39 @@ def main() -> None:
     with cluster_seeds(args.seeds, args.partitions) as seeds:
         with Client(seeds.split(",")) as client:
             client.queue(args.queue, shards=args.shards).create(shards=args.shards)
-        spark = SparkSession.builder.master(args.master).appName("shoal-pipeline") \
-            .config("spark.ui.enabled", "false").getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        try:
-            df = spark.range(0, args.rows, numPartitions=8).selectExpr(
-                "id", "concat('user-', id % 1000) AS user", "rand(7) * 100 AS amount")
-            t0 = time.perf_counter()
-            df.write.format("shoal").option("seeds", seeds).option("queue", args.queue) \
-                .option("shards", str(args.shards)).option("groupColumn", "user").mode("append").save()
-            wrote_s = time.perf_counter() - t0
-            print(f"ingested {args.rows:,} rows in {wrote_s:.1f} s: {args.rows / wrote_s:,.0f} rows/s "
-                  f"({args.master}, {args.shards} shards)")
-            t0 = time.perf_counter()
-            back = spark.read.format("shoal").option("seeds", seeds).option("queue", args.queue) \
-                .option("shards", str(args.shards)).load()
-            count, distinct = back.selectExpr("count(*)", "count(DISTINCT id)").first()
-            read_s = time.perf_counter() - t0
-            print(f"read back {count:,} jobs ({distinct:,} distinct ids) in {read_s:.1f} s: "
-                  f"{count / read_s:,.0f} rows/s, {back.rdd.getNumPartitions()} Spark partitions")
-            if count != args.rows or distinct != args.rows:
-                raise SystemExit(f"expected {args.rows:,} jobs, got {count:,}")
-        finally:
-            spark.stop()
+        with contextlib.ExitStack() as stack:
+            if args.master == "standalone":
+                from shoal.client.spark.standalone import StandaloneSpark
+
+                work = stack.enter_context(tempfile.TemporaryDirectory())
+                spark = stack.enter_context(StandaloneSpark(Path(work), workers=2, cores=1)).session("shoal-pipeline")
+            else:
+                spark = SparkSession.builder.master(args.master).appName("shoal-pipeline") \
+                    .config("spark.ui.enabled", "false").getOrCreate()
+            stack.callback(spark.stop)
+            spark.sparkContext.setLogLevel("ERROR")
+            run(spark, seeds, args)
+
+
+def run(spark: Any, seeds: str, args: argparse.Namespace) -> None:
+    """Ingest the generated rows, then read them back and check every row came once."""
+    df = spark.range(0, args.rows, numPartitions=8).selectExpr(
+        "id", "concat('user-', id % 1000) AS user", "rand(7) * 100 AS amount")
+    t0 = time.perf_counter()
+    df.write.format("shoal").option("seeds", seeds).option("queue", args.queue) \
+        .option("shards", str(args.shards)).option("groupColumn", "user").mode("append").save()
+    wrote_s = time.perf_counter() - t0
+    print(f"ingested {args.rows:,} rows in {wrote_s:.1f} s: {args.rows / wrote_s:,.0f} rows/s "
+          f"({args.master}, {args.shards} shards)")
+    t0 = time.perf_counter()
+    back = spark.read.format("shoal").option("seeds", seeds).option("queue", args.queue) \
+        .option("shards", str(args.shards)).load()
+    count, distinct = back.selectExpr("count(*)", "count(DISTINCT id)").first()
+    read_s = time.perf_counter() - t0
+    print(f"read back {count:,} jobs ({distinct:,} distinct ids) in {read_s:.1f} s: "
+          f"{count / read_s:,.0f} rows/s, {back.rdd.getNumPartitions()} Spark partitions")
+    if count != args.rows or distinct != args.rows:
+        raise SystemExit(f"expected {args.rows:,} jobs, got {count:,}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
     df.write.format("shoal").option("seeds", "h1:6789,h2:6789").option("queue", "q").mode("append").save()
     spark.read.format("shoal").option("seeds", ...).option("queue", "q").load()
-    spark.readStream.format("shoal").option("seeds", ...).option("queue", "events").load()
+    spark.readStream.format("shoal").option("seeds", ...).option("queues", "clicks,views").load()
 
-After ``pip install 'shoal[spark]'`` Spark finds it by itself (the installed module
-``pyspark_shoal`` exports it as ``DefaultSource``); ``spark.dataSource.register(ShoalDataSource)``
-also works. Options and guarantees: ``docs/spark.md``.
+After ``pip install 'shoal[spark]'`` (or an editable install) Spark finds it by itself from any
+directory: the installed file ``pyspark_shoal.py`` exports it as ``DefaultSource``;
+``spark.dataSource.register(ShoalDataSource)`` also works. Options follow the Kafka source's
+names (``startingOffsets``, ``maxOffsetsPerTrigger``, …); options and guarantees: ``docs/spark.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import uuid
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from ._cluster import connected, discover_shards, queue_type_of
+from ._cluster import Layout, connected, discover_shards, queue_type_of, resolve_layout, wire_names
 from ._convert import job_schema, log_schema
 from ._options import (OptionError, bool_option, parse_connect, parse_read, parse_stream, parse_write,
                        queue_type_option)
@@ -28,24 +29,23 @@ __all__ = ["ShoalDataSource", "ShoalWriter", "ShoalCommitMessage", "OptionError"
 
 
 class ShoalDataSource(DataSource):
-    """``format("shoal")``: batch write, batch read and streaming read of a Shoal queue."""
+    """``format("shoal")``: batch write to a Shoal queue, batch and streaming reads of one or more."""
 
     @classmethod
     def name(cls) -> str:
         return "shoal"
 
-    def _shards_and_type(self) -> tuple[int | None, str]:
-        """The queue's shard count (option ``shards`` or discovered) and type (``jobs``/``log``)."""
-        connect = parse_connect(self.options)
+    def _layout_and_type(self) -> tuple[Layout, str]:
+        """The queues read (each with its shard count) and their type (``jobs``/``log``, all the same)."""
+        connect = parse_connect(self.options, many=True)
         given = queue_type_option(self.options)
-        shards = connect.shards
-        if shards is not None and given is not None:
-            return shards, given
         with connected(connect) as client:
-            if shards is None:
-                shards = discover_shards(client, connect.queue)
-            kind = given or queue_type_of(client, connect.queue_names(shards)[0]) or "jobs"
-        return shards, kind
+            layout = resolve_layout(client, connect)
+            kinds = {q: given or queue_type_of(client, wire_names(q, k)[0]) or "jobs" for q, k in layout}
+        if len(set(kinds.values())) > 1:
+            raise OptionError("options queues/queuePattern: the queues must all be log queues or all job queues "
+                              f"({', '.join(f'{q}: {t}' for q, t in kinds.items())})")
+        return layout, next(iter(kinds.values()))
 
     def _data_format(self) -> str:
         return str(self.options.get("dataFormat") or "msgpack")
@@ -54,14 +54,14 @@ class ShoalDataSource(DataSource):
         """Jobs: id, queue, state, priority, data, attempts, …; logs: queue, shard, seq, data, tag, created_at."""
         kind = queue_type_option(self.options)
         if kind is None:
-            kind = self._shards_and_type()[1]
+            kind = self._layout_and_type()[1]
         return log_schema(self._data_format()) if kind == "log" else job_schema(self._data_format())
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        shards, kind = self._shards_and_type()
+        layout, kind = self._layout_and_type()
         options = parse_read(self.options, kind)
         cls = ShoalPushdownReader if bool_option(self.options, "filterPushdown", False) else ShoalBatchReader
-        return cls(options, shards, schema)
+        return cls(options, layout, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """Append only: a queue cannot be overwritten (jobs may already be running)."""
@@ -75,8 +75,8 @@ class ShoalDataSource(DataSource):
         return ShoalWriter(options, shards)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802 (Spark's name)
-        shards, kind = self._shards_and_type()
+        layout, kind = self._layout_and_type()
         options = parse_stream(self.options, kind)
         if kind == "log":
-            return ShoalLogStreamReader(options, shards, schema)
-        return ShoalJobStreamReader(options, shards, schema)
+            return ShoalLogStreamReader(options, layout, schema)
+        return ShoalJobStreamReader(options, layout, schema)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgpack
+import msgspec
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
@@ -67,11 +68,17 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+_msgpack_encode = msgspec.msgpack.Encoder().encode
+
+
 def encode_data(value: Any, data_format: str) -> bytes | str | None:
     """Job data (a decoded MessagePack value) as the ``data`` column: MessagePack bytes, JSON text,
     or for ``string`` the text itself when it is one (else JSON). Binary values in JSON are base64."""
     if data_format == "msgpack":
-        return msgpack.packb(value, use_bin_type=True)
+        try:
+            return _msgpack_encode(value)  # ~6x faster than msgpack.packb, same bytes for plain values
+        except (TypeError, OverflowError, msgspec.EncodeError):
+            return msgpack.packb(value, use_bin_type=True)  # extension types, integers past 64 bits
     if data_format == "string" and isinstance(value, str):
         return value
     return json.dumps(value, default=_json_default, separators=(",", ":"), ensure_ascii=False)

@@ -9,13 +9,17 @@ they travel to the Python workers inside the readers and writers.
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Union
 
 from shoal.cluster import limits as L
 
-__all__ = ["OptionError", "Connect", "WriteOptions", "ReadOptions", "StreamOptions", "parse_connect",
-           "parse_write", "parse_read", "parse_stream", "DATA_FORMATS_IN", "DATA_FORMATS_OUT"]
+__all__ = ["OptionError", "Connect", "WriteOptions", "ReadOptions", "StreamOptions", "Offsets", "parse_connect",
+           "parse_write", "parse_read", "parse_stream", "parse_offsets", "DATA_FORMATS_IN", "DATA_FORMATS_OUT",
+           "EARLIEST", "LATEST"]
 
 #: How a ``dataColumn`` value becomes job data (write side).
 DATA_FORMATS_IN = ("value", "json", "msgpack")
@@ -34,6 +38,14 @@ _STREAM_BATCH_MAX = 1_000_000
 _LEASE_S_DEFAULT = 300.0
 _COMMAND_TIMEOUT_S_DEFAULT = 30.0
 _TASK_TIMEOUT_S_DEFAULT = 3600.0
+_TRIGGER_DELAY_S_DEFAULT = 900.0  # Kafka's maxTriggerDelay default, 15 minutes
+_QUEUES_MAX = 256
+
+#: In a JSON offset, the Kafka source's markers for "the start of the log" and "its end now".
+EARLIEST, LATEST = -2, -1
+#: ``"earliest"``, ``"latest"``, or ``{queue: {shard: next sequence | EARLIEST | LATEST}}``
+#: (a ``None`` queue key: the legacy single-queue form ``{"0": seq}``).
+Offsets = Union[str, dict[Union[str, None], dict[str, int]]]
 
 
 class OptionError(ValueError):
@@ -98,14 +110,20 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """Where the cluster is and which queue: options ``seeds``, ``queue``, ``token``, ``shards``,
-    ``commandTimeout`` (seconds)."""
+    """Where the cluster is and which queues: options ``seeds``, ``queue`` / ``queues`` /
+    ``queuePattern``, ``token``, ``shards``, ``commandTimeout`` (seconds).
+
+    ``queue`` is the first named queue (the only one for a write); a read resolves
+    ``queues`` and ``queue_pattern`` against the cluster's queues when it is planned.
+    """
 
     seeds: tuple[str, ...]
     queue: str
     token: str | None = None
     shards: int | None = None
     command_timeout_s: float = _COMMAND_TIMEOUT_S_DEFAULT
+    queues: tuple[str, ...] = ()
+    queue_pattern: str | None = None
 
     def queue_names(self, shards: int | None = None) -> list[str]:
         """The wire names of the (sub-)queues: ``q`` or ``q#0 .. q#k-1``."""
@@ -136,30 +154,45 @@ class WriteOptions:
 
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
-    """What a batch read lists: ``queueType``, ``state``, ``dataFormat``, ``pageSize``."""
+    """What a batch read lists: ``queueType``, ``state``, ``dataFormat``, ``pageSize``; for logs
+    ``startingOffsets``/``endingOffsets`` and ``failOnDataLoss``."""
 
     connect: Connect
     queue_type: str = "jobs"
     states: tuple[str, ...] = ()
     data_format: str = "msgpack"
     page_size: int = _PAGE_SIZE_DEFAULT
+    starting: Offsets = "earliest"  # logs: where each shard's read starts
+    ending: Offsets = "latest"      # logs: where it stops (exclusive)
+    fail_on_data_loss: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
-    """How a stream reads: ``maxRecordsPerBatch``/``maxJobsPerBatch``, ``leaseSeconds``, ``startingOffsets``."""
+    """How a stream reads: ``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger`` + ``maxTriggerDelay``,
+    ``startingOffsets``, ``failOnDataLoss``, ``leaseSeconds`` (Kafka source names and meanings)."""
 
     connect: Connect
     queue_type: str = "log"
     data_format: str = "msgpack"
     max_per_batch: int = _STREAM_BATCH_DEFAULT
     lease_s: float = _LEASE_S_DEFAULT
-    starting: str = "earliest"  # earliest | latest | a JSON offset {"0": seq, ...}
+    starting: Offsets = "earliest"
     page_size: int = _PAGE_SIZE_DEFAULT
+    min_per_trigger: int | None = None
+    max_trigger_delay_s: float = _TRIGGER_DELAY_S_DEFAULT
+    fail_on_data_loss: bool = True
 
 
-def parse_connect(options: Mapping[str, str]) -> Connect:
-    """``seeds``, ``queue``, ``token``, ``shards``, ``commandTimeout``."""
+def _queue_name(name: str, option: str) -> str:
+    if "#" in name or len(name) > L.queue_name_chars_max:
+        raise OptionError(f"option {option}: {name!r} is not a queue name (give shards=k for a sharded queue)")
+    return name
+
+
+def parse_connect(options: Mapping[str, str], *, many: bool = False) -> Connect:
+    """``seeds``, ``queue``, ``token``, ``shards``, ``commandTimeout``; with ``many`` (reads) also
+    ``queues`` (comma-separated) and ``queuePattern`` (a regular expression over queue names)."""
     seeds_raw = _get(options, "seeds")
     if seeds_raw is None:
         raise OptionError("option seeds: required, e.g. .option('seeds', '10.0.0.1:6789,10.0.0.2:6789')")
@@ -169,13 +202,31 @@ def parse_connect(options: Mapping[str, str]) -> Connect:
         if not host or not port.isdigit():
             raise OptionError(f"option seeds: {seed!r} is not host:port")
     queue = _get(options, "queue")
-    if queue is None:
-        raise OptionError("option queue: required")
-    if "#" in queue or len(queue) > L.queue_name_chars_max:
-        raise OptionError(f"option queue: {queue!r} is not a queue name (give shards=k for a sharded queue)")
-    return Connect(seeds=seeds, queue=queue, token=_get(options, "token"),
+    listed = _get(options, "queues")
+    pattern = _get(options, "queuePattern")
+    if not many and (listed is not None or pattern is not None):
+        raise OptionError("options queues/queuePattern: a write goes to one queue (option queue)")
+    given = sum(x is not None for x in (queue, listed, pattern))
+    if given == 0:
+        raise OptionError("option queue: required (or queues / queuePattern for a read)")
+    if given > 1:
+        raise OptionError("options queue, queues and queuePattern: give exactly one")
+    queues: tuple[str, ...] = ()
+    if listed is not None:
+        queues = tuple(dict.fromkeys(_queue_name(q.strip(), "queues") for q in listed.split(",") if q.strip()))
+        if not queues or len(queues) > _QUEUES_MAX:
+            raise OptionError(f"option queues: 1..{_QUEUES_MAX} comma-separated queue names")
+    elif queue is not None:
+        queues = (_queue_name(queue, "queue"),)
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise OptionError(f"option queuePattern: not a regular expression ({exc})") from exc
+    return Connect(seeds=seeds, queue=queues[0] if queues else "", token=_get(options, "token"),
                    shards=_int(options, "shards", None, 1, 1024),
-                   command_timeout_s=_float(options, "commandTimeout", _COMMAND_TIMEOUT_S_DEFAULT, 0.1, 3600.0))
+                   command_timeout_s=_float(options, "commandTimeout", _COMMAND_TIMEOUT_S_DEFAULT, 0.1, 3600.0),
+                   queues=queues, queue_pattern=pattern)
 
 
 def _fail_hook(options: Mapping[str, str]) -> tuple[int, int] | None:
@@ -218,33 +269,103 @@ def _states(options: Mapping[str, str]) -> tuple[str, ...]:
     return states
 
 
+def _deprecated(options: Mapping[str, str], old: str, new: str) -> str | None:
+    """The value of ``new``, or of its old name ``old`` (with a warning: old names go after one release)."""
+    value = _get(options, new)
+    if value is None and _get(options, old) is not None:
+        warnings.warn(f"shoal source: option {old} is deprecated, use {new} (the Kafka source's name)",
+                      FutureWarning, stacklevel=3)
+        return old
+    return new
+
+
+def parse_offsets(raw: str | None, name: str, default: str, *, allow: tuple[str, ...]) -> Offsets:
+    """``earliest``/``latest`` (those in ``allow``) or JSON ``{"queue": {"shard": seq}}`` where a sequence is
+    the next record to read (>= 1), or -2 (earliest) / -1 (latest) as in the Kafka source."""
+    if raw is None:
+        return default
+    if raw.lower() in allow:
+        return raw.lower()
+    shape = f"option {name}: {' or '.join(allow)} or JSON like {{\"queue\": {{\"0\": 42}}}}"
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise OptionError(shape) from exc
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(shape)
+
+    def seq(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value in (EARLIEST, LATEST)):
+            raise OptionError(f"{shape}: a sequence number is >= 1, or -2 (earliest) / -1 (latest)")
+        return value
+
+    def shards(value: object) -> dict[str, int]:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k.isdigit() for k in value):
+            raise OptionError(f"{shape}: each queue maps shard numbers to sequence numbers")
+        return {k: seq(v) for k, v in value.items()}
+
+    if all(not isinstance(v, dict) for v in parsed.values()):
+        warnings.warn(f"shoal source: option {name} as {{shard: seq}} is deprecated, key it by queue: "
+                      "{\"queue\": {\"0\": seq}}", FutureWarning, stacklevel=3)
+        return {None: shards(parsed)}
+    out: dict[str | None, dict[str, int]] = {}
+    for queue, value in parsed.items():
+        out[_queue_name(queue, name)] = shards(value)
+    return out
+
+
 def parse_read(options: Mapping[str, str], queue_type: str) -> ReadOptions:
     """The batch-read options (``queue_type`` as detected or given by ``queueType``)."""
-    return ReadOptions(connect=parse_connect(options), queue_type=queue_type, states=_states(options),
+    return ReadOptions(connect=parse_connect(options, many=True), queue_type=queue_type, states=_states(options),
                        data_format=_choice(options, "dataFormat", "msgpack", DATA_FORMATS_OUT) or "msgpack",
                        page_size=_int(options, "pageSize", _PAGE_SIZE_DEFAULT, 1, L.page_limit_max)
-                       or _PAGE_SIZE_DEFAULT)
+                       or _PAGE_SIZE_DEFAULT,
+                       starting=parse_offsets(_get(options, "startingOffsets"), "startingOffsets", "earliest",
+                                              allow=("earliest",)),
+                       ending=parse_offsets(_get(options, "endingOffsets"), "endingOffsets", "latest",
+                                            allow=("latest",)),
+                       fail_on_data_loss=_bool(options, "failOnDataLoss", True))
 
 
 def parse_stream(options: Mapping[str, str], queue_type: str) -> StreamOptions:
-    """The streaming options."""
-    name = "maxRecordsPerBatch" if queue_type == "log" else "maxJobsPerBatch"
-    starting = _get(options, "startingOffsets") or "earliest"
-    if starting not in ("earliest", "latest"):
-        try:
-            parsed = json.loads(starting)
-        except ValueError as exc:
-            raise OptionError("option startingOffsets: earliest, latest or JSON like {\"0\": 1}") from exc
-        if not isinstance(parsed, dict) or not all(isinstance(v, int) and v >= 1 for v in parsed.values()):
-            raise OptionError("option startingOffsets: JSON object of shard -> sequence number (>= 1)")
-    return StreamOptions(connect=parse_connect(options), queue_type=queue_type,
+    """The streaming options (Kafka source names; ``maxRecordsPerBatch``/``maxJobsPerBatch`` are the
+    deprecated names of ``maxOffsetsPerTrigger``)."""
+    old = "maxRecordsPerBatch" if queue_type == "log" else "maxJobsPerBatch"
+    name = _deprecated(options, old, "maxOffsetsPerTrigger") or "maxOffsetsPerTrigger"
+    if name == "maxOffsetsPerTrigger" and _get(options, old) is not None:
+        raise OptionError(f"options {old} and maxOffsetsPerTrigger: give one ({old} is the deprecated name)")
+    min_rows = _int(options, "minOffsetsPerTrigger", None, 1, _STREAM_BATCH_MAX)
+    delay = _get(options, "maxTriggerDelay")
+    if delay is not None and min_rows is None:
+        raise OptionError("option maxTriggerDelay: only with minOffsetsPerTrigger")
+    return StreamOptions(connect=parse_connect(options, many=True), queue_type=queue_type,
                          data_format=_choice(options, "dataFormat", "msgpack", DATA_FORMATS_OUT) or "msgpack",
                          max_per_batch=_int(options, name, _STREAM_BATCH_DEFAULT, 1, _STREAM_BATCH_MAX)
                          or _STREAM_BATCH_DEFAULT,
                          lease_s=_float(options, "leaseSeconds", _LEASE_S_DEFAULT, 1.0, L.ttr_ms_max / 1000),
-                         starting=starting,
+                         starting=parse_offsets(_get(options, "startingOffsets"), "startingOffsets", "earliest",
+                                                allow=("earliest", "latest")),
                          page_size=_int(options, "pageSize", _PAGE_SIZE_DEFAULT, 1, L.page_limit_max)
-                         or _PAGE_SIZE_DEFAULT)
+                         or _PAGE_SIZE_DEFAULT,
+                         min_per_trigger=min_rows,
+                         max_trigger_delay_s=_duration(options, "maxTriggerDelay", _TRIGGER_DELAY_S_DEFAULT),
+                         fail_on_data_loss=_bool(options, "failOnDataLoss", True))
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _duration(options: Mapping[str, str], name: str, default: float) -> float:
+    """A duration like ``15m``, ``30s``, ``500ms`` or a number of seconds."""
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    match = _DURATION.match(raw)
+    if match is None:
+        raise OptionError(f"option {name}: a duration like 15m, 30s or 500ms, got {raw!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return float(match.group(1)) * _UNIT_S[unit]
 
 
 def queue_type_option(options: Mapping[str, str]) -> str | None:

@@ -3,8 +3,9 @@
 Theory of operation. ``DataSource.writer()`` runs once per write, in the driver's
 planner process: it draws the write's id (or takes the ``writeId`` option) and
 looks up the shards. The writer is pickled to the tasks. Each task opens its own
-:class:`AsyncClient`, turns its Arrow record batches into PUSHB items
-(:class:`RowsToJobs`), and keeps at most ``maxInFlight`` PUSHB batches of
+:class:`AsyncClient`, turns its Arrow record batches into PUSHB items — column-wise
+into pre-encoded ``jobs`` arrays when the columns allow it (``_pack``), else row by
+row (:class:`RowsToJobs`) — and keeps at most ``maxInFlight`` PUSHB batches of
 ``batchSize`` jobs in flight, each routed by the client to the leader of its
 (sub-)queue's partition (and re-routed on failover). The task returns a
 :class:`ShoalCommitMessage` once every batch is acknowledged.
@@ -29,6 +30,7 @@ same ``writeId`` within the window to finish it without duplicates.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,10 +41,13 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from shoal.client import AsyncClient
+from shoal.client._core import KeyedPackedPush
+from shoal.cluster.codec import Raw
 
 from ._cluster import client_options
 from ._convert import RowsToJobs
 from ._options import WriteOptions
+from ._pack import ColumnPacker, pack_items, packable
 
 __all__ = ["ShoalWriter", "ShoalCommitMessage", "InjectedFailure"]
 
@@ -89,28 +94,62 @@ class ShoalWriter(DataSourceArrowWriter):
             fail_after = o.fail_first_attempt[1]
         async with AsyncClient(list(o.connect.seeds), o.connect.token, client_options(o.connect)) as client:
             sender = _Sender(client, o.max_in_flight)
-            pending: dict[str, list[dict[str, Any]]] = {}
-            rows = 0
-            for batch in iterator:
-                for target, item in convert.convert(batch, rows):
-                    buf = pending.setdefault(target, [])
-                    buf.append(item)
-                    if len(buf) >= o.batch_size:
-                        await sender.send(target, buf)
-                        pending[target] = []
-                    rows += 1
-                    if fail_after is not None and rows >= fail_after:
-                        for tgt, buf in pending.items():
-                            if buf:
-                                await sender.send(tgt, buf)
-                        await sender.finish()
-                        raise InjectedFailure(f"testFailFirstAttempt: task {partition_id} attempt {attempt} "
-                                              f"fails after pushing {rows} rows")
-            for target, buf in pending.items():
-                if buf:
-                    await sender.send(target, buf)
+            batches = iter(iterator)
+            first = next(batches, None)
+            if first is None:
+                return 0, 0
+            rest = itertools.chain([first], batches)
+            if packable(o, first.schema):
+                rows = await self._push_packed(sender, rest, partition_id, fail_after)
+            else:
+                rows = await self._push_rows(sender, convert, rest, fail_after)
             await sender.finish()
+            if fail_after is not None and rows >= fail_after:
+                raise InjectedFailure(f"testFailFirstAttempt: task {partition_id} attempt {attempt} "
+                                      f"fails after pushing {rows} rows")
             return rows, sender.batches
+
+    async def _push_packed(self, sender: "_Sender", batches: Iterator[pa.RecordBatch], partition_id: int,
+                           fail_after: int | None) -> int:
+        """Column-wise: each Arrow batch becomes packed PUSHB items with no Python object per row."""
+        o = self.options
+        packer = ColumnPacker(o.connect.queue_names(self.shards), partition_id, o.batch_size)
+        prefix = f"{o.write_id}:{partition_id}:"
+        rows = 0
+        for batch in batches:
+            if fail_after is not None and rows + batch.num_rows >= fail_after:
+                batch = batch.slice(0, fail_after - rows)
+            for target, count, packed in packer.add(pack_items(o, batch, prefix, rows), rows):
+                await sender.send_packed(target, count, packed)
+            rows += batch.num_rows
+            if fail_after is not None and rows >= fail_after:
+                break
+        for target, count, packed in packer.rest():
+            await sender.send_packed(target, count, packed)
+        return rows
+
+    async def _push_rows(self, sender: "_Sender", convert: RowsToJobs, batches: Iterator[pa.RecordBatch],
+                         fail_after: int | None) -> int:
+        """Row by row (nested or temporal columns, JSON data, per-row job fields)."""
+        o = self.options
+        pending: dict[str, list[dict[str, Any]]] = {}
+        rows = 0
+        for batch in batches:
+            for target, item in convert.convert(batch, rows):
+                buf = pending.setdefault(target, [])
+                buf.append(item)
+                if len(buf) >= o.batch_size:
+                    await sender.send(target, buf)
+                    pending[target] = []
+                rows += 1
+                if fail_after is not None and rows >= fail_after:
+                    break
+            if fail_after is not None and rows >= fail_after:
+                break
+        for target, buf in pending.items():
+            if buf:
+                await sender.send(target, buf)
+        return rows
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Every task succeeded: the jobs are already in the queue; record the totals."""
@@ -135,19 +174,28 @@ class _Sender:
         self.batches = 0
 
     async def send(self, target: str, jobs: list[dict[str, Any]]) -> None:
+        """Send one PUSHB of job items."""
+        await self._start({"cmd": "PUSHB", "queue": target, "jobs": jobs}, len(jobs))
+
+    async def send_packed(self, target: str, count: int, packed: bytes) -> None:
+        """Send one PUSHB whose ``jobs`` array (``count`` keyed items) is already MessagePack."""
+        await self._start(KeyedPackedPush(cmd="PUSHB", queue=target, jobs=Raw(packed)), count)
+
+    async def _start(self, frame: dict[str, Any], count: int) -> None:
         if self.error is not None:
             await self.finish()
         await self.slots.acquire()
-        task = asyncio.get_running_loop().create_task(self._one(target, jobs))
+        task = asyncio.get_running_loop().create_task(self._one(frame, count))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         await asyncio.sleep(0)  # let the connection write it out while we build the next batch
 
-    async def _one(self, target: str, jobs: list[dict[str, Any]]) -> None:
+    async def _one(self, frame: dict[str, Any], count: int) -> None:
         try:
-            reply = await self.client.call({"cmd": "PUSHB", "queue": target, "jobs": jobs})
-            if len(reply.get("ids") or ()) != len(jobs):
-                raise RuntimeError(f"PUSHB to {target}: {len(jobs)} jobs sent, {len(reply.get('ids') or ())} ids back")
+            reply = await self.client.call(frame)
+            got = len(reply.get("ids") or ())
+            if got != count:
+                raise RuntimeError(f"PUSHB to {frame['queue']}: {count} jobs sent, {got} ids back")
             self.batches += 1
         except BaseException as exc:
             if self.error is None:

@@ -1,4 +1,5 @@
-"""The Spark connector against a real 3-node cluster, with a local[2,2] SparkSession."""
+"""The Spark connector against a real 3-node cluster, with a local[2,2] SparkSession and (marker
+``spark_cluster``) on a Spark standalone cluster of two workers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
 
 pytestmark = pytest.mark.spark
+SPARK_MASTERS = ("local", "standalone")  # conftest: also on a standalone master with two workers
 
 STREAM_TIMEOUT_S = 120.0
 
@@ -106,3 +108,18 @@ def test_job_stream_acks_what_it_committed_and_nothing_else(spark: Any, seeds: s
         assert counts["waiting"] == 10
         completed = {j.id for j in q.get_jobs("completed", limit=100)[0]}
         assert completed <= set(delivered)
+
+
+def test_tasks_ran_on_both_workers(spark: Any, request: pytest.FixtureRequest) -> None:
+    """On the standalone cluster, the tests above ran tasks in both executors, one per worker."""
+    if request.node.callspec.params.get("spark") != "standalone":
+        pytest.skip("standalone cluster only")
+    import urllib.request
+
+    context = spark.sparkContext
+    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/executors"
+    with urllib.request.urlopen(url, timeout=60) as reply:  # a loaded 2-core machine answers slowly
+        executors = [e for e in json.load(reply) if e["id"] != "driver"]
+    assert len(executors) == 2 and all(e["totalTasks"] > 0 for e in executors), executors
+    workers = request.getfixturevalue("standalone").state()["workers"]
+    assert [w["coresused"] for w in workers if w["state"] == "ALIVE"] == [1, 1]  # one executor on each

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from shoal.client import (CommandTimeout, ConnectionLost, InvalidCommand, LeaseMismatch, NodeTimeout, NoLeader,
                           NotLeader)
-from shoal.client._core import (Action, IdempotencyKeys, Router, ShardPicker, budget_s, exhausted_error,
+from shoal.client._core import (Action, IdempotencyKeys, KeyedPackedPush, Router, ShardPicker, budget_s, exhausted_error,
                                 group_by_partition, is_retry_safe, job_fields, ms, retry_action, retry_pause_s)
 from shoal.client.exceptions import error_from_reply
 from shoal.cluster.config import ClusterConfig, NodeSpec
@@ -125,6 +126,17 @@ PUSH_NO_KEY = {"cmd": "PUSH", "queue": "q", "data": 1}
 ])
 def test_which_commands_may_be_repeated(frame: dict, safe: bool) -> None:
     assert is_retry_safe(frame) is safe
+
+
+def test_a_keyed_pre_packed_pushb_may_be_repeated_and_is_sent_as_a_plain_frame() -> None:
+    from shoal.cluster.codec import Raw, decode_request, encode
+
+    jobs = Raw(msgpack.packb([{"data": 1, "idempotencyKey": "w:0:0"}]))
+    frame = KeyedPackedPush(cmd="PUSHB", queue="q", jobs=jobs)
+    assert is_retry_safe(frame)
+    assert retry_action(ConnectionLost("gone"), frame) is Action.RETRY
+    sent = decode_request(encode({**frame, "reqId": 1})[4:], raw_data=True)  # what the connection writes
+    assert sent["jobs"] == [{"data": Raw(msgpack.packb(1)), "idempotencyKey": "w:0:0"}]
 
 
 @pytest.mark.parametrize("code", ["NOT_LEADER", "NO_LEADER", "OVERLOADED", "SHUTTING_DOWN"])
