@@ -8,8 +8,6 @@ its committed state back from the journals alone (no snapshot files).
 
 from __future__ import annotations
 
-import socket
-import time
 
 import pytest
 import pysyncobj.syncobj as pso
@@ -17,6 +15,8 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.journal import Journal
+
+from _pysyncobj_helpers import free_ports, wait_for
 
 
 class Counter(SyncObj):
@@ -34,17 +34,6 @@ class Counter(SyncObj):
         return self.total
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def start(addrs: list[str], root) -> list[Counter]:
     return [Counter(a, [o for o in addrs if o != a], str(root / f"n{k}")) for k, a in enumerate(addrs)]
 
@@ -52,15 +41,6 @@ def start(addrs: list[str], root) -> list[Counter]:
 def stop(objs: list[Counter]) -> None:
     for o in objs:
         o.destroy_synchronous()
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture

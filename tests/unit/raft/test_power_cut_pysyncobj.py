@@ -11,7 +11,6 @@ was acknowledged before the cut, in one order.
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 
@@ -21,6 +20,8 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import Journal
+
+from _pysyncobj_helpers import free_ports, wait_for
 
 
 class Log(SyncObj):
@@ -41,26 +42,6 @@ class DiesWithoutFlush(Journal):
 
     def _destroy(self) -> None:
         pass
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("seed", [1, 2])
