@@ -2,7 +2,7 @@
 flight ride together in the next Raft entry.
 
 Event-loop side only. Up to ``inflight_max`` entries are in flight at once
-(pysyncobj pipelines them); everything else waits in ``_pending`` and is
+(pysyncobj pipelines them); everything else waits in ``_cmds`` and is
 proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
 
