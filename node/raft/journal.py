@@ -351,14 +351,23 @@ class Journal:
         target = self._last_index
         self._check_usable()
         if self._data_dirty and self._active is not None:
-            self._datasync(self._active)
-            self._data_dirty = False
-            self._unsynced_bytes = 0
+            self._sync_active()
+        self._sync_dir_if_dirty()
+        self._synced_index = max(self._synced_index, target)
+        return self._synced_index
+
+    def _sync_active(self) -> None:
+        """fdatasync the active segment: everything written to it is durable."""
+        assert self._active is not None
+        self._datasync(self._active)
+        self._data_dirty = False
+        self._unsynced_bytes = 0
+
+    def _sync_dir_if_dirty(self) -> None:
+        """fsync the directory when a segment was created or removed since the last one."""
         if self._dir_dirty:
             self._fsync_dir()
             self._dir_dirty = False
-        self._synced_index = max(self._synced_index, target)
-        return self._synced_index
 
     def delete_from(self, index: int) -> None:
         """Delete entries ``index`` and later, durably before returning (Raft §5.3 conflict)."""
@@ -385,12 +394,8 @@ class Journal:
         seg.size = cut
         assert self._active is not None
         self._active.truncate(cut)
-        self._datasync(self._active)
-        self._data_dirty = False
-        self._unsynced_bytes = 0
-        if self._dir_dirty:
-            self._fsync_dir()
-            self._dir_dirty = False
+        self._sync_active()
+        self._sync_dir_if_dirty()
         removed = self._last_index - index + 1
         self._last_index = index - 1
         self._synced_index = min(self._synced_index, self._last_index)
