@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -18,6 +17,8 @@ from shoal.client.spark._convert import log_schema
 from shoal.client.spark._options import OptionError, parse_read, parse_stream
 from shoal.client.spark._stream import ShoalLogStreamReader, share_limit
 from shoal.cluster.launcher import LocalCluster
+
+from spark_helpers import process_available_then_stop
 
 pytestmark = pytest.mark.spark
 
@@ -53,13 +54,7 @@ def _stream(spark: Any, seeds: str, checkpoint: Path, options: dict[str, str], *
             query.stop()
         return batches
     query = writer.start()
-    watchdog = threading.Timer(STREAM_TIMEOUT_S, query.stop)  # bounds processAllAvailable
-    watchdog.start()
-    try:
-        query.processAllAvailable()
-    finally:
-        watchdog.cancel()
-        query.stop()
+    process_available_then_stop(query, STREAM_TIMEOUT_S)
     return batches
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ import pytest
 
 from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
+
+from spark_helpers import process_available_then_stop
 
 pytestmark = pytest.mark.spark
 SPARK_MASTERS = ("local", "standalone")  # conftest: also on a standalone master with two workers
@@ -58,13 +59,7 @@ def _collect_stream(spark: Any, seeds: str, queue: str, checkpoint: Path, sink: 
         sink.extend(batch.collect())
 
     query = reader.load().writeStream.foreachBatch(each).option("checkpointLocation", str(checkpoint)).start()
-    watchdog = threading.Timer(STREAM_TIMEOUT_S, query.stop)  # bounds processAllAvailable
-    watchdog.start()
-    try:
-        query.processAllAvailable()
-    finally:
-        watchdog.cancel()
-        query.stop()
+    process_available_then_stop(query, STREAM_TIMEOUT_S)
 
 
 def test_log_stream_restarts_from_its_checkpoint_exactly_once(spark: Any, seeds: str, cluster: LocalCluster,
