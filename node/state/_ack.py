@@ -11,7 +11,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
 from ._store import Store
-from ._transitions import ACTIVE, COMPLETED, FAILED
+from ._transitions import ACTIVE, COMPLETED, FAILED, check_transition
 
 __all__ = ["AckOps"]
 
@@ -126,6 +126,7 @@ class AckOps(Store):
         """ACKB's completion of leased slots ``i .. i+k-1`` of ``seg``, without a result: the
         steps of ``_complete`` (lease ended, completed, into the history) done slice by slice.
         The caller checked them and trims the history."""
+        check_transition(ACTIVE, COMPLETED)  # the callers found the slots active
         end = i + k
         first = seg.first + i
         seqs = range(first, first + k)

@@ -8,7 +8,7 @@ from itertools import islice
 from ._model import Job, Queue
 from ._segments import SLOT_COMPLETED, SLOT_GONE, Segment
 from ._store import Store
-from ._transitions import ACTIVE, COMPLETED, DELAYED, WAITING, check_transition
+from ._transitions import ACTIVE, COMPLETED, DELAYED, REMOVED, WAITING, check_transition
 
 __all__ = ["Moves"]
 
@@ -45,8 +45,13 @@ class Moves(Store):
         self._release_group(q, job)
 
     def _to_waiting(self, q: Queue, job: Job, delay_ms: int = 0) -> None:
-        if job.state == ACTIVE:
+        prev = job.state
+        if prev == ACTIVE:
             self._end_lease(q, job)
+        if job.ttl_deadline_ms and prev != WAITING and prev != DELAYED:
+            # The TTL heap's entry was dropped if the deadline passed while the job was not
+            # waiting: a new one keeps the TTL in force, as a restored engine's index does.
+            heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
         if delay_ms > 0:
             job.run_at_ms = self.now_ms + delay_ms
             self._set_state(q, job, DELAYED)
@@ -75,9 +80,10 @@ class Moves(Store):
 
         ``trim`` False: the caller trims the history once its batch is done.
         """
+        check_transition(job.state, COMPLETED)
         self._end_lease(q, job)
         job.finished_ms = self.now_ms
-        job.state = COMPLETED  # active -> completed, a move of the diagram (_transitions)
+        job.state = COMPLETED
         counts = q.counts
         counts[ACTIVE] -= 1
         counts[COMPLETED] += 1
@@ -91,6 +97,7 @@ class Moves(Store):
 
     def _remove(self, q: Queue, job: Job) -> None:
         """Delete a job for good (cancel, drain, clean, TTL, purge)."""
+        check_transition(job.state, REMOVED)
         if job.state == ACTIVE:
             self._end_lease(q, job)
         if job.state == WAITING:
@@ -161,6 +168,7 @@ class Moves(Store):
 
     def _let_go_completed(self, q: Queue, seg: Segment, i: int, n: int) -> None:
         """Remove completed slots ``i .. i+n-1`` of ``seg``, the ``n`` oldest entries of the history."""
+        check_transition(COMPLETED, REMOVED)  # the callers found the slots completed
         end = i + n
         seg.datas[i:end] = [None] * n
         seg.states[i:end] = bytes([SLOT_GONE]) * n

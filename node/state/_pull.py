@@ -12,7 +12,7 @@ from ._decimal import decimal_run
 from ._model import JOB_WIRE_BYTES_OVERHEAD, REPLY_BYTES_OVERHEAD, Job, Queue, wire_bytes_max
 from ._segments import Segment
 from ._store import Store
-from ._transitions import ACTIVE, WAITING
+from ._transitions import ACTIVE, WAITING, check_transition
 
 __all__ = ["PullOps"]
 
@@ -75,6 +75,7 @@ class PullOps(Store):
         heap's top is a segment's lowest waiting job, the segment's consecutive waiting jobs
         that come before every other heap entry are leased as one run (``_lease_run``).
         """
+        check_transition(WAITING, ACTIVE)  # once: the loop leases waiting jobs only
         jobs: list[Any] = []
         tokens: list[str] = []
         budget = cmd.get("_bytesMax") or 0
@@ -121,7 +122,7 @@ class PullOps(Store):
             job.token = token
             job.session = session
             job.lease_deadline_ms = deadline = now + (ttr_ms or job.ttr_ms or default_ttr)
-            job.state = ACTIVE  # waiting -> active, a move of the diagram (_transitions)
+            job.state = ACTIVE
             prio = job.priority
             left = prio_counts[prio] - 1
             if left:
@@ -176,6 +177,7 @@ class PullOps(Store):
         k = end - i
         if not k:
             return 0, full, used
+        check_transition(WAITING, ACTIVE)  # the slots of a run are waiting (run_end)
         base = self.lease_seq
         self.lease_seq = base + k
         deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])

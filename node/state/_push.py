@@ -12,7 +12,7 @@ from shoal.cluster.jobid import format_job_id
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
 from ._segments import Segment, split_plain
 from ._store import Store
-from ._transitions import ACTIVE, DELAYED, WAITING
+from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
 
 __all__ = ["PushOps"]
 
@@ -54,9 +54,11 @@ class PushOps(Store):
 
     def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
         # The hottest function of a push (it runs on every replica): locals, one .get each.
-        self.seq = seq = self.seq + 1
         get = options.get
         preset = q.preset
+        delay = ((get("delay") or 0) if preset["delay"] else 0) if len(options) > 1 else 0
+        check_transition(NEW, DELAYED if delay else WAITING)  # before any change
+        self.seq = seq = self.seq + 1
         opts = q.opts
         now = self.now_ms
         name = q.name
@@ -78,9 +80,6 @@ class PushOps(Store):
                 expires = now + IDEMPOTENCY_WINDOW_MS
                 self.idempotency[(name, key)] = (format_job_id(self.partition, seq), expires)
                 self.idempotency_order.append((expires, (name, key)))
-            delay = (get("delay") or 0) if preset["delay"] else 0
-        else:
-            delay = 0
         self.jobs[seq] = job
         q.totals["enqueued"] += 1
         if preset["ttl"]:
@@ -121,6 +120,7 @@ class PushOps(Store):
         earlier job, an int = duplicate of that earlier item, ``_FULL`` = refused). A follower
         (``replies`` off) gets no ids.
         """
+        check_transition(NEW, WAITING)  # once for the segment's jobs, before any change
         now, name = self.now_ms, q.name
         prefix = f"{self.partition}-"
         room = None
