@@ -16,6 +16,10 @@ from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
 
 __all__ = ["PushOps"]
 
+# The moves a new job makes (fixed ends), checked against the table when the engine loads.
+check_transition(NEW, WAITING)
+check_transition(NEW, DELAYED)
+
 
 class PushOps(Store):
     """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
@@ -57,7 +61,6 @@ class PushOps(Store):
         get = options.get
         preset = q.preset
         delay = ((get("delay") or 0) if preset["delay"] else 0) if len(options) > 1 else 0
-        check_transition(NEW, DELAYED if delay else WAITING)  # before any change
         self.seq = seq = self.seq + 1
         opts = q.opts
         now = self.now_ms
