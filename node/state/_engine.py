@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from shoal.cluster.commands import READ_COMMANDS
@@ -20,7 +21,7 @@ from ._timers import TimerOps
 
 __all__ = ["PartitionEngine", "Applied", "event_dicts"]
 
-_NO_EVENTS: list[Event] = []  # never appended to: ``apply`` with ``events=False`` answers it
+_NO_EVENTS: tuple[Event, ...] = ()  # ``apply`` with ``events=False`` answers it (immutable: shared)
 _new_tuple = tuple.__new__
 
 
@@ -28,7 +29,7 @@ class Applied(NamedTuple):
     """What one command did: its reply fields and the job events it caused, in order."""
 
     result: dict[str, Any]
-    events: list[Event]
+    events: Sequence[Event]
 
 
 class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
@@ -88,7 +89,7 @@ class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, S
         return sorted(self.queues)
 
 
-def event_dicts(partition: int, events: list[Event]) -> list[dict[str, Any]]:
+def event_dicts(partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
     """``events`` of ``partition`` in the form the node publishes to subscribers."""
     out = []
     for queue, seq, state, prev in events:
