@@ -137,14 +137,14 @@ def bench_listing(jobs: int) -> None:
         e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(start, min(jobs, start + 10_000))]},
                 now)
     for _ in range(jobs // 10 // 100):
-        got = e.apply({"cmd": "PULLB", "queue": "q", "count": 100}, now)
+        got = e.apply({"cmd": "PULLB", "queue": "q", "count": 100}, now).result
         e.apply({"cmd": "ACKB", "ids": [j["id"] for j in got["jobs"]], "tokens": got["tokens"]}, now)
     for state, offset in (("waiting", 0), ("waiting", 10_000), ("completed", 0), (None, 0)):
         cmd = {"cmd": "GetJobs", "queue": "q", "offset": offset, "limit": 50, **({"state": state} if state else {})}
         started = time.perf_counter()
         rounds = 0
         while rounds < 200 and time.perf_counter() - started < 2.0:
-            page = e.apply(cmd, now)
+            page = e.apply(cmd, now).result
             rounds += 1
         took = (time.perf_counter() - started) / rounds
         assert len(page["jobs"]) == 50

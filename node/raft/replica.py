@@ -30,13 +30,14 @@ import logging
 import os
 import pickle
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ..state import PartitionEngine
+from ..state import EVENTS_MAX, Event, PartitionEngine
 from ..state._segments import ack_run_of, split_plain
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
@@ -205,6 +206,10 @@ class PartitionReplica(HookedSyncObj):
         self.scheduler = scheduler
         #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
+        #: Set by the node: False while nobody listens to job events (the engine then skips them).
+        self.record_events = True
+        #: Job events of applied batches while leading, until the node takes them (bounded).
+        self.events: deque[Event] = deque(maxlen=EVENTS_MAX)
         #: Set by the node: called on the loop when this replica stops leading its partition.
         self.on_leadership_lost: Callable[[int], None] | None = None
         self.applied_batches = 0
@@ -365,11 +370,16 @@ class PartitionReplica(HookedSyncObj):
     def apply_batch(self, now_ms: int, commands: list[dict[str, Any]]) -> BatchResult:
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
-        engine = self.engine
-        engine.replies = self.is_leader()
+        apply = self.engine.apply
+        leader = self.is_leader()
+        record = leader and self.record_events
+        events = self.events
         for cmd in commands:
             try:
-                results.append(engine.apply(cmd, now_ms))
+                applied = apply(cmd, now_ms, replies=leader, events=record)
+                results.append(applied.result)
+                if applied.events:
+                    events.extend(applied.events)
             except CommandError as exc:
                 results.append(exc)
             except Exception as exc:  # an engine bug must not kill the replica or diverge silently
@@ -552,8 +562,13 @@ class PartitionReplica(HookedSyncObj):
 
     def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """Answer a read-only command from the applied state."""
-        self.engine.replies = True
-        return self.engine.apply(cmd, now_ms)
+        return self.engine.apply(cmd, now_ms, events=False).result
+
+    def take_events(self) -> list[Event]:
+        """The job events applied since the last call, oldest first."""
+        out = list(self.events)
+        self.events.clear()
+        return out
 
     def has_ready(self, queue: str) -> bool:
         return self.engine.has_ready(queue)

@@ -1,6 +1,52 @@
-"""The deterministic queue engine (no I/O, no clock, no randomness): see ``_core``'s docstring."""
+"""The deterministic queue engine: every queue model of Shoal on one state machine per partition.
 
-from ._core import DEFAULTS, QUEUE_PRESETS, Job, PartitionEngine
+Theory of operation
+-------------------
+A :class:`PartitionEngine` holds every queue of one partition. It is driven only by
+:meth:`PartitionEngine.apply`: a validated command dict and the leader's clock stamp
+``now_ms`` in, an :class:`Applied` (the reply fields and the job events the command
+caused, as plain tuples) out, or a ``CommandError``. It never reads a clock, draws a
+random number or does I/O, so replicas that apply the same commands hold identical state
+(equal :meth:`~PartitionEngine.digest`). ``apply(..., replies=False, events=False)`` is
+what a follower uses: the same state change without building a reply or events that
+nobody reads.
+
+Jobs are ``__slots__`` objects (raw MessagePack data bytes, no dict per job) indexed by
+their partition sequence number. A job's state is one of ``waiting`` (tarantool ``r``),
+``delayed`` (``~``), ``active`` (``t``, leased), ``completed`` (``-``) and ``failed``
+(``!``, buried / dead-lettered); every move between them, a segment slot's included, is
+allowed by the one table in :mod:`._transitions`.
+
+Per-operation costs stay O(log n) with heaps and lazy deletion: a queue keeps a ready
+heap of ``(priority, seq)`` for jobs without a group and, for groups (utube), one
+seq-heap per group plus a heap of eligible group heads, so a pull from a queue with
+100,000 groups is a heap pop. The partition keeps heaps of delayed run times, lease
+deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry
+happens lazily when a pull applies and in the leader's periodic ``_Tick`` command.
+
+Bulk ingest: a ``PUSHB`` whose items carry only ``data`` is stored as one
+:class:`~._segments.Segment` (a list of data bytes) with one ready-heap entry pointing at
+its lowest untaken job; a pull leases a segment's consecutive jobs as one run, and an
+``ACKB`` of that run completes it slice by slice. A segment's job becomes a ``Job``
+object ("materialized") when a command names it. Materializing changes the
+representation, never the state: snapshots, digests and listings see every job in seq
+order either way.
+
+Every command is atomic: it checks everything that can fail before it changes
+anything, so a refused command leaves no trace.
+
+Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
+``_model`` (Job, Queue, defaults, presets), ``_store`` (lookup, materializing, listings),
+``_ready`` (what a pull takes next), ``_moves`` (state moves, removal, history trimming),
+``_push``, ``_pull``, ``_ack`` (ack/fail/retry and leases), ``_timers`` (expiry, cron,
+``_Tick``), ``_control`` (per-job and per-queue commands, log queues), ``_reads``,
+``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the state diagram) and
+``_engine`` (``PartitionEngine.apply``).
+"""
+
+from ._engine import Applied, PartitionEngine, event_dicts
+from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
-__all__ = ["PartitionEngine", "Job", "DEFAULTS", "QUEUE_PRESETS", "STATES", "TRANSITIONS", "TARANTOOL_CODES"]
+__all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
+           "STATES", "TRANSITIONS", "TARANTOOL_CODES"]

@@ -1,7 +1,10 @@
-"""The job state diagram (tarantool queue, seed 002, plus FAIL with retries) as one table.
+"""The job state diagram (tarantool's queue states, plus FAIL with retries) as one table.
 
+    (new)        --push--------------------> waiting (r)
+    (new)        --push with a delay-------> delayed (~)
     waiting  (r) --pull--------------------> active (t)
     waiting  (r) --bury--------------------> failed (!)
+    waiting  (r) --move to delayed---------> delayed (~)
     delayed  (~) --due / promote-----------> waiting (r)
     delayed  (~) --bury--------------------> failed (!)
     active   (t) --ack---------------------> completed (-)
@@ -10,19 +13,26 @@
                    with attempts left------> delayed (~)
     active   (t) --fail, no attempts left /
                    bury / max deliveries---> failed (!)
-    waiting  (r) --move to delayed---------> delayed (~)
     failed   (!) --kick / retry DLQ--------> waiting (r)
     completed(-) --retry completed---------> waiting (r)
+    any state    --cancel, drain, clean,
+                   TTL, trim, purge--------> (removed)
 
-Removal (cancel, drain, clean, TTL, purge, obliterate) is not a state: the job is gone.
+``(new)`` and ``(removed)`` are not states a job is in: the job does not exist yet or any
+more. Every move of a job, a segment slot's included, is checked against
+:data:`TRANSITIONS`; a move the table lacks is an engine bug and fails loudly with
+``INTERNAL`` before anything changes. A move whose both ends are fixed where it is made
+(a push making a waiting job) is checked once when its module loads; a move from a job's
+current state is checked each time. A new state is one entry in :data:`STATES` and
+:data:`TARANTOOL_CODES` plus its moves here.
 """
 
 from __future__ import annotations
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "STATES", "TRANSITIONS", "TARANTOOL_CODES",
-           "check_transition"]
+__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "NEW", "REMOVED", "STATES", "TRANSITIONS",
+           "TARANTOOL_CODES", "check_transition"]
 
 WAITING = "waiting"
 DELAYED = "delayed"
@@ -30,19 +40,38 @@ ACTIVE = "active"
 COMPLETED = "completed"
 FAILED = "failed"
 STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED)
+#: Pseudo-states at the two ends of a job's life (never a job's ``state``).
+NEW = "new"
+REMOVED = "removed"
 #: tarantool's one-letter task states.
 TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!"}
 
-TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
-    (WAITING, ACTIVE), (WAITING, FAILED), (WAITING, DELAYED),
-    (DELAYED, WAITING), (DELAYED, FAILED),
-    (ACTIVE, COMPLETED), (ACTIVE, WAITING), (ACTIVE, DELAYED), (ACTIVE, FAILED),
-    (FAILED, WAITING),
-    (COMPLETED, WAITING),
-})
+#: Every allowed move, named by what causes it.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (NEW, WAITING): "push",
+    (NEW, DELAYED): "push with a delay",
+    (WAITING, ACTIVE): "pull",
+    (WAITING, FAILED): "bury",
+    (WAITING, DELAYED): "move to delayed",
+    (DELAYED, WAITING): "due or promoted",
+    (DELAYED, FAILED): "bury",
+    (ACTIVE, COMPLETED): "ack",
+    (ACTIVE, WAITING): "release or lease lapse",
+    (ACTIVE, DELAYED): "release with a delay, or fail with attempts left",
+    (ACTIVE, FAILED): "fail, bury or too many deliveries",
+    (FAILED, WAITING): "kick or retry from the DLQ",
+    (COMPLETED, WAITING): "retry completed",
+    **{(state, REMOVED): "removed" for state in STATES},
+}
+
+
+#: The same moves by where they start: a check builds no tuple.
+_NEXT: dict[str, frozenset[str]] = {
+    state: frozenset(new for prev, new in TRANSITIONS if prev == state) for state in (NEW, *STATES)}
+_NOWHERE: frozenset[str] = frozenset()
 
 
 def check_transition(prev: str, new: str) -> None:
-    """Refuse a move the diagram does not allow (a bug guard: commands check states first)."""
-    if (prev, new) not in TRANSITIONS:
-        raise CommandError(ErrorCode.INVALID_STATE, f"a job cannot go from {prev} to {new}")
+    """Refuse a move the table does not allow: an engine bug, since commands check states first."""
+    if new not in _NEXT.get(prev, _NOWHERE):
+        raise CommandError(ErrorCode.INTERNAL, f"internal error: a job cannot go from {prev} to {new}")

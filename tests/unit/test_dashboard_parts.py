@@ -25,7 +25,7 @@ class Replica:
     def read(self, cmd: dict[str, Any], now: int) -> dict[str, Any]:
         if self.broken:
             raise RuntimeError("restoring")
-        return self.engine.apply(cmd, now)
+        return self.engine.apply(cmd, now).result
 
 
 class Node:
@@ -52,7 +52,7 @@ def test_sampler_history_rates_and_a_zero_baseline_for_new_queues() -> None:
         node.now += 1_000
         if step == 2:
             for _ in range(4):
-                job = engine.apply({"cmd": "PULL", "queue": "q"}, node.now)["job"]
+                job = engine.apply({"cmd": "PULL", "queue": "q"}, node.now).result["job"]
                 engine.apply({"cmd": "ACK", "id": job["id"]}, node.now)
         sampler.sample()
     h = sampler.history("q")

@@ -19,7 +19,7 @@ def test_list_queues_merges_pages_of_every_partition() -> None:
 
     async def fan_out(frame: dict[str, Any]) -> dict[int, dict[str, Any]]:
         calls.append(frame)
-        return {p: e.apply({**frame, "limit": 4}, 1) for p, e in enumerate(engines)}  # pages of 4
+        return {p: e.apply({**frame, "limit": 4}, 1).result for p, e in enumerate(engines)}  # pages of 4
 
     client.fan_out = fan_out  # type: ignore[method-assign]  # the engines answer in place of nodes
     assert asyncio.run(client.list_queues()) == names

@@ -12,7 +12,7 @@ from shoal.node.state import QUEUE_PRESETS, PartitionEngine
 
 
 def run(engine: PartitionEngine, cmd: dict[str, Any], now: int = 1_000) -> dict[str, Any]:
-    return engine.apply(cmd, now)
+    return engine.apply(cmd, now).result
 
 
 @pytest.mark.parametrize("qtype", sorted(QUEUE_PRESETS))

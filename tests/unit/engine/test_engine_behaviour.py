@@ -14,7 +14,7 @@ from shoal.node.state import PartitionEngine
 
 
 def run(engine: PartitionEngine, cmd: dict[str, Any], now: int = 1_000) -> dict[str, Any]:
-    return engine.apply(cmd, now)
+    return engine.apply(cmd, now).result
 
 
 def random_commands(seed: int, count: int) -> list[tuple[dict[str, Any], int]]:
@@ -57,7 +57,7 @@ def feed(engine: PartitionEngine, commands: list[tuple[dict[str, Any], int]]) ->
     replies: list[Any] = []
     for cmd, now in commands:
         try:
-            replies.append(unraw(engine.apply(dict(cmd), now)))
+            replies.append(unraw(engine.apply(dict(cmd), now).result))
         except CommandError as exc:
             replies.append(exc.code.value)
     return replies
@@ -476,7 +476,7 @@ def test_getjobs_pages_match_a_full_listing(seed: int, offset: int, limit: int) 
             cmd: dict[str, Any] = {"cmd": "GetJobs", "queue": queue, "offset": offset, "limit": limit}
             if state:
                 cmd["state"] = state
-            got = e.apply(cmd, 10**9)
+            got = e.apply(cmd, 10**9).result
             every = [j for j in e._all_jobs() if j.queue == queue and (state is None or j.state == state)]
             assert [j["id"] for j in got["jobs"]] == [f"0-{j.seq}" for j in every[offset:offset + limit]]
             assert unraw(got["jobs"]) == unraw([e.wire_job(j) for j in every[offset:offset + limit]])

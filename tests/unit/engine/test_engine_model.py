@@ -75,7 +75,7 @@ class EngineVsModel(RuleBasedStateMachine):
 
     def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self.engine.apply(cmd, self.model.now)
+            return self.engine.apply(cmd, self.model.now).result
         finally:
             if cmd["cmd"] not in ("GetJob", "GetJobCounts"):
                 try:

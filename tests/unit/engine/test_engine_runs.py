@@ -89,7 +89,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
         """Apply to both engines: the same reply or the same refusal, and equal snapshots."""
         now = self.model.now
         try:
-            reply = self.engine.apply(cmd, now)
+            reply = self.engine.apply(cmd, now).result
         except CommandError as exc:
             try:
                 self.reference.apply(reference or cmd, now)
@@ -98,7 +98,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"only the engine under test refused {cmd['cmd']}: {exc}")
             raise
-        ref_reply = self.reference.apply(reference or cmd, now)
+        ref_reply = self.reference.apply(reference or cmd, now).result
         assert reply == ref_reply, f"{cmd['cmd']}: {reply} != {ref_reply}"
         assert self.engine.digest() == self.reference.digest(), f"snapshots differ after {cmd['cmd']}"
         return reply
@@ -263,7 +263,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
     @rule(data=st.data())
     def read_one(self, data: st.DataObject) -> None:
         seq = data.draw(st.sampled_from(sorted(self.model.jobs)))
-        job = self.engine.apply({"cmd": "GetJob", "id": f"0-{seq}"}, self.model.now)["job"]
+        job = self.engine.apply({"cmd": "GetJob", "id": f"0-{seq}"}, self.model.now).result["job"]
         assert job is not None and job["id"] == f"0-{seq}"
         assert self.engine.digest() == self.reference.digest(), "a read changed the snapshot"
 
@@ -285,7 +285,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
 
     @invariant()
     def counts_agree(self) -> None:
-        got = self.engine.apply({"cmd": "GetJobCounts", "queue": "q"}, self.model.now)["counts"]
+        got = self.engine.apply({"cmd": "GetJobCounts", "queue": "q"}, self.model.now).result["counts"]
         assert got == self.model.counts()
 
     @invariant()

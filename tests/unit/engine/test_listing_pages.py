@@ -17,19 +17,19 @@ def test_list_queues_pages_in_name_order() -> None:
     for _ in range(10):
         cmd = {"cmd": "ListQueues", "limit": 10, **({"after": after} if after else {})}
         validate(cmd)
-        page = e.apply(cmd, 1_000)
+        page = e.apply(cmd, 1_000).result
         seen += page["queues"]
         if not page["more"]:
             break
         after = page["queues"][-1]
     assert seen == names
-    assert e.apply({"cmd": "ListQueues"}, 1_000) == {"queues": names, "more": False}
+    assert e.apply({"cmd": "ListQueues"}, 1_000).result == {"queues": names, "more": False}
 
 
 def test_cron_list_is_bounded() -> None:
     e = PartitionEngine(0)
     for i in range(5):
         e.apply({"cmd": "Cron", "name": f"c{i}", "queue": "q", "repeatEvery": 60_000}, 1_000)
-    page = e.apply({"cmd": "CronList", "limit": 2}, 1_000)
+    page = e.apply({"cmd": "CronList", "limit": 2}, 1_000).result
     assert len(page["crons"]) == 2 and page["more"] is True
-    assert len(e.apply({"cmd": "CronList"}, 1_000)["crons"]) == 5
+    assert len(e.apply({"cmd": "CronList"}, 1_000).result["crons"]) == 5

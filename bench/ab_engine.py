@@ -1,0 +1,125 @@
+"""Interleaved A/B of the engine's hot paths against another git revision, in CPU time per job.
+
+    python bench/ab_engine.py BASE_REV [--rounds 9]
+
+Loads ``node/state`` of ``BASE_REV`` (``git archive``) beside the working tree's engine in
+one process and runs the same workloads on each, alternating A and B (and which goes first)
+every round; prints the median CPU microseconds per job of each. One process and short
+alternating rounds keep both sides under the same load on a shared machine; the figures are
+process CPU time (``time.process_time``), not wall time. Both engines use this tree's
+``shoal.cluster``. The workloads are ``bench_engine.py``'s: PUSH, PULL+ACK, PUSHB (100 per
+batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from shoal.cluster.codec import Raw
+import shoal.node.state as tree_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Raw(b"\xc4\x64" + b"x" * 100)  # a 100-byte bin payload, as a client would send it
+NOW = 1_000
+clock = time.process_time
+
+
+def result(reply: Any) -> dict[str, Any]:
+    """The reply fields: older engines answer a dict, newer ones ``Applied(result, events)``."""
+    return getattr(reply, "result", reply)
+
+
+def push_pull(engine: Any, n: int = 20_000) -> dict[str, float]:
+    t = clock()
+    for _ in range(n):
+        engine.apply({"cmd": "PUSH", "queue": "q", "data": DATA}, NOW)
+    push_s = clock() - t
+    t = clock()
+    for _ in range(n):
+        r = result(engine.apply({"cmd": "PULL", "queue": "q", "_session": "s"}, NOW))
+        engine.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
+    return {"PUSH": push_s / n, "PULL+ACK": (clock() - t) / n}
+
+
+def batches(engine: Any, n: int = 100_000, size: int = 100) -> dict[str, float]:
+    batch = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": DATA} for _ in range(size)]}
+    t = clock()
+    for _ in range(n // size):
+        engine.apply(batch, NOW)
+    push_s = clock() - t
+    t = clock()
+    done = 0
+    while done < n:
+        r = result(engine.apply({"cmd": "PULLB", "queue": "q", "count": size, "_session": "s"}, NOW))
+        if not r["jobs"]:
+            break
+        engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, NOW)
+        done += len(r["jobs"])
+    return {"PUSHB": push_s / n, "PULLB+ACKB": (clock() - t) / max(done, 1)}
+
+
+def utube(engine: Any, groups: int = 10_000) -> dict[str, float]:
+    engine.apply({"cmd": "CreateQueue", "queue": "u", "type": "utube"}, NOW)
+    t = clock()
+    for g in range(groups):
+        engine.apply({"cmd": "PUSH", "queue": "u", "data": DATA, "group": f"g{g}"}, NOW)
+    put_s = clock() - t
+    t = clock()
+    for _ in range(groups):
+        r = result(engine.apply({"cmd": "PULL", "queue": "u", "_session": "s"}, NOW))
+        engine.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
+    return {"utube put": put_s / groups, "utube take+ack": (clock() - t) / groups}
+
+
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube]
+
+
+def load_base(rev: str, into: Path) -> ModuleType:
+    """``node/state`` of ``rev`` as the package ``shoal_engine_base``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "node/state"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    state = into / "node" / "state"
+    spec = importlib.util.spec_from_file_location("shoal_engine_base", state / "__init__.py",
+                                                  submodule_search_locations=[str(state)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shoal_engine_base"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", help="the revision to compare with (A); B is the working tree")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = load_base(args.base, Path(tmp))
+        sides = {"A": base.PartitionEngine, "B": tree_engine.PartitionEngine}
+        per_job: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
+        for i in range(args.rounds):
+            order = ("A", "B") if i % 2 == 0 else ("B", "A")
+            for label in order:
+                for workload in WORKLOADS:
+                    for key, seconds in workload(sides[label](0)).items():
+                        per_job[label].setdefault(key, []).append(seconds)
+    print(f"median CPU us per job over {args.rounds} interleaved rounds (A = {args.base}, B = working tree)")
+    for key in per_job["A"]:
+        a = statistics.median(per_job["A"][key]) * 1e6
+        b = statistics.median(per_job["B"][key]) * 1e6
+        print(f"  {key:15s} A {a:7.2f} us   B {b:7.2f} us   B/A {b / a:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

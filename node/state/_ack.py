@@ -1,0 +1,238 @@
+"""ACK, ACKB (runs of segment jobs included), FAIL, Release, Bury, Kick and the lease commands."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from shoal.cluster.codec import Raw
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ._model import Job, Queue, pack
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
+from ._store import Store
+from ._transitions import ACTIVE, COMPLETED, FAILED, check_transition
+
+__all__ = ["AckOps"]
+
+
+class AckOps(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def _op_ACK(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        result = cmd.get("result")
+        if result is not None:
+            job.result = result.packed if type(result) is Raw else pack(result)
+        self._count(q, "ACK")
+        self._complete(q, job)
+        return {}
+
+    def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        if "_ackRun" in cmd:
+            # The leader looked (replica.propose): a consecutive batch in its compact form, or None.
+            run = cmd["_ackRun"]
+        elif not cmd.get("results") and self.segments:
+            run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
+        else:
+            run = None
+        if run is not None:
+            done = self._ack_run(*run) if self.segments else 0
+            if done:
+                return {"count": done}
+            if "ids" not in cmd:
+                cmd = _ack_of_run(self.partition, run)  # the batch it stands for, with its errors
+        ids = cmd["ids"]
+        tokens = cmd.get("tokens") or [None] * len(ids)
+        results = cmd.get("results") or [None] * len(ids)
+        # Per id: its Job, or the slot (segment, index) of a leased segment job acked without
+        # a result, which completes in place (no object is made for it).
+        targets: list[Any] = []
+        find, all_jobs, segments = self._job, self.jobs, self.segments
+        prefix = f"{self.partition}-"
+        token_prefix = f"{self.partition}."
+        cut = len(prefix)
+        seg: Segment | None = None  # the segment of the previous slot
+        for job_id, token, result in zip(ids, tokens, results):   # check all first: the batch is atomic
+            # A validated id of this partition: the seq is the digits after the prefix. Anything
+            # else (another partition, a bad id) takes ``_job`` and its errors.
+            tail = job_id[cut:] if job_id.startswith(prefix) else ""
+            seq = int(tail) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else 0
+            job = all_jobs.get(seq) if seq else None
+            if job is None and seq and segments and result is None:
+                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                    seg = segments.find(seq)
+                if seg is not None:
+                    i = seq - seg.first
+                    if (seg.states[i] == SLOT_ACTIVE
+                            and (token is None or str(token) == token_prefix + str(seg.lease_nos[i]))):
+                        targets.append((seg, i))
+                        continue
+            if job is None:
+                job = find(job_id)
+            if job.state != ACTIVE or (token is not None and str(token) != job.token):
+                self._require_active(job, {"token": token})  # raises the precise error
+            targets.append(job)
+        if len({t.seq if type(t) is Job else t[0].first + t[1] for t in targets}) != len(targets):
+            raise CommandError(ErrorCode.INVALID, "ids: the same job appears twice")
+        queues = self.queues
+        touched: dict[str, Queue] = {}
+        q = None
+        complete = self._complete
+        for target, result in zip(targets, results):
+            if type(target) is Job:
+                if q is None or q.name != target.queue:
+                    q = touched[target.queue] = queues[target.queue]
+                if result is not None:
+                    target.result = result.packed if type(result) is Raw else pack(result)
+                q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
+                complete(q, target, trim=False)
+                continue
+            seg, i = target
+            if q is None or q.name != seg.queue:
+                q = touched[seg.queue] = queues[seg.queue]
+            self._complete_slots(q, seg, i, 1)
+        for q in touched.values():
+            if len(q.history) > q.opts["historyMax"]:
+                self._trim_history(q)  # once per batch: the same jobs go as trimming after each ack
+        return {"count": len(targets)}
+
+    def _ack_run(self, first: int, k: int, lease: int) -> int:
+        """ACKB of one segment's consecutive leased jobs ``first .. first+k-1`` (``ack_run_of``),
+        their leases numbered from ``lease`` (-1: no tokens given).
+
+        Checks and completes the run slice by slice: the same outcome as acking the jobs
+        one by one. Returns 0, having changed nothing, when the jobs are not that run
+        (the general path then handles the batch, errors included).
+        """
+        seg = self.segments.find(first)
+        if seg is None:
+            return 0
+        i = first - seg.first
+        end = i + k
+        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
+            return 0
+        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
+            return 0
+        q = self.queues[seg.queue]
+        self._complete_slots(q, seg, i, k)
+        if len(q.history) > q.opts["historyMax"]:
+            self._trim_history(q)
+        return k
+
+    def _complete_slots(self, q: Queue, seg: Segment, i: int, k: int) -> None:
+        """ACKB's completion of leased slots ``i .. i+k-1`` of ``seg``, without a result: the
+        steps of ``_complete`` (lease ended, completed, into the history) done slice by slice.
+        The caller checked them and trims the history."""
+        check_transition(ACTIVE, COMPLETED)  # the callers found the slots active
+        end = i + k
+        first = seg.first + i
+        seqs = range(first, first + k)
+        seg.states[i:end] = bytes([SLOT_COMPLETED]) * k
+        seg.finished[i:end] = [self.now_ms] * k
+        sessions = self.sessions
+        for session in set(seg.sessions[i:end]):
+            if session is not None:
+                leased = sessions.get(session)
+                if leased is not None:
+                    pop = leased.pop
+                    for seq in seqs:
+                        pop(seq, None)
+                    if not leased:
+                        del sessions[session]
+        seg.sessions[i:end] = [None] * k
+        counts = q.counts
+        counts[ACTIVE] -= k
+        counts[COMPLETED] += k
+        events = self._events
+        if events is not None:
+            name = q.name
+            events.extend([(name, seq, COMPLETED, ACTIVE) for seq in seqs])
+        q.history.extend(seqs)
+        q.totals["completed"] += k
+        q.calls["ACKB"] = q.calls.get("ACKB", 0) + k
+
+    def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, "FAIL")
+        job.error = cmd.get("error") or "failed"
+        if job.attempts < job.max_attempts:
+            delay = cmd.get("delay")
+            if delay is None:
+                delay = job.backoff_ms * (2 ** max(0, job.attempts - 1))
+            q.totals["retried"] += 1
+            self._to_waiting(q, job, delay)
+        else:
+            self._finish(q, job, FAILED)
+        return {"state": job.state}
+
+    def _op_Release(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, "Release")
+        self._to_waiting(q, job, cmd.get("delay") or 0)
+        return {"state": job.state}
+
+    def _op_Bury(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        if job.state in (COMPLETED, FAILED):
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already {job.state}")
+        q = self.queues[job.queue]
+        self._count(q, "Bury")
+        if cmd.get("error"):
+            job.error = cmd["error"]
+        self._finish(q, job, FAILED)
+        return {}
+
+    def _op_Kick(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "Kick")
+        return {"count": self._retry_dlq(q, list(q.dlq)[:cmd["count"]], reset=False)}
+
+    def _touch(self, cmd: dict[str, Any], ttr_ms: int | None) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._require_active(job, cmd)
+        q = self.queues[job.queue]
+        self._count(q, cmd["cmd"])
+        job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms)
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
+        return {"deadline": job.lease_deadline_ms}
+
+    def _op_Touch(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return self._touch(cmd, cmd["ttr"])
+
+    def _op_JobHeartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        return self._touch(cmd, cmd.get("ttr"))
+
+    def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "ReleaseAll")
+        self._materialize_active(q)
+        active = [j for j in self.jobs.values() if j.queue == q.name and j.state == ACTIVE]
+        for job in active:
+            self._to_waiting(q, job)
+        return {"count": len(active)}
+
+    def _op_ReleaseSession(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        seqs = list(self.sessions.get(cmd["session"], ()))
+        for seq in seqs:
+            job = self._get(seq)
+            if job is not None and job.state == ACTIVE and job.session == cmd["session"]:
+                self._to_waiting(self.queues[job.queue], job)
+        self.sessions.pop(cmd["session"], None)
+        return {"count": len(seqs)}
+
+
+def _ack_of_run(partition: int, run: tuple[int, int, int]) -> dict[str, Any]:
+    """The ACKB that ``ack_run_of`` turned into ``run``."""
+    first, k, lease = run
+    cmd: dict[str, Any] = {"cmd": "ACKB", "ids": [f"{partition}-{s}" for s in range(first, first + k)]}
+    if lease >= 0:
+        cmd["tokens"] = [f"{partition}.{n}" for n in range(lease, lease + k)]
+    return cmd

@@ -1,0 +1,215 @@
+"""Commands on one job (cancel, promote, progress, logs) and on a whole queue (create, pause, drain, clean,
+retry, purge), and log queues (Truncate, Read)."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from shoal.cluster.codec import Raw
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue
+from ._store import Store
+from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+
+__all__ = ["ControlOps"]
+
+
+class ControlOps(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def _op_Cancel(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        if job.state == ACTIVE:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is active; fail or release it first")
+        q = self.queues[job.queue]
+        self._count(q, "Cancel")
+        self._remove(q, job)
+        return {}
+
+    def _op_Promote(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        if job.state != DELAYED:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is {job.state}, not delayed")
+        q = self.queues[job.queue]
+        self._count(q, "Promote")
+        self._to_waiting(q, job)
+        return {}
+
+    def _op_MoveToDelayed(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        if job.state not in (WAITING, ACTIVE, DELAYED):
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is {job.state}")
+        q = self.queues[job.queue]
+        self._count(q, "MoveToDelayed")
+        if job.state == DELAYED:
+            job.run_at_ms = self.now_ms + cmd["delay"]
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        else:
+            self._to_waiting(q, job, max(1, cmd["delay"]))
+        return {}
+
+    def _op_Progress(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        self._check_token(job, cmd)
+        job.progress = cmd["progress"]
+        if cmd.get("message") is not None:
+            job.message = cmd["message"]
+        self._count(self.queues[job.queue], "Progress")
+        if self._events is not None:
+            self._events.append((job.queue, job.seq, "progress", job.progress))
+        return {}
+
+    def _op_AddLog(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        logs = job.logs if job.logs is not None else []
+        logs.append((self.now_ms, cmd["message"]))
+        if len(logs) > JOB_LOGS_MAX:
+            del logs[0]  # bounded: the oldest line goes
+        job.logs = logs
+        self._count(self.queues[job.queue], "AddLog")
+        return {"count": len(logs)}
+
+    def _op_CreateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = cmd["queue"]
+        qtype = cmd.get("type") or "standard"
+        opts = {k: v for k, v in (cmd.get("options") or {}).items() if v is not None and k in DEFAULTS}
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.type != qtype:
+                raise CommandError(ErrorCode.INVALID, f"type: queue {name!r} exists as {existing.type}")
+            existing.opts.update(opts)
+            return {"created": False}
+        self.queues[name] = Queue(name, qtype, opts)
+        return {"created": True}
+
+    def _op_Pause(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        q.paused = True
+        return {}
+
+    def _op_Resume(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"], create=True)
+        q.paused = False
+        return {}
+
+    def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
+                      limit: int | None = None) -> int:
+        victims = []
+        for job in self._all_jobs():
+            if job.queue != q.name or job.state not in states:
+                continue
+            stamp = job.finished_ms or job.created_ms
+            if older_than_ms is not None and stamp > older_than_ms:
+                continue
+            victims.append(job.seq)
+            if limit is not None and len(victims) >= limit:
+                break
+        for seq in victims:
+            self._remove(q, self._get(seq))  # type: ignore[arg-type]
+        return len(victims)
+
+    def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        self._count(q, "Drain")
+        return {"count": self._remove_where(q, (WAITING, DELAYED))}
+
+    def _op_Clean(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        state = cmd.get("state") or COMPLETED
+        if state == ACTIVE:
+            raise CommandError(ErrorCode.INVALID, "state: active jobs cannot be cleaned (release them first)")
+        self._count(q, "Clean")
+        return {"count": self._remove_where(q, (state,), self.now_ms - cmd["grace"], cmd.get("limit"))}
+
+    def _op_Obliterate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self.queues.get(cmd["queue"])
+        if q is None:
+            return {}
+        self._remove_where(q, STATES)
+        self.crons = {n: c for n, c in self.crons.items() if c["queue"] != q.name}
+        del self.queues[q.name]
+        return {}
+
+    def _retry_dlq(self, q: Queue, seqs: list[int], reset: bool) -> int:
+        for seq in seqs:
+            job = self.jobs[seq]
+            q.dlq.pop(seq, None)
+            if reset:
+                job.attempts = 0
+            job.error = None
+            job.finished_ms = 0
+            self._to_waiting(q, job)
+        return len(seqs)
+
+    def _op_RetryDlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if cmd.get("id") is not None:
+            job = self._job(cmd["id"])
+            if job.queue != q.name or job.state != FAILED:
+                raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not in {q.name}'s DLQ")
+            seqs = [job.seq]
+        else:
+            seqs = list(q.dlq)
+        self._count(q, "RetryDlq")
+        return {"count": self._retry_dlq(q, seqs, reset=True)}
+
+    def _op_RetryCompleted(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if cmd.get("id") is not None:
+            job = self._job(cmd["id"])
+            if job.queue != q.name or job.state != COMPLETED:
+                raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not completed in {q.name}")
+            seqs = [job.seq]
+        else:
+            seqs = [s for s in q.history if (j := self._get(s)) is not None and j.state == COMPLETED]
+        for seq in seqs:
+            job = self.jobs[seq]
+            job.attempts = 0
+            job.result = None
+            job.finished_ms = 0
+            self._to_waiting(q, job)
+        self._count(q, "RetryCompleted")
+        return {"count": len(seqs)}
+
+    def _op_PurgeDlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        seqs = list(q.dlq)
+        for seq in seqs:
+            self._remove(q, self.jobs[seq])
+        self._count(q, "PurgeDlq")
+        return {"count": len(seqs)}
+
+    def _op_Truncate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if q.type != "log":
+            count = self._remove_where(q, (WAITING, DELAYED, COMPLETED, FAILED))  # tarantool truncate
+            return {"count": count}
+        before, tag = cmd.get("beforeSeq"), cmd.get("tag")
+        victims = [s for s, (_, t, _) in q.log.items()
+                   if (before is not None and s < before) or (tag is not None and t == tag)]
+        if before is None and tag is None:
+            victims = list(q.log)
+        for s in victims:
+            del q.log[s]
+        self._count(q, "Truncate")
+        return {"count": len(victims)}
+
+    def _op_Read(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        if q.type != "log":
+            raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is not a log queue")
+        limit = cmd.get("limit") or PAGE_DEFAULT
+        records = []
+        seq = max(1, cmd["fromSeq"])
+        while seq < q.log_next and len(records) < limit:
+            rec = q.log.get(seq)
+            if rec is not None:
+                item: dict[str, Any] = {"seq": seq, "data": Raw(rec[0]), "createdAt": rec[2]}
+                if rec[1] is not None:
+                    item["tag"] = rec[1]
+                records.append(item)
+            seq += 1
+        return {"records": records, "next": seq}

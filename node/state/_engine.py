@@ -1,0 +1,100 @@
+"""``PartitionEngine``: the mixins of each concern over one :class:`~._store.Store`, and ``apply``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from shoal.cluster.commands import READ_COMMANDS
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ._ack import AckOps
+from ._control import ControlOps
+from ._model import Event
+from ._moves import Moves
+from ._pull import PullOps
+from ._push import PushOps
+from ._reads import ReadOps
+from ._ready import ReadyIndex
+from ._snapshot import SnapshotOps
+from ._timers import TimerOps
+
+__all__ = ["PartitionEngine", "Applied", "event_dicts"]
+
+_NO_EVENTS: tuple[Event, ...] = ()  # ``apply`` with ``events=False`` answers it (immutable: shared)
+_new_tuple = tuple.__new__
+
+
+class Applied(NamedTuple):
+    """What one command did: its reply fields and the job events it caused, in order."""
+
+    result: dict[str, Any]
+    events: Sequence[Event]
+
+
+class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
+    """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
+
+    def __init__(self, partition: int) -> None:
+        super().__init__(partition)
+        self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
+
+    def apply(self, cmd: dict[str, Any], now_ms: int, *, replies: bool = True, events: bool = True) -> Applied:
+        """Apply one validated command; return its reply and events, or raise ``CommandError``.
+
+        ``replies`` False: build no reply contents (a follower's replies are never read; ids
+        and jobs are left out, the state is the same). ``events`` False: collect no events
+        (nobody listens). The partition clock only moves when a write succeeds: reads are
+        served by the leader alone and a refused command must leave no trace, or replicas
+        would differ.
+        """
+        name = cmd["cmd"]
+        handler = self._handlers.get(name.lstrip("_") if name[0] == "_" else name)
+        if handler is None:
+            raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"the engine does not handle {name!r}")
+        before = self.now_ms
+        if now_ms > before:
+            self.now_ms = now_ms
+        self._replies = replies
+        out = self._events = [] if events else None
+        try:
+            reply = handler(cmd)
+        except BaseException:
+            self.now_ms = before
+            raise
+        if name in READ_COMMANDS:
+            self.now_ms = before
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function, a cost on every command
+        return _new_tuple(Applied, (reply, _NO_EVENTS if out is None else out))
+
+    def has_ready(self, queue: str) -> bool:
+        """True when a pull on ``queue`` would get a job now."""
+        q = self.queues.get(queue)
+        if q is None or q.paused or q.type == "log":
+            return False
+        if self.delayed and self.delayed[0][0] <= self.now_ms:
+            return True  # a due delayed job may belong to it; the pull promotes it
+        return self._peek_ready(q) is not None
+
+    def next_due_ms(self) -> int | None:
+        """Earliest time a delayed job, lease, TTL or cron becomes due."""
+        due = [h[0][0] for h in (self.delayed, self.leases, self.ttls) if h]
+        due += [c["nextRunAt"] for c in self.crons.values()]
+        if self.idempotency_order:
+            due.append(self.idempotency_order[0][0])
+        return min(due) if due else None
+
+    def queue_names(self) -> list[str]:
+        """Names of this partition's queues, sorted."""
+        return sorted(self.queues)
+
+
+def event_dicts(partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """``events`` of ``partition`` in the form the node publishes to subscribers."""
+    out = []
+    for queue, seq, state, prev in events:
+        if state == "progress":
+            out.append({"event": "progress", "queue": queue, "id": f"{partition}-{seq}", "progress": prev})
+        else:
+            out.append({"event": "job", "queue": queue, "id": f"{partition}-{seq}", "state": state, "prev": prev})
+    return out

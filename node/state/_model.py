@@ -1,0 +1,176 @@
+"""The engine's values: a job, a queue's settings and indexes, defaults, presets and limits."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgpack
+
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment
+from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+
+__all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event"]
+
+
+#: Defaults for a queue created by its first PUSH ("standard") and for presets.
+DEFAULTS: dict[str, Any] = {
+    "ttr": 30_000, "ttl": 0, "capacity": 0, "maxDeliveries": 10, "attempts": 1, "backoff": 1_000,
+    "historyMax": 10_000, "historyAgeMs": 24 * 3600 * 1000,
+}
+#: tarantool's queue types as presets: which job options each honours.
+QUEUE_PRESETS: dict[str, dict[str, bool]] = {
+    "standard":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": True},
+    "fifo":       {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": True},
+    "fifottl":    {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": True},
+    "limfifottl": {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": False, "capacity": True},
+    "utube":      {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": True,  "capacity": True},
+    "utubettl":   {"priority": True,  "delay": True,  "ttl": True,  "ttr": True,  "group": True,  "capacity": True},
+    "log":        {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": True},
+}
+IDEMPOTENCY_WINDOW_MS = 120_000
+JOB_LOGS_MAX = 100
+EVENTS_MAX = 10_000
+PAGE_DEFAULT = 100
+PAGE_LIMIT_MAX = 10_000  # ListQueues/CronList page (cluster.limits.page_limit_max)
+SNAPSHOT_VERSION = 1
+
+
+# Upper bounds of a PULLB reply's bytes beside job data and strings: the reply's own
+# fields, and each job's fixed wire fields, id and lease token.
+REPLY_BYTES_OVERHEAD = 1024
+JOB_WIRE_BYTES_OVERHEAD = 512
+
+#: A job event: (queue, seq, new state, previous state), the previous state None for a new job;
+#: for a progress report (queue, seq, "progress", the progress value).
+Event = tuple[str, int, str, Any]
+
+
+def wire_bytes_max(job: "Job") -> int:
+    """An upper bound of ``job``'s size in a reply (a str char packs to at most 4 bytes)."""
+    size = len(job.data) + JOB_WIRE_BYTES_OVERHEAD + 4 * len(job.queue)
+    for text in (job.group, job.custom_id, job.tag, job.error):
+        if text is not None:
+            size += 4 * len(text)
+    if job.result is not None:
+        size += len(job.result)
+    return size
+
+
+class Job:
+    """One job; data stays the raw MessagePack bytes the client sent."""
+
+    __slots__ = ("seq", "queue", "data", "priority", "state", "attempts", "max_attempts", "backoff_ms",
+                 "created_ms", "run_at_ms", "ttl_deadline_ms", "ttr_ms", "token", "session",
+                 "lease_deadline_ms", "group", "custom_id", "tag", "result", "error", "progress",
+                 "message", "logs", "finished_ms")
+
+    def __init__(self, seq: int, queue: str, data: bytes, priority: int, created_ms: int,
+                 max_attempts: int = 1, backoff_ms: int = 0, ttr_ms: int = 0) -> None:
+        self.seq = seq
+        self.queue = queue
+        self.data = data
+        self.priority = priority
+        self.state = WAITING
+        self.attempts = 0
+        self.max_attempts = max_attempts
+        self.backoff_ms = backoff_ms
+        self.created_ms = created_ms
+        self.run_at_ms = created_ms
+        self.ttl_deadline_ms = 0
+        self.ttr_ms = ttr_ms
+        self.token: str | None = None
+        self.session: str | None = None
+        self.lease_deadline_ms = 0
+        self.group: str | None = None
+        self.custom_id: str | None = None
+        self.tag: str | None = None
+        self.result: bytes | None = None
+        self.error: str | None = None
+        self.progress = 0
+        self.message: str | None = None
+        self.logs: list[tuple[int, str]] | None = None
+        self.finished_ms = 0
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, s) for s in Job.__slots__)
+
+    @classmethod
+    def from_tuple(cls, t: tuple[Any, ...]) -> "Job":
+        job = cls.__new__(cls)
+        for name, value in zip(Job.__slots__, t):
+            setattr(job, name, value)
+        return job
+
+
+class Queue:
+    """Settings, indexes and counters of one queue."""
+
+    __slots__ = ("name", "type", "opts", "paused", "ready", "group_fifo", "group_active", "group_heads",
+                 "counts", "prio_counts", "history", "dlq", "custom_ids", "calls", "totals", "log",
+                 "log_next")
+
+    def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.type = qtype
+        self.opts = {**DEFAULTS, **(opts or {})}
+        self.paused = False
+        self.ready: list[tuple[int, int]] = []              # (priority, seq), jobs without a group
+        self.group_fifo: dict[str, list[int]] = {}          # group -> seq heap of waiting jobs
+        self.group_active: dict[str, int] = {}              # group -> seq of its active job
+        self.group_heads: list[tuple[int, int, str]] = []   # (priority, seq, group) of eligible heads
+        self.counts = {s: 0 for s in STATES}
+        self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
+        self.history: deque[int] = deque()                  # completed seqs, oldest first
+        self.dlq: dict[int, None] = {}                      # failed seqs in order
+        self.custom_ids: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.totals = {"enqueued": 0, "completed": 0, "failed": 0, "reclaimed": 0, "expired": 0, "retried": 0}
+        self.log: dict[int, tuple[bytes, str | None, int]] = {}  # log queues: lseq -> (data, tag, createdAt)
+        self.log_next = 1
+
+    @property
+    def preset(self) -> dict[str, bool]:
+        return QUEUE_PRESETS[self.type]
+
+    def settings(self) -> tuple[Any, ...]:
+        return (self.name, self.type, dict(sorted(self.opts.items())), self.paused, dict(self.custom_ids),
+                dict(self.calls), dict(self.totals), dict(self.log), self.log_next, list(self.history),
+                list(self.dlq))
+
+
+
+def slot_job(seg: Segment, i: int, partition: int) -> Job:
+    """Slot ``i`` of ``seg`` as the job the per-job path would hold in the same state.
+
+    A plain push makes a waiting job at priority 0; a pull leases it for the first time
+    (attempt 1); an ack without a result completes it and ends its lease.
+    """
+    job = Job(seg.first + i, seg.queue, seg.datas[i], 0, seg.created_ms,  # type: ignore[arg-type]
+              seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+    code = seg.states[i]
+    if code != SLOT_WAITING:
+        job.attempts = 1
+        if code == SLOT_ACTIVE:
+            job.state = ACTIVE
+            job.token = f"{partition}.{seg.lease_nos[i]}"
+            job.session = seg.sessions[i]
+            job.lease_deadline_ms = seg.deadlines[i]
+        else:
+            job.state = COMPLETED
+            job.finished_ms = seg.finished[i]
+    return job
+
+
+def seq_of(job: Job) -> int:
+    return job.seq
+
+
+def pack(value: Any) -> bytes:
+    """Results and cron data that did not arrive raw (e.g. from tests or HTTP)."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+#: The segment slot codes a job state can have (delayed and failed jobs never stay in a segment).
+SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING,), ACTIVE: (SLOT_ACTIVE,),
+                                          COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: ()}

@@ -1,0 +1,183 @@
+"""A job's moves between states (through the transition table), its removal, and history trimming."""
+
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+
+from ._model import Job, Queue
+from ._segments import SLOT_COMPLETED, SLOT_GONE, Segment
+from ._store import Store
+from ._transitions import ACTIVE, COMPLETED, DELAYED, REMOVED, WAITING, check_transition
+
+__all__ = ["Moves"]
+
+
+class Moves(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def _set_state(self, q: Queue, job: Job, state: str) -> None:
+        prev = job.state
+        check_transition(prev, state)
+        q.counts[prev] -= 1
+        q.counts[state] += 1
+        if prev == WAITING:
+            self._drop_prio(q, job.priority)
+        if state == WAITING:
+            q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
+        job.state = state
+        if prev == WAITING and job.group is not None:
+            self._refresh_group_head(q, job.group)
+        events = self._events
+        if events is not None:
+            events.append((q.name, job.seq, state, prev))
+
+    def _end_lease(self, q: Queue, job: Job) -> None:
+        if job.session is not None:
+            leased = self.sessions.get(job.session)
+            if leased is not None:
+                leased.pop(job.seq, None)
+                if not leased:
+                    del self.sessions[job.session]
+        job.token = None
+        job.session = None
+        job.lease_deadline_ms = 0
+        self._release_group(q, job)
+
+    def _to_waiting(self, q: Queue, job: Job, delay_ms: int = 0) -> None:
+        prev = job.state
+        if prev == ACTIVE:
+            self._end_lease(q, job)
+        if job.ttl_deadline_ms and prev != WAITING and prev != DELAYED:
+            # The TTL heap's entry was dropped if the deadline passed while the job was not
+            # waiting: a new one keeps the TTL in force, as a restored engine's index does.
+            heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
+        if delay_ms > 0:
+            job.run_at_ms = self.now_ms + delay_ms
+            self._set_state(q, job, DELAYED)
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        else:
+            job.run_at_ms = self.now_ms
+            self._set_state(q, job, WAITING)
+            self._enqueue_ready(q, job)
+
+    def _finish(self, q: Queue, job: Job, state: str) -> None:
+        if job.state == ACTIVE:
+            self._end_lease(q, job)
+        job.finished_ms = self.now_ms
+        self._set_state(q, job, state)
+        if state == COMPLETED:
+            q.history.append(job.seq)
+            q.totals["completed"] += 1
+            if len(q.history) > q.opts["historyMax"]:
+                self._trim_history(q)  # the age limit is enforced by _Tick
+        else:
+            q.dlq[job.seq] = None
+            q.totals["failed"] += 1
+
+    def _complete(self, q: Queue, job: Job, trim: bool = True) -> None:
+        """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks.
+
+        ``trim`` False: the caller trims the history once its batch is done.
+        """
+        check_transition(job.state, COMPLETED)
+        self._end_lease(q, job)
+        job.finished_ms = self.now_ms
+        job.state = COMPLETED
+        counts = q.counts
+        counts[ACTIVE] -= 1
+        counts[COMPLETED] += 1
+        events = self._events
+        if events is not None:
+            events.append((q.name, job.seq, COMPLETED, ACTIVE))
+        q.history.append(job.seq)
+        q.totals["completed"] += 1
+        if trim and len(q.history) > q.opts["historyMax"]:
+            self._trim_history(q)
+
+    def _remove(self, q: Queue, job: Job) -> None:
+        """Delete a job for good (cancel, drain, clean, TTL, purge)."""
+        check_transition(job.state, REMOVED)
+        if job.state == ACTIVE:
+            self._end_lease(q, job)
+        if job.state == WAITING:
+            self._drop_prio(q, job.priority)
+        q.counts[job.state] -= 1
+        q.dlq.pop(job.seq, None)
+        if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
+            del q.custom_ids[job.custom_id]
+        del self.jobs[job.seq]
+        if job.state == WAITING and job.group is not None:
+            self._refresh_group_head(q, job.group)
+        events = self._events
+        if events is not None:
+            events.append((q.name, job.seq, "removed", job.state))
+
+    @staticmethod
+    def _drop_prio(q: Queue, priority: int) -> None:
+        n = q.prio_counts.get(priority, 0) - 1
+        if n:
+            q.prio_counts[priority] = n
+        else:
+            q.prio_counts.pop(priority, None)
+
+    def _trim_history(self, q: Queue) -> None:
+        limit = q.opts["historyMax"]
+        oldest_ms = self.now_ms - q.opts["historyAgeMs"]
+        history, all_jobs, segments = q.history, self.jobs, self.segments
+        seg: Segment | None = None  # the segment the previous completed job was held in
+        while history:
+            seq = history[0]
+            job = all_jobs.get(seq)
+            if job is None:
+                # A completed segment job: let its slot go without making it an object first.
+                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                    seg = segments.find(seq)
+                i = seq - seg.first if seg is not None else 0
+                if seg is None or seg.states[i] != SLOT_COMPLETED:
+                    history.popleft()
+                    continue
+                over = len(history) - limit
+                if over > 1 and self._trim_run(q, seg, seq, over):
+                    continue
+                if over > 0 or seg.finished[i] < oldest_ms:
+                    self._let_go_completed(q, seg, i, 1)
+                    continue
+                break
+            if job.state != COMPLETED:
+                history.popleft()
+                continue
+            if len(history) > limit or job.finished_ms < oldest_ms:
+                history.popleft()
+                self._remove(q, job)
+                continue
+            break
+
+    def _trim_run(self, q: Queue, seg: Segment, first: int, n: int) -> bool:
+        """Let the ``n`` oldest history entries go at once if they are ``seg``'s completed slots
+        ``first .. first+n-1`` (the usual case: acked in runs); False, changing nothing, if not."""
+        i = first - seg.first
+        end = i + n
+        history = q.history
+        if end > len(seg.datas) or seg.states.count(SLOT_COMPLETED, i, end) != n or history[n - 1] != first + n - 1:
+            return False
+        if list(islice(history, n)) != list(range(first, first + n)):
+            return False
+        self._let_go_completed(q, seg, i, n)
+        return True
+
+    def _let_go_completed(self, q: Queue, seg: Segment, i: int, n: int) -> None:
+        """Remove completed slots ``i .. i+n-1`` of ``seg``, the ``n`` oldest entries of the history."""
+        check_transition(COMPLETED, REMOVED)  # the callers found the slots completed
+        end = i + n
+        seg.datas[i:end] = [None] * n
+        seg.states[i:end] = bytes([SLOT_GONE]) * n
+        self.segments.gone(seg, n)
+        q.counts[COMPLETED] -= n
+        popleft = q.history.popleft
+        for _ in range(n):
+            popleft()
+        events = self._events
+        if events is not None:
+            name, first = q.name, seg.first
+            events.extend([(name, first + j, "removed", COMPLETED) for j in range(i, end)])

@@ -1,0 +1,230 @@
+"""PULL and PULLB: leasing jobs one by one, and segment jobs as runs."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from shoal.cluster.codec import Raw
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ._decimal import decimal_run
+from ._model import JOB_WIRE_BYTES_OVERHEAD, REPLY_BYTES_OVERHEAD, Job, Queue, wire_bytes_max
+from ._segments import Segment
+from ._store import Store
+from ._transitions import ACTIVE, WAITING, check_transition
+
+__all__ = ["PullOps"]
+
+
+class PullOps(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def _lease(self, q: Queue, job: Job, ttr_ms: int | None, session: str | None) -> str:
+        self.lease_seq += 1
+        token = f"{self.partition}.{self.lease_seq}"
+        job.attempts += 1
+        job.token = token
+        job.session = session
+        job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms or q.opts["ttr"])
+        if job.group is not None:
+            q.group_active[job.group] = job.seq  # before the state change: the group is now busy
+        self._set_state(q, job, ACTIVE)
+        heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token, 0))
+        if session is not None:
+            self.sessions.setdefault(session, {})[job.seq] = None
+        return token
+
+    def _pull(self, cmd: dict[str, Any], count: int) -> tuple[list[dict[str, Any]], list[str]]:
+        q = self.queues.get(cmd["queue"])
+        if q is not None and q.type == "log":
+            raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is a log queue: read it with Read")
+        self._expire()
+        if q is None:
+            return [], []
+        self._count(q, cmd["cmd"])
+        if q.paused:
+            return [], []
+        if not q.group_heads and not q.group_fifo:
+            return self._pull_ungrouped(q, cmd, count)
+        jobs, tokens = [], []
+        # ``_bytesMax`` (set by the node from its frame limit): stop before the reply would
+        # outgrow a frame; the first job is always taken (its data fits a frame by the limits).
+        budget = cmd.get("_bytesMax") or 0
+        used = REPLY_BYTES_OVERHEAD
+        for _ in range(count):
+            if budget:
+                top = self._peek_ready(q)
+                if top is None:
+                    break
+                used += wire_bytes_max(self.jobs[top[1]])
+                if jobs and used > budget:
+                    break
+            job = self._pop_ready(q)
+            if job is None:
+                break
+            tokens.append(self._lease(q, job, cmd.get("ttr"), cmd.get("_session")))
+            jobs.append(self.wire_job(job) if self._replies else None)
+        return jobs, tokens
+
+    def _pull_ungrouped(self, q: Queue, cmd: dict[str, Any], count: int) -> tuple[list[Any], list[str]]:
+        """``_pull`` for a queue with no group jobs waiting: the ready heap alone orders it.
+
+        The same steps as ``_pop_ready`` + ``_lease`` per job, with one heap look per job
+        and the counters moved once per batch (the hot loop of every consumer). When the
+        heap's top is a segment's lowest waiting job, the segment's consecutive waiting jobs
+        that come before every other heap entry are leased as one run (``_lease_run``).
+        """
+        check_transition(WAITING, ACTIVE)  # once: the loop leases waiting jobs only
+        jobs: list[Any] = []
+        tokens: list[str] = []
+        budget = cmd.get("_bytesMax") or 0
+        used = REPLY_BYTES_OVERHEAD
+        ttr_ms = cmd.get("ttr")
+        session = cmd.get("_session")
+        sessions = self.sessions
+        leased = sessions.setdefault(session, {}) if session is not None else None
+        ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self._events
+        heappop, heappush = heapq.heappop, heapq.heappush
+        name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
+        replies = self._replies
+        wire_job = self.wire_job
+        job_bytes_fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(name)  # wire_bytes_max of a job with no texts
+        prefix = f"{self.partition}."
+        taken = 0
+        full = False  # the reply's byte budget is spent
+        while taken < count and ready and not full:
+            seq = ready[0][1]
+            job = all_jobs.get(seq)
+            if job is None and segments:
+                seg = segments.find(seq)
+                if seg is not None and seg.low == seq and seg.queue == name:
+                    k, full, used = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms,
+                                                    session, jobs, tokens)
+                    if k or full:
+                        taken += k
+                        continue
+                job = self._materialize(seq, waiting_only=True)
+            if job is None or job.state != WAITING or job.group is not None or job.queue != name:
+                heappop(ready)  # stale entry (lazy deletion)
+                continue
+            if budget:
+                if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
+                    used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
+                else:
+                    used += wire_bytes_max(job)
+                if taken and used > budget:
+                    break
+            heappop(ready)
+            self.lease_seq = lease_seq = self.lease_seq + 1
+            token = prefix + str(lease_seq)
+            job.attempts += 1
+            job.token = token
+            job.session = session
+            job.lease_deadline_ms = deadline = now + (ttr_ms or job.ttr_ms or default_ttr)
+            job.state = ACTIVE
+            prio = job.priority
+            left = prio_counts[prio] - 1
+            if left:
+                prio_counts[prio] = left
+            else:
+                del prio_counts[prio]
+            q.counts[WAITING] -= 1
+            q.counts[ACTIVE] += 1
+            heappush(leases, (deadline, seq, token, 0))
+            if leased is not None:
+                leased[seq] = None
+            taken += 1
+            if events is not None:
+                events.append((name, seq, ACTIVE, WAITING))
+            if replies:  # the leader's reply
+                tokens.append(token)
+                jobs.append(wire_job(job))
+        if leased is not None and not leased:
+            del sessions[session]  # type: ignore[arg-type]
+        return jobs, tokens
+
+    def _lease_run(self, q: Queue, seg: Segment, want: int, budget: int, used: int, any_taken: bool,
+                   ttr_ms: int | None, session: str | None, jobs: list[Any],
+                   tokens: list[str]) -> tuple[int, bool, int]:
+        """Lease up to ``want`` consecutive waiting jobs of ``seg`` from its lowest, as one run.
+
+        The run stops before the next job another heap entry ranks first (the heap's top is
+        the segment's entry, so only its two children can), before a slot that is not
+        waiting, and where the reply would outgrow ``budget``. The run's jobs stay in the
+        segment (state, lease number, deadline and session per slot) and share one lease
+        heap entry. Returns how many were leased, whether the budget stopped the run, and
+        the reply bytes ``used`` so far (counted only with a budget).
+        """
+        ready = q.ready
+        first = seg.low
+        i = first - seg.first
+        limit = min(len(seg.datas), i + want)
+        for child in ready[1:3]:
+            if child[0] == 0 and child[1] - seg.first < limit:
+                limit = child[1] - seg.first
+        end = seg.run_end(i, limit)
+        full = False
+        if budget:
+            fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
+            datas = seg.datas
+            for j in range(i, end):
+                size = len(datas[j]) + fixed  # type: ignore[arg-type]
+                if used + size > budget and (any_taken or j > i):
+                    end, full = j, True
+                    break
+                used += size
+        k = end - i
+        if not k:
+            return 0, full, used
+        check_transition(WAITING, ACTIVE)  # the slots of a run are waiting (run_end)
+        base = self.lease_seq
+        self.lease_seq = base + k
+        deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
+        seg.lease_run(i, k, base, deadline, session)
+        if seg.left:
+            heapq.heapreplace(ready, (0, seg.low))
+        else:
+            heapq.heappop(ready)
+        prefix = f"{self.partition}."
+        last = first + k - 1
+        heapq.heappush(self.leases, (deadline, first, prefix + str(base + 1), last))
+        prio_counts = q.prio_counts
+        left = prio_counts[0] - k
+        if left:
+            prio_counts[0] = left
+        else:
+            del prio_counts[0]
+        q.counts[WAITING] -= k
+        q.counts[ACTIVE] += k
+        seqs = range(first, last + 1)
+        if session is not None:
+            self.sessions[session].update(dict.fromkeys(seqs))
+        events = self._events
+        if events is not None:
+            events.extend([(q.name, s, ACTIVE, WAITING) for s in seqs])
+        if self._replies:
+            name = q.name
+            tokens.extend(decimal_run(prefix, base + 1, k))
+            # The wire form of each job (wire_job's keys, in its order): copies of one template,
+            # then the two fields that differ (a third cheaper than a literal per job).
+            created = seg.created_ms
+            template = {"id": None, "queue": name, "data": None, "priority": 0, "state": ACTIVE, "attempts": 1,
+                        "maxAttempts": seg.max_attempts, "createdAt": created, "runAt": created, "progress": 0,
+                        "leaseDeadline": deadline}
+            copy = template.copy
+            wire = [copy() for _ in seqs]
+            id_prefix = f"{self.partition}-"
+            for job, job_id, d in zip(wire, decimal_run(id_prefix, first, k), seg.datas[i:end]):
+                job["id"] = job_id
+                job["data"] = Raw(d)
+            jobs.extend(wire)
+        return k, full, used
+
+    def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, 1)
+        return {"job": jobs[0], "token": tokens[0]} if jobs else {"job": None}
+
+    def _op_PULLB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, cmd["count"])
+        return {"jobs": jobs, "tokens": tokens}

@@ -1,0 +1,87 @@
+"""What a pull takes next: the ready heap of ungrouped jobs and the per-group heaps of utube queues."""
+
+from __future__ import annotations
+
+import heapq
+
+from ._model import Job, Queue
+from ._store import Store
+from ._transitions import WAITING
+
+__all__ = ["ReadyIndex"]
+
+
+class ReadyIndex(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def _enqueue_ready(self, q: Queue, job: Job) -> None:
+        if job.group is None:
+            heapq.heappush(q.ready, (job.priority, job.seq))
+            return
+        fifo = q.group_fifo.setdefault(job.group, [])
+        heapq.heappush(fifo, job.seq)
+        if job.group not in q.group_active and fifo[0] == job.seq:
+            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], job.group))
+
+    def _refresh_group_head(self, q: Queue, group: str) -> None:
+        """A waiting group job left the queue some other way than a pull: expose the next head."""
+        if group not in q.group_active:
+            head = self._group_head(q, group)
+            if head is not None:
+                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
+
+    def _group_head(self, q: Queue, group: str) -> int | None:
+        fifo = q.group_fifo.get(group)
+        while fifo:
+            job = self.jobs.get(fifo[0])
+            if job is not None and job.state == WAITING and job.group == group:
+                return fifo[0]
+            heapq.heappop(fifo)
+        q.group_fifo.pop(group, None)
+        return None
+
+    def _peek_ready(self, q: Queue) -> tuple[int, int, str | None] | None:
+        """The next pullable (priority, seq, group) of ``q``, cleaning stale heap tops."""
+        ready = q.ready
+        while ready:
+            prio, seq = ready[0]
+            job = self.jobs.get(seq)
+            if job is None and self.segments:
+                job = self._materialize(seq, waiting_only=True)
+            if job is not None and job.state == WAITING and job.group is None and job.queue == q.name:
+                break
+            heapq.heappop(ready)
+        heads = q.group_heads
+        while heads:
+            prio_g, seq_g, group = heads[0]
+            if group not in q.group_active and self._group_head(q, group) == seq_g:
+                break
+            heapq.heappop(heads)
+            if group not in q.group_active:
+                head = self._group_head(q, group)
+                if head is not None:
+                    heapq.heappush(heads, (self.jobs[head].priority, head, group))
+        best: tuple[int, int, str | None] | None = None
+        if ready:
+            best = (ready[0][0], ready[0][1], None)
+        if heads and (best is None or heads[0][:2] < best[:2]):
+            best = heads[0]
+        return best
+
+    def _pop_ready(self, q: Queue) -> Job | None:
+        top = self._peek_ready(q)
+        if top is None:
+            return None
+        if top[2] is None:
+            heapq.heappop(q.ready)
+        else:
+            heapq.heappop(q.group_heads)
+            heapq.heappop(q.group_fifo[top[2]])
+        return self.jobs[top[1]]
+
+    def _release_group(self, q: Queue, job: Job) -> None:
+        if job.group is not None and q.group_active.get(job.group) == job.seq:
+            del q.group_active[job.group]
+            head = self._group_head(q, job.group)
+            if head is not None:
+                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, job.group))

@@ -1,0 +1,84 @@
+"""The replicated state as canonical bytes (snapshot, restore) and its digest."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import deque
+from typing import Self
+
+import msgpack
+
+from ._model import SNAPSHOT_VERSION, Job, Queue
+from ._store import Store
+from ._transitions import ACTIVE, DELAYED, WAITING
+
+__all__ = ["SnapshotOps"]
+
+
+class SnapshotOps(Store):
+    """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def snapshot(self) -> bytes:
+        """Compact, canonical bytes of the whole replicated state (job data stays raw).
+
+        MessagePack, not pickle: pickle encodes object *identity* (memo references), which
+        differs between replicas holding equal state, so its bytes could not be a digest.
+        """
+        state = (
+            SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
+            [j.to_tuple() for j in self._all_jobs()],
+            [q.settings() for q in self.queues.values()],
+            {s: list(seqs) for s, seqs in self.sessions.items()},
+            [(t, list(k)) for t, k in self.idempotency_order],
+            [(*k, *v) for k, v in self.idempotency.items()],
+            {n: dict(c) for n, c in self.crons.items()},
+        )
+        return msgpack.packb(state, use_bin_type=True)
+
+    @classmethod
+    def restore(cls, data: bytes) -> Self:
+        (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
+         crons) = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {version}")
+        eng = cls(partition)
+        eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
+        for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
+            q = eng.queues[name] = Queue(name, qtype, opts)
+            q.paused, q.custom_ids, q.calls, q.totals, q.log_next = paused, custom_ids, calls, totals, log_next
+            q.log = {lseq: (rec[0], rec[1], rec[2]) for lseq, rec in log.items()}
+            # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
+            q.history = deque(history)
+            q.dlq = dict.fromkeys(dlq)
+        for t in jobs:
+            job = Job.from_tuple(t)
+            if job.logs is not None:
+                job.logs = [(stamp, line) for stamp, line in job.logs]
+            eng.jobs[job.seq] = job
+            eng._index(job)
+        eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
+        eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)
+        eng.idempotency = {(q, k): (job_id, expires) for q, k, job_id, expires in idem}
+        eng.crons = crons
+        return eng
+
+    def _index(self, job: Job) -> None:
+        """Rebuild a restored job's place in the indexes."""
+        q = self.queues[job.queue]
+        q.counts[job.state] += 1
+        if job.state == WAITING:
+            q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
+            self._enqueue_ready(q, job)
+        elif job.state == DELAYED:
+            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+        elif job.state == ACTIVE:
+            heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
+            if job.group is not None:
+                q.group_active[job.group] = job.seq
+        if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
+            heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
+
+    def digest(self) -> str:
+        """SHA-256 of the snapshot: equal on replicas that applied the same commands."""
+        return hashlib.sha256(self.snapshot()).hexdigest()

@@ -1,0 +1,191 @@
+"""Where a partition's jobs live: the engine's fields, job lookup, materializing segment jobs, listings."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from shoal.cluster.codec import Raw
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.jobid import parse_job_id
+
+from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, SegmentStore
+from ._transitions import ACTIVE
+
+__all__ = ["Store"]
+
+
+class Store:
+    """The fields every part of the engine works on, and how jobs are found."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.seq = 0
+        self.lease_seq = 0
+        self.now_ms = 0
+        self.jobs: dict[int, Job] = {}
+        self.segments = SegmentStore()  # plain PUSHB jobs not materialized yet
+        self._jobs_unordered = False    # a materialized job was inserted behind later seqs
+        self.queues: dict[str, Queue] = {}
+        self.delayed: list[tuple[int, int]] = []          # (run_at_ms, seq)
+        # (deadline_ms, seq, token, 0) per lease, or (deadline_ms, first seq, its token, last seq) per
+        # run of segment jobs leased by one pull (see _expire_run)
+        self.leases: list[tuple[int, int, str, int]] = []
+        self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
+        self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
+        self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
+        self.idempotency_order: deque[tuple[int, tuple[str, str]]] = deque()
+        self.crons: dict[str, dict[str, Any]] = {}
+        # Per-call options of the command being applied (set by ``apply`` only, never state):
+        # ``_replies`` False skips building reply contents nobody reads (a follower's); the
+        # command's events go to ``_events``, or nowhere when it is None.
+        self._replies = True
+        self._events: list[Event] | None = None
+
+    def _queue(self, name: str, create: bool = False) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            if not create:
+                raise CommandError(ErrorCode.NOT_FOUND, f"queue {name!r} does not exist")
+            q = self.queues[name] = Queue(name)
+        return q
+
+    def _job(self, job_id: str) -> Job:
+        partition, seq = parse_job_id(job_id)
+        if partition != self.partition:
+            raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
+        job = self._get(seq)
+        if job is None:
+            raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
+        return job
+
+    def job_count(self) -> int:
+        """Jobs held in every state, materialized or not."""
+        return len(self.jobs) + self.segments.jobs
+
+    def _get(self, seq: int) -> Job | None:
+        """Job ``seq`` as an object (materialized from its segment if need be); None if gone."""
+        job = self.jobs.get(seq)
+        if job is None and self.segments:
+            job = self._materialize(seq)
+        return job
+
+    def _materialize(self, seq: int, waiting_only: bool = False) -> Job | None:
+        """Turn a segment's job ``seq`` into a ``Job`` in the same state; None if no segment holds it.
+
+        Keeps the invariant that every waiting job has exactly one ready-heap entry: the
+        segment's entry (at its lowest waiting seq) passes to the job when that is the one
+        taken, and the segment gets a new entry at its next seq; any other job gets its own.
+        A leased job keeps no heap entry of its own: its run's lease entry covers it
+        (``_expire_run``). ``waiting_only``: leave a leased or completed job where it is.
+        """
+        segments = self.segments
+        seg = segments.find(seq)
+        if seg is None:
+            return None
+        i = seq - seg.first
+        waiting = seg.states[i] == SLOT_WAITING
+        if not waiting and waiting_only:
+            return None
+        job = slot_job(seg, i, self.partition)
+        was_low = seq == seg.low
+        segments.take(seg, seq)
+        self.jobs[seq] = job
+        self._jobs_unordered = True
+        if waiting:
+            ready = self.queues[seg.queue].ready
+            if not was_low:
+                heapq.heappush(ready, (0, seq))
+            elif seg.left:
+                heapq.heappush(ready, (0, seg.low))
+        return job
+
+    def _materialize_active(self, q: Queue) -> None:
+        """Materialize every leased segment job of ``q`` (before a scan of ``self.jobs``)."""
+        for seg in self.segments:
+            if seg.queue == q.name:
+                states = seg.states
+                i = states.find(SLOT_ACTIVE)
+                while i >= 0:
+                    self._materialize(seg.first + i)
+                    i = states.find(SLOT_ACTIVE, i + 1)
+
+    def _all_jobs(self) -> list[Job]:
+        """Every job in seq order; a segment's jobs as detached copies (not stored)."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        jobs = list(self.jobs.values())
+        if self.segments:
+            p = self.partition
+            for seg in self.segments:
+                jobs.extend(slot_job(seg, i, p) for i, d in enumerate(seg.datas) if d is not None)
+            jobs.sort(key=seq_of)  # two sorted runs: timsort merges them in linear time
+        return jobs
+
+    def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
+        """Jobs of ``queue`` (in ``state``, if given) in seq order, a segment's as detached copies
+        made only when reached: listing the first page of a large batch-pushed queue does not
+        build a job per slot the way :meth:`_all_jobs` does."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        own = (j for j in self.jobs.values() if j.queue == queue and (state is None or j.state == state))
+        codes = SLOT_CODES.get(state) if state is not None else (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED)
+        if not codes or not self.segments:
+            return own
+        p = self.partition
+
+        def slots() -> Iterator[Job]:
+            for seg in self.segments:
+                if seg.queue != queue:
+                    continue
+                states, datas = seg.states, seg.datas
+                for i in range(len(datas)):
+                    if states[i] in codes and datas[i] is not None:
+                        yield slot_job(seg, i, p)
+
+        return heapq.merge(own, slots(), key=seq_of)
+
+    def _id(self, job: Job) -> str:
+        return f"{self.partition}-{job.seq}"
+
+    def _count(self, q: Queue, cmd: str) -> None:
+        q.calls[cmd] = q.calls.get(cmd, 0) + 1
+
+    def _check_token(self, job: Job, cmd: dict[str, Any]) -> None:
+        token = cmd.get("token")
+        if token is not None and (job.state != ACTIVE or str(token) != job.token):
+            raise CommandError(ErrorCode.LEASE_MISMATCH,
+                               f"job {self._id(job)}: token does not match the current lease")
+
+    def _require_active(self, job: Job, cmd: dict[str, Any]) -> None:
+        self._check_token(job, cmd)
+        if job.state != ACTIVE:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {self._id(job)} is {job.state}, not active")
+
+    def wire_job(self, job: Job) -> dict[str, Any]:
+        """The job as the protocol shows it (data spliced raw)."""
+        out: dict[str, Any] = {
+            "id": self._id(job), "queue": job.queue, "data": Raw(job.data), "priority": job.priority,
+            "state": job.state, "attempts": job.attempts, "maxAttempts": job.max_attempts,
+            "createdAt": job.created_ms, "runAt": job.run_at_ms, "progress": job.progress,
+        }
+        if job.group is not None:
+            out["group"] = job.group
+        if job.custom_id is not None:
+            out["customId"] = job.custom_id
+        if job.tag is not None:
+            out["tag"] = job.tag
+        if job.result is not None:
+            out["result"] = Raw(job.result)
+        if job.error is not None:
+            out["error"] = job.error
+        if job.state == ACTIVE:
+            out["leaseDeadline"] = job.lease_deadline_ms
+        if job.finished_ms:
+            out["finishedAt"] = job.finished_ms
+        return out
