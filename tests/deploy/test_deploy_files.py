@@ -29,7 +29,8 @@ from shoal.cluster.guard import TLS_ENV_VARS
 from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
                      interpolate,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
-                     healthcheck_argv, image_argv, lookup, render_env_block, service_env, template_texts,
+                     healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
+                     template_texts,
                      values_paths_used)
 
 REPO = DEPLOY.parent
@@ -343,7 +344,11 @@ def test_chart_values_validate_against_the_schema() -> None:
                 {**values, "cluster": {**values["cluster"], "tokens": ["a,b"]}},  # joined with commas
                 {**values, "cluster": {**values["cluster"], "partitions": "8"}},
                 {**values, "ports": {**values["ports"], "raft": 70000}},
-                {**values, "podAntiAffinity": "sometimes"}):
+                {**values, "podAntiAffinity": "sometimes"},
+                {**values, "tls": {**values["tls"], "enabled": True}},                   # no Secret named
+                {**values, "tls": {**values["tls"], "clientCerts": "required", "caKey": ""}},  # nothing to verify with
+                {**values, "tls": {**values["tls"], "clientCerts": "always"}},
+                {**values, "limits": {**values["limits"], "httpConnectionsMax": 0}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
 
@@ -410,7 +415,7 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
             "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
             "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
-    # TLS needs a certificate Secret mounted into the pods: the chart has no TLS settings yet.
+    # TLS variables are set only with tls.enabled (test_chart_tls_*).
     not_for_pods = {"SHOAL_CONFIG", *TLS_ENV_VARS}
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
         f"shoal node reads variables the chart does not set: {sorted(set(ENV_VARS) - set(names) - not_for_pods)}"
@@ -473,7 +478,7 @@ def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None
 
 def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     t = template_texts()
-    sts = t["statefulset.yaml"]
+    sts = resolve_conditionals(t["statefulset.yaml"], chart_values())
     assert re.search(r"readinessProbe:\n\s+httpGet: \{path: /ready, port: http\}", sts)
     assert re.search(r"livenessProbe:\n\s+httpGet: \{path: /healthz, port: http\}", sts)
     assert "fieldPath: metadata.name" in sts
@@ -489,6 +494,67 @@ def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     assert "kind: Secret" in t["secret.yaml"] and "required" in t["secret.yaml"]
     notes = t["NOTES.txt"]
     assert "from shoal.client import Client" in notes and "rollout status" in notes and "port-forward" in notes
+
+
+def _tls_values(client_certs: str, ca_key: str = "ca.crt") -> dict[str, Any]:
+    values = chart_values()
+    values["tls"] = {**values["tls"], "enabled": True, "existingSecret": "shoal-certs", "caKey": ca_key,
+                     "clientCerts": client_certs}
+    jsonschema.validate(values, chart_schema())
+    return values
+
+
+@pytest.mark.parametrize("client_certs,ca_key", [("none", ""), ("none", "ca.crt"), ("optional", "ca.crt"),
+                                                 ("required", "ca.crt")])
+def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, client_certs: str,
+                                                                ca_key: str) -> None:
+    values = _tls_values(client_certs, ca_key)
+    names = {item["name"] for item in _rendered_env(values)}
+    assert set(ENV_VARS) - names <= {"SHOAL_CONFIG"} | ({"SHOAL_TLS_CA"} if not ca_key else set())
+    # The node checks that the files exist: stand in for the mounted Secret.
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (mount / name).write_text("PEM")
+    env = {k: v.replace("/etc/shoal/tls", str(mount)) for k, v in
+           _pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
+    config = load_config(env=env)
+    assert config.tls is not None
+    assert (config.tls.cert, config.tls.key) == (str(mount / "tls.crt"), str(mount / "tls.key"))
+    assert config.tls.ca == (str(mount / "ca.crt") if ca_key else None)
+    assert config.tls.client_certs == client_certs
+
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    # Parse the structure: whole-line actions dropped, inline ones stood in for by a scalar.
+    skeleton = re.sub(r"\{\{.*?\}\}", "X", re.sub(r"(?m)^\s*\{\{.*?\}\}\s*\n", "", text))
+    sts = yaml.safe_load(skeleton)
+    pod = sts["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert {"name": "tls", "mountPath": "/etc/shoal/tls", "readOnly": True} in container["volumeMounts"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert [item["path"] for item in volume["secret"]["items"]] == ["tls.crt", "tls.key"] + (["ca.crt"] if ca_key else [])
+    assert '{{ required "tls.existingSecret' in text and "{key: {{ .Values.tls.certKey }}, path: tls.crt}" in text
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/healthz")):
+        if client_certs == "required":  # the kubelet has no client certificate: probe from inside the pod
+            command = container[probe]["exec"]["command"]
+            assert command[:2] == ["python", "-c"] and f"%s{path}'" in command[2]
+            assert "/etc/shoal/tls/tls.crt" in command[2] and "/etc/shoal/tls/ca.crt" in command[2]
+        else:
+            assert container[probe]["httpGet"] == {"path": path, "port": "http", "scheme": "HTTPS"}
+
+
+def test_chart_without_tls_mounts_nothing_and_probes_plain_http() -> None:
+    values = chart_values()
+    assert values["tls"]["enabled"] is False
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    assert "/etc/shoal/tls" not in text and "scheme: HTTPS" not in text
+    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in _rendered_env(values)}
+    monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {**values, "serviceMonitor": {
+        **values["serviceMonitor"], "enabled": True}})
+    assert "scheme: https" not in monitor
+    tls_monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {
+        **_tls_values("required"), "serviceMonitor": {**values["serviceMonitor"], "enabled": True}})
+    assert "scheme: https" in tls_monitor and "keySecret:" in tls_monitor and "serverName:" in tls_monitor
 
 
 def test_one_raft_port_per_node_everywhere() -> None:
