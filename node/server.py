@@ -215,7 +215,7 @@ class Node:
         if engine.events and wanted:
             self.dispatcher.publish(engine.drain_events())
         else:
-            engine.events.clear()  # nobody listens: building event dicts was ~8% of a follower's time
+            engine.events.clear()  # nobody listens: building event dicts would cost ~8% of a follower's time
         self.dispatcher.on_applied(p)
 
     def events_wanted(self) -> None:
@@ -353,10 +353,10 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def tune_gc() -> None:
     """Make the cyclic GC rare: a node holds millions of long-lived, acyclic job objects.
 
-    With the default thresholds (700, 10, 10) the collector ran so often that it
-    took about a third of the time of applying pushes (bench/bench_engine.py
-    style loop: 174K jobs/s with the defaults, 223K with these). Objects made
-    during start-up (modules, config) are frozen out of every later collection.
+    With the default thresholds (700, 10, 10) the collector runs so often that it
+    takes about a third of the time of applying pushes (a bench/bench_engine.py
+    style loop shows it). Objects made during start-up (modules, config) are
+    frozen out of every later collection.
     """
     gc.collect()
     gc.freeze()

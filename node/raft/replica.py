@@ -411,7 +411,7 @@ class PartitionReplica(HookedSyncObj):
                 self._direct_send = False
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
-                # computing the commit index, so before this it waited for the periodic one.)
+                # computing the commit index, so without this one it would wait for the periodic one.)
                 self.schedule_tick()
         else:
             self.schedule_tick()

@@ -1,4 +1,4 @@
-"""The job state diagram (tarantool queue, seed 002, plus FAIL with retries) as one table.
+"""The job state diagram (tarantool's queue states, plus FAIL with retries) as one table.
 
     waiting  (r) --pull--------------------> active (t)
     waiting  (r) --bury--------------------> failed (!)
