@@ -51,15 +51,19 @@ def _response(status: str, code: str, message: str, retry_after_s: int | None = 
 class _Guarded(asyncio.Protocol):
     """One HTTP connection: forwards to aiohttp's protocol, or refuses and lingers."""
 
-    __slots__ = ("guard", "inner", "transport", "refused", "awaiting_headers", "timer")
+    __slots__ = ("guard", "inner", "loop", "transport", "refused", "awaiting_headers", "deadline", "timer")
 
     def __init__(self, guard: "HttpGuard", inner: asyncio.Protocol) -> None:
         self.guard = guard
         self.inner = inner
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.refused = False
         # True between requests: the next byte starts the header deadline.
         self.awaiting_headers = True
+        self.deadline: float | None = None  # of the request whose headers are arriving
+        # At most one timer per connection, rescheduled when it fires early rather than made and
+        # cancelled for every request of a keep-alive connection.
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -72,8 +76,10 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return  # lingering: read and dropped
-        if self.awaiting_headers and self.timer is None:
-            self.timer = asyncio.get_running_loop().call_later(self.guard.header_timeout_s, self._header_timeout)
+        if self.awaiting_headers and self.deadline is None:
+            self.deadline = self.loop.time() + self.guard.header_timeout_s
+            if self.timer is None:
+                self.timer = self.loop.call_at(self.deadline, self._header_timeout)
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -100,7 +106,7 @@ class _Guarded(asyncio.Protocol):
     def headers_received(self) -> None:
         """A request's headers are in: its deadline no longer applies."""
         self.awaiting_headers = False
-        self._cancel_timer()
+        self.deadline = None
 
     def request_done(self) -> None:
         """The request's handler returned: the next byte starts the next request's deadline."""
@@ -114,7 +120,10 @@ class _Guarded(asyncio.Protocol):
     def _header_timeout(self) -> None:
         self.timer = None
         transport = self.transport
-        if transport is None or transport.is_closing() or not self.awaiting_headers:
+        if transport is None or transport.is_closing() or self.deadline is None:
+            return  # no request's headers pending: the next one's first byte schedules a timer
+        if self.loop.time() < self.deadline:  # set for an earlier request: wait for this one's
+            self.timer = self.loop.call_at(self.deadline, self._header_timeout)
             return
         self.guard.metrics.http_refusals["header_timeout"] += 1
         transport.write(_response("408 Request Timeout", "TIMEOUT", "the request line and headers did not "

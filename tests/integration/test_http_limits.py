@@ -123,6 +123,21 @@ def test_slow_header_client_is_cut_off_while_normal_requests_are_served(node: Lo
     assert refusals(node, "header_timeout") == before + 1
 
 
+def test_each_request_on_a_kept_alive_connection_gets_its_own_header_deadline(node: LocalCluster) -> None:
+    sock = socket.create_connection(_address(node), timeout=5)
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: shoal\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(HEADER_TIMEOUT_S / 2)  # the second request starts half-way through the first's deadline
+        started = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: shoal\r\n")
+        answer = read_until_closed(sock, HEADER_TIMEOUT_S + 3.0)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < HEADER_TIMEOUT_S + 2.0
+    finally:
+        sock.close()
+
+
 def test_idle_connections_are_closed_after_the_keepalive_timeout(node: LocalCluster) -> None:
     silent = socket.create_connection(_address(node), timeout=5)
     reused = socket.create_connection(_address(node), timeout=5)
