@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import re
 import socket
 import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,3 +183,25 @@ def test_helm_chart_exec_probes_pass_against_a_node_that_requires_client_certifi
         "/etc/shoal/tls", str(mount))]
     done = subprocess.run(without_cert, env={"SHOAL_HTTP_PORT": str(node.http_port)}, capture_output=True, timeout=30)
     assert done.returncode != 0
+
+
+def test_http_connection_cap_refuses_clearly_over_tls(pki: dict[str, str], tmp_path: Path) -> None:
+    """Past limits.http_connections_max a TLS client still reads the 503 (the refusal is written
+    after the handshake, then the connection closed)."""
+    tls = TlsSettings(pki["cert"], pki["key"], pki["ca"], "none")
+    with LocalCluster(nodes=1, partitions=1, data_dir=tmp_path / "c", base_port=free_base_port(1, 1), tls=tls,
+                      extra_env={"SHOAL_HTTP_CONNECTIONS_MAX": "2"}, node_command=NODE_COMMAND) as cl:
+        cl.wait_ready()
+        n = cl.config.node("n1")
+        ctx = _client_context(pki, with_cert=False)
+        held = [ctx.wrap_socket(socket.create_connection((n.host, n.http_port), timeout=5), server_hostname=n.host)
+                for _ in range(2)]
+        try:
+            for _ in range(3):
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(f"https://{n.host}:{n.http_port}/healthz", context=ctx, timeout=5)
+                assert refused.value.code == 503
+                assert json.loads(refused.value.read())["code"] == "OVERLOADED"
+        finally:
+            for sock in held:
+                sock.close()
