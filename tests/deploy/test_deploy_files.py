@@ -243,6 +243,54 @@ def test_dashboard_uses_metrics_the_node_defines() -> None:
         assert f'"{base}"' in source, f"the dashboard uses {name}; node/metrics.py defines no {base}"
 
 
+COMPOSE_TLS_FILE = DEPLOY / "docker-compose.tls.yml"
+
+
+@pytest.mark.parametrize("client_certs", ["", "required"])
+def test_compose_tls_overlay_configures_every_node_from_the_mounted_directory(tmp_path: Path,
+                                                                              client_certs: str) -> None:
+    overlay = yaml.safe_load(COMPOSE_TLS_FILE.read_text())["services"]
+    assert set(overlay) == set(NODE_SERVICES)
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name in ("node.pem", "node.key", "ca.pem"):
+        (mount / name).write_text("PEM")
+    variables = {**SECRET_VARS, "SHOAL_TLS_DIR": str(mount), "SHOAL_TLS_CLIENT_CERTS": client_certs}
+    for name in NODE_SERVICES:
+        svc = overlay[name]
+        (volume,) = svc["volumes"]
+        assert interpolate(volume, variables) == f"{mount}:/etc/shoal/tls:ro"
+        with pytest.raises(MissingVariable):  # no directory named: compose refuses the overlay
+            interpolate(volume, SECRET_VARS)
+        check = " ".join(compose_test_argv(svc["healthcheck"]["test"]))
+        assert "https://127.0.0.1" in check and "/healthz" in check and "load_cert_chain" in check
+        # What compose merges: the base file's environment, then the overlay's.
+        env = {**_node_env(name), **service_env(svc, variables)}
+        assert set(env) <= set(ENV_VARS)
+        config = load_config(env={k: v.replace("/etc/shoal/tls", str(mount)) for k, v in env.items()})
+        assert config.node_id == name and config.tls is not None
+        assert (config.tls.cert, config.tls.key, config.tls.ca) == (
+            str(mount / "node.pem"), str(mount / "node.key"), str(mount / "ca.pem"))
+        assert config.tls.client_certs == (client_certs or "none")
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
+                           "scripts/test does it when it runs as root with apt); only this check is skipped")
+def test_docker_compose_config_merges_the_tls_overlay(tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **SECRET_VARS,
+           "SHOAL_TLS_DIR": str(tmp_path)}
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "-f", str(COMPOSE_TLS_FILE), "config"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in NODE_SERVICES:
+        svc = services[name]
+        assert svc["environment"]["SHOAL_NODE_ID"] == name and svc["environment"]["SHOAL_TLS_CLIENT_CERTS"] == "none"
+        assert f"{tmp_path}:/etc/shoal/tls:ro" in svc["volumes"] and any(":/data" in v for v in svc["volumes"])
+        assert "https://" in " ".join(svc["healthcheck"]["test"]) and svc["healthcheck"]["interval"] == "5s"
+
+
 @pytest.mark.skipif(not shutil.which("docker-compose"),
                     reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
                            "scripts/test does it when it runs as root with apt); only this check is skipped")

@@ -185,6 +185,18 @@ def test_helm_chart_exec_probes_pass_against_a_node_that_requires_client_certifi
     assert done.returncode != 0
 
 
+def test_compose_tls_health_check_passes_against_a_node_that_requires_client_certificates(
+        tls_cluster: LocalCluster, pki: dict[str, str]) -> None:
+    """deploy/docker-compose.tls.yml's health check, run as written with this node's settings."""
+    overlay = Path(__file__).resolve().parents[2] / "deploy" / "docker-compose.tls.yml"
+    kind, *argv = yaml.safe_load(overlay.read_text())["services"]["shoal-1"]["healthcheck"]["test"]
+    assert kind == "CMD" and argv[0] == "python"
+    env = {"SHOAL_CONFIG": str(tls_cluster.config_path), "SHOAL_NODE_ID": "n1", "SHOAL_TLS_CERT": pki["cert"],
+           "SHOAL_TLS_KEY": pki["key"], "SHOAL_TLS_CA": pki["ca"]}
+    done = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr.decode()
+
+
 def test_http_connection_cap_refuses_clearly_over_tls(pki: dict[str, str], tmp_path: Path) -> None:
     """Past limits.http_connections_max a TLS client still reads the 503 (the refusal is written
     after the handshake, then the connection closed)."""
