@@ -3,7 +3,7 @@
     python bench/bench_engine.py [--jobs 200000] [--memory-jobs 1000000]
 
 Prints jobs/s for push, batch push, pull+ack and batch pull+ack; bytes of engine
-overhead per waiting 100-byte job (tracemalloc); and seed 002's utube workloads:
+overhead per waiting 100-byte job (tracemalloc); and utube workloads:
 (a) 30,000 groups with one task each, put all then take+ack all; (b) 10 groups x
 150,000 tasks, 10 consumers taking and acking round-robin, with the ratio to
 tarantool's best published figures (ready_buffer mode: (a) put 270 ms, take+ack

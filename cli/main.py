@@ -2,7 +2,7 @@
 
 Subcommands are imported lazily from the registry below, so ``shoal --help``
 stays fast and ``shoal.cluster`` never has to import ``shoal.node`` or
-``shoal.chaos`` (see DESIGN §1's dependency direction).
+``shoal.chaos`` (imports point from node and chaos to cluster, never back).
 """
 
 from __future__ import annotations

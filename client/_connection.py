@@ -1,6 +1,6 @@
 """One TCP connection to one node: pipelining, health checks, dead-link detection.
 
-States follow seed 001: DISCONNECTED → CONNECTING → CONNECTED, and
+States: DISCONNECTED → CONNECTING → CONNECTED, and
 RECONNECTING after a failure. The connect sequence is TCP connect (SO_KEEPALIVE,
 TCP_NODELAY) → ``Hello`` (protocol v2 with pipelining, or v1 when pipelining is
 off) → ``Auth`` (when a token is set) → ``Identify`` (when a session is set) →
@@ -43,7 +43,7 @@ _LATENCY_WEIGHT = 0.2
 
 
 class ConnState(str, enum.Enum):
-    """Seed 001's connection states."""
+    """The connection's states."""
 
     DISCONNECTED = "DISCONNECTED"
     CONNECTING = "CONNECTING"

@@ -267,7 +267,7 @@ class Router:
 # --- request building --------------------------------------------------------------------------------
 
 class ShardPicker:
-    """Sub-queues of a sharded queue and which one a job goes to (DESIGN §3).
+    """Sub-queues of a sharded queue and which one a job goes to.
 
     A job with a ``group`` or ``custom_id`` goes to ``stable_hash(that) mod k`` (so a
     group stays FIFO on one shard and a custom id dedupes on one shard); others go

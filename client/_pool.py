@@ -1,7 +1,7 @@
 """Per-node connection pools: round-robin, preferring connected sockets; shared and reference-counted.
 
 Every client on the same event loop with the same address, token, session and
-options shares one pool per node (seed 001's shared pools); the last client to
+options shares one pool per node; the last client to
 let go closes it.
 """
 

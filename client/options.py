@@ -1,4 +1,4 @@
-"""Connection settings as small value objects (seed 001's defaults).
+"""Connection settings as small value objects, with their defaults.
 
     opts = ConnectionOptions(command_timeout=5.0, ping_interval=1.0)
     opts = ConnectionOptions(reconnect=RetryPolicy(max_s=5.0), tls=True)
@@ -24,7 +24,7 @@ _IN_FLIGHT_MAX = 100_000
 class RetryPolicy:
     """Reconnect backoff: ``base_s`` × ``factor``ⁿ, capped at ``max_s``, then ±``jitter`` (a fraction).
 
-    The default is seed 001's: 100 ms, ×2, at most 30 s, ±30 %.
+    The default: 100 ms, ×2, at most 30 s, ±30 %.
     """
 
     base_s: float = 0.1
@@ -53,7 +53,7 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionOptions:
-    """How the client talks to nodes (seed 001's options and defaults).
+    """How the client talks to nodes (options and defaults).
 
     - ``pipelining``: protocol v2 (``Hello``, many commands in flight, replies matched by
       ``reqId``); ``False`` gives v1 sequential mode (one command at a time per connection).

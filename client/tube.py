@@ -1,4 +1,4 @@
-"""``AsyncTube`` and its blocking twin ``Tube``: tarantool's queue API over the same engine (seed 002).
+"""``AsyncTube`` and its blocking twin ``Tube``: tarantool's queue API over the same engine.
 
 =====================  =========================  ==========================================
 tarantool              Shoal command              notes

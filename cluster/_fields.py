@@ -24,7 +24,7 @@ Checker = Callable[[str, Any], None]
 JOB_STATES = ("waiting", "delayed", "active", "completed", "failed")
 QUEUE_TYPES = ("standard", "fifo", "fifottl", "limfifottl", "utube", "utubettl", "log")
 
-# A sharded queue's sub-queues are ``name#0`` .. ``name#1023`` (DESIGN §3), so one
+# A sharded queue's sub-queues are ``name#0`` .. ``name#1023``, so one
 # ``#<shard>`` suffix is allowed after the base name.
 _QUEUE_RE = re.compile(r"(?=.{1,%d}\Z)[A-Za-z0-9_.:\-]+(?:#(?:0|[1-9][0-9]{0,2}|10[01][0-9]|102[0-3]))?\Z" % L.queue_name_chars_max)
 # Below this many characters a str's MessagePack encoding (≤ 4 bytes per char

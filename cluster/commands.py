@@ -16,7 +16,7 @@ Routing:
   answers for its own partitions and the client merges;
 - ``node``: answered by the connected node itself, never replicated.
 
-Field names are exactly the wire names of seed 001 (see ``docs/commands.md``).
+Field names are exactly the wire names listed in ``docs/commands.md``.
 Unknown fields are refused so that a typo is never silently ignored; ``null``
 for an optional field means "not given" (a required field must be present;
 only ``data`` accepts ``null`` as its value). Commands whose name starts with
@@ -168,7 +168,7 @@ _ID = {"id": F.job_id}
 _TOK = {"token": F.lease_token}
 
 _SPECS = [
-    # core (seed 001)
+    # core job commands
     _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "timeout": _timeout},
           retry=True),  # retried under its idempotencyKey, which the client always sets
     _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True),
@@ -178,7 +178,7 @@ _SPECS = [
     _spec("ACK", "id", _ID, {"result": F.data, **_TOK}),
     _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens}, check=_same_length_as_ids),
     _spec("FAIL", "id", _ID, {"error": _error_text, "delay": _delay, **_TOK}),
-    # lease and tarantool models (DESIGN §2)
+    # lease and tarantool models
     _spec("Release", "id", _ID, {"delay": _delay, **_TOK}),
     _spec("Bury", "id", _ID, {"error": _error_text, **_TOK}),
     _spec("Kick", "queue", {"queue": F.queue, "count": _kick_count}),

@@ -13,6 +13,10 @@ cluster file or by its ``SHOAL_*`` variable (the variable wins)::
     unfinished_bytes_max = 0            # all connections' unfinished frames; 0: a quarter of the budget
     memory_max_bytes = 0                # 0: 70 % of the cgroup limit, else of physical memory
     memory_high_ratio = 0.9             # new jobs get OVERLOADED above ratio * memory_max_bytes
+    http_connections_max = 4096         # HTTP connections per node; past it: 503 OVERLOADED and a close
+    http_header_timeout_ms = 10000      # an HTTP request line and headers must arrive whole this long
+                                        # after their first byte (408 TIMEOUT and a close)
+    http_keepalive_timeout_ms = 75000   # close an HTTP connection idle this long between requests
 
     [tls]                               # client and HTTP ports; no table = plain TCP
     cert = "node.pem"                   # certificate chain (PEM)
@@ -29,6 +33,9 @@ SHOAL_OUTPUT_HIGH_BYTES                ``output_high_bytes``
 SHOAL_OUTPUT_MAX_BYTES                 ``output_max_bytes``
 SHOAL_UNFINISHED_BYTES_MAX             ``unfinished_bytes_max``
 SHOAL_MEMORY_MAX_BYTES                 ``memory_max_bytes``
+SHOAL_HTTP_CONNECTIONS_MAX             ``http_connections_max``
+SHOAL_HTTP_HEADER_TIMEOUT_MS           ``http_header_timeout_ms``
+SHOAL_HTTP_KEEPALIVE_TIMEOUT_MS        ``http_keepalive_timeout_ms``
 SHOAL_TLS_CERT / _KEY / _CA            ``[tls] cert`` / ``key`` / ``ca``
 SHOAL_TLS_CLIENT_CERTS                 ``[tls] client_certs``
 =====================================  =========================================
@@ -65,6 +72,9 @@ class NodeLimits:
     unfinished_bytes_max: int = 0
     memory_max_bytes: int = 0
     memory_high_ratio: float = 0.9
+    http_connections_max: int = 4096
+    http_header_timeout_ms: int = 10_000
+    http_keepalive_timeout_ms: int = 75_000
 
     def validate(self) -> "NodeLimits":
         """Raise ValueError for a limit out of range."""
@@ -106,6 +116,9 @@ LIMITS_ENV_VARS = {
     "SHOAL_OUTPUT_MAX_BYTES": "output_max_bytes",
     "SHOAL_UNFINISHED_BYTES_MAX": "unfinished_bytes_max",
     "SHOAL_MEMORY_MAX_BYTES": "memory_max_bytes",
+    "SHOAL_HTTP_CONNECTIONS_MAX": "http_connections_max",
+    "SHOAL_HTTP_HEADER_TIMEOUT_MS": "http_header_timeout_ms",
+    "SHOAL_HTTP_KEEPALIVE_TIMEOUT_MS": "http_keepalive_timeout_ms",
 }
 
 

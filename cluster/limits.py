@@ -1,4 +1,4 @@
-"""Validation limits of the protocol (seed 001's limits table), units last in every name.
+"""Validation limits of the protocol, units last in every name.
 
 The lower-case names are canonical (TigerStyle: ``delay_ms_max``); the
 upper-case spellings are aliases of the same values for code that prefers
@@ -25,7 +25,7 @@ __all__ = [
 hour_ms = 3600 * 1000
 day_ms = 24 * hour_ms
 
-# Seed 001's table.
+# A job's own fields.
 queue_name_chars_max = 256            # of [A-Za-z0-9_.:-]
 data_bytes_max = 10 * 1024 * 1024     # job data, measured as its MessagePack encoding
 priority_min = -1_000_000
@@ -37,7 +37,7 @@ attempts_max = 1_000
 backoff_ms_max = 24 * hour_ms
 ttl_ms_max = 365 * day_ms
 
-# Ours: a limit on everything else a client can send.
+# Everything else a client can send.
 ttr_ms_min = 1                        # a lease of 0 ms would expire before it is returned
 ttr_ms_max = 24 * hour_ms
 key_chars_max = 256                   # customId, idempotencyKey, group, tag, cron name, session, workerId

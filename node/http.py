@@ -12,11 +12,13 @@ Auth: when the node has tokens, every endpoint but ``/healthz`` and ``/ready`` n
 without the header that then sends ``Auth {token}`` like a binary client (browsers cannot set
 headers on a WebSocket).
 
-The streaming endpoints (``/events``, ``/work``, ``/ws``) live in :mod:`shoal.node.http_streams`.
+The streaming endpoints (``/events``, ``/work``, ``/ws``) live in :mod:`shoal.node.http_streams`;
+the port's connection cap and header deadline in :mod:`shoal.node.http_guard`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -35,6 +37,7 @@ from shoal.cluster.errors import ProtocolError
 from .http_conn import HttpConnection
 from .http_dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
 from .http_forward import Forwarder
+from .http_guard import GuardedSite, HttpGuard
 from .http_streams import StreamHandlers
 from .http_util import STATUS_BY_CODE, error_response, json_response, loads_bounded
 from .raft.replica import FOLLOWER_APPLY_BATCH
@@ -56,6 +59,12 @@ STREAM_ROUTES = frozenset({"/events", "/work", "/queues/{queue}/work", "/ws", "/
 _METHODS = frozenset({"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"})
 _OPENAPI = Path(__file__).with_name("openapi.yaml")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: aiohttp's bounds on a request's head, stated here so they are part of the node's documented limits
+#: (a Bearer token of auth_token_chars_max fits in one field).
+HTTP_LINE_BYTES_MAX = 8190
+HTTP_FIELD_BYTES_MAX = 8190
+HTTP_HEADERS_MAX = 128
+HTTP_LINGER_S = 2.0
 
 
 def _digest(token: bytes) -> bytes:
@@ -145,12 +154,23 @@ class HttpApi(StreamHandlers):
             return await self.forwarder.forward(request, reply)
         return json_response(reply, STATUS_BY_CODE.get(str(reply.get("code")), 500))
 
-    @staticmethod
-    async def body(request: web.Request) -> dict[str, Any]:
-        """The request's JSON object (empty when there is no body); 400 INVALID otherwise."""
+    async def body(self, request: web.Request) -> dict[str, Any]:
+        """The request's JSON object (empty when there is no body); 400 INVALID otherwise, 408
+        TIMEOUT when it does not arrive whole within ``limits.frame_timeout_ms``."""
         if not request.can_read_body:
             return {}
-        text = await request.text()
+        timeout_s = self.node.config.limits.frame_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                text = await request.text()
+        except TimeoutError as exc:
+            self.node.metrics.http_refusals["body_timeout"] += 1
+            refusal = web.HTTPRequestTimeout(
+                text=json.dumps({"ok": False, "code": "TIMEOUT", "error": f"the request body did not arrive "
+                                 f"within {timeout_s:g} s (limits.frame_timeout_ms)"}),
+                content_type="application/json")
+            refusal.force_close()  # the rest of the body may still be on its way
+            raise refusal from exc
         if not text.strip():
             return {}
         try:
@@ -206,6 +226,7 @@ class HttpApi(StreamHandlers):
             "nodeId": node.node_id, "uptimeS": round(time.time() - self.started, 1),
             "memory": {**memory, **node.guard.memory()},
             "jobsHeld": jobs, "connections": len(node.dispatcher.connections),
+            "httpConnections": node.metrics.http_connections,
             "httpStreams": dict(node.metrics.http_streams), "sessions": node.dispatcher.sessions.active,
             "partitions": sorted(node.replicas),
             "leading": sorted(p for p, r in node.replicas.items() if r.is_leader())})
@@ -286,10 +307,11 @@ def _bad_request(message: str) -> web.HTTPBadRequest:
 API_KEY = web.AppKey("api", HttpApi)
 
 
-def build_app(node: "Node") -> web.Application:
+def build_app(node: "Node", guard: HttpGuard | None = None) -> web.Application:
     """The node's aiohttp application (every route of the OpenAPI description)."""
     api = HttpApi(node)
-    app = web.Application(middlewares=[api.errors, api.auth], client_max_size=node.config.frame_bytes_max)
+    middlewares = [api.errors, api.auth] if guard is None else [guard.middleware, api.errors, api.auth]
+    app = web.Application(middlewares=middlewares, client_max_size=node.config.frame_bytes_max)
     app[API_KEY] = api
 
     async def close_forwarder(_: web.Application) -> None:
@@ -321,8 +343,15 @@ async def start_http(node: "Node", host: str, port: int) -> web.AppRunner:
     """Serve the HTTP API on ``host:port``; the caller cleans the runner up on stop."""
     # Open SSE streams must not hold a graceful stop for aiohttp's default 60 s.
     # handler_cancellation: a /work stream's leases are released the moment its client goes away.
-    runner = web.AppRunner(build_app(node), access_log=None, shutdown_timeout=2.0, handler_cancellation=True)
+    # keepalive_timeout also closes a connection that never sends a request. lingering_time bounds
+    # how long the unread rest of a refused body is drained before the close.
+    limits = node.config.limits
+    guard = HttpGuard(limits, node.metrics)
+    runner = web.AppRunner(build_app(node, guard), access_log=None, shutdown_timeout=2.0,
+                           handler_cancellation=True, keepalive_timeout=limits.http_keepalive_timeout_ms / 1000,
+                           max_line_size=HTTP_LINE_BYTES_MAX, max_field_size=HTTP_FIELD_BYTES_MAX,
+                           max_headers=HTTP_HEADERS_MAX, lingering_time=HTTP_LINGER_S)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True,
+    await GuardedSite(runner, host, port, guard,
                       ssl_context=node.config.tls.server_context() if node.config.tls else None).start()
     return runner

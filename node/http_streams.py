@@ -1,5 +1,5 @@
 """Long-lived HTTP endpoints: ``/events`` (SSE of job state changes), ``/work`` (push-mode
-workers, seed 004) and ``/ws`` (the binary protocol's commands over a WebSocket).
+workers) and ``/ws`` (the binary protocol's commands over a WebSocket).
 
 All three run their commands through the dispatcher on an
 :class:`~shoal.node.http_conn.HttpConnection`, like REST requests do.
@@ -138,7 +138,7 @@ class StreamHandlers:
     # --- /work ----------------------------------------------------------------------------------
 
     async def work(self, request: web.Request) -> web.StreamResponse:
-        """Push-mode worker (seed 004): keep up to ``max`` jobs leased to this stream.
+        """Push-mode worker: keep up to ``max`` jobs leased to this stream.
 
         Each job arrives as ``event: job`` with ``{job, token}``. When a job of the stream
         leaves the active state -- acked or failed by anyone (REST, binary, /ws), or its lease

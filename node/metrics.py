@@ -70,7 +70,14 @@ class _NodeCollector(Collector):
             streams.add_metric([kind], n)
         forwarded = CounterMetricFamily("shoal_http_forwarded", "HTTP requests forwarded to a partition's leader",
                                         value=node.metrics.http_forwarded)
-        yield from (term, commit, elections, leader, pending, batches, batched, leaders, inflight, streams, forwarded)
+        http_open = GaugeMetricFamily("shoal_http_connections", "Open HTTP connections (limits.http_connections_max)",
+                                      value=node.metrics.http_connections)
+        refusals = CounterMetricFamily("shoal_http_refusals", "HTTP connections refused or cut off: connections_max "
+                                       "(503), header_timeout and body_timeout (408)", labels=["reason"])
+        for reason, n in sorted(node.metrics.http_refusals.items()):
+            refusals.add_metric([reason], n)
+        yield from (term, commit, elections, leader, pending, batches, batched, leaders, inflight, streams, forwarded,
+                    http_open, refusals)
         jobs = GaugeMetricFamily("shoal_queue_jobs", "Jobs by state, per queue (partitions this node leads)",
                                  labels=["queue", "state"])
         totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "
@@ -149,6 +156,8 @@ class NodeMetrics:
         self.http_inflight = 0
         self.http_forwarded = 0
         self.http_streams: dict[str, int] = {"events": 0, "work": 0, "ws": 0}
+        self.http_connections = 0
+        self.http_refusals: dict[str, int] = {"connections_max": 0, "header_timeout": 0, "body_timeout": 0}
         self._http_children: dict[tuple[str, str, int], Any] = {}
         self._http_cmd_children: dict[str, Any] = {}
 

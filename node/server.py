@@ -352,10 +352,10 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def tune_gc() -> None:
     """Make the cyclic GC rare: a node holds millions of long-lived, acyclic job objects.
 
-    With the default thresholds (700, 10, 10) the collector ran so often that it
-    took about a third of the time of applying pushes (bench/bench_engine.py
-    style loop: 174K jobs/s with the defaults, 223K with these). Objects made
-    during start-up (modules, config) are frozen out of every later collection.
+    With the default thresholds (700, 10, 10) the collector runs so often that it
+    takes about a third of the time of applying pushes (a bench/bench_engine.py
+    style loop shows it). Objects made during start-up (modules, config) are
+    frozen out of every later collection.
     """
     gc.collect()
     gc.freeze()

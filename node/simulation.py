@@ -1,4 +1,4 @@
-"""Seed 003's demo: a pool of simulated workers draining a queue, with failures and hangs.
+"""The dashboard's simulation: a pool of simulated workers draining a queue, with failures and hangs.
 
 The workers are real clients of the cluster: one :class:`~shoal.client.AsyncClient` (binary
 protocol, partition-aware, its own lease session) on the node's event loop, talking to the

@@ -697,7 +697,7 @@ function jobDetailHtml(d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// simulation (seed 003's demo)
+// simulation: simulated workers draining a queue
 
 function simulationSkeleton() {
   const field = (name, label, value, attrs = "") => `<label>${label}<input name="${name}" value="${value}" ${attrs}></label>`;

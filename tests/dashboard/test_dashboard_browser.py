@@ -1,4 +1,4 @@
-"""The dashboard in a real browser against a real 3-node cluster (DESIGN §10)."""
+"""The dashboard in a real browser against a real 3-node cluster."""
 
 from __future__ import annotations
 

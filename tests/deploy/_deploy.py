@@ -177,15 +177,86 @@ def go_value(value: Any) -> str:
     return str(value)
 
 
+_CONDITION = re.compile(r'^\s*\{\{-?\s*(if|else if|else|end|with|range)\b\s*(.*?)\s*-?\}\}\s*$')
+
+
+_VALUE = r"\.Values\.[\w.]+"
+_SIMPLE_CONDITION = re.compile(rf'(?:not )?{_VALUE}|(?:eq|ne) {_VALUE} "[^"]*"')
+
+
+def _condition(expr: str, values: dict[str, Any]) -> bool | None:
+    """Helm's truth of ``.Values.a``, ``not .Values.a``, ``eq``/``ne .Values.a "literal"``; None
+    for any other condition."""
+    if not _SIMPLE_CONDITION.fullmatch(expr):
+        return None
+
+    def value(path: str) -> Any:
+        found, v = lookup(values, path[len(".Values."):])
+        assert found, f"{path} is not in values.yaml"
+        return v
+
+    op, _, rest = expr.partition(" ")
+    if op == "not":
+        return not value(rest)
+    if op in ("eq", "ne"):
+        path, _, literal = rest.partition(" ")
+        return (value(path) == literal.strip('"')) == (op == "eq")
+    return bool(value(expr))
+
+
+def resolve_conditionals(text: str, values: dict[str, Any]) -> str:
+    """``text`` with its line-level ``if``/``else if``/``else``/``end`` blocks resolved against ``values``.
+
+    Only whole-line actions on simple conditions are resolved (see :func:`_condition`); other
+    ``if`` blocks and ``with``/``range`` blocks are kept as they are, so the result is still a
+    template for everything else.
+    """
+    out: list[str] = []
+    # One entry per open block: None for a kept block; else [taking now, some branch taken].
+    stack: list[list[bool] | None] = []
+    for line in text.splitlines():
+        m = _CONDITION.match(line)
+        active = all(s is None or s[0] for s in stack)
+        if not m:
+            if active:
+                out.append(line)
+            continue
+        action, expr = m.groups()
+        condition = _condition(expr, values) if action in ("if", "else if") else None
+        if action in ("with", "range") or (action == "if" and condition is None):
+            stack.append(None)
+            if active:
+                out.append(line)
+        elif action == "if":
+            taken = active and bool(condition)
+            stack.append([taken, taken])
+        elif action in ("else if", "else"):
+            top = stack[-1]
+            if top is None:
+                if active:
+                    out.append(line)
+                continue
+            assert action == "else" or condition is not None, f"the test cannot resolve {line!r}"
+            outer = all(s is None or s[0] for s in stack[:-1])
+            taken = outer and not top[1] and (action == "else" or bool(condition))
+            top[0], top[1] = taken, top[1] or taken
+        else:  # end
+            if stack.pop() is None and all(s is None or s[0] for s in stack):
+                out.append(line)
+    assert not stack, "unbalanced blocks"
+    return "\n".join(out) + "\n"
+
+
 def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[str, str]) -> list[dict[str, Any]]:
     """The container ``env`` list of the StatefulSet template, rendered with a small evaluator.
 
-    It understands the pipelines the env block uses — ``.Values.a.b``, ``include "name" .`` and a
+    Its ``if`` blocks are resolved first (:func:`resolve_conditionals`). It understands the
+    pipelines the env block uses — ``.Values.a.b``, ``include "name" .`` and a
     quoted literal, piped through ``int``, ``int64`` and ``quote`` — and numbers behave as in Helm
     (float64, so ``67108864 | quote`` would be ``"6.7108864e+07"``). Anything else fails the test
     with a request to extend the evaluator.
     """
-    lines = statefulset.splitlines()
+    lines = resolve_conditionals(statefulset, values).splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "env:")
     indent = len(lines[start]) - len(lines[start].lstrip())
     block = []

@@ -29,7 +29,8 @@ from shoal.cluster.guard import TLS_ENV_VARS
 from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
                      interpolate,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
-                     healthcheck_argv, image_argv, lookup, render_env_block, service_env, template_texts,
+                     healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
+                     template_texts,
                      values_paths_used)
 
 REPO = DEPLOY.parent
@@ -242,6 +243,54 @@ def test_dashboard_uses_metrics_the_node_defines() -> None:
         assert f'"{base}"' in source, f"the dashboard uses {name}; node/metrics.py defines no {base}"
 
 
+COMPOSE_TLS_FILE = DEPLOY / "docker-compose.tls.yml"
+
+
+@pytest.mark.parametrize("client_certs", ["", "required"])
+def test_compose_tls_overlay_configures_every_node_from_the_mounted_directory(tmp_path: Path,
+                                                                              client_certs: str) -> None:
+    overlay = yaml.safe_load(COMPOSE_TLS_FILE.read_text())["services"]
+    assert set(overlay) == set(NODE_SERVICES)
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name in ("node.pem", "node.key", "ca.pem"):
+        (mount / name).write_text("PEM")
+    variables = {**SECRET_VARS, "SHOAL_TLS_DIR": str(mount), "SHOAL_TLS_CLIENT_CERTS": client_certs}
+    for name in NODE_SERVICES:
+        svc = overlay[name]
+        (volume,) = svc["volumes"]
+        assert interpolate(volume, variables) == f"{mount}:/etc/shoal/tls:ro"
+        with pytest.raises(MissingVariable):  # no directory named: compose refuses the overlay
+            interpolate(volume, SECRET_VARS)
+        check = " ".join(compose_test_argv(svc["healthcheck"]["test"]))
+        assert "https://127.0.0.1" in check and "/healthz" in check and "load_cert_chain" in check
+        # What compose merges: the base file's environment, then the overlay's.
+        env = {**_node_env(name), **service_env(svc, variables)}
+        assert set(env) <= set(ENV_VARS)
+        config = load_config(env={k: v.replace("/etc/shoal/tls", str(mount)) for k, v in env.items()})
+        assert config.node_id == name and config.tls is not None
+        assert (config.tls.cert, config.tls.key, config.tls.ca) == (
+            str(mount / "node.pem"), str(mount / "node.key"), str(mount / "ca.pem"))
+        assert config.tls.client_certs == (client_certs or "none")
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
+                           "scripts/test does it when it runs as root with apt); only this check is skipped")
+def test_docker_compose_config_merges_the_tls_overlay(tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **SECRET_VARS,
+           "SHOAL_TLS_DIR": str(tmp_path)}
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "-f", str(COMPOSE_TLS_FILE), "config"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in NODE_SERVICES:
+        svc = services[name]
+        assert svc["environment"]["SHOAL_NODE_ID"] == name and svc["environment"]["SHOAL_TLS_CLIENT_CERTS"] == "none"
+        assert f"{tmp_path}:/etc/shoal/tls:ro" in svc["volumes"] and any(":/data" in v for v in svc["volumes"])
+        assert "https://" in " ".join(svc["healthcheck"]["test"]) and svc["healthcheck"]["interval"] == "5s"
+
+
 @pytest.mark.skipif(not shutil.which("docker-compose"),
                     reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
                            "scripts/test does it when it runs as root with apt); only this check is skipped")
@@ -343,7 +392,11 @@ def test_chart_values_validate_against_the_schema() -> None:
                 {**values, "cluster": {**values["cluster"], "tokens": ["a,b"]}},  # joined with commas
                 {**values, "cluster": {**values["cluster"], "partitions": "8"}},
                 {**values, "ports": {**values["ports"], "raft": 70000}},
-                {**values, "podAntiAffinity": "sometimes"}):
+                {**values, "podAntiAffinity": "sometimes"},
+                {**values, "tls": {**values["tls"], "enabled": True}},                   # no Secret named
+                {**values, "tls": {**values["tls"], "clientCerts": "required", "caKey": ""}},  # nothing to verify with
+                {**values, "tls": {**values["tls"], "clientCerts": "always"}},
+                {**values, "limits": {**values["limits"], "httpConnectionsMax": 0}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
 
@@ -410,7 +463,7 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
             "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
             "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
-    # TLS needs a certificate Secret mounted into the pods: the chart has no TLS settings yet.
+    # TLS variables are set only with tls.enabled (test_chart_tls_*).
     not_for_pods = {"SHOAL_CONFIG", *TLS_ENV_VARS}
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
         f"shoal node reads variables the chart does not set: {sorted(set(ENV_VARS) - set(names) - not_for_pods)}"
@@ -473,7 +526,7 @@ def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None
 
 def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     t = template_texts()
-    sts = t["statefulset.yaml"]
+    sts = resolve_conditionals(t["statefulset.yaml"], chart_values())
     assert re.search(r"readinessProbe:\n\s+httpGet: \{path: /ready, port: http\}", sts)
     assert re.search(r"livenessProbe:\n\s+httpGet: \{path: /healthz, port: http\}", sts)
     assert "fieldPath: metadata.name" in sts
@@ -489,6 +542,67 @@ def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     assert "kind: Secret" in t["secret.yaml"] and "required" in t["secret.yaml"]
     notes = t["NOTES.txt"]
     assert "from shoal.client import Client" in notes and "rollout status" in notes and "port-forward" in notes
+
+
+def _tls_values(client_certs: str, ca_key: str = "ca.crt") -> dict[str, Any]:
+    values = chart_values()
+    values["tls"] = {**values["tls"], "enabled": True, "existingSecret": "shoal-certs", "caKey": ca_key,
+                     "clientCerts": client_certs}
+    jsonschema.validate(values, chart_schema())
+    return values
+
+
+@pytest.mark.parametrize("client_certs,ca_key", [("none", ""), ("none", "ca.crt"), ("optional", "ca.crt"),
+                                                 ("required", "ca.crt")])
+def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, client_certs: str,
+                                                                ca_key: str) -> None:
+    values = _tls_values(client_certs, ca_key)
+    names = {item["name"] for item in _rendered_env(values)}
+    assert set(ENV_VARS) - names <= {"SHOAL_CONFIG"} | ({"SHOAL_TLS_CA"} if not ca_key else set())
+    # The node checks that the files exist: stand in for the mounted Secret.
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (mount / name).write_text("PEM")
+    env = {k: v.replace("/etc/shoal/tls", str(mount)) for k, v in
+           _pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
+    config = load_config(env=env)
+    assert config.tls is not None
+    assert (config.tls.cert, config.tls.key) == (str(mount / "tls.crt"), str(mount / "tls.key"))
+    assert config.tls.ca == (str(mount / "ca.crt") if ca_key else None)
+    assert config.tls.client_certs == client_certs
+
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    # Parse the structure: whole-line actions dropped, inline ones stood in for by a scalar.
+    skeleton = re.sub(r"\{\{.*?\}\}", "X", re.sub(r"(?m)^\s*\{\{.*?\}\}\s*\n", "", text))
+    sts = yaml.safe_load(skeleton)
+    pod = sts["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert {"name": "tls", "mountPath": "/etc/shoal/tls", "readOnly": True} in container["volumeMounts"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert [item["path"] for item in volume["secret"]["items"]] == ["tls.crt", "tls.key"] + (["ca.crt"] if ca_key else [])
+    assert '{{ required "tls.existingSecret' in text and "{key: {{ .Values.tls.certKey }}, path: tls.crt}" in text
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/healthz")):
+        if client_certs == "required":  # the kubelet has no client certificate: probe from inside the pod
+            command = container[probe]["exec"]["command"]
+            assert command[:2] == ["python", "-c"] and f"%s{path}'" in command[2]
+            assert "/etc/shoal/tls/tls.crt" in command[2] and "/etc/shoal/tls/ca.crt" in command[2]
+        else:
+            assert container[probe]["httpGet"] == {"path": path, "port": "http", "scheme": "HTTPS"}
+
+
+def test_chart_without_tls_mounts_nothing_and_probes_plain_http() -> None:
+    values = chart_values()
+    assert values["tls"]["enabled"] is False
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    assert "/etc/shoal/tls" not in text and "scheme: HTTPS" not in text
+    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in _rendered_env(values)}
+    monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {**values, "serviceMonitor": {
+        **values["serviceMonitor"], "enabled": True}})
+    assert "scheme: https" not in monitor
+    tls_monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {
+        **_tls_values("required"), "serviceMonitor": {**values["serviceMonitor"], "enabled": True}})
+    assert "scheme: https" in tls_monitor and "keySecret:" in tls_monitor and "serverName:" in tls_monitor
 
 
 def test_one_raft_port_per_node_everywhere() -> None:

@@ -1,4 +1,4 @@
-"""Hostile clients against a 3-node cluster with tokens (DESIGN §9): nothing a client sends can
+"""Hostile clients against a 3-node cluster with tokens: nothing a client sends can
 take a node's memory, its event loop or another client's session.
 
 Each test is an attack as a client with a socket would run it; the node's peak or current

@@ -1,4 +1,4 @@
-"""TLS on the client and HTTP ports, end to end with the client library (DESIGN §9).
+"""TLS on the client and HTTP ports, end to end with the client library.
 
 A throwaway CA signs a certificate for 127.0.0.1 and one for a client; the nodes serve TLS
 only, optionally requiring client certificates.
@@ -9,13 +9,20 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
+import re
 import socket
 import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -151,3 +158,62 @@ def test_cluster_up_takes_tls_from_the_environment(pki: dict[str, str], tmp_path
             assert client.ping()["pong"] is True
     finally:
         CliRunner().invoke(cluster_group, ["down", "--data", str(data)])
+
+
+def test_helm_chart_exec_probes_pass_against_a_node_that_requires_client_certificates(
+        tls_cluster: LocalCluster, pki: dict[str, str], tmp_path: Path) -> None:
+    """The chart's in-pod probes (tls.clientCerts: required), run as written, with the mounted Secret
+    stood in for by this test's certificates: they must pass against a real node."""
+    chart = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "shoal" / "templates" / "statefulset.yaml"
+    commands = [yaml.safe_load(m) for m in re.findall(r"^\s+command: (\[\"python\".*\])$", chart.read_text(), re.M)]
+    assert len(commands) == 2  # readiness and liveness
+    mount = tmp_path / "tls"
+    mount.mkdir()
+    for name, source in (("tls.crt", pki["cert"]), ("tls.key", pki["key"]), ("ca.crt", pki["ca"])):
+        (mount / name).symlink_to(source)
+    node = tls_cluster.config.nodes[0]
+    for command in commands:
+        argv = [sys.executable if command[0] == "python" else command[0],
+                *(arg.replace("/etc/shoal/tls", str(mount)) for arg in command[1:])]
+        done = subprocess.run(argv, env={"SHOAL_HTTP_PORT": str(node.http_port)}, capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr.decode()
+    # The same probe without a client certificate is refused: the probe's certificate is what passes.
+    without_cert = [sys.executable, "-c", commands[0][2].replace(
+        "c.load_cert_chain('/etc/shoal/tls/tls.crt','/etc/shoal/tls/tls.key');", "").replace(
+        "/etc/shoal/tls", str(mount))]
+    done = subprocess.run(without_cert, env={"SHOAL_HTTP_PORT": str(node.http_port)}, capture_output=True, timeout=30)
+    assert done.returncode != 0
+
+
+def test_compose_tls_health_check_passes_against_a_node_that_requires_client_certificates(
+        tls_cluster: LocalCluster, pki: dict[str, str]) -> None:
+    """deploy/docker-compose.tls.yml's health check, run as written with this node's settings."""
+    overlay = Path(__file__).resolve().parents[2] / "deploy" / "docker-compose.tls.yml"
+    kind, *argv = yaml.safe_load(overlay.read_text())["services"]["shoal-1"]["healthcheck"]["test"]
+    assert kind == "CMD" and argv[0] == "python"
+    env = {"SHOAL_CONFIG": str(tls_cluster.config_path), "SHOAL_NODE_ID": "n1", "SHOAL_TLS_CERT": pki["cert"],
+           "SHOAL_TLS_KEY": pki["key"], "SHOAL_TLS_CA": pki["ca"]}
+    done = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_http_connection_cap_refuses_clearly_over_tls(pki: dict[str, str], tmp_path: Path) -> None:
+    """Past limits.http_connections_max a TLS client still reads the 503 (the refusal is written
+    after the handshake, then the connection closed)."""
+    tls = TlsSettings(pki["cert"], pki["key"], pki["ca"], "none")
+    with LocalCluster(nodes=1, partitions=1, data_dir=tmp_path / "c", base_port=free_base_port(1, 1), tls=tls,
+                      extra_env={"SHOAL_HTTP_CONNECTIONS_MAX": "2"}, node_command=NODE_COMMAND) as cl:
+        cl.wait_ready()
+        n = cl.config.node("n1")
+        ctx = _client_context(pki, with_cert=False)
+        held = [ctx.wrap_socket(socket.create_connection((n.host, n.http_port), timeout=5), server_hostname=n.host)
+                for _ in range(2)]
+        try:
+            for _ in range(3):
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(f"https://{n.host}:{n.http_port}/healthz", context=ctx, timeout=5)
+                assert refused.value.code == 503
+                assert json.loads(refused.value.read())["code"] == "OVERLOADED"
+        finally:
+            for sock in held:
+                sock.close()

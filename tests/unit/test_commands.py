@@ -1,4 +1,4 @@
-"""The command schema: seed 001's commands and field names, its limits table, routing."""
+"""The command schema: the commands and field names, the limits table, routing."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_required_null_optional_and_bool_as_int() -> None:
     invalid({"cmd": "PUSH", "queue": "q", "data": 1, 7: 1}, "7")
 
 
-# --- seed 001's limits table: each limit at its bound and one past it --------------------------
+# --- the limits table: each limit at its bound and one past it --------------------------
 
 PUSH = {"cmd": "PUSH", "queue": "q", "data": 1}
 PULL = {"cmd": "PULL", "queue": "q"}

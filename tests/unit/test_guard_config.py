@@ -33,8 +33,21 @@ def test_file_then_environment(tmp_path: Path) -> None:
         assert var in ENV_VARS
 
 
+def test_http_port_limits(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE + "[limits]\nhttp_connections_max = 50\nhttp_header_timeout_ms = 2000\n")
+    cfg = load_config(path, env={"SHOAL_HTTP_KEEPALIVE_TIMEOUT_MS": "5000", "SHOAL_HTTP_HEADER_TIMEOUT_MS": "3000"})
+    assert (cfg.limits.http_connections_max, cfg.limits.http_header_timeout_ms,
+            cfg.limits.http_keepalive_timeout_ms) == (50, 3000, 5000)
+    assert NodeLimits().http_connections_max == 4096
+    for var in ("SHOAL_HTTP_CONNECTIONS_MAX", "SHOAL_HTTP_HEADER_TIMEOUT_MS", "SHOAL_HTTP_KEEPALIVE_TIMEOUT_MS"):
+        assert var in ENV_VARS
+
+
 @pytest.mark.parametrize("extra,env", [
     ("[limits]\nconnections_max = 0\n", {}),
+    ("", {"SHOAL_HTTP_CONNECTIONS_MAX": "0"}),
+    ("[limits]\nhttp_header_timeout_ms = 0\n", {}),
     ("[limits]\nbogus = 1\n", {}),
     ("", {"SHOAL_FRAME_TIMEOUT_MS": "soon"}),
     ("[limits]\noutput_high_bytes = 100\noutput_max_bytes = 10\n", {}),

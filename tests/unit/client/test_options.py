@@ -1,4 +1,4 @@
-"""ConnectionOptions and RetryPolicy: seed 001's defaults, validation, backoff jitter bounds."""
+"""ConnectionOptions and RetryPolicy: the defaults, validation, backoff jitter bounds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Determinism, snapshots, the seed 002 state diagram, fencing, and the queue presets."""
+"""Determinism, snapshots, the job state diagram, fencing, and the queue presets."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_reads_never_change_state() -> None:
     assert e.digest() == before
 
 
-# --- the state diagram of seed 002, transition by transition ------------------------------------
+# --- the job state diagram, transition by transition ------------------------------------
 
 def fresh(**opts: Any) -> tuple[PartitionEngine, str]:
     e = PartitionEngine(0)
