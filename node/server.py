@@ -30,6 +30,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 
 from .connection import ClientConnection
+from .digests import ReplicaDigests
 from .dispatch import Dispatcher
 from .group_commit import GroupCommit
 from .guard import NodeGuard
@@ -61,6 +62,7 @@ class Node:
         self.placement = config.placement()
         self.data_dir = config.node_data_dir(self.node_id)
         self.replicas: dict[int, PartitionReplica] = {}
+        self.digests = ReplicaDigests(self.loop)
         self.group_commits: dict[int, GroupCommit] = {}
         self.topology: Topology = config.initial_topology()
         self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
@@ -162,6 +164,7 @@ class Node:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():
             replica.close()
+        self.digests.close()
         if self.raft_network is not None:
             self.raft_network.close()
         self.scheduler.close()
@@ -182,15 +185,16 @@ class Node:
                             leader={"nodeId": leader.id, "host": leader.host, "port": leader.port})
 
     def local_stats(self, partition: Any = None) -> dict[str, Any]:
-        """Diagnostics of every hosted replica, leader or not (digest at the applied index)."""
+        """Diagnostics of every hosted replica, leader or not (``digest`` as of ``digestIndex``)."""
         out: dict[str, Any] = {}
         for p, replica in sorted(self.replicas.items()):
             if partition is not None and p != partition:
                 continue
-            digest = replica.engine.digest()
+            digest, digest_index = self.digests.get(p, replica, self.replicas)
             out[str(p)] = {"leader": replica.leader_id(), "isLeader": replica.is_leader(),
                            "term": replica.term(), "commitIndex": replica.commit_index(),
                            "appliedIndex": replica.applied_index(), "digest": digest,
+                           "digestIndex": digest_index, "snapshots": replica.snapshots.written,
                            "pendingCommands": self.group_commits[p].pending, "elections": replica.elections}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
