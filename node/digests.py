@@ -27,6 +27,9 @@ __all__ = ["ReplicaDigests", "INLINE_JOBS_MAX", "ENV_INLINE_JOBS_MAX", "RESULT_B
 
 log = logging.getLogger(__name__)
 
+#: Children run at this niceness above the node's: they are background work.
+CHILD_NICE = 10
+
 #: A partition with at most this many jobs is hashed on the loop (~5 ms at this size).
 INLINE_JOBS_MAX = 1_000
 ENV_INLINE_JOBS_MAX = "SHOAL_DIGEST_INLINE_JOBS_MAX"
@@ -168,6 +171,7 @@ def _child(fd: int, stale: Mapping[int, tuple[Any, int]]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
+        os.nice(CHILD_NICE)  # the node's own loop comes first on a busy machine
         results = [[p, index, engine.digest()]
                    for p, (engine, index) in stale.items()]
         view = memoryview(msgpack.packb(results))

@@ -194,13 +194,19 @@ class Node:
             out[str(p)] = {"leader": replica.leader_id(), "isLeader": replica.is_leader(),
                            "term": replica.term(), "commitIndex": replica.commit_index(),
                            "appliedIndex": replica.applied_index(), "digest": digest,
-                           "digestIndex": digest_index, "snapshots": replica.snapshots.written,
+                           "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
                            "pendingCommands": self.group_commits[p].pending, "elections": replica.elections}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
                 "handshakesRefused": net.refused_count if net else 0}
         return {"nodeId": self.node_id, "replicas": out, "raft": raft}
+
+    def snapshot_now(self) -> None:
+        """Start a snapshot of every hosted partition that applied entries since its last one (SIGUSR1)."""
+        log.info("node %s: snapshot of every partition requested", self.node_id)
+        for replica in self.replicas.values():
+            replica.snapshot_now()
 
     # --- applied-batch notifications -----------------------------------------------------------
 
@@ -385,6 +391,7 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, node.snapshot_now)
     tune_gc()
     try:
         loop.run_until_complete(node.start())

@@ -233,6 +233,7 @@ class PartitionReplica(HookedSyncObj):
         #: Writes snapshots in a forked child and installs the leader's (see snapshots.py).
         self.snapshots = ForkSnapshotter(conf.fullDumpFile, partition, lambda: self.engine, self._adopt_engine,
                                          conf.logCompactionBatchSize)
+        self.snapshots.check_at_start()
         self._raft.install_serializer(self.snapshots)
         #: Followers in placement order (see _fast_follower).
         self._follower_order = [network.node_of(p) for p in peers]
@@ -599,9 +600,19 @@ class PartitionReplica(HookedSyncObj):
 
     # --- snapshots ----------------------------------------------------------------------------
 
+    def snapshot_now(self) -> None:
+        """Take a snapshot on the next tick, whatever the thresholds (skipped if nothing is new)."""
+        self.forceLogCompaction()
+        self.schedule_tick()
+
     def _adopt_engine(self, engine: PartitionEngine) -> None:
         """A snapshot was loaded (at start, or installed from the leader): it is the state now."""
         self.engine = engine
+        if self._raft is not None:
+            # Loading a large snapshot holds the loop for a while: hear from the leader again
+            # before campaigning rather than depose it for the time spent loading.
+            self._raft.election_deadline = max(self._raft.election_deadline,
+                                               monotonic_time() + ELECTION_TIMEOUT_MAX_S * self._scale)
 
 
 def _replaced_serializer_hook(*_args: Any) -> Any:

@@ -55,11 +55,18 @@ __all__ = ["ForkSnapshotter", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", 
 
 log = logging.getLogger(__name__)
 
+#: Children run at this niceness above the node's: they are background work.
+CHILD_NICE = 10
+
 #: A failed snapshot is retried after this long, doubling per failure up to RETRY_MAX_S.
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
 #: The child writes the serialised state in writes of at most this size.
 WRITE_CHUNK_BYTES = 4 * 1024 * 1024
+#: A leader sends a lagging follower at most this much snapshot per tick, so a large snapshot
+#: travels over many ticks instead of holding the loop for pysyncobj's whole send period.
+TRANSMISSION_BURST_BYTES = 4 * 1024 * 1024
+TRANSMISSION_BURST_WINDOW_S = 0.05
 #: The child's error message is cut to this many bytes (one pipe buffer, so it never blocks).
 ERROR_BYTES_MAX = 4096
 _META_LEN = struct.Struct("<I")
@@ -139,12 +146,18 @@ class ForkSnapshotter:
         self._retry_at = 0.0
         self._failures = 0
         self._outgoing: dict[Any, tuple[FileHandle, int]] = {}
+        self._burst: dict[Any, tuple[float, int]] = {}
         self._incoming: FileHandle | None = None
         #: Counters for /stats and tests: snapshots written, failed, and the last one's duration.
         self.written = 0
         self.failed = 0
         self.last_duration_s = 0.0
         self.last_fork_s = 0.0
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``Stats``: snapshots written and failed, the last one's duration and fork time."""
+        return {"written": self.written, "failed": self.failed, "inProgress": self.in_progress,
+                "lastDurationMs": round(self.last_duration_s * 1000, 1), "lastForkMs": round(self.last_fork_s * 1000, 2)}
 
     @property
     def in_progress(self) -> bool:
@@ -193,6 +206,7 @@ class ForkSnapshotter:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
+            os.nice(CHILD_NICE)  # the node's own loop comes first on a busy machine
             write_snapshot(self._io, self.path, last_entry[1], last_entry[2],
                            snapshot_chunks(self._engine(), prev_entry, last_entry))
             code = 0
@@ -277,6 +291,12 @@ class ForkSnapshotter:
 
     # --- loading -------------------------------------------------------------------------------
 
+    def check_at_start(self) -> None:
+        """Refuse to start on a damaged snapshot file (pysyncobj would log the failure and go on
+        with an empty state and a journal that starts after the snapshot)."""
+        if self._io.exists(self.path):
+            read_snapshot_info(self._io, self.path)
+
     def deserialize(self) -> tuple[None, Entry, Entry, None]:
         """Load the snapshot file into a new engine; pysyncobj's ``(data, last, prev, cluster)``."""
         engine, prev_entry, last_entry = load_snapshot(self._io, self.path)
@@ -299,7 +319,14 @@ class ForkSnapshotter:
                 log.exception("partition %d: cannot open the snapshot to send it", self.partition)
                 return None
         handle, offset = entry
+        now = self._clock()
+        started, sent = self._burst.get(node, (now, 0))
+        if now - started >= TRANSMISSION_BURST_WINDOW_S:
+            started, sent = now, 0
+        elif sent >= TRANSMISSION_BURST_BYTES:
+            return None  # this burst's share was sent; pysyncobj sends the rest on later ticks
         data = handle.pread(offset, self._transmission_bytes)
+        self._burst[node] = (started, sent + len(data))
         is_last = not data
         if is_last:
             handle.close()
@@ -309,6 +336,7 @@ class ForkSnapshotter:
         return data, offset == 0, is_last
 
     def cancelTransmisstion(self, node: Any) -> None:  # noqa: N802 (pysyncobj's spelling)
+        self._burst.pop(node, None)
         entry = self._outgoing.pop(node, None)
         if entry is not None:
             entry[0].close()

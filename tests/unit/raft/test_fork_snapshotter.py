@@ -159,3 +159,26 @@ def test_load_snapshot_round_trip(tmp_path: Path) -> None:
     assert wait_done(snap)[0] == SERIALIZER_STATE.SUCCESS
     loaded, prev, last = load_snapshot(RealIO(disk_free_min_bytes=0), snap.path)
     assert (prev, last) == (PREV, LAST) and loaded.digest() == engine.digest()
+
+
+def test_a_large_snapshot_is_sent_in_bounded_bursts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoal.node.raft import snapshots
+
+    monkeypatch.setattr(snapshots, "TRANSMISSION_BURST_BYTES", 8192)
+    clock = Clock()
+    leader, _ = make(tmp_path, engine_with(300), clock)
+    leader.serialize((None, LAST, PREV, None), PREV[1])
+    assert wait_done(leader)[0] == SERIALIZER_STATE.SUCCESS
+    burst = [leader.getTransmissionData("n") for _ in range(4)]
+    assert [p is None for p in burst] == [False, False, True, True]  # 2 x 4096 bytes, then wait
+    clock.now += 2 * snapshots.TRANSMISSION_BURST_WINDOW_S
+    piece = leader.getTransmissionData("n")
+    assert piece is not None and not piece[1]  # the next burst goes on where the last stopped
+
+
+def test_a_damaged_snapshot_file_stops_the_start(tmp_path: Path) -> None:
+    snap, _ = make(tmp_path, engine_with(5))
+    snap.check_at_start()  # no file: nothing to check
+    Path(snap.path).write_bytes(b"SHOALSNAP1 an older format or garbage")
+    with pytest.raises(Exception, match="p0.dump"):
+        snap.check_at_start()
