@@ -6,10 +6,10 @@ Against a local 3-node cluster with one partition (real node processes):
 
 1. loads ``--jobs`` jobs of ~117 bytes into the partition through the client (``add_bulk``,
    i.e. PUSHB, 1,000 jobs per call, 4 calls in flight), automatic snapshots off;
-2. sends every node SIGUSR1 (snapshot now) and, on one connection per node, sends ``Ping``
-   back to back from one second before until every node reports its snapshot durable:
+2. sends every node SIGUSR1 (snapshot now) and, on one connection per node, sends a ``Ping``
+   every 2 ms from one second before until every node reports its snapshot durable:
    Ping latency p50/p99/p99.9/max per node during the snapshot, the snapshot's duration and
-   the parent's fork time (``Stats``), elections before and after (``raft.elections``);
+   the parent's fork time, elections before and after (all read from the node logs);
 3. pushes ``--tail`` more jobs (journal after the snapshot), stops the cluster and measures
    the restart: from starting the processes until every node answers and a PULL-free count of
    the queue (``GetJobCounts`` on the leader) shows every job.
@@ -24,7 +24,7 @@ import asyncio
 import os
 import signal
 import socket
-import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +41,9 @@ INFLIGHT = 4
 SNAPSHOT_WAIT_S = 900.0
 RESTART_WAIT_S = 900.0
 PINGS_MAX = 5_000_000
+#: One Ping per node every this long (a probe, not a load: back-to-back pings from three
+#: threads would take a core of their own on this 2-core machine).
+PING_INTERVAL_S = 0.002
 
 
 class Conn:
@@ -106,14 +109,26 @@ async def load(cluster: LocalCluster, jobs: int) -> float:
         await client.close()
 
 
-def wait_all_applied(cluster: LocalCluster, timeout_s: float = 300.0) -> None:
+def wait_all_applied(cluster: LocalCluster, timeout_s: float = 600.0, digests: bool = False) -> None:
+    """Every replica applied what was committed when this was called (and, with ``digests``, its
+    background /stats digest covers that index too, so no digest child overlaps what follows)."""
     deadline = time.monotonic() + timeout_s
+    target = max(local_stats(a)["replicas"]["0"]["commitIndex"] for a in cluster.addresses)
     while time.monotonic() < deadline:
         views = [local_stats(a)["replicas"]["0"] for a in cluster.addresses]
-        if len({v["appliedIndex"] for v in views}) == 1 and views[0]["commitIndex"] == views[0]["appliedIndex"]:
+        if all(v["appliedIndex"] >= target and (not digests or v["digestIndex"] >= target) for v in views):
             return
-        time.sleep(0.5)
+        time.sleep(1.0)
     raise TimeoutError("replicas did not converge")
+
+
+def log_lines(cluster: LocalCluster, node_id: str, marker: str) -> list[str]:
+    return [line for line in cluster.log_file(node_id).read_text(errors="replace").splitlines() if marker in line]
+
+
+def elections(cluster: LocalCluster) -> int:
+    """Campaigns started, from the node logs (a Stats call would start a digest child)."""
+    return sum(len(log_lines(cluster, n, "-> candidate")) for n in cluster.node_ids)
 
 
 class Pinger(threading.Thread):
@@ -129,7 +144,9 @@ class Pinger(threading.Thread):
         while not self.stop_flag.is_set() and len(self.samples) < PINGS_MAX:
             t0 = time.perf_counter()
             self.conn.call({"cmd": "Ping"})
-            self.samples.append((t0, time.perf_counter() - t0))
+            t1 = time.perf_counter()
+            self.samples.append((t0, t1 - t0))
+            time.sleep(max(0.0, PING_INTERVAL_S - (t1 - t0)))
         self.conn.close()
 
 
@@ -143,10 +160,6 @@ def percentiles(latencies: list[float]) -> str:
 
     return (f"n={len(s)} p50 {at(0.5):.2f} ms, p99 {at(0.99):.2f} ms, p99.9 {at(0.999):.2f} ms, "
             f"max {s[-1] * 1000:.2f} ms")
-
-
-def elections(cluster: LocalCluster) -> int:
-    return sum(local_stats(a)["raft"]["elections"] for a in cluster.addresses)
 
 
 def job_count(cluster: LocalCluster) -> int | None:
@@ -165,7 +178,11 @@ def job_count(cluster: LocalCluster) -> int | None:
 
 
 def snapshot_round(cluster: LocalCluster) -> None:
-    before = {a: local_stats(a)["replicas"]["0"]["snapshots"]["written"] for a in cluster.addresses}
+    """SIGUSR1 to every node; Ping each node until every node logged its snapshot durable.
+
+    Progress is read from the node logs, not Stats: Stats would start /stats digest children
+    (the partition's state moves with the leader's periodic entries) beside the snapshots."""
+    before = {n: len(log_lines(cluster, n, "durable in")) for n in cluster.node_ids}
     e0 = elections(cluster)
     pingers = [Pinger(a) for a in cluster.addresses]
     for p in pingers:
@@ -175,10 +192,8 @@ def snapshot_round(cluster: LocalCluster) -> None:
     for node_id in cluster.node_ids:
         os.kill(cluster.pids[node_id], signal.SIGUSR1)
     deadline = time.monotonic() + SNAPSHOT_WAIT_S
-    views: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        views = {a: local_stats(a)["replicas"]["0"]["snapshots"] for a in cluster.addresses}
-        if all(v["written"] > before[a] and not v["inProgress"] for a, v in views.items()):
+        if all(len(log_lines(cluster, n, "durable in")) > before[n] for n in cluster.node_ids):
             break
         time.sleep(0.2)
     else:
@@ -191,16 +206,21 @@ def snapshot_round(cluster: LocalCluster) -> None:
         p.join(10)
     e1 = elections(cluster)
     print(f"snapshot round: {t1 - t0:.2f} s from SIGUSR1 until every node's snapshot was durable")
-    for node_id, address, p in zip(cluster.node_ids, cluster.addresses, pingers):
+    for node_id, p in zip(cluster.node_ids, pingers):
         during = [lat for t, lat in p.samples if t0 <= t <= t1]
         base = [lat for t, lat in p.samples if t < t0]
-        v = views[address]
-        print(f"  {node_id}: snapshot {v['lastDurationMs'] / 1000:.2f} s, fork {v['lastForkMs']:.1f} ms; "
-              f"Ping during: {percentiles(during)}; before: {percentiles(base)}")
-    print(f"elections (all nodes): before {e0}, after {e1}")
+        worst = max(((lat, t) for t, lat in p.samples if t0 <= t <= t1), default=(0.0, t0))
+        started = log_lines(cluster, node_id, "started in child")[-1]
+        durable = log_lines(cluster, node_id, "durable in")[-1]
+        fork = started.rsplit("(fork ", 1)[1].rstrip(")")
+        took = durable.rsplit("durable in ", 1)[1]
+        print(f"  {node_id}: snapshot {took}, fork {fork}; Ping during: {percentiles(during)} "
+              f"(max at +{worst[1] - t0:.2f} s); before: {percentiles(base)}")
+    print(f"elections (all nodes, from the logs): before {e0}, after {e1}")
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows when redirected to a file
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2_000_000)
     parser.add_argument("--tail", type=int, default=100_000)
@@ -211,9 +231,12 @@ def main() -> None:
                          extra_env=never) as cluster:
         cluster.wait_balanced()
         seconds = asyncio.run(load(cluster, args.jobs))
-        wait_all_applied(cluster)
+        print(f"loaded {args.jobs} jobs in {seconds:.1f} s ({args.jobs / seconds:,.0f} jobs/s)")
+        t0 = time.perf_counter()
+        wait_all_applied(cluster, digests=True)  # a digest child must not overlap the snapshots
         rss = ", ".join(f"{n} {rss_mib(pid):.0f} MiB" for n, pid in cluster.pids.items())
-        print(f"loaded {args.jobs} jobs in {seconds:.1f} s ({args.jobs / seconds:,.0f} jobs/s); RSS {rss}")
+        print(f"replicas applied everything and computed their /stats digest {time.perf_counter() - t0:.1f} s "
+              f"after the load; RSS {rss}")
         snapshot_round(cluster)
 
         if args.tail:

@@ -8,7 +8,8 @@ copy-on-write image of every large engine at the moment of the fork and sends
 back ``(partition, applied index, digest)`` through a pipe; until it answers,
 ``Stats`` reports the last digest computed with the index it belongs to
 (``digestIndex``), so a reader compares digests of equal ``digestIndex``. One
-child serves every partition of the node, and at most one runs at a time.
+child serves every partition of the node, at most one runs at a time, and the next
+starts no sooner than the last one took (a digest child uses at most half a core).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ReplicaDigests:
         self._fd = -1
         self._buffer = bytearray()
         self._pending: dict[int, Any] = {}
+        self._started = 0.0
+        self._next_start = 0.0
         #: Children forked so far (for tests and metrics).
         self.forks = 0
 
@@ -85,7 +88,7 @@ class ReplicaDigests:
         return known[2], known[1]
 
     def _start(self, replicas: Mapping[int, _Replica]) -> None:
-        if self._pid:
+        if self._pid or self.loop.time() < self._next_start:
             return
         stale = {}
         for p, r in replicas.items():
@@ -115,6 +118,7 @@ class ReplicaDigests:
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         self.forks += 1
+        self._started = self.loop.time()
         self._pid, self._fd, self._pending = pid, read_fd, {p: e for p, (e, _) in stale.items()}
         self._buffer.clear()
         self.loop.add_reader(read_fd, self._readable)
@@ -135,6 +139,8 @@ class ReplicaDigests:
         self.loop.remove_reader(self._fd)
         os.close(self._fd)
         pid, self._pid, self._fd = self._pid, 0, -1
+        # Hashing a large state costs a core for a while: leave at least as long between children.
+        self._next_start = 2 * self.loop.time() - self._started
         try:
             os.waitpid(pid, 0)  # the pipe closed: the child is exiting
         except ChildProcessError:

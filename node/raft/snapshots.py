@@ -50,7 +50,7 @@ from ..state import PartitionEngine
 from ._io import FileHandle, FileIO, RealIO
 from .snapshot_file import SnapshotCorrupt, read_snapshot, read_snapshot_info, write_snapshot
 
-__all__ = ["ForkSnapshotter", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "WRITE_CHUNK_BYTES",
+__all__ = ["ForkSnapshotter", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "SNAPSHOT_JOBS_PER_CHUNK",
            "ENV_ENTRIES_MIN", "ENV_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,9 @@ CHILD_NICE = 10
 #: A failed snapshot is retried after this long, doubling per failure up to RETRY_MAX_S.
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
-#: The child writes the serialised state in writes of at most this size.
-WRITE_CHUNK_BYTES = 4 * 1024 * 1024
+#: The child packs and writes this many jobs at a time (~1.5 MB of ~117-byte jobs), so it
+#: never holds the whole serialised state.
+SNAPSHOT_JOBS_PER_CHUNK = 10_000
 #: A leader sends a lagging follower at most this much snapshot per tick, so a large snapshot
 #: travels over many ticks instead of holding the loop for pysyncobj's whole send period.
 TRANSMISSION_BURST_BYTES = 4 * 1024 * 1024
@@ -104,9 +105,7 @@ def snapshot_chunks(engine: PartitionEngine, prev_entry: Entry, last_entry: Entr
     """The snapshot content of ``engine`` after ``last_entry``, in chunks of bounded size."""
     meta = msgpack.packb([list(prev_entry), list(last_entry)], use_bin_type=True)
     yield _META_LEN.pack(len(meta)) + meta
-    state = memoryview(engine.snapshot())
-    for pos in range(0, len(state), WRITE_CHUNK_BYTES):
-        yield bytes(state[pos:pos + WRITE_CHUNK_BYTES])
+    yield from engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
 
 
 def load_snapshot(io: FileIO, path: str) -> tuple[PartitionEngine, Entry, Entry]:

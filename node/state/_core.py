@@ -276,16 +276,28 @@ class PartitionEngine:
         MessagePack, not pickle: pickle encodes object *identity* (memo references), which
         differs between replicas holding equal state, so its bytes could not be a digest.
         """
-        state = (
-            _SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
-            [j.to_tuple() for j in self._all_jobs()],
+        return b"".join(self.snapshot_chunks())
+
+    def snapshot_chunks(self, jobs_per_chunk: int = 10_000) -> Iterator[bytes]:
+        """:meth:`snapshot`'s bytes in pieces, ``jobs_per_chunk`` jobs at a time: a large
+        partition is written or hashed without holding every job as a tuple at once."""
+        packer = msgpack.Packer(use_bin_type=True)
+        pack = packer.pack
+        head = (_SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
+        jobs = self._all_jobs_iter()
+        count = len(self.jobs) + sum(len(seg.datas) - seg.datas.count(None) for seg in self.segments)
+        # A packed array is its header followed by its packed items, so packing the job list
+        # piecewise gives the same bytes as packing it whole.
+        yield packer.pack_array_header(11) + b"".join(map(pack, head)) + packer.pack_array_header(count)
+        while chunk := [pack(j.to_tuple()) for j in islice(jobs, jobs_per_chunk)]:
+            yield b"".join(chunk)
+        yield b"".join(map(pack, (
             [q.settings() for q in self.queues.values()],
             {s: list(seqs) for s, seqs in self.sessions.items()},
             [(t, list(k)) for t, k in self.idempotency_order],
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
-        )
-        return msgpack.packb(state, use_bin_type=True)
+        )))
 
     @classmethod
     def restore(cls, data: bytes) -> "PartitionEngine":
@@ -332,7 +344,10 @@ class PartitionEngine:
 
     def digest(self) -> str:
         """SHA-256 of the snapshot: equal on replicas that applied the same commands."""
-        return hashlib.sha256(self.snapshot()).hexdigest()
+        digest = hashlib.sha256()
+        for chunk in self.snapshot_chunks():
+            digest.update(chunk)
+        return digest.hexdigest()
 
     # ------------------------------------------------------------------------------------------
     # helpers
@@ -417,6 +432,17 @@ class PartitionEngine:
                 jobs.extend(_slot_job(seg, i, p) for i, d in enumerate(seg.datas) if d is not None)
             jobs.sort(key=_seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
+
+    def _all_jobs_iter(self) -> Iterator[Job]:
+        """:meth:`_all_jobs` one job at a time (segment jobs made only when reached)."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        if not self.segments:
+            return iter(list(self.jobs.values()))
+        p = self.partition
+        seg_jobs = (_slot_job(seg, i, p) for seg in self.segments for i, d in enumerate(seg.datas) if d is not None)
+        return heapq.merge(list(self.jobs.values()), seg_jobs, key=_seq_of)
 
     def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
         """Jobs of ``queue`` (in ``state``, if given) in seq order, a segment's as detached copies
