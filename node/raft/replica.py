@@ -40,7 +40,7 @@ from ..state._segments import ack_run_of, split_plain
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
 from .scheduler import TickScheduler
-from .snapshots import ForkSnapshotter, SnapshotSettings
+from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
 from .transport import PartitionTransport, RaftNetwork
 
 __all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
@@ -605,10 +605,13 @@ class PartitionReplica(HookedSyncObj):
         self.forceLogCompaction()
         self.schedule_tick()
 
-    def _adopt_engine(self, engine: PartitionEngine) -> None:
+    def _adopt_engine(self, engine: PartitionEngine, prev_entry: Any, last_entry: Any) -> None:
         """A snapshot was loaded (at start, or installed from the leader): it is the state now."""
         self.engine = engine
         if self._raft is not None:
+            dropped = align_journal(self._raft.raft_log, prev_entry, last_entry)
+            if dropped:
+                log.info("partition %d: dropped %d journal entries the snapshot covers", self.partition, dropped)
             # Loading a large snapshot holds the loop for a while: hear from the leader again
             # before campaigning rather than depose it for the time spent loading.
             self._raft.election_deadline = max(self._raft.election_deadline,

@@ -50,7 +50,7 @@ from ..state import PartitionEngine
 from ._io import FileHandle, FileIO, RealIO
 from .snapshot_file import SnapshotCorrupt, read_snapshot, read_snapshot_info, write_snapshot
 
-__all__ = ["ForkSnapshotter", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "SNAPSHOT_JOBS_PER_CHUNK",
+__all__ = ["ForkSnapshotter", "align_journal", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "SNAPSHOT_JOBS_PER_CHUNK",
            "ENV_ENTRIES_MIN", "ENV_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,24 @@ def load_snapshot(io: FileIO, path: str) -> tuple[PartitionEngine, Entry, Entry]
     return engine, _entry(prev_entry), _entry(last_entry)
 
 
+def align_journal(journal: Any, prev_entry: Entry, last_entry: Entry) -> int:
+    """Drop the journal's entries before ``prev_entry`` when the journal holds both of the
+    snapshot's entries; returns how many were dropped.
+
+    At start pysyncobj keeps the journal only if it *begins* with the snapshot's two entries
+    and otherwise clears it down to them, which would lose every entry after the snapshot
+    when the node stopped between the child's rename and the compaction that follows it.
+    Compacting here first makes the journal begin where the snapshot ends.
+    """
+    if len(journal) < 2:
+        return 0
+    k = prev_entry[1] - journal[0][1]
+    if 0 < k < len(journal) - 1 and tuple(journal[k]) == prev_entry and tuple(journal[k + 1]) == last_entry:
+        journal.deleteEntriesTo(k)
+        return k
+    return 0
+
+
 class ForkSnapshotter:
     """pysyncobj's serializer for one partition: snapshots written by a forked child.
 
@@ -129,7 +147,7 @@ class ForkSnapshotter:
     """
 
     def __init__(self, path: str, partition: int, engine: Callable[[], PartitionEngine],
-                 adopt: Callable[[PartitionEngine], None], transmission_bytes: int,
+                 adopt: Callable[[PartitionEngine, Entry, Entry], None], transmission_bytes: int,
                  io: FileIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.partition = partition
@@ -299,7 +317,7 @@ class ForkSnapshotter:
     def deserialize(self) -> tuple[None, Entry, Entry, None]:
         """Load the snapshot file into a new engine; pysyncobj's ``(data, last, prev, cluster)``."""
         engine, prev_entry, last_entry = load_snapshot(self._io, self.path)
-        self._adopt(engine)
+        self._adopt(engine, prev_entry, last_entry)
         log.info("partition %d: loaded snapshot at entry %d (%d jobs)", self.partition, last_entry[1],
                  engine.job_count())
         return None, last_entry, prev_entry, None

@@ -13,7 +13,7 @@ from pysyncobj.config import SERIALIZER_STATE
 
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.snapshot_file import read_snapshot_info
-from shoal.node.raft.snapshots import RETRY_MIN_S, ForkSnapshotter, SnapshotSettings, load_snapshot
+from shoal.node.raft.snapshots import RETRY_MIN_S, ForkSnapshotter, SnapshotSettings, align_journal, load_snapshot
 from shoal.node.state import PartitionEngine
 
 PREV = (b"prev-command", 9, 2)
@@ -37,7 +37,7 @@ class Clock:
 
 def make(tmp_path: Path, engine: PartitionEngine, clock: Clock | None = None) -> tuple[ForkSnapshotter, list]:
     adopted: list[PartitionEngine] = []
-    snap = ForkSnapshotter(str(tmp_path / "p0.dump"), 0, lambda: engine, adopted.append, 4096,
+    snap = ForkSnapshotter(str(tmp_path / "p0.dump"), 0, lambda: engine, lambda e, _p, _l: adopted.append(e), 4096,
                            io=RealIO(disk_free_min_bytes=0), clock=clock or time.monotonic)
     return snap, adopted
 
@@ -182,3 +182,24 @@ def test_a_damaged_snapshot_file_stops_the_start(tmp_path: Path) -> None:
     Path(snap.path).write_bytes(b"SHOALSNAP1 an older format or garbage")
     with pytest.raises(Exception, match="p0.dump"):
         snap.check_at_start()
+
+
+class ListJournal(list):
+    """pysyncobj's journal interface, as far as align_journal uses it."""
+
+    def deleteEntriesTo(self, k: int) -> None:  # noqa: N802 (pysyncobj's name)
+        del self[:k]
+
+
+def test_a_journal_not_yet_compacted_is_compacted_to_the_snapshot_at_start() -> None:
+    # The node stopped after the snapshot ending at entry 10 was renamed into place but before the
+    # journal dropped its prefix: entries 1-12 are still there.
+    journal = ListJournal((f"c{i}".encode(), i, 2 if i < 10 else 3) for i in range(1, 13))
+    prev, last = (b"c9", 9, 2), (b"c10", 10, 3)
+    assert align_journal(journal, prev, last) == 8
+    assert [e[1] for e in journal] == [9, 10, 11, 12]  # pysyncobj now keeps it: it begins with (prev, last)
+    assert align_journal(journal, prev, last) == 0  # already aligned
+
+    other = ListJournal([(b"x9", 9, 1), (b"x10", 10, 1), (b"x11", 11, 1)])
+    assert align_journal(ListJournal(other), prev, last) == 0  # different entries: left to pysyncobj
+    assert align_journal(ListJournal([(b"c1", 1, 1)]), prev, last) == 0
