@@ -224,8 +224,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2_000_000)
     parser.add_argument("--tail", type=int, default=100_000)
+    parser.add_argument("--malloc-hugepages", action="store_true",
+                        help="run the nodes with PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1: "
+                             "the heap on transparent huge pages, far fewer page-table entries to copy at fork")
     args = parser.parse_args()
     never = {"SHOAL_SNAPSHOT_ENTRIES_MIN": str(10**9), "SHOAL_SNAPSHOT_INTERVAL_S": str(10**9)}
+    if args.malloc_hugepages:
+        never |= {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     with tempfile.TemporaryDirectory(prefix="shoal-snapbench-") as data_dir, \
             LocalCluster(nodes=3, partitions=1, data_dir=data_dir, base_port=free_base_port(3, 1),
                          extra_env=never) as cluster:
