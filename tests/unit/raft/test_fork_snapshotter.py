@@ -203,3 +203,12 @@ def test_a_journal_not_yet_compacted_is_compacted_to_the_snapshot_at_start() -> 
     other = ListJournal([(b"x9", 9, 1), (b"x10", 10, 1), (b"x11", 11, 1)])
     assert align_journal(ListJournal(other), prev, last) == 0  # different entries: left to pysyncobj
     assert align_journal(ListJournal([(b"c1", 1, 1)]), prev, last) == 0
+
+
+def test_covers_every_method_pysyncobj_calls_on_its_serializer() -> None:
+    from pysyncobj.serializer import Serializer
+
+    wanted = {name for name in vars(Serializer) if not name.startswith("_")}
+    assert wanted == {"checkSerializing", "serialize", "deserialize", "getTransmissionData",
+                      "setTransmissionData", "cancelTransmisstion"}, "pysyncobj's Serializer changed"
+    assert all(callable(getattr(ForkSnapshotter, name, None)) for name in wanted)
