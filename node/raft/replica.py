@@ -232,7 +232,7 @@ class PartitionReplica(HookedSyncObj):
         self._raft.store_commit_index_only_when_it_moves()
         #: Writes snapshots in a forked child and installs the leader's (see snapshots.py).
         self.snapshots = ForkSnapshotter(conf.fullDumpFile, partition, lambda: self.engine, self._adopt_engine,
-                                         conf.logCompactionBatchSize)
+                                         conf.logCompactionBatchSize, on_slot=self.snapshot_now)
         self.snapshots.check_at_start()
         self._raft.install_serializer(self.snapshots)
         #: Followers in placement order (see _fast_follower).

@@ -39,6 +39,7 @@ import os
 import signal
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,31 @@ ENV_ENTRIES_MIN = "SHOAL_SNAPSHOT_ENTRIES_MIN"
 ENV_INTERVAL_S = "SHOAL_SNAPSHOT_INTERVAL_S"
 
 Entry = tuple[bytes, int, int]
+
+#: Snapshot children a node runs at once: each fork copies the node's page tables (a stall of
+#: ~75 ms per GB here) and each child takes a core and copies pages; partitions whose
+#: thresholds pass together (the interval starts at process start for all) take turns.
+SNAPSHOT_CHILDREN_MAX = 1
+
+
+class _ChildSlots:
+    """Snapshot children running in this process, and the snapshotters waiting for a slot."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiting: deque[ForkSnapshotter] = deque()
+
+    def release(self) -> None:
+        self.running -= 1
+        while self.waiting and self.running < self.limit:
+            snapshotter = self.waiting.popleft()
+            snapshotter._slot_free()
+            if snapshotter.in_progress:
+                return
+
+
+_SLOTS = _ChildSlots(SNAPSHOT_CHILDREN_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +174,8 @@ class ForkSnapshotter:
 
     def __init__(self, path: str, partition: int, engine: Callable[[], PartitionEngine],
                  adopt: Callable[[PartitionEngine, Entry, Entry], None], transmission_bytes: int,
-                 io: FileIO | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 io: FileIO | None = None, clock: Callable[[], float] = time.monotonic,
+                 on_slot: Callable[[], None] | None = None) -> None:
         self.path = path
         self.partition = partition
         self._engine = engine
@@ -164,6 +191,10 @@ class ForkSnapshotter:
         self._failures = 0
         self._outgoing: dict[Any, tuple[FileHandle, int]] = {}
         self._burst: dict[Any, tuple[float, int]] = {}
+        #: Called when this snapshotter waited for a child slot and one came free (the replica
+        #: asks pysyncobj for the snapshot again: it does not ask twice for a forced one).
+        self._on_slot = on_slot
+        self._waiting = False
         self._incoming: FileHandle | None = None
         #: Counters for /stats and tests: snapshots written, failed, and the last one's duration.
         self.written = 0
@@ -190,6 +221,11 @@ class ForkSnapshotter:
         """
         if self._pid or self._clock() < self._retry_at:
             return
+        if _SLOTS.running >= _SLOTS.limit:
+            if not self._waiting:
+                self._waiting = True
+                _SLOTS.waiting.append(self)
+            return
         last_entry, prev_entry = _entry(data[1]), _entry(data[2])
         read_fd, write_fd = os.pipe()
         started = self._clock()
@@ -212,6 +248,7 @@ class ForkSnapshotter:
         os.close(write_fd)
         self.last_fork_s = self._clock() - started
         self._pid, self._error_fd, self._started = pid, read_fd, started
+        _SLOTS.running += 1
         self._last_index = last_entry[1]
         log.info("partition %d: snapshot at entry %d started in child %d (fork %.1f ms)", self.partition,
                  last_entry[1], pid, self.last_fork_s * 1000)
@@ -235,6 +272,11 @@ class ForkSnapshotter:
         finally:
             os._exit(code)
 
+    def _slot_free(self) -> None:
+        self._waiting = False
+        if self._on_slot is not None:
+            self._on_slot()
+
     def checkSerializing(self) -> tuple[int, int | None]:  # noqa: N802 (pysyncobj's name)
         """Poll the child without blocking: SERIALIZING, then SUCCESS (durable) or FAILED once."""
         if not self._pid:
@@ -246,6 +288,7 @@ class ForkSnapshotter:
         if pid == 0:
             return SERIALIZER_STATE.SERIALIZING, self._last_index - 1
         self._pid = 0
+        _SLOTS.release()
         message = self._child_error()
         serialize_id = self._last_index - 1
         if status == 0:
@@ -294,7 +337,11 @@ class ForkSnapshotter:
     def cancel(self) -> None:
         """Stop a running child (close, or a snapshot from the leader replaces ours); nothing is dropped."""
         pid, self._pid = self._pid, 0
+        if self._waiting:
+            self._waiting = False
+            _SLOTS.waiting.remove(self)
         if pid:
+            _SLOTS.release()
             try:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)

@@ -212,3 +212,20 @@ def test_covers_every_method_pysyncobj_calls_on_its_serializer() -> None:
     assert wanted == {"checkSerializing", "serialize", "deserialize", "getTransmissionData",
                       "setTransmissionData", "cancelTransmisstion"}, "pysyncobj's Serializer changed"
     assert all(callable(getattr(ForkSnapshotter, name, None)) for name in wanted)
+
+
+def test_one_child_at_a_time_the_next_snapshotter_is_called_back(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, _ = make(tmp_path / "a", engine_with(10))
+    calls: list[str] = []
+    second = ForkSnapshotter(str(tmp_path / "b" / "p1.dump"), 1, lambda: engine_with(5), lambda *_: None, 4096,
+                             io=RealIO(disk_free_min_bytes=0), on_slot=lambda: calls.append("slot"))
+    first.serialize((None, LAST, PREV, None), PREV[1])
+    second.serialize((None, LAST, PREV, None), PREV[1])
+    assert first.in_progress and not second.in_progress  # waits: one fork and one child at a time
+    assert wait_done(first)[0] == SERIALIZER_STATE.SUCCESS
+    assert calls == ["slot"]  # the replica asks pysyncobj again
+    second.serialize((None, LAST, PREV, None), PREV[1])
+    assert second.in_progress
+    assert wait_done(second)[0] == SERIALIZER_STATE.SUCCESS
