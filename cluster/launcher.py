@@ -492,7 +492,8 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
 #: alike. SHOAL_AUTH_TOKENS and SHOAL_TLS_* go into the cluster file; SHOAL_CLUSTER_SECRET is the
 #: concern of ``--secret``. Any other (ports, peers, node id, data dir...) would contradict the
 #: layout the launcher writes, so it is refused rather than silently dropped.
-_PASSED_TO_NODES = frozenset(LIMITS_ENV_VARS)
+_PASSED_TO_NODES = frozenset({*LIMITS_ENV_VARS, "SHOAL_SNAPSHOT_ENTRIES_MIN", "SHOAL_SNAPSHOT_INTERVAL_S",
+                              "SHOAL_DIGEST_INLINE_JOBS_MAX"})  # node/raft/snapshots.py, node/digests.py
 _HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TLS_ENV_VARS})
 
 

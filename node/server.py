@@ -30,6 +30,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 
 from .connection import ClientConnection
+from .digests import ReplicaDigests
 from .dispatch import Dispatcher
 from .group_commit import GroupCommit
 from .guard import NodeGuard
@@ -62,6 +63,7 @@ class Node:
         self.placement = config.placement()
         self.data_dir = config.node_data_dir(self.node_id)
         self.replicas: dict[int, PartitionReplica] = {}
+        self.digests = ReplicaDigests(self.loop)
         self.group_commits: dict[int, GroupCommit] = {}
         self.topology: Topology = config.initial_topology()
         self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
@@ -163,6 +165,7 @@ class Node:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():
             replica.close()
+        self.digests.close()
         if self.raft_network is not None:
             self.raft_network.close()
         self.scheduler.close()
@@ -183,21 +186,28 @@ class Node:
                             leader={"nodeId": leader.id, "host": leader.host, "port": leader.port})
 
     def local_stats(self, partition: Any = None) -> dict[str, Any]:
-        """Diagnostics of every hosted replica, leader or not (digest at the applied index)."""
+        """Diagnostics of every hosted replica, leader or not (``digest`` as of ``digestIndex``)."""
         out: dict[str, Any] = {}
         for p, replica in sorted(self.replicas.items()):
             if partition is not None and p != partition:
                 continue
-            digest = replica.engine.digest()
+            digest, digest_index = self.digests.get(p, replica, self.replicas)
             out[str(p)] = {"leader": replica.leader_id(), "isLeader": replica.is_leader(),
                            "term": replica.term(), "commitIndex": replica.commit_index(),
                            "appliedIndex": replica.applied_index(), "digest": digest,
+                           "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
                            "pendingCommands": self.group_commits[p].pending, "elections": replica.elections}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
                 "handshakesRefused": net.refused_count if net else 0}
         return {"nodeId": self.node_id, "replicas": out, "raft": raft}
+
+    def snapshot_now(self) -> None:
+        """Start a snapshot of every hosted partition that applied entries since its last one (SIGUSR1)."""
+        log.info("node %s: snapshot of every partition requested", self.node_id)
+        for replica in self.replicas.values():
+            replica.snapshot_now()
 
     # --- applied-batch notifications -----------------------------------------------------------
 
@@ -380,6 +390,7 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, node.snapshot_now)
     tune_gc()
     try:
         loop.run_until_complete(node.start())

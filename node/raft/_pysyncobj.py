@@ -48,7 +48,7 @@ PRIVATE_ATTRIBUTES = (
     "_SyncObj__raftState", "_SyncObj__transport", "_SyncObj__otherNodes", "_SyncObj__connectedNodes",
     "_SyncObj__lastResponseTime", "_SyncObj__raftLog", "_SyncObj__raftNextIndex", "_SyncObj__raftMatchIndex",
     "_SyncObj__raftCommitIndex", "_SyncObj__raftLastApplied", "_SyncObj__newAppendEntriesTime",
-    "_SyncObj__raftElectionDeadline", "_SyncObj__conf",
+    "_SyncObj__raftElectionDeadline", "_SyncObj__conf", "_SyncObj__serializer",
 )
 PRIVATE_METHODS = (
     "_SyncObj__sendAppendEntries", "_SyncObj__onMessageReceived", "_SyncObj__applyLogEntries",
@@ -172,6 +172,10 @@ class RaftInternals:
                 record(index)
 
         journal.setRaftCommitIndex = set_commit_index
+
+    def install_serializer(self, serializer: Any) -> None:
+        """Replace pysyncobj's snapshot ``Serializer`` (same methods) by Shoal's forking one."""
+        self._obj._SyncObj__serializer = serializer  # type: ignore[attr-defined]
 
     def get_entries(self, from_index: int, count: int | None = None, max_bytes: int | None = None) -> list[Any]:
         return self._obj._SyncObj__getEntries(from_index, count, max_bytes)  # type: ignore[attr-defined,no-any-return]

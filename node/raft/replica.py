@@ -18,9 +18,9 @@ next heartbeat or election deadline comes. A command therefore crosses no
 thread boundary between the client socket, Raft and the reply, and a read never
 sees a half-applied batch because an apply runs to its end without yielding.
 
-Snapshots use pysyncobj's custom serializer hook, so the dump file is the
-engine's own compact snapshot (job data stays raw bytes) plus pysyncobj's
-bookkeeping, never a pickle of the whole object.
+Snapshots are written by a forked child (:mod:`.snapshots`): the file is the
+engine's own compact snapshot (job data stays raw bytes) plus the two log
+entries it ends with, and the loop only forks and polls.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import random
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from ..state._segments import ack_run_of, split_plain
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
 from .scheduler import TickScheduler
+from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
 from .transport import PartitionTransport, RaftNetwork
 
 __all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
@@ -53,7 +53,6 @@ install_module_patches()
 
 #: A batch's outcome: one reply dict (ok) or CommandError per command, in order.
 BatchResult = list[Any]
-_SNAPSHOT_MAGIC = b"SHOALSNAP1"
 #: A follower applies committed entries on the periodic tick, or at once when this many wait.
 #: Applying only on the 20 ms tick costs the least CPU but makes its ticks long enough to delay
 #: its next answer (lone-PUSH p99 2.2-2.4 ms, against 1.4-1.8 ms with a batch of 8).
@@ -125,7 +124,8 @@ _NULL_POLLER = _NullPoller()
 def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
               on_state_changed: Callable[[int, int], None] | None = None,
               serializer: Callable[..., Any] | None = None,
-              deserializer: Callable[..., Any] | None = None) -> SyncObjConf:
+              deserializer: Callable[..., Any] | None = None,
+              snapshots: SnapshotSettings | None = None) -> SyncObjConf:
     """pysyncobj settings tuned for many small groups on few cores.
 
     ``appendEntriesUseBatch=False`` sends each entry at once (our own group
@@ -146,8 +146,8 @@ def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
         autoTick=False,  # ticked by the node's event loop (see TickScheduler)
         commandsQueueSize=200_000,
         appendEntriesBatchSizeBytes=8 * 1024 * 1024,  # a group-committed batch travels as one message
-        logCompactionMinEntries=20_000,
-        logCompactionMinTime=120,
+        logCompactionMinEntries=(snapshots or SnapshotSettings()).entries_min,
+        logCompactionMinTime=(snapshots or SnapshotSettings()).interval_s,
         dynamicMembershipChange=False,
         onStateChanged=on_state_changed,
         # A data dir is mandatory: without files pysyncobj would snapshot nothing useful.
@@ -228,12 +228,18 @@ class PartitionReplica(HookedSyncObj):
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
         self._scale = timing_scale(groups)
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
-                         serializer=self._write_snapshot, deserializer=self._read_snapshot)
+                         serializer=_replaced_serializer_hook, deserializer=_replaced_serializer_hook,
+                         snapshots=SnapshotSettings.from_env())
         self._raft: RaftInternals | None = None
         super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
         self._raft = RaftInternals(self)
         self._raft.store_commit_index_only_when_it_moves()
+        #: Writes snapshots in a forked child and installs the leader's (see snapshots.py).
+        self.snapshots = ForkSnapshotter(conf.fullDumpFile, partition, lambda: self.engine, self._adopt_engine,
+                                         conf.logCompactionBatchSize, on_slot=self.snapshot_now)
+        self.snapshots.check_at_start()
+        self._raft.install_serializer(self.snapshots)
         #: Followers in placement order (see _fast_follower).
         self._follower_order = [network.node_of(p) for p in peers]
         self._preferred = preferred
@@ -351,6 +357,7 @@ class PartitionReplica(HookedSyncObj):
             return
         self._closed = True
         self.scheduler.cancel(self)
+        self.snapshots.cancel()
         self.destroy()  # autoTick=False: pysyncobj tears the transport down at once
 
     def _state_changed(self, old: int, new: int) -> None:
@@ -606,33 +613,30 @@ class PartitionReplica(HookedSyncObj):
             return
         self.transferLeadership(target)
 
-    # --- snapshots (pysyncobj custom serializer hooks) ----------------------------------------
+    # --- snapshots ----------------------------------------------------------------------------
 
-    def _write_snapshot(self, filename: str, raft_data: Any) -> None:
-        # Runs inside a tick, between applies, so the engine is exactly at the dump's index.
-        state = self.engine.snapshot()
-        meta = pickle.dumps(raft_data, protocol=pickle.HIGHEST_PROTOCOL)
-        with open(filename, "wb") as f:
-            f.write(_SNAPSHOT_MAGIC)
-            f.write(len(meta).to_bytes(8, "big"))
-            f.write(meta)
-            f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
+    def snapshot_now(self) -> None:
+        """Take a snapshot on the next tick, whatever the thresholds (skipped if nothing is new)."""
+        self.forceLogCompaction()
+        self.schedule_tick()
 
-    def _read_snapshot(self, filename: str) -> Any:
-        with open(filename, "rb") as f:
-            blob = f.read()
-        if not blob.startswith(_SNAPSHOT_MAGIC):
-            raise ValueError(f"{filename} is not a Shoal snapshot")
-        pos = len(_SNAPSHOT_MAGIC)
-        size = int.from_bytes(blob[pos:pos + 8], "big")
-        pos += 8
-        # The dump file is written by this node itself; peers' snapshots arrive only over
-        # authenticated Raft links (see transport.py).
-        raft_data = pickle.loads(blob[pos:pos + size])
-        self.engine = PartitionEngine.restore(blob[pos + size:])
-        return raft_data
+    def _adopt_engine(self, engine: PartitionEngine, prev_entry: Any, last_entry: Any) -> None:
+        """A snapshot was loaded (at start, or installed from the leader): it is the state now."""
+        self.engine = engine
+        if self._raft is not None:
+            dropped = align_journal(self._raft.raft_log, prev_entry, last_entry)
+            if dropped:
+                log.info("partition %d: dropped %d journal entries the snapshot covers", self.partition, dropped)
+            # Loading a large snapshot holds the loop for a while: hear from the leader again
+            # before campaigning rather than depose it for the time spent loading.
+            self._raft.election_deadline = max(self._raft.election_deadline,
+                                               monotonic_time() + ELECTION_TIMEOUT_MAX_S * self._scale)
+
+
+def _replaced_serializer_hook(*_args: Any) -> Any:
+    """pysyncobj builds no snapshot data of its own when a custom serializer is configured; the
+    serializer object itself is replaced by a :class:`~.snapshots.ForkSnapshotter`, so this never runs."""
+    raise AssertionError("pysyncobj's Serializer was replaced; this hook is unused")
 
 
 def fail_reason_error(reason: int) -> CommandError:

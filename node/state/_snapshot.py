@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import deque
+from collections.abc import Iterator
+from itertools import islice
 from typing import Self
 
 import msgpack
@@ -25,16 +27,28 @@ class SnapshotOps(Store):
         MessagePack, not pickle: pickle encodes object *identity* (memo references), which
         differs between replicas holding equal state, so its bytes could not be a digest.
         """
-        state = (
-            SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms,
-            [j.to_tuple() for j in self._all_jobs()],
+        return b"".join(self.snapshot_chunks())
+
+    def snapshot_chunks(self, jobs_per_chunk: int = 10_000) -> Iterator[bytes]:
+        """:meth:`snapshot`'s bytes in pieces, ``jobs_per_chunk`` jobs at a time: a large
+        partition is written or hashed without holding every job as a tuple at once."""
+        packer = msgpack.Packer(use_bin_type=True)
+        pack = packer.pack
+        head = (SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
+        jobs = self._all_jobs_iter()
+        count = len(self.jobs) + sum(len(seg.datas) - seg.datas.count(None) for seg in self.segments)
+        # A packed array is its header followed by its packed items, so packing the job list
+        # piecewise gives the same bytes as packing it whole.
+        yield packer.pack_array_header(11) + b"".join(map(pack, head)) + packer.pack_array_header(count)
+        while chunk := [pack(j.to_tuple()) for j in islice(jobs, jobs_per_chunk)]:
+            yield b"".join(chunk)
+        yield b"".join(map(pack, (
             [q.settings() for q in self.queues.values()],
             {s: list(seqs) for s, seqs in self.sessions.items()},
             [(t, list(k)) for t, k in self.idempotency_order],
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
-        )
-        return msgpack.packb(state, use_bin_type=True)
+        )))
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
@@ -81,4 +95,7 @@ class SnapshotOps(Store):
 
     def digest(self) -> str:
         """SHA-256 of the snapshot: equal on replicas that applied the same commands."""
-        return hashlib.sha256(self.snapshot()).hexdigest()
+        digest = hashlib.sha256()
+        for chunk in self.snapshot_chunks():
+            digest.update(chunk)
+        return digest.hexdigest()

@@ -126,6 +126,17 @@ class Store:
             jobs.sort(key=seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
+    def _all_jobs_iter(self) -> Iterator[Job]:
+        """:meth:`_all_jobs` one job at a time (segment jobs made only when reached)."""
+        if self._jobs_unordered:
+            self.jobs = dict(sorted(self.jobs.items()))
+            self._jobs_unordered = False
+        if not self.segments:
+            return iter(list(self.jobs.values()))
+        p = self.partition
+        seg_jobs = (slot_job(seg, i, p) for seg in self.segments for i, d in enumerate(seg.datas) if d is not None)
+        return heapq.merge(list(self.jobs.values()), seg_jobs, key=seq_of)
+
     def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
         """Jobs of ``queue`` (in ``state``, if given) in seq order, a segment's as detached copies
         made only when reached: listing the first page of a large batch-pushed queue does not

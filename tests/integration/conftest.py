@@ -75,7 +75,8 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Every running node's local Stats of ``queue``'s partition, once all have applied the
-    same index (or the timeout passed): compare their ``digest`` to check the replicas agree."""
+    same index and hashed it (or the timeout passed): compare their ``digest`` to check the replicas
+    agree. (A large partition's digest is computed in the background and may lag its applied index.)"""
     p = str(partition_for(queue, cluster.config.partitions))
     deadline = time.monotonic() + timeout_s
     while True:
@@ -83,6 +84,7 @@ def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) ->
         for node_id in cluster.pids:
             with RawConn(cluster.address_of(node_id)) as c:
                 views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
-        if len({v["appliedIndex"] for v in views}) == 1 or time.monotonic() > deadline:
+        if (len({v["appliedIndex"] for v in views}) == 1
+                and all(v["digestIndex"] == v["appliedIndex"] for v in views)) or time.monotonic() > deadline:
             return views
         time.sleep(0.2)

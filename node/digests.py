@@ -1,0 +1,188 @@
+"""Replica digests for ``Stats``/``/stats`` without hashing a large state on the event loop.
+
+A digest is the SHA-256 of the engine's snapshot at an applied index, equal on
+replicas that applied the same entries. A small partition (at most
+:data:`INLINE_JOBS_MAX` jobs, well under a millisecond per thousand jobs) is
+hashed on the spot. A larger one is hashed in a forked child, which sees a
+copy-on-write image of every large engine at the moment of the fork and sends
+back ``(partition, applied index, digest)`` through a pipe; until it answers,
+``Stats`` reports the last digest computed with the index it belongs to
+(``digestIndex``), so a reader compares digests of equal ``digestIndex``. One
+child serves every partition of the node, at most one runs at a time, and the next
+starts no sooner than the last one took (a digest child uses at most half a core).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import msgpack
+
+__all__ = ["ReplicaDigests", "INLINE_JOBS_MAX", "ENV_INLINE_JOBS_MAX", "RESULT_BYTES_MAX"]
+
+log = logging.getLogger(__name__)
+
+#: Children run at this niceness above the node's: they are background work.
+CHILD_NICE = 10
+
+#: A partition with at most this many jobs is hashed on the loop (~5 ms at this size).
+INLINE_JOBS_MAX = 1_000
+ENV_INLINE_JOBS_MAX = "SHOAL_DIGEST_INLINE_JOBS_MAX"
+#: The child's answer is cut off beyond this size (about 100 bytes per partition).
+RESULT_BYTES_MAX = 1024 * 1024
+
+
+class _Engine(Protocol):
+    def digest(self) -> str: ...
+
+    def job_count(self) -> int: ...
+
+
+class _Replica(Protocol):
+    engine: Any
+
+    def applied_index(self) -> int: ...
+
+
+class ReplicaDigests:
+    """The latest digest of each hosted replica, computed inline or in a forked child."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, inline_jobs_max: int | None = None) -> None:
+        self.loop = loop
+        if inline_jobs_max is None:
+            inline_jobs_max = int(os.environ.get(ENV_INLINE_JOBS_MAX) or INLINE_JOBS_MAX)
+        self.inline_jobs_max = inline_jobs_max
+        #: partition -> (engine object, applied index, digest)
+        self._known: dict[int, tuple[Any, int, str]] = {}
+        self._pid = 0
+        self._fd = -1
+        self._buffer = bytearray()
+        self._pending: dict[int, Any] = {}
+        self._started = 0.0
+        self._next_start = 0.0
+        #: Children forked so far (for tests and metrics).
+        self.forks = 0
+
+    def get(self, partition: int, replica: _Replica, replicas: Mapping[int, _Replica]) -> tuple[str | None, int]:
+        """``(digest, applied index it is of)``; digest None while the first one is being computed.
+
+        ``replicas`` are all the node's replicas: one child hashes every stale large one.
+        """
+        engine, index = replica.engine, replica.applied_index()
+        known = self._known.get(partition)
+        if known is not None and known[0] is engine and known[1] == index:
+            return known[2], index
+        if engine.job_count() <= self.inline_jobs_max:
+            digest = engine.digest()
+            self._known[partition] = (engine, index, digest)
+            return digest, index
+        self._start(replicas)
+        if known is None:
+            return None, 0
+        return known[2], known[1]
+
+    def _start(self, replicas: Mapping[int, _Replica]) -> None:
+        if self._pid or self.loop.time() < self._next_start:
+            return
+        stale = {}
+        for p, r in replicas.items():
+            known = self._known.get(p)
+            if (known is None or known[0] is not r.engine or known[1] != r.applied_index()) \
+                    and r.engine.job_count() > self.inline_jobs_max:
+                stale[p] = (r.engine, r.applied_index())
+        if not stale:
+            return
+        read_fd, write_fd = os.pipe()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            pid = os.fork()
+        except OSError:
+            if gc_was_enabled:
+                gc.enable()
+            os.close(read_fd)
+            os.close(write_fd)
+            log.exception("digest: fork failed")
+            return
+        if pid == 0:
+            os.close(read_fd)
+            _child(write_fd, stale)
+        if gc_was_enabled:
+            gc.enable()
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self.forks += 1
+        self._started = self.loop.time()
+        self._pid, self._fd, self._pending = pid, read_fd, {p: e for p, (e, _) in stale.items()}
+        self._buffer.clear()
+        self.loop.add_reader(read_fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data and len(self._buffer) + len(data) <= RESULT_BYTES_MAX:
+            self._buffer += data
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        self.loop.remove_reader(self._fd)
+        os.close(self._fd)
+        pid, self._pid, self._fd = self._pid, 0, -1
+        # Hashing a large state costs a core for a while: leave at least as long between children.
+        self._next_start = 2 * self.loop.time() - self._started
+        try:
+            os.waitpid(pid, 0)  # the pipe closed: the child is exiting
+        except ChildProcessError:
+            pass
+        try:
+            results = msgpack.unpackb(bytes(self._buffer), raw=False)
+        except ValueError:
+            log.error("digest: child %d sent no complete answer", pid)
+            return
+        finally:
+            self._buffer.clear()
+        for p, index, digest in results:
+            engine = self._pending.get(p)
+            if engine is not None:
+                self._known[p] = (engine, index, digest)
+        self._pending = {}
+
+    def close(self) -> None:
+        """Stop a running child."""
+        if self._pid:
+            self.loop.remove_reader(self._fd)
+            os.close(self._fd)
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+                os.waitpid(self._pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self._pid, self._fd = 0, -1
+
+
+def _child(fd: int, stale: Mapping[int, tuple[Any, int]]) -> None:
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.nice(CHILD_NICE)  # the node's own loop comes first on a busy machine
+        results = [[p, index, engine.digest()]
+                   for p, (engine, index) in stale.items()]
+        view = memoryview(msgpack.packb(results))
+        while view:
+            view = view[os.write(fd, view):]
+        code = 0
+    finally:
+        os._exit(code)
