@@ -7,7 +7,7 @@ import msgpack
 from shoal.cluster.codec import Raw
 from shoal.node.raft.replica import unwrap_job_data
 from shoal.node.state import PartitionEngine
-from shoal.node.state._core import _SNAPSHOT_VERSION
+from shoal.node.state._model import SNAPSHOT_VERSION as _SNAPSHOT_VERSION
 
 
 def packed_whole(e: PartitionEngine) -> bytes:
