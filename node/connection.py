@@ -33,7 +33,7 @@ import msgspec
 from shoal.cluster.codec import (FrameDecoder, PlainPush, Raw, check_depth, decode_request, encode,
                                  encode_body)
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
-from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
+from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -43,8 +43,6 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
-#: Wrong-token delays (seconds) before AUTH_FAILED is answered, by failure count.
-AUTH_FAIL_DELAYS_S = (0.25, 0.5, 1.0)
 _PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 #: Unfinished frames larger than this count against limits.unfinished_bytes_max (smaller ones
 #: are the tail of a pipelined burst: counting them would cost every read).

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from .http_util import STATUS_BY_CODE, json_response
+from .util import STATUS_BY_CODE, json_response
 
 if TYPE_CHECKING:
-    from .server import Node
+    from ..server import Node
 
 __all__ = ["Forwarder", "FORWARDED_HEADER", "LEADER_HEADER"]
 

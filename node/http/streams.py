@@ -2,7 +2,7 @@
 workers) and ``/ws`` (the binary protocol's commands over a WebSocket).
 
 All three run their commands through the dispatcher on an
-:class:`~shoal.node.http_conn.HttpConnection`, like REST requests do.
+:class:`~shoal.node.http.conn.HttpConnection`, like REST requests do.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from aiohttp import WSMsgType, web
 from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, check_depth, decode_request, encode, raw_of
 from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
-from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
+from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 from shoal.cluster.partitioning import partition_for
 
-from .connection import AUTH_FAIL_DELAYS_S
-from .http_conn import HttpConnection
-from .http_forward import Forwarder
-from .http_util import dumps, error_response, json_response, loads_bounded, sse
+from .conn import HttpConnection
+from .forward import Forwarder
+from .util import dumps, error_response, json_response, loads_bounded, sse
 
 if TYPE_CHECKING:
-    from .server import Node
+    from ..server import Node
 
 __all__ = ["StreamHandlers", "WORK_MAX", "EVENTS_BUFFER_MAX", "WS_PENDING_MAX"]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.cluster.errors import CommandError, ErrorCode
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher
+    from ..dispatch import Dispatcher
 
 __all__ = ["HttpConnection"]
 
