@@ -123,7 +123,7 @@ class ClientConnection(asyncio.Protocol):
         self._backlog_bytes = 0       # bytes received while frames waited in the backlog
         self._pumping = False
         self.loop = dispatcher.loop
-        limits = dispatcher.node.config.limits
+        limits = dispatcher.limits
         self._output_high = limits.output_high_bytes
         self._output_max = limits.output_max_bytes
         self.peer_host = ""
@@ -431,7 +431,7 @@ class ClientConnection(asyncio.Protocol):
 
     def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
         """Answer commands that completed together: per command a reply dict or a CommandError."""
-        self.dispatcher.node.metrics.observe(cmd, seconds, len(req_ids))
+        self.dispatcher.metrics.observe(cmd, seconds, len(req_ids))
         self._inflight -= len(req_ids)
         if self.closed:
             return

@@ -15,13 +15,13 @@ and a job object per push on every replica. Each push keeps its own result.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from .clock import Clock
 from .raft import PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]
@@ -88,10 +88,12 @@ class _Entry:
 class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
-    def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, *,
+    def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
                  inflight_max: int = 3, batch_commands_max: int = 2048) -> None:
         self.replica = replica
         self.loop = loop
+        #: Stamps each entry (the engines' ``now_ms``): the node's one clock, never decreasing.
+        self.clock = clock
         self.inflight_max = inflight_max
         self.batch_commands_max = batch_commands_max
         self.pending_commands_max = 200_000
@@ -100,7 +102,6 @@ class GroupCommit:
         self._inflight = 0
         self._entries: set[_Entry] = set()
         self._scheduled = False
-        self._last_now_ms = 0
         self.proposed_batches = 0
         self.proposed_commands = 0
 
@@ -125,14 +126,6 @@ class GroupCommit:
         cbs, self._cmds, self._cbs = self._cbs, [], []
         for cb in cbs:
             cb(error)
-
-    def now_ms(self) -> int:
-        """The leader's clock stamp for the next entry, never decreasing."""
-        now = int(time.time() * 1000)
-        if now < self._last_now_ms:
-            now = self._last_now_ms
-        self._last_now_ms = now
-        return now
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -159,7 +152,7 @@ class GroupCommit:
                 loop.call_soon(self._complete, entry, results, reason)
 
             try:
-                self.replica.propose(self.now_ms(), cmds, done)
+                self.replica.propose(self.clock.now_ms(), cmds, done)
             except Exception as exc:  # pysyncobj refused synchronously (e.g. destroyed)
                 self._complete(entry, None, -1, exc)
 

@@ -46,7 +46,7 @@ from ..raft.replica import FOLLOWER_APPLY_BATCH
 READY_APPLY_LAG_MAX = 4 * FOLLOWER_APPLY_BATCH
 
 if TYPE_CHECKING:
-    from ..server import Node
+    from ..view import NodeView
 
 __all__ = ["start_http", "build_app", "STATUS_BY_CODE", "HttpApi"]
 
@@ -75,7 +75,7 @@ def _digest(token: bytes) -> bytes:
 class HttpApi(StreamHandlers):
     """Handlers bound to one node (REST and health here, streams in :class:`StreamHandlers`)."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self.token_digests = [_digest(t.encode()) for t in node.config.tokens]
         self.started = time.time()
@@ -133,7 +133,7 @@ class HttpApi(StreamHandlers):
 
     async def command(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Run one command on a connection of its own; the reply frame."""
-        conn = HttpConnection(self.node.dispatcher)
+        conn = HttpConnection(self.node.dispatcher, self.node.metrics)
         try:
             reply = await conn.call(frame)
         except BaseException:
@@ -307,7 +307,7 @@ def _bad_request(message: str) -> web.HTTPBadRequest:
 API_KEY = web.AppKey("api", HttpApi)
 
 
-def build_app(node: "Node", guard: HttpGuard | None = None) -> web.Application:
+def build_app(node: "NodeView", guard: HttpGuard | None = None) -> web.Application:
     """The node's aiohttp application (every route of the OpenAPI description)."""
     api = HttpApi(node)
     middlewares = [api.errors, api.auth] if guard is None else [guard.middleware, api.errors, api.auth]
@@ -339,7 +339,7 @@ def build_app(node: "Node", guard: HttpGuard | None = None) -> web.Application:
     return app
 
 
-async def start_http(node: "Node", host: str, port: int) -> web.AppRunner:
+async def start_http(node: "NodeView", host: str, port: int) -> web.AppRunner:
     """Serve the HTTP API on ``host:port``; the caller cleans the runner up on stop."""
     # Open SSE streams must not hold a graceful stop for aiohttp's default 60 s.
     # handler_cancellation: a /work stream's leases are released the moment its client goes away.

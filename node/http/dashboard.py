@@ -50,7 +50,7 @@ from .util import error_response, json_response, sse
 
 if TYPE_CHECKING:
     from .api import HttpApi
-    from ..server import Node
+    from ..view import NodeView
 
 __all__ = ["Dashboard", "add_dashboard_routes", "DASHBOARD_OPEN_PATHS", "STATIC_DIR"]
 
@@ -85,7 +85,7 @@ _TOTALS = ("enqueued", "completed", "failed")
 class QueueSampler:
     """Once a second, the counters of every queue on every replica this node hosts."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         # queue -> deque of (time ms, counts tuple in _STATES order, totals tuple in _TOTALS order)
         self.samples: dict[str, collections.deque[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
@@ -168,7 +168,7 @@ class Timelines:
     this node leads, a cost on the hot path, so it is never on merely because a page is open.
     """
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self.jobs: collections.OrderedDict[str, list[tuple[int, str]]] = collections.OrderedDict()
         self.watched: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> until

@@ -24,7 +24,7 @@ from .forward import Forwarder
 from .util import dumps, error_response, json_response, loads_bounded, sse
 
 if TYPE_CHECKING:
-    from ..server import Node
+    from ..view import NodeView
 
 __all__ = ["StreamHandlers", "WORK_MAX", "EVENTS_BUFFER_MAX", "WS_PENDING_MAX"]
 
@@ -55,7 +55,7 @@ class StreamHandlers:
     """Mixed into :class:`~shoal.node.http.HttpApi` (which provides ``node``, ``forwarder``,
     ``answer``, ``token_ok``)."""
 
-    node: "Node"
+    node: "NodeView"
     forwarder: Forwarder
 
     async def answer(self, request: web.Request, reply: dict[str, Any]) -> web.StreamResponse:  # pragma: no cover
@@ -155,7 +155,7 @@ class StreamHandlers:
         if not 1 <= limit <= WORK_MAX:
             return error_response("INVALID", f"max: must be 1..{WORK_MAX}")
         node = self.node
-        conn = HttpConnection(node.dispatcher)
+        conn = HttpConnection(node.dispatcher, node.metrics)
         held: set[str] = set()            # ids of the jobs this stream holds leased
         changed = asyncio.Event()
 
@@ -270,7 +270,7 @@ class StreamHandlers:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        conn = HttpConnection(node.dispatcher, authed=authed, protocol_version=1, on_event=on_event)
+        conn = HttpConnection(node.dispatcher, node.metrics, authed=authed, protocol_version=1, on_event=on_event)
         auth_failures = [0]
 
         async def run(frame: dict[str, Any], binary: bool) -> None:
