@@ -5,7 +5,9 @@ to every peer. Of each pair, the node listed later in the cluster's node list
 dials, the other accepts, so a pair never holds two links. A link first runs
 the :mod:`.handshake` (nothing else is read before it succeeds, and its frames
 are tiny); after it, frames are authenticated (:mod:`._frames`) and carry
-MessagePack arrays of ``(partition, message)`` pairs.
+MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
+link is mutual TLS first (both sides present a certificate the cluster's CA
+signed) and the handshake runs inside it.
 
 Sending queues the message on the peer's link; the link writes everything
 queued for it once per loop iteration, so the heartbeats of many partitions
@@ -239,7 +241,7 @@ class RaftNetwork:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, cluster_id: str, secret: bytes,
                  bind: PeerAddress, peers: dict[str, PeerAddress], dial: set[str],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         self.loop = loop
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -255,8 +257,9 @@ class RaftNetwork:
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals: dict[str, float] = {}
         self._closed = False
-        #: TLS for the links when set (both sides use it); the handshake runs inside it either way.
-        self.ssl_context = ssl_context
+        #: Mutual TLS for the links when set, as (listening side, dialling side) contexts; the
+        #: secret's handshake runs inside it either way.
+        self.tls = tls
         self.handshakes_pending = 0
         self.frames_sent = 0
         self.dropped = 0
@@ -273,8 +276,9 @@ class RaftNetwork:
     async def start(self) -> None:
         """Bind the listener and start dialling the peers this node dials."""
         host, port = self.bind
+        tls = {"ssl": self.tls[0], "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if self.tls else {}
         self._server = await self.loop.create_server(lambda: _Link(self, Role.LISTENER, None), host, port,
-                                                     reuse_address=True, backlog=128, ssl=self.ssl_context)
+                                                     reuse_address=True, backlog=128, **tls)
         for peer in sorted(self._dial):
             self._tasks.append(self.loop.create_task(self._dial_forever(peer)))
         log.info("raft port listening on %s:%d (peers %s; dialling %s)", host, port, sorted(self.peers),
@@ -292,16 +296,20 @@ class RaftNetwork:
 
     async def _dial_forever(self, peer: str) -> None:
         host, port = self.peers[peer]
+        tls: dict[str, Any] = {}
+        if self.tls:
+            tls = {"ssl": self.tls[1], "server_hostname": host, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
         delay = RETRY_MIN_S
         while not self._closed:
             link = _Link(self, Role.DIALER, peer)
             try:
-                await asyncio.wait_for(self.loop.create_connection(
-                    lambda: link, host, port, ssl=self.ssl_context,
-                    server_hostname=host if self.ssl_context is not None else None), CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(self.loop.create_connection(lambda: link, host, port, **tls),
+                                       CONNECT_TIMEOUT_S + (HANDSHAKE_TIMEOUT_S if tls else 0.0))
                 await link.closed
                 if link.established:
                     delay = RETRY_MIN_S
+            except ssl.SSLError as exc:  # the peer's certificate failed, or it refused ours
+                self.refused(f"{host}:{port}", peer, HandshakeFailed(RejectReason.BAD_PROOF, f"TLS: {exc}"))
             except (OSError, asyncio.TimeoutError):
                 pass
             await asyncio.sleep(delay)
