@@ -221,6 +221,7 @@ class PartitionReplica(HookedSyncObj):
         self._last_sent: dict[Any, float] = {}
         self._last_proposal = 0.0
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
+        self._transport = transport
         self._scale = timing_scale(groups)
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
@@ -409,6 +410,9 @@ class PartitionReplica(HookedSyncObj):
                 self.append_queued_commands()
             finally:
                 self._direct_send = False
+            # The entry leaves now, not after the other callbacks of this loop iteration: a
+            # pipelined client waits for the round trip.
+            self._transport.flush()
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
                 # computing the commit index, so before this it waited for the periodic one.)

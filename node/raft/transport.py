@@ -9,9 +9,12 @@ MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
 link is mutual TLS first (both sides present a certificate the cluster's CA
 signed) and the handshake runs inside it.
 
-Sending queues the message on the peer's link; the link writes everything
-queued for it once per loop iteration, so the heartbeats of many partitions
-that tick together cost one write. A peer that stops draining gets at most
+Sending queues the message on the peer's link. Queued messages are written,
+one frame per peer, at the end of the callback that produced them when that
+callback is a proposal or a received frame (:meth:`RaftNetwork.flush_queued`:
+a new entry or an answer leaves at once, since a pipelined client waits for the
+round trip), and otherwise once per loop iteration, so the heartbeats of many
+partitions that tick together cost one write. A peer that stops draining gets at most
 :data:`SEND_BUFFER_BYTES_MAX` buffered; beyond that messages to it are dropped
 (Raft resends what a follower lacks) rather than held, and reading from it goes
 on, so two nodes that both fall behind cannot deadlock each other.
@@ -83,7 +86,6 @@ class _Link(asyncio.Protocol):
         self._timeout: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_scheduled = False
         self._paused = False
         self._counted = False
 
@@ -127,9 +129,10 @@ class _Link(asyncio.Protocol):
                 log.warning("raft link %s (%s): %s; closing", self.peer_id, self.address, exc)
                 self.close()
                 return
-            deliver = self.network.deliver
+            net = self.network
             for items in frames:
-                deliver(self.node, items)
+                net.deliver(self.node, items)
+            net.flush_queued()  # the answers to this frame leave now, in one frame per peer
             return
         hs = self._handshake
         if hs is None:
@@ -211,17 +214,17 @@ class _Link(asyncio.Protocol):
             self.network.dropped += 1
             return False
         data = _encode((partition, message))
-        self._out.append(data)
+        out = self._out
+        if not out:
+            self.network.queued(self)
+        out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= FRAME_SPLIT_BYTES:
             self.flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.network.loop.call_soon(self.flush)
         return True
 
     def flush(self) -> None:
-        self._flush_scheduled = False
+        """Seal and write everything queued as one frame."""
         out = self._out
         if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
             return
@@ -253,6 +256,8 @@ class RaftNetwork:
         self._nodes = {peer: Node(peer) for peer in peers}
         self.links: dict[str, _Link] = {}
         self._partitions: dict[int, PartitionTransport] = {}
+        self._pending: list[_Link] = []
+        self._flush_scheduled = False
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals: dict[str, float] = {}
@@ -370,16 +375,36 @@ class RaftNetwork:
             return False
         return link.queue(partition, message)
 
+    def queued(self, link: _Link) -> None:
+        """``link`` has its first message queued: write it in :meth:`flush_queued`, this iteration at the latest."""
+        self._pending.append(link)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_scheduled_links)
+
+    def flush_queued(self) -> None:
+        """Write what is queued for every peer now (one frame per peer)."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for link in pending:
+                link.flush()
+
+    def _flush_scheduled_links(self) -> None:
+        self._flush_scheduled = False
+        self.flush_queued()
+
     def deliver(self, node: Any, items: Any) -> None:
         """Hand one frame's ``[[partition, message], ...]`` to the partitions."""
         if type(items) is not list:
             log.warning("raft frame from %s is not a list of (partition, message) pairs; ignored", node)
             return
         partitions = self._partitions
+        peer = node.id
         for item in items:
             transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
-            if transport is not None:
-                transport.receive(node, item[1])
+            if transport is not None and peer in transport.peers:
+                transport.on_message(node, item[1])
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)
@@ -394,7 +419,8 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         self.network = network
         self.partition = partition
         self.peers = frozenset(peers)
-        self._on_message = on_message
+        #: Called with each message from a peer of this partition (the network checks the peer).
+        self.on_message = on_message
         self._on_connected = on_connected
         self._ready = False
 
@@ -417,9 +443,9 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         self.network.detach(self)
         self._ready = False
 
-    def receive(self, node: Any, message: Any) -> None:
-        if node.id in self.peers:
-            self._on_message(node, message)
+    def flush(self) -> None:
+        """Write the messages queued on every link now (after a proposal's entry is sent)."""
+        self.network.flush_queued()
 
     def peer_connected(self, node: Any) -> None:
         if node.id in self.peers:
