@@ -91,8 +91,10 @@ def test_a_flush_writes_now_and_answers_leave_with_the_received_frame() -> None:
 
             def answer(node: Any, message: Any) -> None:
                 before = n1.frames_sent
-                answers.transport.send(node, {"type": "ack", "i": message["i"]})
+                # Scheduled before the answer is sent: it runs ahead of any flush the send
+                # itself might schedule, so it sees only what the receiving callback wrote.
                 asyncio.get_running_loop().call_soon(lambda: written_in_callback.append(n1.frames_sent - before))
+                answers.transport.send(node, {"type": "ack", "i": message["i"]})
 
             answers.on_receive = answer
             before = n2.frames_sent
