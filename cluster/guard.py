@@ -18,10 +18,10 @@ cluster file or by its ``SHOAL_*`` variable (the variable wins)::
                                         # after their first byte (408 TIMEOUT and a close)
     http_keepalive_timeout_ms = 75000   # close an HTTP connection idle this long between requests
 
-    [tls]                               # client and HTTP ports; no table = plain TCP
+    [tls]                               # client and HTTP ports, Raft link (mutual); none = plain TCP
     cert = "node.pem"                   # certificate chain (PEM)
     key = "node.key"                    # its private key (PEM)
-    ca = "ca.pem"                       # CA that signs client certificates (with client_certs)
+    ca = "ca.pem"                       # CA that signs client (with client_certs) and peer certificates
     client_certs = "none"               # none | optional | required
 
 =====================================  =========================================
@@ -154,7 +154,7 @@ _CLIENT_CERTS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required
 
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
-    """TLS of a node's client and HTTP ports."""
+    """TLS of a node's client and HTTP ports, and mutual TLS on its Raft link."""
 
     cert: str
     key: str
@@ -162,14 +162,41 @@ class TlsSettings:
     client_certs: str = "none"
 
     def server_context(self) -> ssl.SSLContext:
-        """A server-side context (TLS 1.2+), verifying client certificates when asked to."""
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        """A server-side context (TLS 1.2+), verifying client certificates when asked to.
+
+        Client certificates are checked against ``ca`` alone: the system's certificate
+        authorities would let any publicly issued certificate pass ``client_certs = "required"``.
+        """
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert, self.key)
         if self.ca:
             ctx.load_verify_locations(self.ca)
         ctx.verify_mode = _CLIENT_CERTS[self.client_certs]
         return ctx
+
+    def peer_server_context(self) -> ssl.SSLContext:
+        """The Raft port's side of mutual TLS: every peer presents a certificate that ``ca`` (or,
+        without one, the node certificate itself) verifies, whatever ``client_certs`` says.
+        Only that anchor is trusted, never the system's certificate authorities."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        self._peer_trust_and_identity(ctx)
+        return ctx
+
+    def peer_client_context(self) -> ssl.SSLContext:
+        """The dialling side of the Raft link's mutual TLS: presents the node certificate and
+        checks the peer's against the same single anchor and the peer's configured host."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and the host name
+        self._peer_trust_and_identity(ctx)
+        return ctx
+
+    def _peer_trust_and_identity(self, ctx: ssl.SSLContext) -> None:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.cert, self.key)
+        ctx.load_verify_locations(self.ca or self.cert)
+        if not self.ca:
+            ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the certificate itself is the anchor
 
     def client_context(self) -> ssl.SSLContext:
         """A context for calls to the nodes (peers, the launcher): trusts ``ca`` or, without

@@ -108,7 +108,8 @@ class Node:
         self.raft_network = RaftNetwork(
             self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
             {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
-            set(config.raft_dials(self.node_id)))
+            set(config.raft_dials(self.node_id)),
+            tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None)
         hosted = sum(self.node_id in replicas for replicas in self.placement.values())
         # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
         self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))

@@ -226,6 +226,7 @@ class PartitionReplica(HookedSyncObj):
         self._last_sent: dict[Any, float] = {}
         self._last_proposal = 0.0
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
+        self._transport = transport
         self._scale = timing_scale(groups)
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=_replaced_serializer_hook, deserializer=_replaced_serializer_hook,
@@ -426,6 +427,9 @@ class PartitionReplica(HookedSyncObj):
                 self.append_queued_commands()
             finally:
                 self._direct_send = False
+            # The entry leaves now, not after the other callbacks of this loop iteration: a
+            # pipelined client waits for the round trip.
+            self._transport.flush()
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
                 # computing the commit index, so without this one it would wait for the periodic one.)

@@ -5,11 +5,16 @@ to every peer. Of each pair, the node listed later in the cluster's node list
 dials, the other accepts, so a pair never holds two links. A link first runs
 the :mod:`.handshake` (nothing else is read before it succeeds, and its frames
 are tiny); after it, frames are authenticated (:mod:`._frames`) and carry
-MessagePack arrays of ``(partition, message)`` pairs.
+MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
+link is mutual TLS first (both sides present a certificate the cluster's CA
+signed) and the handshake runs inside it.
 
-Sending queues the message on the peer's link; the link writes everything
-queued for it once per loop iteration, so the heartbeats of many partitions
-that tick together cost one write. A peer that stops draining gets at most
+Sending queues the message on the peer's link. Queued messages are written,
+one frame per peer, at the end of the callback that produced them when that
+callback is a proposal or a received frame (:meth:`RaftNetwork.flush_queued`:
+a new entry or an answer leaves at once, since a pipelined client waits for the
+round trip), and otherwise once per loop iteration, so the heartbeats of many
+partitions that tick together cost one write. A peer that stops draining gets at most
 :data:`SEND_BUFFER_BYTES_MAX` buffered; beyond that messages to it are dropped
 (Raft resends what a follower lacks) rather than held, and reading from it goes
 on, so two nodes that both fall behind cannot deadlock each other.
@@ -81,7 +86,6 @@ class _Link(asyncio.Protocol):
         self._timeout: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_scheduled = False
         self._paused = False
         self._counted = False
 
@@ -125,9 +129,10 @@ class _Link(asyncio.Protocol):
                 log.warning("raft link %s (%s): %s; closing", self.peer_id, self.address, exc)
                 self.close()
                 return
-            deliver = self.network.deliver
+            net = self.network
             for items in frames:
-                deliver(self.node, items)
+                net.deliver(self.node, items)
+            net.flush_queued()  # the answers to this frame leave now, in one frame per peer
             return
         hs = self._handshake
         if hs is None:
@@ -209,17 +214,17 @@ class _Link(asyncio.Protocol):
             self.network.dropped += 1
             return False
         data = _encode((partition, message))
-        self._out.append(data)
+        out = self._out
+        if not out:
+            self.network.queued(self)
+        out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= FRAME_SPLIT_BYTES:
             self.flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.network.loop.call_soon(self.flush)
         return True
 
     def flush(self) -> None:
-        self._flush_scheduled = False
+        """Seal and write everything queued as one frame."""
         out = self._out
         if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
             return
@@ -239,7 +244,7 @@ class RaftNetwork:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, cluster_id: str, secret: bytes,
                  bind: PeerAddress, peers: dict[str, PeerAddress], dial: set[str],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
         self.loop = loop
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -251,12 +256,15 @@ class RaftNetwork:
         self._nodes = {peer: Node(peer) for peer in peers}
         self.links: dict[str, _Link] = {}
         self._partitions: dict[int, PartitionTransport] = {}
+        self._pending: list[_Link] = []
+        self._flush_scheduled = False
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals: dict[str, float] = {}
         self._closed = False
-        #: TLS for the links when set (both sides use it); the handshake runs inside it either way.
-        self.ssl_context = ssl_context
+        #: Mutual TLS for the links when set, as (listening side, dialling side) contexts; the
+        #: secret's handshake runs inside it either way.
+        self.tls = tls
         self.handshakes_pending = 0
         self.frames_sent = 0
         self.dropped = 0
@@ -273,8 +281,9 @@ class RaftNetwork:
     async def start(self) -> None:
         """Bind the listener and start dialling the peers this node dials."""
         host, port = self.bind
+        tls = {"ssl": self.tls[0], "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S} if self.tls else {}
         self._server = await self.loop.create_server(lambda: _Link(self, Role.LISTENER, None), host, port,
-                                                     reuse_address=True, backlog=128, ssl=self.ssl_context)
+                                                     reuse_address=True, backlog=128, **tls)
         for peer in sorted(self._dial):
             self._tasks.append(self.loop.create_task(self._dial_forever(peer)))
         log.info("raft port listening on %s:%d (peers %s; dialling %s)", host, port, sorted(self.peers),
@@ -292,16 +301,20 @@ class RaftNetwork:
 
     async def _dial_forever(self, peer: str) -> None:
         host, port = self.peers[peer]
+        tls: dict[str, Any] = {}
+        if self.tls:
+            tls = {"ssl": self.tls[1], "server_hostname": host, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
         delay = RETRY_MIN_S
         while not self._closed:
             link = _Link(self, Role.DIALER, peer)
             try:
-                await asyncio.wait_for(self.loop.create_connection(
-                    lambda: link, host, port, ssl=self.ssl_context,
-                    server_hostname=host if self.ssl_context is not None else None), CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(self.loop.create_connection(lambda: link, host, port, **tls),
+                                       CONNECT_TIMEOUT_S + (HANDSHAKE_TIMEOUT_S if tls else 0.0))
                 await link.closed
                 if link.established:
                     delay = RETRY_MIN_S
+            except ssl.SSLError as exc:  # the peer's certificate failed, or it refused ours
+                self.refused(f"{host}:{port}", peer, HandshakeFailed(RejectReason.BAD_PROOF, f"TLS: {exc}"))
             except (OSError, asyncio.TimeoutError):
                 pass
             await asyncio.sleep(delay)
@@ -362,16 +375,36 @@ class RaftNetwork:
             return False
         return link.queue(partition, message)
 
+    def queued(self, link: _Link) -> None:
+        """``link`` has its first message queued: write it in :meth:`flush_queued`, this iteration at the latest."""
+        self._pending.append(link)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_scheduled_links)
+
+    def flush_queued(self) -> None:
+        """Write what is queued for every peer now (one frame per peer)."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            for link in pending:
+                link.flush()
+
+    def _flush_scheduled_links(self) -> None:
+        self._flush_scheduled = False
+        self.flush_queued()
+
     def deliver(self, node: Any, items: Any) -> None:
         """Hand one frame's ``[[partition, message], ...]`` to the partitions."""
         if type(items) is not list:
             log.warning("raft frame from %s is not a list of (partition, message) pairs; ignored", node)
             return
         partitions = self._partitions
+        peer = node.id
         for item in items:
             transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
-            if transport is not None:
-                transport.receive(node, item[1])
+            if transport is not None and peer in transport.peers:
+                transport.on_message(node, item[1])
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)
@@ -386,7 +419,8 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         self.network = network
         self.partition = partition
         self.peers = frozenset(peers)
-        self._on_message = on_message
+        #: Called with each message from a peer of this partition (the network checks the peer).
+        self.on_message = on_message
         self._on_connected = on_connected
         self._ready = False
 
@@ -409,9 +443,9 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         self.network.detach(self)
         self._ready = False
 
-    def receive(self, node: Any, message: Any) -> None:
-        if node.id in self.peers:
-            self._on_message(node, message)
+    def flush(self) -> None:
+        """Write the messages queued on every link now (after a proposal's entry is sent)."""
+        self.network.flush_queued()
 
     def peer_connected(self, node: Any) -> None:
         if node.id in self.peers:

@@ -7,8 +7,6 @@ only, optionally requiring client certificates.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import re
 import socket
@@ -23,12 +21,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from conftest import NODE_COMMAND
+from tlspki import make_pki
 from shoal.client import Client, ConnectionOptions
 from shoal.cluster.guard import TlsSettings
 from shoal.cluster.launcher import LocalCluster, free_base_port
@@ -38,46 +32,9 @@ pytestmark = pytest.mark.integration
 TOKEN = "tls-token"
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, issuer_key: ec.EllipticCurvePrivateKey,
-          *, ca: bool = False, server: bool = False) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
-    if not ca:
-        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[str, str]:
-    path.with_suffix(".pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    path.with_suffix(".key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                           serialization.PrivateFormat.PKCS8,
-                                                           serialization.NoEncryption()))
-    return str(path.with_suffix(".pem")), str(path.with_suffix(".key"))
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("pki")
-    ca_key, node_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
-    ca = _cert("shoal-test-ca", ca_key, "shoal-test-ca", ca_key, ca=True)
-    ca_pem, _ = _write(d / "ca", ca, ca_key)
-    node_pem, node_key_path = _write(d / "node", _cert("shoal-node", node_key, "shoal-test-ca", ca_key, server=True),
-                                     node_key)
-    client_pem, client_key_path = _write(d / "client", _cert("worker-1", client_key, "shoal-test-ca", ca_key),
-                                         client_key)
-    return {"ca": ca_pem, "cert": node_pem, "key": node_key_path, "client_cert": client_pem,
-            "client_key": client_key_path}
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,124 @@
+"""RaftNetwork's links in one process over loopback: when queued messages are written.
+
+Two networks (n1 listens, n2 dials) carry messages of two partitions. Messages queued in one
+callback leave in one frame; a proposal's flush and the answers to a received frame are
+written in the same callback, not after the loop's other callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from shoal.node.raft.transport import PartitionTransport, RaftNetwork
+
+from _pysyncobj_helpers import free_ports
+
+WAIT_S = 5.0
+
+
+class _Partition:
+    """One partition's transport on one node, recording what it receives."""
+
+    def __init__(self, network: RaftNetwork, partition: int, peer: str) -> None:
+        self.received: list[Any] = []
+        self.on_receive: Any = None
+        self.transport = PartitionTransport(network, partition, [peer], self._message, lambda: None)
+        self.transport.setOnMessageReceivedCallback(lambda node, message: None)
+        self.transport.setOnNodeConnectedCallback(lambda node: None)
+        self.transport.setOnNodeDisconnectedCallback(lambda node: None)
+        self.transport.tryGetReady()
+
+    def _message(self, node: Any, message: Any) -> None:
+        self.received.append(message)
+        if self.on_receive is not None:
+            self.on_receive(node, message)
+
+
+@asynccontextmanager
+async def _pair() -> AsyncIterator[tuple[RaftNetwork, RaftNetwork]]:
+    loop = asyncio.get_running_loop()
+    p1, p2 = free_ports(2)
+    peers = {"n1": ("127.0.0.1", p1), "n2": ("127.0.0.1", p2)}
+    n1 = RaftNetwork(loop, "n1", "test", b"secret", peers["n1"], {"n2": peers["n2"]}, set())
+    n2 = RaftNetwork(loop, "n2", "test", b"secret", peers["n2"], {"n1": peers["n1"]}, {"n1"})
+    await n1.start()
+    await n2.start()
+    try:
+        await _until(lambda: n1.connected_peers() == ["n2"] and n2.connected_peers() == ["n1"])
+        yield n1, n2
+    finally:
+        n2.close()
+        n1.close()
+        await asyncio.sleep(0.05)
+
+
+async def _until(condition: Any) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_messages_queued_in_one_callback_leave_in_one_frame() -> None:
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            a, b = _Partition(n2, 0, "n1"), _Partition(n2, 1, "n1")
+            got0, got1 = _Partition(n1, 0, "n2"), _Partition(n1, 1, "n2")
+            before = n2.frames_sent
+            a.transport.send(n2.node_of("n1"), {"type": "hb", "i": 1})
+            b.transport.send(n2.node_of("n1"), {"type": "hb", "i": 2})
+            a.transport.send(n2.node_of("n1"), {"type": "hb", "i": 3})
+            assert n2.frames_sent == before  # nothing written yet: the loop's turn has not ended
+            await _until(lambda: len(got0.received) == 2 and len(got1.received) == 1)
+            assert n2.frames_sent == before + 1
+            assert [m["i"] for m in got0.received] == [1, 3] and got1.received[0]["i"] == 2
+
+    asyncio.run(main())
+
+
+def test_a_flush_writes_now_and_answers_leave_with_the_received_frame() -> None:
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            sender, answers = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
+            # Answer inside the receive callback, as Raft does; the answer must be written by
+            # the time the callback that read the frame returns.
+            written_in_callback: list[int] = []
+
+            def answer(node: Any, message: Any) -> None:
+                before = n1.frames_sent
+                # Scheduled before the answer is sent: it runs ahead of any flush the send
+                # itself might schedule, so it sees only what the receiving callback wrote.
+                asyncio.get_running_loop().call_soon(lambda: written_in_callback.append(n1.frames_sent - before))
+                answers.transport.send(node, {"type": "ack", "i": message["i"]})
+
+            answers.on_receive = answer
+            before = n2.frames_sent
+            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 7})
+            sender.transport.flush()
+            assert n2.frames_sent == before + 1  # a proposal's entry is written at once
+            await _until(lambda: len(sender.received) == 1)
+            assert sender.received[0] == {"type": "ack", "i": 7}
+            await _until(lambda: bool(written_in_callback))
+            assert written_in_callback == [1]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("count", [1, 40])
+def test_every_message_arrives_in_order(count: int) -> None:
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            sender, receiver = _Partition(n1, 3, "n2"), _Partition(n2, 3, "n1")
+            for i in range(count):
+                sender.transport.send(n1.node_of("n2"), {"i": i, "data": b"x" * 1000})
+                if i % 7 == 0:
+                    sender.transport.flush()
+            await _until(lambda: len(receiver.received) == count)
+            assert [m["i"] for m in receiver.received] == list(range(count))
+
+    asyncio.run(main())
