@@ -242,8 +242,6 @@ _SPECS = [
     # internal: proposed by the leader itself, never accepted from a client
     _spec("_Tick", "partition"),
     _spec("_ReleaseSession", "partition", {"session": _key}),
-    # consecutive plain PUSHes to one queue in one group-commit batch (``_datas``, ``_keys``)
-    _spec("_PushMany", "queue", {"queue": F.queue}),
 ]
 
 _BY_NAME: dict[str, CommandSpec] = {s.name: s for s in _SPECS}

@@ -25,13 +25,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.codec import PlainPush
 from shoal.cluster.commands import COMMANDS, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
 from .ports import Clock, Metrics, NodeInfo, PartitionDirectory, Replier
+from .pushes import check_block, check_queue, each_result, session_pull
 from .sessions import SESSION_CHARS_MAX, SessionTable
 
 if TYPE_CHECKING:
@@ -50,10 +51,6 @@ NEW_JOB_COMMANDS = frozenset({"PUSH", "PUSHB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
 PARKED_PER_QUEUE_MAX = 10_000
-#: The PUSH schema's own field checks, run by the plain-push block path as ``handle`` runs them.
-_check_queue = COMMANDS["PUSH"].checks["queue"]
-_check_data = COMMANDS["PUSH"].checks["data"]
-_check_key = COMMANDS["PUSH"].checks["idempotencyKey"]
 
 
 class _Parked:
@@ -224,8 +221,9 @@ class Dispatcher:
         """Answer consecutive plain PUSHes of one connection to one queue.
 
         Each frame gets the reply ``handle`` would give it; the valid ones go to group commit
-        as one ``_PushMany`` (the form it gives a run of plain pushes anyway), so the block
-        costs one routing, one submit and one callback instead of one of each per push.
+        as one ``PushRun`` (:func:`~.pushes.check_block`, the form it gives a run of plain
+        pushes anyway), so the block costs one routing, one submit and one callback instead
+        of one of each per push.
         Checks come first and answer nothing, so an unexpected error leaves every frame to
         the caller's error reply.
         """
@@ -235,7 +233,7 @@ class Dispatcher:
         try:
             if self.overloaded is not None:
                 raise self.overloaded
-            _check_queue("queue", queue)
+            check_queue(queue)
             p = self._partition_of("queue", {"queue": queue})
             replica = self.directory.replicas.get(p)
             if replica is None or not replica.is_leader():
@@ -244,41 +242,17 @@ class Dispatcher:
             for frame in frames:
                 conn.reply_error(frame.reqId, exc)
             return
-        req_ids: list[Any] = []
-        datas: list[bytes] = []
-        keys: list[str | None] | None = None
-        data_max = L.data_bytes_max
-        for i, frame in enumerate(frames):
-            data = bytes(frame.data)
-            key = frame.idempotencyKey
-            try:
-                if len(data) > data_max:
-                    _check_data("data", Raw(data))
-                if key is not None:
-                    _check_key("idempotencyKey", key)
-            except CommandError as exc:
-                conn.reply_error(frame.reqId, exc)
-                continue
-            if key is not None and keys is None:
-                keys = [None] * len(datas)
-            req_ids.append(frame.reqId)
-            datas.append(data)
-            if keys is not None:
-                keys.append(key)
-        if not req_ids:
+        req_ids, run = check_block(frames, conn.reply_error)
+        if run is None:
             return
-        cmd: dict[str, Any] = {"cmd": "_PushMany", "queue": queue, "_datas": datas}
-        if keys is not None:
-            cmd["_keys"] = keys
         n = len(req_ids)
         started = time.perf_counter()
 
         def done(result: Any) -> None:
             # The engine's per-push outcomes, or one error for the whole entry (e.g. NOT_LEADER).
-            each = result["results"] if type(result) is dict else [result] * n
-            conn.reply_many(req_ids, each, "PUSH", time.perf_counter() - started)
+            conn.reply_many(req_ids, each_result(result, n), "PUSH", time.perf_counter() - started)
 
-        self.directory.group_commits[p].submit(cmd, done)
+        self.directory.group_commits[p].submit(run, done)
 
     def _write(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its
@@ -320,12 +294,7 @@ class Dispatcher:
     # --- pulls and long polls ------------------------------------------------------------------
 
     def _pull(self, conn: Replier, frame: dict[str, Any], p: int) -> None:
-        if frame.get("detach"):
-            # The lease outlives this connection: only an ack or its TTR ends it (for consumers
-            # that ack from another process, e.g. the Spark stream's commit).
-            frame.pop("_session", None)
-        else:
-            frame["_session"] = conn.session
+        if not frame.get("detach"):
             self.sessions.used_partition(conn.session, p)
         timeout_ms = frame.get("timeout") or 0
         replica = self.directory.replicas[p]
@@ -350,11 +319,13 @@ class Dispatcher:
                 return
             conn.reply(req_id, result)
 
-        if frame["cmd"] == "PULLB":
-            # Replicated with the command, so every replica stops at the same job: a reply
-            # that could not be sent would leave its jobs leased until their TTR ran out.
-            frame["_bytesMax"] = self.config.frame_bytes_max
-        self.directory.group_commits[p].submit(frame, done)
+        # A detached lease outlives this connection: only an ack or its TTR ends it (for
+        # consumers that ack from another process, e.g. the Spark stream's commit). A PULLB's
+        # byte bound is replicated with it, so every replica stops at the same job: a reply
+        # that could not be sent would leave its jobs leased until their TTR ran out.
+        session = None if frame.get("detach") else conn.session
+        bytes_max = self.config.frame_bytes_max if frame["cmd"] == "PULLB" else 0
+        self.directory.group_commits[p].submit(session_pull(frame, session, bytes_max), done)
 
     def _park_pull(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float) -> None:
         key = (p, frame["queue"])

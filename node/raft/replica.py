@@ -33,18 +33,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ..state import EVENTS_MAX, Event, PartitionEngine
-from ..state._segments import ack_run_of, split_plain
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
 from .scheduler import TickScheduler
 from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
 from .transport import PartitionTransport, RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
+__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "timing_scale",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S"]
 
 log = logging.getLogger(__name__)
@@ -156,36 +154,6 @@ def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
         serializer=serializer,
         deserializer=deserializer,
     )
-
-
-def unwrap_job_data(cmd: dict[str, Any]) -> None:
-    """Replace the ``Raw`` wrapper of pushed job data by its bytes, in place, before replication.
-
-    Pickling a ``Raw`` costs a Python-level ``__reduce__`` and an ``__init__`` call per job
-    (~1.3 µs, on every replica); plain bytes pickle ~8× faster. The engine stores job data
-    as the packed bytes either way, so applying either form gives the same state.
-    """
-    name = cmd.get("cmd")
-    if name == "PUSHB":
-        items = cmd["jobs"]
-        plain = split_plain(items)
-        if plain is not None:
-            # Items with nothing but data (and a key) travel as lists (``_datas``, ``_keys``):
-            # a fraction of the pickling work of one dict per job, on the leader and every
-            # follower, and the engine stores them as one segment.
-            cmd["_datas"], keys = plain
-            if keys is not None:
-                cmd["_keys"] = keys
-            del cmd["jobs"]
-            return
-        for item in items:
-            data = item.get("data")
-            if type(data) is Raw:
-                item["data"] = data.packed
-    elif name == "PUSH":
-        data = cmd.get("data")
-        if type(data) is Raw:
-            cmd["data"] = data.packed
 
 
 class PartitionReplica(HookedSyncObj):
@@ -375,7 +343,7 @@ class PartitionReplica(HookedSyncObj):
     # --- replicated state machine -------------------------------------------------------------
 
     @replicated
-    def apply_batch(self, now_ms: int, commands: list[dict[str, Any]]) -> BatchResult:
+    def apply_batch(self, now_ms: int, commands: list[Command]) -> BatchResult:
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
         apply = self.engine.apply
@@ -391,7 +359,8 @@ class PartitionReplica(HookedSyncObj):
             except CommandError as exc:
                 results.append(exc)
             except Exception as exc:  # an engine bug must not kill the replica or diverge silently
-                log.exception("partition %d: engine failed on %s", self.partition, cmd.get("cmd"))
+                log.exception("partition %d: engine failed on %s", self.partition,
+                              cmd["cmd"] if type(cmd) is dict else cmd.name)
                 results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
         self.applied_batches += 1
         hook = self.on_applied
@@ -399,21 +368,10 @@ class PartitionReplica(HookedSyncObj):
             hook(self.partition)
         return results
 
-    def propose(self, now_ms: int, commands: list[dict[str, Any]],
+    def propose(self, now_ms: int, commands: list[Command],
                 callback: Callable[[BatchResult | None, int], None]) -> None:
-        """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
-        for cmd in commands:
-            unwrap_job_data(cmd)
-            if cmd["cmd"] == "ACKB":
-                # A consumer's ack of one pull, checked once here instead of on every replica:
-                # replicated as (first seq, count, first lease number); the engine still checks
-                # the jobs' states and leases when it applies it. None: not such a batch (the
-                # replicas need not look again).
-                run = None if cmd.get("results") else ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
-                cmd["_ackRun"] = run
-                if run is not None:
-                    del cmd["ids"]
-                    cmd.pop("tokens", None)
+        """Replicate ``commands`` (in their replicated form, :mod:`shoal.node.pushes`) as one log
+        entry; ``callback(results, fail_reason)`` runs on the loop."""
         self.apply_batch(now_ms, commands, callback=callback)
         self._last_proposal = monotonic_time()
         raft = self._raft
