@@ -182,6 +182,9 @@ class Journal:
         self._failed: str | None = None
         self._batcher = batcher
         self.sync_every_append = sync_every_append
+        #: While True, appends only ask the batcher for a lazy sync (:meth:`SyncBatcher.sync_lazy`):
+        #: the disk durability class.
+        self.lazy_appends = False
         self._segments: list[_Segment] = []
         self._active: FileHandle | None = None
         self._first_index = 1
@@ -344,7 +347,10 @@ class Journal:
     def _mark_dirty(self) -> None:
         self._data_dirty = True
         if self._batcher is not None:
-            self._batcher.mark(self)
+            if self.lazy_appends:
+                self._batcher.mark_lazy(self)
+            else:
+                self._batcher.mark(self)
 
     def sync(self) -> int:
         """fdatasync everything written so far; return the highest durable index."""
@@ -786,11 +792,26 @@ class SyncBatcher:
 
     def __init__(self) -> None:
         self._dirty: dict[int, Journal] = {}
+        self._lazy: dict[int, Journal] = {}
         self.rounds = 0
 
     def mark(self, journal: Journal) -> None:
         """``journal`` wrote something not yet synced."""
         self._dirty[id(journal)] = journal
+
+    def mark_lazy(self, journal: Journal) -> None:
+        """``journal`` wrote something that may wait for :meth:`sync_lazy` (the disk class)."""
+        self._lazy[id(journal)] = journal
+
+    def sync_lazy(self) -> int:
+        """Sync every journal holding lazily written data that no sync covered since; return how many."""
+        lazy, self._lazy = self._lazy, {}
+        done = 0
+        for journal in lazy.values():
+            if journal.dirty:
+                journal.sync()
+                done += 1
+        return done
 
     @property
     def pending(self) -> int:

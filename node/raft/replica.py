@@ -38,9 +38,12 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ..state import PartitionEngine
 from ..state._segments import ack_run_of, split_plain
+from ._io import NoSpace, RealIO
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
+from .log_matching import Accept, match_append_entries
 from .scheduler import TickScheduler
+from .storage import NodeStorage
 from .transport import PartitionTransport, RaftNetwork
 
 __all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
@@ -57,6 +60,16 @@ _SNAPSHOT_MAGIC = b"SHOALSNAP1"
 #: Unbounded (only the 20 ms tick) cut its CPU most but made its ticks long enough to delay
 #: its next answer: lone-PUSH p99 1.7-2.4 ms -> 2.2-2.4 ms; with 8, p99 1.4-1.8 ms.
 FOLLOWER_APPLY_BATCH = 8
+#: A proposal refused because the journal had no room (our own reason, beside pysyncobj's FAIL_REASON).
+FAIL_NO_SPACE = -507
+#: Commands that bring new data into a partition: refused with NO_SPACE while free space is low.
+#: Pulls, acks, fails and removals still pass (their entries are small and let consumers drain it).
+SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "_PushMany", "CreateQueue", "AddLog", "Progress", "Cron",
+                                   "RegisterWorker"})
+#: Bytes a follower accepts for one entry sent in pieces (pysyncobj's "transmission").
+TRANSMISSION_BYTES_MAX = 512 * 1024 * 1024
+#: The leader remembers its disk-class entries (_lazy_indexes) up to this many before pruning.
+LAZY_INDEXES_MAX = 4096
 #: A busy group (a leader that proposed lately, a follower with entries to apply) ticks this often.
 ACTIVE_TICK_S = 0.02
 #: How long after its last proposal a leader counts as busy.
@@ -149,8 +162,8 @@ def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
         logCompactionMinTime=120,
         dynamicMembershipChange=False,
         onStateChanged=on_state_changed,
-        # A data dir is mandatory: without files pysyncobj would snapshot nothing useful.
-        journalFile=os.path.join(data_dir, f"p{partition}.journal"),
+        # Unused: the replica hands pysyncobj Shoal's journal (storage.NodeStorage.open_journal).
+        journalFile=os.path.join(data_dir, f"p{partition}.raft"),
         fullDumpFile=os.path.join(data_dir, f"p{partition}.dump"),
         serializer=serializer,
         deserializer=deserializer,
@@ -198,7 +211,7 @@ class PartitionReplica(HookedSyncObj):
 
     def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, data_dir: str,
                  loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False,
-                 groups: int = 1) -> None:
+                 groups: int = 1, storage: NodeStorage | None = None) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
         self.loop = loop
@@ -225,10 +238,15 @@ class PartitionReplica(HookedSyncObj):
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
         self._raft: RaftInternals | None = None
-        super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
+        self.storage = storage if storage is not None else NodeStorage(RealIO(disk_free_min_bytes=0), data_dir)
+        self.journal = self.storage.open_journal(partition)
+        #: Indexes of this leader's entries holding only disk-class commands (see _entries_lazy).
+        self._lazy_indexes: set[int] = set()
+        self._transmission: list[bytes] = []
+        super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport,
+                         journal=self.journal)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
         self._raft = RaftInternals(self)
-        self._raft.store_commit_index_only_when_it_moves()
         #: Followers in placement order (see _fast_follower).
         self._follower_order = [network.node_of(p) for p in peers]
         self._preferred = preferred
@@ -295,12 +313,19 @@ class PartitionReplica(HookedSyncObj):
                 and not self.scheduler.campaigns.admit(now):
             raft.election_deadline = now + random.uniform(CAMPAIGN_RETRY_MIN_S, CAMPAIGN_RETRY_MAX_S)
 
+    def _lone_barrier(self) -> None:
+        """A replica without peers counts only itself toward the commit: sync before its tick."""
+        raft = self._raft
+        if raft is not None and not raft.other_nodes:
+            self.storage.barrier()
+
     def _tick(self) -> None:
         self._tick_scheduled = False
         if self._closed:
             return
         try:
             self._hold_campaign_unless_admitted()
+            self._lone_barrier()
             self.raft_tick()
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
@@ -313,6 +338,7 @@ class PartitionReplica(HookedSyncObj):
         self._tick_scheduled = False
         try:
             self._hold_campaign_unless_admitted()
+            self._lone_barrier()
             self.raft_tick()
             if self.is_leader() and not self._closed:
                 self._send_lagging(monotonic_time())  # entries proposed, then a pause
@@ -384,6 +410,15 @@ class PartitionReplica(HookedSyncObj):
     def propose(self, now_ms: int, commands: list[dict[str, Any]],
                 callback: Callable[[BatchResult | None, int], None]) -> None:
         """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
+        if self.storage.space_low():
+            refused = {k for k, cmd in enumerate(commands) if cmd.get("cmd") in SPACE_TAKING_COMMANDS}
+            if refused:
+                self.storage.no_space[self.partition] = "free space below disk_free_min_bytes"
+                commands, callback = _without_refused(commands, refused, callback, self.loop)
+                if not commands:
+                    return
+        else:
+            self.storage.no_space.pop(self.partition, None)
         for cmd in commands:
             unwrap_job_data(cmd)
             if cmd["cmd"] == "ACKB":
@@ -404,17 +439,46 @@ class PartitionReplica(HookedSyncObj):
             # Append and send the entry now rather than in a tick a loop iteration later: the
             # rest of a tick (commit index, applies, timers) has nothing to do until a follower
             # answers, and that answer schedules one.
+            journal = self.journal
+            index = journal.last_index + 1
+            lazy = self._disk_class(commands)
+            if lazy:
+                self._lazy_indexes.add(index)
+            journal.lazy_appends = lazy
             self._direct_send = True
             try:
                 self.append_queued_commands()
+            except NoSpace as exc:
+                self.storage.no_space[self.partition] = str(exc)
+                log.warning("partition %d: proposal refused: %s", self.partition, exc)
+                self.loop.call_soon(callback, None, FAIL_NO_SPACE)
             finally:
                 self._direct_send = False
+                journal.lazy_appends = False
+            if lazy and journal.last_index != index:
+                # Not exactly our entry was appended (an older queued proposal too, or none):
+                # treat what was written as fsync class.
+                self._lazy_indexes.discard(index)
+                if journal.dirty:
+                    self.storage.batcher.mark(journal)
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
                 # computing the commit index, so before this it waited for the periodic one.)
                 self.schedule_tick()
         else:
             self.schedule_tick()
+
+    def _disk_class(self, commands: list[dict[str, Any]]) -> bool:
+        """True when every command of the batch writes to an existing ``durable: false`` queue.
+
+        A command naming no queue (acks by job id, a tick) counts as fsync class.
+        """
+        queues = self.engine.queues
+        for cmd in commands:
+            q = queues.get(cmd.get("queue"))  # type: ignore[arg-type]
+            if q is None or q.opts.get("durable", True):
+                return False
+        return True
 
     # --- one follower at once, the others a little later --------------------------------------
 
@@ -476,10 +540,17 @@ class PartitionReplica(HookedSyncObj):
         next_index[node] = entries[-1][1] + 1
         self._last_sent[node] = now
         self._direct_sends += 1
-        raft.transport.send(node, {
+        message = {
             "type": "append_entries", "term": self.raftCurrentTerm,
             "commit_index": raft.commit_index, "entries": entries,
-            "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]})
+            "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]}
+        lazy = self._lazy_indexes
+        if lazy and all(e[1] in lazy for e in entries):
+            message["lazy"] = True  # disk class only: the follower need not sync before answering
+        if len(lazy) > LAZY_INDEXES_MAX:
+            low = min(next_index.values())
+            self._lazy_indexes = {i for i in lazy if i >= low}
+        raft.transport.send(node, message)
         return True
 
     # --- pipelining fix ------------------------------------------------------------------------
@@ -511,7 +582,10 @@ class PartitionReplica(HookedSyncObj):
                 # move the commit index, which is all a tick after an ack is for.
                 self._event_tick_free += 1
             return
-        super().handle_message(node, message)
+        if kind == "append_entries" and "prevLogIdx" in message and message["term"] >= self.raftCurrentTerm:
+            self._append_entries(node, message)
+        else:
+            super().handle_message(node, message)
         if kind == "append_entries" and raft.state == _FOLLOWER \
                 and "prevLogIdx" in message and "transmission" not in message \
                 and raft.commit_index - raft.last_applied < FOLLOWER_APPLY_BATCH:
@@ -519,6 +593,74 @@ class PartitionReplica(HookedSyncObj):
             # is all a tick would add, and nothing waits for a follower's apply (reads and
             # replies come from the leader), so they are applied a few at a time.
             self._event_tick_free += 1
+
+    def _append_entries(self, node: Any, message: dict[str, Any]) -> None:
+        """A follower's AppendEntries, under Raft's log-matching rule (log_matching.py, paper §5.3).
+
+        pysyncobj's own handling deletes every entry after ``prevLogIdx`` whatever their
+        terms, committed ones included. Here the log changes only as
+        :func:`match_append_entries` decides; pysyncobj then sees the message without its
+        log part (term, leader, election deadline) and with the commit index the rule
+        allows, and the answer names the last index the message proved matching.
+        """
+        raft = self._raft
+        assert raft is not None
+        journal = self.journal
+        header = {"type": "append_entries", "term": message["term"], "commit_index": raft.commit_index}
+        entries = message.get("entries") or []
+        transmission = message.get("transmission")
+        if transmission is not None:
+            entries = self._reassemble(message, transmission)
+            if entries is None:  # more pieces to come
+                super().handle_message(node, header)
+                raft.send_next_index(node, journal.last_index + 1, success=False, reset=False)
+                return
+        decision = match_append_entries(journal, raft.commit_index, message["prevLogIdx"], message["prevLogTerm"],
+                                        entries, message["commit_index"])
+        if not isinstance(decision, Accept):
+            super().handle_message(node, header)
+            raft.send_next_index(node, decision.next_index, success=False, reset=True)
+            return
+        journal.lazy_appends = bool(message.get("lazy"))
+        try:
+            if decision.delete_from is not None:
+                log.warning("partition %d: log conflicts with leader %s from index %d (log ends at %d, "
+                            "commit index %d); deleting from there", self.partition, node.id,
+                            decision.delete_from, journal.last_index, raft.commit_index)
+                journal.delete_from(decision.delete_from)
+            for entry in decision.append:
+                journal.add(entry[0], entry[1], entry[2])
+        except NoSpace as exc:
+            self.storage.no_space[self.partition] = str(exc)
+            log.warning("partition %d: cannot append entries from %s: %s", self.partition, node.id, exc)
+            super().handle_message(node, header)
+            raft.send_next_index(node, journal.last_index + 1, success=False, reset=True)
+            return
+        finally:
+            journal.lazy_appends = False
+        if decision.append:
+            self.storage.no_space.pop(self.partition, None)
+        header["commit_index"] = decision.commit_index
+        super().handle_message(node, header)
+        raft.send_next_index(node, decision.match_index + 1, success=True, reset=False)
+
+    def _reassemble(self, message: dict[str, Any], transmission: str) -> list[Any] | None:
+        """Collect an entry sent in pieces; the entry once its last piece came, else None."""
+        parts = self._transmission
+        if transmission == "start":
+            parts.clear()
+        elif transmission not in ("process", "finish"):
+            raise ValueError(f"unknown transmission {transmission!r}")
+        parts.append(message["data"])
+        if sum(len(p) for p in parts) > TRANSMISSION_BYTES_MAX:
+            parts.clear()
+            raise ValueError(f"an entry sent in pieces exceeds {TRANSMISSION_BYTES_MAX} bytes")
+        if transmission != "finish":
+            return None
+        data = b"".join(parts)
+        parts.clear()
+        # From an authenticated peer only (transport.py), as pysyncobj itself does.
+        return [tuple(pickle.loads(data))]
 
     def apply_log_entries(self) -> bool:
         """Apply committed entries; announce the new commit index a moment later, if still needed.
@@ -620,6 +762,26 @@ class PartitionReplica(HookedSyncObj):
         return raft_data
 
 
+def _without_refused(commands: list[dict[str, Any]], refused: set[int],
+                     callback: Callable[[BatchResult | None, int], None],
+                     loop: asyncio.AbstractEventLoop) -> tuple[list[dict[str, Any]], Callable[[BatchResult | None, int], None]]:
+    """Drop the ``refused`` commands (no room for new data) from a batch; the callback answers
+    them with ``NO_SPACE`` in their places and passes the others' results through."""
+    err = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused until "
+                                           "space is freed; pulls, acks and reads still work")
+    kept = [cmd for k, cmd in enumerate(commands) if k not in refused]
+    n = len(commands)
+    if not kept:
+        loop.call_soon(callback, [err] * n, 0)
+        return kept, callback
+
+    def merged(results: BatchResult | None, reason: int) -> None:
+        others = iter(results if results is not None and reason == 0 else [fail_reason_error(reason)] * len(kept))
+        callback([err if k in refused else next(others) for k in range(n)], 0)
+
+    return kept, merged
+
+
 def fail_reason_error(reason: int) -> CommandError:
     """Translate a pysyncobj failure into a wire error.
 
@@ -628,6 +790,9 @@ def fail_reason_error(reason: int) -> CommandError:
     committed by the next leader: that is ``TIMEOUT`` (outcome unknown), which a client only
     retries for commands that are safe to repeat (pushes carry idempotency keys).
     """
+    if reason == FAIL_NO_SPACE:
+        return CommandError(ErrorCode.NO_SPACE, "the partition's disk is full: the write was not taken; "
+                                                "retry once space is freed")
     if reason == FAIL_REASON.MISSING_LEADER:
         return CommandError(ErrorCode.NO_LEADER, "no leader for the partition; retry")
     if reason == FAIL_REASON.QUEUE_FULL:

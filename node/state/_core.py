@@ -61,6 +61,7 @@ __all__ = ["PartitionEngine", "QUEUE_PRESETS", "DEFAULTS"]
 DEFAULTS: dict[str, Any] = {
     "ttr": 30_000, "ttl": 0, "capacity": 0, "maxDeliveries": 10, "attempts": 1, "backoff": 1_000,
     "historyMax": 10_000, "historyAgeMs": 24 * 3600 * 1000,
+    "durable": True,  # True: the fsync durability class; False: the disk class (seed 004)
 }
 #: tarantool's queue types as presets: which job options each honours.
 QUEUE_PRESETS: dict[str, dict[str, bool]] = {
@@ -1819,7 +1820,8 @@ class PartitionEngine:
         return {"jobs": [self.wire_job(self.jobs[s]) for s in seqs]}
 
     def _queue_metrics(self, q: Queue) -> dict[str, Any]:
-        return {"type": q.type, "paused": q.paused, "counts": dict(q.counts), "totals": dict(q.totals),
+        return {"type": q.type, "paused": q.paused, "durability": "fsync" if q.opts.get("durable", True) else "disk",
+                "counts": dict(q.counts), "totals": dict(q.totals),
                 "calls": dict(q.calls), "options": dict(q.opts),
                 **({"logRecords": len(q.log), "nextSeq": q.log_next} if q.type == "log" else {})}
 
