@@ -169,6 +169,8 @@ class Node:
             replica.close()
         if self.raft_network is not None:
             self.raft_network.close()
+        if self.storage is not None:
+            self.storage.close()
         self.scheduler.close()
         self._stopped.set()
 

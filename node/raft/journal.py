@@ -83,6 +83,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 * 1024 * 1024
+COMMIT_HINT_PERIOD_S = 10
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
 _SEGMENT_VERSION = 1
@@ -204,6 +205,9 @@ class Journal:
         self._recover()
         self._commit_index = max(1, min(self.meta.state.commit_index, max(self._last_index, 1)))
         self._commit_stored = self.meta.state.commit_index
+        #: onOneSecondTimer calls between two stores of the commit hint.
+        self.commit_hint_period_s = COMMIT_HINT_PERIOD_S
+        self._hint_ticks = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -474,7 +478,7 @@ class Journal:
             try:
                 if self._failed is None:
                     self.sync()
-                    self.onOneSecondTimer()
+                    self.store_commit_hint()
             finally:
                 self._active.close()
                 self._active = None
@@ -763,7 +767,20 @@ class Journal:
         return hint
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
-        """pysyncobj: once a second, store a changed commit hint."""
+        """pysyncobj: once a second; every ``commit_hint_period_s`` calls, store a changed commit hint.
+
+        Each store is two fsyncs (file and directory) that force a file-system journal
+        commit, which the journals' own fdatasyncs then wait behind; the hint only saves a
+        restarted replica from waiting for its leader before applying, so it may lag.
+        """
+        self._hint_ticks += 1
+        if self._hint_ticks < self.commit_hint_period_s:
+            return
+        self._hint_ticks = 0
+        self.store_commit_hint()
+
+    def store_commit_hint(self) -> None:
+        """Store the commit hint now if it changed (durably; see :mod:`.meta`)."""
         if min(self._commit_index, self._synced_index) != self._commit_stored:
             state = self.meta.state
             self.meta.store(state.term, state.voted_for, self._stored_commit_hint())

@@ -243,6 +243,7 @@ class PartitionReplica(HookedSyncObj):
         #: Indexes of this leader's entries holding only disk-class commands (see _entries_lazy).
         self._lazy_indexes: set[int] = set()
         self._transmission: list[bytes] = []
+        self._read_ready_term = -1
         super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport,
                          journal=self.journal)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
@@ -696,6 +697,21 @@ class PartitionReplica(HookedSyncObj):
         """Answer a read-only command from the applied state."""
         self.engine.replies = True
         return self.engine.apply(cmd, now_ms)
+
+    def read_ready(self) -> bool:
+        """True once this leader has applied an entry of its own term (Raft paper §8).
+
+        A new leader's applied state may lack entries its predecessor committed (a restarted
+        cluster knows only a stale commit index) until its own first entry commits; reads
+        answered before would miss acknowledged writes.
+        """
+        term = self.raftCurrentTerm
+        if self._read_ready_term == term:
+            return True
+        if self.journal.term_at(self.raftLastApplied) == term:
+            self._read_ready_term = term
+            return True
+        return False
 
     def has_ready(self, queue: str) -> bool:
         return self.engine.has_ready(queue)

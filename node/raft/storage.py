@@ -11,7 +11,8 @@ are the node's business, in two durability classes (seed 004):
   AppendEntries and a leader's entry travel in those frames, and a leader commits
   only on a follower's answer to the frame carrying the entry: so the leader's copy
   is synced before the commit and every acknowledging follower's copy before its
-  answer. All journals written in one loop iteration are synced in one barrier.
+  answer. All journals written in one loop iteration are synced in one barrier, their
+  fdatasyncs issued together from a few threads.
 - **disk class** (``durable: false``): the entry only asks for a lazy sync, done by
   :meth:`NodeStorage.sync_lazy` every ``sync_interval_ms``.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._io import DISK_FREE_MIN_BYTES, FileHandle, FileIO, RealIO, _RealFile
@@ -45,6 +47,9 @@ TEST_IO_ENV = "SHOAL_TEST_IO"
 #: Entries of the newest part of a journal kept in memory (older ones are read back from disk).
 JOURNAL_CACHE_ENTRIES = 256
 JOURNAL_CACHE_BYTES = 4 * 1024 * 1024
+#: Threads issuing one barrier's fdatasyncs together (ext4 commits concurrent ones in one
+#: transaction; serial syncs cost one commit each: docs/benchmarks.md, "One sync round").
+SYNC_THREADS = 8
 
 
 class NodeStorage:
@@ -61,6 +66,7 @@ class NodeStorage:
         #: Partition -> why its last write was refused for lack of space (cleared once one succeeds).
         self.no_space: dict[int, str] = {}
         self._on_sync_failed = on_sync_failed or _fail_stop
+        self._executor: ThreadPoolExecutor | None = None
         io.watch_space(data_dir)
 
     def open_journal(self, partition: int) -> Journal:
@@ -70,12 +76,25 @@ class NodeStorage:
 
     def barrier(self) -> None:
         """Sync every journal that took an fsync-class entry since the last barrier."""
-        if not self.batcher.pending:
+        pending = self.batcher.pending
+        if not pending:
             return
         try:
-            self.barrier_syncs += len(self.batcher.sync_all())
+            if pending == 1:
+                self.barrier_syncs += len(self.batcher.sync_all())
+            else:
+                # The loop waits for the threads: no journal is written while they sync.
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="shoal-sync")
+                self.barrier_syncs += len(self.batcher.sync_all_threads(self._executor))
         except SyncFailed as exc:
             self._on_sync_failed(exc)
+
+    def close(self) -> None:
+        """Stop the sync threads (the journals are closed by their replicas)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def sync_lazy(self) -> None:
         """Sync the journals holding disk-class entries (every ``sync_interval_ms``)."""
