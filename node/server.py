@@ -104,6 +104,7 @@ class Node:
         self.storage = NodeStorage(make_io(config.disk_free_min_bytes), str(self.data_dir),
                                    sync_interval_ms=config.sync_interval_ms)
         self.raft_network.before_flush = self.storage.barrier
+        self.raft_network.after_flush = self.storage.after_send
         hosted = sum(self.node_id in replicas for replicas in self.placement.values())
         # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
         self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))

@@ -186,6 +186,10 @@ class Journal:
         #: While True, appends only ask the batcher for a lazy sync (:meth:`SyncBatcher.sync_lazy`):
         #: the disk durability class.
         self.lazy_appends = False
+        #: While True (the replica leads), appends ask for :meth:`SyncBatcher.sync_leader`: a
+        #: leader's entry may leave for the followers before it is synced, as long as it is
+        #: synced before the leader counts it toward the commit.
+        self.leader_appends = False
         self._segments: list[_Segment] = []
         self._active: FileHandle | None = None
         self._first_index = 1
@@ -353,6 +357,8 @@ class Journal:
         if self._batcher is not None:
             if self.lazy_appends:
                 self._batcher.mark_lazy(self)
+            elif self.leader_appends:
+                self._batcher.mark_leader(self)
             else:
                 self._batcher.mark(self)
 
@@ -810,11 +816,29 @@ class SyncBatcher:
     def __init__(self) -> None:
         self._dirty: dict[int, Journal] = {}
         self._lazy: dict[int, Journal] = {}
+        self._leader: dict[int, Journal] = {}
         self.rounds = 0
 
     def mark(self, journal: Journal) -> None:
         """``journal`` wrote something not yet synced."""
         self._dirty[id(journal)] = journal
+
+    def mark_leader(self, journal: Journal) -> None:
+        """``journal`` took a leader's entry: sync it once the entry is sent (:meth:`sync_leader`)."""
+        self._leader[id(journal)] = journal
+
+    @property
+    def pending_leader(self) -> int:
+        """Journals waiting for :meth:`sync_leader`."""
+        return len(self._leader)
+
+    def sync_leader(self, executor: Executor | None = None) -> dict[Journal, int]:
+        """Sync each journal that took a leader's entry (concurrently on ``executor`` if given)."""
+        dirty, self._leader = self._leader, {}
+        journals = [j for j in dirty.values() if j.dirty]
+        if executor is None or len(journals) < 2:
+            return {j: j.sync() for j in journals}
+        return dict(zip(journals, executor.map(Journal.sync, journals), strict=True))
 
     def mark_lazy(self, journal: Journal) -> None:
         """``journal`` wrote something that may wait for :meth:`sync_lazy` (the disk class)."""

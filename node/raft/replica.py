@@ -318,7 +318,7 @@ class PartitionReplica(HookedSyncObj):
         """A replica without peers counts only itself toward the commit: sync before its tick."""
         raft = self._raft
         if raft is not None and not raft.other_nodes:
-            self.storage.barrier()
+            self.storage.sync_all_now()
 
     def _tick(self) -> None:
         self._tick_scheduled = False
@@ -379,6 +379,8 @@ class PartitionReplica(HookedSyncObj):
         # Runs inside a tick. A deposed leader's unanswered proposals must be answered at once:
         # polling the leader (the topology loop) misses a step-down and re-election between two
         # polls, and pysyncobj itself answers them only once other entries fill their indexes.
+        # A leader's entries may leave before they are synced (storage.NodeStorage.after_send).
+        self.journal.leader_appends = new == _LEADER
         if new == CANDIDATE:
             self.elections += 1
         log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
@@ -623,6 +625,7 @@ class PartitionReplica(HookedSyncObj):
             raft.send_next_index(node, decision.next_index, success=False, reset=True)
             return
         journal.lazy_appends = bool(message.get("lazy"))
+        journal.leader_appends = False  # a follower's answer must wait for the sync (a deposed leader's too)
         try:
             if decision.delete_from is not None:
                 log.warning("partition %d: log conflicts with leader %s from index %d (log ends at %d, "

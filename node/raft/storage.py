@@ -4,15 +4,15 @@ Theory of operation: every hosted partition keeps its own :class:`~.journal.Jour
 (a directory ``p<N>.raft`` in the node's data directory). Appends only write; syncs
 are the node's business, in two durability classes (seed 004):
 
-- **fsync class** (``durable: true``, the default): a journal that took such an
-  entry is fdatasync'ed by :meth:`NodeStorage.barrier`, which runs before any Raft
-  frame leaves the node (the links call it before each write) and before a lone
-  replica counts its own entry toward the commit. A follower's answer to an
-  AppendEntries and a leader's entry travel in those frames, and a leader commits
-  only on a follower's answer to the frame carrying the entry: so the leader's copy
-  is synced before the commit and every acknowledging follower's copy before its
-  answer. All journals written in one loop iteration are synced in one barrier, their
-  fdatasyncs issued together from a few threads.
+- **fsync class** (``durable: true``, the default): a follower's journal that took
+  such an entry is fdatasync'ed by :meth:`NodeStorage.barrier`, which runs before any
+  Raft frame leaves the node (the links call it before each write), so its answer
+  leaves only once the entry is durable. A leader's journal is fdatasync'ed by
+  :meth:`NodeStorage.after_send` right after the frame carrying the entry is written:
+  the followers sync their copies meanwhile, and the leader's loop handles no
+  answer (so counts nothing toward the commit) before its own copy is durable. A lone
+  replica syncs before its tick, where it commits. All journals written in one loop
+  iteration are synced together, their fdatasyncs issued from a few threads.
 - **disk class** (``durable: false``): the entry only asks for a lazy sync, done by
   :meth:`NodeStorage.sync_lazy` every ``sync_interval_ms``.
 
@@ -95,6 +95,27 @@ class NodeStorage:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+    def after_send(self) -> None:
+        """Sync the journals that took a leader's fsync-class entry, right after it was sent.
+
+        The followers receive and sync the entry while the leader syncs its own copy; the
+        leader's loop runs nothing else meanwhile, so no follower's answer can make it count
+        its own copy toward the commit before that copy is durable.
+        """
+        if not self.batcher.pending_leader:
+            return
+        if self.batcher.pending_leader > 1 and self._executor is None:
+            self._executor = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="shoal-sync")
+        try:
+            self.barrier_syncs += len(self.batcher.sync_leader(self._executor))
+        except SyncFailed as exc:
+            self._on_sync_failed(exc)
+
+    def sync_all_now(self) -> None:
+        """Both barriers at once (a lone replica, which counts only itself toward the commit)."""
+        self.barrier()
+        self.after_send()
 
     def sync_lazy(self) -> None:
         """Sync the journals holding disk-class entries (every ``sync_interval_ms``)."""

@@ -231,6 +231,9 @@ class _Link(asyncio.Protocol):
         out.insert(0, array_header(len(out)))
         self.transport.writelines(self._sealer.seal(out))
         self.network.frames_sent += 1
+        after = self.network.after_flush
+        if after is not None:
+            after()  # a leader's own copy of what it just sent becomes durable before anything else runs
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -266,6 +269,8 @@ class RaftNetwork:
         self.refused_count = 0
         #: Called before any frame is written (the node's journal sync barrier, storage.py).
         self.before_flush: Callable[[], None] | None = None
+        #: Called right after a frame is written (the leaders' journal syncs, storage.py).
+        self.after_flush: Callable[[], None] | None = None
 
     def node_of(self, peer_id: str) -> Any:
         """The pysyncobj node object that stands for ``peer_id`` in every group."""
