@@ -75,6 +75,8 @@ def missing_private_names(instance: Any | None = None) -> list[str]:
 _patched = False
 #: Entries read per slice when pysyncobj asks for a byte-bounded suffix of the log.
 ENTRIES_READ_SLICE = 256
+#: Most entries one read returns (pysyncobj's apply loop asks for every committed entry at once).
+ENTRIES_READ_MAX = 1024
 
 
 def install_module_patches() -> None:
@@ -189,10 +191,18 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
             _syncobj_mod.createJournal = create
 
     def _SyncObj__getEntries(self, fromIDx: Any, count: Any = None, maxSizeBytes: Any = None) -> list[Any]:  # noqa: N802
-        """pysyncobj reads "every entry from here on" and then cuts at ``maxSizeBytes``; with a
-        journal on disk that would read the whole suffix, so read in slices until the bound."""
-        if count is not None or maxSizeBytes is None:
-            return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)  # type: ignore[attr-defined,no-any-return]
+        """Entries from ``fromIDx``, read from the journal in bounded slices.
+
+        pysyncobj reads "every entry from here on" and then cuts at ``maxSizeBytes``, and
+        applies "every committed entry" in one read: with a journal on disk (a restarted
+        replica, a lagging follower) either would load a whole suffix of the log into
+        memory. A count above :data:`ENTRIES_READ_MAX` is cut to it (the apply loop goes
+        on at the next tick), and a byte-bounded read stops at the bound.
+        """
+        if count is not None:
+            return SyncObj._SyncObj__getEntries(self, fromIDx, min(count, ENTRIES_READ_MAX))  # type: ignore[attr-defined,no-any-return]
+        if maxSizeBytes is None:
+            return SyncObj._SyncObj__getEntries(self, fromIDx, None, None)  # type: ignore[attr-defined,no-any-return]
         out: list[Any] = []
         total = 0
         while True:

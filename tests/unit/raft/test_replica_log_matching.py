@@ -155,3 +155,19 @@ def test_restart_reads_the_log_and_term_back(tmp_path) -> None:
         assert g.replica.journal.meta.state.term == 2
     finally:
         g.close()
+
+
+def test_memory_does_not_grow_with_the_journal(follower: Follower) -> None:
+    big = b"\x01" + b"p" * 20_000  # a no-op entry padded: applying it touches no engine state
+    index = 1
+    for _ in range(100):
+        entries = [[big, index + k, 1] for k in range(1, 51)]
+        follower.replica.handle_message(follower.leader, {
+            "type": "append_entries", "term": 1, "commit_index": 1, "entries": entries,
+            "prevLogIdx": index, "prevLogTerm": 0 if index == 1 else 1})
+        index += 50
+    journal = follower.replica.journal
+    assert journal.last_index == 5001
+    # 100 MB of entries on disk; in memory only offsets, term runs and the bounded tail cache.
+    assert journal.memory_bytes() < 5 * 1024 * 1024
+    assert len(follower.replica._raft.get_entries(2, 5000)) <= 1024  # reads are bounded as well
