@@ -8,12 +8,18 @@ created with that option:
 - consume: ``pull_many`` + ``ack_many`` of all of them (100 per call, 8 lanes);
 - lone PUSH latency: ``--lone`` sequential ``add`` calls, p50/p99;
 
-each repeated ``--runs`` times, the classes interleaved, medians printed. With
+each repeated ``--runs`` times, the classes interleaved, medians printed, with the CPU time
+(user + system, from /proc) the three node processes spent per 1,000 jobs in each phase. With
 ``--strace`` one more enqueue round per class runs with ``strace -f -c -e
 trace=fsync,fdatasync`` attached to every node, and the sync calls per acknowledged
 ``add_bulk`` call and per job are printed. The load average is printed at the start and the end.
 
     python bench/bench_durability.py [--jobs 100000] [--runs 3] [--lone 2000] [--strace]
+                                     [--classes fsync,disk] [--node-python PATH]
+
+``--node-python`` runs the nodes with another interpreter (another checkout's venv, for
+an A/B of the node's CPU per job); ``--classes fsync`` alone then creates the queue
+without options, for a version without the ``durable`` option.
 
 Every loop is bounded by a job count and a time limit.
 """
@@ -38,6 +44,19 @@ from shoal.cluster.launcher import LocalCluster, free_base_port
 DATA = b"x" * 117
 PHASE_S_MAX = 120.0
 CLASSES = (("fsync", True), ("disk", False))
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` (threads included) so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
 
 
 async def enqueue(client: AsyncClient, queue: str, jobs: int) -> float:
@@ -116,32 +135,46 @@ def stop_strace(procs: list[subprocess.Popen[bytes]], out_dir: str) -> int:
 async def main_async(args: argparse.Namespace) -> None:
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
-        with LocalCluster(nodes=3, partitions=8, data_dir=tmp, base_port=free_base_port(3, 8)) as cluster:
+        command = [args.node_python, "-m", "shoal.node"] if args.node_python else None
+        with LocalCluster(nodes=3, partitions=8, data_dir=tmp, base_port=free_base_port(3, 8),
+                          node_command=command) as cluster:
             cluster.wait_balanced()
-            results: dict[str, dict[str, list[float]]] = {c: {"enq": [], "con": [], "p50": [], "p99": []}
-                                                          for c, _ in CLASSES}
+            classes = [(c, d) for c, d in CLASSES if c in args.classes.split(",")]
+            results: dict[str, dict[str, list[float]]] = {c: {"enq": [], "con": [], "p50": [], "p99": [],
+                                                              "enq_cpu": [], "con_cpu": []}
+                                                          for c, _ in classes}
+            pids = list(cluster.pids.values())
             async with AsyncClient(cluster.addresses) as client:
                 for run in range(args.runs):
-                    for name, durable in CLASSES:
+                    for name, durable in classes:
                         queue = f"bd-{name}-{run}"
-                        await client.queue(queue).create(durable=durable)
+                        options = {} if args.classes == "fsync" else {"durable": durable}
+                        await client.queue(queue).create(**options)
                         r = results[name]
+                        c0 = cpu_s(pids)
                         r["enq"].append(await enqueue(client, queue, args.jobs))
+                        c1 = cpu_s(pids)
                         r["con"].append(await consume(client, queue, args.jobs))
+                        c2 = cpu_s(pids)
+                        r["enq_cpu"].append((c1 - c0) * 1e6 / args.jobs)
+                        r["con_cpu"].append((c2 - c1) * 1e6 / args.jobs)
                         lone = f"bd-lone-{name}-{run}"
-                        await client.queue(lone).create(durable=durable)
+                        await client.queue(lone).create(**options)
                         p50, p99 = await lone_push(client, lone, args.lone)
                         r["p50"].append(p50)
                         r["p99"].append(p99)
-                        print(f"run {run + 1} {name:5}: enqueue {r['enq'][-1]:9,.0f} jobs/s, consume+ack "
-                              f"{r['con'][-1]:9,.0f} jobs/s, lone PUSH p50 {p50:.2f} ms p99 {p99:.2f} ms", flush=True)
-                for name, _ in CLASSES:
+                        print(f"run {run + 1} {name:5}: enqueue {r['enq'][-1]:9,.0f} jobs/s "
+                              f"({r['enq_cpu'][-1]:.1f} node-CPU µs/job), consume+ack {r['con'][-1]:9,.0f} jobs/s "
+                              f"({r['con_cpu'][-1]:.1f} µs/job), lone PUSH p50 {p50:.2f} ms p99 {p99:.2f} ms",
+                              flush=True)
+                for name, _ in classes:
                     r = results[name]
-                    print(f"median {name:5}: enqueue {statistics.median(r['enq']):9,.0f} jobs/s, consume+ack "
-                          f"{statistics.median(r['con']):9,.0f} jobs/s, lone PUSH p50 "
-                          f"{statistics.median(r['p50']):.2f} ms p99 {statistics.median(r['p99']):.2f} ms")
+                    med = statistics.median
+                    print(f"median {name:5}: enqueue {med(r['enq']):9,.0f} jobs/s ({med(r['enq_cpu']):.1f} µs/job), "
+                          f"consume+ack {med(r['con']):9,.0f} jobs/s ({med(r['con_cpu']):.1f} µs/job), lone PUSH "
+                          f"p50 {med(r['p50']):.2f} ms p99 {med(r['p99']):.2f} ms")
                 if args.strace:
-                    for name, durable in CLASSES:
+                    for name, durable in classes:
                         queue = f"bd-strace-{name}"
                         await client.queue(queue).create(durable=durable)
                         procs = strace_nodes(list(cluster.pids.values()), tmp)
@@ -165,6 +198,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--lone", type=int, default=2_000)
     parser.add_argument("--strace", action="store_true")
+    parser.add_argument("--classes", default="fsync,disk")
+    parser.add_argument("--node-python", default=None)
     args = parser.parse_args()
     uvloop.install()
     asyncio.run(main_async(args))

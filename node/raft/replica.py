@@ -234,6 +234,8 @@ class PartitionReplica(HookedSyncObj):
         self._last_sent: dict[Any, float] = {}
         self._last_proposal = 0.0
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
+        self._transport_send = transport.send
+        transport.send = self._send  # type: ignore[method-assign]
         self._scale = timing_scale(groups)
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=self._write_snapshot, deserializer=self._read_snapshot)
@@ -543,18 +545,23 @@ class PartitionReplica(HookedSyncObj):
         next_index[node] = entries[-1][1] + 1
         self._last_sent[node] = now
         self._direct_sends += 1
-        message = {
+        raft.transport.send(node, {
             "type": "append_entries", "term": self.raftCurrentTerm,
             "commit_index": raft.commit_index, "entries": entries,
-            "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]}
-        lazy = self._lazy_indexes
-        if lazy and all(e[1] in lazy for e in entries):
-            message["lazy"] = True  # disk class only: the follower need not sync before answering
-        if len(lazy) > LAZY_INDEXES_MAX:
-            low = min(next_index.values())
-            self._lazy_indexes = {i for i in lazy if i >= low}
-        raft.transport.send(node, message)
+            "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]})
         return True
+
+    def _send(self, node: Any, message: Any) -> bool:
+        """Every message this replica sends: entries of the disk class only are marked ``lazy``
+        (the follower need not sync them before answering), on every path that sends entries."""
+        lazy = self._lazy_indexes
+        if lazy and type(message) is dict and message.get("entries"):
+            if all(e[1] in lazy for e in message["entries"]):
+                message["lazy"] = True
+            if len(lazy) > LAZY_INDEXES_MAX and self._raft is not None:
+                low = min(self._raft.next_index.values(), default=0)
+                self._lazy_indexes = {i for i in lazy if i >= low}
+        return self._transport_send(node, message)
 
     # --- pipelining fix ------------------------------------------------------------------------
 
