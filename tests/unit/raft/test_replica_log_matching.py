@@ -171,3 +171,23 @@ def test_memory_does_not_grow_with_the_journal(follower: Follower) -> None:
     # 100 MB of entries on disk; in memory only offsets, term runs and the bounded tail cache.
     assert journal.memory_bytes() < 5 * 1024 * 1024
     assert len(follower.replica._raft.get_entries(2, 5000)) <= 1024  # reads are bounded as well
+
+
+def test_term_and_vote_are_on_disk_before_the_vote_leaves(follower: Follower, tmp_path) -> None:
+    from shoal.node.raft._io import RealIO
+    from shoal.node.raft.meta import RaftMeta
+
+    on_disk_when_sent: list[tuple[int, str | None]] = []
+    meta_path = follower.replica.journal.meta.path
+
+    def send(node, message):
+        if message.get("type") == "response_vote":
+            state = RaftMeta(RealIO(disk_free_min_bytes=0), meta_path).state
+            on_disk_when_sent.append((state.term, state.voted_for))
+        return True
+
+    follower.replica._raft.transport.send = send  # type: ignore[union-attr]
+    candidate = follower.network.node_of("c")
+    follower.replica.handle_message(candidate, {"type": "request_vote", "term": 5, "last_log_index": 1,
+                                                "last_log_term": 0})
+    assert on_disk_when_sent == [(5, "c")]
