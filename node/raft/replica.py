@@ -41,6 +41,7 @@ from ..state._segments import ack_run_of, split_plain
 from ._io import NoSpace, RealIO
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
+from .journal import SyncFailed
 from .log_matching import Accept, match_append_entries
 from .scheduler import TickScheduler
 from .storage import NodeStorage
@@ -242,7 +243,7 @@ class PartitionReplica(HookedSyncObj):
         self._raft: RaftInternals | None = None
         self.storage = storage if storage is not None else NodeStorage(RealIO(disk_free_min_bytes=0), data_dir)
         self.journal = self.storage.open_journal(partition)
-        #: Indexes of this leader's entries holding only disk-class commands (see _entries_lazy).
+        #: Indexes of this leader's entries holding only disk-class commands (see _send).
         self._lazy_indexes: set[int] = set()
         self._transmission: list[bytes] = []
         self._read_ready_term = -1
@@ -294,6 +295,8 @@ class PartitionReplica(HookedSyncObj):
         self._event_messages = self._event_tick_free = 0
         try:
             self.handle_message(node, message)
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:  # a malformed message (from an authenticated peer) must not stop the link
             log.exception("partition %d: raft message %r from %s failed", self.partition,
                           message.get("type") if type(message) is dict else type(message).__name__, node)
@@ -330,6 +333,8 @@ class PartitionReplica(HookedSyncObj):
             self._hold_campaign_unless_admitted()
             self._lone_barrier()
             self.raft_tick()
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
         self._book_next_tick()
@@ -345,6 +350,8 @@ class PartitionReplica(HookedSyncObj):
             self.raft_tick()
             if self.is_leader() and not self._closed:
                 self._send_lagging(monotonic_time())  # entries proposed, then a pause
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
         self._book_next_tick()
@@ -383,6 +390,8 @@ class PartitionReplica(HookedSyncObj):
         # polls, and pysyncobj itself answers them only once other entries fill their indexes.
         # A leader's entries may leave before they are synced (storage.NodeStorage.after_send).
         self.journal.leader_appends = new == _LEADER
+        if old == _LEADER or new == _LEADER:
+            self._lazy_indexes = set()  # indexes of an earlier term may hold other entries in the next
         if new == CANDIDATE:
             self.elections += 1
         log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
@@ -457,6 +466,8 @@ class PartitionReplica(HookedSyncObj):
                 self.storage.no_space[self.partition] = str(exc)
                 log.warning("partition %d: proposal refused: %s", self.partition, exc)
                 self.loop.call_soon(callback, None, FAIL_NO_SPACE)
+            except SyncFailed as exc:
+                self.storage.sync_failed(exc)
             finally:
                 self._direct_send = False
                 journal.lazy_appends = False

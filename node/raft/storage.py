@@ -90,6 +90,11 @@ class NodeStorage:
         except SyncFailed as exc:
             self._on_sync_failed(exc)
 
+    def sync_failed(self, exc: SyncFailed) -> None:
+        """A journal's sync failed outside a barrier (an append over the unsynced bound, a
+        suffix deletion): the same fail-stop as in a barrier."""
+        self._on_sync_failed(exc)
+
     def close(self) -> None:
         """Stop the sync threads (the journals are closed by their replicas)."""
         if self._executor is not None:
