@@ -67,6 +67,8 @@ FAIL_NO_SPACE = -507
 #: Pulls, acks, fails and removals still pass (their entries are small and let consumers drain it).
 SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "_PushMany", "CreateQueue", "AddLog", "Progress", "Cron",
                                    "RegisterWorker"})
+#: A partition short of space logs why at most this often.
+NO_SPACE_LOG_S = 10.0
 #: Bytes a follower accepts for one entry sent in pieces (pysyncobj's "transmission").
 TRANSMISSION_BYTES_MAX = 512 * 1024 * 1024
 #: The leader remembers its disk-class entries (_lazy_indexes) up to this many before pruning.
@@ -247,6 +249,7 @@ class PartitionReplica(HookedSyncObj):
         self._lazy_indexes: set[int] = set()
         self._transmission: list[bytes] = []
         self._read_ready_term = -1
+        self._no_space_logged = float("-inf")
         super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport,
                          journal=self.journal)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
@@ -463,8 +466,7 @@ class PartitionReplica(HookedSyncObj):
             try:
                 self.append_queued_commands()
             except NoSpace as exc:
-                self.storage.no_space[self.partition] = str(exc)
-                log.warning("partition %d: proposal refused: %s", self.partition, exc)
+                self._note_no_space(f"proposal refused: {exc}")
                 self.loop.call_soon(callback, None, FAIL_NO_SPACE)
             except SyncFailed as exc:
                 self.storage.sync_failed(exc)
@@ -658,8 +660,7 @@ class PartitionReplica(HookedSyncObj):
             for entry in decision.append:
                 journal.add(entry[0], entry[1], entry[2])
         except NoSpace as exc:
-            self.storage.no_space[self.partition] = str(exc)
-            log.warning("partition %d: cannot append entries from %s: %s", self.partition, node.id, exc)
+            self._note_no_space(f"cannot append entries from {node.id}: {exc}")
             super().handle_message(node, header)
             raft.send_next_index(node, journal.last_index + 1, success=False, reset=True)
             return
@@ -670,6 +671,15 @@ class PartitionReplica(HookedSyncObj):
         header["commit_index"] = decision.commit_index
         super().handle_message(node, header)
         raft.send_next_index(node, decision.match_index + 1, success=True, reset=False)
+
+    def _note_no_space(self, why: str) -> None:
+        """Record (for /ready and the metrics) and log, at most every NO_SPACE_LOG_S, a refusal
+        for lack of space: the log may live on the full disk, and a leader resends often."""
+        self.storage.no_space[self.partition] = why
+        now = monotonic_time()
+        if now - self._no_space_logged >= NO_SPACE_LOG_S:
+            self._no_space_logged = now
+            log.warning("partition %d: %s", self.partition, why)
 
     def _reassemble(self, message: dict[str, Any], transmission: str) -> list[Any] | None:
         """Collect an entry sent in pieces; the entry once its last piece came, else None."""
