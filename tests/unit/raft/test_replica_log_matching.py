@@ -191,3 +191,47 @@ def test_term_and_vote_are_on_disk_before_the_vote_leaves(follower: Follower, tm
     follower.replica.handle_message(candidate, {"type": "request_vote", "term": 5, "last_log_index": 1,
                                                 "last_log_term": 0})
     assert on_disk_when_sent == [(5, "c")]
+
+
+def test_an_entry_sent_in_pieces_is_appended_under_the_same_rule(follower: Follower) -> None:
+    import pickle
+
+    committed_1_to_4(follower)
+    data = pickle.dumps((b"\x01" + b"z" * 3000, 5, 1))
+    pieces = [data[:1000], data[1000:2000], data[2000:]]
+    answers = []
+    for kind, piece in zip(("start", "process", "finish"), pieces):
+        follower.sent.clear()
+        follower.replica.handle_message(follower.leader, {
+            "type": "append_entries", "term": 1, "commit_index": 4, "transmission": kind, "data": piece,
+            "prevLogIdx": 4, "prevLogTerm": 1})
+        answers += [m for _, m in follower.sent if m.get("type") == "next_node_idx"]
+    assert [a["success"] for a in answers] == [False, False, True] and answers[-1]["next_node_idx"] == 6
+    assert follower.log()[-1] == (5, 1) and follower.commit() == 4
+    # The same entry in pieces again (a resend) changes nothing, and never deletes committed entries.
+    for kind, piece in zip(("start", "process", "finish"), pieces):
+        follower.replica.handle_message(follower.leader, {
+            "type": "append_entries", "term": 1, "commit_index": 4, "transmission": kind, "data": piece,
+            "prevLogIdx": 2, "prevLogTerm": 1})
+    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
+
+
+def test_a_candidate_stores_its_term_and_vote_before_asking_for_votes(follower: Follower) -> None:
+    from shoal.node.raft._io import RealIO
+    from shoal.node.raft.meta import RaftMeta
+
+    asked: list[tuple[int, int, str | None]] = []
+    meta_path = follower.replica.journal.meta.path
+
+    def send(node, message):
+        if message.get("type") == "request_vote":
+            state = RaftMeta(RealIO(disk_free_min_bytes=0), meta_path).state
+            asked.append((message["term"], state.term, state.voted_for))
+        return True
+
+    raft = follower.replica._raft
+    raft.transport.send = send  # type: ignore[union-attr]
+    follower.replica._raft.transport.peer_connected(follower.network.node_of("b"))  # type: ignore[union-attr]
+    raft.election_deadline = 0.0  # type: ignore[union-attr]
+    follower.replica.raft_tick()
+    assert asked and all(a == (1, 1, "a") for a in asked), asked
