@@ -182,6 +182,9 @@ class Dispatcher:
         if replica is None or not replica.is_leader():
             raise self.node.not_leader_error(p)
         if spec.read_only:
+            if not replica.read_ready():
+                raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
+                                                        "entry yet; retry")
             started = time.perf_counter()
             conn.reply(req_id, replica.read(frame, self.node.now_ms()))
             self.node.metrics.observe(cmd, time.perf_counter() - started)
