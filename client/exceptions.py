@@ -11,6 +11,7 @@
     │   ├── LeaseMismatch      LEASE_MISMATCH (a superseded token)
     │   ├── QueueFull          QUEUE_FULL
     │   ├── Paused             PAUSED
+    │   ├── NoSpace            NO_SPACE
     │   ├── AuthError          AUTH_REQUIRED, AUTH_FAILED
     │   ├── NotLeader          NOT_LEADER (retried by the client; raised when retries run out)
     │   │   └── NoLeader       NO_LEADER: an election is under way (retried likewise)
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ShoalError", "ProtocolError", "ConnectionLost", "CommandTimeout", "CommandError", "InvalidCommand",
-           "NotFound", "InvalidState", "LeaseMismatch", "QueueFull", "Paused", "AuthError", "NotLeader",
+           "NotFound", "InvalidState", "LeaseMismatch", "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader",
            "Overloaded", "ClientClosed", "NoLeader", "NodeTimeout", "error_from_reply"]
 
 
@@ -84,6 +85,10 @@ class Paused(CommandError):
     """The queue is paused."""
 
 
+class NoSpace(CommandError):
+    """The partition's disk is full: new data is refused (reads, pulls and acks still work)."""
+
+
 class AuthError(CommandError):
     """Authentication is required or failed."""
 
@@ -109,7 +114,7 @@ _BY_CODE: dict[str, type[CommandError]] = {
     "FRAME_TOO_LARGE": InvalidCommand, "NOT_FOUND": NotFound, "INVALID_STATE": InvalidState,
     "LEASE_MISMATCH": LeaseMismatch, "QUEUE_FULL": QueueFull, "PAUSED": Paused, "AUTH_REQUIRED": AuthError,
     "AUTH_FAILED": AuthError, "NOT_LEADER": NotLeader, "NO_LEADER": NoLeader, "TIMEOUT": NodeTimeout, "OVERLOADED": Overloaded,
-    "SHUTTING_DOWN": Overloaded,
+    "SHUTTING_DOWN": Overloaded, "NO_SPACE": NoSpace,
 }
 
 

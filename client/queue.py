@@ -32,7 +32,8 @@ _COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed")
 _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
-                  "attempts": "attempts", "history_max": "historyMax", "priority": "priority"}
+                  "attempts": "attempts", "history_max": "historyMax", "priority": "priority",
+                  "durable": "durable"}
 
 
 def _id(job: Job | str) -> str:
@@ -105,7 +106,8 @@ class AsyncQueue:
     async def create(self, type: str = "standard", *, shards: int | None = None, **options: Any) -> bool:
         """Create the queue with a type (``standard``, ``fifo``, ``fifottl``, ``limfifottl``, ``utube``,
         ``utubettl``, ``log``) and options (``ttr``, ``ttl``, ``backoff`` in seconds; ``capacity``,
-        ``discard``, ``max_deliveries``, ``attempts``, ``history_max``). ``shards=k`` spreads it over
+        ``discard``, ``max_deliveries``, ``attempts``, ``history_max``, ``durable``: ``False`` for the disk
+        durability class, see the README). ``shards=k`` spreads it over
         ``k`` sub-queues. Returns ``True`` if it did not exist before."""
         wire = queue_options(options)
         if shards is not None:

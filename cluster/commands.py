@@ -115,7 +115,7 @@ _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "ttr": _ttr, "ttl": _ttl, "capacity": F.int_range(1, 2**40), "discard": F.one_of(("reject",)),
     "maxDeliveries": F.int_range(1, 1_000_000), "attempts": _attempts, "backoff": _backoff,
     "historyMax": F.int_range(0, 10_000_000), "historyAgeMs": F.int_range(0, L.ttl_ms_max),
-    "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay,
+    "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay, "durable": F.boolean,
 }
 
 

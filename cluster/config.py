@@ -42,6 +42,8 @@ SHOAL_RAFT_PORT            default Raft port
 SHOAL_SESSION_GRACE_MS     lease grace after a disconnect
 SHOAL_FRAME_BYTES_MAX      maximum frame size
 SHOAL_DASHBOARD_READ_ONLY  ``1``/``true``: the dashboard's actions are refused (``READ_ONLY``)
+SHOAL_SYNC_INTERVAL_MS     how soon disk-class (``durable: false``) entries reach the disk
+SHOAL_DISK_FREE_MIN_BYTES  below this much free space, partitions refuse new data (``NO_SPACE``)
 =========================  ==================================================
 
 Limits on what clients can make a node hold (``[limits]``) and TLS
@@ -78,6 +80,7 @@ ENV_VARS = (
     "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
     "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
     "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX", "SHOAL_DASHBOARD_READ_ONLY",
+    "SHOAL_SYNC_INTERVAL_MS", "SHOAL_DISK_FREE_MIN_BYTES",
 ) + tuple(LIMITS_ENV_VARS) + TLS_ENV_VARS
 
 
@@ -134,6 +137,10 @@ class ClusterConfig:
     limits: NodeLimits = NodeLimits()
     tls: TlsSettings | None = None
     dashboard_read_only: bool = False
+    #: Disk-class (``durable: false``) journal writes are synced at least this often.
+    sync_interval_ms: int = 1_000
+    #: Below this much free space on the data directory's filesystem, partitions refuse new data.
+    disk_free_min_bytes: int = 256 * 1024 * 1024
 
     @property
     def rf(self) -> int:
@@ -201,6 +208,10 @@ class ClusterConfig:
             raise ConfigError("replication must be 0 (auto) .. 7")
         if not 1024 <= self.frame_bytes_max <= 0xFFFFFFFF:  # the length header is 4 bytes
             raise ConfigError("frame_bytes_max must be 1024 .. 4294967295")
+        if not 1 <= self.sync_interval_ms <= 60_000:
+            raise ConfigError("sync_interval_ms must be 1 .. 60000")
+        if self.disk_free_min_bytes < 0:
+            raise ConfigError("disk_free_min_bytes must be 0 or more")
         if self.inflight_per_connection < 1 or self.session_grace_ms < 0:
             raise ConfigError("inflight_per_connection must be ≥ 1 and session_grace_ms ≥ 0")
         if not all(isinstance(t, str) and t for t in self.tokens):
@@ -226,6 +237,7 @@ class ClusterConfig:
             "secret": self.secret, "tokens": list(self.tokens), "session_grace_ms": self.session_grace_ms,
             "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
             "data_dir": self.data_dir, "dashboard_read_only": self.dashboard_read_only,
+            "sync_interval_ms": self.sync_interval_ms, "disk_free_min_bytes": self.disk_free_min_bytes,
         }
         doc: dict[str, Any] = {"cluster": cluster}
         if self.limits.to_table():
@@ -358,6 +370,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         limits=limits,
         tls=tls,
         dashboard_read_only=_bool_setting(env, "SHOAL_DASHBOARD_READ_ONLY", c, "dashboard_read_only"),
+        sync_interval_ms=_int_env(env, "SHOAL_SYNC_INTERVAL_MS", int(c.get("sync_interval_ms", 1_000))),
+        disk_free_min_bytes=_int_env(env, "SHOAL_DISK_FREE_MIN_BYTES",
+                                     int(c.get("disk_free_min_bytes", 256 * 1024 * 1024))),
     )
     cfg.validate()
     if me:

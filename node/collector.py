@@ -13,6 +13,14 @@ if TYPE_CHECKING:
 __all__ = ["NodeCollector"]
 
 
+def _syncs(storage: Any) -> CounterMetricFamily:
+    family = CounterMetricFamily("shoal_journal_syncs", "Journal fdatasyncs by the sync barrier (fsync class) "
+                                 "and by the sync_interval_ms timer (disk class)", labels=["kind"])
+    family.add_metric(["barrier"], storage.barrier_syncs)
+    family.add_metric(["interval"], storage.lazy_syncs)
+    return family
+
+
 class NodeCollector(Collector):
     """Samples of the node's dispatcher, replicas, group commits and HTTP counters."""
 
@@ -49,6 +57,17 @@ class NodeCollector(Collector):
             pending.add_metric(label, gc.pending)
             batches.add_metric(label, gc.proposed_batches)
             batched.add_metric(label, gc.proposed_commands)
+        storage = node.storage
+        if storage is not None:
+            yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "
+                                    "disk_free_min_bytes (partitions refuse new data with NO_SPACE)",
+                                    value=1 if storage.space_low() else 0)
+            no_space = GaugeMetricFamily("shoal_partition_no_space", "1 when the partition's last write was "
+                                         "refused for lack of space", labels=["partition"])
+            for p in sorted(node.replicas):
+                no_space.add_metric([str(p)], 1 if p in storage.no_space else 0)
+            yield no_space
+            yield _syncs(storage)
         leaders = GaugeMetricFamily("shoal_partition_leader", "1 for the node this node believes leads the partition",
                                     labels=["partition", "leader"])
         for info in node.topology.partition_map:

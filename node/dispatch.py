@@ -188,6 +188,9 @@ class Dispatcher:
         if replica is None or not replica.is_leader():
             raise self.directory.not_leader_error(p)
         if spec.read_only:
+            if not replica.read_ready():
+                raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
+                                                        "entry yet; retry")
             started = time.perf_counter()
             conn.reply(req_id, replica.read(frame, self.clock.now_ms()))
             self.metrics.observe(cmd, time.perf_counter() - started)

@@ -39,6 +39,7 @@ from .guard import NodeGuard
 from .http import start_http
 from .metrics import NodeMetrics
 from .raft import PartitionReplica, RaftNetwork, TickScheduler, timing_scale
+from .raft.storage import NodeStorage, make_io
 from .state import event_dicts
 
 __all__ = ["Node", "run_node"]
@@ -91,6 +92,7 @@ class Node:
         self.scheduler = TickScheduler(self.loop)
         self._stopped = asyncio.Event()
         self.http_runner: Any = None
+        self.storage: NodeStorage | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -110,6 +112,10 @@ class Node:
             {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
             set(config.raft_dials(self.node_id)),
             tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None)
+        self.storage = NodeStorage(make_io(config.disk_free_min_bytes), str(self.data_dir),
+                                   sync_interval_ms=config.sync_interval_ms)
+        self.raft_network.before_flush = self.storage.barrier
+        self.raft_network.after_flush = self.storage.after_send
         hosted = sum(self.node_id in replicas for replicas in self.placement.values())
         # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
         self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))
@@ -119,7 +125,7 @@ class Node:
             peers = [r for r in replicas if r != self.node_id]
             replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
                                        scheduler=self.scheduler, preferred=replicas[0] == self.node_id,
-                                       groups=hosted)
+                                       groups=hosted, storage=self.storage)
             replica.on_applied = self._applied
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
@@ -136,7 +142,7 @@ class Node:
             ssl=self.config.tls.server_context() if self.config.tls else None)
         self.http_runner = await start_http(self, host, self.spec.http_port)
         for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop(),
-                     self.guard.run()):
+                     self.guard.run(), self._lazy_sync_loop()):
             self._tasks.append(self.loop.create_task(coro))
         log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
                  sorted(self.replicas))
@@ -162,8 +168,8 @@ class Node:
                 r.is_leader() and len(self.placement[p]) > 1 for p, r in self.replicas.items()):
             await asyncio.sleep(0.05)
         err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
-        for p, gc in self.group_commits.items():
-            gc.fail_all(err)
+        for p, commits in self.group_commits.items():
+            commits.fail_all(err)
             self.dispatcher.fail_parked(p, err)
         for task in self._tasks:
             task.cancel()
@@ -176,6 +182,8 @@ class Node:
         self.digests.close()
         if self.raft_network is not None:
             self.raft_network.close()
+        if self.storage is not None:
+            self.storage.close()
         self.scheduler.close()
         self._stopped.set()
 
@@ -258,6 +266,13 @@ class Node:
                     self._tick_inflight.add(p)
                     self.group_commits[p].submit({"cmd": "_Tick"},
                                                  lambda _r, p=p: self._tick_inflight.discard(p))
+
+    async def _lazy_sync_loop(self) -> None:
+        """Disk-class journal writes reach the disk within ``sync_interval_ms``."""
+        assert self.storage is not None
+        while True:
+            await asyncio.sleep(self.storage.sync_interval_ms / 1000)
+            self.storage.sync_lazy()
 
     async def _topology_loop(self) -> None:
         while True:

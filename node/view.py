@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .metrics import NodeMetrics
     from .ports import EventListener
     from .raft import PartitionReplica
+    from .raft.storage import NodeStorage
 
 __all__ = ["NodeView", "MemoryReport"]
 
@@ -43,6 +44,7 @@ class NodeView(Protocol):
     metrics: "NodeMetrics"
     event_listeners: "list[EventListener]"
     stopping: bool
+    storage: "NodeStorage | None"
     guard: MemoryReport
 
     def now_ms(self) -> int:

@@ -72,6 +72,15 @@ def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
+def _durability(node: Any) -> dict[str, Any]:
+    """The durability classes of the queues this node holds (seed 004: fsync is ``durable: true``)."""
+    classes = {"fsync": 0, "disk": 0}
+    for replica in node.replicas.values():
+        for q in replica.engine.queues.values():
+            classes["fsync" if q.opts.get("durable", True) else "disk"] += 1
+    return {"default": "fsync", "queues": classes, "syncIntervalMs": node.config.sync_interval_ms}
+
+
 class HttpApi(StreamHandlers):
     """Handlers bound to one node (REST and health here, streams in :class:`StreamHandlers`)."""
 
@@ -199,10 +208,20 @@ class HttpApi(StreamHandlers):
         # read may append several before its tick runs: a lag of that order is its normal state.
         # Catching up after a restart is a far larger one.
         lagging = [p for p, r in sorted(node.replicas.items())
-                   if r.commit_index() - r.applied_index() > READY_APPLY_LAG_MAX]
-        ok = not missing and not lagging and not node.stopping
-        return {"ready": ok, "stopping": node.stopping, "partitionsWithoutLeader": missing,
+                   if r.commit_index() - r.applied_index() > READY_APPLY_LAG_MAX
+                   or (r.is_leader() and not r.read_ready())]
+        storage = node.storage
+        space_low = storage is not None and storage.space_low()
+        no_space = sorted(storage.no_space) if storage is not None else []
+        ok = not missing and not lagging and not node.stopping and not space_low and not no_space
+        body = {"ready": ok, "stopping": node.stopping, "partitionsWithoutLeader": missing,
                 "partitionsCatchingUp": lagging}
+        if space_low or no_space:
+            body["diskSpaceLow"] = space_low
+            body["partitionsWithoutSpace"] = no_space
+            body["reason"] = ("free space on the data directory is below disk_free_min_bytes: new data is "
+                              "refused with NO_SPACE; reads, pulls and acks are served")
+        return body
 
     async def ready(self, _: web.Request) -> web.Response:
         """Readiness: every hosted partition has a leader and this node has applied what is committed."""
@@ -229,6 +248,8 @@ class HttpApi(StreamHandlers):
             "httpConnections": node.metrics.http_connections,
             "httpStreams": dict(node.metrics.http_streams), "sessions": node.dispatcher.sessions.active,
             "partitions": sorted(node.replicas),
+            "storage": node.storage.status() if node.storage is not None else None,
+            "durability": _durability(node),
             "leading": sorted(p for p, r in node.replicas.items() if r.is_leader())})
 
     async def prometheus(self, _: web.Request) -> web.Response:

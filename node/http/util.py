@@ -21,7 +21,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "AUTH_REQUIRED": 401, "AUTH_FAILED": 403, "NOT_FOUND": 404,
     "LEASE_MISMATCH": 409, "INVALID_STATE": 409, "PAUSED": 409,
     "FRAME_TOO_LARGE": 413, "QUEUE_FULL": 429,
-    "INTERNAL": 500,
+    "INTERNAL": 500, "NO_SPACE": 507,
     # NOT_LEADER is normally forwarded; 503 only when the leader cannot be reached.
     "NOT_LEADER": 503, "NO_LEADER": 503, "OVERLOADED": 503, "SHUTTING_DOWN": 503,
     "TIMEOUT": 504,

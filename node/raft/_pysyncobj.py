@@ -52,10 +52,11 @@ PRIVATE_ATTRIBUTES = (
 )
 PRIVATE_METHODS = (
     "_SyncObj__sendAppendEntries", "_SyncObj__onMessageReceived", "_SyncObj__applyLogEntries",
-    "_SyncObj__getEntries", "_onTick", "_checkCommandsToApply", "_isLeader", "_getLeader",
+    "_SyncObj__getEntries", "_SyncObj__sendNextNodeIdx", "_onTick", "_checkCommandsToApply", "_isLeader", "_getLeader",
 )
 PRIVATE_MODULE_NAMES = (
     (_syncobj_mod, "PIPE_NOTIFIER_ENABLED"), (_syncobj_mod, "_RAFT_STATE"), (_pickle_mod, "__protocol"),
+    (_syncobj_mod, "createJournal"),
 )
 
 
@@ -72,6 +73,10 @@ def missing_private_names(instance: Any | None = None) -> list[str]:
 
 
 _patched = False
+#: Entries read per slice when pysyncobj asks for a byte-bounded suffix of the log.
+ENTRIES_READ_SLICE = 256
+#: Most entries one read returns (pysyncobj's apply loop asks for every committed entry at once).
+ENTRIES_READ_MAX = 1024
 
 
 def install_module_patches() -> None:
@@ -155,24 +160,6 @@ class RaftInternals:
     def conf(self) -> SyncObjConf:
         return self._obj._SyncObj__conf  # type: ignore[attr-defined,no-any-return]
 
-    def store_commit_index_only_when_it_moves(self) -> None:
-        """Make the journal's commit-index update a no-op when the index did not change.
-
-        pysyncobj records the commit index on every AppendEntries a follower receives (every
-        heartbeat), which marks the journal's meta file dirty; the file is then rewritten
-        (temp file + rename) once a second per group even when nothing happened: with
-        hundreds of groups, most of a node's idle CPU.
-        """
-        journal = self.raft_log
-        record = journal.setRaftCommitIndex
-        current = journal.getRaftCommitIndex
-
-        def set_commit_index(index: int) -> None:
-            if index != current():
-                record(index)
-
-        journal.setRaftCommitIndex = set_commit_index
-
     def install_serializer(self, serializer: Any) -> None:
         """Replace pysyncobj's snapshot ``Serializer`` (same methods) by Shoal's forking one."""
         self._obj._SyncObj__serializer = serializer  # type: ignore[attr-defined]
@@ -180,13 +167,58 @@ class RaftInternals:
     def get_entries(self, from_index: int, count: int | None = None, max_bytes: int | None = None) -> list[Any]:
         return self._obj._SyncObj__getEntries(from_index, count, max_bytes)  # type: ignore[attr-defined,no-any-return]
 
+    def send_next_index(self, node: Any, next_index: int, *, success: bool, reset: bool) -> None:
+        """Answer an AppendEntries: pysyncobj's ``next_node_idx`` reply."""
+        self._obj._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=next_index, success=success)  # type: ignore[attr-defined]
+
 
 class HookedSyncObj(SyncObj):  # type: ignore[misc]
     """``SyncObj`` whose private steps a subclass may refine through ordinary method names.
 
     pysyncobj calls these steps by their name-mangled names; the overrides live
     here, so the subclass never spells a private name.
+
+    ``journal``, when given, is the Raft log pysyncobj uses instead of the one
+    ``conf.journalFile`` would make (pysyncobj has no parameter for it: its
+    module-level ``createJournal`` is swapped for the constructor call only).
     """
+
+    def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
+        if journal is None:
+            super().__init__(*args, **kwargs)
+            return
+        create = _syncobj_mod.createJournal
+        _syncobj_mod.createJournal = lambda _path: journal
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            _syncobj_mod.createJournal = create
+
+    def _SyncObj__getEntries(self, fromIDx: Any, count: Any = None, maxSizeBytes: Any = None) -> list[Any]:  # noqa: N802
+        """Entries from ``fromIDx``, read from the journal in bounded slices.
+
+        pysyncobj reads "every entry from here on" and then cuts at ``maxSizeBytes``, and
+        applies "every committed entry" in one read: with a journal on disk (a restarted
+        replica, a lagging follower) either would load a whole suffix of the log into
+        memory. A count above :data:`ENTRIES_READ_MAX` is cut to it (the apply loop goes
+        on at the next tick), and a byte-bounded read stops at the bound.
+        """
+        if count is not None:
+            return SyncObj._SyncObj__getEntries(self, fromIDx, min(count, ENTRIES_READ_MAX))  # type: ignore[attr-defined,no-any-return]
+        if maxSizeBytes is None:
+            return SyncObj._SyncObj__getEntries(self, fromIDx, None, None)  # type: ignore[attr-defined,no-any-return]
+        out: list[Any] = []
+        total = 0
+        while True:
+            chunk = SyncObj._SyncObj__getEntries(self, fromIDx, ENTRIES_READ_SLICE)  # type: ignore[attr-defined]
+            for entry in chunk:
+                out.append(entry)
+                total += len(entry[0])
+                if total >= maxSizeBytes:
+                    return out
+            if len(chunk) < ENTRIES_READ_SLICE:
+                return out
+            fromIDx += len(chunk)
 
     def _SyncObj__sendAppendEntries(self) -> None:  # noqa: N802 (pysyncobj's name)
         self.send_append_entries()

@@ -83,6 +83,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 * 1024 * 1024
+COMMIT_HINT_PERIOD_S = 10
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
 _SEGMENT_VERSION = 1
@@ -182,6 +183,13 @@ class Journal:
         self._failed: str | None = None
         self._batcher = batcher
         self.sync_every_append = sync_every_append
+        #: While True, appends only ask the batcher for a lazy sync (:meth:`SyncBatcher.sync_lazy`):
+        #: the disk durability class.
+        self.lazy_appends = False
+        #: While True (the replica leads), appends ask for :meth:`SyncBatcher.sync_leader`: a
+        #: leader's entry may leave for the followers before it is synced, as long as it is
+        #: synced before the leader counts it toward the commit.
+        self.leader_appends = False
         self._segments: list[_Segment] = []
         self._active: FileHandle | None = None
         self._first_index = 1
@@ -201,6 +209,9 @@ class Journal:
         self._recover()
         self._commit_index = max(1, min(self.meta.state.commit_index, max(self._last_index, 1)))
         self._commit_stored = self.meta.state.commit_index
+        #: onOneSecondTimer calls between two stores of the commit hint.
+        self.commit_hint_period_s = COMMIT_HINT_PERIOD_S
+        self._hint_ticks = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -344,7 +355,12 @@ class Journal:
     def _mark_dirty(self) -> None:
         self._data_dirty = True
         if self._batcher is not None:
-            self._batcher.mark(self)
+            if self.lazy_appends:
+                self._batcher.mark_lazy(self)
+            elif self.leader_appends:
+                self._batcher.mark_leader(self)
+            else:
+                self._batcher.mark(self)
 
     def sync(self) -> int:
         """fdatasync everything written so far; return the highest durable index."""
@@ -468,7 +484,7 @@ class Journal:
             try:
                 if self._failed is None:
                     self.sync()
-                    self.onOneSecondTimer()
+                    self.store_commit_hint()
             finally:
                 self._active.close()
                 self._active = None
@@ -757,7 +773,20 @@ class Journal:
         return hint
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
-        """pysyncobj: once a second, store a changed commit hint."""
+        """pysyncobj: once a second; every ``commit_hint_period_s`` calls, store a changed commit hint.
+
+        Each store is two fsyncs (file and directory) that force a file-system journal
+        commit, which the journals' own fdatasyncs then wait behind; the hint only saves a
+        restarted replica from waiting for its leader before applying, so it may lag.
+        """
+        self._hint_ticks += 1
+        if self._hint_ticks < self.commit_hint_period_s:
+            return
+        self._hint_ticks = 0
+        self.store_commit_hint()
+
+    def store_commit_hint(self) -> None:
+        """Store the commit hint now if it changed (durably; see :mod:`.meta`)."""
         if min(self._commit_index, self._synced_index) != self._commit_stored:
             state = self.meta.state
             self.meta.store(state.term, state.voted_for, self._stored_commit_hint())
@@ -786,11 +815,44 @@ class SyncBatcher:
 
     def __init__(self) -> None:
         self._dirty: dict[int, Journal] = {}
+        self._lazy: dict[int, Journal] = {}
+        self._leader: dict[int, Journal] = {}
         self.rounds = 0
 
     def mark(self, journal: Journal) -> None:
         """``journal`` wrote something not yet synced."""
         self._dirty[id(journal)] = journal
+
+    def mark_leader(self, journal: Journal) -> None:
+        """``journal`` took a leader's entry: sync it once the entry is sent (:meth:`sync_leader`)."""
+        self._leader[id(journal)] = journal
+
+    @property
+    def pending_leader(self) -> int:
+        """Journals waiting for :meth:`sync_leader`."""
+        return len(self._leader)
+
+    def sync_leader(self, executor: Executor | None = None) -> dict[Journal, int]:
+        """Sync each journal that took a leader's entry (concurrently on ``executor`` if given)."""
+        dirty, self._leader = self._leader, {}
+        journals = [j for j in dirty.values() if j.dirty]
+        if executor is None or len(journals) < 2:
+            return {j: j.sync() for j in journals}
+        return dict(zip(journals, executor.map(Journal.sync, journals), strict=True))
+
+    def mark_lazy(self, journal: Journal) -> None:
+        """``journal`` wrote something that may wait for :meth:`sync_lazy` (the disk class)."""
+        self._lazy[id(journal)] = journal
+
+    def sync_lazy(self) -> int:
+        """Sync every journal holding lazily written data that no sync covered since; return how many."""
+        lazy, self._lazy = self._lazy, {}
+        done = 0
+        for journal in lazy.values():
+            if journal.dirty:
+                journal.sync()
+                done += 1
+        return done
 
     @property
     def pending(self) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import random
 from collections import deque
 from collections.abc import Callable
@@ -35,11 +36,15 @@ from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ..state import EVENTS_MAX, Command, Event, PartitionEngine
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name, command_queue
+from ._io import NoSpace, RealIO
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
+from .journal import SyncFailed
+from .log_matching import Accept, match_append_entries
 from .scheduler import TickScheduler
 from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
+from .storage import NodeStorage
 from .transport import PartitionTransport, RaftNetwork
 
 __all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "timing_scale",
@@ -55,6 +60,18 @@ BatchResult = list[Any]
 #: Applying only on the 20 ms tick costs the least CPU but makes its ticks long enough to delay
 #: its next answer (lone-PUSH p99 2.2-2.4 ms, against 1.4-1.8 ms with a batch of 8).
 FOLLOWER_APPLY_BATCH = 8
+#: A proposal refused because the journal had no room (our own reason, beside pysyncobj's FAIL_REASON).
+FAIL_NO_SPACE = -507
+#: Commands that bring new data into a partition: refused with NO_SPACE while free space is low.
+#: Pulls, acks, fails and removals still pass (their entries are small and let consumers drain it).
+SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "PushRun", "CreateQueue", "AddLog", "Progress", "Cron",
+                                   "RegisterWorker"})
+#: A partition short of space logs why at most this often.
+NO_SPACE_LOG_S = 10.0
+#: Bytes a follower accepts for one entry sent in pieces (pysyncobj's "transmission").
+TRANSMISSION_BYTES_MAX = 512 * 1024 * 1024
+#: The leader remembers its disk-class entries (_lazy_indexes) up to this many before pruning.
+LAZY_INDEXES_MAX = 4096
 #: A busy group (a leader that proposed lately, a follower with entries to apply) ticks this often.
 ACTIVE_TICK_S = 0.02
 #: How long after its last proposal a leader counts as busy.
@@ -148,8 +165,8 @@ def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
         logCompactionMinTime=(snapshots or SnapshotSettings()).interval_s,
         dynamicMembershipChange=False,
         onStateChanged=on_state_changed,
-        # A data dir is mandatory: without files pysyncobj would snapshot nothing useful.
-        journalFile=os.path.join(data_dir, f"p{partition}.journal"),
+        # Unused: the replica hands pysyncobj Shoal's journal (storage.NodeStorage.open_journal).
+        journalFile=os.path.join(data_dir, f"p{partition}.raft"),
         fullDumpFile=os.path.join(data_dir, f"p{partition}.dump"),
         serializer=serializer,
         deserializer=deserializer,
@@ -167,7 +184,7 @@ class PartitionReplica(HookedSyncObj):
 
     def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, data_dir: str,
                  loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False,
-                 groups: int = 1) -> None:
+                 groups: int = 1, storage: NodeStorage | None = None) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
         self.loop = loop
@@ -195,15 +212,24 @@ class PartitionReplica(HookedSyncObj):
         self._last_proposal = 0.0
         transport = PartitionTransport(network, partition, peers, self._deliver, self._peer_link_up)
         self._transport = transport
+        self._transport_send = transport.send
+        transport.send = self._send  # type: ignore[method-assign]
         self._scale = timing_scale(groups)
         conf = raft_conf(data_dir, partition, self._scale, on_state_changed=self._state_changed,
                          serializer=_replaced_serializer_hook, deserializer=_replaced_serializer_hook,
                          snapshots=SnapshotSettings.from_env())
         self._raft: RaftInternals | None = None
-        super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport)
+        self.storage = storage if storage is not None else NodeStorage(RealIO(disk_free_min_bytes=0), data_dir)
+        self.journal = self.storage.open_journal(partition)
+        #: Indexes of this leader's entries holding only disk-class commands (see _send).
+        self._lazy_indexes: set[int] = set()
+        self._transmission: list[bytes] = []
+        self._read_ready_term = -1
+        self._no_space_logged = float("-inf")
+        super().__init__(network.self_node, [network.node_of(p) for p in peers], conf=conf, transport=transport,
+                         journal=self.journal)
         self._poller = _NULL_POLLER  # the node's loop polls; pysyncobj's own would add a syscall per tick
         self._raft = RaftInternals(self)
-        self._raft.store_commit_index_only_when_it_moves()
         #: Writes snapshots in a forked child and installs the leader's (see snapshots.py).
         self.snapshots = ForkSnapshotter(conf.fullDumpFile, partition, lambda: self.engine, self._adopt_engine,
                                          conf.logCompactionBatchSize, on_slot=self.snapshot_now)
@@ -253,6 +279,8 @@ class PartitionReplica(HookedSyncObj):
         self._event_messages = self._event_tick_free = 0
         try:
             self.handle_message(node, message)
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:  # a malformed message (from an authenticated peer) must not stop the link
             log.exception("partition %d: raft message %r from %s failed", self.partition,
                           message.get("type") if type(message) is dict else type(message).__name__, node)
@@ -275,13 +303,22 @@ class PartitionReplica(HookedSyncObj):
                 and not self.scheduler.campaigns.admit(now):
             raft.election_deadline = now + random.uniform(CAMPAIGN_RETRY_MIN_S, CAMPAIGN_RETRY_MAX_S)
 
+    def _lone_barrier(self) -> None:
+        """A replica without peers counts only itself toward the commit: sync before its tick."""
+        raft = self._raft
+        if raft is not None and not raft.other_nodes:
+            self.storage.sync_all_now()
+
     def _tick(self) -> None:
         self._tick_scheduled = False
         if self._closed:
             return
         try:
             self._hold_campaign_unless_admitted()
+            self._lone_barrier()
             self.raft_tick()
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
         self._book_next_tick()
@@ -293,9 +330,12 @@ class PartitionReplica(HookedSyncObj):
         self._tick_scheduled = False
         try:
             self._hold_campaign_unless_admitted()
+            self._lone_barrier()
             self.raft_tick()
             if self.is_leader() and not self._closed:
                 self._send_lagging(monotonic_time())  # entries proposed, then a pause
+        except SyncFailed as exc:
+            self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
         self._book_next_tick()
@@ -333,6 +373,10 @@ class PartitionReplica(HookedSyncObj):
         # Runs inside a tick. A deposed leader's unanswered proposals must be answered at once:
         # polling the leader (the topology loop) misses a step-down and re-election between two
         # polls, and pysyncobj itself answers them only once other entries fill their indexes.
+        # A leader's entries may leave before they are synced (storage.NodeStorage.after_send).
+        self.journal.leader_appends = new == _LEADER
+        if old == _LEADER or new == _LEADER:
+            self._lazy_indexes = set()  # indexes of an earlier term may hold other entries in the next
         if new == CANDIDATE:
             self.elections += 1
         log.info("partition %d: %s -> %s (term %d)", self.partition, _STATE_NAMES.get(old, old),
@@ -359,8 +403,7 @@ class PartitionReplica(HookedSyncObj):
             except CommandError as exc:
                 results.append(exc)
             except Exception as exc:  # an engine bug must not kill the replica or diverge silently
-                log.exception("partition %d: engine failed on %s", self.partition,
-                              cmd["cmd"] if type(cmd) is dict else cmd.name)
+                log.exception("partition %d: engine failed on %s", self.partition, command_name(cmd))
                 results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
         self.applied_batches += 1
         hook = self.on_applied
@@ -372,6 +415,15 @@ class PartitionReplica(HookedSyncObj):
                 callback: Callable[[BatchResult | None, int], None]) -> None:
         """Replicate ``commands`` (in their replicated form, :mod:`shoal.node.pushes`) as one log
         entry; ``callback(results, fail_reason)`` runs on the loop."""
+        if self.storage.space_low():
+            refused = {k for k, cmd in enumerate(commands) if command_name(cmd) in SPACE_TAKING_COMMANDS}
+            if refused:
+                self.storage.no_space[self.partition] = "free space below disk_free_min_bytes"
+                commands, callback = _without_refused(commands, refused, callback, self.loop)
+                if not commands:
+                    return
+        else:
+            self.storage.no_space.pop(self.partition, None)
         self.apply_batch(now_ms, commands, callback=callback)
         self._last_proposal = monotonic_time()
         raft = self._raft
@@ -380,13 +432,31 @@ class PartitionReplica(HookedSyncObj):
             # Append and send the entry now rather than in a tick a loop iteration later: the
             # rest of a tick (commit index, applies, timers) has nothing to do until a follower
             # answers, and that answer schedules one.
+            journal = self.journal
+            index = journal.last_index + 1
+            lazy = self._disk_class(commands)
+            if lazy:
+                self._lazy_indexes.add(index)
+            journal.lazy_appends = lazy
             self._direct_send = True
             try:
                 self.append_queued_commands()
+            except NoSpace as exc:
+                self._note_no_space(f"proposal refused: {exc}")
+                self.loop.call_soon(callback, None, FAIL_NO_SPACE)
+            except SyncFailed as exc:
+                self.storage.sync_failed(exc)
             finally:
                 self._direct_send = False
+                journal.lazy_appends = False
+            if lazy and journal.last_index != index:
+                # Not exactly our entry was appended (an older queued proposal too, or none):
+                # treat what was written as fsync class.
+                self._lazy_indexes.discard(index)
+                if journal.dirty:
+                    self.storage.batcher.mark(journal)
             # The entry leaves now, not after the other callbacks of this loop iteration: a
-            # pipelined client waits for the round trip.
+            # pipelined client waits for the round trip. (The link's flush runs the sync barrier.)
             self._transport.flush()
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
@@ -394,6 +464,23 @@ class PartitionReplica(HookedSyncObj):
                 self.schedule_tick()
         else:
             self.schedule_tick()
+
+    def _disk_class(self, commands: list[Command]) -> bool:
+        """True when every command of the batch writes to an existing ``durable: false`` queue.
+
+        A command naming no queue (acks by job id) counts as fsync class. The leader's timer
+        tick counts as disk class: nothing is acknowledged on its strength alone, and any later
+        fsync-class entry syncs it too (a sync covers the journal's whole prefix); so an idle
+        node does not fdatasync once a second per partition.
+        """
+        queues = self.engine.queues
+        for cmd in commands:
+            if type(cmd) is dict and cmd["cmd"] == "_Tick":
+                continue
+            q = queues.get(command_queue(cmd))  # type: ignore[arg-type]
+            if q is None or q.opts.get("durable", True):
+                return False
+        return True
 
     # --- one follower at once, the others a little later --------------------------------------
 
@@ -461,6 +548,18 @@ class PartitionReplica(HookedSyncObj):
             "prevLogIdx": next_idx - 1, "prevLogTerm": prev[0][2]})
         return True
 
+    def _send(self, node: Any, message: Any) -> bool:
+        """Every message this replica sends: entries of the disk class only are marked ``lazy``
+        (the follower need not sync them before answering), on every path that sends entries."""
+        lazy = self._lazy_indexes
+        if lazy and type(message) is dict and message.get("entries"):
+            if all(e[1] in lazy for e in message["entries"]):
+                message["lazy"] = True
+            if len(lazy) > LAZY_INDEXES_MAX and self._raft is not None:
+                low = min(self._raft.next_index.values(), default=0)
+                self._lazy_indexes = {i for i in lazy if i >= low}
+        return self._transport_send(node, message)
+
     # --- pipelining fix ------------------------------------------------------------------------
 
     def handle_message(self, node: Any, message: Any) -> None:
@@ -490,7 +589,10 @@ class PartitionReplica(HookedSyncObj):
                 # move the commit index, which is all a tick after an ack is for.
                 self._event_tick_free += 1
             return
-        super().handle_message(node, message)
+        if kind == "append_entries" and "prevLogIdx" in message and message["term"] >= self.raftCurrentTerm:
+            self._append_entries(node, message)
+        else:
+            super().handle_message(node, message)
         if kind == "append_entries" and raft.state == _FOLLOWER \
                 and "prevLogIdx" in message and "transmission" not in message \
                 and raft.commit_index - raft.last_applied < FOLLOWER_APPLY_BATCH:
@@ -498,6 +600,83 @@ class PartitionReplica(HookedSyncObj):
             # is all a tick would add, and nothing waits for a follower's apply (reads and
             # replies come from the leader), so they are applied a few at a time.
             self._event_tick_free += 1
+
+    def _append_entries(self, node: Any, message: dict[str, Any]) -> None:
+        """A follower's AppendEntries, under Raft's log-matching rule (log_matching.py, paper §5.3).
+
+        pysyncobj's own handling deletes every entry after ``prevLogIdx`` whatever their
+        terms, committed ones included. Here the log changes only as
+        :func:`match_append_entries` decides; pysyncobj then sees the message without its
+        log part (term, leader, election deadline) and with the commit index the rule
+        allows, and the answer names the last index the message proved matching.
+        """
+        raft = self._raft
+        assert raft is not None
+        journal = self.journal
+        header = {"type": "append_entries", "term": message["term"], "commit_index": raft.commit_index}
+        entries = message.get("entries") or []
+        transmission = message.get("transmission")
+        if transmission is not None:
+            entries = self._reassemble(message, transmission)
+            if entries is None:  # more pieces to come
+                super().handle_message(node, header)
+                raft.send_next_index(node, journal.last_index + 1, success=False, reset=False)
+                return
+        decision = match_append_entries(journal, raft.commit_index, message["prevLogIdx"], message["prevLogTerm"],
+                                        entries, message["commit_index"])
+        if not isinstance(decision, Accept):
+            super().handle_message(node, header)
+            raft.send_next_index(node, decision.next_index, success=False, reset=True)
+            return
+        journal.lazy_appends = bool(message.get("lazy"))
+        journal.leader_appends = False  # a follower's answer must wait for the sync (a deposed leader's too)
+        try:
+            if decision.delete_from is not None:
+                log.warning("partition %d: log conflicts with leader %s from index %d (log ends at %d, "
+                            "commit index %d); deleting from there", self.partition, node.id,
+                            decision.delete_from, journal.last_index, raft.commit_index)
+                journal.delete_from(decision.delete_from)
+            for entry in decision.append:
+                journal.add(entry[0], entry[1], entry[2])
+        except NoSpace as exc:
+            self._note_no_space(f"cannot append entries from {node.id}: {exc}")
+            super().handle_message(node, header)
+            raft.send_next_index(node, journal.last_index + 1, success=False, reset=True)
+            return
+        finally:
+            journal.lazy_appends = False
+        if decision.append:
+            self.storage.no_space.pop(self.partition, None)
+        header["commit_index"] = decision.commit_index
+        super().handle_message(node, header)
+        raft.send_next_index(node, decision.match_index + 1, success=True, reset=False)
+
+    def _note_no_space(self, why: str) -> None:
+        """Record (for /ready and the metrics) and log, at most every NO_SPACE_LOG_S, a refusal
+        for lack of space: the log may live on the full disk, and a leader resends often."""
+        self.storage.no_space[self.partition] = why
+        now = monotonic_time()
+        if now - self._no_space_logged >= NO_SPACE_LOG_S:
+            self._no_space_logged = now
+            log.warning("partition %d: %s", self.partition, why)
+
+    def _reassemble(self, message: dict[str, Any], transmission: str) -> list[Any] | None:
+        """Collect an entry sent in pieces; the entry once its last piece came, else None."""
+        parts = self._transmission
+        if transmission == "start":
+            parts.clear()
+        elif transmission not in ("process", "finish"):
+            raise ValueError(f"unknown transmission {transmission!r}")
+        parts.append(message["data"])
+        if sum(len(p) for p in parts) > TRANSMISSION_BYTES_MAX:
+            parts.clear()
+            raise ValueError(f"an entry sent in pieces exceeds {TRANSMISSION_BYTES_MAX} bytes")
+        if transmission != "finish":
+            return None
+        data = b"".join(parts)
+        parts.clear()
+        # From an authenticated peer only (transport.py), as pysyncobj itself does.
+        return [tuple(pickle.loads(data))]
 
     def apply_log_entries(self) -> bool:
         """Apply committed entries; announce the new commit index a moment later, if still needed.
@@ -538,6 +717,21 @@ class PartitionReplica(HookedSyncObj):
         out = list(self.events)
         self.events.clear()
         return out
+
+    def read_ready(self) -> bool:
+        """True once this leader has applied an entry of its own term (Raft paper §8).
+
+        A new leader's applied state may lack entries its predecessor committed (a restarted
+        cluster knows only a stale commit index) until its own first entry commits; reads
+        answered before would miss acknowledged writes.
+        """
+        term = self.raftCurrentTerm
+        if self._read_ready_term == term:
+            return True
+        if self.journal.term_at(self.raftLastApplied) == term:
+            self._read_ready_term = term
+            return True
+        return False
 
     def has_ready(self, queue: str) -> bool:
         return self.engine.has_ready(queue)
@@ -601,6 +795,26 @@ def _replaced_serializer_hook(*_args: Any) -> Any:
     raise AssertionError("pysyncobj's Serializer was replaced; this hook is unused")
 
 
+def _without_refused(commands: list[Command], refused: set[int],
+                     callback: Callable[[BatchResult | None, int], None],
+                     loop: asyncio.AbstractEventLoop) -> tuple[list[Command], Callable[[BatchResult | None, int], None]]:
+    """Drop the ``refused`` commands (no room for new data) from a batch; the callback answers
+    them with ``NO_SPACE`` in their places and passes the others' results through."""
+    err = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused until "
+                                           "space is freed; pulls, acks and reads still work")
+    kept = [cmd for k, cmd in enumerate(commands) if k not in refused]
+    n = len(commands)
+    if not kept:
+        loop.call_soon(callback, [err] * n, 0)
+        return kept, callback
+
+    def merged(results: BatchResult | None, reason: int) -> None:
+        others = iter(results if results is not None and reason == 0 else [fail_reason_error(reason)] * len(kept))
+        callback([err if k in refused else next(others) for k in range(n)], 0)
+
+    return kept, merged
+
+
 def fail_reason_error(reason: int) -> CommandError:
     """Translate a pysyncobj failure into a wire error.
 
@@ -609,6 +823,9 @@ def fail_reason_error(reason: int) -> CommandError:
     committed by the next leader: that is ``TIMEOUT`` (outcome unknown), which a client only
     retries for commands that are safe to repeat (pushes carry idempotency keys).
     """
+    if reason == FAIL_NO_SPACE:
+        return CommandError(ErrorCode.NO_SPACE, "the partition's disk is full: the write was not taken; "
+                                                "retry once space is freed")
     if reason == FAIL_REASON.MISSING_LEADER:
         return CommandError(ErrorCode.NO_LEADER, "no leader for the partition; retry")
     if reason == FAIL_REASON.QUEUE_FULL:

@@ -228,11 +228,17 @@ class _Link(asyncio.Protocol):
         out = self._out
         if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
             return
+        barrier = self.network.before_flush
+        if barrier is not None:
+            barrier()  # answers and entries leave only once the journals they vouch for are synced
         self._out = []
         self._out_bytes = 0
         out.insert(0, array_header(len(out)))
         self.transport.writelines(self._sealer.seal(out))
         self.network.frames_sent += 1
+        after = self.network.after_flush
+        if after is not None:
+            after()  # a leader's own copy of what it just sent becomes durable before anything else runs
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -269,6 +275,10 @@ class RaftNetwork:
         self.frames_sent = 0
         self.dropped = 0
         self.refused_count = 0
+        #: Called before any frame is written (the node's journal sync barrier, storage.py).
+        self.before_flush: Callable[[], None] | None = None
+        #: Called right after a frame is written (the leaders' journal syncs, storage.py).
+        self.after_flush: Callable[[], None] | None = None
 
     def node_of(self, peer_id: str) -> Any:
         """The pysyncobj node object that stands for ``peer_id`` in every group."""

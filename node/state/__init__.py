@@ -45,10 +45,11 @@ Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_engine`` (``PartitionEngine.apply``).
 """
 
-from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand
+from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
-           "STATES", "TRANSITIONS", "TARANTOOL_CODES", "PushRun", "PushBatch", "AckRun", "SessionPull", "TypedCommand", "Command"]
+           "STATES", "TRANSITIONS", "TARANTOOL_CODES", "PushRun", "PushBatch", "AckRun", "SessionPull", "TypedCommand", "Command",
+           "command_name", "command_queue"]

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
-__all__ = ["PushRun", "PushBatch", "AckRun", "SessionPull", "TypedCommand", "Command"]
+__all__ = ["PushRun", "PushBatch", "AckRun", "SessionPull", "TypedCommand", "Command", "command_name",
+           "command_queue"]
 
 
 class PushRun(msgspec.Struct, frozen=True, gc=False):
@@ -62,3 +63,21 @@ class SessionPull(msgspec.Struct, frozen=True, gc=False):
 TypedCommand = PushRun | PushBatch | AckRun | SessionPull
 #: What :meth:`~._engine.PartitionEngine.apply` takes: a validated command dict or a typed form.
 Command = dict[str, Any] | TypedCommand
+
+
+def command_name(cmd: Command) -> str:
+    """The name of ``cmd``: a dict's ``cmd``, a typed command's ``name`` (``PushRun``, ``PUSHB``, …)."""
+    if type(cmd) is dict:
+        return cmd["cmd"]  # type: ignore[no-any-return]
+    if type(cmd) is SessionPull:
+        return cmd.cmd["cmd"]  # type: ignore[no-any-return]
+    return cmd.name  # type: ignore[union-attr]
+
+
+def command_queue(cmd: Command) -> str | None:
+    """The queue ``cmd`` writes to, if it names one (an ACKB names jobs, not a queue)."""
+    if type(cmd) is dict:
+        return cmd.get("queue")
+    if type(cmd) is SessionPull:
+        return cmd.cmd.get("queue")
+    return getattr(cmd, "queue", None)

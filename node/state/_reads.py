@@ -111,7 +111,8 @@ class ReadOps(Store):
         return {"jobs": [self.wire_job(self.jobs[s]) for s in seqs]}
 
     def _queue_metrics(self, q: Queue) -> dict[str, Any]:
-        return {"type": q.type, "paused": q.paused, "counts": dict(q.counts), "totals": dict(q.totals),
+        return {"type": q.type, "paused": q.paused, "durability": "fsync" if q.opts.get("durable", True) else "disk",
+                "counts": dict(q.counts), "totals": dict(q.totals),
                 "calls": dict(q.calls), "options": dict(q.opts),
                 **({"logRecords": len(q.log), "nextSeq": q.log_next} if q.type == "log" else {})}
 

@@ -1,0 +1,102 @@
+"""storage.py: the deferred test I/O (a SIGKILL is a power cut), the node's sync barriers, NO_SPACE codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shoal.cluster.config import ConfigError, load_config
+from shoal.cluster.errors import ErrorCode
+from shoal.node.http.util import STATUS_BY_CODE
+from shoal.node.raft._io import RealIO
+from shoal.node.raft.journal import Journal
+from shoal.node.raft.replica import FAIL_NO_SPACE, fail_reason_error
+from shoal.node.raft.storage import DeferredIO, NodeStorage, make_io
+
+
+def test_deferred_io_keeps_unsynced_bytes_in_the_process_until_a_kill(tmp_path) -> None:
+    # A child process appends 3 entries, syncs 2 of them, writes a third and is SIGKILLed.
+    code = textwrap.dedent(f"""
+        import os, signal
+        from shoal.node.raft.storage import DeferredIO
+        from shoal.node.raft.journal import Journal
+        j = Journal(DeferredIO(disk_free_min_bytes=0), {str(tmp_path / "j")!r})
+        j.append(1, 1, b"one"); j.append(2, 1, b"two"); j.sync()
+        j.append(3, 1, b"three")
+        assert [e[0] for e in j.entries(1, 4)] == [b"one", b"two", b"three"]  # readable before the sync
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert done.returncode == -9, done.stderr.decode()
+    j = Journal(RealIO(disk_free_min_bytes=0), str(tmp_path / "j"))
+    assert [e[0] for e in j.entries(1, 10)] == [b"one", b"two"]
+    j.close()
+
+
+def test_deferred_io_truncate_and_rewrite(tmp_path) -> None:
+    io = DeferredIO(disk_free_min_bytes=0)
+    h = io.open(str(tmp_path / "f"))
+    h.append(b"abcdef")
+    h.datasync()
+    h.append(b"ghij")
+    assert h.pread(4, 4) == b"efgh" and os.path.getsize(tmp_path / "f") == 6
+    h.truncate(8)
+    h.datasync()
+    assert (tmp_path / "f").read_bytes() == b"abcdefgh"
+    h.truncate(3)
+    assert (tmp_path / "f").read_bytes() == b"abc" and h.size == 3
+    h.close()
+
+
+def test_make_io_refuses_an_unknown_test_mode(monkeypatch) -> None:
+    monkeypatch.setenv("SHOAL_TEST_IO", "nonsense")
+    with pytest.raises(ValueError, match="deferred"):
+        make_io()
+    monkeypatch.setenv("SHOAL_TEST_IO", "deferred")
+    assert isinstance(make_io(), DeferredIO)
+
+
+def test_barriers_sync_by_role_and_class(tmp_path) -> None:
+    storage = NodeStorage(RealIO(disk_free_min_bytes=0), str(tmp_path))
+    follower, leader, lazy = (storage.open_journal(p) for p in range(3))
+    leader.leader_appends = True
+    lazy.lazy_appends = True
+    for j in (follower, leader, lazy):
+        j.append(j.last_index + 1, 1, b"x")
+    storage.barrier()  # before a frame leaves: the follower's answer needs its sync
+    assert not follower.dirty and leader.dirty and lazy.dirty
+    storage.after_send()  # right after: the leader's own copy
+    assert not leader.dirty and lazy.dirty
+    storage.sync_lazy()  # the sync_interval_ms timer
+    assert not lazy.dirty
+    assert storage.barrier_syncs == 2 and storage.lazy_syncs == 1
+    storage.close()
+    for j in (follower, leader, lazy):
+        j.close()
+
+
+def test_a_failed_sync_calls_the_fail_stop_hook(tmp_path) -> None:
+    failures: list[BaseException] = []
+    storage = NodeStorage(RealIO(disk_free_min_bytes=0), str(tmp_path), on_sync_failed=failures.append)
+    j = storage.open_journal(0)
+    j.append(j.last_index + 1, 1, b"x")
+    j._active.datasync = lambda: (_ for _ in ()).throw(OSError(5, "EIO"))  # type: ignore[union-attr]
+    storage.barrier()
+    assert len(failures) == 1 and "fdatasync" in str(failures[0])
+
+
+def test_no_space_codes_and_config() -> None:
+    assert fail_reason_error(FAIL_NO_SPACE).code == ErrorCode.NO_SPACE
+    assert STATUS_BY_CODE["NO_SPACE"] == 507
+    cfg = load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_SYNC_INTERVAL_MS": "250",
+                           "SHOAL_DISK_FREE_MIN_BYTES": "0"})
+    assert (cfg.sync_interval_ms, cfg.disk_free_min_bytes) == (250, 0)
+    default = load_config(env={"SHOAL_PEERS": "a=127.0.0.1"})
+    assert (default.sync_interval_ms, default.disk_free_min_bytes) == (1_000, 256 * 1024 * 1024)
+    assert "sync_interval_ms = 1000" in default.to_toml()
+    with pytest.raises(ConfigError, match="sync_interval_ms"):
+        load_config(env={"SHOAL_PEERS": "a=127.0.0.1", "SHOAL_SYNC_INTERVAL_MS": "0"})
