@@ -154,3 +154,47 @@ def test_flow_survives_leader_sigkills(fresh_cluster: LocalCluster) -> None:
     asyncio.run(main())
     views = replica_views(fresh_cluster, parent_q)
     assert len({v["digest"] for v in views}) == 1, "the parent partition's replicas differ"
+
+
+def test_http_flow_and_children(fresh_cluster: LocalCluster) -> None:
+    """POST /flows and GET /jobs/{id}/children; bad trees get INVALID naming the field."""
+    import aiohttp
+
+    from conftest import http_url
+
+    parent_q, child_q = queues_on_distinct_partitions(fresh_cluster.config.partitions, 2, "fl-h")
+    base = http_url(fresh_cluster, fresh_cluster.node_ids[0])
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s, AsyncClient(fresh_cluster.addresses, options=FAST) as client:
+            body = {"parent": {"queue": parent_q, "data": {"p": 1}},
+                    "children": [{"queue": child_q, "data": {"c": 1}}], "idempotencyKey": "h1"}
+            async with s.post(base + "/flows", json=body) as r:
+                assert r.status == 200
+                ids = (await r.json())["ids"]
+            async with s.post(base + "/flows", json=body) as r:  # re-sent: the same jobs
+                assert (await r.json())["ids"] == ids
+            await work_one(client, child_q, {"sum": 3})
+            await wait_state(client, ids[0], "waiting")
+            async with s.get(f"{base}/jobs/{ids[0]}/children") as r:
+                assert r.status == 200
+                assert (await r.json())["values"] == {ids[1]: {"sum": 3}}
+            bad = {"parent": {"queue": parent_q, "data": 1}, "children": [{"queue": child_q, "data": 1,
+                                                                           "onFailure": "explode"}]}
+            async with s.post(base + "/flows", json=bad) as r:
+                reply = await r.json()
+                assert r.status == 400 and reply["code"] == "INVALID"
+                assert reply["error"].startswith("children[0].onFailure")
+
+    asyncio.run(main())
+
+
+def test_forged_peer_request_is_refused(fresh_cluster: LocalCluster) -> None:
+    """A child report without the cluster secret's proof changes nothing."""
+    from rawproto import RawConn
+
+    node = fresh_cluster.node_ids[0]
+    with RawConn(fresh_cluster.address_of(node)) as c:
+        reply = c.call({"cmd": "_FlowPeer", "_body": b"\x80", "_proof": b"0" * 32})
+        assert reply["code"] == "AUTH_FAILED"
+        assert c.call({"cmd": "Ping"})["ok"]
