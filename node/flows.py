@@ -58,6 +58,7 @@ FORWARD_INTERVAL_S = 0.05
 PEER_TIMEOUT_S = 5.0
 PEER_BODY_BYTES_MAX = 64 * 1024 * 1024
 REPORTS_PER_ROUND_MAX = 256
+REPORT_BYTES_PER_ROUND_MAX = 16 * 1024 * 1024  # below the default 64 MiB frame
 PUSH_FLOW_ATTEMPTS_MAX = 50  # per level: NOT_LEADER / NO_LEADER while leaders change
 PUSH_FLOW_RETRY_S = 0.1
 
@@ -223,8 +224,12 @@ class FlowService:
     async def _forward(self, p: int) -> None:
         outbox = self.node.replicas[p].engine.flow_outbox
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
+        size = 0
         for seq, report in itertools.islice(outbox.items(), REPORTS_PER_ROUND_MAX):
             parent, failed, result, error, on_failure = report
+            size += len(result or b"") + len(error or "") * 4
+            if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:
+                break  # results are up to 10 MB each: the rest go next round
             child = f"{p}-{seq}"
             try:
                 target = int(str(parent).split("-", 1)[0])
@@ -232,18 +237,22 @@ class FlowService:
                 target = -1
             by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure]))
         acked: list[int] = []
-        for target, reports in by_parent.items():
+
+        async def deliver(target: int, reports: list[tuple[int, list[Any]]]) -> None:
             if not 0 <= target < self.node.config.partitions:
-                acked += [seq for seq, _ in reports]  # no such parent partition: nothing to tell
-                continue
+                acked.extend(seq for seq, _ in reports)  # no such parent partition: nothing to tell
+                return
             cmd = {"cmd": "_ChildDone", "partition": target, "_reports": [r for _, r in reports]}
             try:
                 await self.send(target, cmd)
             except (CommandError, OSError, asyncio.TimeoutError, ConnectionError) as exc:
                 log.debug("partition %d: child reports to partition %d not delivered yet: %s", p, target, exc)
-                continue
-            acked += [seq for seq, _ in reports]
+                return
+            acked.extend(seq for seq, _ in reports)
             self.reports_sent += len(reports)
+
+        # In parallel: one unreachable parent partition does not hold up the others' reports.
+        await asyncio.gather(*(deliver(target, reports) for target, reports in by_parent.items()))
         if acked and self.node.replicas[p].is_leader():
             try:
                 await self.send(p, {"cmd": "_FlowAcked", "partition": p, "_children": acked})
