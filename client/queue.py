@@ -28,7 +28,7 @@ __all__ = ["AsyncQueue", "Queue", "job_fields"]
 
 _BATCH_JOBS_MAX = 10_000
 _SHARD_POLL_SLICE_S = 0.25
-_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed")
+_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
 _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
@@ -295,7 +295,7 @@ class AsyncQueue:
         return int((await self._job_call("GetProgress", job_id))["progress"])
 
     async def counts(self) -> dict[str, int]:
-        """Jobs by state: ``{"waiting", "active", "delayed", "completed", "failed"}``."""
+        """Jobs by state: ``{"waiting", "active", "delayed", "completed", "failed", "waiting-children"}``."""
         total = dict.fromkeys(_COUNT_KEYS, 0)
         for reply in await self._every("GetJobCounts"):
             for state, n in (reply.get("counts") or {}).items():
