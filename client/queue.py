@@ -290,6 +290,10 @@ class AsyncQueue:
         """The result a completed job was acked with."""
         return (await self._job_call("GetResult", job_id))["result"]
 
+    async def get_children_values(self, job: Job | str) -> dict[str, Any]:
+        """A flow parent's children's results, ``{child_id: result}`` (see ``client.flow``)."""
+        return await self.client.get_children_values(job.id if isinstance(job, Job) else job)
+
     async def get_progress(self, job_id: str) -> int:
         """A job's last reported progress."""
         return int((await self._job_call("GetProgress", job_id))["progress"])
@@ -443,6 +447,7 @@ class Queue(SyncHandle):
     logs = blocking(AsyncQueue.logs)
     get_state = blocking(AsyncQueue.get_state)
     get_result = blocking(AsyncQueue.get_result)
+    get_children_values = blocking(AsyncQueue.get_children_values)
     get_progress = blocking(AsyncQueue.get_progress)
     counts = blocking(AsyncQueue.counts)
     count = blocking(AsyncQueue.count)

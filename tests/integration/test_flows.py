@@ -84,7 +84,12 @@ def test_flow_across_partitions_completes(fresh_cluster: LocalCluster) -> None:
             await wait_state(client, parent, "waiting")
             values = await client.get_children_values(parent)
             assert values == {c["id"]: 10 * i for i, c in enumerate(tree["children"])}
-            assert await work_one(client, parent_q, "ok") == parent
+            job = await client.queue(parent_q).pull(timeout=10)  # what a worker's handler sees
+            assert job is not None and job.id == parent and job.raw["children"] == {"expected": 3, "done": 3}
+            assert await job.children_values() == values
+            await client.queue(parent_q).ack(job, "ok")
+            child = await client.queue(child_qs[0]).get_job(tree["children"][0]["id"])
+            assert child is not None and child.parent == parent
 
     asyncio.run(main())
 
