@@ -242,7 +242,7 @@ _SPECS = [
     _spec("Subscribe", "node", {}, {"queue": F.queue}, read=True),
     # flows (cluster/flow.py): PushFlow is coordinated by the node that receives it
     _spec("PushFlow", "node", {"parent": _flow.check_parent, "children": _flow.check_children},
-          {"idempotencyKey": F.text(_flow.FLOW_KEY_CHARS_MAX)}, retry=True),
+          {"idempotencyKey": F.text(_flow.FLOW_KEY_CHARS_MAX)}, retry=True),  # with its key (client/_core.py)
     _spec("GetChildrenValues", "id", _ID, read=True),
     # internal: proposed by the leader itself, never accepted from a client
     _spec("_Tick", "partition"),

@@ -203,3 +203,23 @@ def test_forged_peer_request_is_refused(fresh_cluster: LocalCluster) -> None:
         reply = c.call({"cmd": "_FlowPeer", "_body": b"\x80", "_proof": b"0" * 32})
         assert reply["code"] == "AUTH_FAILED"
         assert c.call({"cmd": "Ping"})["ok"]
+
+
+def test_flow_on_a_cluster_with_tokens(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Nodes authenticate to each other's client port with the cluster's token for flow commands."""
+    from conftest import secured_cluster
+
+    with secured_cluster(tmp_path_factory, "flow-auth", "flow-token") as cl:
+        parent_q, *child_qs = queues_on_distinct_partitions(cl.config.partitions, 4, "fl-t")
+
+        async def main() -> None:
+            async with AsyncClient(cl.addresses, token="flow-token", options=FAST) as client:
+                tree = await client.flow({"queue": parent_q, "data": 0},
+                                         [{"queue": q, "data": i} for i, q in enumerate(child_qs)])
+                for i, q in enumerate(child_qs):
+                    await work_one(client, q, i)
+                await wait_state(client, tree["id"], "waiting")
+                assert await client.get_children_values(tree["id"]) == {
+                    c["id"]: i for i, c in enumerate(tree["children"])}
+
+        asyncio.run(main())
