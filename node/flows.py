@@ -61,6 +61,7 @@ REPORTS_PER_ROUND_MAX = 256
 REPORT_BYTES_PER_ROUND_MAX = 16 * 1024 * 1024  # below the default 64 MiB frame
 PUSH_FLOW_ATTEMPTS_MAX = 50  # per level: NOT_LEADER / NO_LEADER while leaders change
 PUSH_FLOW_RETRY_S = 0.1
+PUSH_FLOWS_INFLIGHT_MAX = 1_000  # PushFlows this node coordinates at once
 
 
 class FlowService:
@@ -71,6 +72,7 @@ class FlowService:
         self._key = hmac.new(node.config.secret.encode(), b"shoal flow peer v1", hashlib.sha256).digest()
         self._links: dict[str, _PeerLink] = {}
         self._forwarding: set[int] = set()
+        self._push_flows = 0
         self.reports_sent = 0
 
     # --- entry points from the dispatcher ------------------------------------------------------
@@ -82,6 +84,10 @@ class FlowService:
             return
         validate(frame)
         req_id = frame.get("reqId")
+        if self._push_flows >= PUSH_FLOWS_INFLIGHT_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"{self._push_flows} flows are being created on this node; "
+                               "retry later")
+        self._push_flows += 1
 
         async def run() -> None:
             try:
@@ -93,6 +99,8 @@ class FlowService:
                 conn.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {exc}"))
             else:
                 conn.reply(req_id, {"ids": ids})
+            finally:
+                self._push_flows -= 1
 
         self.node.loop.create_task(run())
 
