@@ -25,18 +25,14 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.flow import ON_FAILURE
 from shoal.cluster.jobid import format_job_id, parse_job_id
 
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
 from ._store import Store
 from ._transitions import FAILED, NEW, WAITING_CHILDREN, check_transition
 
-__all__ = ["FlowOps", "FlowParent", "ON_FAILURE", "FLOW_REPORTS_MAX"]
-
-#: A child's failure policy (wire ``onFailure``); the first is the default.
-ON_FAILURE = ("fail", "ignore", "remove")
-#: Reports one ``_ChildDone`` / ``_FlowAcked`` carries at most (the forwarder's batch).
-FLOW_REPORTS_MAX = 256
+__all__ = ["FlowOps", "FlowParent"]
 
 check_transition(NEW, WAITING_CHILDREN)
 
