@@ -31,6 +31,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
+from .flows import FLOW_COMMANDS
 from .sessions import SESSION_CHARS_MAX, SessionTable
 
 if TYPE_CHECKING:
@@ -164,6 +165,11 @@ class Dispatcher:
         req_id = frame.get("reqId")
         if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
             raise CommandError(ErrorCode.AUTH_REQUIRED, "authenticate with Auth {token} first")
+        if cmd in FLOW_COMMANDS:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
+            if self.overloaded is not None and cmd == "PushFlow":
+                raise self.overloaded
+            self.node.flows.handle(conn, frame)
+            return
         if cmd in NODE_COMMANDS:
             conn.reply(req_id, self._node_command(conn, cmd, frame))
             return
