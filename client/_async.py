@@ -16,7 +16,7 @@ import asyncio
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.topology import Topology
@@ -350,6 +350,37 @@ class AsyncClient:
         """Every cron schedule of the cluster."""
         replies = await self.fan_out({"cmd": "CronList"})
         return [c for r in replies.values() for c in r.get("crons") or []]
+
+    async def flow(self, parent: Mapping[str, Any], children: list[Mapping[str, Any]], *,
+                   idempotency_key: str | None = None) -> dict[str, Any]:
+        """Add a flow (``PushFlow``): ``parent`` waits in ``waiting-children`` until every child
+        is done, then runs and reads their results with :meth:`get_children_values`.
+
+        Jobs are wire-form dicts: ``{"queue", "data", ...PUSH options}``; a child may hold its
+        own ``children`` and an ``onFailure`` (``fail`` the parent, the default; ``ignore``;
+        ``remove``). Children may live in any queue. Returns the tree with ids:
+        ``{"id", "queue", "children": [...]}``. Safe to retry: the flow carries one
+        idempotency key, so a re-sent flow adds nothing twice.
+        """
+        frame = {"cmd": "PushFlow", "parent": dict(parent), "children": [dict(c) for c in children],
+                 "idempotencyKey": idempotency_key or self.new_idempotency_key()}
+        ids = iter((await self.call(frame))["ids"])
+
+        def tree(item: Mapping[str, Any], subs: list[Mapping[str, Any]]) -> dict[str, Any]:
+            node = {"id": next(ids), "queue": item["queue"]}
+            node["children"] = [tree(c, c.get("children") or []) for c in subs]
+            return node
+
+        return tree(parent, children)
+
+    async def get_children_values(self, job_id: str) -> dict[str, Any]:
+        """A flow parent's children's results: ``{child id: result}`` of each completed child."""
+        return dict((await self.call({"cmd": "GetChildrenValues", "id": job_id}))["values"])
+
+    async def get_children_report(self, job_id: str) -> dict[str, Any]:
+        """``GetChildrenValues`` in full: ``values``, ``expected``, ``done`` and the errors of
+        failed children by policy (``ignored``, ``removed``, ``failed``)."""
+        return await self.call({"cmd": "GetChildrenValues", "id": job_id})
 
     async def cron_delete(self, name: str) -> bool:
         """Delete the cron schedule ``name`` wherever it lives; ``True`` if one was deleted."""

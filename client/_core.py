@@ -105,7 +105,7 @@ def is_retry_safe(frame: Mapping[str, Any]) -> bool:
     spec = COMMANDS.get(frame.get("cmd", ""))
     if spec is None:
         return False
-    if frame["cmd"] == "PUSH":
+    if frame["cmd"] in ("PUSH", "PushFlow"):
         return frame.get("idempotencyKey") is not None
     if frame["cmd"] == "PUSHB":
         return all(isinstance(j, Mapping) and j.get("idempotencyKey") is not None for j in frame.get("jobs") or ())

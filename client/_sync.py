@@ -8,7 +8,7 @@ blocking twins :class:`Queue` and :class:`Tube`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shoal.cluster.topology import Topology
@@ -119,6 +119,19 @@ class Client:
     def cron_list(self) -> list[dict[str, Any]]:
         """Every cron schedule of the cluster."""
         return self._runner.run(self._async.cron_list())
+
+    def flow(self, parent: Mapping[str, Any], children: list[Mapping[str, Any]], *,
+             idempotency_key: str | None = None) -> dict[str, Any]:
+        """Add a flow (``PushFlow``); see :meth:`AsyncClient.flow`."""
+        return self._runner.run(self._async.flow(parent, children, idempotency_key=idempotency_key))
+
+    def get_children_values(self, job_id: str) -> dict[str, Any]:
+        """A flow parent's children's results by child id."""
+        return self._runner.run(self._async.get_children_values(job_id))
+
+    def get_children_report(self, job_id: str) -> dict[str, Any]:
+        """``GetChildrenValues`` in full (values, expected, done, errors by policy)."""
+        return self._runner.run(self._async.get_children_report(job_id))
 
     def cron_delete(self, name: str) -> bool:
         """Delete a cron schedule; ``True`` if one was deleted."""

@@ -17,6 +17,7 @@ class JobState(str, Enum):
     ACTIVE = "active"
     COMPLETED = "completed"
     FAILED = "failed"
+    WAITING_CHILDREN = "waiting-children"  # a flow's parent until its children are done
 
 
 @dataclass(slots=True)
@@ -58,6 +59,15 @@ class Job:
     def extend(self, ttr: float) -> Any:
         """Extend the lease to ``ttr`` seconds from now through the queue handle."""
         return self._handle().extend(self, ttr)
+
+    @property
+    def parent(self) -> str | None:
+        """A flow child's parent id (``None`` for a job outside a flow or a top parent)."""
+        return self.raw.get("parent")
+
+    def children_values(self) -> Any:
+        """A flow parent's children's results ``{child_id: result}`` through the queue handle."""
+        return self._handle().get_children_values(self)
 
     def _handle(self) -> Any:
         if self.handle is None:

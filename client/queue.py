@@ -28,7 +28,7 @@ __all__ = ["AsyncQueue", "Queue", "job_fields"]
 
 _BATCH_JOBS_MAX = 10_000
 _SHARD_POLL_SLICE_S = 0.25
-_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed")
+_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
 _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
@@ -292,12 +292,16 @@ class AsyncQueue:
         """The result a completed job was acked with."""
         return (await self._job_call("GetResult", job_id))["result"]
 
+    async def get_children_values(self, job: Job | str) -> dict[str, Any]:
+        """A flow parent's children's results, ``{child_id: result}`` (see ``client.flow``)."""
+        return await self.client.get_children_values(job.id if isinstance(job, Job) else job)
+
     async def get_progress(self, job_id: str) -> int:
         """A job's last reported progress."""
         return int((await self._job_call("GetProgress", job_id))["progress"])
 
     async def counts(self) -> dict[str, int]:
-        """Jobs by state: ``{"waiting", "active", "delayed", "completed", "failed"}``."""
+        """Jobs by state: ``{"waiting", "active", "delayed", "completed", "failed", "waiting-children"}``."""
         total = dict.fromkeys(_COUNT_KEYS, 0)
         for reply in await self._every("GetJobCounts"):
             for state, n in (reply.get("counts") or {}).items():
@@ -445,6 +449,7 @@ class Queue(SyncHandle):
     logs = blocking(AsyncQueue.logs)
     get_state = blocking(AsyncQueue.get_state)
     get_result = blocking(AsyncQueue.get_result)
+    get_children_values = blocking(AsyncQueue.get_children_values)
     get_progress = blocking(AsyncQueue.get_progress)
     counts = blocking(AsyncQueue.counts)
     count = blocking(AsyncQueue.count)

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from . import _fields as F
+from . import flow as _flow
 from . import limits as L
 from ._fields import JOB_STATES, QUEUE_TYPES, Checker
 from .codec import Raw
@@ -239,9 +240,18 @@ _SPECS = [
     _spec("Auth", "node", {"token": F.text(L.auth_token_chars_max)}, read=True),
     _spec("Identify", "node", {}, {"session": _key}, read=True),
     _spec("Subscribe", "node", {}, {"queue": F.queue}, read=True),
+    # flows (cluster/flow.py): PushFlow is coordinated by the node that receives it
+    _spec("PushFlow", "node", {"parent": _flow.check_parent, "children": _flow.check_children},
+          {"idempotencyKey": F.text(_flow.FLOW_KEY_CHARS_MAX)}, retry=True),  # with its key (client/_core.py)
+    _spec("GetChildrenValues", "id", _ID, read=True),
     # internal: proposed by the leader itself, never accepted from a client
     _spec("_Tick", "partition"),
     _spec("_ReleaseSession", "partition", {"session": _key}),
+    # a flow's jobs of one queue (``_items``), a child's final outcome for its parent's
+    # partition (``_reports``), and the end of a child's retries (``_children``)
+    _spec("_FlowPush", "queue", {"queue": F.queue}),
+    _spec("_ChildDone", "partition", {"partition": _partition}),
+    _spec("_FlowAcked", "partition", {"partition": _partition}),
 ]
 
 _BY_NAME: dict[str, CommandSpec] = {s.name: s for s in _SPECS}

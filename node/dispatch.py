@@ -31,7 +31,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .ports import Clock, Metrics, NodeInfo, PartitionDirectory, Replier
+from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .sessions import SESSION_CHARS_MAX, SessionTable
 
@@ -82,13 +82,16 @@ class Dispatcher:
     """Answers every frame of every connection of one node.
 
     It reaches the rest of the node only through what it is given: the partitions
-    (``directory``), the node's identity and listeners (``info``), the ``metrics``
-    and the ``clock``; connections hand themselves in as :class:`~.ports.Replier` s.
+    (``directory``), the node's identity and listeners (``info``), the ``metrics``,
+    the ``clock`` and the ``flows`` service; connections hand themselves in as
+    :class:`~.ports.Replier` s.
     """
 
     def __init__(self, config: "ClusterConfig", loop: asyncio.AbstractEventLoop, *, clock: Clock,
-                 directory: PartitionDirectory, info: NodeInfo, metrics: Metrics) -> None:
+                 directory: PartitionDirectory, info: NodeInfo, metrics: Metrics, flows: FlowHandler) -> None:
         self.config = config
+        self.flows = flows
+        self._flow_commands = flows.commands
         self.loop = loop
         self.clock = clock
         self.directory = directory
@@ -170,6 +173,11 @@ class Dispatcher:
         req_id = frame.get("reqId")
         if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
             raise CommandError(ErrorCode.AUTH_REQUIRED, "authenticate with Auth {token} first")
+        if cmd in self._flow_commands:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
+            if self.overloaded is not None and cmd == "PushFlow":
+                raise self.overloaded
+            self.flows.handle(conn, frame)
+            return
         if cmd in NODE_COMMANDS:
             conn.reply(req_id, self._node_command(conn, cmd, frame))
             return

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .group_commit import GroupCommit
     from .raft import PartitionReplica
 
-__all__ = ["Clock", "Replier", "PartitionDirectory", "NodeInfo", "Metrics", "EventListener"]
+__all__ = ["Clock", "Replier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler", "EventListener"]
 
 #: Receives published job events (the dashboard's and the HTTP streams' listeners).
 EventListener = Callable[[list[dict[str, Any]]], None]
@@ -98,3 +98,15 @@ class Metrics(Protocol):
     def exposition(self) -> str:
         """The Prometheus text exposition of the node's metrics."""
         ...
+
+
+class FlowHandler(Protocol):
+    """The node's flow service: the commands it answers and how it takes one."""
+
+    @property
+    def commands(self) -> frozenset[str]:
+        """The command names the dispatcher hands to :meth:`handle`."""
+        ...
+
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
+        """Answer ``frame`` (now or later) through ``conn``."""

@@ -34,6 +34,7 @@ from .collector import NodeCollector
 from .connection import ClientConnection
 from .digests import ReplicaDigests
 from .dispatch import Dispatcher
+from .flows import FlowService
 from .group_commit import GroupCommit
 from .guard import NodeGuard
 from .http import start_http
@@ -75,8 +76,9 @@ class Node:
         self.now_ms = self.clock.now_ms
         self.metrics = NodeMetrics()
         self.metrics.registry.register(NodeCollector(self))
+        self.flows = FlowService(self)
         self.dispatcher = Dispatcher(config, self.loop, clock=self.clock, directory=self, info=self,
-                                     metrics=self.metrics)
+                                     metrics=self.metrics, flows=self.flows)
         self.guard = NodeGuard(self)
         self.metrics.registry.register(self.guard)
         self.started_at = time.monotonic()
@@ -142,7 +144,7 @@ class Node:
             ssl=self.config.tls.server_context() if self.config.tls else None)
         self.http_runner = await start_http(self, host, self.spec.http_port)
         for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop(),
-                     self.guard.run(), self._lazy_sync_loop()):
+                     self.guard.run(), self._lazy_sync_loop(), self.flows.run()):
             self._tasks.append(self.loop.create_task(coro))
         log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
                  sorted(self.replicas))
@@ -175,6 +177,7 @@ class Node:
             task.cancel()
         for conn in list(self.dispatcher.connections):
             conn.close()
+        await self.flows.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():

@@ -6,6 +6,7 @@ the node's parts through :class:`NodeView`; the server's ``Node`` is the one imp
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,7 @@ class NodeView(Protocol):
     """One running node: its configuration, partitions, dispatcher, metrics and clock."""
 
     config: "ClusterConfig"
+    loop: asyncio.AbstractEventLoop
     node_id: str
     topology: "Topology"
     replicas: "Mapping[int, PartitionReplica]"

@@ -3,8 +3,9 @@
 // fetch so it can carry Authorization), /queues/..., /jobs/..., /simulation.
 "use strict";
 
-const STATES = ["waiting", "delayed", "active", "completed", "failed"];
-const STATE_LABEL = { waiting: "Waiting", delayed: "Delayed", active: "Active", completed: "Completed", failed: "Failed (DLQ)" };
+const STATES = ["waiting", "delayed", "active", "completed", "failed", "waiting-children"];
+const STATE_LABEL = { waiting: "Waiting", delayed: "Delayed", active: "Active", completed: "Completed", failed: "Failed (DLQ)",
+  "waiting-children": "Waiting for children" };
 const PAGE = 50;
 const $ = (sel, root = document) => root.querySelector(sel);
 
@@ -657,6 +658,8 @@ async function openJob(id) {
   panel.dataset.job = id;
   try {
     const d = await api(`/jobs/${encodeURIComponent(id)}/detail`);
+    // a flow parent: its children's results and errors (GetChildrenValues)
+    if (d.job.children) d.children = await api(`/jobs/${encodeURIComponent(id)}/children`).catch(() => null);
     if (panel.dataset.job !== id) return;
     panel.innerHTML = jobDetailHtml(d);
   } catch (e) {
@@ -670,7 +673,26 @@ function closeDrawer(navigate = true) {
   const r = app.route;
   if (navigate && r.name === "queue" && r.job) location.hash = queueHash(r.queue, r.state, r.page, r.q);
 }
-$("#drawer").addEventListener("click", (ev) => { if (ev.target.closest("[data-close]")) closeDrawer(); });
+$("#drawer").addEventListener("click", (ev) => {
+  if (ev.target.closest("[data-close]")) closeDrawer();
+  const flowJob = ev.target.closest("[data-flow-job]");
+  if (flowJob) { ev.preventDefault(); openJob(flowJob.dataset.flowJob); }
+});
+
+function flowHtml(j, c) {
+  if (!j.parent && !j.children) return "";
+  const link = (id) => `<a href="#" class="mono" data-flow-job="${esc(id)}">${esc(id)}</a>`;
+  const rows = [];
+  if (c) {
+    for (const [id, v] of Object.entries(c.values || {})) rows.push(`<li class="completed">${link(id)} <pre class="json">${jsonHtml(v)}</pre></li>`);
+    for (const k of ["failed", "ignored", "removed"])
+      for (const [id, e] of Object.entries(c[k] || {})) rows.push(`<li class="failed">${link(id)} <span class="muted">${k}:</span> ${esc(e)}</li>`);
+  }
+  return `<section><h3>Flow</h3><dl class="kv">
+      ${j.parent ? `<dt>Parent</dt><dd>${link(j.parent)}</dd>` : ""}
+      ${j.children ? `<dt>Children done</dt><dd>${j.children.done} of ${j.children.expected}</dd>` : ""}
+    </dl>${rows.length ? `<ul class="timeline">${rows.join("")}</ul>` : ""}</section>`;
+}
 document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeDrawer(); });
 
 function jobDetailHtml(d) {
@@ -689,6 +711,7 @@ function jobDetailHtml(d) {
       ${j.leaseDeadline ? kv("Lease ends", esc(fmtDate(j.leaseDeadline))) : ""}${j.finishedAt ? kv("Finished", esc(fmtDate(j.finishedAt))) : ""}
       ${j.customId ? kv("Custom id", esc(j.customId)) : ""}${j.tag ? kv("Tag", esc(j.tag)) : ""}${j.group ? kv("Group", esc(j.group)) : ""}
     </dl></section>
+    ${flowHtml(j, d.children)}
     <section><h3>Data</h3><pre class="json" id="job-data">${jsonHtml(j.data)}</pre></section>
     ${j.result !== undefined ? `<section><h3>Result</h3><pre class="json">${jsonHtml(j.result)}</pre></section>` : ""}
     ${j.error ? `<section><h3>Last error</h3><pre class="json s-failed">${esc(j.error)}</pre></section>` : ""}

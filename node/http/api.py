@@ -320,6 +320,15 @@ class HttpApi(StreamHandlers):
         return await self.run(request, {**body, "cmd": "FAIL", "id": request.match_info["id"]})
 
 
+    async def push_flow(self, request: web.Request) -> web.StreamResponse:
+        """PushFlow ``{parent, children, idempotencyKey?}`` (any node coordinates it)."""
+        return await self.run(request, {**await self.body(request), "cmd": "PushFlow"})
+
+    async def children_values(self, request: web.Request) -> web.StreamResponse:
+        """GetChildrenValues: a flow parent's children's results (and errors by policy)."""
+        return await self.run(request, {"cmd": "GetChildrenValues", "id": request.match_info["id"]})
+
+
 def _bad_request(message: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(text=json.dumps({"ok": False, "code": "INVALID", "error": message}),
                               content_type="application/json")
@@ -354,6 +363,8 @@ def build_app(node: "NodeView", guard: HttpGuard | None = None) -> web.Applicati
     r.add_get("/jobs/{id}", api.get_job)
     r.add_post("/jobs/{id}/ack", api.ack_job)
     r.add_post("/jobs/{id}/fail", api.fail_job)
+    r.add_post("/flows", api.push_flow)
+    r.add_get("/jobs/{id}/children", api.children_values)
     r.add_get("/events", api.events)
     r.add_get("/ws", api.websocket)
     add_dashboard_routes(app, api)  # the page at / and the endpoints only it needs

@@ -11,6 +11,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._ack import AckOps
 from ._commands import AckRun, PushBatch, PushRun, SessionPull, TypedCommand
 from ._control import ControlOps
+from ._flows import FlowOps
 from ._model import Event
 from ._moves import Moves
 from ._pull import PullOps
@@ -33,7 +34,8 @@ class Applied(NamedTuple):
     events: Sequence[Event]
 
 
-class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
+class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, FlowOps, ReadOps, SnapshotOps, Moves,
+                      ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
     def __init__(self, partition: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment
-from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
 __all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event"]
 
@@ -174,4 +174,5 @@ def pack(value: Any) -> bytes:
 
 #: The segment slot codes a job state can have (delayed and failed jobs never stay in a segment).
 SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING,), ACTIVE: (SLOT_ACTIVE,),
-                                          COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: ()}
+                                          COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: (),
+                                          WAITING_CHILDREN: ()}

@@ -74,6 +74,8 @@ class Moves(Store):
         else:
             q.dlq[job.seq] = None
             q.totals["failed"] += 1
+        if self.flow_children:
+            self._flow_child_done(job, state != COMPLETED)
 
     def _complete(self, q: Queue, job: Job, trim: bool = True) -> None:
         """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks.
@@ -92,6 +94,8 @@ class Moves(Store):
             events.append((q.name, job.seq, COMPLETED, ACTIVE))
         q.history.append(job.seq)
         q.totals["completed"] += 1
+        if self.flow_children:
+            self._flow_child_done(job, False)
         if trim and len(q.history) > q.opts["historyMax"]:
             self._trim_history(q)
 
@@ -106,6 +110,8 @@ class Moves(Store):
         q.dlq.pop(job.seq, None)
         if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
             del q.custom_ids[job.custom_id]
+        if self.flow_children or self.flow_parents:
+            self._flow_forget(job)
         del self.jobs[job.seq]
         if job.state == WAITING and job.group is not None:
             self._refresh_group_head(q, job.group)

@@ -39,6 +39,10 @@ class Store:
         self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
         self.idempotency_order: deque[tuple[int, tuple[str, str]]] = deque()
         self.crons: dict[str, dict[str, Any]] = {}
+        # Flows (``_flows``): parents waiting here, children living here, unacknowledged reports.
+        self.flow_parents: dict[int, Any] = {}
+        self.flow_children: dict[int, list[Any]] = {}
+        self.flow_outbox: dict[int, tuple[Any, ...]] = {}
         # Per-call options of the command being applied (set by ``apply`` only, never state):
         # ``_replies`` False skips building reply contents nobody reads (a follower's); the
         # command's events go to ``_events``, or nowhere when it is None.
@@ -173,6 +177,15 @@ class Store:
             raise CommandError(ErrorCode.LEASE_MISMATCH,
                                f"job {self._id(job)}: token does not match the current lease")
 
+    def _flow_child_done(self, job: Job, failed: bool, error: str | None = None) -> None:
+        raise NotImplementedError  # ``_flows.FlowOps``
+
+    def _flow_forget(self, job: Job) -> None:
+        raise NotImplementedError  # ``_flows.FlowOps``
+
+    def flow_wire(self, job: Job, out: dict[str, Any]) -> None:
+        raise NotImplementedError  # ``_flows.FlowOps``
+
     def _require_active(self, job: Job, cmd: dict[str, Any]) -> None:
         self._check_token(job, cmd)
         if job.state != ACTIVE:
@@ -199,4 +212,6 @@ class Store:
             out["leaseDeadline"] = job.lease_deadline_ms
         if job.finished_ms:
             out["finishedAt"] = job.finished_ms
+        if self.flow_children or self.flow_parents:
+            self.flow_wire(job, out)
         return out

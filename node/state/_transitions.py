@@ -15,6 +15,9 @@
                    bury / max deliveries---> failed (!)
     failed   (!) --kick / retry DLQ--------> waiting (r)
     completed(-) --retry completed---------> waiting (r)
+    (new)        --push of a flow parent---> waiting-children
+    waiting-children --children done-------> waiting (r)
+    waiting-children --a child failed------> failed (!)
     any state    --cancel, drain, clean,
                    TTL, trim, purge--------> (removed)
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "NEW", "REMOVED", "STATES", "TRANSITIONS",
+__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "WAITING_CHILDREN", "NEW", "REMOVED", "STATES", "TRANSITIONS",
            "TARANTOOL_CODES", "check_transition"]
 
 WAITING = "waiting"
@@ -39,12 +42,14 @@ DELAYED = "delayed"
 ACTIVE = "active"
 COMPLETED = "completed"
 FAILED = "failed"
-STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED)
+#: A flow's parent until its children are done (see ``_flows``); no tarantool letter.
+WAITING_CHILDREN = "waiting-children"
+STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, WAITING_CHILDREN)
 #: Pseudo-states at the two ends of a job's life (never a job's ``state``).
 NEW = "new"
 REMOVED = "removed"
 #: tarantool's one-letter task states.
-TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!"}
+TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!", WAITING_CHILDREN: "w"}
 
 #: Every allowed move, named by what causes it.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -61,6 +66,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (ACTIVE, FAILED): "fail, bury or too many deliveries",
     (FAILED, WAITING): "kick or retry from the DLQ",
     (COMPLETED, WAITING): "retry completed",
+    (NEW, WAITING_CHILDREN): "push of a flow parent",
+    (WAITING_CHILDREN, WAITING): "every child done",
+    (WAITING_CHILDREN, FAILED): "a child failed (onFailure: fail)",
     **{(state, REMOVED): "removed" for state in STATES},
 }
 

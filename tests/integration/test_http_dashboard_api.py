@@ -198,7 +198,7 @@ def test_actions_run_on_the_leader_and_replicate(cluster: LocalCluster) -> None:
         assert call(base + f"/queues/{queue}/clean", "POST", {"nope": 1})[0] == 400
         status, body = call(base + f"/queues/{queue}/drain", "POST")
         assert status == 200 and body["count"] == 4
-        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 0, "failed": 0}
+        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 0, "failed": 0, "waiting-children": 0}
 
 
 def test_simulation_validates_runs_and_stops(cluster: LocalCluster) -> None:

@@ -94,6 +94,15 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "capabilities": st.lists(st.sampled_from(["pipelining", "events"]), max_size=2),
     "protocolVersion": st.integers(1, 2),
 }
+# PushFlow: a parent and a small tree of children (cluster/flow.py)
+_flow_job = st.fixed_dictionaries({"queue": queue_names, "data": msgpack_values},
+                                  optional={"priority": _JOB_OPTIONS["priority"], "tag": keys})
+FIELD_VALUES["parent"] = _flow_job
+FIELD_VALUES["children"] = st.lists(
+    st.builds(lambda job, policy, subs: {**job, **({"onFailure": policy} if policy else {}),
+                                         **({"children": subs} if subs else {})},
+              _flow_job, st.sampled_from([None, "fail", "ignore", "remove"]),
+              st.lists(_flow_job, max_size=2)), min_size=1, max_size=3)
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """Import layering of the node: every module imports only its own layer or the ones below.
 
 The layers, top to bottom: ``server`` (wiring and lifecycle) → the edge (``http/``,
-``connection``, the guard, the collector, the simulation) → ``view`` (the protocol the edge
+``connection``, the flow service, the guard, the collector, the simulation) → ``view`` (the protocol the edge
 reads the node through) → ``dispatch`` (with the small protocols it is handed, ``ports``) →
 ``partitions`` (group commit, the push path, the clock and the ``raft/`` seam) → ``state``,
 the engine, which is pure: no I/O, clock or randomness.
@@ -71,7 +71,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests"})),
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics"})),
     ("view", frozenset({"view"})),
-    ("edge", frozenset({"connection", "http", "guard", "collector", "simulation"})),
+    ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
     ("server", frozenset({"server", "cli", "__main__", "__init__"})),
 )
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}

@@ -123,6 +123,8 @@ PUSH_NO_KEY = {"cmd": "PUSH", "queue": "q", "data": 1}
     ({"cmd": "GetJob", "id": "1-1"}, True), ({"cmd": "Touch", "id": "1-1", "ttr": 5}, True),
     ({"cmd": "PULL", "queue": "q"}, False), ({"cmd": "ACK", "id": "1-1"}, False),
     ({"cmd": "FAIL", "id": "1-1"}, False), ({"cmd": "Nope"}, False),
+    ({"cmd": "PushFlow", "parent": {}, "children": [], "idempotencyKey": "f"}, True),
+    ({"cmd": "PushFlow", "parent": {}, "children": []}, False),
 ])
 def test_which_commands_may_be_repeated(frame: dict, safe: bool) -> None:
     assert is_retry_safe(frame) is safe

@@ -54,7 +54,7 @@ class Model:
         return seq
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed")}
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children")}
         for j in self.jobs.values():
             out[j["state"]] += 1
         return out

@@ -85,9 +85,47 @@ def as_data(value: Any) -> Raw:
     return Raw(msgpack.packb(value, use_bin_type=True))
 
 
+def build_flow_command(word: str, args: list[str]) -> dict[str, Any]:
+    """The flow commands, whose fields are lists of records:
+
+    ``flow-push q=a data=x expect=2`` (a parent of 2 children), ``flow-push q=b data=y
+    parent=0-1 onFailure=ignore`` (a child), both with PUSH's options; ``child-done
+    parent=0-1 child=3-7 result=5`` or ``... failed=true error=boom onFailure=remove``;
+    ``flow-acked partition=0 children=2,3``; ``children-values id=0-1``.
+    """
+    fields = dict(arg.partition("=")[::2] for arg in args)
+    fields = {ARG_ALIASES.get(k, k): parse_value(v) for k, v in fields.items()}
+    if word == "flow-push":
+        item: dict[str, Any] = {"data": as_data(fields.pop("data")).packed}
+        for key in ("expect", "parent", "onFailure"):
+            if key in fields:
+                item["_" + key] = str(fields.pop(key)) if key == "parent" else fields.pop(key)
+        queue = fields.pop("queue")
+        item.update({k: str(v) if k in ("idempotencyKey", "customId", "group", "tag") else v
+                     for k, v in fields.items()})
+        return {"cmd": "_FlowPush", "queue": queue, "_items": [item]}
+    if word == "child-done":
+        failed = bool(fields.get("failed"))
+        result = None if failed or "result" not in fields else as_data(fields["result"]).packed
+        report = [str(fields["parent"]), str(fields["child"]), failed, result,
+                  fields.get("error") if failed else None, fields.get("onFailure", "fail")]
+        return {"cmd": "_ChildDone", "partition": 0, "_reports": [report]}
+    if word == "flow-acked":
+        return {"cmd": "_FlowAcked", "partition": 0,
+                "_children": [int(c) for c in str(fields["children"]).split(",")]}
+    return {"cmd": "GetChildrenValues", "id": str(fields["id"])}
+
+
+FLOW_WORDS = ("flow-push", "child-done", "flow-acked", "children-values")
+
+
 def build_command(line: str, now_ms: int) -> tuple[dict[str, Any], int]:
     """The engine command a script line stands for, and its clock."""
     word, *args = shlex.split(line)
+    if word in FLOW_WORDS:
+        now_args = [a for a in args if a.startswith("now=")]
+        rest = [a for a in args if not a.startswith("now=")]
+        return build_flow_command(word, rest), int(now_args[0][4:]) if now_args else now_ms
     name = COMMAND_ALIASES.get(word, word)
     cmd: dict[str, Any] = {"cmd": name}
     for arg in args:
@@ -205,6 +243,10 @@ class Runner:
             assert self.engine.digest() == digest, "a restored engine differs"
             self.check_twin()
             return ["ok"]
+        if line == "outbox":  # a flow child's reports not yet acknowledged by its parent's partition
+            rows = [f"  {self.engine.partition}-{seq}: parent={r[0]} failed={fmt(r[1])} result={fmt(r[2])} "
+                    f"error={fmt(r[3])} onFailure={r[4]}" for seq, r in self.engine.flow_outbox.items()]
+            return ["ok", *rows]
         if line == "digest":
             self.check_twin()
             return [f"ok digest={self.engine.digest()[:16]}"]

@@ -1,0 +1,356 @@
+"""Flows across partitions: ``PushFlow`` coordination and the leader's child-report forwarder.
+
+**PushFlow** is coordinated by the node that receives it, top down, one level of the
+tree at a time: a level's jobs go, one ``_FlowPush`` per queue, to their partitions'
+leaders, and only once every one of them is committed does the next level go, each child
+naming its parent's id. A job with children is created in ``waiting-children`` with the
+number of children it waits for; so a parent always exists before its first child, and a
+child's report can only find a parent that exists or existed. Every job carries the
+idempotency key ``<flow key>/<path in the tree>``, so re-sending a PushFlow with the same
+``idempotencyKey`` (what the client does after a lost reply or a failover) finds the jobs
+already made and makes the rest: a flow cut short by a crash is completed by the retry.
+
+**The forwarder** runs on every partition leader: each finished child leaves a report in
+its partition's replicated outbox (``node/state/_flows.py``); the forwarder sends the
+reports as ``_ChildDone`` to each parent's partition leader and, once that partition
+committed them, proposes ``_FlowAcked`` in its own partition. A leader that dies between
+the two steps leaves the outbox to its successor, who sends again; ``_ChildDone`` is
+idempotent by child id, so the parent counts each child once.
+
+**Peer requests.** When this node does not lead the target partition, the internal command
+travels to the leader's client port inside ``_FlowPeer {_body, _proof}``: ``_body`` is the
+MessagePack command, ``_proof`` its HMAC-SHA256 under a key derived from the cluster
+secret, checked before the body is decoded. A client without the secret cannot forge a
+child's report. (Only Auth-ed connections reach it when the node has tokens.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import logging
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from shoal.cluster.codec import FrameDecoder, Raw, encode
+from shoal.cluster.commands import validate
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.flow import FlowNode, flatten, item_key
+from shoal.cluster.partitioning import partition_for
+
+from .ports import Replier
+
+if TYPE_CHECKING:
+    from .view import NodeView
+
+__all__ = ["FlowService", "FLOW_COMMANDS"]
+
+log = logging.getLogger(__name__)
+
+#: Commands the dispatcher hands to :class:`FlowService`.
+FLOW_COMMANDS = frozenset({"PushFlow", "_FlowPeer"})
+#: Internal commands a peer may send inside ``_FlowPeer``.
+PEER_COMMANDS = frozenset({"_FlowPush", "_ChildDone"})
+FORWARD_INTERVAL_S = 0.05
+PEER_TIMEOUT_S = 5.0
+PEER_BODY_BYTES_MAX = 64 * 1024 * 1024
+REPORTS_PER_ROUND_MAX = 256
+REPORT_BYTES_PER_ROUND_MAX = 16 * 1024 * 1024  # below the default 64 MiB frame
+PUSH_FLOW_ATTEMPTS_MAX = 50  # per level: NOT_LEADER / NO_LEADER while leaders change
+PUSH_FLOW_RETRY_S = 0.1
+PUSH_FLOWS_INFLIGHT_MAX = 1_000  # PushFlows this node coordinates at once
+
+
+class FlowService:
+    """PushFlow coordination, the child-report forwarder and peer requests of one node."""
+
+    #: The commands the dispatcher hands to :meth:`handle`.
+    commands = FLOW_COMMANDS
+
+    def __init__(self, node: "NodeView") -> None:
+        self.node = node
+        self._key = hmac.new(node.config.secret.encode(), b"shoal flow peer v1", hashlib.sha256).digest()
+        self._links: dict[str, _PeerLink] = {}
+        self._forwarding: set[int] = set()
+        self._push_flows = 0
+        self.reports_sent = 0
+
+    # --- entry points from the dispatcher ------------------------------------------------------
+
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
+        """Answer a PushFlow or a peer's ``_FlowPeer`` (later, from a task)."""
+        if frame["cmd"] == "_FlowPeer":
+            self._peer_request(conn, frame)
+            return
+        validate(frame)
+        req_id = frame.get("reqId")
+        if self._push_flows >= PUSH_FLOWS_INFLIGHT_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"{self._push_flows} flows are being created on this node; "
+                               "retry later")
+        self._push_flows += 1
+
+        async def run() -> None:
+            try:
+                ids = await self.push_flow(frame)
+            except CommandError as exc:
+                conn.reply_error(req_id, exc)
+            except Exception as exc:  # a bug: answer, keep serving
+                log.exception("PushFlow failed")
+                conn.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {exc}"))
+            else:
+                conn.reply(req_id, {"ids": ids})
+            finally:
+                self._push_flows -= 1
+
+        self.node.loop.create_task(run())
+
+    def _peer_request(self, conn: Replier, frame: dict[str, Any]) -> None:
+        req_id = frame.get("reqId")
+        body, proof = frame.get("_body"), frame.get("_proof")
+        if type(body) is not bytes or type(proof) is not bytes or len(body) > PEER_BODY_BYTES_MAX:
+            raise CommandError(ErrorCode.INVALID, "_FlowPeer: _body and _proof must be bytes")
+        if not hmac.compare_digest(hmac.new(self._key, body, hashlib.sha256).digest(), proof):
+            raise CommandError(ErrorCode.AUTH_FAILED, "_FlowPeer: the proof does not match the cluster secret")
+        cmd = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if type(cmd) is not dict or cmd.get("cmd") not in PEER_COMMANDS:
+            raise CommandError(ErrorCode.INVALID, "_FlowPeer: not a flow command")
+        p = self._partition(cmd)
+        replica = self.node.replicas.get(p)
+        if replica is None or not replica.is_leader():
+            raise self.node.not_leader_error(p)
+
+        def done(result: Any) -> None:
+            if isinstance(result, CommandError):
+                conn.reply_error(req_id, result)
+            else:
+                conn.reply(req_id, result)
+
+        self.node.group_commits[p].submit(cmd, done)
+
+    # --- PushFlow ----------------------------------------------------------------------------
+
+    async def push_flow(self, frame: dict[str, Any]) -> list[str]:
+        """Create a checked PushFlow's jobs level by level; their ids in depth-first order."""
+        nodes = flatten(frame["parent"], frame["children"])
+        flow_key = frame.get("idempotencyKey")
+        ids: list[str | None] = [None] * len(nodes)
+        depth = 0
+        while True:
+            level = [n for n in nodes if n.depth == depth]
+            if not level:
+                break
+            by_queue: dict[str, list[FlowNode]] = {}
+            for n in level:
+                by_queue.setdefault(n.job["queue"], []).append(n)
+            replies = await asyncio.gather(*(self._push_level(queue, group, ids, flow_key)
+                                             for queue, group in by_queue.items()))
+            for group, reply in zip(by_queue.values(), replies):
+                for n, job_id in zip(group, reply["ids"]):
+                    ids[n.index] = job_id
+            depth += 1
+        return [i for i in ids if i is not None]
+
+    async def _push_level(self, queue: str, group: list[FlowNode], ids: list[str | None],
+                          flow_key: str | None) -> dict[str, Any]:
+        items = []
+        for n in group:
+            item = {k: v for k, v in n.job.items() if k not in ("queue", "data")}
+            item["data"] = msgpack.packb(n.job["data"], use_bin_type=True)
+            key = item_key(flow_key, n)
+            if key is not None:
+                item["idempotencyKey"] = key
+            if n.children:
+                item["_expect"] = n.children
+            if n.parent is not None:
+                item["_parent"] = ids[n.parent]
+                item["_onFailure"] = n.on_failure
+            items.append(item)
+        cmd = {"cmd": "_FlowPush", "queue": queue, "_items": items}
+        p = partition_for(queue, self.node.config.partitions)
+        last: CommandError | None = None
+        for _ in range(PUSH_FLOW_ATTEMPTS_MAX):
+            try:
+                return await self.send(p, cmd)
+            except CommandError as exc:
+                if exc.code not in (ErrorCode.NOT_LEADER, ErrorCode.NO_LEADER, ErrorCode.SHUTTING_DOWN,
+                                    ErrorCode.TIMEOUT):
+                    raise
+                last = exc
+            except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                last = CommandError(ErrorCode.NO_LEADER, f"partition {p}: {exc}")
+            await asyncio.sleep(PUSH_FLOW_RETRY_S)
+        assert last is not None
+        raise last
+
+    # --- sending to a partition's leader -------------------------------------------------------
+
+    async def send(self, p: int, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Commit ``cmd`` in partition ``p`` through its leader (this node or a peer)."""
+        replica = self.node.replicas.get(p)
+        if replica is not None and replica.is_leader():
+            future: asyncio.Future[Any] = self.node.loop.create_future()
+            self.node.group_commits[p].submit(cmd, lambda r: future.done() or future.set_result(r))
+            result = await asyncio.wait_for(future, PEER_TIMEOUT_S)
+            if isinstance(result, CommandError):
+                raise result
+            return result
+        info = self.node.topology.partition_map[p]
+        leader = self.node.topology.nodes.get(info.leader) if info.leader else None
+        if leader is None or leader.id == self.node.node_id:
+            raise CommandError(ErrorCode.NO_LEADER, f"partition {p} has no known leader")
+        link = self._links.get(leader.id)
+        if link is None or link.closed:
+            tls = self.node.config.tls
+            link = self._links[leader.id] = _PeerLink(leader.host, leader.port, self.node.config.tokens,
+                                                      tls.client_context() if tls else None)
+        body = msgpack.packb(cmd, use_bin_type=True)
+        proof = hmac.new(self._key, body, hashlib.sha256).digest()
+        return await link.call({"cmd": "_FlowPeer", "_body": body, "_proof": proof})
+
+    def _partition(self, cmd: dict[str, Any]) -> int:
+        if cmd["cmd"] == "_FlowPush":
+            validate(cmd, internal=True)
+            return partition_for(cmd["queue"], self.node.config.partitions)
+        p = cmd.get("partition")
+        if type(p) is not int or not 0 <= p < self.node.config.partitions:
+            raise CommandError(ErrorCode.INVALID, "partition: not a partition of this cluster")
+        return p
+
+    # --- the forwarder -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: send the reports in the outboxes of the partitions this node leads."""
+        while True:
+            await asyncio.sleep(FORWARD_INTERVAL_S)
+            for p, replica in list(self.node.replicas.items()):
+                if p in self._forwarding or not replica.is_leader() or not replica.engine.flow_outbox:
+                    continue
+                self._forwarding.add(p)
+                task = self.node.loop.create_task(self._forward(p))
+                task.add_done_callback(lambda _t, p=p: self._forwarding.discard(p))
+
+    async def _forward(self, p: int) -> None:
+        outbox = self.node.replicas[p].engine.flow_outbox
+        by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
+        size = 0
+        for seq, report in itertools.islice(outbox.items(), REPORTS_PER_ROUND_MAX):
+            parent, failed, result, error, on_failure = report
+            size += len(result or b"") + len(error or "") * 4
+            if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:
+                break  # results are up to 10 MB each: the rest go next round
+            child = f"{p}-{seq}"
+            try:
+                target = int(str(parent).split("-", 1)[0])
+            except ValueError:
+                target = -1
+            by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure]))
+        acked: list[int] = []
+
+        async def deliver(target: int, reports: list[tuple[int, list[Any]]]) -> None:
+            if not 0 <= target < self.node.config.partitions:
+                acked.extend(seq for seq, _ in reports)  # no such parent partition: nothing to tell
+                return
+            cmd = {"cmd": "_ChildDone", "partition": target, "_reports": [r for _, r in reports]}
+            try:
+                await self.send(target, cmd)
+            except (CommandError, OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                log.debug("partition %d: child reports to partition %d not delivered yet: %s", p, target, exc)
+                return
+            acked.extend(seq for seq, _ in reports)
+            self.reports_sent += len(reports)
+
+        # In parallel: one unreachable parent partition does not hold up the others' reports.
+        await asyncio.gather(*(deliver(target, reports) for target, reports in by_parent.items()))
+        if acked and self.node.replicas[p].is_leader():
+            try:
+                await self.send(p, {"cmd": "_FlowAcked", "partition": p, "_children": acked})
+            except (CommandError, asyncio.TimeoutError) as exc:
+                log.debug("partition %d: _FlowAcked not committed: %s", p, exc)
+
+    async def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+
+class _PeerLink:
+    """One client-port connection to a peer node for flow commands (Hello v2, Auth, reqIds)."""
+
+    def __init__(self, host: str, port: int, tokens: tuple[str, ...], tls: ssl.SSLContext | None) -> None:
+        self.host, self.port, self.tokens, self.tls = host, port, tokens, tls
+        self.closed = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._connecting: asyncio.Lock = asyncio.Lock()
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._writer is not None:
+                return self._writer
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=self.tls), PEER_TIMEOUT_S)
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+            if self.tokens:
+                await self._call({"cmd": "Auth", "token": self.tokens[0]})
+            await self._call({"cmd": "Hello", "protocolVersion": 2})
+            return writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        decoder = FrameDecoder(requests=False)
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                decoder.feed(data)
+                for frame in decoder:
+                    future = self._pending.pop(frame.get("reqId"), None)  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+        except Exception as exc:  # the link is dead either way; every caller gets an error
+            log.debug("flow peer link %s:%d: %s", self.host, self.port, exc)
+        finally:
+            self.close()
+
+    async def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
+        assert self._writer is not None
+        req_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = future
+        self._writer.write(encode({**frame, "reqId": req_id}))
+        try:
+            reply = await asyncio.wait_for(future, PEER_TIMEOUT_S)
+        finally:
+            self._pending.pop(req_id, None)
+        if not reply.get("ok"):
+            code = reply.get("code")
+            try:
+                error_code = ErrorCode(code)
+            except ValueError:
+                error_code = ErrorCode.INTERNAL
+            raise CommandError(error_code, str(reply.get("error")))
+        return {k: (v.packed if type(v) is Raw else v) for k, v in reply.items()}
+
+    async def call(self, frame: dict[str, Any]) -> dict[str, Any]:
+        if self.closed:
+            raise ConnectionError("flow peer link closed")
+        await self._connect()
+        return await self._call(frame)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._writer is not None:
+            self._writer.close()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError("flow peer link closed"))
+        self._pending.clear()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
