@@ -36,7 +36,8 @@ class HttpConnection:
     session of its own, so the leases it takes are its own (see :meth:`close`).
     """
 
-    def __init__(self, dispatcher: "Dispatcher", metrics: "NodeMetrics", *, authed: bool = True, protocol_version: int = 2,
+    def __init__(self, dispatcher: "Dispatcher", metrics: "NodeMetrics", *, authed: bool = True,
+                 protocol_version: int = 2,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.dispatcher = dispatcher
         self.conn_id = next(_ids)

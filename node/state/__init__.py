@@ -41,8 +41,9 @@ Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_ready`` (what a pull takes next), ``_moves`` (state moves, removal, history trimming),
 ``_push``, ``_pull``, ``_ack`` (ack/fail/retry and leases), ``_timers`` (expiry, cron,
 ``_Tick``), ``_control`` (per-job and per-queue commands, log queues), ``_reads``,
-``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the state diagram) and
-``_engine`` (``PartitionEngine.apply``).
+``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the state diagram),
+``_commands`` (the typed compact commands the node replicates) and ``_engine``
+(``PartitionEngine.apply``).
 """
 
 from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue
@@ -51,5 +52,5 @@ from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
-           "STATES", "TRANSITIONS", "TARANTOOL_CODES", "PushRun", "PushBatch", "AckRun", "SessionPull", "TypedCommand", "Command",
-           "command_name", "command_queue"]
+           "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
+           "SessionPull", "command_name", "command_queue"]

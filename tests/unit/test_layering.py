@@ -114,7 +114,8 @@ def upward_imports(source: str, unit: str, package: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path,package", node_modules(), ids=lambda v: str(v.relative_to(NODE)) if isinstance(v, Path) else "")
+@pytest.mark.parametrize("path,package", node_modules(),
+                         ids=lambda v: str(v.relative_to(NODE)) if isinstance(v, Path) else "")
 def test_no_node_module_imports_a_layer_above_it(path: Path, package: str) -> None:
     assert upward_imports(path.read_text(), unit_of_path(path), package) == []
 
