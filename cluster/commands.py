@@ -111,11 +111,21 @@ JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
 })
 _JOB_ITEM_FIELDS: dict[str, Checker] = {"data": F.data, **JOB_OPTION_FIELDS}
 
+_RATE_LIMIT_FIELDS: dict[str, Checker] = {"max": F.int_range(0, L.rate_max), "durationMs": F.int_range(1, L.ttl_ms_max)}
+
+
+def _rate_limit(name: str, v: Any) -> None:
+    """``{max, durationMs}``: at most ``max`` leases per sliding ``durationMs`` (``max`` 0: no limit)."""
+    F.fields_map(name, v, _RATE_LIMIT_FIELDS, "limit field", required=("max", "durationMs"))
+
+
 _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "ttr": _ttr, "ttl": _ttl, "capacity": F.int_range(1, 2**40), "discard": F.one_of(("reject",)),
     "maxDeliveries": F.int_range(1, 1_000_000), "attempts": _attempts, "backoff": _backoff,
     "historyMax": F.int_range(0, 10_000_000), "historyAgeMs": F.int_range(0, L.ttl_ms_max),
     "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay,
+    "limit": _rate_limit, "groupLimit": _rate_limit, "concurrency": F.int_range(0, L.concurrency_max),
+    "groupConcurrency": F.int_range(0, L.concurrency_max),
 }
 
 
@@ -186,6 +196,7 @@ _SPECS = [
     _spec("JobHeartbeat", "id", _ID, {"ttr": _ttr, **_TOK}, retry=True),
     _spec("ReleaseAll", "queue", _Q, retry=True),
     _spec("CreateQueue", "queue", _Q, {"type": F.one_of(QUEUE_TYPES), "options": _queue_options}, retry=True),
+    _spec("UpdateQueue", "queue", {"queue": F.queue, "options": _queue_options}, retry=True),
     _spec("Read", "queue", {"queue": F.queue, "fromSeq": _seq}, {"limit": _limit}, read=True),
     _spec("Truncate", "queue", _Q, {"beforeSeq": _seq, "tag": _key}),
     # queries
@@ -206,7 +217,7 @@ _SPECS = [
     _spec("Drain", "queue", _Q),
     _spec("Obliterate", "queue", _Q, retry=True),
     _spec("Clean", "queue", {"queue": F.queue, "grace": _grace}, {"state": _state, "limit": _limit}),
-    _spec("Cancel", "id", _ID),
+    _spec("Cancel", "id", _ID, {"by": _key}),
     _spec("Promote", "id", _ID),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
     _spec("Progress", "id", {"id": F.job_id, "progress": _progress}, {"message": _log_text, **_TOK}, retry=True),

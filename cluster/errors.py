@@ -31,6 +31,7 @@ class ErrorCode(str, Enum):
     OVERLOADED = "OVERLOADED"            # too many commands in flight; back off
     TIMEOUT = "TIMEOUT"                  # the command did not complete in time (outcome unknown)
     SHUTTING_DOWN = "SHUTTING_DOWN"      # the node is stopping; retry elsewhere
+    CANCELLED = "CANCELLED"              # the job was cancelled while running: stop, ack nothing
     INTERNAL = "INTERNAL"                # a bug: the node kept serving
 
 

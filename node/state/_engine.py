@@ -9,6 +9,7 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._ack import AckOps
+from ._cancel import CancelOps
 from ._control import ControlOps
 from ._model import Event
 from ._moves import Moves
@@ -18,6 +19,7 @@ from ._reads import ReadOps
 from ._ready import ReadyIndex
 from ._snapshot import SnapshotOps
 from ._timers import TimerOps
+from ._transitions import ACTIVE, WAITING
 
 __all__ = ["PartitionEngine", "Applied", "event_dicts"]
 
@@ -32,7 +34,7 @@ class Applied(NamedTuple):
     events: Sequence[Event]
 
 
-class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
+class PartitionEngine(PushOps, PullOps, AckOps, CancelOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
     def __init__(self, partition: int) -> None:
@@ -82,6 +84,11 @@ class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, ReadOps, S
         due += [c["nextRunAt"] for c in self.crons.values()]
         if self.idempotency_order:
             due.append(self.idempotency_order[0][0])
+        for q in self.queues.values():  # a parked long poll wakes when a rate window frees up
+            if q.limiter is not None and q.counts[WAITING]:
+                budget_ms = q.limiter.next_budget_ms(q.counts[ACTIVE])
+                if budget_ms is not None:
+                    due.append(budget_ms)
         return min(due) if due else None
 
     def queue_names(self) -> list[str]:

@@ -33,13 +33,15 @@ class SnapshotOps(Store):
             [(t, list(k)) for t, k in self.idempotency_order],
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
+            {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None},
         )
         return msgpack.packb(state, use_bin_type=True)
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
         (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
-         crons) = msgpack.unpackb(data, raw=False, strict_map_key=False)
+         crons, *rest) = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        limits = rest[0] if rest else {}  # flow-control windows (absent from older snapshots)
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
@@ -51,6 +53,8 @@ class SnapshotOps(Store):
             # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
             q.history = deque(history)
             q.dlq = dict.fromkeys(dlq)
+            if q.limiter is not None and name in limits:
+                q.limiter.load(limits[name])
         for t in jobs:
             job = Job.from_tuple(t)
             if job.logs is not None:
@@ -75,7 +79,7 @@ class SnapshotOps(Store):
         elif job.state == ACTIVE:
             heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
             if job.group is not None:
-                q.group_active[job.group] = job.seq
+                q.group_active[job.group] = q.group_active.get(job.group, 0) + 1
         if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
             heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
 

@@ -15,6 +15,7 @@
                    bury / max deliveries---> failed (!)
     failed   (!) --kick / retry DLQ--------> waiting (r)
     completed(-) --retry completed---------> waiting (r)
+    active   (t) --cancel------------------> cancelled (x)
     any state    --cancel, drain, clean,
                    TTL, trim, purge--------> (removed)
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "NEW", "REMOVED", "STATES", "TRANSITIONS",
+__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "CANCELLED", "NEW", "REMOVED", "STATES", "TRANSITIONS",
            "TARANTOOL_CODES", "check_transition"]
 
 WAITING = "waiting"
@@ -39,12 +40,13 @@ DELAYED = "delayed"
 ACTIVE = "active"
 COMPLETED = "completed"
 FAILED = "failed"
-STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED)
+CANCELLED = "cancelled"  # a running job stopped by Cancel: terminal, kept like a completed one
+STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED)
 #: Pseudo-states at the two ends of a job's life (never a job's ``state``).
 NEW = "new"
 REMOVED = "removed"
 #: tarantool's one-letter task states.
-TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!"}
+TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!", CANCELLED: "x"}
 
 #: Every allowed move, named by what causes it.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -61,6 +63,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (ACTIVE, FAILED): "fail, bury or too many deliveries",
     (FAILED, WAITING): "kick or retry from the DLQ",
     (COMPLETED, WAITING): "retry completed",
+    (ACTIVE, CANCELLED): "cancel a running job",
     **{(state, REMOVED): "removed" for state in STATES},
 }
 

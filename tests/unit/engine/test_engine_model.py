@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
@@ -54,7 +54,7 @@ class Model:
         return seq
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed")}
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "cancelled")}
         for j in self.jobs.values():
             out[j["state"]] += 1
         return out
@@ -72,6 +72,7 @@ class EngineVsModel(RuleBasedStateMachine):
         self.model = Model()
         self.tokens: dict[int, str] = {}       # current token per active job (from the engine)
         self.stale: list[tuple[int, str]] = []  # tokens of leases that ended
+        self.cancelled: dict[int, str] = {}     # the last token of each job cancelled while active
 
     def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -128,11 +129,31 @@ class EngineVsModel(RuleBasedStateMachine):
         self.apply({"cmd": "_Tick"})
         self.model.expire()
         seq = data.draw(st.sampled_from(sorted(self.model.jobs)))
-        if self.model.jobs[seq]["state"] == "active":
+        job = self.model.jobs[seq]
+        if job["state"] == "cancelled":
             return
-        self.apply({"cmd": "Cancel", "id": f"0-{seq}"})
+        r = self.apply({"cmd": "Cancel", "id": f"0-{seq}", "by": "model"})
+        if job["state"] == "active":
+            assert r == {"state": "cancelled"}
+            job["state"] = "cancelled"
+            self.cancelled[seq] = self.tokens.pop(seq)
+            return
         del self.model.jobs[seq]
         self.tokens.pop(seq, None)
+
+    @precondition(lambda self: self.cancelled)
+    @rule(data=st.data(), action=st.sampled_from(["ACK", "FAIL", "JobHeartbeat", "Release"]))
+    def cancelled_holder_learns(self, data: st.DataObject, action: str) -> None:
+        seq, token = data.draw(st.sampled_from(sorted(self.cancelled.items())))
+        if seq not in self.model.jobs:
+            return
+        before = self.engine.digest()
+        try:
+            self.apply({"cmd": action, "id": f"0-{seq}", "token": token})
+            raise AssertionError("a cancelled job's holder settled it")
+        except CommandError as exc:
+            assert exc.code.value == "CANCELLED"
+        assert self.engine.digest() == before, "a refused command changed state"
 
     @rule()
     def pull(self) -> None:
@@ -182,7 +203,7 @@ class EngineVsModel(RuleBasedStateMachine):
             self.apply({"cmd": "ACK", "id": f"0-{seq}", "token": token})
             raise AssertionError("a superseded token acked a job")
         except CommandError as exc:
-            assert exc.code.value in ("LEASE_MISMATCH", "NOT_FOUND")
+            assert exc.code.value in ("LEASE_MISMATCH", "NOT_FOUND", "CANCELLED")
         assert self.engine.digest() == before, "a refused command changed state"
 
     @rule(dt=st.sampled_from([100, 600, 1100, 2500]))
@@ -205,3 +226,158 @@ class EngineVsModel(RuleBasedStateMachine):
 
 TestEngineVsModel = EngineVsModel.TestCase
 TestEngineVsModel.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+
+# --- flow control: rate limits and concurrency, per queue and per group -----------------------
+
+GROUPS = [None, "a", "b", "c"]
+LIMIT_TTR_MS = 24 * 3600 * 1000  # no lease lapses within a run: the model leaves them out
+
+
+class LimitsModel:
+    """Which job a pull may lease under the limits, recomputed from the whole lease history."""
+
+    def __init__(self, opts: dict[str, Any]) -> None:
+        self.opts = opts
+        self.jobs: dict[int, dict[str, Any]] = {}
+        # (time, group, counts for the queue's limit, counts for its group's) of every lease
+        self.leases: list[tuple[int, str | None, bool, bool]] = []
+        self.now = 0
+
+    def _in_window(self, limit: dict[str, int] | None, group: str | None, grouped: bool) -> int:
+        if not limit or not limit["max"]:
+            return 0
+        edge = self.now - limit["durationMs"]
+        if grouped:
+            return sum(1 for t, g, _, counted in self.leases if t > edge and g == group and counted)
+        return sum(1 for t, _, counted, _ in self.leases if t > edge and counted)
+
+    def _queue_open(self) -> bool:
+        conc = self.opts.get("concurrency") or 0
+        active = sum(1 for j in self.jobs.values() if j["state"] == "active")
+        if conc and active >= conc:
+            return False
+        limit = self.opts.get("limit")
+        return not limit or not limit["max"] or self._in_window(limit, None, False) < limit["max"]
+
+    def _group_open(self, group: str) -> bool:
+        conc = self.opts.get("groupConcurrency", 1)
+        active = sum(1 for j in self.jobs.values() if j["state"] == "active" and j["group"] == group)
+        if conc and active >= conc:
+            return False
+        limit = self.opts.get("groupLimit")
+        return not limit or not limit["max"] or self._in_window(limit, group, True) < limit["max"]
+
+    def pull(self) -> int | None:
+        if not self._queue_open():
+            return None
+        waiting = {s: j for s, j in self.jobs.items() if j["state"] == "waiting"}
+        candidates = [(j["prio"], s) for s, j in waiting.items() if j["group"] is None]
+        for group in {j["group"] for j in waiting.values() if j["group"] is not None}:
+            if self._group_open(group):
+                head = min(s for s, j in waiting.items() if j["group"] == group)  # a group is FIFO
+                candidates.append((waiting[head]["prio"], head))
+        if not candidates:
+            return None
+        seq = min(candidates)[1]
+        self.jobs[seq]["state"] = "active"
+        group = self.jobs[seq]["group"]
+        self.leases.append((self.now, group, _on(self.opts.get("limit")),
+                            group is not None and _on(self.opts.get("groupLimit"))))
+        return seq
+
+    def update(self, opts: dict[str, Any]) -> None:
+        """New options: a stamp out of the old window, or of a limit switched off, never counts again."""
+        old, new = self.opts.get("limit"), {**self.opts, **opts}.get("limit")
+        edge = self.now - old["durationMs"] if _on(old) else None
+        self.leases = [(t, g, q and _on(new) and edge is not None and t > edge, gq)
+                       for t, g, q, gq in self.leases]
+        self.opts = {**self.opts, **opts}
+
+
+def _on(limit: dict[str, int] | None) -> bool:
+    return bool(limit and limit["max"])
+
+
+_rate = st.one_of(st.none(), st.builds(lambda m, d: {"max": m, "durationMs": d},
+                                       st.integers(0, 3), st.sampled_from([500, 1000, 2500])))
+
+
+class LimitsVsModel(RuleBasedStateMachine):
+    """The engine's limited pulls against :class:`LimitsModel`; windows survive a restore."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = PartitionEngine(0)
+        self.twin = PartitionEngine(0)
+        self.model = LimitsModel({})
+
+    def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        reply = self.engine.apply(cmd, self.model.now).result
+        self.twin.apply(cmd, self.model.now, replies=False, events=False)
+        return reply
+
+    @initialize(limit=_rate, group_limit=_rate, conc=st.sampled_from([None, 0, 1, 2, 4]),
+                group_conc=st.sampled_from([None, 0, 1, 2]))
+    def create(self, limit: Any, group_limit: Any, conc: int | None, group_conc: int | None) -> None:
+        opts: dict[str, Any] = {"ttr": LIMIT_TTR_MS}
+        for name, value in (("limit", limit), ("groupLimit", group_limit), ("concurrency", conc),
+                            ("groupConcurrency", group_conc)):
+            if value is not None:
+                opts[name] = value
+        self.apply({"cmd": "CreateQueue", "queue": "q", "options": opts})
+        self.model.opts = opts
+
+    @rule(group=st.sampled_from(GROUPS), prio=st.integers(0, 2))
+    def push(self, group: str | None, prio: int) -> None:
+        cmd: dict[str, Any] = {"cmd": "PUSH", "queue": "q", "data": raw_of(1), "priority": prio}
+        if group is not None:
+            cmd["group"] = group
+        seq = int(self.apply(cmd)["id"].split("-")[1])
+        self.model.jobs[seq] = {"group": group, "prio": prio, "state": "waiting"}
+
+    @rule(n=st.integers(1, 4))
+    def pull(self, n: int) -> None:
+        got = [int(j["id"].split("-")[1]) for j in self.apply({"cmd": "PULLB", "queue": "q", "count": n})["jobs"]]
+        expected = []
+        for _ in range(n):
+            seq = self.model.pull()
+            if seq is None:
+                break
+            expected.append(seq)
+        assert got == expected
+        limit = self.model.opts.get("limit")
+        if got and _on(limit):  # the window ending now holds at most max leases
+            assert self.model._in_window(limit, None, False) <= limit["max"]
+
+    @precondition(lambda self: any(j["state"] == "active" for j in self.model.jobs.values()))
+    @rule(data=st.data(), cancel=st.booleans())
+    def finish(self, data: st.DataObject, cancel: bool) -> None:
+        seq = data.draw(st.sampled_from(sorted(s for s, j in self.model.jobs.items() if j["state"] == "active")))
+        self.apply({"cmd": "Cancel" if cancel else "ACK", "id": f"0-{seq}"})
+        self.model.jobs[seq]["state"] = "cancelled" if cancel else "completed"
+
+    @rule(dt=st.sampled_from([100, 400, 1000, 2600]))
+    def advance(self, dt: int) -> None:
+        self.model.now += dt
+        self.apply({"cmd": "_Tick"})
+
+    @rule()
+    def restart(self) -> None:
+        self.engine = PartitionEngine.restore(self.engine.snapshot())
+
+    @rule(limit=_rate, conc=st.sampled_from([None, 0, 1, 3]))
+    def update(self, limit: Any, conc: int | None) -> None:
+        opts = {k: v for k, v in (("limit", limit), ("concurrency", conc)) if v is not None}
+        self.apply({"cmd": "UpdateQueue", "queue": "q", "options": opts})
+        self.model.update(opts)
+
+    @invariant()
+    def replicas_agree(self) -> None:
+        digest = self.engine.digest()
+        assert digest == self.twin.digest()
+        assert PartitionEngine.restore(self.engine.snapshot()).digest() == digest
+
+
+TestLimitsVsModel = LimitsVsModel.TestCase
+TestLimitsVsModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
