@@ -17,6 +17,7 @@ class JobState(str, Enum):
     ACTIVE = "active"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 @dataclass(slots=True)
@@ -46,6 +47,9 @@ class Job:
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     handle: Any = field(default=None, repr=False, compare=False)
+    #: Set by a ``Worker`` when the job is cancelled while its handler runs (a plain-function
+    #: handler checks it; an async handler's task is cancelled instead).
+    cancelled: bool = field(default=False, repr=False, compare=False)
 
     def set_progress(self, progress: int, message: str | None = None) -> Any:
         """Report progress 0..100 (with an optional message) through the queue handle."""

@@ -28,11 +28,24 @@ __all__ = ["AsyncQueue", "Queue", "job_fields"]
 
 _BATCH_JOBS_MAX = 10_000
 _SHARD_POLL_SLICE_S = 0.25
-_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed")
+_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed", "cancelled")
 _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
-                  "attempts": "attempts", "history_max": "historyMax", "priority": "priority"}
+                  "attempts": "attempts", "history_max": "historyMax", "priority": "priority",
+                  "limit": "limit", "group_limit": "groupLimit", "concurrency": "concurrency",
+                  "group_concurrency": "groupConcurrency"}
+
+
+def _rate_limits(options: dict[str, Any]) -> dict[str, Any]:
+    """``limit=(max, seconds)`` / ``group_limit=...`` → the wire ``{max, durationMs}``."""
+    out = dict(options)
+    for key in ("limit", "group_limit"):
+        value = out.get(key)
+        if isinstance(value, tuple):
+            count, seconds = value
+            out[key] = {"max": count, "durationMs": ms(seconds)}
+    return out
 
 
 def _id(job: Job | str) -> str:
@@ -105,9 +118,11 @@ class AsyncQueue:
     async def create(self, type: str = "standard", *, shards: int | None = None, **options: Any) -> bool:
         """Create the queue with a type (``standard``, ``fifo``, ``fifottl``, ``limfifottl``, ``utube``,
         ``utubettl``, ``log``) and options (``ttr``, ``ttl``, ``backoff`` in seconds; ``capacity``,
-        ``discard``, ``max_deliveries``, ``attempts``, ``history_max``). ``shards=k`` spreads it over
-        ``k`` sub-queues. Returns ``True`` if it did not exist before."""
-        wire = queue_options(options)
+        ``discard``, ``max_deliveries``, ``attempts``, ``history_max``) and flow control (``limit`` and
+        ``group_limit`` as ``(max, seconds)``: leases per sliding window of the queue and of each
+        group; ``concurrency`` and ``group_concurrency``: active jobs of the queue and per group).
+        ``shards=k`` spreads it over ``k`` sub-queues. Returns ``True`` if it did not exist before."""
+        wire = queue_options(_rate_limits(options))
         if shards is not None:
             self._shards = ShardPicker(self.name, shards)
             self.client._shards[self.name] = shards
@@ -118,6 +133,13 @@ class AsyncQueue:
                                           for q in self._shards.names))
             return bool(created) or any(r.get("created") for r in subs)
         return bool((await self._on(self.name, "CreateQueue", type=type, options=wire))["created"])
+
+    async def update(self, **options: Any) -> None:
+        """Change the queue's options (the same names as :meth:`create`), e.g. its flow control:
+        ``limit=(max, seconds)``, ``group_limit=(max, seconds)``, ``concurrency=n``,
+        ``group_concurrency=n`` (0 or a max of 0: no limit)."""
+        wire = queue_options(_rate_limits(options))
+        await asyncio.gather(*(self._on(q, "UpdateQueue", options=wire) for q in self._shards.names))
 
     # --- producing --------------------------------------------------------------------------
 
@@ -359,9 +381,10 @@ class AsyncQueue:
         """Delete the queue and every job in it."""
         await self._every("Obliterate")
 
-    async def cancel(self, job_id: str) -> None:
-        """Remove a job that is not active."""
-        await self._job_call("Cancel", job_id)
+    async def cancel(self, job_id: str, *, by: str | None = None) -> None:
+        """Remove a job that is not active; an active one ends ``cancelled`` (``by`` records who),
+        and the worker running it is told to stop."""
+        await self._job_call("Cancel", job_id, **({"by": by} if by is not None else {}))
 
     async def promote(self, job_id: str) -> None:
         """Make a delayed job waiting now."""
@@ -431,6 +454,7 @@ class Queue(SyncHandle):
         return job
 
     create = blocking(AsyncQueue.create)
+    update = blocking(AsyncQueue.update)
     add = blocking(AsyncQueue.add)
     add_bulk = blocking(AsyncQueue.add_bulk)
     ack = blocking(AsyncQueue.ack)

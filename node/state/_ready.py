@@ -18,10 +18,11 @@ class ReadyIndex(Store):
         if job.group is None:
             heapq.heappush(q.ready, (job.priority, job.seq))
             return
-        fifo = q.group_fifo.setdefault(job.group, [])
+        group = job.group
+        fifo = q.group_fifo.setdefault(group, [])
         heapq.heappush(fifo, job.seq)
-        if fifo[0] == job.seq and _group_free(q, job.group):
-            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], job.group))
+        if fifo[0] == job.seq and (group not in q.group_active if q.group_conc == 1 else _group_free(q, group)):
+            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], group))
 
     def _refresh_group_head(self, q: Queue, group: str) -> None:
         """A waiting group job left the queue some other way than a pull: expose the next head."""

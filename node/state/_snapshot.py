@@ -33,8 +33,10 @@ class SnapshotOps(Store):
             [(t, list(k)) for t, k in self.idempotency_order],
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
-            {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None},
         )
+        limits = {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None}
+        if limits:  # flow-control windows; absent when no queue has a limit
+            state += (limits,)
         return msgpack.packb(state, use_bin_type=True)
 
     @classmethod

@@ -1,0 +1,132 @@
+"""Flow control and cancellation against real node processes: a rate limit holds across a
+SIGKILL of the partition leader, and Cancel reaches a running Worker's handler."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from shoal.cluster.launcher import LocalCluster
+from shoal.cluster.partitioning import partition_for
+from shoal.client import AsyncClient, ConnectionOptions, ShoalError, Worker
+from shoal.client.job import Job
+
+pytestmark = pytest.mark.integration
+
+FAST = ConnectionOptions(command_timeout=15.0, ping_interval=0.3, max_ping_failures=2, connect_timeout=1.0,
+                         max_command_timeouts=2)
+RATE_MAX, RATE_MS = 4, 1_000
+TTR_S = 3.0
+
+
+def busiest_window(stamps_ms: list[int], window_ms: int) -> int:
+    """The most leases any half-open window ``[t, t + window_ms)`` holds (it suffices to start
+    windows at lease times)."""
+    stamps_ms = sorted(stamps_ms)
+    best, lo = 0, 0
+    for hi, t in enumerate(stamps_ms):
+        while stamps_ms[lo] <= t - window_ms:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def test_rate_limit_holds_across_a_leader_sigkill(fresh_cluster: LocalCluster) -> None:
+    """No sliding window of durationMs ever leases more than max, computed from the lease
+    stamps the engine gave (leaseDeadline - ttr), before, during and after the failover."""
+    total = 40
+
+    async def main() -> None:
+        async with AsyncClient(fresh_cluster.addresses, options=FAST) as client:
+            q = client.queue("fc-rate")
+            await q.create(limit=(RATE_MAX, RATE_MS / 1000), ttr=TTR_S)
+            await q.add_bulk(range(total))
+            victim = fresh_cluster.leader_of(partition_for("fc-rate", fresh_cluster.config.partitions))
+            assert victim is not None
+            stamps: list[int] = []
+            done: set[Any] = set()
+            killed = asyncio.Event()
+            deadline = time.monotonic() + 90
+
+            async def consumer() -> None:
+                while len(done) < total and time.monotonic() < deadline:
+                    try:
+                        job = await q.pull(1.0, ttr=TTR_S)
+                    except ShoalError:
+                        await asyncio.sleep(0.1)
+                        continue
+                    if job is None:
+                        continue
+                    stamps.append(int(job.raw["leaseDeadline"]) - int(TTR_S * 1000))
+                    try:
+                        await q.ack(job)
+                        done.add(job.data)
+                    except ShoalError:
+                        pass  # the lease lapses and the job is leased again (another stamp)
+                    if len(stamps) >= total // 3 and not killed.is_set():
+                        killed.set()
+                        fresh_cluster.kill(victim)  # SIGKILL by pid, pulls in flight
+
+            await asyncio.wait_for(asyncio.gather(*(consumer() for _ in range(6))), 120)
+            print(f"\n{len(stamps)} leases of {total} jobs, busiest {RATE_MS} ms window: "
+                  f"{busiest_window(stamps, RATE_MS)} (max {RATE_MAX}), leader {victim} killed")
+            assert killed.is_set()
+            assert done == set(range(total)), "every job was leased and acked in the end"
+            assert busiest_window(stamps, RATE_MS) <= RATE_MAX
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["event-stream", "next-extend"])
+def test_cancel_reaches_a_running_worker(cluster: LocalCluster, watch: bool) -> None:
+    """The handler's task is cancelled (CancelledError) soon after Cancel, nothing is acked,
+    the job ends ``cancelled`` with who cancelled it; the worker goes on with the next job."""
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as client:
+            q = client.queue(f"fc-cancel-{watch}")
+            started: asyncio.Queue[str] = asyncio.Queue()
+            stopped: dict[str, float] = {}
+            finished: list[Any] = []
+
+            async def handler(job: Job) -> Any:
+                await started.put(job.id)
+                try:
+                    await asyncio.sleep(30 if job.data == "long" else 0)
+                except asyncio.CancelledError:
+                    stopped[job.id] = time.monotonic()
+                    raise
+                finished.append(job.data)
+                return "done"
+
+            lease = 30.0 if watch else 1.5  # without events: the extension every lease / 3 finds out
+            async with Worker(client, q.name, handler, lease=lease, poll_timeout=0.5, watch_cancel=watch) as w:
+                job_id = await q.add("long")
+                running = await asyncio.wait_for(started.get(), 10)
+                assert running == job_id
+                await asyncio.sleep(0.3)  # the worker's event subscription is in place
+                asked = time.monotonic()
+                await q.cancel(job_id, by="operator")
+                for _ in range(100):
+                    if job_id in stopped:
+                        break
+                    await asyncio.sleep(0.05)
+                assert job_id in stopped, "the handler was cancelled"
+                assert stopped[job_id] - asked < 1.0
+                await q.add("short")
+                await asyncio.wait_for(started.get(), 10)
+                for _ in range(100):
+                    if finished:
+                        break
+                    await asyncio.sleep(0.05)
+                assert finished == ["short"]
+                assert w.cancelled == 1
+            assert await q.get_state(job_id) == "cancelled"
+            job = await q.get_job(job_id)
+            assert job is not None and job.error == "cancelled by operator"
+            assert (await q.counts())["cancelled"] == 1
+
+    asyncio.run(main())
