@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.errors import CommandError as WireCommandError
 
-from ._core import ShardPicker, group_by_partition, job_fields, ms
+from ._core import Debounce, Dedupe, ShardPicker, group_by_partition, job_fields, ms
 from ._loop import SyncHandle, blocking, blocking_iter
 from .exceptions import InvalidCommand
 from .job import Job
@@ -146,16 +146,20 @@ class AsyncQueue:
     async def add(self, data: Any, *, priority: int | None = None, delay: float | None = None,
                   custom_id: str | None = None, attempts: int | None = None, backoff: float | None = None,
                   ttl: float | None = None, ttr: float | None = None, group: str | None = None,
-                  tag: str | None = None, timeout: float | None = None) -> str:
+                  tag: str | None = None, timeout: float | None = None, dedupe: Dedupe | None = None,
+                  debounce: Debounce | None = None) -> str:
         """Enqueue one job and return its id (``"3-17"``).
 
         ``priority``: lower runs first; ``delay``/``ttl``/``ttr``/``backoff`` in seconds;
         ``attempts``: maximum attempts; ``custom_id``: dedupe key; ``group``: utube
-        sub-queue; ``timeout``: wait up to that long on a full capped queue. Safe to
-        retry: the client adds an idempotency key, so a failover never enqueues twice.
+        sub-queue; ``timeout``: wait up to that long on a full capped queue;
+        ``dedupe=Dedupe(id, ttl)`` / ``debounce=Debounce(id, delay, max_wait)``: an add
+        they absorb answers the existing job's id. Safe to retry: the client adds an
+        idempotency key, so a failover never enqueues twice.
         """
         fields = job_fields({"priority": priority, "delay": delay, "custom_id": custom_id, "attempts": attempts,
-                             "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag})
+                             "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag,
+                             "dedupe": dedupe, "debounce": debounce})
         if timeout:
             fields["timeout"] = ms(timeout)
         target = self._shards.pick(group, custom_id)

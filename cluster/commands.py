@@ -104,10 +104,27 @@ _log_text = F.text(L.log_chars_max, empty=True)
 _state = F.one_of(JOB_STATES)
 _names = F.str_list(L.list_items_max, L.key_chars_max)
 
+_DEDUPE_FIELDS: dict[str, Checker] = {"id": _key, "ttlMs": F.int_range(1, L.ttl_ms_max), "extend": F.boolean,
+                                      "replace": F.boolean}
+_DEBOUNCE_FIELDS: dict[str, Checker] = {"id": _key, "delayMs": F.int_range(1, L.delay_ms_max),
+                                        "maxWaitMs": F.int_range(1, L.delay_ms_max)}
+
+
+def _dedupe(name: str, v: Any) -> None:
+    """``{id, ttlMs, extend?, replace?}``."""
+    F.fields_map(name, v, _DEDUPE_FIELDS, "dedupe field", required=("id", "ttlMs"))
+
+
+def _debounce(name: str, v: Any) -> None:
+    """``{id, delayMs, maxWaitMs?}``."""
+    F.fields_map(name, v, _DEBOUNCE_FIELDS, "debounce field", required=("id", "delayMs"))
+
+
 #: Optional per-job fields of PUSH and of each PUSHB ``jobs`` item.
 JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
     "priority": _priority, "delay": _delay, "customId": _key, "ttl": _ttl, "ttr": _ttr,
     "attempts": _attempts, "backoff": _backoff, "group": _key, "tag": _key, "idempotencyKey": _key,
+    "dedupe": _dedupe, "debounce": _debounce,
 })
 _JOB_ITEM_FIELDS: dict[str, Checker] = {"data": F.data, **JOB_OPTION_FIELDS}
 

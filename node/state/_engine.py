@@ -11,6 +11,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._ack import AckOps
 from ._cancel import CancelOps
 from ._control import ControlOps
+from ._dedupe import DedupeOps
 from ._model import Event
 from ._moves import Moves
 from ._pull import PullOps
@@ -34,7 +35,8 @@ class Applied(NamedTuple):
     events: Sequence[Event]
 
 
-class PartitionEngine(PushOps, PullOps, AckOps, CancelOps, TimerOps, ControlOps, ReadOps, SnapshotOps, Moves, ReadyIndex):
+class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, ControlOps, ReadOps, SnapshotOps,
+                      Moves, ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
     def __init__(self, partition: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import deque
-from typing import Self
+from typing import Any, Self
 
 import msgpack
 
@@ -34,16 +34,23 @@ class SnapshotOps(Store):
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
         )
+        # Flow-control windows and dedupe/debounce entries: absent when there are none.
+        extras: dict[str, Any] = {}
         limits = {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None}
-        if limits:  # flow-control windows; absent when no queue has a limit
-            state += (limits,)
+        if limits:
+            extras["limits"] = limits
+        if self.dedupe:  # type: ignore[attr-defined]  # DedupeOps
+            extras["dedupe"] = self.dedupe_state()  # type: ignore[attr-defined]
+        if extras:
+            state += (extras,)
         return msgpack.packb(state, use_bin_type=True)
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
         (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
          crons, *rest) = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        limits = rest[0] if rest else {}  # flow-control windows (absent from older snapshots)
+        extras = rest[0] if rest else {}
+        limits = extras.get("limits", {})
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
@@ -67,6 +74,7 @@ class SnapshotOps(Store):
         eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)
         eng.idempotency = {(q, k): (job_id, expires) for q, k, job_id, expires in idem}
         eng.crons = crons
+        eng.load_dedupe(extras.get("dedupe", []))  # type: ignore[attr-defined]  # DedupeOps
         return eng
 
     def _index(self, job: Job) -> None:

@@ -112,6 +112,7 @@ class TimerOps(Store):
         self._expire()
         self._fire_crons()
         self._purge_idempotency()
+        self._purge_dedupe()  # type: ignore[attr-defined]  # DedupeOps
         for q in self.queues.values():
             if q.history:
                 self._trim_history(q)

@@ -11,7 +11,7 @@ import pytest
 
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
-from shoal.client import AsyncClient, ConnectionOptions, ShoalError, Worker
+from shoal.client import AsyncClient, ConnectionOptions, Debounce, Dedupe, InvalidCommand, ShoalError, Worker
 from shoal.client.job import Job
 
 pytestmark = pytest.mark.integration
@@ -128,5 +128,26 @@ def test_cancel_reaches_a_running_worker(cluster: LocalCluster, watch: bool) -> 
             job = await q.get_job(job_id)
             assert job is not None and job.error == "cancelled by operator"
             assert (await q.counts())["cancelled"] == 1
+
+    asyncio.run(main())
+
+
+def test_dedupe_and_debounce_through_the_client(cluster: LocalCluster) -> None:
+    """The node takes the per-job path for adds with dedupe/debounce and answers the existing id."""
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as client:
+            q = client.queue("fc-dedupe")
+            first = await q.add("a", dedupe=Dedupe("order-1", ttl=30))
+            assert await q.add("b", dedupe=Dedupe("order-1", ttl=30, replace=True)) == first
+            job = await q.get_job(first)
+            assert job is not None and job.data == "b"
+            burst = [await q.add(n, debounce=Debounce("reindex", delay=0.3, max_wait=5)) for n in range(5)]
+            assert len(set(burst)) == 1
+            assert await q.get_state(burst[0]) == "delayed"
+            pulled = [await q.pull(2.0) for _ in range(2)]
+            assert [j.data for j in pulled if j is not None] == ["b", 4]  # the burst ran once, last data
+            with pytest.raises(InvalidCommand):
+                await q.add("x", dedupe={"id": "no-ttl"})  # type: ignore[arg-type]
 
     asyncio.run(main())

@@ -40,6 +40,10 @@ _JOB_OPTIONS = {
     "ttr": st.integers(L.ttr_ms_min, L.ttr_ms_max),
     "attempts": st.integers(L.attempts_min, L.attempts_max),
     "backoff": st.integers(0, L.backoff_ms_max),
+    "dedupe": st.fixed_dictionaries({"id": keys, "ttlMs": st.integers(1, L.ttl_ms_max)},
+                                    optional={"extend": st.booleans(), "replace": st.booleans()}),
+    "debounce": st.fixed_dictionaries({"id": keys, "delayMs": st.integers(1, L.delay_ms_max)},
+                                      optional={"maxWaitMs": st.integers(1, L.delay_ms_max)}),
 }
 
 

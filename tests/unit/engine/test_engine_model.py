@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -381,3 +382,95 @@ class LimitsVsModel(RuleBasedStateMachine):
 
 TestLimitsVsModel = LimitsVsModel.TestCase
 TestLimitsVsModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+# --- dedupe and debounce ------------------------------------------------------------------------
+
+class DedupeVsModel(RuleBasedStateMachine):
+    """Adds with ``dedupe``/``debounce`` against a model that keeps each id's entry in a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = PartitionEngine(0)
+        self.twin = PartitionEngine(0)
+        self.now = 0
+        self.jobs: dict[int, dict[str, Any]] = {}          # seq -> {data, run_at}
+        self.dedupe: dict[str, tuple[int, int]] = {}       # id -> (seq, expires)
+        self.debounce: dict[str, tuple[int, int]] = {}     # id -> (seq, first add)
+
+    def apply(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        reply = self.engine.apply(cmd, self.now).result
+        self.twin.apply(cmd, self.now, replies=False, events=False)
+        return reply
+
+    def _state(self, seq: int) -> str:
+        job = self.apply({"cmd": "GetJob", "id": f"0-{seq}"})["job"]
+        return str(job["state"])
+
+    @rule(key=st.sampled_from(["a", "b"]), ttl=st.sampled_from([300, 1000]), extend=st.booleans(),
+          replace=st.booleans(), data=st.integers(0, 99), batch=st.booleans())
+    def add_dedupe(self, key: str, ttl: int, extend: bool, replace: bool, data: int, batch: bool) -> None:
+        spec = {"id": key, "ttlMs": ttl, "extend": extend, "replace": replace}
+        if batch:
+            reply = self.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(data), "dedupe": spec}]})
+            job_id, deduped = reply["ids"][0], reply.get("deduped") == [0]
+        else:
+            reply = self.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(data), "dedupe": spec})
+            job_id, deduped = reply["id"], bool(reply.get("deduped"))
+        seq = int(job_id.split("-")[1])
+        entry = self.dedupe.get(key)
+        if entry is not None and entry[1] > self.now:
+            assert deduped and seq == entry[0]
+            if extend:
+                self.dedupe[key] = (seq, self.now + ttl)
+            if replace and self._state(seq) in ("waiting", "delayed"):
+                self.jobs[seq]["data"] = data
+        else:
+            assert not deduped and seq not in self.jobs
+            self.jobs[seq] = {"data": data, "run_at": self.now}
+            self.dedupe[key] = (seq, self.now + ttl)
+
+    @rule(key=st.sampled_from(["k", "m"]), delay=st.sampled_from([200, 700]), wait=st.sampled_from([None, 700, 1500]),
+          data=st.integers(0, 99))
+    def add_debounce(self, key: str, delay: int, wait: int | None, data: int) -> None:
+        spec: dict[str, Any] = {"id": key, "delayMs": delay}
+        if wait is not None:
+            if wait < delay:
+                return
+            spec["maxWaitMs"] = wait
+        reply = self.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(data), "debounce": spec})
+        seq = int(reply["id"].split("-")[1])
+        entry = self.debounce.get(key)
+        if entry is not None and self.jobs[entry[0]]["run_at"] > self.now:  # the burst's job is still delayed
+            assert reply.get("deduped") and seq == entry[0]
+            run_at = self.now + delay if wait is None else min(self.now + delay, entry[1] + wait)
+            self.jobs[seq].update(data=data, run_at=run_at)
+        else:
+            assert not reply.get("deduped") and seq not in self.jobs
+            self.jobs[seq] = {"data": data, "run_at": self.now + (delay if wait is None else min(delay, wait))}
+            self.debounce[key] = (seq, self.now)
+
+    @rule(dt=st.sampled_from([100, 300, 800]))
+    def advance(self, dt: int) -> None:
+        self.now += dt
+        self.apply({"cmd": "_Tick"})
+
+    @rule()
+    def restart(self) -> None:
+        self.engine = PartitionEngine.restore(self.engine.snapshot())
+
+    @invariant()
+    def jobs_agree(self) -> None:
+        for seq, want in self.jobs.items():
+            job = self.engine.apply({"cmd": "GetJob", "id": f"0-{seq}"}, self.now).result["job"]
+            assert unpack(job["data"]) == want["data"]
+            assert job["runAt"] == want["run_at"]
+        assert self.engine.digest() == self.twin.digest()
+
+
+def unpack(data: Any) -> Any:
+    return msgpack.unpackb(data.packed if hasattr(data, "packed") else data, raw=False)
+
+
+TestDedupeVsModel = DedupeVsModel.TestCase
+TestDedupeVsModel.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
