@@ -76,6 +76,8 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
         q = self.queues.get(queue)
         if q is None or q.paused or q.type == "log":
             return False
+        if q.limiter is not None and not q.limiter.queue_open(q.counts[ACTIVE], self.now_ms):
+            return False  # out of budget: next_due_ms ticks the leader when it returns
         if self.delayed and self.delayed[0][0] <= self.now_ms:
             return True  # a due delayed job may belong to it; the pull promotes it
         return self._peek_ready(q) is not None

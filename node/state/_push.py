@@ -247,7 +247,8 @@ class PushOps(Store):
         dup = self._duplicate(q, cmd)
         if dup is not None:
             return {"id": dup, "duplicate": True}
-        if cmd.get("dedupe") is not None or cmd.get("debounce") is not None:
+        if ("dedupe" in cmd or "debounce" in cmd) and (cmd.get("dedupe") is not None
+                                                      or cmd.get("debounce") is not None):
             return self._push_deduped(q, cmd)  # type: ignore[attr-defined, no-any-return]  # DedupeOps
         self._check_push(q, cmd)
         self._count(q, "PUSH")

@@ -151,3 +151,24 @@ def test_dedupe_and_debounce_through_the_client(cluster: LocalCluster) -> None:
                 await q.add("x", dedupe={"id": "no-ttl"})  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def test_a_parked_long_poll_wakes_when_budget_returns(cluster: LocalCluster) -> None:
+    """A pull parked on a queue whose window is full gets the next job when the window
+    slides (the leader ticks at that instant), not at the end of its timeout."""
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as client:
+            q = client.queue("fc-wake")
+            await q.create(limit=(1, 1.5))
+            await q.add_bulk(["first", "second"])
+            first = await q.pull(1.0)
+            assert first is not None and first.data == "first"
+            leased_at = time.monotonic()
+            second = await q.pull(8.0)
+            waited = time.monotonic() - leased_at
+            assert second is not None and second.data == "second"
+            assert 1.0 < waited < 4.0, f"woke after {waited:.2f} s (budget returned after 1.5 s)"
+            assert int(second.raw["leaseDeadline"]) - int(first.raw["leaseDeadline"]) >= 1500
+
+    asyncio.run(main())

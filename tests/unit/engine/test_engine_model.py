@@ -9,6 +9,11 @@ Batches of plain jobs (``PUSHB`` items with only data and maybe an idempotency
 key) are stored as segments and materialized job by job; reads (``GetJob``)
 materialize on the engine under test only, so a twin engine that applies the
 same writes and no reads must keep the same digest, and so must a restore.
+
+Cancel of an active job and the CANCELLED answers to its holder are in the first model;
+``LimitsVsModel`` checks rate limits and concurrency (per queue and per group) against
+windows recomputed from the whole lease history; ``DedupeVsModel`` checks dedupe and
+debounce entries.
 """
 
 from __future__ import annotations
