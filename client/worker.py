@@ -226,6 +226,7 @@ class Worker:
                 if not handler.done():  # a sync handler's thread: it has job.cancelled to check
                     handler.add_done_callback(_ignore_outcome)
                 self.cancelled += 1
+                self._running.pop(job.id, None)
                 log.info("worker: %s was cancelled while running; acking nothing", job.id)
                 return
         except Retry as retry:
@@ -243,7 +244,7 @@ class Worker:
         finally:
             extender.cancel()
             self._handler_tasks.pop(job.id, None)
-            self._running.pop(job.id, None)
+        self._running.pop(job.id, None)  # not when the slot is cancelled: close() releases the job
 
     def _cancel_job(self, job: Job) -> None:
         """``job`` was cancelled on the node: stop its handler and settle nothing."""

@@ -172,3 +172,41 @@ def test_a_parked_long_poll_wakes_when_budget_returns(cluster: LocalCluster) -> 
             assert int(second.raw["leaseDeadline"]) - int(first.raw["leaseDeadline"]) >= 1500
 
     asyncio.run(main())
+
+
+def test_cancel_sets_the_flag_of_a_plain_function_handler(cluster: LocalCluster) -> None:
+    """A handler in the worker's thread pool cannot be interrupted: it sees ``job.cancelled``,
+    and whatever it returns is not acked."""
+
+    async def main() -> None:
+        async with AsyncClient(cluster.addresses) as client:
+            q = client.queue("fc-cancel-sync")
+            seen: list[float] = []
+
+            def handler(job: Job) -> str:
+                started = time.monotonic()
+                while not job.cancelled and time.monotonic() - started < 20:
+                    time.sleep(0.02)
+                seen.append(time.monotonic())
+                return "finished anyway"
+
+            async with Worker(client, q.name, handler, poll_timeout=0.5, watch_cancel=True) as w:
+                job_id = await q.add("work")
+                for _ in range(200):
+                    if await q.get_state(job_id) == "active":
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)
+                asked = time.monotonic()
+                await q.cancel(job_id)
+                for _ in range(100):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.05)
+                assert seen and seen[0] - asked < 1.0
+                await asyncio.sleep(0.2)
+                assert w.cancelled == 1 and w.processed == 0
+            assert await q.get_state(job_id) == "cancelled"
+            assert await q.get_result(job_id) is None
+
+    asyncio.run(main())
