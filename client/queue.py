@@ -33,19 +33,28 @@ _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay"
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
                   "attempts": "attempts", "history_max": "historyMax", "priority": "priority",
-                  "limit": "limit", "group_limit": "groupLimit", "concurrency": "concurrency",
+                  "limit": "limit", "group_limit": "groupLimit", "group_limits": "groupLimits",
+                  "concurrency": "concurrency",
                   "group_concurrency": "groupConcurrency"}
 
 
 def _rate_limits(options: dict[str, Any]) -> dict[str, Any]:
-    """``limit=(max, seconds)`` / ``group_limit=...`` → the wire ``{max, durationMs}``."""
+    """``limit=(max, seconds)``, ``group_limit=...``, ``group_limits={group: ...}`` → the wire
+    ``{max, durationMs}`` (a dict is passed as given)."""
     out = dict(options)
     for key in ("limit", "group_limit"):
-        value = out.get(key)
-        if isinstance(value, tuple):
-            count, seconds = value
-            out[key] = {"max": count, "durationMs": ms(seconds)}
+        if key in out:
+            out[key] = _window(out[key])
+    if isinstance(out.get("group_limits"), dict):
+        out["group_limits"] = {group: _window(v) for group, v in out["group_limits"].items()}
     return out
+
+
+def _window(value: Any) -> Any:
+    if isinstance(value, tuple):
+        count, seconds = value
+        return {"max": count, "durationMs": ms(seconds)}
+    return value
 
 
 def _id(job: Job | str) -> str:
@@ -136,7 +145,8 @@ class AsyncQueue:
 
     async def update(self, **options: Any) -> None:
         """Change the queue's options (the same names as :meth:`create`), e.g. its flow control:
-        ``limit=(max, seconds)``, ``group_limit=(max, seconds)``, ``concurrency=n``,
+        ``limit=(max, seconds)``, ``group_limit=(max, seconds)``, ``group_limits={group: (max,
+        seconds)}`` (overrides of ``group_limit``), ``concurrency=n``,
         ``group_concurrency=n`` (0 or a max of 0: no limit)."""
         wire = queue_options(_rate_limits(options))
         await asyncio.gather(*(self._on(q, "UpdateQueue", options=wire) for q in self._shards.names))

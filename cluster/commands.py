@@ -136,12 +136,23 @@ def _rate_limit(name: str, v: Any) -> None:
     F.fields_map(name, v, _RATE_LIMIT_FIELDS, "limit field", required=("max", "durationMs"))
 
 
+def _group_limits(name: str, v: Any) -> None:
+    """``{group: {max, durationMs}}``: per-group overrides of ``groupLimit``."""
+    if type(v) is not dict:
+        raise F.bad(name, "must be a map of group to {max, durationMs}")
+    if len(v) > L.list_items_max:
+        raise F.bad(name, f"at most {L.list_items_max} groups, got {len(v)}")
+    for group, limit in v.items():
+        _key(f"{name} key", group)
+        _rate_limit(f"{name}.{group}", limit)
+
+
 _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "ttr": _ttr, "ttl": _ttl, "capacity": F.int_range(1, 2**40), "discard": F.one_of(("reject",)),
     "maxDeliveries": F.int_range(1, 1_000_000), "attempts": _attempts, "backoff": _backoff,
     "historyMax": F.int_range(0, 10_000_000), "historyAgeMs": F.int_range(0, L.ttl_ms_max),
     "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay,
-    "limit": _rate_limit, "groupLimit": _rate_limit, "concurrency": F.int_range(0, L.concurrency_max),
+    "limit": _rate_limit, "groupLimit": _rate_limit, "groupLimits": _group_limits, "concurrency": F.int_range(0, L.concurrency_max),
     "groupConcurrency": F.int_range(0, L.concurrency_max),
 }
 

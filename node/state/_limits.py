@@ -1,7 +1,8 @@
 """Flow control of a queue: rate limits and concurrency, per queue and per group.
 
 A queue's options may hold ``limit: {max, durationMs}`` (leases per sliding window of the
-queue), ``groupLimit: {max, durationMs}`` (the same per group), ``concurrency`` (active
+queue), ``groupLimit: {max, durationMs}`` (the same per group), ``groupLimits: {group:
+{max, durationMs}}`` (per-group overrides of ``groupLimit``), ``concurrency`` (active
 jobs of the queue) and ``groupConcurrency`` (active jobs per group; 1 unless set, and
 always 1 for utube queues). ``max`` 0 and ``concurrency`` 0 mean no limit.
 
@@ -25,7 +26,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 __all__ = ["LIMIT_OPTIONS", "Limiter", "limiter_of", "group_concurrency_of", "check_limit_options"]
 
 #: The queue options this module reads (the engine keeps them with the other queue options).
-LIMIT_OPTIONS = ("limit", "groupLimit", "concurrency", "groupConcurrency")
+LIMIT_OPTIONS = ("limit", "groupLimit", "groupLimits", "concurrency", "groupConcurrency")
 
 
 def check_limit_options(opts: dict[str, Any], qtype: str) -> None:
@@ -49,7 +50,7 @@ def group_concurrency_of(opts: dict[str, Any], qtype: str) -> int:
 class Limiter:
     """The rate and concurrency limits of one queue and their sliding-window stamps."""
 
-    __slots__ = ("max", "duration_ms", "group_max", "group_duration_ms", "concurrency", "stamps",
+    __slots__ = ("max", "duration_ms", "group_max", "group_duration_ms", "overrides", "concurrency", "stamps",
                  "group_stamps", "parked")
 
     def __init__(self, opts: dict[str, Any]) -> None:
@@ -59,6 +60,9 @@ class Limiter:
         self.duration_ms: int = limit.get("durationMs", 0) or 0
         self.group_max: int = group_limit.get("max", 0) or 0
         self.group_duration_ms: int = group_limit.get("durationMs", 0) or 0
+        #: group -> (max, durationMs) in place of groupLimit's
+        self.overrides: dict[str, tuple[int, int]] = {
+            g: (o.get("max", 0) or 0, o.get("durationMs", 0) or 0) for g, o in (opts.get("groupLimits") or {}).items()}
         self.concurrency: int = opts.get("concurrency") or 0
         self.stamps: deque[int] = deque()                # lease stamps of the queue's window
         self.group_stamps: dict[str, deque[int]] = {}    # group -> lease stamps of its window
@@ -83,22 +87,31 @@ class Limiter:
 
     def group_open(self, group: str, now_ms: int) -> bool:
         """True when ``group`` has rate budget at ``now_ms`` (its concurrency is checked elsewhere)."""
-        if not self.group_max:
+        group_max, duration_ms = self.group_rule(group)
+        if not group_max:
             return True
         stamps = self.group_stamps.get(group)
         if stamps is None:
             return True
-        edge = now_ms - self.group_duration_ms
+        edge = now_ms - duration_ms
         while stamps and stamps[0] <= edge:
             stamps.popleft()
         if not stamps:
             del self.group_stamps[group]
             return True
-        return len(stamps) < self.group_max
+        return len(stamps) < group_max
+
+    def group_rule(self, group: str) -> tuple[int, int]:
+        """``(max, durationMs)`` of ``group``'s window: its override, else ``groupLimit``'s."""
+        if self.overrides:
+            rule = self.overrides.get(group)
+            if rule is not None:
+                return rule
+        return self.group_max, self.group_duration_ms
 
     def park(self, group: str) -> None:
         """Set ``group`` aside until its oldest stamp leaves the window."""
-        heapq.heappush(self.parked, (self.group_stamps[group][0] + self.group_duration_ms, group))
+        heapq.heappush(self.parked, (self.group_stamps[group][0] + self.group_rule(group)[1], group))
 
     def unpark(self, now_ms: int) -> list[str]:
         """The parked groups whose budget has returned by ``now_ms``."""
@@ -111,7 +124,7 @@ class Limiter:
         """Count one lease made at ``now_ms`` (of a job in ``group``, if any)."""
         if self.max:
             self.stamps.append(now_ms)
-        if self.group_max and group is not None:
+        if group is not None and (self.group_max or self.overrides) and self.group_rule(group)[0]:
             stamps = self.group_stamps.get(group)
             if stamps is None:
                 stamps = self.group_stamps[group] = deque()
@@ -131,8 +144,7 @@ class Limiter:
     def state(self, now_ms: int) -> list[Any]:
         """The stamps still inside their windows at ``now_ms``, canonical (groups sorted)."""
         edge = now_ms - self.duration_ms
-        groups_edge = now_ms - self.group_duration_ms
-        groups = {g: [t for t in s if t > groups_edge] for g, s in sorted(self.group_stamps.items())}
+        groups = {g: [t for t in s if t > now_ms - self.group_rule(g)[1]] for g, s in sorted(self.group_stamps.items())}
         return [[t for t in self.stamps if t > edge], {g: s for g, s in groups.items() if s}]
 
     def load(self, state: list[Any]) -> None:
@@ -150,9 +162,9 @@ class Limiter:
         if self.max and old.max:
             edge = now_ms - old.duration_ms
             self.stamps = deque(t for t in old.stamps if t > edge)
-        if self.group_max and old.group_max:
-            edge = now_ms - old.group_duration_ms
-            groups = {g: deque(t for t in s if t > edge) for g, s in old.group_stamps.items()}
+        if self.group_max or self.overrides:
+            groups = {g: deque(t for t in s if t > now_ms - old.group_rule(g)[1])
+                      for g, s in old.group_stamps.items() if old.group_rule(g)[0] and self.group_rule(g)[0]}
             self.group_stamps = {g: s for g, s in groups.items() if s}
         # ``parked`` is not carried: the engine exposes every group's head again after a change.
 
@@ -161,7 +173,7 @@ def limiter_of(opts: dict[str, Any], old: Limiter | None = None, now_ms: int = 0
     """The limiter ``opts`` ask for, or None when they set no rate or queue concurrency limit."""
     limit = opts.get("limit") or {}
     group_limit = opts.get("groupLimit") or {}
-    if not (limit.get("max") or group_limit.get("max") or opts.get("concurrency")):
+    if not (limit.get("max") or group_limit.get("max") or opts.get("concurrency") or opts.get("groupLimits")):
         return None
     lim = Limiter(opts)
     if old is not None:

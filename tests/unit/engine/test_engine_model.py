@@ -271,8 +271,12 @@ class LimitsModel:
         active = sum(1 for j in self.jobs.values() if j["state"] == "active" and j["group"] == group)
         if conc and active >= conc:
             return False
-        limit = self.opts.get("groupLimit")
+        limit = self._group_limit(group)
         return not limit or not limit["max"] or self._in_window(limit, group, True) < limit["max"]
+
+    def _group_limit(self, group: str) -> dict[str, int] | None:
+        overrides = self.opts.get("groupLimits") or {}
+        return overrides[group] if group in overrides else self.opts.get("groupLimit")
 
     def pull(self) -> int | None:
         if not self._queue_open():
@@ -289,7 +293,7 @@ class LimitsModel:
         self.jobs[seq]["state"] = "active"
         group = self.jobs[seq]["group"]
         self.leases.append((self.now, group, _on(self.opts.get("limit")),
-                            group is not None and _on(self.opts.get("groupLimit"))))
+                            group is not None and _on(self._group_limit(group))))
         return seq
 
     def update(self, opts: dict[str, Any]) -> None:
@@ -324,11 +328,12 @@ class LimitsVsModel(RuleBasedStateMachine):
         return reply
 
     @initialize(limit=_rate, group_limit=_rate, conc=st.sampled_from([None, 0, 1, 2, 4]),
-                group_conc=st.sampled_from([None, 0, 1, 2]))
-    def create(self, limit: Any, group_limit: Any, conc: int | None, group_conc: int | None) -> None:
+                group_conc=st.sampled_from([None, 0, 1, 2]), override=_rate)
+    def create(self, limit: Any, group_limit: Any, conc: int | None, group_conc: int | None, override: Any) -> None:
         opts: dict[str, Any] = {"ttr": LIMIT_TTR_MS}
+        overrides = {"a": override} if override is not None else None
         for name, value in (("limit", limit), ("groupLimit", group_limit), ("concurrency", conc),
-                            ("groupConcurrency", group_conc)):
+                            ("groupConcurrency", group_conc), ("groupLimits", overrides)):
             if value is not None:
                 opts[name] = value
         self.apply({"cmd": "CreateQueue", "queue": "q", "options": opts})
