@@ -152,7 +152,8 @@ _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "maxDeliveries": F.int_range(1, 1_000_000), "attempts": _attempts, "backoff": _backoff,
     "historyMax": F.int_range(0, 10_000_000), "historyAgeMs": F.int_range(0, L.ttl_ms_max),
     "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay,
-    "limit": _rate_limit, "groupLimit": _rate_limit, "groupLimits": _group_limits, "concurrency": F.int_range(0, L.concurrency_max),
+    "limit": _rate_limit, "groupLimit": _rate_limit, "groupLimits": _group_limits,
+    "concurrency": F.int_range(0, L.concurrency_max),
     "groupConcurrency": F.int_range(0, L.concurrency_max),
 }
 
