@@ -13,9 +13,10 @@
 
 from ._async import AsyncClient
 from ._connection import ConnState
+from ._core import Debounce, Dedupe
 from ._sync import Client
-from .exceptions import (AuthError, ClientClosed, CommandError, CommandTimeout, ConnectionLost, InvalidCommand,
-                         InvalidState, LeaseMismatch, NodeTimeout, NoLeader, NotFound, NotLeader, NoSpace, Overloaded, Paused,
+from .exceptions import (AuthError, Cancelled, ClientClosed, CommandError, CommandTimeout, ConnectionLost,
+                         InvalidCommand, InvalidState, LeaseMismatch, NodeTimeout, NoLeader, NotFound, NotLeader, NoSpace, Overloaded, Paused,
                          ProtocolError, QueueFull, ShoalError)
 from .job import Job, JobState
 from .options import ConnectionOptions, RetryPolicy
@@ -26,4 +27,5 @@ from .worker import Retry, Worker
 __all__ = ["Client", "AsyncClient", "ConnectionOptions", "RetryPolicy", "ConnState", "Worker", "Retry", "Job",
            "JobState", "Queue", "AsyncQueue", "Tube", "AsyncTube", "ShoalError", "ProtocolError", "ConnectionLost",
            "CommandTimeout", "CommandError", "InvalidCommand", "NotFound", "InvalidState", "LeaseMismatch",
-           "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader", "NoLeader", "Overloaded", "NodeTimeout", "ClientClosed"]
+           "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader", "NoLeader", "Overloaded", "NodeTimeout", "ClientClosed",
+           "Cancelled", "Dedupe", "Debounce"]

@@ -21,6 +21,8 @@ Nothing here does I/O, sleeps or reads a clock: time comes in as arguments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import enum
 import itertools
 import os
@@ -38,7 +40,8 @@ from .exceptions import (CommandError, CommandTimeout, ConnectionLost, InvalidCo
                          ShoalError)
 
 __all__ = ["ms", "job_fields", "IdempotencyKeys", "Action", "retry_action", "is_retry_safe", "budget_s",
-           "KeyedPackedPush", "retry_pause_s", "exhausted_error", "Router", "address_of", "ShardPicker", "group_by_partition"]
+           "KeyedPackedPush", "retry_pause_s", "exhausted_error", "Router", "address_of", "ShardPicker", "group_by_partition",
+           "Dedupe", "Debounce"]
 
 _RETRYABLE = frozenset(code.value for code in RETRYABLE_CODES)
 _LONG_POLL = frozenset({"PULL", "PULLB", "PUSH"})  # commands whose ``timeout`` field is a wait on the node
@@ -55,6 +58,37 @@ def ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(round(seconds * 1000))
 
 
+@dataclass(frozen=True, slots=True)
+class Dedupe:
+    """Add a job only if no add with the same ``id`` happened in the last ``ttl`` seconds
+    (else the add answers the existing job's id); ``extend`` restarts the TTL with each such
+    add, ``replace`` swaps the existing job's data while it has not started."""
+
+    id: str
+    ttl: float
+    extend: bool = False
+    replace: bool = False
+
+    def wire(self) -> dict[str, Any]:
+        return {"id": self.id, "ttlMs": ms(self.ttl), "extend": self.extend, "replace": self.replace}
+
+
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """Run a burst of adds with the same ``id`` once: ``delay`` seconds after the last add
+    (with its data), but no later than ``max_wait`` seconds after the first."""
+
+    id: str
+    delay: float
+    max_wait: float | None = None
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "delayMs": ms(self.delay)}
+        if self.max_wait is not None:
+            out["maxWaitMs"] = ms(self.max_wait)
+        return out
+
+
 def job_fields(options: Mapping[str, Any]) -> dict[str, Any]:
     """Python job options (``priority``, ``delay`` in seconds, ``custom_id``, …) → wire fields."""
     out: dict[str, Any] = {}
@@ -63,6 +97,8 @@ def job_fields(options: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if key in _JOB_OPTIONS:
             out[_JOB_OPTIONS[key]] = value
+        elif key in ("dedupe", "debounce"):
+            out[key] = value.wire() if isinstance(value, (Dedupe, Debounce)) else value
         elif key in _TIME_OPTIONS:
             out[_TIME_OPTIONS[key]] = ms(value)
         else:

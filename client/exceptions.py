@@ -9,6 +9,7 @@
     │   ├── NotFound           NOT_FOUND
     │   ├── InvalidState       INVALID_STATE
     │   ├── LeaseMismatch      LEASE_MISMATCH (a superseded token)
+    │   ├── Cancelled          CANCELLED (the job was cancelled while running: stop, ack nothing)
     │   ├── QueueFull          QUEUE_FULL
     │   ├── Paused             PAUSED
     │   ├── NoSpace            NO_SPACE
@@ -25,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ShoalError", "ProtocolError", "ConnectionLost", "CommandTimeout", "CommandError", "InvalidCommand",
-           "NotFound", "InvalidState", "LeaseMismatch", "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader",
+           "NotFound", "InvalidState", "LeaseMismatch", "Cancelled", "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader",
            "Overloaded", "ClientClosed", "NoLeader", "NodeTimeout", "error_from_reply"]
 
 
@@ -77,6 +78,10 @@ class LeaseMismatch(CommandError):
     """The token does not match the job's current lease (it lapsed and was re-leased)."""
 
 
+class Cancelled(CommandError):
+    """The job was cancelled while this worker ran it: stop its handler and ack nothing."""
+
+
 class QueueFull(CommandError):
     """The queue is at its capacity."""
 
@@ -112,7 +117,7 @@ class NodeTimeout(CommandError, CommandTimeout):
 _BY_CODE: dict[str, type[CommandError]] = {
     "INVALID": InvalidCommand, "UNKNOWN_COMMAND": InvalidCommand, "PROTOCOL_ERROR": InvalidCommand,
     "FRAME_TOO_LARGE": InvalidCommand, "NOT_FOUND": NotFound, "INVALID_STATE": InvalidState,
-    "LEASE_MISMATCH": LeaseMismatch, "QUEUE_FULL": QueueFull, "PAUSED": Paused, "AUTH_REQUIRED": AuthError,
+    "LEASE_MISMATCH": LeaseMismatch, "CANCELLED": Cancelled, "QUEUE_FULL": QueueFull, "PAUSED": Paused, "AUTH_REQUIRED": AuthError,
     "AUTH_FAILED": AuthError, "NOT_LEADER": NotLeader, "NO_LEADER": NoLeader, "TIMEOUT": NodeTimeout, "OVERLOADED": Overloaded,
     "SHUTTING_DOWN": Overloaded, "NO_SPACE": NoSpace,
 }

@@ -18,6 +18,7 @@ class JobState(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     WAITING_CHILDREN = "waiting-children"  # a flow's parent until its children are done
+    CANCELLED = "cancelled"
 
 
 @dataclass(slots=True)
@@ -47,6 +48,9 @@ class Job:
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     handle: Any = field(default=None, repr=False, compare=False)
+    #: Set by a ``Worker`` when the job is cancelled while its handler runs (a plain-function
+    #: handler checks it; an async handler's task is cancelled instead).
+    cancelled: bool = field(default=False, repr=False, compare=False)
 
     def set_progress(self, progress: int, message: str | None = None) -> Any:
         """Report progress 0..100 (with an optional message) through the queue handle."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.errors import CommandError as WireCommandError
 
-from ._core import ShardPicker, group_by_partition, job_fields, ms
+from ._core import Debounce, Dedupe, ShardPicker, group_by_partition, job_fields, ms
 from ._loop import SyncHandle, blocking, blocking_iter
 from .exceptions import InvalidCommand
 from .job import Job
@@ -28,12 +28,34 @@ __all__ = ["AsyncQueue", "Queue", "job_fields"]
 
 _BATCH_JOBS_MAX = 10_000
 _SHARD_POLL_SLICE_S = 0.25
-_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
+_COUNT_KEYS = ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled")
 _QUEUE_TIME_OPTIONS = {"ttr": "ttr", "ttl": "ttl", "backoff": "backoff", "delay": "delay",
                        "history_age": "historyAgeMs"}
 _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries": "maxDeliveries",
                   "attempts": "attempts", "history_max": "historyMax", "priority": "priority",
-                  "durable": "durable"}
+                  "durable": "durable",
+                  "limit": "limit", "group_limit": "groupLimit", "group_limits": "groupLimits",
+                  "concurrency": "concurrency",
+                  "group_concurrency": "groupConcurrency"}
+
+
+def _rate_limits(options: dict[str, Any]) -> dict[str, Any]:
+    """``limit=(max, seconds)``, ``group_limit=...``, ``group_limits={group: ...}`` → the wire
+    ``{max, durationMs}`` (a dict is passed as given)."""
+    out = dict(options)
+    for key in ("limit", "group_limit"):
+        if key in out:
+            out[key] = _window(out[key])
+    if isinstance(out.get("group_limits"), dict):
+        out["group_limits"] = {group: _window(v) for group, v in out["group_limits"].items()}
+    return out
+
+
+def _window(value: Any) -> Any:
+    if isinstance(value, tuple):
+        count, seconds = value
+        return {"max": count, "durationMs": ms(seconds)}
+    return value
 
 
 def _id(job: Job | str) -> str:
@@ -107,9 +129,11 @@ class AsyncQueue:
         """Create the queue with a type (``standard``, ``fifo``, ``fifottl``, ``limfifottl``, ``utube``,
         ``utubettl``, ``log``) and options (``ttr``, ``ttl``, ``backoff`` in seconds; ``capacity``,
         ``discard``, ``max_deliveries``, ``attempts``, ``history_max``, ``durable``: ``False`` for the disk
-        durability class, see the README). ``shards=k`` spreads it over
-        ``k`` sub-queues. Returns ``True`` if it did not exist before."""
-        wire = queue_options(options)
+        durability class, see the README) and flow control (``limit`` and
+        ``group_limit`` as ``(max, seconds)``: leases per sliding window of the queue and of each
+        group; ``concurrency`` and ``group_concurrency``: active jobs of the queue and per group).
+        ``shards=k`` spreads it over ``k`` sub-queues. Returns ``True`` if it did not exist before."""
+        wire = queue_options(_rate_limits(options))
         if shards is not None:
             self._shards = ShardPicker(self.name, shards)
             self.client._shards[self.name] = shards
@@ -121,21 +145,33 @@ class AsyncQueue:
             return bool(created) or any(r.get("created") for r in subs)
         return bool((await self._on(self.name, "CreateQueue", type=type, options=wire))["created"])
 
+    async def update(self, **options: Any) -> None:
+        """Change the queue's options (the same names as :meth:`create`), e.g. its flow control:
+        ``limit=(max, seconds)``, ``group_limit=(max, seconds)``, ``group_limits={group: (max,
+        seconds)}`` (overrides of ``group_limit``), ``concurrency=n``,
+        ``group_concurrency=n`` (0 or a max of 0: no limit)."""
+        wire = queue_options(_rate_limits(options))
+        await asyncio.gather(*(self._on(q, "UpdateQueue", options=wire) for q in self._shards.names))
+
     # --- producing --------------------------------------------------------------------------
 
     async def add(self, data: Any, *, priority: int | None = None, delay: float | None = None,
                   custom_id: str | None = None, attempts: int | None = None, backoff: float | None = None,
                   ttl: float | None = None, ttr: float | None = None, group: str | None = None,
-                  tag: str | None = None, timeout: float | None = None) -> str:
+                  tag: str | None = None, timeout: float | None = None, dedupe: Dedupe | None = None,
+                  debounce: Debounce | None = None) -> str:
         """Enqueue one job and return its id (``"3-17"``).
 
         ``priority``: lower runs first; ``delay``/``ttl``/``ttr``/``backoff`` in seconds;
         ``attempts``: maximum attempts; ``custom_id``: dedupe key; ``group``: utube
-        sub-queue; ``timeout``: wait up to that long on a full capped queue. Safe to
-        retry: the client adds an idempotency key, so a failover never enqueues twice.
+        sub-queue; ``timeout``: wait up to that long on a full capped queue;
+        ``dedupe=Dedupe(id, ttl)`` / ``debounce=Debounce(id, delay, max_wait)``: an add
+        they absorb answers the existing job's id. Safe to retry: the client adds an
+        idempotency key, so a failover never enqueues twice.
         """
         fields = job_fields({"priority": priority, "delay": delay, "custom_id": custom_id, "attempts": attempts,
-                             "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag})
+                             "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag,
+                             "dedupe": dedupe, "debounce": debounce})
         if timeout:
             fields["timeout"] = ms(timeout)
         target = self._shards.pick(group, custom_id)
@@ -365,9 +401,10 @@ class AsyncQueue:
         """Delete the queue and every job in it."""
         await self._every("Obliterate")
 
-    async def cancel(self, job_id: str) -> None:
-        """Remove a job that is not active."""
-        await self._job_call("Cancel", job_id)
+    async def cancel(self, job_id: str, *, by: str | None = None) -> None:
+        """Remove a job that is not active; an active one ends ``cancelled`` (``by`` records who),
+        and the worker running it is told to stop."""
+        await self._job_call("Cancel", job_id, **({"by": by} if by is not None else {}))
 
     async def promote(self, job_id: str) -> None:
         """Make a delayed job waiting now."""
@@ -437,6 +474,7 @@ class Queue(SyncHandle):
         return job
 
     create = blocking(AsyncQueue.create)
+    update = blocking(AsyncQueue.update)
     add = blocking(AsyncQueue.add)
     add_bulk = blocking(AsyncQueue.add_bulk)
     ack = blocking(AsyncQueue.ack)

@@ -13,6 +13,12 @@ the client's session, which every connection re-identifies with after a
 reconnect, so a worker keeps its jobs across a short link failure (within the
 node's session grace).
 
+A job cancelled while its handler runs (``queue.cancel(id)``) stops: the worker
+learns it when its next lease extension answers ``CANCELLED`` or, with
+``watch_cancel=True``, from the queue's event stream within moments; it then
+cancels an async handler's task (the handler sees ``asyncio.CancelledError``) or
+sets ``job.cancelled`` for a plain-function handler to check, and acks nothing.
+
 Async handlers run on the event loop; plain functions run in a thread pool of
 ``concurrency`` threads (so they may block). Jobs
 given to a plain-function handler are bound to a blocking :class:`Queue`, so
@@ -31,7 +37,7 @@ from typing import Any
 from ._async import AsyncClient
 from ._loop import LoopRunner
 from ._sync import Client
-from .exceptions import LeaseMismatch, NotFound, ShoalError
+from .exceptions import Cancelled, LeaseMismatch, NotFound, ShoalError
 from .job import Job
 from .queue import Queue
 
@@ -65,12 +71,14 @@ class Worker:
 
     ``lease``: seconds each job is leased for (extended while the handler runs);
     ``poll_timeout``: seconds one long-poll waits for a job; ``close_grace``: the
-    default grace of :meth:`close`.
+    default grace of :meth:`close`; ``watch_cancel``: subscribe to the queue's job
+    events to stop a cancelled job's handler at once (otherwise at its next lease
+    extension, every ``lease / 3`` seconds).
     """
 
     def __init__(self, client: AsyncClient | Client, queue: str, handler: Handler, *, concurrency: int = 1,
                  lease: float = 30.0, poll_timeout: float = 1.0, close_grace: float = 30.0,
-                 shards: int | None = None) -> None:
+                 shards: int | None = None, watch_cancel: bool = False) -> None:
         if concurrency < 1 or concurrency > 10_000:
             raise ValueError("concurrency must be in 1..10000")
         if lease <= 0 or poll_timeout < 0:
@@ -83,16 +91,19 @@ class Worker:
         self.lease = lease
         self.poll_timeout = poll_timeout
         self.close_grace = close_grace
-        #: Jobs acked, failed (handler raised), retried (:class:`Retry`) so far.
+        self.watch_cancel = watch_cancel
+        #: Jobs acked, failed (handler raised), retried (:class:`Retry`), cancelled so far.
         self.processed = 0
         self.failed = 0
         self.retried = 0
+        self.cancelled = 0
         self._is_async = inspect.iscoroutinefunction(handler) or \
             inspect.iscoroutinefunction(getattr(handler, "__call__", None))
         self._executor: ThreadPoolExecutor | None = None
         self._stopping: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, Job] = {}
+        self._handler_tasks: dict[str, asyncio.Future[Any]] = {}  # job id -> its running handler
 
     def __repr__(self) -> str:
         return (f"<Worker {self.queue.name!r} concurrency={self.concurrency} processed={self.processed} "
@@ -123,6 +134,8 @@ class Worker:
         if not self._is_async and self._executor is None:
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"shoal-{self.queue.name}")
         self._tasks = [loop.create_task(self._slot(i)) for i in range(self.concurrency)]
+        if self.watch_cancel:
+            self._tasks.append(loop.create_task(self._watch_cancel()))
 
     async def run(self) -> None:
         """Run until :meth:`close` is called from another task (or the task is cancelled)."""
@@ -200,9 +213,22 @@ class Worker:
 
     async def _process(self, job: Job) -> None:
         self._running[job.id] = job
-        extender = asyncio.get_running_loop().create_task(self._extend(job))
+        loop = asyncio.get_running_loop()
+        extender = loop.create_task(self._extend(job))
+        handler = self._handler_tasks[job.id] = asyncio.ensure_future(self._invoke(job))
         try:
-            result = await self._invoke(job)
+            try:
+                result = await asyncio.shield(handler)
+            except asyncio.CancelledError:
+                if not job.cancelled:
+                    handler.cancel()  # the slot itself is being cancelled (close): pass it on
+                    raise
+                if not handler.done():  # a sync handler's thread: it has job.cancelled to check
+                    handler.add_done_callback(_ignore_outcome)
+                self.cancelled += 1
+                self._running.pop(job.id, None)
+                log.info("worker: %s was cancelled while running; acking nothing", job.id)
+                return
         except Retry as retry:
             self.retried += 1
             await self._settle(job, self.queue.release(job, delay=retry.delay))
@@ -217,7 +243,30 @@ class Worker:
             await self._settle(job, self.queue.ack(job, result))
         finally:
             extender.cancel()
-        self._running.pop(job.id, None)
+            self._handler_tasks.pop(job.id, None)
+        self._running.pop(job.id, None)  # not when the slot is cancelled: close() releases the job
+
+    def _cancel_job(self, job: Job) -> None:
+        """``job`` was cancelled on the node: stop its handler and settle nothing."""
+        if job.cancelled:
+            return
+        job.cancelled = True
+        handler = self._handler_tasks.get(job.id)
+        if handler is not None and not handler.done():
+            # An async handler sees CancelledError; a plain function's thread runs on with the
+            # flag set, while its slot moves on (the task awaiting the thread ends now).
+            handler.cancel()
+
+    async def _watch_cancel(self) -> None:
+        """Cancel the handler of a running job as soon as the queue's events say it was cancelled."""
+        assert self._stopping is not None
+        async for event in self.queue.events():
+            if self._stopping.is_set():
+                return
+            if event.get("state") == "cancelled":
+                job = self._running.get(str(event.get("id")))
+                if job is not None:
+                    self._cancel_job(job)
 
     async def _invoke(self, job: Job) -> Any:
         if self._is_async:
@@ -240,8 +289,17 @@ class Worker:
             await asyncio.sleep(self.lease / 3)
             try:
                 await self.queue.extend(job, self.lease)
+            except Cancelled:
+                self._cancel_job(job)
+                return
             except (LeaseMismatch, NotFound) as exc:
                 log.warning("worker: lost the lease of %s (%s); another worker may run it", job.id, exc)
                 return
             except ShoalError as exc:
                 log.warning("worker: extending %s failed: %s", job.id, exc)
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    """A cancelled job's plain-function handler ended: its result or error goes nowhere."""
+    if not future.cancelled():
+        future.exception()

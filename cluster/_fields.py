@@ -21,7 +21,7 @@ from .jobid import parse_job_id
 
 Checker = Callable[[str, Any], None]
 
-JOB_STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-children")
+JOB_STATES = ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled")
 QUEUE_TYPES = ("standard", "fifo", "fifottl", "limfifottl", "utube", "utubettl", "log")
 
 # A sharded queue's sub-queues are ``name#0`` .. ``name#1023``, so one

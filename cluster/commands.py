@@ -105,18 +105,57 @@ _log_text = F.text(L.log_chars_max, empty=True)
 _state = F.one_of(JOB_STATES)
 _names = F.str_list(L.list_items_max, L.key_chars_max)
 
+_DEDUPE_FIELDS: dict[str, Checker] = {"id": _key, "ttlMs": F.int_range(1, L.ttl_ms_max), "extend": F.boolean,
+                                      "replace": F.boolean}
+_DEBOUNCE_FIELDS: dict[str, Checker] = {"id": _key, "delayMs": F.int_range(1, L.delay_ms_max),
+                                        "maxWaitMs": F.int_range(1, L.delay_ms_max)}
+
+
+def _dedupe(name: str, v: Any) -> None:
+    """``{id, ttlMs, extend?, replace?}``."""
+    F.fields_map(name, v, _DEDUPE_FIELDS, "dedupe field", required=("id", "ttlMs"))
+
+
+def _debounce(name: str, v: Any) -> None:
+    """``{id, delayMs, maxWaitMs?}``."""
+    F.fields_map(name, v, _DEBOUNCE_FIELDS, "debounce field", required=("id", "delayMs"))
+
+
 #: Optional per-job fields of PUSH and of each PUSHB ``jobs`` item.
 JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
     "priority": _priority, "delay": _delay, "customId": _key, "ttl": _ttl, "ttr": _ttr,
     "attempts": _attempts, "backoff": _backoff, "group": _key, "tag": _key, "idempotencyKey": _key,
+    "dedupe": _dedupe, "debounce": _debounce,
 })
 _JOB_ITEM_FIELDS: dict[str, Checker] = {"data": F.data, **JOB_OPTION_FIELDS}
+
+_RATE_LIMIT_FIELDS: dict[str, Checker] = {"max": F.int_range(0, L.rate_max), "durationMs": F.int_range(1, L.ttl_ms_max)}
+
+
+def _rate_limit(name: str, v: Any) -> None:
+    """``{max, durationMs}``: at most ``max`` leases per sliding ``durationMs`` (``max`` 0: no limit)."""
+    F.fields_map(name, v, _RATE_LIMIT_FIELDS, "limit field", required=("max", "durationMs"))
+
+
+def _group_limits(name: str, v: Any) -> None:
+    """``{group: {max, durationMs}}``: per-group overrides of ``groupLimit``."""
+    if type(v) is not dict:
+        raise F.bad(name, "must be a map of group to {max, durationMs}")
+    if len(v) > L.list_items_max:
+        raise F.bad(name, f"at most {L.list_items_max} groups, got {len(v)}")
+    for group, limit in v.items():
+        _key(f"{name} key", group)
+        _rate_limit(f"{name}.{group}", limit)
+
 
 _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "ttr": _ttr, "ttl": _ttl, "capacity": F.int_range(1, 2**40), "discard": F.one_of(("reject",)),
     "maxDeliveries": F.int_range(1, 1_000_000), "attempts": _attempts, "backoff": _backoff,
     "historyMax": F.int_range(0, 10_000_000), "historyAgeMs": F.int_range(0, L.ttl_ms_max),
     "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay, "durable": F.boolean,
+    "limit": _rate_limit, "groupLimit": _rate_limit, "groupLimits": _group_limits,
+    "concurrency": F.int_range(0, L.concurrency_max),
+    "groupConcurrency": F.int_range(0, L.concurrency_max),
 }
 
 
@@ -187,6 +226,7 @@ _SPECS = [
     _spec("JobHeartbeat", "id", _ID, {"ttr": _ttr, **_TOK}, retry=True),
     _spec("ReleaseAll", "queue", _Q, retry=True),
     _spec("CreateQueue", "queue", _Q, {"type": F.one_of(QUEUE_TYPES), "options": _queue_options}, retry=True),
+    _spec("UpdateQueue", "queue", {"queue": F.queue, "options": _queue_options}, retry=True),
     _spec("Read", "queue", {"queue": F.queue, "fromSeq": _seq}, {"limit": _limit}, read=True),
     _spec("Truncate", "queue", _Q, {"beforeSeq": _seq, "tag": _key}),
     # queries
@@ -207,7 +247,7 @@ _SPECS = [
     _spec("Drain", "queue", _Q),
     _spec("Obliterate", "queue", _Q, retry=True),
     _spec("Clean", "queue", {"queue": F.queue, "grace": _grace}, {"state": _state, "limit": _limit}),
-    _spec("Cancel", "id", _ID),
+    _spec("Cancel", "id", _ID, {"by": _key}),
     _spec("Promote", "id", _ID),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
     _spec("Progress", "id", {"id": F.job_id, "progress": _progress}, {"message": _log_text, **_TOK}, retry=True),

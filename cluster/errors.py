@@ -32,6 +32,7 @@ class ErrorCode(str, Enum):
     TIMEOUT = "TIMEOUT"                  # the command did not complete in time (outcome unknown)
     SHUTTING_DOWN = "SHUTTING_DOWN"      # the node is stopping; retry elsewhere
     NO_SPACE = "NO_SPACE"                # the partition's disk is full: new data refused, reads/pulls/acks served
+    CANCELLED = "CANCELLED"              # the job was cancelled while running: stop, ack nothing
     INTERNAL = "INTERNAL"                # a bug: the node kept serving
 
 

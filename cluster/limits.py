@@ -14,7 +14,7 @@ __all__ = [
     "timeout_ms_max", "attempts_min", "attempts_max", "backoff_ms_max", "ttl_ms_max", "ttr_ms_min",
     "ttr_ms_max", "key_chars_max", "batch_jobs_max", "pull_count_max", "error_chars_max",
     "log_chars_max", "page_limit_max", "token_chars_max", "auth_token_chars_max", "partition_max",
-    "list_items_max",
+    "list_items_max", "rate_max", "concurrency_max",
     # PEP 8 aliases
     "DAY_MS", "QUEUE_NAME_CHARS_MAX", "DATA_BYTES_MAX", "PRIORITY_MIN", "PRIORITY_MAX", "DELAY_MS_MAX",
     "TIMEOUT_MS_MAX", "ATTEMPTS_MIN", "ATTEMPTS_MAX", "BACKOFF_MS_MAX", "TTL_MS_MAX", "TTR_MS_MAX",
@@ -50,6 +50,8 @@ log_chars_max = 64 * 1024             # AddLog/Progress message
 page_limit_max = 10_000               # GetJobs/Dlq/Read/GetLogs/Clean limit
 partition_max = 1023                  # partitions are 0..1023 (config allows 1..1024)
 list_items_max = 1_000                # capabilities, RegisterWorker queues
+rate_max = 100_000                    # limit/groupLimit max: a window keeps one stamp per lease
+concurrency_max = 1_000_000           # concurrency/groupConcurrency
 
 DAY_MS = day_ms
 QUEUE_NAME_CHARS_MAX = queue_name_chars_max

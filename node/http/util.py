@@ -19,7 +19,7 @@ __all__ = ["STATUS_BY_CODE", "dumps", "json_response", "error_response", "sse", 
 STATUS_BY_CODE: dict[str, int] = {
     "INVALID": 400, "UNKNOWN_COMMAND": 400, "PROTOCOL_ERROR": 400,
     "AUTH_REQUIRED": 401, "AUTH_FAILED": 403, "NOT_FOUND": 404,
-    "LEASE_MISMATCH": 409, "INVALID_STATE": 409, "PAUSED": 409,
+    "LEASE_MISMATCH": 409, "INVALID_STATE": 409, "PAUSED": 409, "CANCELLED": 409,
     "FRAME_TOO_LARGE": 413, "QUEUE_FULL": 429,
     "INTERNAL": 500, "NO_SPACE": 507,
     # NOT_LEADER is normally forwarded; 503 only when the leader cannot be reached.

@@ -15,8 +15,15 @@ nobody reads.
 Jobs are ``__slots__`` objects (raw MessagePack data bytes, no dict per job) indexed by
 their partition sequence number. A job's state is one of ``waiting`` (tarantool ``r``),
 ``delayed`` (``~``), ``active`` (``t``, leased), ``completed`` (``-``) and ``failed``
-(``!``, buried / dead-lettered); every move between them, a segment slot's included, is
-allowed by the one table in :mod:`._transitions`.
+(``!``, buried / dead-lettered) and ``cancelled`` (``x``, stopped by ``Cancel`` while
+running); every move between them, a segment slot's included, is allowed by the one table
+in :mod:`._transitions`.
+
+Flow control (:mod:`._limits`): a queue's rate limits keep sliding windows of lease stamps
+(replicated, so they hold across a failover) and a pull leases only while the queue and
+the job's group have budget; groups out of budget or at their ``groupConcurrency`` leave
+the heap of eligible heads until they may run again, so limits keep a pull O(log n) in
+the number of groups. Dedupe and debounce entries (:mod:`._dedupe`) are replicated too.
 
 Per-operation costs stay O(log n) with heaps and lazy deletion: a queue keeps a ready
 heap of ``(priority, seq)`` for jobs without a group and, for groups (utube), one
@@ -39,11 +46,12 @@ anything, so a refused command leaves no trace.
 Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_model`` (Job, Queue, defaults, presets), ``_store`` (lookup, materializing, listings),
 ``_ready`` (what a pull takes next), ``_moves`` (state moves, removal, history trimming),
-``_push``, ``_pull``, ``_ack`` (ack/fail/retry and leases), ``_timers`` (expiry, cron,
-``_Tick``), ``_control`` (per-job and per-queue commands, log queues), ``_reads``,
-``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the state diagram),
-``_commands`` (the typed compact commands the node replicates) and ``_engine``
-(``PartitionEngine.apply``).
+``_push``, ``_dedupe`` (dedupe and debounce of adds), ``_pull``, ``_limits`` (rate limits and
+concurrency), ``_ack`` (ack/fail/retry and leases), ``_cancel`` (cancelling a running job),
+``_timers`` (expiry, cron, ``_Tick``), ``_control`` (per-job and per-queue commands, log
+queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
+state diagram), ``_commands`` (the typed compact commands the node replicates) and
+``_engine`` (``PartitionEngine.apply``).
 """
 
 from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue

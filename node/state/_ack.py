@@ -12,7 +12,7 @@ from ._commands import AckRun
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
 from ._store import Store
-from ._transitions import ACTIVE, COMPLETED, FAILED, check_transition
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, FAILED, check_transition
 
 __all__ = ["AckOps"]
 
@@ -186,7 +186,7 @@ class AckOps(Store):
     def _op_Bury(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
         self._check_token(job, cmd)
-        if job.state in (COMPLETED, FAILED):
+        if job.state in (COMPLETED, FAILED, CANCELLED):
             raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already {job.state}")
         q = self.queues[job.queue]
         self._count(q, "Bury")

@@ -9,9 +9,10 @@ from typing import Any
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue
 from ._store import Store
-from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
 
 __all__ = ["ControlOps"]
 
@@ -21,9 +22,13 @@ class ControlOps(Store):
 
     def _op_Cancel(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
-        if job.state == ACTIVE:
-            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is active; fail or release it first")
         q = self.queues[job.queue]
+        if job.state == ACTIVE:
+            self._count(q, "Cancel")
+            self._cancel_active(q, job, cmd.get("by"))  # type: ignore[attr-defined]  # CancelOps
+            return {"state": CANCELLED}
+        if job.state == CANCELLED:
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already cancelled")
         self._count(q, "Cancel")
         self._remove(q, job)
         return {}
@@ -75,15 +80,37 @@ class ControlOps(Store):
     def _op_CreateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd["queue"]
         qtype = cmd.get("type") or "standard"
-        opts = {k: v for k, v in (cmd.get("options") or {}).items() if v is not None and k in DEFAULTS}
+        opts = _stored_options(cmd)
+        check_limit_options(opts, qtype)
         existing = self.queues.get(name)
         if existing is not None:
             if existing.type != qtype:
                 raise CommandError(ErrorCode.INVALID, f"type: queue {name!r} exists as {existing.type}")
-            existing.opts.update(opts)
+            self._set_options(existing, opts)
             return {"created": False}
         self.queues[name] = Queue(name, qtype, opts)
         return {"created": True}
+
+    def _op_UpdateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = self._queue(cmd["queue"])
+        opts = _stored_options(cmd)
+        check_limit_options(opts, q.type)
+        self._set_options(q, opts)
+        self._count(q, "UpdateQueue")
+        return {}
+
+    def _set_options(self, q: Queue, opts: dict[str, Any]) -> None:
+        """Change ``q``'s options; limits change at once, their windows carry on."""
+        q.opts.update(opts)
+        old = q.limiter
+        q.limiter = limiter_of(q.opts, old, self.now_ms)
+        conc = group_concurrency_of(q.opts, q.type)
+        if conc != q.group_conc or (old is not None and old.parked):
+            # Groups set aside (full or throttled) may run now: expose their heads again;
+            # stale or duplicate heads are skipped when they surface.
+            q.group_conc = conc
+            for group in list(q.group_fifo):
+                self._refresh_group_head(q, group)  # type: ignore[attr-defined]  # ReadyIndex
 
     def _op_Pause(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
@@ -213,3 +240,9 @@ class ControlOps(Store):
                 records.append(item)
             seq += 1
         return {"records": records, "next": seq}
+
+
+def _stored_options(cmd: dict[str, Any]) -> dict[str, Any]:
+    """The options of a CreateQueue/UpdateQueue the engine keeps (the others are the node's)."""
+    return {k: v for k, v in (cmd.get("options") or {}).items()
+            if v is not None and (k in DEFAULTS or k in LIMIT_OPTIONS)}

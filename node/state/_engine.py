@@ -9,9 +9,11 @@ from shoal.cluster.commands import READ_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._ack import AckOps
+from ._cancel import CancelOps
 from ._commands import AckRun, PushBatch, PushRun, SessionPull, TypedCommand
 from ._control import ControlOps
 from ._flows import FlowOps
+from ._dedupe import DedupeOps
 from ._model import Event
 from ._moves import Moves
 from ._pull import PullOps
@@ -20,6 +22,7 @@ from ._reads import ReadOps
 from ._ready import ReadyIndex
 from ._snapshot import SnapshotOps
 from ._timers import TimerOps
+from ._transitions import ACTIVE, WAITING
 
 __all__ = ["PartitionEngine", "Applied", "event_dicts"]
 
@@ -34,8 +37,8 @@ class Applied(NamedTuple):
     events: Sequence[Event]
 
 
-class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, FlowOps, ReadOps, SnapshotOps, Moves,
-                      ReadyIndex):
+class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, ControlOps, FlowOps, ReadOps,
+                      SnapshotOps, Moves, ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
     def __init__(self, partition: int) -> None:
@@ -83,6 +86,8 @@ class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, FlowOps, R
         q = self.queues.get(queue)
         if q is None or q.paused or q.type == "log":
             return False
+        if q.limiter is not None and not q.limiter.queue_open(q.counts[ACTIVE], self.now_ms):
+            return False  # out of budget: next_due_ms ticks the leader when it returns
         if self.delayed and self.delayed[0][0] <= self.now_ms:
             return True  # a due delayed job may belong to it; the pull promotes it
         return self._peek_ready(q) is not None
@@ -93,6 +98,11 @@ class PartitionEngine(PushOps, PullOps, AckOps, TimerOps, ControlOps, FlowOps, R
         due += [c["nextRunAt"] for c in self.crons.values()]
         if self.idempotency_order:
             due.append(self.idempotency_order[0][0])
+        for q in self.queues.values():  # a parked long poll wakes when a rate window frees up
+            if q.limiter is not None and q.counts[WAITING]:
+                budget_ms = q.limiter.next_budget_ms(q.counts[ACTIVE])
+                if budget_ms is not None:
+                    due.append(budget_ms)
         return min(due) if due else None
 
     def queue_names(self) -> list[str]:

@@ -7,8 +7,9 @@ from typing import Any
 
 import msgpack
 
+from ._limits import group_concurrency_of, limiter_of
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment
-from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
 __all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event"]
 
@@ -109,7 +110,7 @@ class Queue:
 
     __slots__ = ("name", "type", "opts", "paused", "ready", "group_fifo", "group_active", "group_heads",
                  "counts", "prio_counts", "history", "dlq", "custom_ids", "calls", "totals", "log",
-                 "log_next")
+                 "log_next", "limiter", "group_conc")
 
     def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -118,7 +119,7 @@ class Queue:
         self.paused = False
         self.ready: list[tuple[int, int]] = []              # (priority, seq), jobs without a group
         self.group_fifo: dict[str, list[int]] = {}          # group -> seq heap of waiting jobs
-        self.group_active: dict[str, int] = {}              # group -> seq of its active job
+        self.group_active: dict[str, int] = {}              # group -> how many of its jobs are active
         self.group_heads: list[tuple[int, int, str]] = []   # (priority, seq, group) of eligible heads
         self.counts = {s: 0 for s in STATES}
         self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
@@ -129,6 +130,8 @@ class Queue:
         self.totals = {"enqueued": 0, "completed": 0, "failed": 0, "reclaimed": 0, "expired": 0, "retried": 0}
         self.log: dict[int, tuple[bytes, str | None, int]] = {}  # log queues: lseq -> (data, tag, createdAt)
         self.log_next = 1
+        self.limiter = limiter_of(self.opts)                # None: no rate or queue concurrency limit
+        self.group_conc = group_concurrency_of(self.opts, qtype)  # active jobs per group, 0: no limit
 
     @property
     def preset(self) -> dict[str, bool]:
@@ -175,4 +178,4 @@ def pack(value: Any) -> bytes:
 #: The segment slot codes a job state can have (delayed and failed jobs never stay in a segment).
 SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING,), ACTIVE: (SLOT_ACTIVE,),
                                           COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: (),
-                                          WAITING_CHILDREN: ()}
+                                          WAITING_CHILDREN: (), CANCELLED: ()}

@@ -8,7 +8,7 @@ from itertools import islice
 from ._model import Job, Queue
 from ._segments import SLOT_COMPLETED, SLOT_GONE, Segment
 from ._store import Store
-from ._transitions import ACTIVE, COMPLETED, DELAYED, REMOVED, WAITING, check_transition
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, REMOVED, WAITING, check_transition
 
 __all__ = ["Moves"]
 
@@ -150,7 +150,7 @@ class Moves(Store):
                     self._let_go_completed(q, seg, i, 1)
                     continue
                 break
-            if job.state != COMPLETED:
+            if job.state != COMPLETED and job.state != CANCELLED:
                 history.popleft()
                 continue
             if len(history) > limit or job.finished_ms < oldest_ms:

@@ -28,8 +28,12 @@ class PullOps(Store):
         job.token = token
         job.session = session
         job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms or q.opts["ttr"])
-        if job.group is not None:
-            q.group_active[job.group] = job.seq  # before the state change: the group is now busy
+        group = job.group
+        if group is not None:
+            # Before the state change, which exposes the group's next job if it may run more.
+            q.group_active[group] = q.group_active.get(group, 0) + 1
+        if q.limiter is not None:
+            q.limiter.note_lease(job.group, self.now_ms)
         self._set_state(q, job, ACTIVE)
         heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token, 0))
         if session is not None:
@@ -49,11 +53,15 @@ class PullOps(Store):
         self._count(q, cmd["cmd"])
         if q.paused:
             return [], []
-        if not q.group_heads and not q.group_fifo:
+        lim = q.limiter
+        if lim is None and not q.group_heads and not q.group_fifo:
             return self._pull_ungrouped(q, cmd, count, session, budget)
         jobs, tokens = [], []
+        counts = q.counts
         used = REPLY_BYTES_OVERHEAD
         for _ in range(count):
+            if lim is not None and not lim.queue_open(counts[ACTIVE], self.now_ms):
+                break
             if budget:
                 top = self._peek_ready(q)
                 if top is None:

@@ -248,6 +248,9 @@ class PushOps(Store):
         dup = self._duplicate(q, cmd)
         if dup is not None:
             return {"id": dup, "duplicate": True}
+        if ("dedupe" in cmd or "debounce" in cmd) and (cmd.get("dedupe") is not None
+                                                      or cmd.get("debounce") is not None):
+            return self._push_deduped(q, cmd)  # type: ignore[attr-defined, no-any-return]  # DedupeOps
         self._check_push(q, cmd)
         self._count(q, "PUSH")
         return {"id": self._id(self._new_job(q, cmd["data"], cmd))}
@@ -292,12 +295,15 @@ class PushOps(Store):
         for item in items:
             if ("idempotencyKey" in item or "customId" in item) and self._duplicate(q, item) is not None:
                 continue
+            if "dedupe" in item or "debounce" in item:
+                self._check_dedupe(q, item)  # type: ignore[attr-defined]  # DedupeOps
             if fresh == 0 or item.get("group") is not None:
                 self._check_push(q, item)
-            fresh += 1
+            fresh += 1  # a deduplicated item counts too: the capacity check errs on the safe side
         if fresh > 1:
             self._check_push(q, {}, extra=fresh - 1)
         ids = []
+        deduped: list[int] = []  # indices of items a dedupe or debounce entry absorbed
         new_job = self._new_job
         prefix = f"{self.partition}-"
         for item in items:
@@ -306,8 +312,20 @@ class PushOps(Store):
                 if dup is not None:
                     ids.append(dup)
                     continue
+            if item.get("dedupe") is not None or item.get("debounce") is not None:
+                existing = self._deduped(q, item)  # type: ignore[attr-defined]  # DedupeOps
+                if existing is not None:
+                    deduped.append(len(ids))
+                    ids.append(existing)
+                    continue
+                if item.get("debounce") is not None:
+                    item = self._debounce_delay(item)  # type: ignore[attr-defined]  # DedupeOps
+                job = new_job(q, item["data"], item)
+                self._note_dedupe(q, item, job)  # type: ignore[attr-defined]  # DedupeOps
+                ids.append(prefix + str(job.seq))
+                continue
             ids.append(prefix + str(new_job(q, item["data"], item).seq))
-        return {"ids": ids}
+        return {"ids": ids, "deduped": deduped} if deduped else {"ids": ids}
 
 
 #: ``_push_segment``'s plan mark for an item refused for capacity.

@@ -18,14 +18,15 @@ class ReadyIndex(Store):
         if job.group is None:
             heapq.heappush(q.ready, (job.priority, job.seq))
             return
-        fifo = q.group_fifo.setdefault(job.group, [])
+        group = job.group
+        fifo = q.group_fifo.setdefault(group, [])
         heapq.heappush(fifo, job.seq)
-        if job.group not in q.group_active and fifo[0] == job.seq:
-            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], job.group))
+        if fifo[0] == job.seq and (group not in q.group_active if q.group_conc == 1 else _group_free(q, group)):
+            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], group))
 
     def _refresh_group_head(self, q: Queue, group: str) -> None:
         """A waiting group job left the queue some other way than a pull: expose the next head."""
-        if group not in q.group_active:
+        if _group_free(q, group):
             head = self._group_head(q, group)
             if head is not None:
                 heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
@@ -52,12 +53,20 @@ class ReadyIndex(Store):
                 break
             heapq.heappop(ready)
         heads = q.group_heads
+        lim = q.limiter
+        if lim is not None and lim.parked and lim.parked[0][0] <= self.now_ms:
+            for group in lim.unpark(self.now_ms):
+                self._refresh_group_head(q, group)
         while heads:
             prio_g, seq_g, group = heads[0]
-            if group not in q.group_active and self._group_head(q, group) == seq_g:
-                break
+            if _group_free(q, group) and self._group_head(q, group) == seq_g:
+                if lim is None or lim.group_open(group, self.now_ms):
+                    break
+                heapq.heappop(heads)
+                lim.park(group)  # its head comes back when the group's budget does
+                continue
             heapq.heappop(heads)
-            if group not in q.group_active:
+            if _group_free(q, group):
                 head = self._group_head(q, group)
                 if head is not None:
                     heapq.heappush(heads, (self.jobs[head].priority, head, group))
@@ -80,8 +89,26 @@ class ReadyIndex(Store):
         return self.jobs[top[1]]
 
     def _release_group(self, q: Queue, job: Job) -> None:
-        if job.group is not None and q.group_active.get(job.group) == job.seq:
-            del q.group_active[job.group]
-            head = self._group_head(q, job.group)
+        """An active job of a group ends its lease: one more of the group may run."""
+        group = job.group
+        if group is None:
+            return
+        n = q.group_active.get(group, 0)
+        if not n:
+            return
+        if n == 1:
+            del q.group_active[group]
+        else:
+            q.group_active[group] = n - 1
+        if n == q.group_conc:  # the group was full, so no head of it is in the heap
+            head = self._group_head(q, group)
             if head is not None:
-                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, job.group))
+                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
+
+
+def _group_free(q: Queue, group: str) -> bool:
+    """True when ``group`` runs fewer jobs than its queue's ``groupConcurrency`` allows."""
+    conc = q.group_conc
+    if conc == 1:
+        return group not in q.group_active
+    return not conc or q.group_active.get(group, 0) < conc

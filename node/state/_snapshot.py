@@ -7,7 +7,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
-from typing import Self
+from typing import Any, Self
 
 import msgpack
 
@@ -37,11 +37,20 @@ class SnapshotOps(Store):
         head = (SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
         jobs = self._all_jobs_iter()
         count = len(self.jobs) + sum(len(seg.datas) - seg.datas.count(None) for seg in self.segments)
-        # Only when a flow ever ran here: a partition without flows keeps its digest.
-        flows = [self.flow_state()] if self.flow_parents or self.flow_children or self.flow_outbox else []
+        # Flows, flow-control windows and dedupe/debounce entries, in one trailing map present only
+        # when one of them holds something: a partition using none of them keeps its digest.
+        more: dict[str, Any] = {}
+        if self.flow_parents or self.flow_children or self.flow_outbox:
+            more["flows"] = self.flow_state()
+        limits = {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None}
+        if limits:
+            more["limits"] = limits
+        if self.dedupe:  # type: ignore[attr-defined]  # DedupeOps
+            more["dedupe"] = self.dedupe_state()  # type: ignore[attr-defined]
+        extras = [more] if more else []
         # A packed array is its header followed by its packed items, so packing the job list
         # piecewise gives the same bytes as packing it whole.
-        yield packer.pack_array_header(11 + len(flows)) + b"".join(map(pack, head)) + packer.pack_array_header(count)
+        yield packer.pack_array_header(11 + len(extras)) + b"".join(map(pack, head)) + packer.pack_array_header(count)
         while chunk := [pack(j.to_tuple()) for j in islice(jobs, jobs_per_chunk)]:
             yield b"".join(chunk)
         yield b"".join(map(pack, (
@@ -50,13 +59,15 @@ class SnapshotOps(Store):
             [(t, list(k)) for t, k in self.idempotency_order],
             [(*k, *v) for k, v in self.idempotency.items()],
             {n: dict(c) for n, c in self.crons.items()},
-            *flows,
+            *extras,
         )))
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
         (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
          crons, *rest) = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        extras = rest[0] if rest else {}
+        limits = extras.get("limits", {})
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
@@ -68,6 +79,8 @@ class SnapshotOps(Store):
             # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
             q.history = deque(history)
             q.dlq = dict.fromkeys(dlq)
+            if q.limiter is not None and name in limits:
+                q.limiter.load(limits[name])
         for t in jobs:
             job = Job.from_tuple(t)
             if job.logs is not None:
@@ -78,8 +91,9 @@ class SnapshotOps(Store):
         eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)
         eng.idempotency = {(q, k): (job_id, expires) for q, k, job_id, expires in idem}
         eng.crons = crons
-        if rest:  # flows (absent from snapshots taken before flows existed)
-            eng.restore_flows(rest[0])
+        if "flows" in extras:
+            eng.restore_flows(extras["flows"])
+        eng.load_dedupe(extras.get("dedupe", []))  # type: ignore[attr-defined]  # DedupeOps
         return eng
 
     def flow_state(self) -> list[object]:
@@ -100,7 +114,7 @@ class SnapshotOps(Store):
         elif job.state == ACTIVE:
             heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
             if job.group is not None:
-                q.group_active[job.group] = job.seq
+                q.group_active[job.group] = q.group_active.get(job.group, 0) + 1
         if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
             heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
 

@@ -13,7 +13,7 @@ from shoal.cluster.jobid import parse_job_id
 
 from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, SegmentStore
-from ._transitions import ACTIVE
+from ._transitions import ACTIVE, CANCELLED
 
 __all__ = ["Store"]
 
@@ -174,6 +174,8 @@ class Store:
     def _check_token(self, job: Job, cmd: dict[str, Any]) -> None:
         token = cmd.get("token")
         if token is not None and (job.state != ACTIVE or str(token) != job.token):
+            if job.state == CANCELLED and str(token) == job.token:
+                raise CommandError(ErrorCode.CANCELLED, f"job {self._id(job)} was cancelled ({job.error})")
             raise CommandError(ErrorCode.LEASE_MISMATCH,
                                f"job {self._id(job)}: token does not match the current lease")
 
@@ -188,6 +190,8 @@ class Store:
 
     def _require_active(self, job: Job, cmd: dict[str, Any]) -> None:
         self._check_token(job, cmd)
+        if job.state == CANCELLED:
+            raise CommandError(ErrorCode.CANCELLED, f"job {self._id(job)} was cancelled ({job.error})")
         if job.state != ACTIVE:
             raise CommandError(ErrorCode.INVALID_STATE, f"job {self._id(job)} is {job.state}, not active")
 

@@ -112,7 +112,15 @@ class TimerOps(Store):
         self._expire()
         self._fire_crons()
         self._purge_idempotency()
+        self._purge_dedupe()  # type: ignore[attr-defined]  # DedupeOps
         for q in self.queues.values():
+            lim = q.limiter
+            if lim is not None:
+                # Slide the windows and bring back groups whose budget returned, so that
+                # next_due_ms stops naming an instant that has passed.
+                lim.queue_open(q.counts[ACTIVE], self.now_ms)
+                for group in lim.unpark(self.now_ms):
+                    self._refresh_group_head(q, group)  # type: ignore[attr-defined]  # ReadyIndex
             if q.history:
                 self._trim_history(q)
         return {}

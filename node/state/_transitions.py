@@ -18,6 +18,7 @@
     (new)        --push of a flow parent---> waiting-children
     waiting-children --children done-------> waiting (r)
     waiting-children --a child failed------> failed (!)
+    active   (t) --cancel------------------> cancelled (x)
     any state    --cancel, drain, clean,
                    TTL, trim, purge--------> (removed)
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "WAITING_CHILDREN", "NEW", "REMOVED", "STATES", "TRANSITIONS",
+__all__ = ["WAITING", "DELAYED", "ACTIVE", "COMPLETED", "FAILED", "WAITING_CHILDREN", "CANCELLED", "NEW", "REMOVED", "STATES", "TRANSITIONS",
            "TARANTOOL_CODES", "check_transition"]
 
 WAITING = "waiting"
@@ -44,12 +45,14 @@ COMPLETED = "completed"
 FAILED = "failed"
 #: A flow's parent until its children are done (see ``_flows``); no tarantool letter.
 WAITING_CHILDREN = "waiting-children"
-STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, WAITING_CHILDREN)
+CANCELLED = "cancelled"  # a running job stopped by Cancel: terminal, kept like a completed one
+STATES = (WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, WAITING_CHILDREN, CANCELLED)
 #: Pseudo-states at the two ends of a job's life (never a job's ``state``).
 NEW = "new"
 REMOVED = "removed"
 #: tarantool's one-letter task states.
-TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!", WAITING_CHILDREN: "w"}
+TARANTOOL_CODES = {WAITING: "r", DELAYED: "~", ACTIVE: "t", COMPLETED: "-", FAILED: "!", WAITING_CHILDREN: "w",
+                   CANCELLED: "x"}
 
 #: Every allowed move, named by what causes it.
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -69,6 +72,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (NEW, WAITING_CHILDREN): "push of a flow parent",
     (WAITING_CHILDREN, WAITING): "every child done",
     (WAITING_CHILDREN, FAILED): "a child failed (onFailure: fail)",
+    (ACTIVE, CANCELLED): "cancel a running job",
     **{(state, REMOVED): "removed" for state in STATES},
 }
 

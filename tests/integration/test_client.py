@@ -31,7 +31,7 @@ def test_sync_client_round_trip(cluster: LocalCluster) -> None:
         other = q.pull()
         assert q.fail(other, "smtp timeout") == "failed"
         assert [j.id for j in q.dlq()] == [other.id]
-        assert q.counts() == {"waiting": 999, "delayed": 0, "active": 0, "completed": 1, "failed": 1, "waiting-children": 0}
+        assert q.counts() == {"waiting": 999, "delayed": 0, "active": 0, "completed": 1, "failed": 1, "waiting-children": 0, "cancelled": 0}
         assert "c-emails" in client.list_queues()
 
 

@@ -47,7 +47,8 @@ def test_async_round_trip_add_pull_ack_fail(cluster: LocalCluster) -> None:
             left = await q.pull(timeout=1.0)
             if left is not None:
                 await q.ack(left)
-            assert await q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 2, "failed": 1, "waiting-children": 0}
+            assert await q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 2, "failed": 1, "waiting-children": 0,
+                                         "cancelled": 0}
             assert await q.retry_dlq() == 1 and await q.purge_dlq() == 0
             await q.obliterate()
     asyncio.run(main())
@@ -253,7 +254,7 @@ def test_sync_client_mirrors_async_client(cluster: LocalCluster) -> None:
         job = q.pull(timeout=1.0)
         q.ack(job, result={"sent": True})
         assert q.get_result(job_id) == {"sent": True}
-        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 1, "failed": 0, "waiting-children": 0}
+        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 1, "failed": 0, "waiting-children": 0, "cancelled": 0}
         assert client.topology is not None and len(client.topology.nodes) == 3
         q.obliterate()
 

@@ -181,7 +181,7 @@ def test_work_stream_leases_and_releases_on_disconnect(secured: LocalCluster) ->
                 if counts["active"] == 0:
                     break
                 await asyncio.sleep(0.1)
-            assert counts == {"waiting": 2, "delayed": 0, "active": 0, "completed": 1, "failed": 0, "waiting-children": 0}
+            assert counts == {"waiting": 2, "delayed": 0, "active": 0, "completed": 1, "failed": 0, "waiting-children": 0, "cancelled": 0}
     run(main())
 
 

@@ -170,9 +170,11 @@ def test_actions_run_on_the_leader_and_replicate(cluster: LocalCluster) -> None:
         assert (status, body["code"]) == (409, "INVALID_STATE")
         job = q.pull(timeout=2)
         assert job is not None
-        status, body = call(base + f"/jobs/{job.id}", "DELETE")  # an active job cannot be deleted
-        assert (status, body["code"]) == (409, "INVALID_STATE")
-        assert call(base + f"/jobs/{job.id}/cancel", "POST")[0] == 200  # ...but cancelled: to the DLQ
+        assert call(base + f"/jobs/{job.id}", "DELETE")[0] == 200  # an active job is cancelled (Cancel)
+        assert q.get_state(job.id) == "cancelled"
+        job = q.pull(timeout=2)
+        assert job is not None
+        assert call(base + f"/jobs/{job.id}/cancel", "POST")[0] == 200  # the dashboard's cancel: to the DLQ
         assert q.get_job(job.id).error == "cancelled from the dashboard"  # type: ignore[union-attr]
         assert call(base + f"/jobs/{ids[5]}", "DELETE")[0] == 200
         assert q.get_job(ids[5]) is None
@@ -197,8 +199,8 @@ def test_actions_run_on_the_leader_and_replicate(cluster: LocalCluster) -> None:
         assert (status, body["count"]) == (200, 1)
         assert call(base + f"/queues/{queue}/clean", "POST", {"nope": 1})[0] == 400
         status, body = call(base + f"/queues/{queue}/drain", "POST")
-        assert status == 200 and body["count"] == 4
-        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 0, "failed": 0, "waiting-children": 0}
+        assert status == 200 and body["count"] == 3
+        assert q.counts() == {"waiting": 0, "delayed": 0, "active": 0, "completed": 0, "failed": 0, "waiting-children": 0, "cancelled": 1}
 
 
 def test_simulation_validates_runs_and_stops(cluster: LocalCluster) -> None:

@@ -40,6 +40,10 @@ _JOB_OPTIONS = {
     "ttr": st.integers(L.ttr_ms_min, L.ttr_ms_max),
     "attempts": st.integers(L.attempts_min, L.attempts_max),
     "backoff": st.integers(0, L.backoff_ms_max),
+    "dedupe": st.fixed_dictionaries({"id": keys, "ttlMs": st.integers(1, L.ttl_ms_max)},
+                                    optional={"extend": st.booleans(), "replace": st.booleans()}),
+    "debounce": st.fixed_dictionaries({"id": keys, "delayMs": st.integers(1, L.delay_ms_max)},
+                                      optional={"maxWaitMs": st.integers(1, L.delay_ms_max)}),
 }
 
 
@@ -61,6 +65,8 @@ _QUEUE_OPTIONS = {
     "attempts": _JOB_OPTIONS["attempts"], "backoff": _JOB_OPTIONS["backoff"],
     "historyMax": st.integers(0, 10_000_000), "historyAgeMs": st.integers(0, L.ttl_ms_max),
     "shards": st.integers(1, 1024),
+    "limit": st.fixed_dictionaries({"max": st.integers(0, L.rate_max), "durationMs": st.integers(1, L.ttl_ms_max)}),
+    "concurrency": st.integers(0, L.concurrency_max),
 }
 
 FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
@@ -85,7 +91,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "grace": st.integers(0, L.ttl_ms_max),
     "progress": st.integers(0, 100),
     "partition": st.integers(0, L.partition_max),
-    "name": keys, "workerId": keys, "session": keys,
+    "name": keys, "workerId": keys, "session": keys, "by": keys,
     "schedule": st.sampled_from(["* * * * *", "*/5 * * * *", "0 3 * * 1-5"]),
     "repeatEvery": st.integers(1, L.delay_ms_max),
     "local": st.booleans(),

@@ -68,7 +68,7 @@ class Model:
             break
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children")}
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled")}
         for j in self.jobs.values():
             out[j["state"]] += 1
         return out

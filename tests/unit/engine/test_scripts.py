@@ -76,6 +76,8 @@ _INT = re.compile(r"-?\d+")
 # --- parsing -------------------------------------------------------------------------------------
 
 def parse_value(text: str) -> Any:
+    if text.startswith("{"):
+        return json.loads(text)  # a nested option, e.g. limit='{"max": 2, "durationMs": 1000}'
     if _INT.fullmatch(text):
         return int(text)
     return {"none": None, "true": True, "false": False}.get(text, text)
