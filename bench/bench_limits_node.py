@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import uvloop
+from bench_durability import cpu_s  # the same /proc CPU count as the durability benchmark
 
 from shoal.client import AsyncClient
 from shoal.cluster.launcher import LocalCluster, free_base_port
@@ -39,19 +40,6 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "groupConcurrency=1": {"group_concurrency": 1},
     "groupLimit=100/1s": {"group_concurrency": 0, "group_limit": (100, 1.0)},
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / CLK_TCK
-
-
 async def fill(client: AsyncClient, queue: str, groups: int, per_group: int) -> None:
     """Push ``groups * per_group`` jobs, one group each, in PUSHB frames of 1,000."""
     total = groups * per_group
