@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 import msgpack
 
+from .raft.snapshots import become_background_child
+
 __all__ = ["ReplicaDigests", "INLINE_JOBS_MAX", "ENV_INLINE_JOBS_MAX", "RESULT_BYTES_MAX"]
 
 log = logging.getLogger(__name__)
 
-#: Children run at this niceness above the node's: they are background work.
-CHILD_NICE = 10
 
 #: A partition with at most this many jobs is hashed on the loop (~5 ms at this size).
 INLINE_JOBS_MAX = 1_000
@@ -174,10 +174,7 @@ class ReplicaDigests:
 def _child(fd: int, stale: Mapping[int, tuple[Any, int]]) -> None:
     code = 1
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        os.nice(CHILD_NICE)  # the node's own loop comes first on a busy machine
+        become_background_child()
         results = [[p, index, engine.digest()]
                    for p, (engine, index) in stale.items()]
         view = memoryview(msgpack.packb(results))

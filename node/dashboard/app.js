@@ -3,9 +3,9 @@
 // fetch so it can carry Authorization), /queues/..., /jobs/..., /simulation.
 "use strict";
 
-const STATES = ["waiting", "delayed", "active", "completed", "failed", "waiting-children"];
+const STATES = ["waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled"];
 const STATE_LABEL = { waiting: "Waiting", delayed: "Delayed", active: "Active", completed: "Completed", failed: "Failed (DLQ)",
-  "waiting-children": "Waiting for children" };
+  "waiting-children": "Waiting for children", cancelled: "Cancelled" };
 const PAGE = 50;
 const $ = (sel, root = document) => root.querySelector(sel);
 
@@ -582,7 +582,7 @@ function jobActions(j, small = true) {
   if (j.state === "failed" || j.state === "completed") out.push(b("retry", "Retry"));
   if (j.state === "delayed") out.push(b("promote", "Promote"));
   if (j.state === "active") out.push(b("release", "Release"));
-  if (j.state !== "completed" && j.state !== "failed") out.push(b("cancel", "Cancel", "danger"));
+  if (["waiting", "delayed", "active"].includes(j.state)) out.push(b("cancel", "Cancel", "danger"));
   if (j.state !== "active") out.push(b("delete", "Delete", "danger"));
   return `<span class="actions">${out.join("")}</span>`;
 }

@@ -51,7 +51,7 @@ from ..state import PartitionEngine
 from ._io import FileHandle, FileIO, RealIO
 from .snapshot_file import SnapshotCorrupt, read_snapshot, read_snapshot_info, write_snapshot
 
-__all__ = ["ForkSnapshotter", "align_journal", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "SNAPSHOT_JOBS_PER_CHUNK",
+__all__ = ["ForkSnapshotter", "align_journal", "become_background_child", "SnapshotSettings", "RETRY_MIN_S", "RETRY_MAX_S", "SNAPSHOT_JOBS_PER_CHUNK",
            "ENV_ENTRIES_MIN", "ENV_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,15 @@ def load_snapshot(io: FileIO, path: str) -> tuple[PartitionEngine, Entry, Entry]
     prev_entry, last_entry = msgpack.unpackb(blob[_META_LEN.size:end], raw=False)
     engine = PartitionEngine.restore(blob[end:])
     return engine, _entry(prev_entry), _entry(last_entry)
+
+
+def become_background_child() -> None:
+    """In a child the node forked to write or hash its state: the parent's handlers (asyncio's
+    wakeup fd, SIGTERM shutdown) must not run here, and the node's own loop comes first."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    os.nice(CHILD_NICE)
 
 
 def align_journal(journal: Any, prev_entry: Entry, last_entry: Entry) -> int:
@@ -256,11 +265,7 @@ class ForkSnapshotter:
     def _child(self, error_fd: int, prev_entry: Entry, last_entry: Entry) -> None:
         code = 1
         try:
-            # The parent's handlers (asyncio's wakeup fd, SIGTERM shutdown) must not run here.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.set_wakeup_fd(-1)
-            os.nice(CHILD_NICE)  # the node's own loop comes first on a busy machine
+            become_background_child()
             write_snapshot(self._io, self.path, last_entry[1], last_entry[2],
                            snapshot_chunks(self._engine(), prev_entry, last_entry))
             code = 0
