@@ -39,6 +39,14 @@ def result(reply: Any) -> dict[str, Any]:
     return getattr(reply, "result", reply)
 
 
+def leased(engine: Any, frame: dict[str, Any]) -> Any:
+    """``frame`` (a PULL/PULLB) leased to session "s" in the form ``engine`` takes: a typed
+    ``SessionPull`` where its package has one, else the older ``_session`` field."""
+    package = sys.modules[type(engine).__module__.rpartition(".")[0]]
+    session_pull = getattr(package, "SessionPull", None)
+    return session_pull(frame, "s") if session_pull is not None else {**frame, "_session": "s"}
+
+
 def push_pull(engine: Any, n: int = 20_000) -> dict[str, float]:
     t = clock()
     for _ in range(n):
@@ -46,7 +54,7 @@ def push_pull(engine: Any, n: int = 20_000) -> dict[str, float]:
     push_s = clock() - t
     t = clock()
     for _ in range(n):
-        r = result(engine.apply({"cmd": "PULL", "queue": "q", "_session": "s"}, NOW))
+        r = result(engine.apply(leased(engine, {"cmd": "PULL", "queue": "q"}), NOW))
         engine.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
     return {"PUSH": push_s / n, "PULL+ACK": (clock() - t) / n}
 
@@ -60,7 +68,7 @@ def batches(engine: Any, n: int = 100_000, size: int = 100) -> dict[str, float]:
     t = clock()
     done = 0
     while done < n:
-        r = result(engine.apply({"cmd": "PULLB", "queue": "q", "count": size, "_session": "s"}, NOW))
+        r = result(engine.apply(leased(engine, {"cmd": "PULLB", "queue": "q", "count": size}), NOW))
         if not r["jobs"]:
             break
         engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, NOW)
@@ -76,7 +84,7 @@ def utube(engine: Any, groups: int = 10_000) -> dict[str, float]:
     put_s = clock() - t
     t = clock()
     for _ in range(groups):
-        r = result(engine.apply({"cmd": "PULL", "queue": "u", "_session": "s"}, NOW))
+        r = result(engine.apply(leased(engine, {"cmd": "PULL", "queue": "u"}), NOW))
         engine.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
     return {"utube put": put_s / groups, "utube take+ack": (clock() - t) / groups}
 

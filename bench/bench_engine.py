@@ -18,7 +18,7 @@ import time
 import tracemalloc
 
 from shoal.cluster.codec import Raw
-from shoal.node.state import PartitionEngine
+from shoal.node.state import PartitionEngine, SessionPull
 
 DATA = Raw(b"\xc4\x64" + b"x" * 100)  # a 100-byte bin payload, as a client would send it
 NOW = 1_000
@@ -37,7 +37,7 @@ def bench_push(n: int) -> None:
     t = time.perf_counter()
     done = 0
     while done < n:
-        r = e.apply({"cmd": "PULL", "queue": "q", "_session": "s"}, NOW).result
+        r = e.apply(SessionPull({"cmd": "PULL", "queue": "q"}, "s"), NOW).result
         e.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
         done += 1
     print(f"PULL+ACK                {rate(n, time.perf_counter() - t)}")
@@ -53,7 +53,7 @@ def bench_batches(n: int, size: int = 100) -> None:
     t = time.perf_counter()
     done = 0
     while done < n:
-        r = e.apply({"cmd": "PULLB", "queue": "q", "count": size, "_session": "s"}, NOW).result
+        r = e.apply(SessionPull({"cmd": "PULLB", "queue": "q", "count": size}, "s"), NOW).result
         if not r["jobs"]:
             break
         e.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, NOW)
@@ -90,7 +90,7 @@ def bench_utube_a(groups: int = 30_000) -> tuple[float, float]:
     put_s = time.perf_counter() - t
     t = time.perf_counter()
     for _ in range(groups):
-        r = e.apply({"cmd": "PULL", "queue": "u", "_session": "s"}, NOW).result
+        r = e.apply(SessionPull({"cmd": "PULL", "queue": "u"}, "s"), NOW).result
         e.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW)
     return put_s, time.perf_counter() - t
 
@@ -108,7 +108,7 @@ def bench_utube_b(groups: int = 10, per_group: int = 150_000, consumers: int = 1
     while done < total:
         held = []
         for c in range(consumers):  # each consumer takes one, then all ack: round-robin
-            r = e.apply({"cmd": "PULL", "queue": "u", "_session": f"c{c}"}, NOW).result
+            r = e.apply(SessionPull({"cmd": "PULL", "queue": "u"}, f"c{c}"), NOW).result
             if r["job"] is not None:
                 held.append((r["job"]["id"], r["token"]))
         if not held:

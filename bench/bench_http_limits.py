@@ -41,7 +41,7 @@ from aiohttp import web
 
 from shoal.cluster.guard import NodeLimits
 from shoal.cluster.launcher import LocalCluster, free_base_port
-from shoal.node.http_guard import GuardedSite, HttpGuard
+from shoal.node.http.guard import GuardedSite, HttpGuard
 
 CONCURRENCY = 8
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -287,8 +287,6 @@ _SPECS = [
     # internal: proposed by the leader itself, never accepted from a client
     _spec("_Tick", "partition"),
     _spec("_ReleaseSession", "partition", {"session": _key}),
-    # consecutive plain PUSHes to one queue in one group-commit batch (``_datas``, ``_keys``)
-    _spec("_PushMany", "queue", {"queue": F.queue}),
     # a flow's jobs of one queue (``_items``), a child's final outcome for its parent's
     # partition (``_reports``), and the end of a child's retries (``_children``)
     _spec("_FlowPush", "queue", {"queue": F.queue}),

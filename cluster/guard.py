@@ -51,12 +51,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["NodeLimits", "TlsSettings", "LIMITS_ENV_VARS", "TLS_ENV_VARS", "parse_limits", "parse_tls",
-           "memory_total_bytes", "PRE_AUTH_FRAME_BYTES_MAX", "AUTH_FAILURES_MAX"]
+           "memory_total_bytes", "PRE_AUTH_FRAME_BYTES_MAX", "AUTH_FAILURES_MAX",
+           "AUTH_FAIL_DELAYS_S"]
 
 #: Largest frame a connection may send before it authenticates (when tokens are configured).
 PRE_AUTH_FRAME_BYTES_MAX = 64 * 1024
 #: Wrong tokens one connection may send; the last one closes it.
 AUTH_FAILURES_MAX = 3
+#: Wrong-token delays (seconds) before AUTH_FAILED is answered, by failure count (binary and /ws).
+AUTH_FAIL_DELAYS_S = (0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

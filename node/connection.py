@@ -24,16 +24,16 @@ import asyncio
 import itertools
 import logging
 import socket
-import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import (FrameDecoder, PlainPush, Raw, check_depth, decode_request, encode,
-                                 encode_body)
+from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, check_depth, decode_request, encode
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
-from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
+from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
+
+from .pushes import encode_replies, take_block
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -43,8 +43,6 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
-#: Wrong-token delays (seconds) before AUTH_FAILED is answered, by failure count.
-AUTH_FAIL_DELAYS_S = (0.25, 0.5, 1.0)
 _PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 #: Unfinished frames larger than this count against limits.unfinished_bytes_max (smaller ones
 #: are the tail of a pipelined burst: counting them would cost every read).
@@ -59,43 +57,6 @@ class _Head(msgspec.Struct):
 
 
 _head_decode = msgspec.msgpack.Decoder(_Head).decode
-_pack = msgspec.msgpack.Encoder().encode
-_PUSH_REPLY_HEAD = b"\x83\xa2ok\xc3\xa2id"  # map of 3: "ok": true, "id": (the id follows)
-_PUSH_REPLY_REQ = b"\xa5reqId"
-_PUSH_REPLY_FIXED = len(_PUSH_REPLY_HEAD) + len(_PUSH_REPLY_REQ)
-_PUSH_REPLY_SIZE = struct.Struct(">I").pack
-
-
-def encode_replies(out: list[bytes], req_ids: list[Any], results: list[Any]) -> list[dict[str, Any]]:
-    """Append the length-prefixed replies to ``out`` (pieces to join); per command a reply dict
-    or a CommandError. Returns the reply frames that could not be encoded.
-    """
-    add = out.append
-    failed: list[dict[str, Any]] = []
-    for req_id, result in zip(req_ids, results):
-        job_id = result.get("id") if type(result) is dict and len(result) == 1 else None
-        if type(job_id) is str and (type(req_id) is int or type(req_id) is str):
-            # A plain push's reply, {"ok": true, "id": ..., "reqId": ...}, spliced from its two
-            # encoded values: half the cost of building and encoding a dict per reply.
-            packed_id = _pack(job_id)
-            packed_req = _pack(req_id)
-            add(_PUSH_REPLY_SIZE(_PUSH_REPLY_FIXED + len(packed_id) + len(packed_req)))
-            add(_PUSH_REPLY_HEAD)
-            add(packed_id)
-            add(_PUSH_REPLY_REQ)
-            add(packed_req)
-            continue
-        frame = {"ok": True, **result} if type(result) is dict else result.to_reply()
-        if req_id is not None:
-            frame["reqId"] = req_id
-        try:
-            body = encode_body(frame)  # a short reply: well under any frame limit
-        except ProtocolError:
-            failed.append(frame)
-            continue
-        add(len(body).to_bytes(4, "big") + body)
-    return failed
-
 
 class ClientConnection(asyncio.Protocol):
     """Protocol instance per accepted socket."""
@@ -125,7 +86,7 @@ class ClientConnection(asyncio.Protocol):
         self._backlog_bytes = 0       # bytes received while frames waited in the backlog
         self._pumping = False
         self.loop = dispatcher.loop
-        limits = dispatcher.node.config.limits
+        limits = dispatcher.limits
         self._output_high = limits.output_high_bytes
         self._output_max = limits.output_max_bytes
         self.peer_host = ""
@@ -399,16 +360,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _pump_pushes(self, frame: PlainPush) -> None:
         """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""
-        backlog = self._backlog
-        block = [frame]
-        queue = frame.queue
-        room = self.inflight_max - self._inflight - 1
-        while room > 0 and backlog:
-            nxt = backlog[0]
-            if type(nxt) is not PlainPush or nxt.queue != queue:
-                break
-            block.append(backlog.popleft())
-            room -= 1
+        block = take_block(frame, self._backlog, self.inflight_max - self._inflight - 1)
         self._inflight += len(block)
         try:
             self.dispatcher.handle_pushes(self, block)
@@ -433,7 +385,7 @@ class ClientConnection(asyncio.Protocol):
 
     def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
         """Answer commands that completed together: per command a reply dict or a CommandError."""
-        self.dispatcher.node.metrics.observe(cmd, seconds, len(req_ids))
+        self.dispatcher.metrics.observe(cmd, seconds, len(req_ids))
         self._inflight -= len(req_ids)
         if self.closed:
             return

@@ -25,18 +25,18 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.codec import PlainPush
 from shoal.cluster.commands import COMMANDS, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .flows import FLOW_COMMANDS
+from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
+from .pushes import check_block, check_queue, each_result, session_pull
 from .sessions import SESSION_CHARS_MAX, SessionTable
 
 if TYPE_CHECKING:
-    from .connection import ClientConnection
-    from .server import Node
+    from shoal.cluster.config import ClusterConfig
 
 __all__ = ["Dispatcher"]
 
@@ -51,10 +51,6 @@ NEW_JOB_COMMANDS = frozenset({"PUSH", "PUSHB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
 PARKED_PER_QUEUE_MAX = 10_000
-#: The PUSH schema's own field checks, run by the plain-push block path as ``handle`` runs them.
-_check_queue = COMMANDS["PUSH"].checks["queue"]
-_check_data = COMMANDS["PUSH"].checks["data"]
-_check_key = COMMANDS["PUSH"].checks["idempotencyKey"]
 
 
 class _Parked:
@@ -62,7 +58,7 @@ class _Parked:
 
     __slots__ = ("conn", "frame", "partition", "queue", "deadline", "timer", "done")
 
-    def __init__(self, conn: "ClientConnection", frame: dict[str, Any], partition: int, queue: str,
+    def __init__(self, conn: Replier, frame: dict[str, Any], partition: int, queue: str,
                  deadline: float) -> None:
         self.conn = conn
         self.frame = frame
@@ -83,16 +79,29 @@ class _Parked:
 
 
 class Dispatcher:
-    """Answers every frame of every connection of one node."""
+    """Answers every frame of every connection of one node.
 
-    def __init__(self, node: "Node") -> None:
-        self.node = node
-        self.loop = node.loop
-        self.partitions = node.config.partitions
-        self.auth_required = bool(node.config.tokens)
+    It reaches the rest of the node only through what it is given: the partitions
+    (``directory``), the node's identity and listeners (``info``), the ``metrics``,
+    the ``clock`` and the ``flows`` service; connections hand themselves in as
+    :class:`~.ports.Replier` s.
+    """
+
+    def __init__(self, config: "ClusterConfig", loop: asyncio.AbstractEventLoop, *, clock: Clock,
+                 directory: PartitionDirectory, info: NodeInfo, metrics: Metrics, flows: FlowHandler) -> None:
+        self.config = config
+        self.flows = flows
+        self._flow_commands = flows.commands
+        self.loop = loop
+        self.clock = clock
+        self.directory = directory
+        self.info = info
+        self.metrics = metrics
+        self.partitions = config.partitions
+        self.auth_required = bool(config.tokens)
         # Digests of both sides are compared, so not even a token's length shows in the timing.
-        self._token_digests = [_digest(t) for t in node.config.tokens]
-        limits = node.config.limits
+        self._token_digests = [_digest(t) for t in config.tokens]
+        limits = self.limits = config.limits
         self._connections_max = limits.connections_max
         self._per_address_max = limits.connections_per_address_max
         self._per_address: dict[str, int] = {}
@@ -100,10 +109,9 @@ class Dispatcher:
         self.overloaded: CommandError | None = None
         self.unfinished_bytes = 0
         self._unfinished_max = limits.unfinished_budget_bytes()
-        self.sessions = SessionTable(node.node_id, node.loop, node.config.session_grace_ms,
-                                     self._release_session)
-        self.connections: set["ClientConnection"] = set()
-        self.subscribers: set["ClientConnection"] = set()
+        self.sessions = SessionTable(info.node_id, loop, config.session_grace_ms, self._release_session)
+        self.connections: set[Replier] = set()
+        self.subscribers: set[Replier] = set()
         self.workers: dict[str, dict[str, Any]] = {}
         self._worker_ids = itertools.count(1)
         # (partition, queue) -> parked pulls; partition -> parked pushes (queue full)
@@ -114,7 +122,7 @@ class Dispatcher:
 
     # --- connection lifecycle ------------------------------------------------------------------
 
-    def connection_opened(self, conn: "ClientConnection") -> CommandError | None:
+    def connection_opened(self, conn: Replier) -> CommandError | None:
         """Admit a new connection, or say why not (the connection limits); it then closes."""
         host = conn.peer_host
         if len(self.connections) >= self._connections_max:
@@ -137,7 +145,7 @@ class Dispatcher:
         self.unfinished_bytes += delta
         return True
 
-    def connection_closed(self, conn: "ClientConnection") -> None:
+    def connection_closed(self, conn: Replier) -> None:
         if conn not in self.connections:
             return  # refused at connect: never counted
         self.connections.discard(conn)
@@ -152,23 +160,23 @@ class Dispatcher:
 
     def _release_session(self, session: str, partitions: set[int]) -> None:
         for p in partitions:
-            gc = self.node.group_commits.get(p)
+            gc = self.directory.group_commits.get(p)
             if gc is not None and gc.replica.is_leader():
                 gc.submit({"cmd": "_ReleaseSession", "session": session}, _ignore)
 
     # --- entry point ---------------------------------------------------------------------------
 
-    def handle(self, conn: "ClientConnection", frame: dict[str, Any]) -> None:
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
         """Answer ``frame`` now or later; exactly one reply per frame."""
         self.commands_total += 1
         cmd = frame["cmd"]
         req_id = frame.get("reqId")
         if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
             raise CommandError(ErrorCode.AUTH_REQUIRED, "authenticate with Auth {token} first")
-        if cmd in FLOW_COMMANDS:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
+        if cmd in self._flow_commands:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
             if self.overloaded is not None and cmd == "PushFlow":
                 raise self.overloaded
-            self.node.flows.handle(conn, frame)
+            self.flows.handle(conn, frame)
             return
         if cmd in NODE_COMMANDS:
             conn.reply(req_id, self._node_command(conn, cmd, frame))
@@ -176,7 +184,7 @@ class Dispatcher:
         if self.overloaded is not None and cmd in NEW_JOB_COMMANDS:
             raise self.overloaded
         if cmd == "Stats" and frame.get("local"):
-            conn.reply(req_id, self.node.local_stats(frame.get("partition")))
+            conn.reply(req_id, self.info.local_stats(frame.get("partition")))
             return
         validate(frame)
         spec = COMMANDS[cmd]
@@ -184,16 +192,16 @@ class Dispatcher:
             self._fan_out(conn, frame, spec.read_only)
             return
         p = self._partition_of(spec.routing, frame)
-        replica = self.node.replicas.get(p)
+        replica = self.directory.replicas.get(p)
         if replica is None or not replica.is_leader():
-            raise self.node.not_leader_error(p)
+            raise self.directory.not_leader_error(p)
         if spec.read_only:
             if not replica.read_ready():
                 raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
                                                         "entry yet; retry")
             started = time.perf_counter()
-            conn.reply(req_id, replica.read(frame, self.node.now_ms()))
-            self.node.metrics.observe(cmd, time.perf_counter() - started)
+            conn.reply(req_id, replica.read(frame, self.clock.now_ms()))
+            self.metrics.observe(cmd, time.perf_counter() - started)
             return
         if cmd in LEASE_COMMANDS:
             self._pull(conn, frame, p)
@@ -220,12 +228,13 @@ class Dispatcher:
 
     # --- writes --------------------------------------------------------------------------------
 
-    def handle_pushes(self, conn: "ClientConnection", frames: list[PlainPush]) -> None:
+    def handle_pushes(self, conn: Replier, frames: list[PlainPush]) -> None:
         """Answer consecutive plain PUSHes of one connection to one queue.
 
         Each frame gets the reply ``handle`` would give it; the valid ones go to group commit
-        as one ``_PushMany`` (the form it gives a run of plain pushes anyway), so the block
-        costs one routing, one submit and one callback instead of one of each per push.
+        as one ``PushRun`` (:func:`~.pushes.check_block`, the form it gives a run of plain
+        pushes anyway), so the block costs one routing, one submit and one callback instead
+        of one of each per push.
         Checks come first and answer nothing, so an unexpected error leaves every frame to
         the caller's error reply.
         """
@@ -235,63 +244,41 @@ class Dispatcher:
         try:
             if self.overloaded is not None:
                 raise self.overloaded
-            _check_queue("queue", queue)
+            check_queue(queue)
             p = self._partition_of("queue", {"queue": queue})
-            replica = self.node.replicas.get(p)
+            replica = self.directory.replicas.get(p)
             if replica is None or not replica.is_leader():
-                raise self.node.not_leader_error(p)
+                raise self.directory.not_leader_error(p)
         except CommandError as exc:
             for frame in frames:
                 conn.reply_error(frame.reqId, exc)
             return
-        req_ids: list[Any] = []
-        datas: list[bytes] = []
-        keys: list[str | None] | None = None
-        data_max = L.data_bytes_max
-        for i, frame in enumerate(frames):
-            data = bytes(frame.data)
-            key = frame.idempotencyKey
-            try:
-                if len(data) > data_max:
-                    _check_data("data", Raw(data))
-                if key is not None:
-                    _check_key("idempotencyKey", key)
-            except CommandError as exc:
-                conn.reply_error(frame.reqId, exc)
-                continue
-            if key is not None and keys is None:
-                keys = [None] * len(datas)
-            req_ids.append(frame.reqId)
-            datas.append(data)
-            if keys is not None:
-                keys.append(key)
-        if not req_ids:
+        req_ids, run = check_block(frames, conn.reply_error)
+        if run is None:
             return
-        cmd: dict[str, Any] = {"cmd": "_PushMany", "queue": queue, "_datas": datas}
-        if keys is not None:
-            cmd["_keys"] = keys
         n = len(req_ids)
         started = time.perf_counter()
 
         def done(result: Any) -> None:
             # The engine's per-push outcomes, or one error for the whole entry (e.g. NOT_LEADER).
-            each = result["results"] if type(result) is dict else [result] * n
-            conn.reply_many(req_ids, each, "PUSH", time.perf_counter() - started)
+            conn.reply_many(req_ids, each_result(result, n), "PUSH", time.perf_counter() - started)
 
-        self.node.group_commits[p].submit(cmd, done)
+        self.directory.group_commits[p].submit(run, done)
 
-    def _write(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
+    def _write(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None = None) -> None:
+        """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its
+        ``deadline`` (loop time, set when it first parks)."""
         req_id = frame.get("reqId")
-        gc = self.node.group_commits[p]
+        gc = self.directory.group_commits[p]
         started = time.perf_counter()
-        observe = self.node.metrics.observe
+        observe = self.metrics.observe
 
         def done(result: Any) -> None:
             observe(frame["cmd"], time.perf_counter() - started)
             if isinstance(result, CommandError):
                 if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
                         and frame.get("timeout") and not conn.closed):
-                    self._park_push(conn, frame, p)
+                    self._park_push(conn, frame, p, deadline)
                     return
                 conn.reply_error(req_id, result)
             else:
@@ -299,71 +286,66 @@ class Dispatcher:
 
         gc.submit(frame, done)
 
-    def _park_push(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
-        deadline = frame.setdefault("_deadline", time.monotonic() + frame["timeout"] / 1000)
-        if time.monotonic() >= deadline:
-            frame.pop("_deadline", None)
+    def _park_push(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None) -> None:
+        if deadline is None:
+            deadline = self.loop.time() + frame["timeout"] / 1000
+        if self.loop.time() >= deadline:
             conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
             return
         parked = _Parked(conn, frame, p, frame["queue"], deadline)
-        parked.timer = self.loop.call_at(self.loop.time() + (deadline - time.monotonic()), self._expire_push, parked)
+        parked.timer = self.loop.call_at(deadline, self._expire_push, parked)
         self._parked_pushes.setdefault(p, deque()).append(parked)
 
     def _expire_push(self, parked: _Parked) -> None:
         if not parked.done:
             parked.done = True
-            parked.frame.pop("_deadline", None)
             parked.conn.reply_error(parked.frame.get("reqId"),
                                     CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
 
     # --- pulls and long polls ------------------------------------------------------------------
 
-    def _pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int) -> None:
-        if frame.get("detach"):
-            # The lease outlives this connection: only an ack or its TTR ends it (for consumers
-            # that ack from another process, e.g. the Spark stream's commit).
-            frame.pop("_session", None)
-        else:
-            frame["_session"] = conn.session
+    def _pull(self, conn: Replier, frame: dict[str, Any], p: int) -> None:
+        if not frame.get("detach"):
             self.sessions.used_partition(conn.session, p)
         timeout_ms = frame.get("timeout") or 0
-        replica = self.node.replicas[p]
+        replica = self.directory.replicas[p]
         if timeout_ms > 0 and not replica.has_ready(frame["queue"]):
-            self._park_pull(conn, frame, p, time.monotonic() + timeout_ms / 1000)
+            self._park_pull(conn, frame, p, self.loop.time() + timeout_ms / 1000)
             return
         self._submit_pull(conn, frame, p, None)
 
-    def _submit_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float | None) -> None:
+    def _submit_pull(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None) -> None:
         req_id = frame.get("reqId")
         started = time.perf_counter()  # from submit: a long poll's parked time is not latency
 
         def done(result: Any) -> None:
-            self.node.metrics.observe(frame["cmd"], time.perf_counter() - started)
+            self.metrics.observe(frame["cmd"], time.perf_counter() - started)
             if isinstance(result, CommandError):
                 conn.reply_error(req_id, result)
                 return
             empty = not result.get("job") if frame["cmd"] == "PULL" else not result.get("jobs")
-            if empty and deadline is not None and time.monotonic() < deadline and not conn.closed:
+            if empty and deadline is not None and self.loop.time() < deadline and not conn.closed:
                 # Someone else took the job first; keep waiting for the rest of the timeout.
                 self._park_pull(conn, frame, p, deadline)
                 return
             conn.reply(req_id, result)
 
-        if frame["cmd"] == "PULLB":
-            # Replicated with the command, so every replica stops at the same job: a reply
-            # that could not be sent would leave its jobs leased until their TTR ran out.
-            frame["_bytesMax"] = self.node.config.frame_bytes_max
-        self.node.group_commits[p].submit(frame, done)
+        # A detached lease outlives this connection: only an ack or its TTR ends it (for
+        # consumers that ack from another process, e.g. the Spark stream's commit). A PULLB's
+        # byte bound is replicated with it, so every replica stops at the same job: a reply
+        # that could not be sent would leave its jobs leased until their TTR ran out.
+        session = None if frame.get("detach") else conn.session
+        bytes_max = self.config.frame_bytes_max if frame["cmd"] == "PULLB" else 0
+        self.directory.group_commits[p].submit(session_pull(frame, session, bytes_max), done)
 
-    def _park_pull(self, conn: "ClientConnection", frame: dict[str, Any], p: int, deadline: float) -> None:
+    def _park_pull(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float) -> None:
         key = (p, frame["queue"])
         waiters = self._parked_pulls.setdefault(key, deque())
         if len(waiters) >= PARKED_PER_QUEUE_MAX:
             conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.OVERLOADED, "too many parked pulls on this queue"))
             return
         parked = _Parked(conn, frame, p, frame["queue"], deadline)
-        delay = max(0.0, deadline - time.monotonic())
-        parked.timer = self.loop.call_later(delay, self._expire_pull, parked)
+        parked.timer = self.loop.call_at(deadline, self._expire_pull, parked)
         waiters.append(parked)
 
     def _expire_pull(self, parked: _Parked) -> None:
@@ -375,7 +357,7 @@ class Dispatcher:
 
     def on_applied(self, p: int) -> None:
         """Partition ``p`` applied entries: wake parked commands that may now succeed."""
-        replica = self.node.replicas.get(p)
+        replica = self.directory.replicas.get(p)
         if replica is None or not replica.is_leader():
             return
         for key in [k for k in self._parked_pulls if k[0] == p]:
@@ -393,7 +375,7 @@ class Dispatcher:
                     self._submit_pull(parked.conn, parked.frame, p, parked.deadline)
         for parked in self._parked_pushes.pop(p, ()):
             if parked.claim():
-                self._write(parked.conn, parked.frame, p)
+                self._write(parked.conn, parked.frame, p, parked.deadline)
 
     def fail_parked(self, p: int, error: CommandError) -> None:
         """Leadership of ``p`` was lost: answer everything parked on it."""
@@ -406,13 +388,14 @@ class Dispatcher:
 
     # --- fan-out over the partitions this node leads -------------------------------------------
 
-    def _fan_out(self, conn: "ClientConnection", frame: dict[str, Any], read_only: bool) -> None:
+    def _fan_out(self, conn: Replier, frame: dict[str, Any], read_only: bool) -> None:
         req_id = frame.get("reqId")
-        led = [p for p, r in sorted(self.node.replicas.items()) if r.is_leader()]
+        replicas = self.directory.replicas
+        led = [p for p, r in sorted(replicas.items()) if r.is_leader()]
         cmd = frame["cmd"]
         if read_only:
-            now = self.node.now_ms()
-            parts = {p: self.node.replicas[p].read(frame, now) for p in led}
+            now = self.clock.now_ms()
+            parts = {p: replicas[p].read(frame, now) for p in led}
             conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
             return
         results: dict[int, Any] = {}
@@ -432,13 +415,13 @@ class Dispatcher:
                     conn.reply(req_id, _merge(cmd, ok))
 
         for p in led:
-            self.node.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
+            self.directory.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
 
     # --- node-level commands -------------------------------------------------------------------
 
-    def _node_command(self, conn: "ClientConnection", cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
+    def _node_command(self, conn: Replier, cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
         if cmd == "Ping":
-            return {"pong": True, "time": int(time.time() * 1000)}
+            return {"pong": True, "time": self.clock.now_ms()}
         if cmd == "Hello":
             version = frame.get("protocolVersion", 1)
             if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -446,10 +429,10 @@ class Dispatcher:
             version = min(version, 2)
             conn.upgrade(version)
             reply = {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
-                     "nodeId": self.node.node_id, "clusterId": self.node.config.cluster_id,
+                     "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
                      "authRequired": self.auth_required}
             if conn.authed:  # the cluster's layout and the session only to authenticated clients
-                reply["topology"] = self.node.topology.to_wire()
+                reply["topology"] = self.info.topology.to_wire()
                 reply["session"] = conn.session
             return reply
         if cmd == "Auth":
@@ -469,7 +452,7 @@ class Dispatcher:
             if not matched:
                 raise CommandError(ErrorCode.AUTH_FAILED, "invalid token")
             conn.authed = True
-            return {"topology": self.node.topology.to_wire(), "session": conn.session}
+            return {"topology": self.info.topology.to_wire(), "session": conn.session}
         if cmd == "Identify":
             session = frame.get("session")
             if session is not None:
@@ -488,14 +471,14 @@ class Dispatcher:
                 conn.subscriptions = set()
             conn.subscriptions.add(queue or "")
             self.subscribers.add(conn)
-            self.node.events_wanted()
+            self.info.events_wanted()
             return {}
         if cmd == "Prometheus":
-            return {"text": self.node.metrics.exposition()}
+            return {"text": self.metrics.exposition()}
         return self._worker_command(cmd, frame)
 
     def _worker_command(self, cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
-        now = int(time.time() * 1000)
+        now = self.clock.now_ms()
         if cmd == "ListWorkers":
             return {"workers": list(self.workers.values())}
         worker_id = frame.get("workerId")
@@ -509,7 +492,7 @@ class Dispatcher:
             if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
                 raise CommandError(ErrorCode.INVALID, "queues: must be a list of queue names")
             if worker_id is None:
-                worker_id = f"{self.node.node_id}-w{next(self._worker_ids)}"
+                worker_id = f"{self.info.node_id}-w{next(self._worker_ids)}"
             if worker_id not in self.workers and len(self.workers) >= WORKERS_MAX:
                 raise CommandError(ErrorCode.OVERLOADED, f"at most {WORKERS_MAX} registered workers per node")
             self.workers[worker_id] = {"id": worker_id, "name": name or worker_id, "queues": queues,
@@ -532,7 +515,7 @@ class Dispatcher:
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Send job events to subscribed connections (and the node's other listeners)."""
-        for listener in self.node.event_listeners:
+        for listener in self.info.event_listeners:
             listener(events)
         if not self.subscribers:
             return

@@ -42,9 +42,10 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.flow import FlowNode, flatten, item_key
 from shoal.cluster.partitioning import partition_for
 
+from .ports import Replier
+
 if TYPE_CHECKING:
-    from .connection import ClientConnection
-    from .server import Node
+    from .view import NodeView
 
 __all__ = ["FlowService", "FLOW_COMMANDS"]
 
@@ -67,7 +68,10 @@ PUSH_FLOWS_INFLIGHT_MAX = 1_000  # PushFlows this node coordinates at once
 class FlowService:
     """PushFlow coordination, the child-report forwarder and peer requests of one node."""
 
-    def __init__(self, node: "Node") -> None:
+    #: The commands the dispatcher hands to :meth:`handle`.
+    commands = FLOW_COMMANDS
+
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self._key = hmac.new(node.config.secret.encode(), b"shoal flow peer v1", hashlib.sha256).digest()
         self._links: dict[str, _PeerLink] = {}
@@ -77,7 +81,7 @@ class FlowService:
 
     # --- entry points from the dispatcher ------------------------------------------------------
 
-    def handle(self, conn: "ClientConnection", frame: dict[str, Any]) -> None:
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
         """Answer a PushFlow or a peer's ``_FlowPeer`` (later, from a task)."""
         if frame["cmd"] == "_FlowPeer":
             self._peer_request(conn, frame)
@@ -104,7 +108,7 @@ class FlowService:
 
         self.node.loop.create_task(run())
 
-    def _peer_request(self, conn: "ClientConnection", frame: dict[str, Any]) -> None:
+    def _peer_request(self, conn: Replier, frame: dict[str, Any]) -> None:
         req_id = frame.get("reqId")
         body, proof = frame.get("_body"), frame.get("_proof")
         if type(body) is not bytes or type(proof) is not bytes or len(body) > PEER_BODY_BYTES_MAX:

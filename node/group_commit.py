@@ -6,22 +6,21 @@ Event-loop side only. Up to ``inflight_max`` entries are in flight at once
 proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
 
-Inside a batch, a run of consecutive plain PUSHes to one queue (data and maybe
-an idempotency key) travels as one ``_PushMany`` command: one list of data
-bytes to pickle and one segment for the engines to store, instead of a dict
-and a job object per push on every replica. Each push keeps its own result.
+The commands of an entry are the batch in its replicated form, which
+:mod:`.pushes` decides (a run of plain PUSHes as one ``PushRun``, and so on);
+each submitted command still gets its own result.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
-from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from .clock import Clock
+from .pushes import Command, commands_in, fan_out, replicated_form
 from .raft import PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]
@@ -30,51 +29,10 @@ __all__ = ["GroupCommit", "ReplyCallback"]
 ReplyCallback = Callable[[Any], None]
 
 
-#: Fields a PUSH may carry and still ride in a ``_PushMany`` (``timeout`` and ``_deadline``
-#: only matter to the dispatcher, which parks a push refused with QUEUE_FULL).
-_PLAIN_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "timeout", "_deadline"})
-
-
-def coalesce_pushes(cmds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int] | None]:
-    """Replace each run of 2+ consecutive plain PUSHes to one queue by one ``_PushMany``.
-
-    Returns the commands to replicate and, when anything was merged, how many original
-    commands each stands for (0 for a command kept as it was); None when nothing was.
-    """
-    out: list[dict[str, Any]] = []
-    sizes: list[int] = []
-    merged = False
-    i, n = 0, len(cmds)
-    while i < n:
-        cmd = cmds[i]
-        j = i + 1
-        if cmd["cmd"] == "PUSH" and cmd.keys() <= _PLAIN_PUSH_FIELDS:
-            queue = cmd["queue"]
-            while j < n and cmds[j]["cmd"] == "PUSH" and cmds[j]["queue"] == queue \
-                    and cmds[j].keys() <= _PLAIN_PUSH_FIELDS:
-                j += 1
-        if j - i < 2:
-            out.append(cmd)
-            sizes.append(0)
-            i += 1
-            continue
-        run = cmds[i:j]
-        many: dict[str, Any] = {"cmd": "_PushMany", "queue": queue,
-                                "_datas": [d.packed if type(d) is Raw else d for d in [c["data"] for c in run]]}
-        keys = [c.get("idempotencyKey") for c in run]
-        if any(k is not None for k in keys):
-            many["_keys"] = keys
-        out.append(many)
-        sizes.append(j - i)
-        merged = True
-        i = j
-    return out, (sizes if merged else None)
-
-
 class _Entry:
     """One proposed entry's callbacks; ``settled`` once answered (by Raft or by abandonment).
 
-    ``sizes`` (from :func:`coalesce_pushes`) maps the replicated commands back to the callbacks.
+    ``sizes`` (from :func:`~.pushes.replicated_form`) maps the replicated commands back to the callbacks.
     """
 
     __slots__ = ("cbs", "sizes", "settled")
@@ -88,19 +46,20 @@ class _Entry:
 class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
-    def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, *,
+    def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
                  inflight_max: int = 3, batch_commands_max: int = 2048) -> None:
         self.replica = replica
         self.loop = loop
+        #: Stamps each entry (the engines' ``now_ms``): the node's one clock, never decreasing.
+        self.clock = clock
         self.inflight_max = inflight_max
         self.batch_commands_max = batch_commands_max
         self.pending_commands_max = 200_000
-        self._cmds: list[dict[str, Any]] = []
+        self._cmds: list[Command] = []
         self._cbs: list[ReplyCallback] = []
         self._inflight = 0
         self._entries: set[_Entry] = set()
         self._scheduled = False
-        self._last_now_ms = 0
         self.proposed_batches = 0
         self.proposed_commands = 0
 
@@ -108,7 +67,7 @@ class GroupCommit:
     def pending(self) -> int:
         return len(self._cmds)
 
-    def submit(self, cmd: dict[str, Any], callback: ReplyCallback) -> None:
+    def submit(self, cmd: Command, callback: ReplyCallback) -> None:
         """Queue ``cmd`` for the next entry; ``callback`` gets its result on the event loop."""
         if len(self._cmds) >= self.pending_commands_max:
             callback(CommandError(ErrorCode.OVERLOADED, "too many commands waiting for this partition"))
@@ -126,14 +85,6 @@ class GroupCommit:
         for cb in cbs:
             cb(error)
 
-    def now_ms(self) -> int:
-        """The leader's clock stamp for the next entry, never decreasing."""
-        now = int(time.time() * 1000)
-        if now < self._last_now_ms:
-            now = self._last_now_ms
-        self._last_now_ms = now
-        return now
-
     def _flush(self) -> None:
         self._scheduled = False
         while self._cmds and self._inflight < self.inflight_max:
@@ -147,10 +98,9 @@ class GroupCommit:
             cbs, self._cbs = self._cbs[:n], self._cbs[n:]
             self._inflight += 1
             self.proposed_batches += 1
-            # A block of plain pushes (Dispatcher.handle_pushes) arrives as one _PushMany: count its pushes.
-            self.proposed_commands += sum(len(c["_datas"]) if c["cmd"] == "_PushMany" else 1 for c in cmds)
+            self.proposed_commands += sum(map(commands_in, cmds))
             loop = self.loop
-            cmds, sizes = coalesce_pushes(cmds)
+            cmds, sizes = replicated_form(cmds, self.replica.partition)
             entry = _Entry(cbs, sizes)
             self._entries.add(entry)
 
@@ -159,7 +109,7 @@ class GroupCommit:
                 loop.call_soon(self._complete, entry, results, reason)
 
             try:
-                self.replica.propose(self.now_ms(), cmds, done)
+                self.replica.propose(self.clock.now_ms(), cmds, done)
             except Exception as exc:  # pysyncobj refused synchronously (e.g. destroyed)
                 self._complete(entry, None, -1, exc)
 
@@ -193,21 +143,8 @@ class GroupCommit:
                    else fail_reason_error(reason))
             for cb in cbs:
                 cb(err)
-        elif entry.sizes is None:
-            for cb, res in zip(cbs, results):
-                cb(res)
         else:
-            k = 0
-            for res, n in zip(results, entry.sizes):
-                if n == 0:
-                    cbs[k](res)
-                    k += 1
-                    continue
-                # a _PushMany: one result per push, or one error for all (an engine failure)
-                each = res["results"] if type(res) is dict else [res] * n
-                for cb, r in zip(cbs[k:k + n], each):
-                    cb(r)
-                k += n
+            fan_out(cbs, results, entry.sizes)
         if self._cmds and not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._flush)

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from shoal.cluster.errors import CommandError, ErrorCode
 
 if TYPE_CHECKING:
-    from .server import Node
+    from .view import NodeView
 
 __all__ = ["NodeGuard", "GUARD_INTERVAL_S", "rss_bytes"]
 
@@ -51,7 +51,7 @@ def rss_bytes() -> int:
 class NodeGuard(Collector):
     """Runs the watchdog task and exports its figures to Prometheus."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         limits = node.config.limits
         self.budget_bytes = limits.memory_budget_bytes()

@@ -2,114 +2,20 @@
 and by the ``Prometheus`` command.
 
 Counters that the hot path touches are plain ints on the node; a custom
-collector turns them and the engines' counts into samples at scrape time, so
-serving a command costs no metrics lock.
+collector (:mod:`.collector`) turns them and the engines' counts into samples at
+scrape time, so serving a command costs no metrics lock.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from .server import Node
-
 __all__ = ["NodeMetrics"]
-
-
-def _syncs(storage: Any) -> CounterMetricFamily:
-    family = CounterMetricFamily("shoal_journal_syncs", "Journal fdatasyncs by the sync barrier (fsync class) "
-                                 "and by the sync_interval_ms timer (disk class)", labels=["kind"])
-    family.add_metric(["barrier"], storage.barrier_syncs)
-    family.add_metric(["interval"], storage.lazy_syncs)
-    return family
-
-
-class _NodeCollector(Collector):
-    def __init__(self, node: "Node") -> None:
-        self.node = node
-
-    def collect(self) -> Iterator[Any]:
-        node = self.node
-        d = node.dispatcher
-        yield CounterMetricFamily("shoal_commands", "Commands received by this node", value=d.commands_total)
-        yield GaugeMetricFamily("shoal_connections", "Open client connections", value=len(d.connections))
-        yield GaugeMetricFamily("shoal_sessions", "Sessions with an open connection", value=d.sessions.active)
-        term = GaugeMetricFamily("shoal_raft_term", "Raft term per hosted partition", labels=["partition"])
-        commit = GaugeMetricFamily("shoal_raft_commit_index", "Raft commit index", labels=["partition"])
-        elections = CounterMetricFamily("shoal_raft_elections", "Elections this node's replica of the partition "
-                                        "started (campaigns, including requested leadership transfers)",
-                                        labels=["partition"])
-        leader = GaugeMetricFamily("shoal_partition_is_leader", "1 when this node leads the partition",
-                                   labels=["partition"])
-        pending = GaugeMetricFamily("shoal_pending_commands", "Commands waiting for group commit",
-                                    labels=["partition"])
-        batches = CounterMetricFamily("shoal_raft_batches", "Raft entries proposed by group commit",
-                                      labels=["partition"])
-        batched = CounterMetricFamily("shoal_raft_batched_commands", "Commands carried by those entries "
-                                      "(divided by shoal_raft_batches: the group-commit batch size)",
-                                      labels=["partition"])
-        for p, replica in sorted(node.replicas.items()):
-            label = [str(p)]
-            term.add_metric(label, replica.term())
-            commit.add_metric(label, replica.commit_index())
-            elections.add_metric(label, replica.elections)
-            leader.add_metric(label, 1 if replica.is_leader() else 0)
-            gc = node.group_commits[p]
-            pending.add_metric(label, gc.pending)
-            batches.add_metric(label, gc.proposed_batches)
-            batched.add_metric(label, gc.proposed_commands)
-        storage = node.storage
-        if storage is not None:
-            yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "
-                                    "disk_free_min_bytes (partitions refuse new data with NO_SPACE)",
-                                    value=1 if storage.space_low() else 0)
-            no_space = GaugeMetricFamily("shoal_partition_no_space", "1 when the partition's last write was "
-                                         "refused for lack of space", labels=["partition"])
-            for p in sorted(node.replicas):
-                no_space.add_metric([str(p)], 1 if p in storage.no_space else 0)
-            yield no_space
-            yield _syncs(storage)
-        leaders = GaugeMetricFamily("shoal_partition_leader", "1 for the node this node believes leads the partition",
-                                    labels=["partition", "leader"])
-        for info in node.topology.partition_map:
-            if info.leader:
-                leaders.add_metric([str(info.id), info.leader], 1)
-        inflight = GaugeMetricFamily("shoal_inflight_commands", "Commands received and not yet answered "
-                                     "(binary connections and HTTP)",
-                                     value=sum(getattr(c, "_inflight", 0) for c in d.connections)
-                                     + node.metrics.http_inflight)
-        streams = GaugeMetricFamily("shoal_http_streams", "Open HTTP streams: SSE events, /work push "
-                                    "streams, WebSockets", labels=["kind"])
-        for kind, n in sorted(node.metrics.http_streams.items()):
-            streams.add_metric([kind], n)
-        forwarded = CounterMetricFamily("shoal_http_forwarded", "HTTP requests forwarded to a partition's leader",
-                                        value=node.metrics.http_forwarded)
-        http_open = GaugeMetricFamily("shoal_http_connections", "Open HTTP connections (limits.http_connections_max)",
-                                      value=node.metrics.http_connections)
-        refusals = CounterMetricFamily("shoal_http_refusals", "HTTP connections refused or cut off: connections_max "
-                                       "(503), header_timeout and body_timeout (408)", labels=["reason"])
-        for reason, n in sorted(node.metrics.http_refusals.items()):
-            refusals.add_metric([reason], n)
-        yield from (term, commit, elections, leader, pending, batches, batched, leaders, inflight, streams, forwarded,
-                    http_open, refusals)
-        jobs = GaugeMetricFamily("shoal_queue_jobs", "Jobs by state, per queue (partitions this node leads)",
-                                 labels=["queue", "state"])
-        totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "
-                                     "reclaimed, expired, retried", labels=["queue", "kind"])
-        for p, replica in sorted(node.replicas.items()):
-            if not replica.is_leader():
-                continue
-            for name, q in replica.engine.queues.items():
-                for state, n in q.counts.items():
-                    jobs.add_metric([name, state], n)
-                for kind, n in q.totals.items():
-                    totals.add_metric([name, kind], n)
-        yield from (jobs, totals)
 
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30)
@@ -157,9 +63,8 @@ _LABELS_MAX = 200
 class NodeMetrics:
     """The node's registry, plus the plain counters the HTTP layer keeps for it."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_NodeCollector(node))
         self.latency = _LatencyHistograms("shoal_command_latency_seconds",
                                           "Time from receiving a command to answering it")
         self.registry.register(self.latency)

@@ -29,6 +29,8 @@ from shoal.cluster.config import ClusterConfig
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 
+from .clock import WallClock
+from .collector import NodeCollector
 from .connection import ClientConnection
 from .digests import ReplicaDigests
 from .dispatch import Dispatcher
@@ -69,9 +71,14 @@ class Node:
         self.group_commits: dict[int, GroupCommit] = {}
         self.topology: Topology = config.initial_topology()
         self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
-        self.metrics = NodeMetrics(self)
-        self.dispatcher = Dispatcher(self)
+        self.clock = WallClock()
+        #: The node's one clock (:mod:`.clock`), also what the dispatcher and group commits are given.
+        self.now_ms = self.clock.now_ms
+        self.metrics = NodeMetrics()
+        self.metrics.registry.register(NodeCollector(self))
         self.flows = FlowService(self)
+        self.dispatcher = Dispatcher(config, self.loop, clock=self.clock, directory=self, info=self,
+                                     metrics=self.metrics, flows=self.flows)
         self.guard = NodeGuard(self)
         self.metrics.registry.register(self.guard)
         self.started_at = time.monotonic()
@@ -124,7 +131,7 @@ class Node:
             replica.on_applied = self._applied
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
-            self.group_commits[p] = GroupCommit(replica, self.loop)
+            self.group_commits[p] = GroupCommit(replica, self.loop, self.clock)
         # Links come up once every group is registered, so no peer's first votes are lost.
         await self.raft_network.start()
         for replica in self.replicas.values():
@@ -184,10 +191,6 @@ class Node:
         self._stopped.set()
 
     # --- helpers used by the dispatcher ------------------------------------------------------------
-
-    @staticmethod
-    def now_ms() -> int:
-        return int(time.time() * 1000)
 
     def not_leader_error(self, p: int) -> CommandError:
         info = self.topology.partition_map[p]

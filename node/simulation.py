@@ -31,7 +31,7 @@ from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode
 
 if TYPE_CHECKING:
-    from .server import Node
+    from .view import NodeView
 
 __all__ = ["Simulation", "SimulationParams"]
 
@@ -92,7 +92,7 @@ class SimulationParams:
 class Simulation:
     """One run of simulated workers on one node."""
 
-    def __init__(self, node: "Node", params: SimulationParams, token: str | None) -> None:
+    def __init__(self, node: "NodeView", params: SimulationParams, token: str | None) -> None:
         self.node = node
         self.params = params
         self.token = token

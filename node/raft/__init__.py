@@ -7,9 +7,9 @@ leadership transfer, elections count) built on the node's one
 multiplexed) and ticked by its one :class:`TickScheduler`.
 """
 
-from .replica import BatchResult, PartitionReplica, fail_reason_error, timing_scale, unwrap_job_data
+from .replica import BatchResult, PartitionReplica, fail_reason_error, timing_scale
 from .scheduler import TickScheduler
 from .transport import RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "unwrap_job_data", "RaftNetwork",
+__all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "RaftNetwork",
            "TickScheduler", "timing_scale"]

@@ -34,11 +34,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ..state import EVENTS_MAX, Event, PartitionEngine
-from ..state._segments import ack_run_of, split_plain
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name, command_queue
 from ._io import NoSpace, RealIO
 from ._pysyncobj import (CANDIDATE, FAIL_REASON, FOLLOWER, LEADER, HookedSyncObj, RaftInternals, SyncObjConf,
                          install_module_patches, monotonic_time, replicated)
@@ -49,7 +47,7 @@ from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
 from .storage import NodeStorage
 from .transport import PartitionTransport, RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "unwrap_job_data", "timing_scale",
+__all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "timing_scale",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S"]
 
 log = logging.getLogger(__name__)
@@ -66,7 +64,7 @@ FOLLOWER_APPLY_BATCH = 8
 FAIL_NO_SPACE = -507
 #: Commands that bring new data into a partition: refused with NO_SPACE while free space is low.
 #: Pulls, acks, fails and removals still pass (their entries are small and let consumers drain it).
-SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "_PushMany", "CreateQueue", "AddLog", "Progress", "Cron",
+SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "PushRun", "CreateQueue", "AddLog", "Progress", "Cron",
                                    "RegisterWorker"})
 #: A partition short of space logs why at most this often.
 NO_SPACE_LOG_S = 10.0
@@ -173,36 +171,6 @@ def raft_conf(data_dir: str, partition: int, scale: float = 1.0,
         serializer=serializer,
         deserializer=deserializer,
     )
-
-
-def unwrap_job_data(cmd: dict[str, Any]) -> None:
-    """Replace the ``Raw`` wrapper of pushed job data by its bytes, in place, before replication.
-
-    Pickling a ``Raw`` costs a Python-level ``__reduce__`` and an ``__init__`` call per job
-    (~1.3 µs, on every replica); plain bytes pickle ~8× faster. The engine stores job data
-    as the packed bytes either way, so applying either form gives the same state.
-    """
-    name = cmd.get("cmd")
-    if name == "PUSHB":
-        items = cmd["jobs"]
-        plain = split_plain(items)
-        if plain is not None:
-            # Items with nothing but data (and a key) travel as lists (``_datas``, ``_keys``):
-            # a fraction of the pickling work of one dict per job, on the leader and every
-            # follower, and the engine stores them as one segment.
-            cmd["_datas"], keys = plain
-            if keys is not None:
-                cmd["_keys"] = keys
-            del cmd["jobs"]
-            return
-        for item in items:
-            data = item.get("data")
-            if type(data) is Raw:
-                item["data"] = data.packed
-    elif name == "PUSH":
-        data = cmd.get("data")
-        if type(data) is Raw:
-            cmd["data"] = data.packed
 
 
 class PartitionReplica(HookedSyncObj):
@@ -419,7 +387,7 @@ class PartitionReplica(HookedSyncObj):
     # --- replicated state machine -------------------------------------------------------------
 
     @replicated
-    def apply_batch(self, now_ms: int, commands: list[dict[str, Any]]) -> BatchResult:
+    def apply_batch(self, now_ms: int, commands: list[Command]) -> BatchResult:
         """Apply a committed batch; each command is atomic, errors are per command."""
         results: BatchResult = []
         apply = self.engine.apply
@@ -435,7 +403,7 @@ class PartitionReplica(HookedSyncObj):
             except CommandError as exc:
                 results.append(exc)
             except Exception as exc:  # an engine bug must not kill the replica or diverge silently
-                log.exception("partition %d: engine failed on %s", self.partition, cmd.get("cmd"))
+                log.exception("partition %d: engine failed on %s", self.partition, command_name(cmd))
                 results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
         self.applied_batches += 1
         hook = self.on_applied
@@ -443,11 +411,12 @@ class PartitionReplica(HookedSyncObj):
             hook(self.partition)
         return results
 
-    def propose(self, now_ms: int, commands: list[dict[str, Any]],
+    def propose(self, now_ms: int, commands: list[Command],
                 callback: Callable[[BatchResult | None, int], None]) -> None:
-        """Replicate ``commands`` as one log entry; ``callback(results, fail_reason)`` runs on the loop."""
+        """Replicate ``commands`` (in their replicated form, :mod:`shoal.node.pushes`) as one log
+        entry; ``callback(results, fail_reason)`` runs on the loop."""
         if self.storage.space_low():
-            refused = {k for k, cmd in enumerate(commands) if cmd.get("cmd") in SPACE_TAKING_COMMANDS}
+            refused = {k for k, cmd in enumerate(commands) if command_name(cmd) in SPACE_TAKING_COMMANDS}
             if refused:
                 self.storage.no_space[self.partition] = "free space below disk_free_min_bytes"
                 commands, callback = _without_refused(commands, refused, callback, self.loop)
@@ -455,18 +424,6 @@ class PartitionReplica(HookedSyncObj):
                     return
         else:
             self.storage.no_space.pop(self.partition, None)
-        for cmd in commands:
-            unwrap_job_data(cmd)
-            if cmd["cmd"] == "ACKB":
-                # A consumer's ack of one pull, checked once here instead of on every replica:
-                # replicated as (first seq, count, first lease number); the engine still checks
-                # the jobs' states and leases when it applies it. None: not such a batch (the
-                # replicas need not look again).
-                run = None if cmd.get("results") else ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
-                cmd["_ackRun"] = run
-                if run is not None:
-                    del cmd["ids"]
-                    cmd.pop("tokens", None)
         self.apply_batch(now_ms, commands, callback=callback)
         self._last_proposal = monotonic_time()
         raft = self._raft
@@ -508,7 +465,7 @@ class PartitionReplica(HookedSyncObj):
         else:
             self.schedule_tick()
 
-    def _disk_class(self, commands: list[dict[str, Any]]) -> bool:
+    def _disk_class(self, commands: list[Command]) -> bool:
         """True when every command of the batch writes to an existing ``durable: false`` queue.
 
         A command naming no queue (acks by job id) counts as fsync class. The leader's timer
@@ -518,9 +475,9 @@ class PartitionReplica(HookedSyncObj):
         """
         queues = self.engine.queues
         for cmd in commands:
-            if cmd.get("cmd") == "_Tick":
+            if type(cmd) is dict and cmd["cmd"] == "_Tick":
                 continue
-            q = queues.get(cmd.get("queue"))  # type: ignore[arg-type]
+            q = queues.get(command_queue(cmd))  # type: ignore[arg-type]
             if q is None or q.opts.get("durable", True):
                 return False
         return True
@@ -838,9 +795,9 @@ def _replaced_serializer_hook(*_args: Any) -> Any:
     raise AssertionError("pysyncobj's Serializer was replaced; this hook is unused")
 
 
-def _without_refused(commands: list[dict[str, Any]], refused: set[int],
+def _without_refused(commands: list[Command], refused: set[int],
                      callback: Callable[[BatchResult | None, int], None],
-                     loop: asyncio.AbstractEventLoop) -> tuple[list[dict[str, Any]], Callable[[BatchResult | None, int], None]]:
+                     loop: asyncio.AbstractEventLoop) -> tuple[list[Command], Callable[[BatchResult | None, int], None]]:
     """Drop the ``refused`` commands (no room for new data) from a batch; the callback answers
     them with ``NO_SPACE`` in their places and passes the others' results through."""
     err = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused until "

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 A :class:`PartitionEngine` holds every queue of one partition. It is driven only by
-:meth:`PartitionEngine.apply`: a validated command dict and the leader's clock stamp
+:meth:`PartitionEngine.apply`: a validated command (a dict, or one of the typed compact
+forms of :mod:`._commands` the node replicates for its fast paths) and the leader's clock stamp
 ``now_ms`` in, an :class:`Applied` (the reply fields and the job events the command
 caused, as plain tuples) out, or a ``CommandError``. It never reads a clock, draws a
 random number or does I/O, so replicas that apply the same commands hold identical state
@@ -48,14 +49,16 @@ Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_push``, ``_dedupe`` (dedupe and debounce of adds), ``_pull``, ``_limits`` (rate limits and
 concurrency), ``_ack`` (ack/fail/retry and leases), ``_cancel`` (cancelling a running job),
 ``_timers`` (expiry, cron, ``_Tick``), ``_control`` (per-job and per-queue commands, log
-queues), ``_reads``,
-``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the state diagram) and
+queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
+state diagram), ``_commands`` (the typed compact commands the node replicates) and
 ``_engine`` (``PartitionEngine.apply``).
 """
 
+from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
-           "STATES", "TRANSITIONS", "TARANTOOL_CODES"]
+           "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
+           "SessionPull", "command_name", "command_queue"]

@@ -8,6 +8,7 @@ from typing import Any
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ._commands import AckRun
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
 from ._store import Store
@@ -30,20 +31,24 @@ class AckOps(Store):
         self._complete(q, job)
         return {}
 
+    def _apply_ack_run(self, run: AckRun) -> dict[str, Any]:
+        """The ACKB that ``run`` stands for: completed slice by slice when its jobs are still
+        that leased run, else as the batch of ids (with the errors it has)."""
+        done = self._ack_run(run.first, run.count, run.lease) if self.segments else 0
+        if done:
+            return {"count": done}
+        return self._ack_ids(_ack_of_run(self.partition, run))
+
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        if "_ackRun" in cmd:
-            # The leader looked (replica.propose): a consecutive batch in its compact form, or None.
-            run = cmd["_ackRun"]
-        elif not cmd.get("results") and self.segments:
+        if not cmd.get("results") and self.segments:
             run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
-        else:
-            run = None
-        if run is not None:
-            done = self._ack_run(*run) if self.segments else 0
+            done = self._ack_run(*run) if run is not None else 0
             if done:
                 return {"count": done}
-            if "ids" not in cmd:
-                cmd = _ack_of_run(self.partition, run)  # the batch it stands for, with its errors
+        return self._ack_ids(cmd)
+
+    def _ack_ids(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """ACKB job by job: every id checked first (the batch is atomic), then completed."""
         ids = cmd["ids"]
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
@@ -229,9 +234,9 @@ class AckOps(Store):
         return {"count": len(seqs)}
 
 
-def _ack_of_run(partition: int, run: tuple[int, int, int]) -> dict[str, Any]:
+def _ack_of_run(partition: int, run: AckRun) -> dict[str, Any]:
     """The ACKB that ``ack_run_of`` turned into ``run``."""
-    first, k, lease = run
+    first, k, lease = run.first, run.count, run.lease
     cmd: dict[str, Any] = {"cmd": "ACKB", "ids": [f"{partition}-{s}" for s in range(first, first + k)]}
     if lease >= 0:
         cmd["tokens"] = [f"{partition}.{n}" for n in range(lease, lease + k)]

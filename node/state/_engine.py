@@ -10,6 +10,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._ack import AckOps
 from ._cancel import CancelOps
+from ._commands import AckRun, PushBatch, PushRun, SessionPull, TypedCommand
 from ._control import ControlOps
 from ._flows import FlowOps
 from ._dedupe import DedupeOps
@@ -43,9 +44,13 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
     def __init__(self, partition: int) -> None:
         super().__init__(partition)
         self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
+        self._typed: dict[type, Any] = {PushRun: self._apply_push_run, PushBatch: self._apply_push_batch,
+                                        AckRun: self._apply_ack_run, SessionPull: self._apply_session_pull}
 
-    def apply(self, cmd: dict[str, Any], now_ms: int, *, replies: bool = True, events: bool = True) -> Applied:
-        """Apply one validated command; return its reply and events, or raise ``CommandError``.
+    def apply(self, cmd: dict[str, Any] | TypedCommand, now_ms: int, *, replies: bool = True,
+              events: bool = True) -> Applied:
+        """Apply one validated command (a dict, or one of the typed forms of :mod:`._commands`);
+        return its reply and events, or raise ``CommandError``.
 
         ``replies`` False: build no reply contents (a follower's replies are never read; ids
         and jobs are left out, the state is the same). ``events`` False: collect no events
@@ -53,10 +58,14 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
         served by the leader alone and a refused command must leave no trace, or replicas
         would differ.
         """
-        name = cmd["cmd"]
-        handler = self._handlers.get(name.lstrip("_") if name[0] == "_" else name)
-        if handler is None:
-            raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"the engine does not handle {name!r}")
+        if type(cmd) is dict:
+            name = cmd["cmd"]
+            handler = self._handlers.get(name.lstrip("_") if name[0] == "_" else name)
+            if handler is None:
+                raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"the engine does not handle {name!r}")
+        else:
+            name = cmd.name  # type: ignore[union-attr]
+            handler = self._typed[type(cmd)]
         before = self.now_ms
         if now_ms > before:
             self.now_ms = now_ms

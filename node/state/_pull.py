@@ -8,6 +8,7 @@ from typing import Any
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ._commands import SessionPull
 from ._decimal import decimal_run
 from ._model import JOB_WIRE_BYTES_OVERHEAD, REPLY_BYTES_OVERHEAD, Job, Queue, wire_bytes_max
 from ._segments import Segment
@@ -39,7 +40,10 @@ class PullOps(Store):
             self.sessions.setdefault(session, {})[job.seq] = None
         return token
 
-    def _pull(self, cmd: dict[str, Any], count: int) -> tuple[list[dict[str, Any]], list[str]]:
+    def _pull(self, cmd: dict[str, Any], count: int, session: str | None,
+              budget: int) -> tuple[list[dict[str, Any]], list[str]]:
+        """Lease up to ``count`` jobs to ``session``; with a ``budget``, stop before the reply
+        would outgrow that many bytes (the first job is always taken: its data fits a frame)."""
         q = self.queues.get(cmd["queue"])
         if q is not None and q.type == "log":
             raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is a log queue: read it with Read")
@@ -51,12 +55,9 @@ class PullOps(Store):
             return [], []
         lim = q.limiter
         if lim is None and not q.group_heads and not q.group_fifo:
-            return self._pull_ungrouped(q, cmd, count)
+            return self._pull_ungrouped(q, cmd, count, session, budget)
         jobs, tokens = [], []
         counts = q.counts
-        # ``_bytesMax`` (set by the node from its frame limit): stop before the reply would
-        # outgrow a frame; the first job is always taken (its data fits a frame by the limits).
-        budget = cmd.get("_bytesMax") or 0
         used = REPLY_BYTES_OVERHEAD
         for _ in range(count):
             if lim is not None and not lim.queue_open(counts[ACTIVE], self.now_ms):
@@ -71,11 +72,12 @@ class PullOps(Store):
             job = self._pop_ready(q)
             if job is None:
                 break
-            tokens.append(self._lease(q, job, cmd.get("ttr"), cmd.get("_session")))
+            tokens.append(self._lease(q, job, cmd.get("ttr"), session))
             jobs.append(self.wire_job(job) if self._replies else None)
         return jobs, tokens
 
-    def _pull_ungrouped(self, q: Queue, cmd: dict[str, Any], count: int) -> tuple[list[Any], list[str]]:
+    def _pull_ungrouped(self, q: Queue, cmd: dict[str, Any], count: int, session: str | None,
+                        budget: int) -> tuple[list[Any], list[str]]:
         """``_pull`` for a queue with no group jobs waiting: the ready heap alone orders it.
 
         The same steps as ``_pop_ready`` + ``_lease`` per job, with one heap look per job
@@ -86,10 +88,8 @@ class PullOps(Store):
         check_transition(WAITING, ACTIVE)  # once: the loop leases waiting jobs only
         jobs: list[Any] = []
         tokens: list[str] = []
-        budget = cmd.get("_bytesMax") or 0
         used = REPLY_BYTES_OVERHEAD
         ttr_ms = cmd.get("ttr")
-        session = cmd.get("_session")
         sessions = self.sessions
         leased = sessions.setdefault(session, {}) if session is not None else None
         ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self._events
@@ -229,10 +229,19 @@ class PullOps(Store):
             jobs.extend(wire)
         return k, full, used
 
-    def _op_PULL(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        jobs, tokens = self._pull(cmd, 1)
+    def _op_PULL(self, cmd: dict[str, Any], session: str | None = None, bytes_max: int = 0) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, 1, session, bytes_max)
         return {"job": jobs[0], "token": tokens[0]} if jobs else {"job": None}
 
-    def _op_PULLB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        jobs, tokens = self._pull(cmd, cmd["count"])
+    def _op_PULLB(self, cmd: dict[str, Any], session: str | None = None, bytes_max: int = 0) -> dict[str, Any]:
+        jobs, tokens = self._pull(cmd, cmd["count"], session, bytes_max)
         return {"jobs": jobs, "tokens": tokens}
+
+    def _apply_session_pull(self, pull: SessionPull) -> dict[str, Any]:
+        """A PULL or PULLB leased to the session of the connection that sent it."""
+        cmd = pull.cmd
+        if cmd["cmd"] == "PULLB":
+            return self._op_PULLB(cmd, pull.session, pull.bytes_max)
+        if cmd["cmd"] == "PULL":
+            return self._op_PULL(cmd, pull.session, pull.bytes_max)
+        raise CommandError(ErrorCode.INVALID, f"a session pull carries PULL or PULLB, not {cmd['cmd']!r}")

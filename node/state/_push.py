@@ -10,6 +10,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
+from ._commands import PushBatch, PushRun
 from ._segments import Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
@@ -198,14 +199,14 @@ class PushOps(Store):
         seqs = range(first, first + n)
         return (ids if plan is not None else [prefix + str(seq) for seq in seqs]), plan
 
-    def _op_PushMany(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        """Consecutive plain PUSHes to one queue that group commit put in one command.
+    def _apply_push_run(self, run: PushRun) -> dict[str, Any]:
+        """Consecutive plain PUSHes to one queue that the node put in one command.
 
         Each keeps its own outcome, exactly as if applied one by one: ``results`` holds per
         push the PUSH reply or the ``CommandError`` it would have raised.
         """
-        q = self._queue(cmd["queue"], create=True)
-        datas, keys = cmd["_datas"], cmd.get("_keys")
+        q = self._queue(run.queue, create=True)
+        datas, keys = run.datas, run.keys
         results: list[Any] = []
         if q.type == "log" or (q.preset["ttl"] and q.opts["ttl"]):
             for i, data in enumerate(datas):
@@ -256,16 +257,24 @@ class PushOps(Store):
 
     def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
-        reply = self._push_batch(q, cmd)
+        reply = self._push_batch(q, None, None, cmd["jobs"])
         self._count(q, "PUSHB")  # after the checks: a refused batch leaves no trace
         return reply
 
-    def _push_batch(self, q: Queue, cmd: dict[str, Any]) -> dict[str, Any]:
-        # ``_datas``/``_keys``: the node's replicated form of a batch whose items carry only
-        # data and maybe an idempotency key (what bulk ingest sends).
-        datas, keys = cmd.get("_datas"), cmd.get("_keys")
+    def _apply_push_batch(self, batch: PushBatch) -> dict[str, Any]:
+        """A PUSHB in the node's replicated form for items with only data (and maybe a key)."""
+        q = self._queue(batch.queue, create=True)
+        reply = self._push_batch(q, batch.datas, batch.keys, None)
+        self._count(q, "PUSHB")
+        return reply
+
+    def _push_batch(self, q: Queue, datas: list[Any] | None, keys: list[str | None] | None,
+                    jobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """A PUSHB's items, as lists of ``datas`` and ``keys`` when they carry nothing else
+        (what bulk ingest sends: stored as one segment), else as the ``jobs`` dicts."""
         if datas is None:
-            plain = split_plain(cmd["jobs"])
+            assert jobs is not None
+            plain = split_plain(jobs)
             if plain is not None:
                 datas, keys = plain
         if datas is not None:
@@ -274,7 +283,8 @@ class PushOps(Store):
             items = [{"data": d} if k is None else {"data": d, "idempotencyKey": k}
                      for d, k in zip(datas, keys or [None] * len(datas))]
         else:
-            items = cmd["jobs"]
+            assert jobs is not None
+            items = jobs
         if q.type == "log":
             self._check_log_capacity(q, len(items))
             return {"ids": [self._append_log(q, item["data"], item.get("tag"))["id"] for item in items]}

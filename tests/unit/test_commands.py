@@ -87,7 +87,7 @@ def test_read_write_node_partition_the_commands() -> None:
     assert READ_COMMANDS | WRITE_COMMANDS | NODE_COMMANDS == set(COMMANDS)
     assert {"PUSH", "PUSHB", "PULL", "ACK", "FAIL", "ACKB"} <= WRITE_COMMANDS
     assert {"GetJob", "GetJobCounts", "Count", "IsPaused"} <= READ_COMMANDS
-    assert INTERNAL_COMMANDS == {"_Tick", "_ReleaseSession", "_PushMany", "_FlowPush", "_ChildDone", "_FlowAcked"}
+    assert INTERNAL_COMMANDS == {"_Tick", "_ReleaseSession", "_FlowPush", "_ChildDone", "_FlowAcked"}
     for spec in COMMANDS.values():
         assert isinstance(spec, CommandSpec)
         assert spec.routing in ("queue", "id", "partition", "node")

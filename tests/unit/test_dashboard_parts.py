@@ -10,7 +10,7 @@ import pytest
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
-from shoal.node.http_dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
+from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
 

@@ -1,7 +1,14 @@
-"""Import layering: the engine (``node/state``) is pure and imports nothing above it.
+"""Import layering of the node: every module imports only its own layer or the ones below.
 
-Checked from the source (``ast``), so an import inside a function counts as much as one at
-the top, and a module is refused before anything runs it.
+The layers, top to bottom: ``server`` (wiring and lifecycle) → the edge (``http/``,
+``connection``, the flow service, the guard, the collector, the simulation) → ``view`` (the protocol the edge
+reads the node through) → ``dispatch`` (with the small protocols it is handed, ``ports``) →
+``partitions`` (group commit, the push path, the clock and the ``raft/`` seam) → ``state``,
+the engine, which is pure: no I/O, clock or randomness.
+
+Checked from the source (``ast``), so an import inside a function or under
+``TYPE_CHECKING`` counts as much as one at the top, and a module is refused before
+anything runs it.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STATE = ROOT / "node" / "state"
+NODE = ROOT / "node"
+STATE = NODE / "state"
 #: What the engine may not use: I/O, clocks, randomness, threads, and the layers above it.
 FORBIDDEN_MODULES = frozenset({"asyncio", "socket", "time", "random", "uuid", "threading", "os", "selectors",
                                "ssl", "subprocess", "pysyncobj", "aiohttp", "uvloop"})
@@ -54,3 +62,98 @@ def test_the_check_catches_bad_imports() -> None:
     assert [name for _, name in imports_in(source, "shoal.node.state")] == [
         "time", "shoal.node.raft", "shoal.node.state._model", "shoal.cluster.codec", "asyncio"]
     assert violations(source, "shoal.node.state") == ["line 1: time", "line 2: shoal.node.raft", "line 7: asyncio"]
+
+
+#: The node's layers, lowest first: each maps the ``shoal.node`` units (a module, or a
+#: package counted as one) to the layer they are in.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("state", frozenset({"state"})),
+    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests"})),
+    ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics"})),
+    ("view", frozenset({"view"})),
+    ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
+    ("server", frozenset({"server", "cli", "__main__", "__init__"})),
+)
+RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
+LAYER_NAMES = [name for name, _ in LAYERS]
+
+
+def unit_of(module: str) -> str | None:
+    """The unit of ``shoal.node`` that ``module`` belongs to (None: outside the node)."""
+    if module == "shoal.node":
+        return "__init__"
+    if not module.startswith("shoal.node."):
+        return None
+    return module.split(".")[2]
+
+
+def node_modules() -> list[tuple[Path, str]]:
+    """Every Python module of the node, with its package's dotted name."""
+    out = []
+    for path in sorted(NODE.rglob("*.py")):
+        rel = path.relative_to(NODE).parent.parts
+        out.append((path, ".".join(("shoal", "node", *rel))))
+    return out
+
+
+def unit_of_path(path: Path) -> str:
+    """The unit of the node module at ``path``: its package under ``node/``, or its own name."""
+    rel = path.relative_to(NODE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def upward_imports(source: str, unit: str, package: str) -> list[str]:
+    """The imports in ``source`` (of a module of ``unit``) that reach a layer above its own."""
+    own = RANK[unit]
+    out = []
+    for line, name in sorted(imports_in(source, package)):
+        target = unit_of(name)
+        if target is not None and target != unit and RANK.get(target, len(LAYERS)) > own:
+            out.append(f"line {line}: {name} ({LAYER_NAMES[RANK[unit]]} imports "
+                       f"{LAYER_NAMES[RANK[target]] if target in RANK else 'an unplaced module'})")
+    return out
+
+
+@pytest.mark.parametrize("path,package", node_modules(),
+                         ids=lambda v: str(v.relative_to(NODE)) if isinstance(v, Path) else "")
+def test_no_node_module_imports_a_layer_above_it(path: Path, package: str) -> None:
+    assert upward_imports(path.read_text(), unit_of_path(path), package) == []
+
+
+def test_every_node_module_has_a_layer() -> None:
+    units = {unit_of_path(p) for p, _ in node_modules()}
+    assert units - set(RANK) == set(), "place the new module in LAYERS"
+
+
+def test_the_units_of_the_node_import_each_other_in_no_cycle() -> None:
+    edges: dict[str, set[str]] = {}
+    for path, package in node_modules():
+        unit = unit_of_path(path)
+        for _, name in imports_in(path.read_text(), package):
+            target = unit_of(name)
+            if target is not None and target != unit:
+                edges.setdefault(unit, set()).add(target)
+    done: set[str] = set()
+
+    def visit(unit: str, trail: tuple[str, ...]) -> None:
+        assert unit not in trail, f"import cycle: {' -> '.join(trail + (unit,))}"
+        if unit in done:
+            return
+        for target in sorted(edges.get(unit, ())):
+            visit(target, trail + (unit,))
+        done.add(unit)
+
+    for unit in sorted(edges):
+        visit(unit, ())
+
+
+def test_the_layer_check_catches_an_upward_import() -> None:
+    source = ("from typing import TYPE_CHECKING\nfrom .ports import Clock\nfrom .raft import replica\n"
+              "if TYPE_CHECKING:\n    from .connection import ClientConnection\n"
+              "def f():\n    from ..server import Node\n")
+    assert upward_imports(source, "dispatch", "shoal.node") == [
+        "line 5: shoal.node.connection (dispatch imports edge)"]
+    assert upward_imports(source, "http", "shoal.node.http") == ["line 7: shoal.node.server (edge imports server)"]
+    assert upward_imports("from ..group_commit import x\n", "raft", "shoal.node.raft") == []  # same layer
+    assert upward_imports("from ..nowhere import x\n", "raft", "shoal.node.raft") == [
+        "line 1: shoal.node.nowhere (partitions imports an unplaced module)"]

@@ -10,14 +10,19 @@ from hypothesis import given, settings, strategies as st
 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
-from shoal.node.state import PartitionEngine
+from shoal.node.state import Command, PartitionEngine, PushRun, SessionPull
 
 
-def run(engine: PartitionEngine, cmd: dict[str, Any], now: int = 1_000) -> dict[str, Any]:
+def copied(cmd: Command) -> Command:
+    """A fresh copy of a command dict for each engine (a typed command is immutable: shared)."""
+    return dict(cmd) if type(cmd) is dict else cmd
+
+
+def run(engine: PartitionEngine, cmd: Command, now: int = 1_000) -> dict[str, Any]:
     return engine.apply(cmd, now).result
 
 
-def random_commands(seed: int, count: int) -> list[tuple[dict[str, Any], int]]:
+def random_commands(seed: int, count: int) -> list[tuple[Command, int]]:
     """A reproducible mix of every kind of write, with time advancing."""
     rng = random.Random(seed)
     now, out, pushed = 1_000, [], 0
@@ -38,8 +43,8 @@ def random_commands(seed: int, count: int) -> list[tuple[dict[str, Any], int]]:
                          "idempotencyKey": rng.choice([None, f"k{rng.randint(0, 20)}"])}, now))
             pushed += 1
         elif kind < 0.55:
-            out.append(({"cmd": "PULLB", "queue": queue, "count": rng.randint(1, 3), "ttr": 1_500,
-                         "_session": rng.choice(["s1", "s2"])}, now))
+            out.append((SessionPull({"cmd": "PULLB", "queue": queue, "count": rng.randint(1, 3), "ttr": 1_500},
+                                    rng.choice(["s1", "s2"])), now))
         elif kind < 0.7:
             out.append(({"cmd": rng.choice(["ACK", "FAIL", "Release"]), "id": f"0-{rng.randint(1, pushed + 1)}"}, now))
         elif kind < 0.8:
@@ -57,7 +62,7 @@ def feed(engine: PartitionEngine, commands: list[tuple[dict[str, Any], int]]) ->
     replies: list[Any] = []
     for cmd, now in commands:
         try:
-            replies.append(unraw(engine.apply(dict(cmd), now).result))
+            replies.append(unraw(engine.apply(copied(cmd), now).result))
         except CommandError as exc:
             replies.append(exc.code.value)
     return replies
@@ -210,8 +215,8 @@ def test_ackb_is_atomic() -> None:
 def test_released_session_returns_its_leases_only() -> None:
     e = PartitionEngine(0)
     run(e, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(2)]})
-    a = run(e, {"cmd": "PULL", "queue": "q", "_session": "s1"})["job"]["id"]
-    b = run(e, {"cmd": "PULL", "queue": "q", "_session": "s2"})["job"]["id"]
+    a = run(e, SessionPull({"cmd": "PULL", "queue": "q"}, "s1"))["job"]["id"]
+    b = run(e, SessionPull({"cmd": "PULL", "queue": "q"}, "s2"))["job"]["id"]
     run(e, {"cmd": "_ReleaseSession", "session": "s1"})
     assert state(e, a) == "waiting" and state(e, b) == "active"
 
@@ -254,35 +259,34 @@ def test_plain_batches_behave_like_single_pushes() -> None:
     ids_b = run(batched, {"cmd": "PUSHB", "queue": "q", "jobs": items})["ids"]
     ids_s = [run(single, {"cmd": "PUSH", "queue": "q", **item})["id"] for item in items]
     assert ids_b == ids_s == ["0-1", "0-2", "0-3", "0-2", "0-4", "0-5", "0-6", "0-4"]
-    script: list[dict[str, Any]] = [
+    script: list[Command] = [
         {"cmd": "GetJob", "id": "0-4"},                       # a read from the middle of the segment
         {"cmd": "Cancel", "id": "0-3"},
-        {"cmd": "PULLB", "queue": "q", "count": 2, "_session": "s"},
+        SessionPull({"cmd": "PULLB", "queue": "q", "count": 2}, "s"),
         {"cmd": "GetJobs", "queue": "q", "state": "waiting"},
         {"cmd": "Clean", "queue": "q", "state": "waiting", "grace": 0, "limit": 1},
         {"cmd": "PULL", "queue": "q"},
         {"cmd": "GetJobCounts", "queue": "q"},
     ]
     for cmd in script:
-        assert unraw(run(batched, dict(cmd))) == unraw(run(single, dict(cmd))), cmd
+        assert unraw(run(batched, copied(cmd))) == unraw(run(single, copied(cmd))), cmd
     for e in (batched, single):  # leases lapse; the reclaimed jobs come back first
         run(e, {"cmd": "_Tick"}, 2_000)
     for _ in range(4):
         cmd = {"cmd": "PULL", "queue": "q"}
-        assert unraw(run(batched, dict(cmd), 2_000))["job"] == unraw(run(single, dict(cmd), 2_000))["job"]
+        assert unraw(run(batched, copied(cmd), 2_000))["job"] == unraw(run(single, copied(cmd), 2_000))["job"]
 
 
 @pytest.mark.parametrize("qtype,options", [("limfifottl", {"capacity": 4}), ("standard", {}),
                                             ("fifottl", {"ttl": 1_000}), ("log", {})])
 def test_push_many_answers_each_push_as_if_alone(qtype: str, options: dict[str, Any]) -> None:
-    """Group commit's ``_PushMany`` (coalesced plain PUSHes) against the same PUSHes one by one."""
+    """Group commit's ``PushRun`` (coalesced plain PUSHes) against the same PUSHes one by one."""
     many, single = PartitionEngine(0), PartitionEngine(0)
     keys = [None, "a", "a", None, "b", None, "b", None]
     for e in (many, single):
         run(e, {"cmd": "CreateQueue", "queue": "q", "type": qtype, "options": options})
         run(e, {"cmd": "PUSH", "queue": "q", "data": raw_of("first"), "idempotencyKey": "b"})
-    got = run(many, {"cmd": "_PushMany", "queue": "q", "_datas": [raw_of(i).packed for i in range(len(keys))],
-                     "_keys": keys})["results"]
+    got = run(many, PushRun("q", [raw_of(i).packed for i in range(len(keys))], keys))["results"]
     expected: list[Any] = []
     for i, key in enumerate(keys):
         cmd = {"cmd": "PUSH", "queue": "q", "data": raw_of(i)} | ({"idempotencyKey": key} if key else {})
@@ -306,7 +310,7 @@ def test_pullb_from_a_segment_stops_at_the_reply_budget_and_keeps_order() -> Non
     got: list[str] = []
     for _ in range(20):
         # room for the reply overhead and about three 1 KB jobs per PULLB
-        r = run(e, {"cmd": "PULLB", "queue": "q", "count": 100, "_bytesMax": 1024 + 3 * 1600})
+        r = run(e, SessionPull({"cmd": "PULLB", "queue": "q", "count": 100}, None, 1024 + 3 * 1600))
         if not r["jobs"]:
             break
         assert len(r["jobs"]) <= 3

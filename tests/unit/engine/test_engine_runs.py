@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
-from shoal.node.state import PartitionEngine
+from shoal.node.state import AckRun, Command, PartitionEngine, SessionPull
 from shoal.node.state._segments import ack_run_of
 
 TTR_MS = 1_000
@@ -85,7 +85,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
         self.both({"cmd": "CreateQueue", "queue": "q", "options": {
             "ttr": TTR_MS, "maxDeliveries": MAX_DELIVERIES, "backoff": 0, "historyMax": HISTORY_MAX}})
 
-    def both(self, cmd: dict[str, Any], reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    def both(self, cmd: Command, reference: Command | None = None) -> dict[str, Any]:
         """Apply to both engines: the same reply or the same refusal, and equal snapshots."""
         now = self.model.now
         try:
@@ -96,11 +96,11 @@ class RunsVsPerJob(RuleBasedStateMachine):
             except CommandError as ref_exc:
                 assert (ref_exc.code, str(ref_exc)) == (exc.code, str(exc))
             else:
-                raise AssertionError(f"only the engine under test refused {cmd['cmd']}: {exc}")
+                raise AssertionError(f"only the engine under test refused {cmd!r}: {exc}")
             raise
         ref_reply = self.reference.apply(reference or cmd, now).result
         assert reply == ref_reply, f"{cmd['cmd']}: {reply} != {ref_reply}"
-        assert self.engine.digest() == self.reference.digest(), f"snapshots differ after {cmd['cmd']}"
+        assert self.engine.digest() == self.reference.digest(), f"snapshots differ after {cmd!r}"
         return reply
 
     def _settled(self, seq: int) -> None:
@@ -127,19 +127,16 @@ class RunsVsPerJob(RuleBasedStateMachine):
     @rule(count=st.integers(1, 9), session=st.sampled_from(SESSIONS), budget=st.sampled_from([0, 0, 1700, 3000]))
     def pull_batch(self, count: int, session: str | None, budget: int) -> None:
         cmd: dict[str, Any] = {"cmd": "PULLB", "queue": "q", "count": count}
-        if session is not None:
-            cmd["_session"] = session
         if count == 1:
-            r = self.both({**cmd, "cmd": "PULL"})
+            r = self.both(SessionPull({**cmd, "cmd": "PULL"}, session))
             got = [int(r["job"]["id"].split("-")[1])] if r["job"] else []
             assert got == self.model.pull(1, session)
             self._lapsed()
             if got:
                 self.tokens[got[0]] = r["token"]
             return
-        if budget:
-            cmd["_bytesMax"] = budget  # a reply budget of one to three jobs: a shorter pull
-        r = self.both(cmd)
+        # budget: a reply budget of one to three jobs, a shorter pull
+        r = self.both(SessionPull(cmd, session, budget))
         got = [int(j["id"].split("-")[1]) for j in r["jobs"]]
         expected = self.model.pull(len(got) if budget and got else count, session)
         assert got == expected
@@ -167,10 +164,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
     @rule(count=st.integers(2, 9), with_tokens=st.booleans(), session=st.sampled_from(SESSIONS))
     def consume(self, count: int, with_tokens: bool, session: str | None) -> None:
         """What a consumer does: pull a batch, ack it whole, in order (runs on both paths)."""
-        cmd: dict[str, Any] = {"cmd": "PULLB", "queue": "q", "count": count}
-        if session is not None:
-            cmd["_session"] = session
-        r = self.both(cmd)
+        r = self.both(SessionPull({"cmd": "PULLB", "queue": "q", "count": count}, session))
         got = [int(j["id"].split("-")[1]) for j in r["jobs"]]
         assert got == self.model.pull(count, session)
         self.tokens.update(zip(got, r["tokens"]))
@@ -184,10 +178,10 @@ class RunsVsPerJob(RuleBasedStateMachine):
             cmd["tokens"] = tokens
         if results is not None:
             cmd["results"] = results
-        # The engine under test gets what a leader replicates (replica.propose): a consecutive
-        # batch as its compact run; the reference gets the batch as sent.
+        # The engine under test gets what a leader replicates (node.pushes.replicated_form): a
+        # consecutive batch as its compact run; the reference gets the batch as sent.
         run = ack_run_of(0, cmd["ids"], tokens) if results is None else None
-        sent = {"cmd": "ACKB", "_ackRun": run} if run is not None else cmd
+        sent: Command = AckRun(*run) if run is not None else cmd
         jobs = self.model.jobs
         ok = len(set(seqs)) == len(seqs) and all(
             s in jobs and jobs[s]["state"] == "active" and (tokens is None or self.tokens.get(s) == t)

@@ -48,7 +48,7 @@ import pytest
 from shoal.cluster.codec import Raw
 from shoal.cluster.commands import READ_COMMANDS, validate
 from shoal.cluster.errors import CommandError
-from shoal.node.state import PartitionEngine
+from shoal.node.state import Command, PartitionEngine, PushRun, SessionPull
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REWRITE = os.environ.get("SHOAL_REWRITE_SCRIPTS") == "1"
@@ -56,7 +56,7 @@ SEPARATOR = "----"
 START_MS = 1_000
 
 COMMAND_ALIASES = {
-    "push": "PUSH", "pushb": "PUSHB", "push-many": "_PushMany", "pull": "PULL", "pullb": "PULLB",
+    "push": "PUSH", "pushb": "PUSHB", "push-many": "PushRun", "pull": "PULL", "pullb": "PULLB",
     "ack": "ACK", "ackb": "ACKB", "fail": "FAIL", "release": "Release", "bury": "Bury", "kick": "Kick",
     "touch": "Touch", "heartbeat": "JobHeartbeat", "release-all": "ReleaseAll", "tick": "_Tick",
     "release-session": "_ReleaseSession", "create": "CreateQueue", "cancel": "Cancel", "promote": "Promote",
@@ -133,11 +133,9 @@ def build_command(line: str, now_ms: int) -> tuple[dict[str, Any], int]:
     for arg in args:
         key, _, text = arg.partition("=")
         key = ARG_ALIASES.get(key, key)
-        if key == "session" and name in ("PULL", "PULLB"):
-            key = "_session"  # the node stamps a pull with its connection's session
         if key == "now":
             now_ms = int(text)
-        elif key in LIST_ARGS or (key == "data" and name in ("PUSHB", "_PushMany")):
+        elif key in LIST_ARGS or (key == "data" and name in ("PUSHB", "PushRun")):
             cmd[key] = [parse_value(v) for v in text.split(",")] if text else []
         else:
             cmd[key] = parse_value(text)
@@ -146,12 +144,12 @@ def build_command(line: str, now_ms: int) -> tuple[dict[str, Any], int]:
         if name == "PUSHB":
             extra = {k: cmd.pop(k) for k in list(cmd) if k not in ("cmd", "queue")}
             cmd["jobs"] = [{"data": as_data(d), **extra} for d in data]
-        elif name == "_PushMany":
-            cmd["_datas"] = [as_data(d).packed for d in data]
+        elif name == "PushRun":
+            cmd["datas"] = [as_data(d).packed for d in data]
         else:
             cmd["data"] = as_data(data)
-    if "keys" in cmd and name == "_PushMany":
-        cmd["_keys"] = [None if k == "-" else k for k in str(cmd.pop("keys")).split(",")]
+    if "keys" in cmd and name == "PushRun":
+        cmd["keys"] = [None if k == "-" else k for k in str(cmd.pop("keys")).split(",")]
     if "result" in cmd:
         cmd["result"] = as_data(cmd["result"])
     if "results" in cmd:
@@ -163,10 +161,21 @@ def build_command(line: str, now_ms: int) -> tuple[dict[str, Any], int]:
     for key in ("ids", "tokens"):
         if key in cmd:
             cmd[key] = [str(v) for v in cmd[key]]
-    for key in ("id", "token", "idempotencyKey", "customId", "group", "tag", "name", "session", "_session"):
+    for key in ("id", "token", "idempotencyKey", "customId", "group", "tag", "name", "session"):
         if key in cmd and cmd[key] is not None:
             cmd[key] = str(cmd[key])
     return cmd, now_ms
+
+
+def engine_form(cmd: dict[str, Any]) -> Command:
+    """The command as the node hands it to the engine: validated, or in the typed form the
+    node replicates (a run of plain pushes, a pull stamped with its connection's session)."""
+    name = cmd["cmd"]
+    if name == "PushRun":
+        return PushRun(cmd["queue"], cmd["datas"], cmd.get("keys"))
+    session = cmd.pop("session", None) if name in ("PULL", "PULLB") else None
+    validate(cmd, internal=True)
+    return SessionPull(cmd, session) if session is not None else cmd
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -243,20 +252,21 @@ class Runner:
         if line == "digest":
             self.check_twin()
             return [f"ok digest={self.engine.digest()[:16]}"]
-        cmd, self.now_ms = build_command(line, self.now_ms)
+        frame, self.now_ms = build_command(line, self.now_ms)
+        name = frame["cmd"]
         try:
-            validate(cmd, internal=True)
+            cmd = engine_form(frame)
         except CommandError as exc:
             return [f"error {exc.code.value}: {exc}"]
         try:
             applied = self.engine.apply(cmd, self.now_ms)
         except CommandError as exc:
-            if cmd["cmd"] not in READ_COMMANDS:
+            if name not in READ_COMMANDS:
                 with pytest.raises(CommandError) as twin_exc:
                     self.twin.apply(cmd, self.now_ms, replies=False, events=False)
                 assert twin_exc.value.code is exc.code
             return [f"error {exc.code.value}: {exc}"]
-        if cmd["cmd"] not in READ_COMMANDS:
+        if name not in READ_COMMANDS:
             self.twin.apply(cmd, self.now_ms, replies=False, events=False)
         return render_reply(applied.result) + render_events(self.engine.partition, applied.events)
 

@@ -18,7 +18,7 @@ import pytest
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
-from shoal.node.state import PartitionEngine
+from shoal.node.state import Command, PartitionEngine, PushRun, SessionPull
 
 REPLICAS = 3
 COMMANDS = 600
@@ -34,7 +34,7 @@ class Replica:
         self.snapshot = self.engine.snapshot()
         self.snapshot_at = 0
 
-    def catch_up(self, log: list[tuple[dict[str, Any], int]], leader: bool) -> Any:
+    def catch_up(self, log: list[tuple[Command, int]], leader: bool) -> Any:
         """Apply the log from ``applied`` on; the last command's reply (or error)."""
         out: Any = None
         while self.applied < len(log):
@@ -49,7 +49,7 @@ class Replica:
     def take_snapshot(self) -> None:
         self.snapshot, self.snapshot_at = self.engine.snapshot(), self.applied
 
-    def restart(self, log: list[tuple[dict[str, Any], int]]) -> None:
+    def restart(self, log: list[tuple[Command, int]]) -> None:
         self.engine = PartitionEngine.restore(self.snapshot)
         self.applied = self.snapshot_at
         self.catch_up(log, leader=False)
@@ -63,7 +63,7 @@ class Clients:
         self.pushed = 0
         self.leased: list[tuple[list[str], list[str]]] = []  # (ids, tokens) per pull
 
-    def next_command(self) -> dict[str, Any]:
+    def next_command(self) -> Command:
         rng = self.rng
         queue = rng.choice(QUEUES)
         kind = rng.random()
@@ -85,11 +85,11 @@ class Clients:
         if kind < 0.35:
             n = rng.randint(1, 5)
             self.pushed += n
-            return {"cmd": "_PushMany", "queue": queue, "_datas": [raw_of(self.pushed + i).packed for i in range(n)],
-                    "_keys": [rng.choice([None, f"m{rng.randint(0, 9)}"]) for _ in range(n)]}
+            return PushRun(queue, [raw_of(self.pushed + i).packed for i in range(n)],
+                           [rng.choice([None, f"m{rng.randint(0, 9)}"]) for _ in range(n)])
         if kind < 0.55:
-            return {"cmd": "PULLB", "queue": queue, "count": rng.randint(1, 30), "ttr": rng.choice([500, 5_000]),
-                    "_session": rng.choice(["s1", "s2", "s3"])}
+            return SessionPull({"cmd": "PULLB", "queue": queue, "count": rng.randint(1, 30),
+                                "ttr": rng.choice([500, 5_000])}, rng.choice(["s1", "s2", "s3"]))
         if kind < 0.75 and self.leased:
             ids, tokens = self.leased.pop(rng.randrange(len(self.leased)))
             action = rng.random()
@@ -109,8 +109,8 @@ class Clients:
             return {"cmd": "Clean", "queue": queue, "grace": 0, "limit": 20}
         return {"cmd": "GetJob", "id": f"0-{rng.randint(1, self.pushed + 1)}"}  # materializes a segment job
 
-    def answered(self, cmd: dict[str, Any], reply: Any) -> None:
-        if cmd["cmd"] == "PULLB" and isinstance(reply, dict) and reply["jobs"]:
+    def answered(self, cmd: Command, reply: Any) -> None:
+        if type(cmd) is SessionPull and isinstance(reply, dict) and reply["jobs"]:
             self.leased.append(([j["id"] for j in reply["jobs"]], list(reply["tokens"])))
 
 
@@ -120,7 +120,7 @@ def test_replicas_restarted_from_snapshots_end_equal(seed: int) -> None:
     replicas = [Replica() for _ in range(REPLICAS)]
     reference = Replica()  # never restarts: the state every replica must reach
     clients = Clients(rng)
-    log: list[tuple[dict[str, Any], int]] = [
+    log: list[tuple[Command, int]] = [
         ({"cmd": "CreateQueue", "queue": "ut", "type": "utube"}, 1_000),
         ({"cmd": "CreateQueue", "queue": "ttl", "type": "fifottl",
           "options": {"ttl": 4_000, "attempts": 3, "backoff": 100, "maxDeliveries": 2, "historyMax": 50}}, 1_000),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 
 from shoal.cluster.codec import Raw
-from shoal.node.raft.replica import unwrap_job_data
+from shoal.node.pushes import replicated_form
 from shoal.node.state import PartitionEngine
 from shoal.node.state._model import SNAPSHOT_VERSION as _SNAPSHOT_VERSION
 
@@ -26,8 +26,8 @@ def test_chunks_equal_the_whole_state_with_segments_and_single_jobs() -> None:
     e = PartitionEngine(3)
     for k in range(12):
         cmd = {"cmd": "PUSHB", "queue": f"q{k % 3}", "jobs": [{"data": Raw(msgpack.packb(i))} for i in range(300)]}
-        unwrap_job_data(cmd)  # plain batches become segments, as on a replica
-        e.apply(cmd, 1_000 + k)
+        (replicated,), _ = replicated_form([cmd], 3)  # plain batches become segments, as on a replica
+        e.apply(replicated, 1_000 + k)
         e.apply({"cmd": "PUSH", "queue": "q", "data": msgpack.packb(k), "priority": k % 4,
                  "idempotencyKey": f"k{k}"}, 1_000 + k)
     e.apply({"cmd": "PULLB", "queue": "q1", "count": 50, "leaseMs": 1_000}, 5_000)

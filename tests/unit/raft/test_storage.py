@@ -11,7 +11,7 @@ import pytest
 
 from shoal.cluster.config import ConfigError, load_config
 from shoal.cluster.errors import ErrorCode
-from shoal.node.http_util import STATUS_BY_CODE
+from shoal.node.http.util import STATUS_BY_CODE
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.journal import Journal
 from shoal.node.raft.replica import FAIL_NO_SPACE, fail_reason_error

@@ -28,7 +28,7 @@ from aiohttp import web
 if TYPE_CHECKING:
     from shoal.cluster.guard import NodeLimits
 
-    from .metrics import NodeMetrics
+    from ..metrics import NodeMetrics
 
 __all__ = ["HttpGuard", "GuardedSite", "LINGER_S", "LINGERING_MAX"]
 

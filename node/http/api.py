@@ -1,9 +1,9 @@
 """The node's HTTP port (aiohttp): health, metrics, REST jobs, SSE events, WebSocket, push workers.
 
 Every job command runs through the binary protocol's dispatcher via an
-:class:`~shoal.node.http_conn.HttpConnection`, so validation, routing, group commit, long polls
+:class:`~shoal.node.http.conn.HttpConnection`, so validation, routing, group commit, long polls
 and sessions are the same. A request for a partition this node does not lead is **forwarded**
-to the leader (:mod:`shoal.node.http_forward` says why not a redirect), so HTTP clients need no
+to the leader (:mod:`shoal.node.http.forward` says why not a redirect), so HTTP clients need no
 cluster map and may talk to any node. Job data and results
 are JSON over HTTP; the node converts them to MessagePack once at this edge.
 
@@ -12,8 +12,8 @@ Auth: when the node has tokens, every endpoint but ``/healthz`` and ``/ready`` n
 without the header that then sends ``Auth {token}`` like a binary client (browsers cannot set
 headers on a WebSocket).
 
-The streaming endpoints (``/events``, ``/work``, ``/ws``) live in :mod:`shoal.node.http_streams`;
-the port's connection cap and header deadline in :mod:`shoal.node.http_guard`.
+The streaming endpoints (``/events``, ``/work``, ``/ws``) live in :mod:`shoal.node.http.streams`;
+the port's connection cap and header deadline in :mod:`shoal.node.http.guard`.
 """
 
 from __future__ import annotations
@@ -34,19 +34,19 @@ from aiohttp import web
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import ProtocolError
 
-from .http_conn import HttpConnection
-from .http_dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
-from .http_forward import Forwarder
-from .http_guard import GuardedSite, HttpGuard
-from .http_streams import StreamHandlers
-from .http_util import STATUS_BY_CODE, error_response, json_response, loads_bounded
-from .raft.replica import FOLLOWER_APPLY_BATCH
+from .conn import HttpConnection
+from .dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
+from .forward import Forwarder
+from .guard import GuardedSite, HttpGuard
+from .streams import StreamHandlers
+from .util import STATUS_BY_CODE, error_response, json_response, loads_bounded
+from ..raft.replica import FOLLOWER_APPLY_BATCH
 
 #: Committed but not yet applied entries a ready node may have on a partition.
 READY_APPLY_LAG_MAX = 4 * FOLLOWER_APPLY_BATCH
 
 if TYPE_CHECKING:
-    from .server import Node
+    from ..view import NodeView
 
 __all__ = ["start_http", "build_app", "STATUS_BY_CODE", "HttpApi"]
 
@@ -57,7 +57,7 @@ OPEN_PATHS = frozenset({"/healthz", "/ready"}) | DASHBOARD_OPEN_PATHS  # the pag
 SELF_AUTH_PATHS = frozenset({"/ws"})
 STREAM_ROUTES = frozenset({"/events", "/work", "/queues/{queue}/work", "/ws", "/cluster/stream"})
 _METHODS = frozenset({"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"})
-_OPENAPI = Path(__file__).with_name("openapi.yaml")
+_OPENAPI = Path(__file__).resolve().parent.parent / "openapi.yaml"
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: aiohttp's bounds on a request's head, stated here so they are part of the node's documented limits
 #: (a Bearer token of auth_token_chars_max fits in one field).
@@ -84,7 +84,7 @@ def _durability(node: Any) -> dict[str, Any]:
 class HttpApi(StreamHandlers):
     """Handlers bound to one node (REST and health here, streams in :class:`StreamHandlers`)."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self.token_digests = [_digest(t.encode()) for t in node.config.tokens]
         self.started = time.time()
@@ -142,7 +142,7 @@ class HttpApi(StreamHandlers):
 
     async def command(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Run one command on a connection of its own; the reply frame."""
-        conn = HttpConnection(self.node.dispatcher)
+        conn = HttpConnection(self.node.dispatcher, self.node.metrics)
         try:
             reply = await conn.call(frame)
         except BaseException:
@@ -337,7 +337,7 @@ def _bad_request(message: str) -> web.HTTPBadRequest:
 API_KEY = web.AppKey("api", HttpApi)
 
 
-def build_app(node: "Node", guard: HttpGuard | None = None) -> web.Application:
+def build_app(node: "NodeView", guard: HttpGuard | None = None) -> web.Application:
     """The node's aiohttp application (every route of the OpenAPI description)."""
     api = HttpApi(node)
     middlewares = [api.errors, api.auth] if guard is None else [guard.middleware, api.errors, api.auth]
@@ -371,7 +371,7 @@ def build_app(node: "Node", guard: HttpGuard | None = None) -> web.Application:
     return app
 
 
-async def start_http(node: "Node", host: str, port: int) -> web.AppRunner:
+async def start_http(node: "NodeView", host: str, port: int) -> web.AppRunner:
     """Serve the HTTP API on ``host:port``; the caller cleans the runner up on stop."""
     # Open SSE streams must not hold a graceful stop for aiohttp's default 60 s.
     # handler_cancellation: a /work stream's leases are released the moment its client goes away.

@@ -45,18 +45,18 @@ from aiohttp import web
 
 from shoal.cluster.errors import CommandError
 
-from .http_forward import FORWARDED_HEADER
-from .http_util import error_response, json_response, sse
+from .forward import FORWARDED_HEADER
+from .util import error_response, json_response, sse
 
 if TYPE_CHECKING:
-    from .http import HttpApi
-    from .server import Node
+    from .api import HttpApi
+    from ..view import NodeView
 
 __all__ = ["Dashboard", "add_dashboard_routes", "DASHBOARD_OPEN_PATHS", "STATIC_DIR"]
 
 log = logging.getLogger(__name__)
 
-STATIC_DIR = Path(__file__).with_name("dashboard")
+STATIC_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 _STATIC = {"app.js": "application/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
 #: Paths served without a token: the page shell, which only shows a login form until it has one.
 DASHBOARD_OPEN_PATHS = frozenset({"/", *(f"/dashboard/{name}" for name in _STATIC)})
@@ -85,7 +85,7 @@ _TOTALS = ("enqueued", "completed", "failed")
 class QueueSampler:
     """Once a second, the counters of every queue on every replica this node hosts."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         # queue -> deque of (time ms, counts tuple in _STATES order, totals tuple in _TOTALS order)
         self.samples: dict[str, collections.deque[tuple[int, tuple[int, ...], tuple[int, ...]]]] = {}
@@ -168,7 +168,7 @@ class Timelines:
     this node leads, a cost on the hot path, so it is never on merely because a page is open.
     """
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self.jobs: collections.OrderedDict[str, list[tuple[int, str]]] = collections.OrderedDict()
         self.watched: collections.OrderedDict[str, float] = collections.OrderedDict()  # id -> until
@@ -556,7 +556,7 @@ class Dashboard:
         refused = self._refused()
         if refused is not None:
             return refused
-        from .simulation import Simulation, SimulationParams  # deferred: the client library
+        from ..simulation import Simulation, SimulationParams  # deferred: the client library
         body = await self.api.body(request)
         try:
             params = SimulationParams.from_body(body)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from shoal.cluster.errors import CommandError, ErrorCode
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher
+    from ..dispatch import Dispatcher
+    from ..metrics import NodeMetrics
 
 __all__ = ["HttpConnection"]
 
@@ -35,7 +36,8 @@ class HttpConnection:
     session of its own, so the leases it takes are its own (see :meth:`close`).
     """
 
-    def __init__(self, dispatcher: "Dispatcher", *, authed: bool = True, protocol_version: int = 2,
+    def __init__(self, dispatcher: "Dispatcher", metrics: "NodeMetrics", *, authed: bool = True,
+                 protocol_version: int = 2,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.dispatcher = dispatcher
         self.conn_id = next(_ids)
@@ -47,7 +49,7 @@ class HttpConnection:
         self.subscriptions: set[str] | None = None
         self.protocol_version = protocol_version
         self.on_event = on_event
-        self._metrics = dispatcher.node.metrics
+        self._metrics = metrics
         self._waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = itertools.count(1)
         dispatcher.sessions.attach(self.session, self.conn_id)

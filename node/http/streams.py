@@ -2,7 +2,7 @@
 workers) and ``/ws`` (the binary protocol's commands over a WebSocket).
 
 All three run their commands through the dispatcher on an
-:class:`~shoal.node.http_conn.HttpConnection`, like REST requests do.
+:class:`~shoal.node.http.conn.HttpConnection`, like REST requests do.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from aiohttp import WSMsgType, web
 from shoal.cluster.codec import FRAME_BYTES_MAX_DEFAULT, Raw, check_depth, decode_request, encode, raw_of
 from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
-from shoal.cluster.guard import AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
+from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 from shoal.cluster.partitioning import partition_for
 
-from .connection import AUTH_FAIL_DELAYS_S
-from .http_conn import HttpConnection
-from .http_forward import Forwarder
-from .http_util import dumps, error_response, json_response, loads_bounded, sse
+from .conn import HttpConnection
+from .forward import Forwarder
+from .util import dumps, error_response, json_response, loads_bounded, sse
 
 if TYPE_CHECKING:
-    from .server import Node
+    from ..view import NodeView
 
 __all__ = ["StreamHandlers", "WORK_MAX", "EVENTS_BUFFER_MAX", "WS_PENDING_MAX"]
 
@@ -56,7 +55,7 @@ class StreamHandlers:
     """Mixed into :class:`~shoal.node.http.HttpApi` (which provides ``node``, ``forwarder``,
     ``answer``, ``token_ok``)."""
 
-    node: "Node"
+    node: "NodeView"
     forwarder: Forwarder
 
     async def answer(self, request: web.Request, reply: dict[str, Any]) -> web.StreamResponse:  # pragma: no cover
@@ -156,7 +155,7 @@ class StreamHandlers:
         if not 1 <= limit <= WORK_MAX:
             return error_response("INVALID", f"max: must be 1..{WORK_MAX}")
         node = self.node
-        conn = HttpConnection(node.dispatcher)
+        conn = HttpConnection(node.dispatcher, node.metrics)
         held: set[str] = set()            # ids of the jobs this stream holds leased
         changed = asyncio.Event()
 
@@ -271,7 +270,7 @@ class StreamHandlers:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        conn = HttpConnection(node.dispatcher, authed=authed, protocol_version=1, on_event=on_event)
+        conn = HttpConnection(node.dispatcher, node.metrics, authed=authed, protocol_version=1, on_event=on_event)
         auth_failures = [0]
 
         async def run(frame: dict[str, Any], binary: bool) -> None:

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from .http_util import STATUS_BY_CODE, json_response
+from .util import STATUS_BY_CODE, json_response
 
 if TYPE_CHECKING:
-    from .server import Node
+    from ..view import NodeView
 
 __all__ = ["Forwarder", "FORWARDED_HEADER", "LEADER_HEADER"]
 
@@ -39,7 +39,7 @@ _RELAYED = ("Content-Type", "Retry-After", "Cache-Control", "X-Accel-Buffering")
 class Forwarder:
     """Relays requests to other nodes' HTTP ports over one pooled client session."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: "NodeView") -> None:
         self.node = node
         self._session: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | None = None  # peers speak HTTPS when this node does

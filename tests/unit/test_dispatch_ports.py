@@ -1,0 +1,143 @@
+"""The dispatcher runs on what it is handed (ports.py): a clock, a partition directory, the
+node's identity, metrics and flows; no ``Node``, no socket. And the node's one clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shoal.cluster.config import ClusterConfig, NodeSpec
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.topology import Topology
+from shoal.node.clock import WallClock
+from shoal.node.dispatch import Dispatcher
+from shoal.node.ports import Replier
+
+
+class FixedClock:
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+class NoPartitions:
+    """A directory of a node that hosts nothing: every partition is led elsewhere."""
+
+    replicas: dict[int, Any] = {}
+    group_commits: dict[int, Any] = {}
+
+    def not_leader_error(self, p: int) -> CommandError:
+        return CommandError(ErrorCode.NO_LEADER, f"partition {p} has no leader yet; retry")
+
+
+class Info:
+    node_id = "n1"
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.topology: Topology = config.initial_topology()
+        self.event_listeners: list[Any] = []
+        self.wanted = 0
+
+    def local_stats(self, partition: Any = None) -> dict[str, Any]:
+        return {"nodeId": self.node_id}
+
+    def events_wanted(self) -> None:
+        self.wanted += 1
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.observed: list[tuple[str, int]] = []
+
+    def observe(self, cmd: str, seconds: float, n: int = 1) -> None:
+        self.observed.append((cmd, n))
+
+    def exposition(self) -> str:
+        return "# nothing\n"
+
+
+class Flows:
+    commands = frozenset({"PushFlow"})
+
+    def __init__(self) -> None:
+        self.handled: list[dict[str, Any]] = []
+
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
+        self.handled.append(frame)
+
+
+class Link:
+    """A :class:`~shoal.node.ports.Replier` that keeps what it was answered."""
+
+    conn_id = 1
+    peer_host = "127.0.0.1"
+    session = "s1"
+    authed = True
+    closed = False
+    protocol_version = 1
+    subscriptions: set[str] | None = None
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[Any, Any]] = []
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        self.replies.append((req_id, body))
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        self.replies.append((req_id, exc.code))
+
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        self.replies.extend(zip(req_ids, results))
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        self.replies.append((None, frame))
+
+    def upgrade(self, version: int) -> None:
+        self.protocol_version = version
+
+
+@pytest.fixture
+def parts() -> Any:
+    loop = asyncio.new_event_loop()
+    config = ClusterConfig(nodes=(NodeSpec("n1", "127.0.0.1"),), partitions=2)
+    info, metrics, flows = Info(config), Metrics(), Flows()
+    dispatcher = Dispatcher(config, loop, clock=FixedClock(1_700_000_000_123), directory=NoPartitions(),
+                            info=info, metrics=metrics, flows=flows)
+    yield dispatcher, info, flows
+    loop.close()
+
+
+def test_node_commands_answer_from_the_injected_clock_and_identity(parts: Any) -> None:
+    dispatcher, info, _ = parts
+    link = Link()
+    assert dispatcher.connection_opened(link) is None
+    dispatcher.handle(link, {"cmd": "Ping", "reqId": 1})
+    dispatcher.handle(link, {"cmd": "RegisterWorker", "reqId": 2, "name": "w"})
+    dispatcher.handle(link, {"cmd": "Hello", "reqId": 3, "protocolVersion": 2})
+    dispatcher.handle(link, {"cmd": "Subscribe", "reqId": 4})
+    assert link.replies[0] == (1, {"pong": True, "time": 1_700_000_000_123})
+    assert link.replies[1] == (2, {"workerId": "n1-w1"})
+    assert dispatcher.workers["n1-w1"]["registeredAt"] == 1_700_000_000_123
+    assert link.replies[2][1]["nodeId"] == "n1" and link.protocol_version == 2
+    assert info.wanted == 1 and link in dispatcher.subscribers
+
+
+def test_commands_for_a_partition_led_elsewhere_get_the_directory_s_refusal(parts: Any) -> None:
+    dispatcher, _, flows = parts
+    link = Link()
+    dispatcher.connection_opened(link)
+    with pytest.raises(CommandError) as refused:
+        dispatcher.handle(link, {"cmd": "GetJob", "id": "1-5"})
+    assert refused.value.code is ErrorCode.NO_LEADER
+    dispatcher.handle(link, {"cmd": "PushFlow", "reqId": 9})
+    assert flows.handled == [{"cmd": "PushFlow", "reqId": 9}]
+
+
+def test_the_wall_clock_never_goes_back() -> None:
+    readings = iter([10.0, 12.5, 11.0, 12.0, 13.0])
+    clock = WallClock(lambda: next(readings))
+    assert [clock.now_ms() for _ in range(5)] == [10_000, 12_500, 12_500, 12_500, 13_000]
