@@ -15,7 +15,7 @@ from shoal.cluster.partitioning import partition_for
 from shoal.client import AsyncClient, ConnectionOptions
 from shoal.client.exceptions import CommandError
 
-from conftest import replica_views
+from conftest import http_url, replica_views, secured_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +165,6 @@ def test_http_flow_and_children(fresh_cluster: LocalCluster) -> None:
     """POST /flows and GET /jobs/{id}/children; bad trees get INVALID naming the field."""
     import aiohttp
 
-    from conftest import http_url
 
     parent_q, child_q = queues_on_distinct_partitions(fresh_cluster.config.partitions, 2, "fl-h")
     base = http_url(fresh_cluster, fresh_cluster.node_ids[0])
@@ -207,7 +206,6 @@ def test_forged_peer_request_is_refused(fresh_cluster: LocalCluster) -> None:
 
 def test_flow_on_a_cluster_with_tokens(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Nodes authenticate to each other's client port with the cluster's token for flow commands."""
-    from conftest import secured_cluster
 
     with secured_cluster(tmp_path_factory, "flow-auth", "flow-token") as cl:
         parent_q, *child_qs = queues_on_distinct_partitions(cl.config.partitions, 4, "fl-t")
