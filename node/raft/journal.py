@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 The log is a run of entries ``(index, term, payload)`` with contiguous
 indexes and non-decreasing terms. It lives in a directory of segment files
-named ``<first index, 20 digits>.wal``; each starts with a 16-byte header
-(magic, format version, the unsynced-bytes bound) followed by records::
+named ``<first index, 20 digits>.wal``; each starts with a 20-byte header
+(magic, format version, the unsynced-bytes bound, their CRC32C) followed by records::
 
     length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
 
@@ -86,9 +86,26 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 COMMIT_HINT_PERIOD_S = 10
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
-_SEGMENT_VERSION = 1
-_SEGMENT_HEADER = struct.Struct("<8sII")
+_SEGMENT_VERSION = 2
+#: magic, version, the unsynced-bytes bound, CRC32C of the three: a header torn by a power cut
+#: (it is unsynced until the segment's first sync) is told from one that states a wrong bound.
+_SEGMENT_HEADER = struct.Struct("<8sIII")
 SEGMENT_HEADER_BYTES = _SEGMENT_HEADER.size
+
+
+def _segment_header(unsynced_bytes_max: int) -> bytes:
+    body = struct.pack("<8sII", _SEGMENT_MAGIC, _SEGMENT_VERSION, unsynced_bytes_max)
+    return body + struct.pack("<I", google_crc32c.value(body))
+
+
+def _segment_header_fields(header: bytes) -> tuple[bytes, int, int] | None:
+    """(magic, version, bound) of a whole header whose checksum holds, else None."""
+    if len(header) != SEGMENT_HEADER_BYTES:
+        return None
+    magic, version, bound, crc = _SEGMENT_HEADER.unpack(header)
+    if google_crc32c.value(header[:-4]) != crc:
+        return None
+    return magic, version, bound
 _RECORD = struct.Struct("<IIQQ")
 RECORD_HEADER_BYTES = _RECORD.size
 _CRC_FIELDS = struct.Struct("<IQQ")
@@ -304,7 +321,7 @@ class Journal:
         handle = self._io.open(path)
         try:
             handle.truncate(0)
-            handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, self.unsynced_bytes_max))
+            handle.append(_segment_header(self.unsynced_bytes_max))
         except BaseException:
             handle.close()
             self._io.unlink(path)
@@ -616,13 +633,13 @@ class Journal:
             size = handle.size
             seg = _Segment(path, first, unsynced_max=self.unsynced_bytes_max)
             header = handle.pread(0, SEGMENT_HEADER_BYTES)
-            fields = _SEGMENT_HEADER.unpack(header) if len(header) == SEGMENT_HEADER_BYTES else None
+            fields = _segment_header_fields(header)
             if fields is None or fields[:2] != (_SEGMENT_MAGIC, _SEGMENT_VERSION):
                 if not is_last:
                     raise JournalCorrupt(f"{path}: bad segment header at offset 0")
                 log.warning("journal %s: torn segment header (%d bytes), rewriting it", path, size)
                 handle.truncate(0)
-                handle.append(_SEGMENT_HEADER.pack(_SEGMENT_MAGIC, _SEGMENT_VERSION, self.unsynced_bytes_max))
+                handle.append(_segment_header(self.unsynced_bytes_max))
                 handle.datasync()
                 return seg
             unsynced_max = seg.unsynced_max = fields[2]
