@@ -80,8 +80,10 @@ class DedupeOps(Store):
         if entry is None or entry[0] != DEBOUNCE:
             return None
         job = self.jobs.get(entry[1])
-        if job is None or job.state != DELAYED:
-            return None  # the burst's job is due already: this add starts a new burst
+        if job is None or job.state != DELAYED or job.run_at_ms <= now:
+            # The burst's job is due already (moved, or due at this instant but not yet
+            # promoted by a tick): this add starts a new burst.
+            return None
         _swap_data(job, options["data"])
         run_at = now + spec["delayMs"]
         wait = spec.get("maxWaitMs")
