@@ -99,14 +99,14 @@ class GroupCommit:
             self._inflight += 1
             self.proposed_batches += 1
             self.proposed_commands += sum(map(commands_in, cmds))
-            loop = self.loop
+            after_tick = self.replica.after_tick
             cmds, sizes = replicated_form(cmds, self.replica.partition)
             entry = _Entry(cbs, sizes)
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:
-                # Called inside pysyncobj's apply loop: answer after it finishes this tick.
-                loop.call_soon(self._complete, entry, results, reason)
+                # Called inside pysyncobj's apply loop: answer when it has finished this tick.
+                after_tick(self._complete, entry, results, reason)
 
             try:
                 self.replica.propose(self.clock.now_ms(), cmds, done)

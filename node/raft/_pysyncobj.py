@@ -184,6 +184,9 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
     """
 
     def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
+        #: The journal's ``entries(start, stop)`` when it has one: read directly by index.
+        self._entries = getattr(journal, "entries", None)
+        self._journal = journal
         if journal is None:
             super().__init__(*args, **kwargs)
             return
@@ -203,7 +206,12 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
         memory. A count above :data:`ENTRIES_READ_MAX` is cut to it (the apply loop goes
         on at the next tick), and a byte-bounded read stops at the bound.
         """
+        entries = self._entries
         if count is not None:
+            if entries is not None:  # pysyncobj's way slices the log by position: two index lookups more
+                if fromIDx is None or fromIDx < self._journal.first_index:
+                    return []
+                return entries(fromIDx, fromIDx + min(count, ENTRIES_READ_MAX))  # type: ignore[no-any-return]
             return SyncObj._SyncObj__getEntries(self, fromIDx, min(count, ENTRIES_READ_MAX))  # type: ignore[attr-defined,no-any-return]
         if maxSizeBytes is None:
             return SyncObj._SyncObj__getEntries(self, fromIDx, None, None)  # type: ignore[attr-defined,no-any-return]

@@ -32,7 +32,8 @@ from enum import Enum
 __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "HandshakeFailed",
            "HANDSHAKE_FRAME_BYTES_MAX", "NONCE_BYTES", "RejectReason"]
 
-MAGIC = b"SHR1"
+#: Names the link's version: 2 = frames MACed with keyed BLAKE2b (1 used HMAC-SHA256).
+MAGIC = b"SHR2"
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 #: The largest handshake frame either side accepts (ids and the cluster id are short).
@@ -187,6 +188,9 @@ class Handshake:
 
     def _on_frame(self, payload: bytes) -> None:
         if payload[:len(MAGIC)] != MAGIC:
+            if payload[:3] == MAGIC[:3]:
+                raise HandshakeFailed(RejectReason.BAD_FRAME, f"the peer speaks Raft link version "
+                                      f"{payload[3:4].decode(errors='replace')!r}, this node {MAGIC[3:].decode()!r}")
             raise HandshakeFailed(RejectReason.BAD_FRAME, "not a Shoal Raft handshake")
         kind = payload[len(MAGIC):len(MAGIC) + 1]
         body = payload[len(MAGIC) + 1:]

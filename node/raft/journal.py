@@ -521,17 +521,26 @@ class Journal:
         stop = min(stop, self._last_index + 1)
         if start >= stop:
             return []
-        cached_from = self._last_index + 1 - len(self._cache)
+        cache = self._cache
+        cached_from = self._last_index + 1 - len(cache)
         out: list[Entry] = []
         if start < cached_from:
             out.extend(self._read_disk(start, min(stop, cached_from)))
         base = max(start, cached_from)
         if base < stop:
-            cache = self._cache
             first = base - cached_from
-            for i in range(stop - base):
-                index = base + i
-                out.append((cache[first + i], index, self._term_unchecked(index)))
+            run_index = self._run_index
+            if run_index[-1] <= base:  # one term throughout (the usual case): no lookup per entry
+                term = self._run_term[-1]
+                if stop - base == 1:
+                    out.append((cache[first], base, term))
+                else:
+                    shift = base - first
+                    out.extend([(cache[j], j + shift, term) for j in range(first, first + stop - base)])
+            else:
+                for i in range(stop - base):
+                    index = base + i
+                    out.append((cache[first + i], index, self._term_unchecked(index)))
         return out
 
     def _term_unchecked(self, index: int) -> int:
@@ -741,20 +750,31 @@ class Journal:
         return self._last_index - self._first_index + 1
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
-        n = len(self)
-        if isinstance(item, slice):
+        last = self._last_index
+        if item == -1 and self._cache and last > self._first_index:
+            # pysyncobj reads the last entry (log[-1]) several times per message
+            return self._cache[-1], last, self._run_term[-1]
+        first = self._first_index
+        n = self._last_index - first + 1
+        if type(item) is not int:
+            if not isinstance(item, slice):
+                raise TypeError(f"journal positions are ints or slices, not {type(item).__name__}")
             a, b, step = item.indices(n)
             if step != 1:
-                return self.entries(self._first_index, self._last_index + 1)[item]
-            return self.entries(self._first_index + a, self._first_index + b)
+                return self.entries(first, self._last_index + 1)[item]
+            return self.entries(first + a, first + b)
         pos = item + n if item < 0 else item
         if not 0 <= pos < n:
             raise IndexError("journal position out of range")
         if pos == 0:
             if self._first_entry is None:
-                self._first_entry = self.entries(self._first_index, self._first_index + 1)[0]
+                self._first_entry = self.entries(first, first + 1)[0]
             return self._first_entry
-        index = self._first_index + pos
+        index = first + pos
+        cache = self._cache
+        k = index - (self._last_index + 1 - len(cache))
+        if k >= 0:
+            return cache[k], index, self._term_unchecked(index)
         return self.entries(index, index + 1)[0]
 
     def __iter__(self) -> Iterator[Entry]:

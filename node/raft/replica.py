@@ -202,6 +202,8 @@ class PartitionReplica(HookedSyncObj):
         self.elections = 0
         self.timer_slot: int | None = None
         self._tick_scheduled = False
+        #: While a tick runs: what :meth:`after_tick` defers to its end.
+        self._tick_tail: list[tuple[Callable[..., None], tuple[Any, ...]]] | None = None
         self._announce_due = False
         self._closed = False
         self._event_messages = 0
@@ -258,7 +260,8 @@ class PartitionReplica(HookedSyncObj):
         """Run one pysyncobj tick soon (coalesced): after messages, proposals, new peer links."""
         if not self._tick_scheduled and not self._closed:
             self._tick_scheduled = True
-            self.loop.call_soon(self._tick)
+            if not self._transport.defer_tick(self._tick):  # inside a received frame: at its end
+                self.loop.call_soon(self._tick)
 
     def _peer_link_up(self) -> None:
         """A link to a peer came up: give its leader, if any, time to be heard before campaigning.
@@ -313,6 +316,7 @@ class PartitionReplica(HookedSyncObj):
         self._tick_scheduled = False
         if self._closed:
             return
+        self._tick_tail = tail = []
         try:
             self._hold_campaign_unless_admitted()
             self._lone_barrier()
@@ -321,6 +325,9 @@ class PartitionReplica(HookedSyncObj):
             self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
+        finally:
+            self._tick_tail = None
+        self._run_tail(tail)
         self._book_next_tick()
 
     def on_timer(self) -> None:
@@ -328,6 +335,7 @@ class PartitionReplica(HookedSyncObj):
         if self._closed:
             return
         self._tick_scheduled = False
+        self._tick_tail = tail = []
         try:
             self._hold_campaign_unless_admitted()
             self._lone_barrier()
@@ -338,7 +346,30 @@ class PartitionReplica(HookedSyncObj):
             self.storage.sync_failed(exc)
         except Exception:
             log.exception("partition %d: raft tick failed", self.partition)
+        finally:
+            self._tick_tail = None
+        self._run_tail(tail)
         self._book_next_tick()
+
+    def after_tick(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` once the running tick is over (its applies done); soon, outside one.
+
+        A proposal's callback runs inside pysyncobj's apply loop, where answering clients
+        would interleave with applying; after the tick, rather than in a loop callback of
+        its own, the answer is one loop iteration sooner.
+        """
+        tail = self._tick_tail
+        if tail is None:
+            self.loop.call_soon(fn, *args)
+        else:
+            tail.append((fn, args))
+
+    def _run_tail(self, tail: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+        for fn, args in tail:
+            try:
+                fn(*args)
+            except Exception:  # one caller's bug must not cost the others their answers
+                log.exception("partition %d: callback after a tick failed", self.partition)
 
     def _book_next_tick(self) -> None:
         """Book the next timed tick: heartbeat or busy tick (leader), deadline or applies (follower)."""
@@ -439,25 +470,28 @@ class PartitionReplica(HookedSyncObj):
                 self._lazy_indexes.add(index)
             journal.lazy_appends = lazy
             self._direct_send = True
+            # The entry leaves at the release, not after the other callbacks of this loop iteration:
+            # a pipelined client waits for the round trip. (The link's flush runs the sync barrier.)
+            self._transport.hold()
             try:
-                self.append_queued_commands()
-            except NoSpace as exc:
-                self._note_no_space(f"proposal refused: {exc}")
-                self.loop.call_soon(callback, None, FAIL_NO_SPACE)
-            except SyncFailed as exc:
-                self.storage.sync_failed(exc)
+                try:
+                    self.append_queued_commands()
+                except NoSpace as exc:
+                    self._note_no_space(f"proposal refused: {exc}")
+                    self.loop.call_soon(callback, None, FAIL_NO_SPACE)
+                except SyncFailed as exc:
+                    self.storage.sync_failed(exc)
+                finally:
+                    self._direct_send = False
+                    journal.lazy_appends = False
+                if lazy and journal.last_index != index:
+                    # Not exactly our entry was appended (an older queued proposal too, or none):
+                    # treat what was written as fsync class.
+                    self._lazy_indexes.discard(index)
+                    if journal.dirty:
+                        self.storage.batcher.mark(journal)
             finally:
-                self._direct_send = False
-                journal.lazy_appends = False
-            if lazy and journal.last_index != index:
-                # Not exactly our entry was appended (an older queued proposal too, or none):
-                # treat what was written as fsync class.
-                self._lazy_indexes.discard(index)
-                if journal.dirty:
-                    self.storage.batcher.mark(journal)
-            # The entry leaves now, not after the other callbacks of this loop iteration: a
-            # pipelined client waits for the round trip. (The link's flush runs the sync barrier.)
-            self._transport.flush()
+                self._transport.release()
             if not raft.other_nodes:
                 # A lone replica commits in the next tick. (A tick appends proposals only after
                 # computing the commit index, so without this one it would wait for the periodic one.)
@@ -495,9 +529,13 @@ class PartitionReplica(HookedSyncObj):
         for the balancer's hand-back); the others receive everything pending in one message
         at most every :data:`LAZY_SEND_PERIOD_S`, on the periodic tick and on pysyncobj's
         heartbeat. If no follower answered lately, every follower gets the entry at once.
-        Commit still needs a majority; only the order of sends changes.
+        So does an entry no other entry is in flight with (a lone write): its commit then
+        waits for the faster of two acknowledgements, and with nothing else in flight there
+        is no load for a woken second follower to slow down. Commit still needs a majority;
+        only the order of sends changes.
         """
-        if self._direct_send:
+        raft = self._raft
+        if self._direct_send and raft is not None and raft.commit_index < raft.raft_log[-1][1] - 1:
             now = monotonic_time()
             fast = self._fast_follower(now)
             if fast is not None and self._send_entries_to(fast, now):

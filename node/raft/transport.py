@@ -11,10 +11,13 @@ signed) and the handshake runs inside it.
 
 Sending queues the message on the peer's link. Queued messages are written,
 one frame per peer, at the end of the callback that produced them when that
-callback is a proposal or a received frame (:meth:`RaftNetwork.flush_queued`:
-a new entry or an answer leaves at once, since a pipelined client waits for the
-round trip), and otherwise once per loop iteration, so the heartbeats of many
-partitions that tick together cost one write. A peer that stops draining gets at most
+callback is a proposal or a received frame (:meth:`RaftNetwork.hold` /
+:meth:`RaftNetwork.release`: a new entry or an answer leaves at once, since a
+pipelined client waits for the round trip), and otherwise once per loop
+iteration, so the heartbeats of many partitions that tick together cost one
+write. A tick a received frame asks for (an acknowledgement moves the commit
+index) runs at the end of that frame, before its answers are written, rather
+than in a loop callback of its own. A peer that stops draining gets at most
 :data:`SEND_BUFFER_BYTES_MAX` buffered; beyond that messages to it are dropped
 (Raft resends what a follower lacks) rather than held, and reading from it goes
 on, so two nodes that both fall behind cannot deadlock each other.
@@ -130,9 +133,12 @@ class _Link(asyncio.Protocol):
                 self.close()
                 return
             net = self.network
-            for items in frames:
-                net.deliver(self.node, items)
-            net.flush_queued()  # the answers to this frame leave now, in one frame per peer
+            net.hold()
+            try:
+                for items in frames:
+                    net.deliver(self.node, items)
+            finally:
+                net.release()  # the ticks this frame asked for run, its answers leave: one frame per peer
             return
         hs = self._handshake
         if hs is None:
@@ -223,22 +229,27 @@ class _Link(asyncio.Protocol):
             self.flush()
         return True
 
-    def flush(self) -> None:
-        """Seal and write everything queued as one frame."""
+    def flush(self, after: bool = True) -> bool:
+        """Seal and write everything queued as one frame; True when one was written.
+
+        ``after=False`` leaves the network's ``after_flush`` to the caller, which writes
+        to the other peers first (:meth:`RaftNetwork.flush_queued`).
+        """
         out = self._out
         if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
-            return
+            return False
         barrier = self.network.before_flush
         if barrier is not None:
             barrier()  # answers and entries leave only once the journals they vouch for are synced
         self._out = []
         self._out_bytes = 0
         out.insert(0, array_header(len(out)))
-        self.transport.writelines(self._sealer.seal(out))
+        self.transport.write(self._sealer.seal(out))
         self.network.frames_sent += 1
-        after = self.network.after_flush
-        if after is not None:
-            after()  # a leader's own copy of what it just sent becomes durable before anything else runs
+        hook = self.network.after_flush
+        if after and hook is not None:
+            hook()  # a leader's own copy of what it just sent becomes durable before anything else runs
+        return True
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -264,6 +275,10 @@ class RaftNetwork:
         self._partitions: dict[int, PartitionTransport] = {}
         self._pending: list[_Link] = []
         self._flush_scheduled = False
+        #: Above 0 while a caller that flushes when done is running (a received frame, a
+        #: proposal): what it queues needs no flush callback of its own.
+        self.holding = 0
+        self._deferred_ticks: list[Callable[[], None]] = []
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals: dict[str, float] = {}
@@ -388,17 +403,54 @@ class RaftNetwork:
     def queued(self, link: _Link) -> None:
         """``link`` has its first message queued: write it in :meth:`flush_queued`, this iteration at the latest."""
         self._pending.append(link)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self.holding:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush_scheduled_links)
+
+    def hold(self) -> None:
+        """Until the matching :meth:`release`, sends wait for it and :meth:`defer_tick` ticks too."""
+        self.holding += 1
+
+    def release(self) -> None:
+        """End a :meth:`hold`; the outermost one runs the deferred ticks, then writes what is queued.
+
+        A received acknowledgement asks its partition for a tick (the commit index moves
+        and the entry is applied there): run at the end of the frame rather than in a
+        callback of its own, the reply to the client is one loop iteration sooner.
+        """
+        self.holding -= 1
+        if not self.holding and self._deferred_ticks:
+            ticks, self._deferred_ticks = self._deferred_ticks, []
+            self.holding += 1
+            try:
+                for tick in ticks:
+                    tick()
+            finally:
+                self.holding -= 1
+                late, self._deferred_ticks = self._deferred_ticks, []
+                for tick in late:  # asked for by those ticks: not in this call, no loop
+                    self.loop.call_soon(tick)
+        if not self.holding:
+            self.flush_queued()
+
+    def defer_tick(self, tick: Callable[[], None]) -> bool:
+        """Run ``tick`` at the end of the current :meth:`hold`; False when nothing holds."""
+        if not self.holding:
+            return False
+        self._deferred_ticks.append(tick)
+        return True
 
     def flush_queued(self) -> None:
         """Write what is queued for every peer now (one frame per peer)."""
         pending = self._pending
         if pending:
             self._pending = []
+            written = False
             for link in pending:
-                link.flush()
+                written = link.flush(after=False) or written
+            hook = self.after_flush
+            if written and hook is not None:
+                hook()  # once every peer has its frame: a second follower does not wait for the leader's sync
 
     def _flush_scheduled_links(self) -> None:
         self._flush_scheduled = False
@@ -456,6 +508,18 @@ class PartitionTransport(Transport):  # type: ignore[misc]
     def flush(self) -> None:
         """Write the messages queued on every link now (after a proposal's entry is sent)."""
         self.network.flush_queued()
+
+    def hold(self) -> None:
+        """Messages sent until :meth:`release` wait for it (one write per peer, no callback)."""
+        self.network.hold()
+
+    def release(self) -> None:
+        """End a :meth:`hold`: deferred ticks run and what was queued is written."""
+        self.network.release()
+
+    def defer_tick(self, tick: Callable[[], None]) -> bool:
+        """Run ``tick`` when the network's current hold ends; False when nothing holds."""
+        return self.network.defer_tick(tick)
 
     def peer_connected(self, node: Any) -> None:
         if node.id in self.peers:

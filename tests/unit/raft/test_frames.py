@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.node.raft._frames import FrameError, FrameOpener, FrameSealer, array_header
@@ -16,7 +16,7 @@ encode = msgspec.msgpack.Encoder().encode
 
 def frame(sealer: FrameSealer, items: list[object]) -> bytes:
     parts = [encode(i) for i in items]
-    return b"".join(sealer.seal([array_header(len(parts)), *parts]))
+    return sealer.seal([array_header(len(parts)), *parts])
 
 
 @given(st.lists(st.lists(st.integers(-2**63, 2**63 - 1), max_size=40), min_size=1, max_size=5), st.integers(1, 50))
@@ -27,6 +27,19 @@ def test_round_trip_any_split(batches: list[list[int]], chunk: int) -> None:
     for pos in range(0, len(wire), chunk):
         got += opener.feed(wire[pos:pos + chunk])
     assert got == batches and opener.buffered == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([10, 60_000, 200_000]), min_size=1, max_size=4), st.integers(997, 300_000))
+def test_small_and_large_frames_interleaved(sizes: list[int], chunk: int) -> None:
+    """Small and large payloads fed in pieces of any size, whole frames or many per read."""
+    sealer, opener = FrameSealer(KEY), FrameOpener(KEY, 1 << 20, decode)
+    blobs = [bytes([k]) * n for k, n in enumerate(sizes)]
+    wire = b"".join(frame(sealer, [blob]) for blob in blobs)
+    got: list[object] = []
+    for pos in range(0, len(wire), chunk):
+        got += opener.feed(wire[pos:pos + chunk])
+    assert got == [[blob] for blob in blobs] and opener.buffered == 0
 
 
 def test_replayed_frame_fails() -> None:
@@ -67,7 +80,7 @@ def test_undecodable_payload_fails_only_after_authentication() -> None:
         raise ValueError("nope")
 
     sealer = FrameSealer(KEY)
-    good = b"".join(sealer.seal([b"\xc1"]))
+    good = sealer.seal([b"\xc1"])
     with pytest.raises(FrameError):
         FrameOpener(b"other" * 8, 1 << 20, strict).feed(good)
     assert seen == []  # a frame that fails its MAC never reaches the decoder

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.node.raft.handshake import (HANDSHAKE_FRAME_BYTES_MAX, NEED_DATA, Established, Handshake,
+from shoal.node.raft.handshake import (HANDSHAKE_FRAME_BYTES_MAX, MAGIC, NEED_DATA, Established, Handshake,
                                        HandshakeFailed, RejectReason, Role, SendBytes)
 
 SECRET = b"s3cret"
@@ -93,7 +93,7 @@ def test_wrong_secret_dialer_cannot_forge_the_proof() -> None:
     dialer, listener = pair()
     listener.receive_data(sent(drain(dialer)))
     drain(listener)
-    forged = len(b"SHR1P" + b"\0" * 32).to_bytes(2, "big") + b"SHR1P" + b"\0" * 32
+    forged = len(MAGIC + b"P" + b"\0" * 32).to_bytes(2, "big") + MAGIC + b"P" + b"\0" * 32
     with pytest.raises(HandshakeFailed) as exc:
         listener.receive_data(forged)
     assert exc.value.reason is RejectReason.BAD_PROOF
@@ -126,7 +126,7 @@ def test_a_listener_proof_is_not_a_dialer_proof() -> None:
     listener.receive_data(sent(drain(dialer)))
     challenge = sent(drain(listener))
     reflected_proof = challenge[-32:]
-    frame = b"SHR1P" + reflected_proof
+    frame = MAGIC + b"P" + reflected_proof
     with pytest.raises(HandshakeFailed):
         listener.receive_data(len(frame).to_bytes(2, "big") + frame)
 
@@ -217,6 +217,14 @@ def test_reject_frame_tells_the_other_side_why() -> None:
 def test_frames_out_of_order_are_refused() -> None:
     dialer, listener = pair()
     drain(dialer)
-    proof_first = b"SHR1P" + b"\0" * 32
+    proof_first = MAGIC + b"P" + b"\0" * 32
     with pytest.raises(HandshakeFailed):
         listener.receive_data(len(proof_first).to_bytes(2, "big") + proof_first)
+
+
+def test_a_peer_of_another_link_version_is_refused_by_name() -> None:
+    """A node of the previous link version (other frame MAC) is told apart from a stranger."""
+    listener = Handshake(Role.LISTENER, "n1", SECRET, "c", known_peers=PEERS)
+    old = b"SHR1" + b"H" + b"\0" * 40
+    with pytest.raises(HandshakeFailed, match="Raft link version '1', this node '2'"):
+        listener.receive_data(len(old).to_bytes(2, "big") + old)

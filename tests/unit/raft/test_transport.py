@@ -122,3 +122,54 @@ def test_every_message_arrives_in_order(count: int) -> None:
             assert [m["i"] for m in receiver.received] == list(range(count))
 
     asyncio.run(main())
+
+
+def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() -> None:
+    """A deferred tick runs at the end of the frame, and what it sends leaves in the same write."""
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
+            order: list[str] = []
+
+            def tick() -> None:
+                order.append("tick")
+                receiver.transport.send(n1.node_of("n2"), {"type": "from-tick"})
+
+            def on_message(node: Any, message: Any) -> None:
+                order.append(f"message {message['i']}")
+                assert receiver.transport.defer_tick(tick)  # inside the frame: deferred, not run
+                receiver.transport.send(node, {"type": "ack", "i": message["i"]})
+                assert order[-1] != "tick"
+
+            receiver.on_receive = on_message
+            before = n1.frames_sent
+            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 1})
+            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 2})
+            sender.transport.flush()
+            await _until(lambda: len(sender.received) == 4)
+            # Both messages of the frame first, then each deferred tick, then one write of everything.
+            assert order == ["message 1", "message 2", "tick", "tick"]
+            assert [m["type"] for m in sender.received] == ["ack", "ack", "from-tick", "from-tick"]
+            assert n1.frames_sent == before + 1
+            assert not receiver.transport.defer_tick(tick)  # outside a frame nothing holds
+
+    asyncio.run(main())
+
+
+def test_hold_writes_at_release_without_a_callback_of_its_own() -> None:
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
+            before = n2.frames_sent
+            sender.transport.hold()
+            sender.transport.send(n2.node_of("n1"), {"i": 1})
+            sender.transport.hold()  # nested: only the outermost release writes
+            sender.transport.send(n2.node_of("n1"), {"i": 2})
+            sender.transport.release()
+            assert n2.frames_sent == before
+            sender.transport.release()
+            assert n2.frames_sent == before + 1 and n2.holding == 0
+            await _until(lambda: len(receiver.received) == 2)
+            assert [m["i"] for m in receiver.received] == [1, 2]
+
+    asyncio.run(main())
