@@ -1,15 +1,16 @@
 """Cost of one Raft message on the node's link, sans I/O: encode + seal, and open + decode.
 
 Measures, per message, what ``node/raft/transport.py`` and ``node/raft/_frames.py`` spend
-on an AppendEntries carrying one group-committed entry and on its acknowledgement, with
-the frame MAC Shoal uses (keyed BLAKE2b, 128 bits) and, for comparison, with HMAC-SHA256
-(OpenSSL through ``hmac``), the other MAC a link could use. Also prints one MAC alone.
+on an acknowledgement and on AppendEntries carrying one entry of a few sizes, with the
+link's frame MAC (keyed BLAKE2b up to ``BLAKE2B_BYTES_MAX`` of payload, HMAC-SHA256
+above) and, for comparison, with HMAC-SHA256 on every frame. Then one MAC alone, of
+either algorithm, over a small and a large payload.
 
-    python bench/bench_raft_frames.py [--rounds 20000] [--entry-bytes 3900]
+    python bench/bench_raft_frames.py [--rounds 20000]
 
 Hot loops: every figure here is with warm caches. A node between two messages of a lone
-PUSH runs with cold ones, where OpenSSL's HMAC costs several times more (see
-docs/benchmarks.md); the ranking does not change.
+PUSH runs with cold ones, where OpenSSL's HMAC call costs several times more
+(``bench/profile_lone_push.py`` shows it inside the nodes).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import timeit
 
 import msgspec
 
-from shoal.node.raft._frames import MAC_BYTES, FrameOpener, FrameSealer, array_header
+from shoal.node.raft._frames import BLAKE2B_BYTES_MAX, MAC_BYTES, FrameOpener, FrameSealer, array_header
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -35,11 +36,11 @@ class HmacSealer:
         self._key = key
         self._counter = 0
 
-    def seal(self, parts: list[bytes]) -> bytes:
+    def seal(self, parts: list[bytes]) -> list[bytes]:
         body = b"".join(parts)
         mac = hmac.digest(self._key, self._counter.to_bytes(8, "big") + body, "sha256")[:MAC_BYTES]
         self._counter += 1
-        return b"".join(((len(body) + MAC_BYTES).to_bytes(4, "big"), mac, body))
+        return [b"".join(((len(body) + MAC_BYTES).to_bytes(4, "big"), mac, body))]
 
 
 class HmacOpener:
@@ -60,13 +61,13 @@ class HmacOpener:
 
 def per_message_us(rounds: int, message: dict[str, object], sealer: object, opener: object) -> tuple[float, float]:
     """Microseconds to encode + seal one message, and to open + decode it."""
-    frames: list[bytes] = []
+    sealed: list[list[bytes]] = []
 
     def send() -> None:
-        frames.append(sealer.seal([array_header(1), _encode((3, message))]))  # type: ignore[attr-defined]
+        sealed.append(sealer.seal([array_header(1), _encode((3, message))]))  # type: ignore[attr-defined]
 
     send_s = timeit.timeit(send, number=rounds)
-    it = iter(frames)
+    it = iter([b"".join(pieces) for pieces in sealed])  # as the peer reads it
     recv_s = timeit.timeit(lambda: opener.feed(next(it)), number=rounds)  # type: ignore[attr-defined]
     return send_s / rounds * 1e6, recv_s / rounds * 1e6
 
@@ -74,30 +75,35 @@ def per_message_us(rounds: int, message: dict[str, object], sealer: object, open
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20_000)
-    parser.add_argument("--entry-bytes", type=int, default=3_900, help="size of the entry an AppendEntries carries")
     args = parser.parse_args()
     key = os.urandom(32)
-    append = {"type": "append_entries", "term": 3, "commit_index": 1_000, "prevLogIdx": 1_000, "prevLogTerm": 3,
-              "entries": [(os.urandom(args.entry_bytes), 1_001, 3)]}
+    print(f"per message, {args.rounds:,} rounds each (send = encode + seal, receive = open + decode);"
+          f" the link MACs payloads up to {BLAKE2B_BYTES_MAX:,} bytes with BLAKE2b")
     ack = {"type": "next_node_idx", "next_node_idx": 1_002, "success": True, "reset": False}
-    print(f"per message, {args.rounds:,} rounds each (send = encode + seal, receive = open + decode)")
-    for name, message in ((f"AppendEntries, one {args.entry_bytes:,}-byte entry", append), ("acknowledgement", ack)):
-        blake = per_message_us(args.rounds, message, FrameSealer(key), FrameOpener(key, 1 << 26, _decode))
-        sha = per_message_us(args.rounds, message, HmacSealer(key), HmacOpener(key))
-        print(f"  {name:<36} keyed BLAKE2b {blake[0]:5.2f} / {blake[1]:5.2f} us   "
-              f"HMAC-SHA256 {sha[0]:5.2f} / {sha[1]:5.2f} us")
-    data = os.urandom(300)
+    messages: list[tuple[str, dict[str, object]]] = [("acknowledgement", ack)]
+    for size in (300, 3_900, 100_000):
+        messages.append((f"AppendEntries, one {size:,}-byte entry",
+                         {"type": "append_entries", "term": 3, "commit_index": 1_000, "prevLogIdx": 1_000,
+                          "prevLogTerm": 3, "entries": [(os.urandom(size), 1_001, 3)]}))
+    for name, message in messages:
+        rounds = args.rounds if len(_encode(message)) < 50_000 else max(1, args.rounds // 20)
+        link = per_message_us(rounds, message, FrameSealer(key), FrameOpener(key, 1 << 26, _decode))
+        sha = per_message_us(rounds, message, HmacSealer(key), HmacOpener(key))
+        print(f"  {name:<38} link {link[0]:7.2f} / {link[1]:7.2f} us   "
+              f"HMAC-SHA256 always {sha[0]:7.2f} / {sha[1]:7.2f} us")
     base = hashlib.blake2b(key=key, digest_size=MAC_BYTES)
+    for size in (300, 1 << 20):
+        data = os.urandom(size)
 
-    def blake_mac() -> bytes:
-        mac = base.copy()
-        mac.update(data)
-        return mac.digest()
+        def blake_mac() -> bytes:
+            mac = base.copy()
+            mac.update(data)
+            return mac.digest()
 
-    n = args.rounds * 5
-    blake_us = timeit.timeit(blake_mac, number=n) / n * 1e6
-    sha_us = timeit.timeit(lambda: hmac.digest(key, data, "sha256"), number=n) / n * 1e6
-    print(f"one MAC over 300 bytes: keyed BLAKE2b {blake_us:.2f} us, HMAC-SHA256 {sha_us:.2f} us")
+        n = args.rounds * 5 if size < 50_000 else 200
+        blake_us = timeit.timeit(blake_mac, number=n) / n * 1e6
+        sha_us = timeit.timeit(lambda: hmac.digest(key, data, "sha256"), number=n) / n * 1e6
+        print(f"one MAC over {size:,} bytes: keyed BLAKE2b {blake_us:.2f} us, HMAC-SHA256 {sha_us:.2f} us")
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
 
     def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
         #: The journal's ``entries(start, stop)`` when it has one: read directly by index.
-        self._entries = getattr(journal, "entries", None)
+        self._journal_entries = getattr(journal, "entries", None)
         self._journal = journal
         if journal is None:
             super().__init__(*args, **kwargs)
@@ -206,7 +206,7 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
         memory. A count above :data:`ENTRIES_READ_MAX` is cut to it (the apply loop goes
         on at the next tick), and a byte-bounded read stops at the bound.
         """
-        entries = self._entries
+        entries = self._journal_entries
         if count is not None:
             if entries is not None:  # pysyncobj's way slices the log by position: two index lookups more
                 if fromIDx is None or fromIDx < self._journal.first_index:

@@ -32,7 +32,7 @@ from enum import Enum
 __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "HandshakeFailed",
            "HANDSHAKE_FRAME_BYTES_MAX", "NONCE_BYTES", "RejectReason"]
 
-#: Names the link's version: 2 = frames MACed with keyed BLAKE2b (1 used HMAC-SHA256).
+#: Names the link's version: 2 = small frames MACed with keyed BLAKE2b (1 used HMAC-SHA256 for all).
 MAGIC = b"SHR2"
 NONCE_BYTES = 32
 PROOF_BYTES = 32

@@ -244,7 +244,7 @@ class _Link(asyncio.Protocol):
         self._out = []
         self._out_bytes = 0
         out.insert(0, array_header(len(out)))
-        self.transport.write(self._sealer.seal(out))
+        self.transport.writelines(self._sealer.seal(out))
         self.network.frames_sent += 1
         hook = self.network.after_flush
         if after and hook is not None:
