@@ -94,6 +94,8 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
 
     def next_due_ms(self) -> int | None:
         """Earliest time a delayed job, lease, TTL or cron becomes due."""
+        if not (self.queues or self.delayed or self.leases or self.ttls or self.crons or self.idempotency_order):
+            return None  # the node's tick loop asks every led partition several times a second
         due = [h[0][0] for h in (self.delayed, self.leases, self.ttls) if h]
         due += [c["nextRunAt"] for c in self.crons.values()]
         if self.idempotency_order:
