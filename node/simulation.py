@@ -41,6 +41,8 @@ JOBS_MAX = 100_000
 WORKERS_MAX = 200
 EVENTS_KEPT = 60
 PULL_TIMEOUT_S = 0.5
+#: The longest a stopping simulation waits for its client to close.
+CLIENT_CLOSE_TIMEOUT_S = 1.0
 DONE_CHECK_S = 0.5
 
 
@@ -184,8 +186,10 @@ class Simulation:
             for w in self.workers:
                 w["state"], w["job"] = "stopped", None
             try:
-                await client.close()
-            except Exception:
+                # Bounded: a stop relayed from another node's dashboard must answer within its
+                # peer timeout; leases a slow close leaves behind go back at their TTR.
+                await asyncio.wait_for(client.close(), CLIENT_CLOSE_TIMEOUT_S)
+            except (Exception, asyncio.TimeoutError):
                 log.debug("closing the simulation's client failed", exc_info=True)
             self.finished_at = self.node.now_ms()
             self.running = False
