@@ -70,22 +70,29 @@ async def enqueue(client: AsyncClient, queue: str, jobs: int) -> float:
     return done / (time.perf_counter() - t0)
 
 
-async def consume(client: AsyncClient, queue: str, jobs: int) -> float:
+async def consume(client: AsyncClient, queue: str, jobs: int, *,
+                  keep_on_empty: float | None = None) -> tuple[int, float]:
+    """``pull_many(100)`` + ``ack_many`` on 8 lanes until ``jobs`` are acked (or
+    :data:`PHASE_S_MAX`): (jobs acked, jobs per second). An empty pull ends its lane, unless
+    ``keep_on_empty`` is given: then pulls wait that many seconds and the lane goes on
+    (flow control may hold ready jobs back for a while)."""
     q = client.queue(queue)
     done = 0
     t0 = time.perf_counter()
+    wait = keep_on_empty or 0.0
 
     async def lane() -> None:
         nonlocal done
         while done < jobs and time.perf_counter() - t0 < PHASE_S_MAX:
-            got = await q.pull_many(100)
-            if not got:
+            got = await q.pull_many(100, timeout=wait)
+            if got:
+                await q.ack_many(got)
+                done += len(got)
+            elif keep_on_empty is None:
                 return
-            await q.ack_many(got)
-            done += len(got)
 
     await asyncio.gather(*(lane() for _ in range(8)))
-    return done / (time.perf_counter() - t0)
+    return done, done / (time.perf_counter() - t0)
 
 
 async def lone_push(client: AsyncClient, queue: str, count: int) -> tuple[float, float]:
@@ -154,7 +161,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         c0 = cpu_s(pids)
                         r["enq"].append(await enqueue(client, queue, args.jobs))
                         c1 = cpu_s(pids)
-                        r["con"].append(await consume(client, queue, args.jobs))
+                        r["con"].append((await consume(client, queue, args.jobs))[1])
                         c2 = cpu_s(pids)
                         r["enq_cpu"].append((c1 - c0) * 1e6 / args.jobs)
                         r["con_cpu"].append((c2 - c1) * 1e6 / args.jobs)

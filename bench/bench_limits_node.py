@@ -24,17 +24,15 @@ import asyncio
 import os
 import statistics
 import tempfile
-import time
 from typing import Any
 
 import uvloop
-from bench_durability import cpu_s  # the same /proc CPU count as the durability benchmark
+from bench_durability import PHASE_S_MAX, consume, cpu_s  # the durability benchmark's CPU count and drain loop
 
 from shoal.client import AsyncClient
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 DATA = b"x" * 100
-PHASE_S_MAX = 120.0
 WORKLOADS: dict[str, dict[str, Any]] = {
     "none": {"group_concurrency": 0},
     "groupConcurrency=1": {"group_concurrency": 1},
@@ -50,22 +48,10 @@ async def fill(client: AsyncClient, queue: str, groups: int, per_group: int) -> 
 
 async def drain(client: AsyncClient, queue: str, total: int) -> float:
     """Jobs per second of ``pull_many(100)`` + ``ack_many`` on 8 lanes until ``total`` are acked."""
-    q = client.queue(queue)
-    done = 0
-    t0 = time.perf_counter()
-
-    async def lane() -> None:
-        nonlocal done
-        while done < total and time.perf_counter() - t0 < PHASE_S_MAX:
-            got = await q.pull_many(100, timeout=0.2)
-            if got:
-                await q.ack_many(got)
-                done += len(got)
-
-    await asyncio.gather(*(lane() for _ in range(8)))
+    done, rate = await consume(client, queue, total, keep_on_empty=0.2)
     if done < total:
         raise RuntimeError(f"{queue}: drained {done} of {total} jobs in {PHASE_S_MAX} s")
-    return done / (time.perf_counter() - t0)
+    return rate
 
 
 async def main_async(args: argparse.Namespace) -> None:
