@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["FrameSealer", "FrameOpener", "FrameError", "MAC_BYTES", "HEADER_BYTES", "array_header"]
@@ -49,15 +49,8 @@ class _FrameMac:
                                       digest_size=MAC_BYTES)
         self._large = hmac.new(hmac.digest(key, b"shoal frame mac hmac-sha256", "sha256"), digestmod=hashlib.sha256)
 
-    def mac(self, counter: int, payload: bytes | memoryview) -> bytes:
-        """The MAC of frame number ``counter`` carrying ``payload``."""
-        stream = self._small.copy() if len(payload) <= BLAKE2B_BYTES_MAX else self._large.copy()
-        stream.update(counter.to_bytes(8, "big"))
-        stream.update(payload)
-        return stream.digest()[:MAC_BYTES]
-
-    def mac_parts(self, counter: int, parts: list[bytes], size: int) -> bytes:
-        """:meth:`mac` of the payload ``b"".join(parts)`` (``size`` bytes), without joining it."""
+    def mac(self, counter: int, parts: Sequence[bytes | memoryview], size: int) -> bytes:
+        """The MAC of frame number ``counter`` whose payload is ``parts`` joined (``size`` bytes)."""
         stream = self._small.copy() if size <= BLAKE2B_BYTES_MAX else self._large.copy()
         stream.update(counter.to_bytes(8, "big"))
         for part in parts:
@@ -96,9 +89,9 @@ class FrameSealer:
         counter = self._counter
         self._counter += 1
         if size > JOIN_BYTES_MAX:
-            return [(size + MAC_BYTES).to_bytes(4, "big") + self._mac.mac_parts(counter, parts, size), *parts]
+            return [(size + MAC_BYTES).to_bytes(4, "big") + self._mac.mac(counter, parts, size), *parts]
         body = b"".join(parts)
-        return [b"".join(((size + MAC_BYTES).to_bytes(4, "big"), self._mac.mac(counter, body), body))]
+        return [b"".join(((size + MAC_BYTES).to_bytes(4, "big"), self._mac.mac(counter, (body,), size), body))]
 
 
 class FrameOpener:
@@ -161,7 +154,8 @@ class FrameOpener:
 
     def _open(self, frame: bytes | memoryview, payload: memoryview, mac_at: int) -> Any:
         """Authenticate ``payload`` against the MAC at ``frame[mac_at:]``, then decode it."""
-        if not hmac.compare_digest(self._mac.mac(self._counter, payload), frame[mac_at:mac_at + MAC_BYTES]):
+        if not hmac.compare_digest(self._mac.mac(self._counter, (payload,), len(payload)),
+                                   frame[mac_at:mac_at + MAC_BYTES]):
             raise FrameError("frame failed authentication (forged, replayed or reordered)")
         self._counter += 1
         try:

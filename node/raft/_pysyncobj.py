@@ -184,8 +184,7 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
     """
 
     def __init__(self, *args: Any, journal: Any = None, **kwargs: Any) -> None:
-        #: The journal's ``entries(start, stop)`` when it has one: read directly by index.
-        self._journal_entries = getattr(journal, "entries", None)
+        #: The Raft log when Shoal's journal is it (counted reads go to it by index).
         self._journal = journal
         if journal is None:
             super().__init__(*args, **kwargs)
@@ -206,12 +205,12 @@ class HookedSyncObj(SyncObj):  # type: ignore[misc]
         memory. A count above :data:`ENTRIES_READ_MAX` is cut to it (the apply loop goes
         on at the next tick), and a byte-bounded read stops at the bound.
         """
-        entries = self._journal_entries
+        journal = self._journal
         if count is not None:
-            if entries is not None:  # pysyncobj's way slices the log by position: two index lookups more
-                if fromIDx is None or fromIDx < self._journal.first_index:
+            if journal is not None:  # pysyncobj's way slices the log by position: two index lookups more
+                if fromIDx is None or fromIDx < journal.first_index:
                     return []
-                return entries(fromIDx, fromIDx + min(count, ENTRIES_READ_MAX))  # type: ignore[no-any-return]
+                return journal.entries(fromIDx, fromIDx + min(count, ENTRIES_READ_MAX))  # type: ignore[no-any-return]
             return SyncObj._SyncObj__getEntries(self, fromIDx, min(count, ENTRIES_READ_MAX))  # type: ignore[attr-defined,no-any-return]
         if maxSizeBytes is None:
             return SyncObj._SyncObj__getEntries(self, fromIDx, None, None)  # type: ignore[attr-defined,no-any-return]

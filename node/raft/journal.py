@@ -750,10 +750,6 @@ class Journal:
         return self._last_index - self._first_index + 1
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
-        last = self._last_index
-        if item == -1 and self._cache and last > self._first_index:
-            # pysyncobj reads the last entry (log[-1]) several times per message
-            return self._cache[-1], last, self._run_term[-1]
         first = self._first_index
         n = self._last_index - first + 1
         if type(item) is not int:
@@ -770,6 +766,7 @@ class Journal:
             if self._first_entry is None:
                 self._first_entry = self.entries(first, first + 1)[0]
             return self._first_entry
+        # pysyncobj reads the last entry (log[-1]) several times per message: from the cache.
         index = first + pos
         cache = self._cache
         k = index - (self._last_index + 1 - len(cache))

@@ -313,34 +313,23 @@ class PartitionReplica(HookedSyncObj):
             self.storage.sync_all_now()
 
     def _tick(self) -> None:
-        self._tick_scheduled = False
-        if self._closed:
-            return
-        self._tick_tail = tail = []
-        try:
-            self._hold_campaign_unless_admitted()
-            self._lone_barrier()
-            self.raft_tick()
-        except SyncFailed as exc:
-            self.storage.sync_failed(exc)
-        except Exception:
-            log.exception("partition %d: raft tick failed", self.partition)
-        finally:
-            self._tick_tail = None
-        self._run_tail(tail)
-        self._book_next_tick()
+        self._run_tick(timed=False)
 
     def on_timer(self) -> None:
         """The scheduler's tick: pysyncobj's, then the lazy sends of a busy leader."""
+        self._run_tick(timed=True)
+
+    def _run_tick(self, timed: bool) -> None:
+        """One pysyncobj tick, the :meth:`after_tick` callbacks it collected, the next booking."""
+        self._tick_scheduled = False
         if self._closed:
             return
-        self._tick_scheduled = False
         self._tick_tail = tail = []
         try:
             self._hold_campaign_unless_admitted()
             self._lone_barrier()
             self.raft_tick()
-            if self.is_leader() and not self._closed:
+            if timed and self.is_leader() and not self._closed:
                 self._send_lagging(monotonic_time())  # entries proposed, then a pause
         except SyncFailed as exc:
             self.storage.sync_failed(exc)

@@ -505,10 +505,6 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         self.network.detach(self)
         self._ready = False
 
-    def flush(self) -> None:
-        """Write the messages queued on every link now (after a proposal's entry is sent)."""
-        self.network.flush_queued()
-
     def hold(self) -> None:
         """Messages sent until :meth:`release` wait for it (one write per peer, no callback)."""
         self.network.hold()

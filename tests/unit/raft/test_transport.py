@@ -1,8 +1,8 @@
 """RaftNetwork's links in one process over loopback: when queued messages are written.
 
 Two networks (n1 listens, n2 dials) carry messages of two partitions. Messages queued in one
-callback leave in one frame; a proposal's flush and the answers to a received frame are
-written in the same callback, not after the loop's other callbacks.
+callback leave in one frame; a proposal's entry (sent inside a hold) and the answers to a
+received frame are written in the same callback, not after the loop's other callbacks.
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def test_a_flush_writes_now_and_answers_leave_with_the_received_frame() -> None:
 
             answers.on_receive = answer
             before = n2.frames_sent
+            sender.transport.hold()  # as a proposal does
             sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 7})
-            sender.transport.flush()
+            sender.transport.release()
             assert n2.frames_sent == before + 1  # a proposal's entry is written at once
             await _until(lambda: len(sender.received) == 1)
             assert sender.received[0] == {"type": "ack", "i": 7}
@@ -117,7 +118,7 @@ def test_every_message_arrives_in_order(count: int) -> None:
             for i in range(count):
                 sender.transport.send(n1.node_of("n2"), {"i": i, "data": b"x" * 1000})
                 if i % 7 == 0:
-                    sender.transport.flush()
+                    n1.flush_queued()
             await _until(lambda: len(receiver.received) == count)
             assert [m["i"] for m in receiver.received] == list(range(count))
 
@@ -143,9 +144,10 @@ def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() ->
 
             receiver.on_receive = on_message
             before = n1.frames_sent
+            sender.transport.hold()
             sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 1})
             sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 2})
-            sender.transport.flush()
+            sender.transport.release()
             await _until(lambda: len(sender.received) == 4)
             # Both messages of the frame first, then each deferred tick, then one write of everything.
             assert order == ["message 1", "message 2", "tick", "tick"]
