@@ -1,0 +1,871 @@
+"""Shoal's Raft core: one group member as a pure state machine behind a Ready boundary.
+
+Theory of operation
+-------------------
+:class:`RaftCore` does no I/O, reads no clock and draws randomness only from the
+``random.Random`` it is given. It is driven by three kinds of input:
+
+- :meth:`RaftCore.step` — a message from a peer (:mod:`.messages`);
+- :meth:`RaftCore.tick` — time passing (``now``, seconds on any monotonic clock);
+- :meth:`RaftCore.propose` / :meth:`RaftCore.propose_change` — a new entry on the leader.
+
+Each may leave work in a :class:`Ready` (``ready()`` collects it, ``advance()``
+acknowledges it): hard state (term and vote) and entries to make durable,
+storage entries to cut, a snapshot that replaced the log, messages to send and
+committed entries to apply. The replica that drives the core does, in this
+order: store the hard state (durably), cut and append entries (synced, for the
+fsync durability class, before any message leaves), install the snapshot, send
+the messages, apply the committed entries, then ``advance()``. The leader counts
+its own log toward the commit only up to what the replica reports durable
+(:meth:`RaftCore.persisted`).
+
+What it implements (section numbers of the Raft paper, or of Ongaro's thesis "§T"):
+elections with randomized timeouts (§5.2) behind a pre-vote (§T9.6) and a leader
+lease that makes followers deaf to candidates while a leader is heard (§T4.2.3),
+so a node rejoining a settled group never deposes its leader; log replication
+with the log-matching rule (§5.3) — nothing at or below the commit index is ever
+cut; commitment of the current term's entries only (§5.4.2) starting with a no-op
+entry of each new term; the leader steps down when it stops hearing from a
+majority (check quorum); leadership transfer (§T3.10); single-server membership
+changes with learners (§T4.1, :mod:`.membership`); and catch-up by snapshot (§7):
+a follower whose next entry the leader no longer holds gets the leader's
+snapshot, streamed by the replicas (:mod:`.install`) and stepped here as one
+:class:`~.messages.InstallSnapshot`, which moves the follower's commit index to
+the snapshot's last index and never further.
+
+Acknowledgements carry the term they answer in: an answer from an earlier term
+never moves a leader's match index. A heartbeat carries a commit index no larger
+than what the follower is known to match, so a follower never commits an entry
+it has not checked against the leader's log.
+
+Replication is pipelined: a follower known to match (``replicate`` state) gets
+new entries at once, up to :attr:`RaftParams.inflight_max` messages of at most
+:attr:`RaftParams.message_bytes_max` bytes in flight; a follower whose log is
+not known to match is probed one message at a time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .membership import ConfigChange, ConfigError, Membership, decode_change, encode_change
+from .messages import (ENTRY_CONFIG, NOOP_PAYLOAD, AppendEntries, AppendResponse, Entry, Heartbeat,
+                       HeartbeatResponse, InstallSnapshot, Message, RequestVote, TimeoutNow, VoteResponse)
+from .raft_log import LogStorage, RaftLog
+
+__all__ = ["RaftCore", "RaftParams", "Ready", "HardState", "Progress", "NotLeader", "ProposalRefused",
+           "FOLLOWER", "CANDIDATE", "PRE_CANDIDATE", "LEADER", "PROBE", "REPLICATE", "SNAPSHOT"]
+
+_CONFIG_BYTE = bytes([ENTRY_CONFIG])
+FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER = "follower", "pre-candidate", "candidate", "leader"
+#: A follower's replication state on the leader.
+PROBE, REPLICATE, SNAPSHOT = "probe", "replicate", "snapshot"
+
+
+class NotLeader(Exception):
+    """A proposal reached a core that does not lead (``leader`` names the one it knows, if any)."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (leader: {leader})")
+        self.leader = leader
+
+
+class ProposalRefused(Exception):
+    """A proposal the leader will not take now (a transfer under way, a change pending, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftParams:
+    """Timing and flow-control settings of one core (seconds, bytes)."""
+
+    heartbeat_s: float = 0.2
+    election_min_s: float = 0.8
+    election_max_s: float = 1.6
+    #: Messages in flight to one follower in the replicate state.
+    inflight_max: int = 64
+    #: Payload bytes of one AppendEntries (an entry larger than this travels alone).
+    message_bytes_max: int = 1024 * 1024
+    #: A leader that has not heard from a majority for this long steps down.
+    check_quorum_s: float = 2.0
+    #: After a commit the leader waits this long for a new entry to carry the commit index
+    #: before it announces it on its own.
+    commit_announce_s: float = 0.002
+    #: A transfer that has not happened after this long is given up.
+    transfer_timeout_s: float = 1.6
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be durable before the messages of the same :class:`Ready` leave (§5.1)."""
+
+    term: int
+    vote: str | None
+
+
+@dataclass(slots=True)
+class Ready:
+    """What the replica must do, in this order (see the module docstring)."""
+
+    hard_state: HardState | None = None
+    #: Storage entries from this index on are cut, durably, before appending.
+    truncate_from: int | None = None
+    #: A snapshot at ``(index, term)`` replaced the log: storage restarts after ``index`` and the
+    #: state machine is loaded from the snapshot file before anything later is applied.
+    snapshot: tuple[int, int] | None = None
+    #: Entries to append to storage (the durability class decides when they are synced).
+    entries: list[Entry] = field(default_factory=list)
+    #: True when every entry of ``entries`` is of the disk class (a follower need not sync first).
+    lazy: bool = False
+    #: (peer, message) pairs to send once the above is durable.
+    messages: list[tuple[str, Message]] = field(default_factory=list)
+    #: Committed entries to apply, in order.
+    committed: list[Entry] = field(default_factory=list)
+    #: (peer, snapshot index, snapshot term): the leader wants this snapshot streamed to the peer.
+    snapshot_requests: list[tuple[str, int, int]] = field(default_factory=list)
+    #: The commit index as of this Ready.
+    commit: int = 0
+
+
+class Progress:
+    """The leader's view of one follower (match/next index, replication state, activity)."""
+
+    __slots__ = ("match", "next", "state", "inflight", "paused", "pending_snapshot", "recent_active",
+                 "last_heard", "learner")
+
+    def __init__(self, next_index: int, learner: bool) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = PROBE
+        #: Last index of each AppendEntries in flight (replicate state).
+        self.inflight: deque[int] = deque()
+        self.paused = False
+        self.pending_snapshot = 0
+        self.recent_active = False
+        self.last_heard = float("-inf")
+        self.learner = learner
+
+    def to_probe(self) -> None:
+        self.state = PROBE
+        self.next = self.match + 1 if self.state != SNAPSHOT else max(self.match + 1, self.pending_snapshot + 1)
+        self.inflight.clear()
+        self.paused = False
+        self.pending_snapshot = 0
+
+    def __repr__(self) -> str:
+        return f"Progress(match={self.match} next={self.next} {self.state})"
+
+
+class RaftCore:
+    """One member of one Raft group (see the module docstring)."""
+
+    def __init__(self, node_id: str, membership: Membership, storage: LogStorage, *,
+                 params: RaftParams | None = None, rng: random.Random | None = None,
+                 term: int = 0, vote: str | None = None, commit: int = 0,
+                 snapshot: tuple[int, int] = (0, 0), applied: int | None = None,
+                 pending_changes: list[tuple[int, ConfigChange]] | None = None,
+                 recovering: bool = False, now: float = 0.0) -> None:
+        """``membership`` is as of ``applied`` (the snapshot's, or the group's initial one);
+        ``pending_changes`` are the config entries of the log after ``applied`` (index, change).
+        ``recovering``: this replica lost its log (damage repaired by discarding it) and neither
+        votes nor campaigns until it matches a leader again.
+        """
+        self.id = node_id
+        self.params = params or RaftParams()
+        self.rng = rng or random.Random()
+        self.log = RaftLog(storage, snapshot[0], snapshot[1])
+        self.membership = membership
+        self.term = term
+        self.vote = vote
+        self.state = FOLLOWER
+        self.leader: str | None = None
+        self.commit = max(commit, snapshot[0])
+        self.commit = min(self.commit, max(self.log.last_index, snapshot[0]))
+        self.applied = snapshot[0] if applied is None else applied
+        self.recovering = recovering
+        self._recover_until = 0
+        #: Config entries in the log above the applied index, oldest first: (index, change).
+        self._pending_changes: list[tuple[int, ConfigChange]] = list(pending_changes or [])
+        self.progress: dict[str, Progress] = {}
+        self.votes: dict[str, bool] = {}
+        self.lead_transferee: str | None = None
+        self._transfer_deadline = 0.0
+        self._heard_leader_at = float("-inf")
+        self._election_deadline = 0.0
+        self._heartbeat_due = 0.0
+        self._quorum_check_due = 0.0
+        self._announce_due: float | None = None
+        self._sent_since_commit = False
+        self._persisted = self.log.last_index
+        self._term_start_index = 0
+        #: Index of the newest config entry not yet applied (0: none), on the leader.
+        self._lazy_indexes: set[int] = set()
+        self._msgs: list[tuple[str, Message]] = []
+        self._snap_requests: list[tuple[str, int, int]] = []
+        self._hard_state = (term, vote)
+        self._pending_snapshot: tuple[int, int] | None = None
+        #: Whether every unstable entry a follower holds is of the disk class (None: none held).
+        self._unstable_lazy: bool | None = None
+        #: Counters for metrics: campaigns started (real ones, not pre-votes).
+        self.elections = 0
+        self._reset_election_deadline(now)
+
+    # --- queries -----------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state == LEADER
+
+    @property
+    def last_index(self) -> int:
+        return self.log.last_index
+
+    @property
+    def read_ready(self) -> bool:
+        """The leader has committed an entry of its term: its applied state holds every
+        earlier commit once applied (§8)."""
+        return self.state == LEADER and self.commit >= self._term_start_index > 0
+
+    @property
+    def change_pending(self) -> bool:
+        """A membership change is in the log and not yet applied."""
+        return bool(self._pending_changes)
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has work next (the replica books its timer for it)."""
+        if self.state == LEADER:
+            due = min(self._heartbeat_due, self._quorum_check_due)
+            if self._announce_due is not None:
+                due = min(due, self._announce_due)
+            if self.lead_transferee is not None:
+                due = min(due, self._transfer_deadline)
+            return due
+        return self._election_deadline
+
+    def status(self) -> dict[str, Any]:
+        """A plain summary (for /stats, scripts and tests)."""
+        out: dict[str, Any] = {"id": self.id, "state": self.state, "term": self.term, "leader": self.leader,
+                               "commit": self.commit, "applied": self.applied, "last": self.log.last_index,
+                               "snapshot": self.log.snap_index, "voters": list(self.membership.voters),
+                               "learners": list(self.membership.learners)}
+        if self.state == LEADER:
+            out["progress"] = {p: {"match": pr.match, "next": pr.next, "state": pr.state}
+                               for p, pr in sorted(self.progress.items())}
+        return out
+
+    # --- inputs ------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Time passed: elections, heartbeats, quorum checks, transfers, commit announcements."""
+        if self.state == LEADER:
+            if now >= self._quorum_check_due:
+                self._quorum_check_due = now + self.params.check_quorum_s
+                if not self._quorum_active(now):
+                    self._become_follower(self.term, None, now)
+                    return
+            if self.lead_transferee is not None and now >= self._transfer_deadline:
+                self.lead_transferee = None
+            if now >= self._heartbeat_due:
+                self._heartbeat_due = now + self.params.heartbeat_s
+                self._broadcast_heartbeat()
+            if self._announce_due is not None and now >= self._announce_due:
+                self._announce_due = None
+                if not self._sent_since_commit:
+                    self._broadcast_append(force=True)
+            return
+        if now >= self._election_deadline:
+            self._reset_election_deadline(now)
+            if self._can_campaign():
+                self._campaign(now, pre=True)
+
+    def step(self, sender: str, msg: Message, now: float) -> None:
+        """Handle one message from ``sender``."""
+        term = msg.term
+        if term > self.term:
+            if isinstance(msg, RequestVote):
+                if not msg.transfer and self._in_lease(now):
+                    return  # a leader is heard from: ignore a disruptive candidate (§T4.2.3)
+                if not msg.pre:
+                    self._become_follower(term, None, now)
+            elif isinstance(msg, VoteResponse) and msg.pre and msg.granted:
+                pass  # granted in the term the pre-candidate would campaign in
+            elif isinstance(msg, (AppendEntries, Heartbeat, InstallSnapshot, TimeoutNow)):
+                self._become_follower(term, sender, now)
+            else:
+                self._become_follower(term, None, now)  # an answer from a newer term
+        elif term < self.term:
+            if isinstance(msg, (AppendEntries, Heartbeat)):
+                # A deposed leader: the answer carries the term that makes it step down (§5.1).
+                self._send(sender, HeartbeatResponse(self.term))
+            elif isinstance(msg, RequestVote) and msg.pre:
+                self._send(sender, VoteResponse(self.term, False, pre=True))
+            return
+
+        if isinstance(msg, AppendEntries):
+            self._handle_append(sender, msg, now)
+        elif isinstance(msg, AppendResponse):
+            self._handle_append_response(sender, msg, now)
+        elif isinstance(msg, Heartbeat):
+            self._handle_heartbeat(sender, msg, now)
+        elif isinstance(msg, HeartbeatResponse):
+            self._handle_heartbeat_response(sender, msg, now)
+        elif isinstance(msg, RequestVote):
+            self._handle_vote(sender, msg, now)
+        elif isinstance(msg, VoteResponse):
+            self._handle_vote_response(sender, msg, now)
+        elif isinstance(msg, TimeoutNow):
+            if self.membership.is_voter(self.id) and not self.recovering and self.state != LEADER:
+                self._campaign(now, pre=False, transfer=True)
+        elif isinstance(msg, InstallSnapshot):
+            self._handle_snapshot(sender, msg, now)
+
+    def _in_lease(self, now: float) -> bool:
+        """A leader is known and was heard from within the minimum election timeout."""
+        if self.state == LEADER:
+            return True
+        return self.leader is not None and now - self._heard_leader_at < self.params.election_min_s
+
+    def propose(self, payload: bytes, now: float, *, lazy: bool = False) -> int:
+        """Append ``payload`` as a new entry on the leader; return its index.
+
+        ``lazy``: the entry holds only disk-class commands (followers need not sync it before
+        answering). Raises :class:`NotLeader` or :class:`ProposalRefused`.
+        """
+        if self.state != LEADER:
+            raise NotLeader(self.leader)
+        if self.lead_transferee is not None:
+            raise ProposalRefused(f"leadership is being transferred to {self.lead_transferee}")
+        index = self.log.last_index + 1
+        self.log.unstable.append((payload, index, self.term))
+        if lazy:
+            self._lazy_indexes.add(index)
+        for peer, pr in self.progress.items():
+            self._send_append(peer, pr)
+        return index
+
+    def propose_change(self, change: ConfigChange, now: float) -> int:
+        """Propose a single-server membership change; return its index.
+
+        Refused unless this core leads, has committed an entry of its term, no other change is
+        pending, and the change applies to the current membership.
+        """
+        if self.state != LEADER:
+            raise NotLeader(self.leader)
+        if not self.read_ready:
+            raise ProposalRefused("the leader has not committed an entry of its term yet")
+        if self._pending_changes:
+            raise ProposalRefused(f"a membership change is pending at index {self._pending_changes[0][0]}")
+        try:
+            self.membership.apply(change)
+        except ConfigError as exc:
+            raise ProposalRefused(str(exc)) from exc
+        if change.kind in ("remove", "demote") and change.node == self.id:
+            raise ProposalRefused("the leader cannot remove or demote itself; transfer leadership first")
+        index = self.log.last_index + 1
+        self.log.append([(encode_change(change), index, self.term)])
+        self._pending_changes.append((index, change))
+        self._broadcast_append()
+        return index
+
+    def transfer_leadership(self, target: str, now: float) -> None:
+        """Hand leadership to voter ``target`` once it has the whole log (§T3.10)."""
+        if self.state != LEADER or target == self.id:
+            return
+        if not self.membership.is_voter(target) or target not in self.progress:
+            raise ProposalRefused(f"{target} is not a voter of this group")
+        self.lead_transferee = target
+        self._transfer_deadline = now + self.params.transfer_timeout_s
+        pr = self.progress[target]
+        if pr.match == self.log.last_index:
+            self._send(target, TimeoutNow(self.term))
+        else:
+            self._send_append(target, pr)
+
+    def persisted(self, index: int) -> None:
+        """The replica's own log is durable up to ``index`` (the leader counts itself to there)."""
+        if index > self._persisted:
+            self._persisted = index
+            if self.state == LEADER:
+                self._maybe_commit()
+
+    def snapshot_done(self, peer: str, ok: bool, now: float) -> None:
+        """The leader's snapshot stream to ``peer`` ended; on failure the peer is probed again."""
+        pr = self.progress.get(peer)
+        if pr is None or pr.state != SNAPSHOT:
+            return
+        if not ok:
+            pr.state = PROBE
+            pr.next = pr.match + 1
+            pr.pending_snapshot = 0
+            pr.inflight.clear()
+            pr.paused = True  # the next heartbeat answer probes again
+
+    def compacted(self, index: int, term: int) -> None:
+        """A durable snapshot covers the log up to ``index`` (the replica may drop that prefix)."""
+        if index > self.applied:
+            raise ValueError(f"snapshot at {index} beyond the applied index {self.applied}")
+        self.log.compacted(index, term)
+
+    # --- Ready -----------------------------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        log = self.log
+        return bool(self._msgs or log.unstable or log.truncate_from is not None or log.reset_to is not None
+                    or self.commit > self.applied or self._snap_requests
+                    or self._hard_state[0] != self.term or self._hard_state[1] != self.vote)
+
+    def ready(self, committed_max: int = 1024) -> Ready:
+        """Collect the work left by the last inputs (see :class:`Ready`); the core counts it done."""
+        log = self.log
+        rd = Ready(commit=self.commit)
+        if self._hard_state[0] != self.term or self._hard_state[1] != self.vote:
+            rd.hard_state = HardState(self.term, self.vote)
+            self._hard_state = (self.term, self.vote)
+        if log.reset_to is not None:
+            rd.snapshot = (log.snap_index, log.snap_term)
+        else:
+            rd.truncate_from = log.truncate_from
+        if self.commit > self.applied:
+            upto = min(self.commit, self.applied + committed_max)
+            rd.committed = log.entries(self.applied + 1, upto + 1)
+            if rd.committed:
+                self._applied_to(rd.committed[-1][1])
+        unstable = log.unstable
+        if unstable:
+            rd.entries = list(unstable)
+            if self.state == LEADER:
+                lazy = self._lazy_indexes
+                rd.lazy = bool(lazy) and all(e[1] in lazy for e in unstable)
+            else:
+                rd.lazy = bool(self._unstable_lazy)
+            log.stable_to(unstable[-1][1])
+        elif log.truncate_from is not None or log.reset_to is not None:
+            log.stable_to(log.last_index)
+        self._unstable_lazy = None
+        if self.state != LEADER:
+            self._persisted = log.last_index  # a follower's appends are durable before its answers leave
+        rd.messages, self._msgs = self._msgs, []
+        if self._snap_requests:
+            rd.snapshot_requests, self._snap_requests = self._snap_requests, []
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        """The replica has done what ``rd`` asked (the core counted it done in :meth:`ready`;
+        this only trims the leader's record of disk-class entries)."""
+        lazy = self._lazy_indexes
+        if len(lazy) > 4096 and self.state == LEADER:
+            low = min((pr.match for pr in self.progress.values()), default=self.commit)
+            self._lazy_indexes = {i for i in lazy if i > low}
+
+    def storage_failed(self, last_stored: int, now: float) -> None:
+        """Appending failed (the disk is full): storage ends at ``last_stored``.
+
+        The core forgets what it believed stored beyond; a leader steps down (its log no longer
+        holds what it sent), a follower answers the next AppendEntries from there.
+        """
+        log = self.log
+        if last_stored < log.last_index:
+            log.truncate_from = last_stored + 1 if log.truncate_from is None else min(log.truncate_from, last_stored + 1)
+            log.unstable = []
+            self._persisted = min(self._persisted, last_stored)
+            self._changes_cut_from(last_stored + 1)
+        if self.state == LEADER:
+            self._become_follower(self.term, None, now)
+
+    # --- elections ---------------------------------------------------------------------------------
+
+    def _reset_election_deadline(self, now: float) -> None:
+        p = self.params
+        self._election_deadline = now + p.election_min_s + self.rng.random() * (p.election_max_s - p.election_min_s)
+
+    def _can_campaign(self) -> bool:
+        return self.membership.is_voter(self.id) and not self.recovering and self.state != LEADER
+
+    def _campaign(self, now: float, pre: bool, transfer: bool = False) -> None:
+        if pre:
+            self.state = PRE_CANDIDATE
+            term = self.term + 1
+        else:
+            self.state = CANDIDATE
+            self.term += 1
+            self.vote = self.id
+            self.elections += 1
+            term = self.term
+        self.leader = None
+        self.votes = {self.id: True}
+        self._reset_election_deadline(now)
+        if self._won():
+            if pre:
+                self._campaign(now, pre=False)
+            else:
+                self._become_leader(now)
+            return
+        msg = RequestVote(term, self.log.last_index, self.log.last_term, pre=pre, transfer=transfer)
+        for peer in self.membership.voters:
+            if peer != self.id:
+                self._send(peer, msg)
+
+    def _won(self) -> bool:
+        granted = sum(1 for v, ok in self.votes.items() if ok and self.membership.is_voter(v))
+        return granted >= self.membership.quorum()
+
+    def _lost(self) -> bool:
+        refused = sum(1 for v, ok in self.votes.items() if not ok and self.membership.is_voter(v))
+        return refused > len(self.membership.voters) - self.membership.quorum()
+
+    def _handle_vote(self, sender: str, msg: RequestVote, now: float) -> None:
+        if not self.membership.is_voter(sender) or self.recovering or not self.membership.is_voter(self.id):
+            self._send(sender, VoteResponse(self.term, False, pre=msg.pre))
+            return
+        up_to_date = self.log.is_up_to_date(msg.last_index, msg.last_term)
+        if msg.pre:
+            # Granted when the candidate's next term is newer and its log up to date; no state changes.
+            grant = msg.term > self.term and up_to_date
+            self._send(sender, VoteResponse(msg.term if grant else self.term, grant, pre=True))
+            return
+        if (self.vote is None or self.vote == sender) and up_to_date and self.state != LEADER:
+            self.vote = sender
+            self._reset_election_deadline(now)
+            self._send(sender, VoteResponse(self.term, True))
+        else:
+            self._send(sender, VoteResponse(self.term, False))
+
+    def _handle_vote_response(self, sender: str, msg: VoteResponse, now: float) -> None:
+        if msg.pre:
+            if self.state != PRE_CANDIDATE:
+                return
+            if msg.granted != (msg.term == self.term + 1):
+                return  # a grant is in the next term, a refusal in ours; anything else is stale
+        elif self.state != CANDIDATE or msg.term != self.term:
+            return
+        self.votes[sender] = msg.granted
+        if self._won():
+            if msg.pre:
+                self._campaign(now, pre=False)
+            else:
+                self._become_leader(now)
+        elif self._lost():
+            self._become_follower(self.term, None, now)
+
+    def _become_follower(self, term: int, leader: str | None, now: float) -> None:
+        if term > self.term:
+            self.term = term
+            self.vote = None
+        self.state = FOLLOWER
+        self.leader = leader
+        self.lead_transferee = None
+        self.progress = {}
+        self._announce_due = None
+        self._reset_election_deadline(now)
+
+    def _become_leader(self, now: float) -> None:
+        self.state = LEADER
+        self.leader = self.id
+        self.lead_transferee = None
+        last = self.log.last_index
+        self.progress = {peer: Progress(last + 1, not self.membership.is_voter(peer))
+                         for peer in self.membership.members if peer != self.id}
+        for pr in self.progress.values():
+            pr.last_heard = now  # a new leader gives everyone a full quorum-check period
+            pr.recent_active = True
+        self._heartbeat_due = now + self.params.heartbeat_s
+        self._quorum_check_due = now + self.params.check_quorum_s
+        self._lazy_indexes = set()
+        # The no-op entry commits every earlier entry once it commits (§5.4.2).
+        index = last + 1
+        self._term_start_index = index
+        self.log.append([(NOOP_PAYLOAD, index, self.term)])
+        self._maybe_commit()
+        self._broadcast_append()
+
+    def _quorum_active(self, now: float) -> bool:
+        window = self.params.check_quorum_s
+        active = 1 if self.membership.is_voter(self.id) else 0
+        for peer, pr in self.progress.items():
+            if not pr.learner and now - pr.last_heard <= window:
+                active += 1
+        return active >= self.membership.quorum()
+
+    # --- replication (leader) ------------------------------------------------------------------
+
+    def _broadcast_append(self, force: bool = False) -> None:
+        for peer, pr in self.progress.items():
+            self._send_append(peer, pr, force)
+
+    def _send_append(self, peer: str, pr: Progress, force: bool = False) -> None:
+        """Send ``peer`` what it lacks, as far as its state allows; ``force`` sends an empty
+        AppendEntries (the commit index) when there is nothing new."""
+        if pr.state == SNAPSHOT:
+            return
+        log = self.log
+        last = log.last_index
+        if pr.state == PROBE:
+            if pr.paused:
+                return
+        elif len(pr.inflight) >= self.params.inflight_max:
+            return
+        if pr.next > last and not force:
+            return
+        prev = pr.next - 1
+        prev_term = log.term(prev)
+        if prev_term is None or pr.next < log.first_index:
+            self._need_snapshot(peer, pr)
+            return
+        entries = log.entries(pr.next, last + 1, self.params.message_bytes_max) if pr.next <= last else []
+        lazy = bool(entries) and bool(self._lazy_indexes) and all(e[1] in self._lazy_indexes for e in entries)
+        commit = self.commit
+        self._send(peer, AppendEntries(self.term, prev, prev_term, commit, entries, lazy))
+        self._sent_since_commit = True
+        if entries:
+            sent_last = entries[-1][1]
+            if pr.state == REPLICATE:
+                pr.next = sent_last + 1
+                pr.inflight.append(sent_last)
+            else:
+                pr.paused = True
+        elif pr.state == PROBE:
+            pr.paused = True
+
+    def _need_snapshot(self, peer: str, pr: Progress) -> None:
+        log = self.log
+        pr.state = SNAPSHOT
+        pr.pending_snapshot = log.snap_index
+        pr.inflight.clear()
+        self._snap_requests.append((peer, log.snap_index, log.snap_term))
+
+    def _handle_append_response(self, sender: str, msg: AppendResponse, now: float) -> None:
+        if self.state != LEADER or msg.term != self.term:
+            return
+        pr = self.progress.get(sender)
+        if pr is None:
+            return
+        pr.recent_active = True
+        pr.last_heard = now
+        if msg.reject:
+            if pr.state == SNAPSHOT:
+                return  # the stream decides (snapshot_done)
+            if pr.state == REPLICATE:
+                if msg.index <= pr.match:
+                    return  # stale: an answer to something sent before the follower matched
+                pr.next = pr.match + 1
+            elif msg.index != pr.next - 1:
+                return  # an answer to an earlier probe
+            else:
+                probe, _ = self.log.find_conflict_by_term(min(msg.index, msg.hint_index), msg.hint_term)
+                pr.next = max(min(msg.index, probe + 1), pr.match + 1)
+            pr.state = PROBE
+            pr.inflight.clear()
+            pr.paused = False
+            self._send_append(sender, pr)
+            return
+        index = msg.index
+        if index > pr.match:
+            pr.match = index
+        if index + 1 > pr.next:
+            pr.next = index + 1
+        if pr.state == PROBE:
+            pr.state = REPLICATE
+            pr.paused = False
+            pr.inflight.clear()
+        elif pr.state == SNAPSHOT:
+            if pr.match >= pr.pending_snapshot:
+                pr.state = PROBE
+                pr.pending_snapshot = 0
+                pr.paused = False
+                pr.next = pr.match + 1
+        inflight = pr.inflight
+        while inflight and inflight[0] <= index:
+            inflight.popleft()
+        if self._maybe_commit():
+            self._announce_commit(now)
+        if self.lead_transferee == sender and pr.match == self.log.last_index:
+            self._send(sender, TimeoutNow(self.term))
+        self._send_append(sender, pr)
+
+    def _handle_heartbeat_response(self, sender: str, msg: HeartbeatResponse, now: float) -> None:
+        if self.state != LEADER or msg.term != self.term:
+            return
+        pr = self.progress.get(sender)
+        if pr is None:
+            return
+        pr.recent_active = True
+        pr.last_heard = now
+        if pr.state == PROBE:
+            pr.paused = False
+        if pr.match < self.log.last_index or pr.state == PROBE:
+            self._send_append(sender, pr, force=pr.state == PROBE)
+
+    def _broadcast_heartbeat(self) -> None:
+        commit = self.commit
+        for peer, pr in self.progress.items():
+            self._send(peer, Heartbeat(self.term, min(pr.match, commit)))
+
+    def _maybe_commit(self) -> bool:
+        """Advance the commit index to what a majority of voters holds, of the current term (§5.4.2)."""
+        voters = self.membership.voters
+        matches = [self._persisted if v == self.id else (self.progress[v].match if v in self.progress else 0)
+                   for v in voters]
+        if not matches:
+            return False
+        matches.sort(reverse=True)
+        candidate = matches[self.membership.quorum() - 1]
+        if candidate > self.commit and self.log.term(candidate) == self.term:
+            self.commit = candidate
+            self._sent_since_commit = False
+            return True
+        return False
+
+    def _announce_commit(self, now: float) -> None:
+        """Followers learn a new commit index from the next AppendEntries; if none leaves within
+        ``commit_announce_s``, the next tick sends it on its own."""
+        if self._announce_due is None:
+            self._announce_due = now + self.params.commit_announce_s
+
+    # --- follower side -------------------------------------------------------------------------
+
+    def _handle_append(self, sender: str, msg: AppendEntries, now: float) -> None:
+        self._heard_from_leader(sender, now)
+        log = self.log
+        prev = msg.prev_index
+        entries = msg.entries
+        for k, entry in enumerate(entries):
+            if entry[1] != prev + 1 + k:
+                self._send(sender, AppendResponse(self.term, prev, reject=True, hint_index=log.last_index,
+                                                  hint_term=log.last_term))
+                return
+        commit = self.commit
+        if prev < commit:
+            # Entries up to the commit index are committed, so they match every leader's log (§5.4).
+            entries = entries[commit - prev:]
+            prev = commit
+        elif not log.match_term(prev, msg.prev_term):
+            hint_index, hint_term = log.find_conflict_by_term(min(prev, log.last_index), msg.prev_term)
+            self._send(sender, AppendResponse(self.term, prev, reject=True, hint_index=hint_index,
+                                              hint_term=hint_term))
+            return
+        if entries:
+            conflict = self._find_conflict(entries)
+            if conflict:
+                new = entries[conflict - prev - 1:]
+                if conflict <= log.last_index:
+                    log.truncate_and_append(new)
+                    self._changes_cut_from(conflict)
+                else:
+                    log.unstable.extend(new)
+                self._note_changes(new)
+                lazy = self._unstable_lazy
+                self._unstable_lazy = msg.lazy if lazy is None else (lazy and msg.lazy)
+        match = prev + len(entries)
+        if msg.commit > commit:
+            new_commit = min(msg.commit, match)
+            if new_commit > commit:
+                self.commit = new_commit
+        if self.recovering and match >= self._recover_until:
+            self.recovering = False
+        self._send(sender, AppendResponse(self.term, match))
+
+    def _find_conflict(self, entries: list[Entry]) -> int:
+        """Index of the first entry that is new or conflicts (0: the log already holds them all)."""
+        log = self.log
+        last = log.last_index
+        for entry in entries:
+            index = entry[1]
+            if index > last or log.term(index) != entry[2]:
+                return index
+        return 0
+
+    def _handle_heartbeat(self, sender: str, msg: Heartbeat, now: float) -> None:
+        self._heard_from_leader(sender, now)
+        if msg.commit > self.commit:
+            self.commit = min(msg.commit, self.log.last_index)
+        self._send(sender, HeartbeatResponse(self.term))
+
+    def _heard_from_leader(self, sender: str, now: float) -> None:
+        if self.state != FOLLOWER:
+            self._become_follower(self.term, sender, now)
+        self.leader = sender
+        self._heard_leader_at = now
+        self._reset_election_deadline(now)
+        if self.recovering and not self._recover_until:
+            self._recover_until = max(self.commit, 1)
+
+    def _handle_snapshot(self, sender: str, msg: InstallSnapshot, now: float) -> None:
+        self._heard_from_leader(sender, now)
+        index, term = msg.index, msg.snap_term
+        log = self.log
+        if index <= self.commit:
+            self._send(sender, AppendResponse(self.term, self.commit))
+            return
+        if log.match_term(index, term):
+            # The log already holds the snapshot's last entry: only the commit index moves.
+            self.commit = index
+            self._send(sender, AppendResponse(self.term, index))
+            return
+        try:
+            membership = Membership.from_wire(msg.config)
+        except ConfigError:
+            self._send(sender, AppendResponse(self.term, self.commit))
+            return
+        log.restore(index, term)
+        self.commit = index
+        self.applied = index
+        self.membership = membership
+        self._pending_changes = []
+        self._persisted = index
+        if self.recovering:
+            self.recovering = False
+        self._send(sender, AppendResponse(self.term, index))
+
+    # --- membership -----------------------------------------------------------------------------
+
+    def _note_changes(self, entries: list[Entry]) -> None:
+        for payload, index, _ in entries:
+            if payload[:1] == _CONFIG_BYTE:
+                try:
+                    self._pending_changes.append((index, decode_change(payload)))
+                except ConfigError:
+                    pass  # a malformed change is applied as a no-op (the leader never writes one)
+
+    def _changes_cut_from(self, index: int) -> None:
+        self._pending_changes = [(i, c) for i, c in self._pending_changes if i < index]
+
+    def _applied_to(self, index: int) -> None:
+        """The entries up to ``index`` are handed out for applying: config entries take effect."""
+        self.applied = index
+        changes = self._pending_changes
+        while changes and changes[0][0] <= index:
+            _, change = changes.pop(0)
+            try:
+                self.membership = self.membership.apply(change)
+            except ConfigError:
+                continue
+            self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        members = self.membership.members
+        if self.state == LEADER:
+            last = self.log.last_index
+            for peer in members:
+                if peer != self.id and peer not in self.progress:
+                    pr = self.progress[peer] = Progress(last + 1, not self.membership.is_voter(peer))
+                    pr.last_heard = float("-inf")
+            for peer in list(self.progress):
+                if peer not in members:
+                    del self.progress[peer]
+                else:
+                    self.progress[peer].learner = not self.membership.is_voter(peer)
+            if not self.membership.is_voter(self.id):
+                self._become_follower(self.term, None, self._heard_leader_at)
+                return
+            self._maybe_commit()
+            self._broadcast_append()
+
+    # --- sending -------------------------------------------------------------------------------
+
+    def _send(self, peer: str, msg: Message) -> None:
+        self._msgs.append((peer, msg))
+
+    def __repr__(self) -> str:
+        return f"RaftCore({self.id} {self.state} term={self.term} commit={self.commit} last={self.log.last_index})"

@@ -1,0 +1,216 @@
+"""Golden scripts for the Raft core: ``scripts/*.txt``, commands with the expected output beneath.
+
+The format is the engine scripts' (``tests/unit/engine/scripts/README.md``): one case per
+command, a ``----`` line, the output, cases separated by a blank line, ``#`` for comments.
+Each file drives one in-memory network of cores (:mod:`raft_network`); the output lists
+every message delivered or dropped (``1->2 AppendEntries …``), every change of role and
+what a command asked to see.
+
+Commands::
+
+    cluster 1 2 3 [voters=1,2,3] [learners=4] [seed=N]   a new group (voters default to all)
+    campaign N              N's election deadline passes now
+    tick SECONDS            the clock moves; every node that is up ticks
+    stabilize               deliver until nothing is in flight
+    deliver [to=N] [count=K]  deliver messages in flight (in order)
+    drop [to=N]             lose the messages in flight (to N)
+    reorder                 reverse the order of the messages in flight
+    duplicate               send every message in flight twice
+    propose N TEXT          N proposes an entry (its output: the index, or the refusal)
+    change N KIND NODE      N proposes a membership change (add_learner, promote, demote, remove)
+    transfer N TARGET       N hands leadership to TARGET
+    cut A B / heal [A B]    drop messages between A and B (both ways) / stop dropping
+    isolate N               cut N from everyone
+    crash N / restart N     N stops (its storage stays) / starts from its storage
+    add-node N              a new, empty node that knows no membership yet
+    snapshot N              N snapshots its applied state and drops that log prefix
+    snapshot-failed N PEER  N's snapshot stream to PEER broke
+    status [N]              role, term, commit, applied, log span, membership (and progress on a leader)
+    log N                   the entries on N's storage
+    applied N               the payloads N applied
+
+Rewrite the expected output after a deliberate change, then review the diff::
+
+    SHOAL_REWRITE_SCRIPTS=1 pytest tests/unit/raft/test_raft_scripts.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from raft_network import Cluster, describe, storage_span
+
+from shoal.node.raft.core import NotLeader, ProposalRefused
+from shoal.node.raft.membership import ConfigChange
+
+SCRIPTS = Path(__file__).parent / "scripts"
+REWRITE = os.environ.get("SHOAL_REWRITE_SCRIPTS") == "1"
+SEPARATOR = "----"
+
+
+def parse_cases(text: str) -> list[tuple[list[str], str, list[str]]]:
+    """(comment lines, command, expected output lines) per case."""
+    cases: list[tuple[list[str], str, list[str]]] = []
+    lines = text.splitlines()
+    k = 0
+    while k < len(lines):
+        comments: list[str] = []
+        while k < len(lines) and (not lines[k].strip() or lines[k].startswith("#")):
+            if lines[k].startswith("#"):
+                comments.append(lines[k])
+            k += 1
+        if k >= len(lines):
+            if comments:
+                cases.append((comments, "", []))
+            break
+        command = lines[k]
+        k += 1
+        if k >= len(lines) or lines[k] != SEPARATOR:
+            raise ValueError(f"line {k}: expected {SEPARATOR!r} after {command!r}")
+        k += 1
+        out: list[str] = []
+        while k < len(lines) and lines[k].strip():
+            out.append(lines[k])
+            k += 1
+        cases.append((comments, command, out))
+    return cases
+
+
+class Runner:
+    """Runs one script's commands against one :class:`Cluster`."""
+
+    def __init__(self) -> None:
+        self.cluster: Cluster | None = None
+
+    @property
+    def c(self) -> Cluster:
+        assert self.cluster is not None, "a script starts with 'cluster'"
+        return self.cluster
+
+    def run(self, command: str) -> list[str]:
+        words = shlex.split(command)
+        name, args = words[0], words[1:]
+        kw = dict(a.split("=", 1) for a in args if "=" in a)
+        pos = [a for a in args if "=" not in a]
+        out: list[str] = []
+        if name == "cluster":
+            self.cluster = Cluster(pos, voters=kw["voters"].split(",") if "voters" in kw else None,
+                                   learners=kw["learners"].split(",") if "learners" in kw else (),
+                                   seed=int(kw.get("seed", 0)))
+            self.c.on_output = out.append
+            return ["ok"]
+        c = self.c
+        c.on_output = out.append
+        if name == "campaign":
+            c.campaign(pos[0])
+        elif name == "tick":
+            c.tick(float(pos[0]))
+        elif name == "stabilize":
+            c.stabilize()
+        elif name == "deliver":
+            c.deliver(kw.get("to"), int(kw["count"]) if "count" in kw else None)
+        elif name == "drop":
+            to = kw.get("to")
+            for sender, dest, msg in [m for m in c.in_flight if to is None or m[1] == to]:
+                out.append(f"{sender}->{dest} {describe(msg)} (dropped)")
+            c.in_flight = [m for m in c.in_flight if to is not None and m[1] != to]
+        elif name == "reorder":
+            c.in_flight.reverse()
+        elif name == "duplicate":
+            c.in_flight = [m for m in c.in_flight for _ in range(2)]
+        elif name == "propose":
+            try:
+                out.append(f"index {c.propose(pos[0], ' '.join(pos[1:]))}")
+            except (NotLeader, ProposalRefused) as exc:
+                out.append(f"refused: {exc}")
+        elif name == "change":
+            node = c.nodes[pos[0]]
+            try:
+                index = node.core.propose_change(ConfigChange(pos[1], pos[2]), c.now)
+                c.process(node)
+                out.append(f"index {index}")
+            except (NotLeader, ProposalRefused) as exc:
+                out.append(f"refused: {exc}")
+        elif name == "transfer":
+            node = c.nodes[pos[0]]
+            try:
+                node.core.transfer_leadership(pos[1], c.now)
+            except ProposalRefused as exc:
+                out.append(f"refused: {exc}")
+            c.process(node)
+        elif name == "cut":
+            c.cut |= {(pos[0], pos[1]), (pos[1], pos[0])}
+        elif name == "heal":
+            c.cut = set() if not pos else c.cut - {(pos[0], pos[1]), (pos[1], pos[0])}
+        elif name == "isolate":
+            c.cut |= {p for other in c.nodes if other != pos[0] for p in ((pos[0], other), (other, pos[0]))}
+        elif name == "crash":
+            c.crash(pos[0])
+        elif name == "restart":
+            c.restart(pos[0])
+        elif name == "add-node":
+            c.add_node(pos[0])
+        elif name == "snapshot":
+            index, term = c.take_snapshot(pos[0])
+            out.append(f"snapshot {index}/{term}; log {storage_span(c.nodes[pos[0]].storage)}")
+        elif name == "snapshot-failed":
+            node = c.nodes[pos[0]]
+            node.core.snapshot_done(pos[1], False, c.now)
+            c.process(node)
+        elif name == "status":
+            for n in ([c.nodes[pos[0]]] if pos else list(c.nodes.values())):
+                out.append(self.status_line(n.id))
+        elif name == "log":
+            node = c.nodes[pos[0]]
+            st = node.storage
+            ents = st.entries(st.first_index, st.last_index + 1)
+            out.append(" ".join(f"{i}/{t}" for _, i, t in ents) or "(empty)")
+        elif name == "applied":
+            node = c.nodes[pos[0]]
+            out.append(" ".join(f"{i}:{p[1:].decode()}" for i, p in node.applied) or "(nothing)")
+        else:
+            raise ValueError(f"unknown command {name!r}")
+        return out or ["ok"]
+
+    def status_line(self, node_id: str) -> str:
+        node = self.c.nodes[node_id]
+        s = node.core.status()
+        down = "" if node.up else " (down)"
+        line = (f"{node_id}: {s['state']} term={s['term']} leader={s['leader']} commit={s['commit']} "
+                f"applied={s['applied']} log={storage_span(node.storage)} snap={s['snapshot']} "
+                f"voters={','.join(s['voters'])}")
+        if s["learners"]:
+            line += f" learners={','.join(s['learners'])}"
+        if "progress" in s:
+            line += " progress=" + " ".join(f"{p}:{v['match']}/{v['next']}/{v['state']}"
+                                            for p, v in s["progress"].items())
+        return line + down
+
+
+def render(cases: list[tuple[list[str], str, list[str]]]) -> str:
+    blocks = []
+    for comments, command, out in cases:
+        lines = list(comments)
+        if command:
+            lines += [command, SEPARATOR, *out]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+@pytest.mark.parametrize("path", sorted(SCRIPTS.glob("*.txt")), ids=lambda p: p.stem)
+def test_script(path: Path) -> None:
+    cases = parse_cases(path.read_text())
+    runner = Runner()
+    actual = [(comments, command, runner.run(command) if command else []) for comments, command, _ in cases]
+    got, want = render(actual), render(cases)
+    if REWRITE:
+        if got != want:
+            path.write_text(got)
+        return
+    if got != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), "expected", "actual"))
+        pytest.fail(f"{path.name} differs (SHOAL_REWRITE_SCRIPTS=1 rewrites it):\n{diff}")
