@@ -211,7 +211,8 @@ class Node:
                            "term": replica.term(), "commitIndex": replica.commit_index(),
                            "appliedIndex": replica.applied_index(), "digest": digest,
                            "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
-                           "pendingCommands": self.group_commits[p].pending, "elections": replica.elections}
+                           "pendingCommands": self.group_commits[p].pending, "elections": replica.elections,
+                           "raft": replica.status()}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],

@@ -1,15 +1,16 @@
-"""Raft for Shoal: the only package that imports pysyncobj, and Shoal's own storage under it.
+"""Raft for Shoal: a pure Raft core behind a Ready boundary, and the I/O around it.
 
-The node sees one :class:`PartitionReplica` per hosted partition (propose a
-batch, read, leader / term / is-leader, commit and applied index, quorum,
-leadership transfer, elections count) built on the node's one
-:class:`RaftNetwork` (one authenticated link per peer, every partition
-multiplexed) and ticked by its one :class:`TickScheduler`.
+The node sees one :class:`PartitionReplica` per hosted partition (propose a batch,
+read, leader / term / is-leader, commit and applied index, quorum, leadership
+transfer, elections count) built on the node's one :class:`RaftNetwork` (one
+authenticated link per peer, every partition multiplexed) and ticked by its one
+:class:`TickScheduler`. The replica drives :class:`~.core.RaftCore`
+(:mod:`.core`), which does no I/O.
 """
 
-from .replica import BatchResult, PartitionReplica, fail_reason_error, timing_scale
+from .replica import BatchResult, PartitionReplica, ReplicaDamaged, fail_reason_error, timing_scale
 from .scheduler import TickScheduler
 from .transport import RaftNetwork
 
-__all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "RaftNetwork",
+__all__ = ["PartitionReplica", "BatchResult", "ReplicaDamaged", "fail_reason_error", "RaftNetwork",
            "TickScheduler", "timing_scale"]

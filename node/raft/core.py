@@ -244,6 +244,37 @@ class RaftCore:
             return due
         return self._election_deadline
 
+    def election_due(self, now: float) -> bool:
+        """A tick at ``now`` would start a (pre-)campaign."""
+        return self.state != LEADER and now >= self._election_deadline and self._can_campaign()
+
+    def schedule_election(self, at: float) -> None:
+        """Move the election deadline to ``at`` (start-up order, a deferred campaign)."""
+        if self.state != LEADER:
+            self._election_deadline = at
+
+    def wants_snapshot(self, index: int, term: int) -> bool:
+        """Would an :class:`~.messages.InstallSnapshot` at ``(index, term)`` replace this log?
+        (Asked before a received file replaces the local snapshot.)"""
+        return index > self.commit and not self.log.match_term(index, term)
+
+    def peer_unreachable(self, peer: str) -> None:
+        """A message to ``peer`` could not be sent (no link, or its buffer is full): the leader
+        stops assuming its pipelined entries arrive and probes it again."""
+        pr = self.progress.get(peer)
+        if self.state == LEADER and pr is not None and pr.state == REPLICATE:
+            pr.state = PROBE
+            pr.next = pr.match + 1
+            pr.inflight.clear()
+            pr.paused = True  # the next heartbeat answer (or the link coming back) probes it
+
+    def peer_reachable(self, peer: str) -> None:
+        """A link to ``peer`` came up: a leader probes it at once rather than at the next heartbeat."""
+        pr = self.progress.get(peer)
+        if self.state == LEADER and pr is not None and pr.state == PROBE:
+            pr.paused = False
+            self._send_append(peer, pr, force=True)
+
     def status(self) -> dict[str, Any]:
         """A plain summary (for /stats, scripts and tests)."""
         out: dict[str, Any] = {"id": self.id, "state": self.state, "term": self.term, "leader": self.leader,
@@ -694,6 +725,8 @@ class RaftCore:
         pr.last_heard = now
         if pr.state == PROBE:
             pr.paused = False
+        elif pr.state == REPLICATE and len(pr.inflight) >= self.params.inflight_max:
+            pr.inflight.popleft()  # a lost message must not stall the pipeline for good
         if pr.match < self.log.last_index or pr.state == PROBE:
             self._send_append(sender, pr, force=pr.state == PROBE)
 

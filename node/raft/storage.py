@@ -67,6 +67,8 @@ class NodeStorage:
         self.no_space: dict[int, str] = {}
         self._on_sync_failed = on_sync_failed or _fail_stop
         self._executor: ThreadPoolExecutor | None = None
+        #: id(journal) -> called with the journal's durable index after a leader's sync.
+        self._leader_synced: dict[int, Callable[[int], None]] = {}
         io.watch_space(data_dir)
 
     def open_journal(self, partition: int) -> Journal:
@@ -113,9 +115,23 @@ class NodeStorage:
         if self.batcher.pending_leader > 1 and self._executor is None:
             self._executor = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="shoal-sync")
         try:
-            self.barrier_syncs += len(self.batcher.sync_leader(self._executor))
+            synced = self.batcher.sync_leader(self._executor)
         except SyncFailed as exc:
             self._on_sync_failed(exc)
+            return
+        self.barrier_syncs += len(synced)
+        hooks = self._leader_synced
+        for journal, index in synced.items():
+            hook = hooks.get(id(journal))
+            if hook is not None:
+                hook(index)
+
+    def on_leader_synced(self, journal: Journal, hook: Callable[[int], None] | None) -> None:
+        """Call ``hook(durable index)`` each time :meth:`after_send` syncs ``journal`` (None: stop)."""
+        if hook is None:
+            self._leader_synced.pop(id(journal), None)
+        else:
+            self._leader_synced[id(journal)] = hook
 
     def sync_all_now(self) -> None:
         """Both barriers at once (a lone replica, which counts only itself toward the commit)."""

@@ -22,9 +22,8 @@ than in a loop callback of its own. A peer that stops draining gets at most
 (Raft resends what a follower lacks) rather than held, and reading from it goes
 on, so two nodes that both fall behind cannot deadlock each other.
 
-:class:`PartitionTransport` is pysyncobj's ``Transport`` extension point for one
-partition: it forwards sends to the network and receives the partition's
-messages from it.
+:class:`PartitionTransport` is one partition's view of the network: it sends the
+partition's messages and receives them.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from typing import Any
 import msgspec
 
 from ._frames import FrameError, FrameOpener, FrameSealer, array_header
-from ._pysyncobj import Node, Transport
 from .handshake import Established, Handshake, HandshakeFailed, RejectReason, Role, SendBytes
 
 __all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "SEND_BUFFER_BYTES_MAX"]
@@ -78,7 +76,6 @@ class _Link(asyncio.Protocol):
         self.network = network
         self.role = role
         self.peer_id = peer_id
-        self.node: Any = None
         self.transport: asyncio.Transport | None = None
         self.address = "?"
         self.established = False
@@ -136,7 +133,7 @@ class _Link(asyncio.Protocol):
             net.hold()
             try:
                 for items in frames:
-                    net.deliver(self.node, items)
+                    net.deliver(self.peer_id, items)
             finally:
                 net.release()  # the ticks this frame asked for run, its answers leave: one frame per peer
             return
@@ -189,7 +186,6 @@ class _Link(asyncio.Protocol):
             self._timeout = None
         self._handshake = None
         self.peer_id = event.peer_id
-        self.node = self.network.node_of(event.peer_id)
         self._sealer = FrameSealer(event.send_key)
         self._opener = FrameOpener(event.recv_key, FRAME_BYTES_MAX, _decode)
         self.established = True
@@ -270,7 +266,6 @@ class RaftNetwork:
         self.peers = dict(peers)
         self.peer_ids = frozenset(peers)
         self._dial = set(dial)
-        self._nodes = {peer: Node(peer) for peer in peers}
         self.links: dict[str, _Link] = {}
         self._partitions: dict[int, PartitionTransport] = {}
         self._pending: list[_Link] = []
@@ -294,14 +289,6 @@ class RaftNetwork:
         self.before_flush: Callable[[], None] | None = None
         #: Called right after a frame is written (the leaders' journal syncs, storage.py).
         self.after_flush: Callable[[], None] | None = None
-
-    def node_of(self, peer_id: str) -> Any:
-        """The pysyncobj node object that stands for ``peer_id`` in every group."""
-        return self._nodes[peer_id]
-
-    @property
-    def self_node(self) -> Any:
-        return Node(self.node_id)
 
     async def start(self) -> None:
         """Bind the listener and start dialling the peers this node dials."""
@@ -357,7 +344,7 @@ class RaftNetwork:
             old.close()
         else:
             for transport in list(self._partitions.values()):
-                transport.peer_connected(link.node)
+                transport.peer_connected(peer)
         log.info("raft link to %s (%s) authenticated", peer, link.address)
 
     def link_lost(self, link: _Link) -> None:
@@ -366,7 +353,7 @@ class RaftNetwork:
         del self.links[link.peer_id or ""]
         log.info("raft link to %s (%s) lost", link.peer_id, link.address)
         for transport in list(self._partitions.values()):
-            transport.peer_disconnected(link.node)
+            transport.peer_disconnected(link.peer_id or "")
 
     def refused(self, address: str, claimed: str | None, exc: HandshakeFailed) -> None:
         """Log a refused handshake, at most once per address per :data:`REFUSAL_LOG_PERIOD_S`."""
@@ -387,8 +374,8 @@ class RaftNetwork:
 
     def attach(self, transport: "PartitionTransport") -> None:
         self._partitions[transport.partition] = transport
-        for peer, link in self.links.items():
-            transport.peer_connected(link.node)
+        for peer in self.links:
+            transport.peer_connected(peer)
 
     def detach(self, transport: "PartitionTransport") -> None:
         if self._partitions.get(transport.partition) is transport:
@@ -456,54 +443,54 @@ class RaftNetwork:
         self._flush_scheduled = False
         self.flush_queued()
 
-    def deliver(self, node: Any, items: Any) -> None:
+    def deliver(self, peer: str, items: Any) -> None:
         """Hand one frame's ``[[partition, message], ...]`` to the partitions."""
         if type(items) is not list:
-            log.warning("raft frame from %s is not a list of (partition, message) pairs; ignored", node)
+            log.warning("raft frame from %s is not a list of (partition, message) pairs; ignored", peer)
             return
         partitions = self._partitions
-        peer = node.id
         for item in items:
             transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
             if transport is not None and peer in transport.peers:
-                transport.on_message(node, item[1])
+                transport.on_message(peer, item[1])
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)
 
 
-class PartitionTransport(Transport):  # type: ignore[misc]
-    """pysyncobj's transport for one partition: its messages ride the node's shared links."""
+class PartitionTransport:
+    """One partition's messages on the node's shared links."""
 
     def __init__(self, network: RaftNetwork, partition: int, peers: list[str],
-                 on_message: Callable[[Any, Any], None], on_connected: Callable[[], None]) -> None:
-        super().__init__(None, None, None)
+                 on_message: Callable[[str, Any], None], on_connected: Callable[[str], None],
+                 on_disconnected: Callable[[str], None] | None = None) -> None:
         self.network = network
         self.partition = partition
         self.peers = frozenset(peers)
         #: Called with each message from a peer of this partition (the network checks the peer).
         self.on_message = on_message
         self._on_connected = on_connected
-        self._ready = False
+        self._on_disconnected = on_disconnected
+        self.connected: set[str] = set()
+        self._attached = False
 
-    def tryGetReady(self) -> None:  # noqa: N802 (pysyncobj's name)
-        if not self._ready:
-            self._ready = True
+    def attach(self) -> None:
+        """Start receiving this partition's messages."""
+        if not self._attached:
+            self._attached = True
             self.network.attach(self)
 
-    @property
-    def ready(self) -> bool:
-        return self._ready
+    def set_peers(self, peers: list[str]) -> None:
+        """The partition's members changed: messages from these peers are heard from now on."""
+        self.peers = frozenset(peers)
+        self.connected = {p for p in self.network.links if p in self.peers}
 
-    def waitReady(self) -> None:  # noqa: N802 (pysyncobj's name)
-        self.tryGetReady()
+    def send(self, peer: str, message: Any) -> bool:
+        return self.network.send(peer, self.partition, message)
 
-    def send(self, node: Any, message: Any) -> bool:
-        return self.network.send(node.id, self.partition, message)
-
-    def destroy(self) -> None:
+    def close(self) -> None:
         self.network.detach(self)
-        self._ready = False
+        self._attached = False
 
     def hold(self) -> None:
         """Messages sent until :meth:`release` wait for it (one write per peer, no callback)."""
@@ -517,11 +504,13 @@ class PartitionTransport(Transport):  # type: ignore[misc]
         """Run ``tick`` when the network's current hold ends; False when nothing holds."""
         return self.network.defer_tick(tick)
 
-    def peer_connected(self, node: Any) -> None:
-        if node.id in self.peers:
-            self._onNodeConnected(node)
-            self._on_connected()
+    def peer_connected(self, peer: str) -> None:
+        if peer in self.peers:
+            self.connected.add(peer)
+            self._on_connected(peer)
 
-    def peer_disconnected(self, node: Any) -> None:
-        if node.id in self.peers:
-            self._onNodeDisconnected(node)
+    def peer_disconnected(self, peer: str) -> None:
+        if peer in self.peers:
+            self.connected.discard(peer)
+            if self._on_disconnected is not None:
+                self._on_disconnected(peer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any, Self
 
@@ -16,6 +16,29 @@ from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
 __all__ = ["SnapshotOps"]
+
+#: Bytes the streaming restore reads from its chunks at a time.
+_READ_BYTES = 1 << 20
+
+
+class _ChunkReader:
+    """A file-like ``read`` over an iterator of byte chunks (what msgpack's Unpacker reads from)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buf) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buf = self._buf + chunk if self._buf else chunk
+        if size < 0:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:size], self._buf[size:]
+        return out
 
 
 class SnapshotOps(Store):
@@ -64,13 +87,31 @@ class SnapshotOps(Store):
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
-        (version, partition, seq, lease_seq, now_ms, jobs, queues, sessions, idem_order, idem,
-         crons, *rest) = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        extras = rest[0] if rest else {}
-        limits = extras.get("limits", {})
+        """The engine :meth:`snapshot` produced ``data`` from."""
+        return cls.restore_chunks((data,))
+
+    @classmethod
+    def restore_chunks(cls, chunks: Iterable[bytes]) -> Self:
+        """The engine whose :meth:`snapshot_chunks` gave ``chunks``, read as they come: a large
+        snapshot is never held whole, nor its jobs as one list of tuples."""
+        unpacker = msgpack.Unpacker(_ChunkReader(chunks), raw=False, strict_map_key=False,
+                                    read_size=_READ_BYTES, max_buffer_size=0)
+        fields = unpacker.read_array_header()
+        if fields < 11:
+            raise ValueError(f"snapshot has {fields} fields, expected at least 11")
+        version, partition, seq, lease_seq, now_ms = (unpacker.unpack() for _ in range(5))
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
+        job_count = unpacker.read_array_header()
+        for _ in range(job_count):
+            job = Job.from_tuple(unpacker.unpack())
+            if job.logs is not None:
+                job.logs = [(stamp, line) for stamp, line in job.logs]
+            eng.jobs[job.seq] = job
+        queues, sessions, idem_order, idem, crons = (unpacker.unpack() for _ in range(5))
+        extras = unpacker.unpack() if fields > 11 else {}
+        limits = extras.get("limits", {})
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
         for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
             q = eng.queues[name] = Queue(name, qtype, opts)
@@ -81,11 +122,7 @@ class SnapshotOps(Store):
             q.dlq = dict.fromkeys(dlq)
             if q.limiter is not None and name in limits:
                 q.limiter.load(limits[name])
-        for t in jobs:
-            job = Job.from_tuple(t)
-            if job.logs is not None:
-                job.logs = [(stamp, line) for stamp, line in job.logs]
-            eng.jobs[job.seq] = job
+        for job in eng.jobs.values():
             eng._index(job)
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
         eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)

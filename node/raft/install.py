@@ -1,0 +1,259 @@
+"""Streaming a snapshot to a follower that lags behind the leader's journal (Raft §7, Shoal's own).
+
+The leader's core asks for it (``Ready.snapshot_requests``) when a follower needs an
+entry the journal no longer holds. The leader's replica then runs one
+:class:`SnapshotSender` for that follower: it streams the *verified* snapshot file
+(:class:`~.snapshots.SnapshotFile`) as :class:`~.messages.SnapshotChunk` messages that
+carry the leader's term, the snapshot's last index and term, the offset, the file's
+total size and whole-file CRC32C, and each chunk's own CRC32C. At most
+:data:`WINDOW_BYTES` are unacknowledged at a time, and a token bucket
+(:class:`ByteRate`) bounds the bytes per second, so a large snapshot never holds the
+leader's loop and leaves room on the link for the partitions' own traffic.
+
+The follower's :class:`SnapshotReceiver` writes the chunks to a temp file and
+acknowledges each with the next offset it wants (:class:`~.messages.SnapshotChunkAck`).
+The first chunk of a stream is empty: it asks where to start, so a transfer the link
+broke resumes where it stopped. Once the file is complete, its CRC32C must equal the
+leader's before it replaces anything; a mismatch drops the temp file and the stream
+starts over. A chunk from an older term than the follower's is refused, so a deposed
+leader's stream cannot install anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import google_crc32c
+
+from ._io import FileHandle, FileIO
+from .messages import Message, SnapshotChunk, SnapshotChunkAck
+from .snapshot_file import SnapshotCorrupt, read_snapshot_info
+from .snapshots import SnapshotFile
+
+__all__ = ["SnapshotSender", "SnapshotReceiver", "ByteRate", "Received", "CHUNK_BYTES", "WINDOW_BYTES",
+           "ACK_TIMEOUT_S", "RATE_BYTES_PER_S", "GO_ON", "COMPLETE", "START_OVER", "NOT_WANTED"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes of file per chunk.
+CHUNK_BYTES = 1024 * 1024
+#: Unacknowledged bytes a sender keeps in flight.
+WINDOW_BYTES = 4 * CHUNK_BYTES
+#: A stream whose follower acknowledged nothing for this long is given up (the leader retries).
+ACK_TIMEOUT_S = 10.0
+#: Default per-follower rate of snapshot bytes.
+RATE_BYTES_PER_S = 64 * 1024 * 1024
+#: Ack statuses (:class:`~.messages.SnapshotChunkAck`).
+GO_ON, COMPLETE, START_OVER, NOT_WANTED = 0, 1, 2, 3
+
+
+class ByteRate:
+    """A token bucket of bytes per second (``rate`` may change while streams run)."""
+
+    def __init__(self, rate_bytes_per_s: float, burst_bytes: int = WINDOW_BYTES) -> None:
+        self.rate = float(rate_bytes_per_s)
+        self.burst = burst_bytes
+        self._tokens = float(burst_bytes)
+        self._at: float | None = None
+
+    def take(self, nbytes: int, now: float) -> float:
+        """Take ``nbytes`` if the bucket allows at ``now``: 0.0; else how long to wait (nothing taken)."""
+        if self._at is not None:
+            self._tokens = min(float(max(self.burst, nbytes)), self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= nbytes or self._tokens >= self.burst:
+            self._tokens -= nbytes
+            return 0.0
+        return (nbytes - self._tokens) / self.rate if self.rate > 0 else 1.0
+
+
+class SnapshotSender:
+    """Streams one snapshot file to one follower (see the module docstring)."""
+
+    def __init__(self, peer: str, snapshot: SnapshotFile, term: int, io: FileIO,
+                 send: Callable[[str, Message], bool], rates: list[ByteRate], now: float) -> None:
+        self.peer = peer
+        self.snapshot = snapshot
+        self.term = term
+        self._send = send
+        self._rates = rates
+        self._handle: FileHandle | None = io.open(snapshot.path, create=False)  # the inode stays ours
+        self.acked = 0
+        self.sent = 0
+        self.started = now
+        self.last_progress = now
+        self.bytes_sent = 0
+        self.offered = False
+        self.resumed = False
+        self.done = False
+
+    @property
+    def index(self) -> int:
+        return self.snapshot.index
+
+    def _chunk(self, offset: int, data: bytes) -> SnapshotChunk:
+        snap = self.snapshot
+        return SnapshotChunk(self.term, snap.index, snap.term, offset, snap.size, snap.file_crc,
+                             google_crc32c.value(data), data)
+
+    def pump(self, now: float) -> float | None:
+        """Send what the window and the rates allow; the delay until the next call, or None
+        when waiting for acknowledgements (or finished)."""
+        if self.done or self._handle is None:
+            return None
+        if not self.offered:
+            self.offered = True
+            self._send(self.peer, self._chunk(0, b""))
+            return None
+        size = self.snapshot.size
+        if not self.resumed:
+            return None  # waiting for the answer to the offer
+        while self.sent < size and self.sent - self.acked < WINDOW_BYTES:
+            nbytes = min(CHUNK_BYTES, size - self.sent)
+            wait = max((rate.take(nbytes, now) for rate in self._rates), default=0.0)
+            if wait > 0:
+                return wait
+            data = self._handle.pread(self.sent, nbytes)
+            if len(data) != nbytes:
+                raise SnapshotCorrupt(f"{self.snapshot.path}: short read at offset {self.sent}")
+            if not self._send(self.peer, self._chunk(self.sent, data)):
+                return 0.05  # the link's buffer is full or down: try again shortly
+            self.sent += nbytes
+            self.bytes_sent += nbytes
+        return None
+
+    def on_ack(self, ack: SnapshotChunkAck, now: float) -> int:
+        """Take the follower's answer; returns its status (:data:`GO_ON` … :data:`NOT_WANTED`)."""
+        if ack.index != self.snapshot.index or self.done:
+            return GO_ON
+        if ack.status in (COMPLETE, NOT_WANTED):
+            self.close()
+            return ack.status
+        self.last_progress = now
+        if ack.status == START_OVER:
+            self.acked = self.sent = 0
+            self.offered = self.resumed = False
+            return START_OVER
+        offset = min(max(0, ack.next_offset), self.snapshot.size)
+        if not self.resumed:  # the answer to the offer: where the follower's copy ends
+            self.resumed = True
+            self.acked = self.sent = offset
+        elif offset > self.acked:
+            self.acked = offset
+        elif offset < self.sent:
+            self.sent = offset  # a chunk was refused (it did not follow): send again from there
+        return GO_ON
+
+    def timed_out(self, now: float) -> bool:
+        return not self.done and now - self.last_progress > ACK_TIMEOUT_S
+
+    def progress(self) -> dict[str, int | float]:
+        """Bytes acknowledged, total, bytes sent (with resends) for status displays."""
+        return {"index": self.snapshot.index, "acked": self.acked, "total": self.snapshot.size,
+                "sent": self.bytes_sent}
+
+    def close(self) -> None:
+        self.done = True
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A complete snapshot file whose CRC matched the leader's, waiting under its temp name."""
+
+    tmp_path: str
+    index: int
+    term: int
+    size: int
+    file_crc: int
+
+
+class SnapshotReceiver:
+    """Collects one partition's incoming snapshot in ``<path>.recv.tmp`` (see the module docstring)."""
+
+    def __init__(self, path: str, io: FileIO, partition: int) -> None:
+        self.path = path
+        self.tmp_path = path + ".recv.tmp"
+        self._io = io
+        self.partition = partition
+        self._key: tuple[int, int, int, int] | None = None  # index, snapshot term, size, file CRC
+        self._handle: FileHandle | None = None
+        self._received = 0
+        self._crc = 0
+        self.completed = 0
+        self.restarted = 0
+
+    def on_chunk(self, chunk: SnapshotChunk, current_term: int) -> tuple[SnapshotChunkAck, Received | None]:
+        """Store ``chunk``; the answer, and the complete file once the last chunk checked out."""
+        if chunk.term < current_term:
+            return SnapshotChunkAck(current_term, chunk.index, 0, NOT_WANTED), None
+        key = (chunk.index, chunk.snap_term, chunk.total, chunk.file_crc)
+        if key != self._key:
+            if chunk.offset != 0:
+                return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
+            self._begin(key)
+        if not chunk.data:
+            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
+        if chunk.offset != self._received or google_crc32c.value(chunk.data) != chunk.crc:
+            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
+        if self._received + len(chunk.data) > chunk.total:
+            self.abort()
+            return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
+        assert self._handle is not None
+        self._handle.append(chunk.data)
+        self._received += len(chunk.data)
+        self._crc = google_crc32c.extend(self._crc, chunk.data)
+        if self._received < chunk.total:
+            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
+        if self._crc != chunk.file_crc:
+            log.error("partition %d: received snapshot %d fails its checksum (%08x, leader's %08x); "
+                      "dropped, asking again", self.partition, chunk.index, self._crc, chunk.file_crc)
+            self.abort()
+            self.restarted += 1
+            return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
+        handle, self._handle = self._handle, None
+        self._key = None
+        handle.close()
+        return (SnapshotChunkAck(chunk.term, chunk.index, self._received),
+                Received(self.tmp_path, chunk.index, chunk.snap_term, chunk.total, chunk.file_crc))
+
+    def _begin(self, key: tuple[int, int, int, int]) -> None:
+        self.abort()
+        self._key = key
+        self._handle = self._io.open(self.tmp_path)
+        self._handle.truncate(0)
+        self._received = 0
+        self._crc = 0
+
+    def finish(self, received: Received) -> None:
+        """Make the received file durable and check its envelope (off the loop: it fsyncs)."""
+        handle = self._io.open(received.tmp_path, create=False)
+        try:
+            handle.fsync()
+        finally:
+            handle.close()
+        info = read_snapshot_info(self._io, received.tmp_path)
+        if (info.last_index, info.last_term) != (received.index, received.term):
+            raise SnapshotCorrupt(f"{received.tmp_path}: ends at entry {info.last_index}/{info.last_term}, "
+                                  f"the leader announced {received.index}/{received.term}")
+
+    def install(self) -> None:
+        """Rename the received file over the partition's snapshot, durably."""
+        self._io.rename(self.tmp_path, self.path)
+        self._io.fsync_dir(os.path.dirname(self.path) or ".")
+        self.completed += 1
+
+    def abort(self) -> None:
+        """Drop a partial transfer."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        self._key = None
+        self._received = 0
+        self._crc = 0
+        self._io.unlink(self.tmp_path)
