@@ -141,6 +141,9 @@ class ClusterConfig:
     sync_interval_ms: int = 1_000
     #: Below this much free space on the data directory's filesystem, partitions refuse new data.
     disk_free_min_bytes: int = 256 * 1024 * 1024
+    #: A replica whose journal or snapshot is damaged at start moves the files aside and fetches a
+    #: fresh copy from its leader (True), or the node refuses to start naming the file (False).
+    repair_damaged: bool = True
 
     @property
     def rf(self) -> int:
@@ -238,6 +241,7 @@ class ClusterConfig:
             "frame_bytes_max": self.frame_bytes_max, "inflight_per_connection": self.inflight_per_connection,
             "data_dir": self.data_dir, "dashboard_read_only": self.dashboard_read_only,
             "sync_interval_ms": self.sync_interval_ms, "disk_free_min_bytes": self.disk_free_min_bytes,
+            "repair_damaged": self.repair_damaged,
         }
         doc: dict[str, Any] = {"cluster": cluster}
         if self.limits.to_table():
@@ -298,7 +302,8 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"{name}={value!r} is not an integer") from exc
 
 
-def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any], key: str) -> bool:
+def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any], key: str,
+                  default: bool = False) -> bool:
     """A true/false setting: the environment variable (1/0, true/false, yes/no) over the file's key."""
     value = env.get(name)
     if value not in (None, ""):
@@ -306,7 +311,7 @@ def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any],
         if text not in ("1", "true", "yes", "0", "false", "no"):
             raise ConfigError(f"{name}={value!r} is not a boolean (1/0, true/false, yes/no)")
         return text in ("1", "true", "yes")
-    found = section.get(key, False)
+    found = section.get(key, default)
     if not isinstance(found, bool):
         raise ConfigError(f"[cluster] {key} must be true or false")
     return found
@@ -373,6 +378,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         sync_interval_ms=_int_env(env, "SHOAL_SYNC_INTERVAL_MS", int(c.get("sync_interval_ms", 1_000))),
         disk_free_min_bytes=_int_env(env, "SHOAL_DISK_FREE_MIN_BYTES",
                                      int(c.get("disk_free_min_bytes", 256 * 1024 * 1024))),
+        repair_damaged=_bool_setting(env, "SHOAL_REPAIR_DAMAGED", c, "repair_damaged", default=True),
     )
     cfg.validate()
     if me:

@@ -39,7 +39,7 @@ from .group_commit import GroupCommit
 from .guard import NodeGuard
 from .http import start_http
 from .metrics import NodeMetrics
-from .raft import PartitionReplica, RaftNetwork, TickScheduler, timing_scale
+from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.storage import NodeStorage, make_io
 from .state import event_dicts
 
@@ -54,6 +54,8 @@ PEER_POLL_INTERVAL_S = 1.0
 BALANCE_INTERVAL_S = 1.0
 BALANCE_START_DELAY_S = 1.0
 STOP_HANDOVER_S = 3.0
+#: Exit status of a node that refuses to start on damaged data (EX_DATAERR).
+EXIT_DAMAGED = 65
 
 
 class Node:
@@ -127,7 +129,7 @@ class Node:
             peers = [r for r in replicas if r != self.node_id]
             replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
                                        scheduler=self.scheduler, preferred=replicas[0] == self.node_id,
-                                       groups=hosted, storage=self.storage)
+                                       groups=hosted, storage=self.storage, repair=config.repair_damaged)
             replica.on_applied = self._applied
             replica.on_leadership_lost = self._leadership_lost
             self.replicas[p] = replica
@@ -418,6 +420,9 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
     try:
         loop.run_until_complete(node.start())
         loop.run_until_complete(node.serve_forever())
+    except ReplicaDamaged as exc:
+        log.critical("node %s refuses to start: %s", node_id, exc)
+        return EXIT_DAMAGED
     finally:
         loop.close()
     return 0

@@ -58,7 +58,7 @@ from .snapshot_file import SnapshotCorrupt
 from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_engine, read_snapshot_meta,
                         verify_snapshot)
 from .storage import NodeStorage
-from .transport import PartitionTransport, RaftNetwork
+from .transport import ENTRY_BYTES_MAX, PartitionTransport, RaftNetwork
 from ._io import RealIO
 
 __all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "timing_scale", "ReplicaDamaged",
@@ -544,6 +544,9 @@ class PartitionReplica:
             self.loop.call_soon(callback, None, FAIL_NO_LEADER)
             return
         payload = encode_batch(now_ms, commands)
+        if len(payload) > ENTRY_BYTES_MAX:
+            self._propose_split(now_ms, commands, callback, len(payload))
+            return
         try:
             index = core.propose(payload, self._clock(), lazy=self._disk_class(commands))
         except NotLeader:
@@ -554,6 +557,30 @@ class PartitionReplica:
             return
         self._pending[index] = _Proposal(core.term, callback)
         self._process()
+
+    def _propose_split(self, now_ms: int, commands: list[Command],
+                       callback: Callable[[BatchResult | None, int], None], nbytes: int) -> None:
+        """A batch too large for one entry goes as two (each command stays whole and atomic)."""
+        if len(commands) == 1:
+            err = CommandError(ErrorCode.FRAME_TOO_LARGE, f"a command of {nbytes} bytes exceeds the largest "
+                                                          f"replicated entry ({ENTRY_BYTES_MAX} bytes)")
+            self.loop.call_soon(callback, [err], 0)
+            return
+        half = len(commands) // 2
+        parts: list[tuple[BatchResult | None, int] | None] = [None, None]
+
+        def part_done(k: int, results: BatchResult | None, reason: int) -> None:
+            parts[k] = (results, reason)
+            if parts[0] is not None and parts[1] is not None:
+                (r0, e0), (r1, e1) = parts
+                if r0 is None or r1 is None:
+                    n0, n1 = half, len(commands) - half
+                    r0 = r0 if r0 is not None else [fail_reason_error(e0)] * n0
+                    r1 = r1 if r1 is not None else [fail_reason_error(e1)] * n1
+                callback(r0 + r1, 0)
+
+        self.propose(now_ms, commands[:half], lambda r, e: part_done(0, r, e))
+        self.propose(now_ms, commands[half:], lambda r, e: part_done(1, r, e))
 
     def _disk_class(self, commands: list[Command]) -> bool:
         """True when every command of the batch writes to an existing ``durable: false`` queue.

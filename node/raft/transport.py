@@ -41,12 +41,16 @@ import msgspec
 from ._frames import FrameError, FrameOpener, FrameSealer, array_header
 from .handshake import Established, Handshake, HandshakeFailed, RejectReason, Role, SendBytes
 
-__all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "SEND_BUFFER_BYTES_MAX"]
+__all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "ENTRY_BYTES_MAX",
+           "SEND_BUFFER_BYTES_MAX"]
 
 log = logging.getLogger(__name__)
 
-#: The largest authenticated frame a link accepts (a batch of entries is at most 8 MiB).
-FRAME_BYTES_MAX = 64 * 1024 * 1024
+#: The largest log entry a replica proposes (a larger batch is split into several entries; a
+#: single larger command is refused).
+ENTRY_BYTES_MAX = 96 * 1024 * 1024
+#: The largest authenticated frame a link accepts: one entry and its message's envelope.
+FRAME_BYTES_MAX = ENTRY_BYTES_MAX + 4 * 1024 * 1024
 #: A frame is sealed and written early once this much is queued for one peer.
 FRAME_SPLIT_BYTES = 4 * 1024 * 1024
 #: Above this much unsent data for one peer, further messages to it are dropped.
