@@ -95,6 +95,12 @@ class RaftParams:
     commit_announce_s: float = 0.002
     #: A transfer that has not happened after this long is given up.
     transfer_timeout_s: float = 1.6
+    #: 0: every new entry goes to every follower at once. Above 0: while other entries are in
+    #: flight, a new entry goes at once only to as many followers as the commit needs (those that
+    #: answered within ``fast_follower_s``, in :attr:`RaftCore.peer_order`); the others get what
+    #: they lack at most this often, several entries per message.
+    lazy_send_s: float = 0.0
+    fast_follower_s: float = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +139,7 @@ class Progress:
     """The leader's view of one follower (match/next index, replication state, activity)."""
 
     __slots__ = ("match", "next", "state", "inflight", "paused", "pending_snapshot", "recent_active",
-                 "last_heard", "learner")
+                 "last_heard", "learner", "lazy")
 
     def __init__(self, next_index: int, learner: bool) -> None:
         self.match = 0
@@ -146,6 +152,8 @@ class Progress:
         self.recent_active = False
         self.last_heard = float("-inf")
         self.learner = learner
+        #: New entries wait for the next lazy send (see RaftParams.lazy_send_s).
+        self.lazy = False
 
     def to_probe(self) -> None:
         self.state = PROBE
@@ -197,6 +205,9 @@ class RaftCore:
         self._heartbeat_due = 0.0
         self._quorum_check_due = 0.0
         self._announce_due: float | None = None
+        self._lazy_due: float | None = None
+        #: Followers in the order the replica prefers them for the fast path (placement order).
+        self.peer_order: list[str] = []
         self._sent_since_commit = False
         self._persisted = self.log.last_index
         self._term_start_index = 0
@@ -239,6 +250,8 @@ class RaftCore:
             due = min(self._heartbeat_due, self._quorum_check_due)
             if self._announce_due is not None:
                 due = min(due, self._announce_due)
+            if self._lazy_due is not None:
+                due = min(due, self._lazy_due)
             if self.lead_transferee is not None:
                 due = min(due, self._transfer_deadline)
             return due
@@ -301,6 +314,12 @@ class RaftCore:
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self.params.heartbeat_s
                 self._broadcast_heartbeat()
+            if self._lazy_due is not None and now >= self._lazy_due:
+                self._lazy_due = None
+                for peer, pr in self.progress.items():
+                    if pr.lazy:
+                        pr.lazy = False
+                        self._send_append(peer, pr)
             if self._announce_due is not None and now >= self._announce_due:
                 self._announce_due = None
                 if not self._sent_since_commit:
@@ -372,8 +391,31 @@ class RaftCore:
         self.log.unstable.append((payload, index, self.term))
         if lazy:
             self._lazy_indexes.add(index)
-        for peer, pr in self.progress.items():
-            self._send_append(peer, pr)
+        lazy_s = self.params.lazy_send_s
+        if lazy_s <= 0 or self.commit >= index - 1:
+            # A lone write (nothing else in flight) goes to everyone: it commits on the faster answer.
+            for peer, pr in self.progress.items():
+                self._send_append(peer, pr)
+            return index
+        needed = self.membership.quorum() - (1 if self.membership.is_voter(self.id) else 0)
+        recent = now - self.params.fast_follower_s
+        progress = self.progress
+        for peer in self.peer_order or list(progress):
+            pr = progress.get(peer)
+            if pr is None:
+                continue
+            if needed > 0 and not pr.learner and pr.state == REPLICATE and pr.last_heard >= recent:
+                needed -= 1
+                self._send_append(peer, pr)
+            elif not pr.lazy:
+                pr.lazy = True
+                if self._lazy_due is None:
+                    self._lazy_due = now + lazy_s
+        if needed > 0:  # no follower answered lately: everyone gets it now
+            for peer, pr in progress.items():
+                if pr.lazy:
+                    pr.lazy = False
+                    self._send_append(peer, pr)
         return index
 
     def propose_change(self, change: ConfigChange, now: float) -> int:
@@ -589,6 +631,7 @@ class RaftCore:
         self.lead_transferee = None
         self.progress = {}
         self._announce_due = None
+        self._lazy_due = None
         self._reset_election_deadline(now)
 
     def _become_leader(self, now: float) -> None:
@@ -645,6 +688,8 @@ class RaftCore:
             self._need_snapshot(peer, pr)
             return
         entries = log.entries(pr.next, last + 1, self.params.message_bytes_max) if pr.next <= last else []
+        if entries:
+            pr.lazy = False
         lazy = bool(entries) and bool(self._lazy_indexes) and all(e[1] in self._lazy_indexes for e in entries)
         commit = self.commit
         self._send(peer, AppendEntries(self.term, prev, prev_term, commit, entries, lazy))

@@ -85,6 +85,12 @@ FOLLOWER_APPLY_BATCH = 8
 HEARTBEAT_S = 0.2
 ELECTION_TIMEOUT_MIN_S = 0.8
 ELECTION_TIMEOUT_MAX_S = 1.6
+#: While entries are pipelined, a new one goes at once only to the followers the commit needs
+#: (those that answered within FAST_FOLLOWER_S, in placement order); the others get what they
+#: lack at most every LAZY_SEND_S: on two cores, a second follower woken per entry competes with
+#: the leader for a core. A lone write goes to every follower (it commits on the faster answer).
+LAZY_SEND_S = 0.005
+FAST_FOLLOWER_S = 0.01
 #: A leader that has not heard from a majority for this long steps down.
 CHECK_QUORUM_S = 2.0
 TIMING_GROUPS_BASE = 256
@@ -118,7 +124,8 @@ def raft_params(scale: float = 1.0) -> RaftParams:
     """The core's settings for a node hosting groups at timing ``scale``."""
     return RaftParams(heartbeat_s=HEARTBEAT_S * scale, election_min_s=ELECTION_TIMEOUT_MIN_S * scale,
                       election_max_s=ELECTION_TIMEOUT_MAX_S * scale, check_quorum_s=CHECK_QUORUM_S * scale,
-                      transfer_timeout_s=ELECTION_TIMEOUT_MAX_S * scale)
+                      transfer_timeout_s=ELECTION_TIMEOUT_MAX_S * scale, lazy_send_s=LAZY_SEND_S,
+                      fast_follower_s=FAST_FOLLOWER_S)
 
 
 class ReplicaDamaged(Exception):
@@ -217,8 +224,9 @@ class PartitionReplica:
         self._transport = PartitionTransport(network, partition, list(peers), self._deliver, self._peer_up,
                                              self._peer_down)
         self.storage.on_leader_synced(self.journal, self._leader_synced)
-        #: Followers in placement order (the balancer's and transfer's choice).
-        self._follower_order = list(peers)
+        #: Followers in placement order: the fast path's choice (a preferred leader that follows
+        #: stays caught up for the balancer's hand-back).
+        self.core.peer_order = list(peers)
 
     # --- start-up and recovery ---------------------------------------------------------------------
 
