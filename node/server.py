@@ -218,7 +218,8 @@ class Node:
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
-                "handshakesRefused": net.refused_count if net else 0}
+                "handshakesRefused": net.refused_count if net else 0,
+                "bytesSent": net.bytes_sent if net else 0}
         return {"nodeId": self.node_id, "replicas": out, "raft": raft}
 
     def snapshot_now(self) -> None:

@@ -18,7 +18,12 @@ from typing import Protocol
 
 from .messages import Entry
 
-__all__ = ["LogStorage", "MemoryStorage", "RaftLog"]
+__all__ = ["LogStorage", "MemoryStorage", "RaftLog", "READ_SLICE", "ENTRIES_PER_READ_MAX"]
+
+#: Entries read from storage at a time when a message's bytes are bounded.
+READ_SLICE = 64
+#: Most entries one bounded read returns.
+ENTRIES_PER_READ_MAX = 1024
 
 
 class LogStorage(Protocol):
@@ -149,26 +154,46 @@ class RaftLog:
         return self.term(index) == term
 
     def entries(self, start: int, stop: int, bytes_max: int | None = None) -> list[Entry]:
-        """Entries ``start`` .. ``stop - 1`` (at least one if any, at most ``bytes_max`` bytes of payload).
+        """Entries ``start`` .. ``stop - 1``; with ``bytes_max``, only as many as fit in that many
+        payload bytes (at least one) and at most :data:`ENTRIES_PER_READ_MAX` of them.
 
-        The caller checks ``start >= first_index``.
+        Storage is read in slices of :data:`READ_SLICE` entries, so a follower far behind costs
+        one bounded read per message, not a read of everything it lacks. The caller checks
+        ``start >= first_index``.
         """
         stop = min(stop, self.last_index + 1)
+        if bytes_max is not None:
+            stop = min(stop, start + ENTRIES_PER_READ_MAX)
         if start >= stop:
             return []
         unstable = self.unstable
         u0 = unstable[0][1] if unstable else stop
         out: list[Entry] = []
-        if start < u0:
-            out = self.storage.entries(start, min(stop, u0))
+        total = 0
+        at = start
+        while at < min(stop, u0):
+            upto = min(stop, u0, at + READ_SLICE) if bytes_max is not None else min(stop, u0)
+            chunk = self.storage.entries(at, upto)
+            if bytes_max is not None:
+                for entry in chunk:
+                    total += len(entry[0])
+                    if total > bytes_max and out:
+                        return out
+                    out.append(entry)
+            else:
+                out.extend(chunk)
+            if len(chunk) < upto - at:
+                return out
+            at = upto
         if stop > u0:
-            out = out + unstable[max(0, start - u0):stop - u0]
-        if bytes_max is not None and len(out) > 1:
-            total = 0
-            for k, entry in enumerate(out):
+            tail = unstable[max(0, start - u0):stop - u0]
+            if bytes_max is None:
+                return out + tail
+            for entry in tail:
                 total += len(entry[0])
-                if total > bytes_max and k > 0:
-                    return out[:k]
+                if total > bytes_max and out:
+                    return out
+                out.append(entry)
         return out
 
     def is_up_to_date(self, last_index: int, last_term: int) -> bool:

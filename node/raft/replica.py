@@ -217,8 +217,10 @@ class PartitionReplica:
         self._last_snapshot_index = 0
         self._snapshot_file: SnapshotFile | None = None
         self._was_leader = False
+        self._elections_logged = 0
         self.damage: str | None = None
         self.installs = 0
+        self._snapshot_bytes_sent = 0
         members = [self.node_id, *peers]
         self.core, self.journal = self._recover(data_dir, Membership.of(members), repair and bool(peers))
         self._transport = PartitionTransport(network, partition, list(peers), self._deliver, self._peer_up,
@@ -443,7 +445,11 @@ class PartitionReplica:
 
     def _after_process(self) -> None:
         """Leadership changes and the next timer booking."""
-        leader = self.core.is_leader
+        core = self.core
+        if core.elections != self._elections_logged:
+            self._elections_logged = core.elections
+            log.info("partition %d: follower -> candidate (term %d)", self.partition, core.term)
+        leader = core.is_leader
         if leader != self._was_leader:
             self._was_leader = leader
             log.info("partition %d: %s (term %d)", self.partition, "leader" if leader else "no longer leader",
@@ -458,6 +464,7 @@ class PartitionReplica:
             self.after_tick(proposal.callback, None, FAIL_LOST)
         for sender in self._senders.values():
             sender.close()
+            self._snapshot_bytes_sent += sender.bytes_sent
         self._senders.clear()
         self._leader_unsynced = False
         if self.on_leadership_lost is not None and not self._closed:
@@ -753,6 +760,7 @@ class PartitionReplica:
         sender = self._senders.pop(peer, None)
         if sender is not None:
             sender.close()
+            self._snapshot_bytes_sent += sender.bytes_sent
             if ok:
                 log.info("partition %d: snapshot %d delivered to %s (%d bytes sent)", self.partition,
                          sender.index, peer, sender.bytes_sent)
@@ -900,7 +908,8 @@ class PartitionReplica:
         """The core's summary plus what the replica adds (loading, damage, snapshot streams)."""
         out = self.core.status()
         out.update(loading=self._loading, damage=self.damage, installs=self.installs,
-                   streams=self.stream_progress())
+                   streams=self.stream_progress(),
+                   snapshotBytesSent=self._snapshot_bytes_sent + sum(s.bytes_sent for s in self._senders.values()))
         return out
 
     def close(self) -> None:

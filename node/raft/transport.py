@@ -241,6 +241,7 @@ class _Link(asyncio.Protocol):
         barrier = self.network.before_flush
         if barrier is not None:
             barrier()  # answers and entries leave only once the journals they vouch for are synced
+        self.network.bytes_sent += self._out_bytes
         self._out = []
         self._out_bytes = 0
         out.insert(0, array_header(len(out)))
@@ -287,6 +288,8 @@ class RaftNetwork:
         self.tls = tls
         self.handshakes_pending = 0
         self.frames_sent = 0
+        #: Message bytes written to peers (before framing and MACs).
+        self.bytes_sent = 0
         self.dropped = 0
         self.refused_count = 0
         #: Called before any frame is written (the node's journal sync barrier, storage.py).
