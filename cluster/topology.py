@@ -91,9 +91,8 @@ class Topology:
     def merge(self, other: "Topology") -> "Topology":
         """Per partition, keep the view that names a leader, then the one with the highest term.
 
-        A node that names no leader is campaigning; an isolated node keeps raising its
-        term (pysyncobj has no pre-vote), so its leaderless view must not hide the
-        leader the majority elected at a lower term.
+        A node that names no leader is campaigning or cut off; its leaderless view (maybe
+        at a higher term it voted in) must not hide the leader the majority elected.
         """
         if other.partitions != self.partitions:
             return other if other.epoch > self.epoch else self

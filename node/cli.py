@@ -28,5 +28,5 @@ def node_command(config_path: str | None, node_id: str | None, log_level: str) -
         raise click.ClickException(str(exc)) from exc
     if not config.node_id:
         raise click.ClickException("no node id: pass --id or set SHOAL_NODE_ID")
-    from .server import run_node  # keep `shoal --help` free of uvloop/pysyncobj imports
+    from .server import run_node  # keep `shoal --help` free of the node's imports (uvloop, the engine)
     sys.exit(run_node(config, config.node_id))

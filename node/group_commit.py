@@ -2,7 +2,7 @@
 flight ride together in the next Raft entry.
 
 Event-loop side only. Up to ``inflight_max`` entries are in flight at once
-(pysyncobj pipelines them); everything else waits in ``_cmds`` and is
+(the Raft core pipelines them); everything else waits in ``_cmds`` and is
 proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
 
@@ -105,21 +105,20 @@ class GroupCommit:
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:
-                # Called inside pysyncobj's apply loop: answer when it has finished this tick.
+                # Called while the replica applies committed entries: answer once it has finished.
                 after_tick(self._complete, entry, results, reason)
 
             try:
                 self.replica.propose(self.clock.now_ms(), cmds, done)
-            except Exception as exc:  # pysyncobj refused synchronously (e.g. destroyed)
+            except Exception as exc:  # the replica refused synchronously (e.g. closed)
                 self._complete(entry, None, -1, exc)
 
     def abandon_inflight(self) -> None:
         """Leadership was lost: answer every proposed, uncommitted entry with ``TIMEOUT``.
 
-        pysyncobj keeps a deposed leader's proposals waiting until its log is overwritten,
-        which for an isolated leader means until the partition heals. Whether such an entry
-        commits is unknown (the new leader may have it), so the answer is TIMEOUT: clients
-        retry with the same idempotency key. Raft's late answer is then ignored.
+        Whether a deposed leader's appended entry commits is unknown (the new leader may have
+        it), so the answer is TIMEOUT: clients retry with the same idempotency key. A late
+        answer from the replica is then ignored.
         """
         entries, self._entries = self._entries, set()
         err = CommandError(ErrorCode.TIMEOUT, "leadership was lost before the write committed; "

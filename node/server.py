@@ -231,7 +231,7 @@ class Node:
     # --- applied-batch notifications -----------------------------------------------------------
 
     def _applied(self, p: int) -> None:
-        # Called inside pysyncobj's apply loop; wake waiters once, after this tick.
+        # Called while the replica applies committed entries; wake waiters once, afterwards.
         if not self._applied_flags.get(p):
             self._applied_flags[p] = True
             self.loop.call_soon(self._on_applied, p)
@@ -309,7 +309,7 @@ class Node:
             self._release_partition(p)
 
     def _leadership_lost(self, p: int) -> None:
-        """A hosted replica stopped leading (pysyncobj's state callback, on the loop)."""
+        """A hosted replica stopped leading (the replica's callback, on the loop)."""
         self.refresh_topology()
         self._release_partition(p)  # also when the topology poll had already seen the change
 

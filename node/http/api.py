@@ -201,7 +201,7 @@ class HttpApi(StreamHandlers):
     def readiness(self) -> dict[str, Any]:
         node = self.node
         # A follower cut off from every peer never starts an election and keeps naming its old
-        # leader, so "has a leader" also needs a connected majority (pysyncobj's hasQuorum).
+        # leader, so "has a leader" also needs a connected majority (the replica's has_quorum).
         missing = [p.id for p in node.topology.partition_map if p.id in node.replicas
                    and (p.leader is None or not node.replicas[p.id].has_quorum())]
         # A follower applies committed entries a few at a time (FOLLOWER_APPLY_BATCH), and a socket
