@@ -54,6 +54,9 @@ __all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout", "wr
 NODES_MAX = 32
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+#: How long :meth:`LocalCluster.start` lets a taken port be released before it refuses: a process
+#: on its way out may still hold one (a killed node's forked snapshot child finishing its write).
+PORT_RELEASE_WAIT_S = 5.0
 #: How much of the end of a node's log is searched for why it exited.
 EXIT_LOG_TAIL_BYTES = 64 * 1024
 #: How many parents up /health's pid may be from the process the launcher started (a wrapper).
@@ -127,9 +130,15 @@ def busy_ports(config: ClusterConfig, node_ids: Iterable[str]) -> list[str]:
             for role, host, port in _listening_ports(config, node_id) if not _port_free(port, host)]
 
 
-def check_ports_free(config: ClusterConfig, node_ids: Iterable[str]) -> None:
-    """Raise :class:`PortInUse` naming every port of ``node_ids`` another process holds."""
+def check_ports_free(config: ClusterConfig, node_ids: Iterable[str], wait_s: float = 0.0) -> None:
+    """Raise :class:`PortInUse` naming every port of ``node_ids`` another process holds
+    (still held after ``wait_s``)."""
+    node_ids = list(node_ids)
+    deadline = time.monotonic() + wait_s
     busy = busy_ports(config, node_ids)
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        busy = busy_ports(config, node_ids)
     if busy:
         raise PortInUse(f"port{'s' if len(busy) > 1 else ''} already in use: {', '.join(busy)}. Another "
                         "process (a running cluster?) holds them: stop it, or start this cluster on other ports "
@@ -200,6 +209,8 @@ def node_health(host: str, http_port: int, timeout_s: float = 1.0, token: str | 
         with urllib.request.urlopen(request, timeout=timeout_s, context=ssl_context) as r:
             body = json.loads(r.read(1 << 20))
     except urllib.error.HTTPError as exc:
+        if exc.code == 503:  # a node refusing for now (OVERLOADED): ask again
+            raise
         raise ForeignNode(f"{url} answered HTTP {exc.code}: not a node of this cluster") from exc
     except ValueError as exc:
         raise ForeignNode(f"{url} answered something other than a Shoal node's health") from exc
@@ -338,12 +349,14 @@ class LocalCluster:
         """Write ``cluster.toml`` (first time) and start every node not already running.
 
         Before any node starts, every port those nodes will listen on is checked
-        (:class:`PortInUse` names the ones another process holds).
+        (:class:`PortInUse` names the ones another process still holds after
+        :data:`PORT_RELEASE_WAIT_S`).
         """
         to_start = [node_id for node_id in self.node_ids if self.pid(node_id) is None]
         for node_id in to_start:
             self._refuse_if_running(node_id)
-        check_ports_free(self.config, to_start)  # before cluster.toml: a refused layout is not kept
+        # Before cluster.toml is written: a refused layout is not kept.
+        check_ports_free(self.config, to_start, PORT_RELEASE_WAIT_S)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             write_cluster_file(self.config_path, self.config)

@@ -4,7 +4,8 @@ A second `shoal cluster up` on a running cluster's ports fails at once naming th
 first cluster keeps serving; the launcher's readiness check never counts another cluster's
 node; a node that cannot bind is reported with its log line; a wiped node comes back as a new
 incarnation (in /health, Hello and on its peers' Raft links); a data directory of another
-cluster refuses the start, naming both cluster ids.
+cluster refuses the start, naming both cluster ids; a node of another cluster is refused on the
+Raft link, both sides naming both cluster ids.
 """
 
 from __future__ import annotations
@@ -178,3 +179,39 @@ def test_a_data_dir_of_another_cluster_refuses_to_start_naming_both_ids(tmp_path
     assert "node n1 exited with 1" in text
     assert f"cluster {a.config.cluster_id!r}" in text and "'another-cluster'" in text
     assert read_identity(RealIO(), str(a_dir / IDENTITY_FILE)) == written
+
+
+def test_a_node_of_another_cluster_is_refused_on_the_raft_link_naming_both_ids(tmp_path: Path) -> None:
+    """Same secret, same node ids, another cluster id: n3 of 'intruders' never joins; both sides say why."""
+    data = tmp_path / "c"
+    cluster = LocalCluster(nodes=3, partitions=2, data_dir=data, base_port=free_base_port(3, 2),
+                           node_command=NODE_COMMAND)
+    intruder: subprocess.Popen[bytes] | None = None
+    try:
+        data.mkdir(parents=True)
+        write_cluster_file(cluster.config_path, cluster.config)
+        for node_id in ("n1", "n2"):
+            cluster.start_node(node_id)
+        other = tmp_path / "other.toml"
+        write_cluster_file(other, replace(cluster.config, cluster_id="intruders",
+                                          data_dir=str(tmp_path / "other-data")))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
+        with open(tmp_path / "n3.log", "wb") as log:
+            intruder = subprocess.Popen([*(NODE_COMMAND or [sys.executable, "-m", "shoal.node"]),
+                                         "--config", str(other), "--id", "n3"],
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True)
+        cluster.wait_ready(WAIT_S_MAX)  # n1 and n2 form a majority of every partition
+        ours = cluster.config.cluster_id
+        wait_for(lambda: f"it is in cluster '{ours}', this node in 'intruders'" in (tmp_path / "n3.log").read_text(),
+                 "n3 to log the refusal naming both cluster ids")
+        for node_id in ("n1", "n2"):
+            wait_for(lambda node_id=node_id: f"the peer is in cluster 'intruders', this node in '{ours}'"
+                     in cluster.log_file(node_id).read_text(), f"{node_id} to log the refusal naming both ids")
+            assert "n3" not in peer_incarnations(cluster, node_id)
+        push_and_pull(cluster, "without-the-intruder")
+    finally:
+        if intruder is not None and intruder.poll() is None:
+            intruder.kill()
+            intruder.wait(10)
+        cluster.stop()

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,3 +131,16 @@ def test_a_node_may_run_under_a_wrapper_of_the_started_process() -> None:
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_a_port_released_within_the_wait_passes_the_check(tmp_path: Path) -> None:
+    """A process on its way out (a killed node's forked child) may hold a port a moment longer."""
+    cluster = LocalCluster(nodes=1, partitions=1, data_dir=tmp_path, base_port=free_base_port(1, 1))
+    holder = _held(cluster.config.node("n1").http_port)
+    release = threading.Timer(0.3, holder.close)
+    release.start()
+    try:
+        check_ports_free(cluster.config, ["n1"], wait_s=30.0)
+    finally:
+        release.cancel()
+        holder.close()
