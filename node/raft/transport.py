@@ -6,8 +6,8 @@ dials, the other accepts, so a pair never holds two links. A link first runs
 the :mod:`.handshake` (nothing else is read before it succeeds, and its frames
 are tiny): the peer proves the cluster secret and names its incarnation, which
 the network's peer policy (:attr:`RaftNetwork.peer_policy`, set by the node;
-default: any) accepts or refuses. After it, frames are authenticated (:mod:`._frames`) and carry
-MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
+default: any) accepts or refuses. After it, frames are authenticated
+(:mod:`._frames`) and carry MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
 link is mutual TLS first (both sides present a certificate the cluster's CA
 signed) and the handshake runs inside it.
 
