@@ -4,7 +4,9 @@ Every deployment (``shoal cluster up``, docker-compose, Helm) configures a node
 the same way. The file::
 
     [cluster]
-    id = "shoal-local"          # cluster id reported in Hello
+    # The cluster's id: Hello, the Raft handshake and every node's identity file name it.
+    # `shoal cluster up` writes a random one; a configuration without one is "shoal-local".
+    id = "shoal-3f9c2a7d41e0b865"
     partitions = 8
     replication = 3             # RF; capped at the node count
     secret = ""                 # cluster secret: Raft peers authenticate with it (required unless
@@ -29,7 +31,7 @@ Environment variables override the file (names are the contract with deploy/):
 SHOAL_CONFIG               path of the TOML file (optional)
 SHOAL_NODE_ID              this node's id (Kubernetes: the pod's hostname)
 SHOAL_PEERS                ``id=host[:port[:http_port[:raft_port]]]`` comma list (IPv6: ``[::1]``)
-SHOAL_CLUSTER_ID           cluster id
+SHOAL_CLUSTER_ID           cluster id (``[A-Za-z0-9][A-Za-z0-9_.:-]*``, at most 128 characters)
 SHOAL_PARTITIONS           partition count
 SHOAL_REPLICATION          replication factor
 SHOAL_CLUSTER_SECRET       cluster secret (Raft link authentication)
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -68,11 +71,16 @@ from .partitioning import default_rf, place_replicas
 from .topology import NodeAddress, PartitionInfo, Topology
 
 __all__ = ["NodeSpec", "ClusterConfig", "ConfigError", "load_config", "ENV_VARS",
-           "DEFAULT_CLIENT_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_RAFT_PORT"]
+           "DEFAULT_CLIENT_PORT", "DEFAULT_HTTP_PORT", "DEFAULT_RAFT_PORT", "DEFAULT_CLUSTER_ID",
+           "CLUSTER_ID_CHARS_MAX"]
 
 DEFAULT_CLIENT_PORT = 6789
 DEFAULT_HTTP_PORT = 6790
 DEFAULT_RAFT_PORT = 7789
+#: The cluster id of a configuration that names none (every deployment names its own).
+DEFAULT_CLUSTER_ID = "shoal-local"
+CLUSTER_ID_CHARS_MAX = 128
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 #: Every environment variable ``load_config`` reads (deploy/ tests check against this).
 ENV_VARS = (
@@ -123,7 +131,7 @@ class ClusterConfig:
     """The whole cluster's settings plus, for a running node, which node it is."""
 
     nodes: tuple[NodeSpec, ...]
-    cluster_id: str = "shoal-local"
+    cluster_id: str = DEFAULT_CLUSTER_ID
     partitions: int = 8
     replication: int = 3
     secret: str = ""
@@ -202,6 +210,9 @@ class ClusterConfig:
     def validate(self) -> "ClusterConfig":
         if not self.nodes:
             raise ConfigError("no nodes configured (set [[nodes]] or SHOAL_PEERS)")
+        if len(self.cluster_id) > CLUSTER_ID_CHARS_MAX or not _CLUSTER_ID.fullmatch(self.cluster_id):
+            raise ConfigError(f"cluster id {self.cluster_id[:40]!r} must be 1..{CLUSTER_ID_CHARS_MAX} characters "
+                              "of A-Z a-z 0-9 _ . : - starting with a letter or digit")
         ids = [n.id for n in self.nodes]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"duplicate node ids in {ids}")
@@ -361,7 +372,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         nodes = tuple(replace(n, data_dir=env["SHOAL_DATA_DIR"]) if n.id == me else n for n in nodes)
     cfg = ClusterConfig(
         nodes=nodes,
-        cluster_id=env.get("SHOAL_CLUSTER_ID") or str(c.get("id", "shoal-local")),
+        cluster_id=env.get("SHOAL_CLUSTER_ID") or str(c.get("id", DEFAULT_CLUSTER_ID)),
         partitions=_int_env(env, "SHOAL_PARTITIONS", int(c.get("partitions", 8))),
         replication=_int_env(env, "SHOAL_REPLICATION", int(c.get("replication", 3))),
         secret=env.get("SHOAL_CLUSTER_SECRET") or str(c.get("secret", "")),

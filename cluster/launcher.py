@@ -10,12 +10,21 @@ Ports for node *i* (0-based) from ``base_port``: client ``base + 2i``, HTTP
 the partition count).
 
 Every local cluster is authenticated: unless a secret is given, a random one is
-generated into ``cluster.toml``, which is written readable by its owner only.
+generated into ``cluster.toml``, which is written readable by its owner only. Every
+local cluster has its own random cluster id, written there too.
+
+Starting cannot be fooled by another cluster on the same ports: every port a node
+will listen on is checked before any node starts (:func:`check_ports_free`), a node
+that exits early is reported with the line of its log that says why, and a node
+counts as up only once its ports answer with this cluster's id, its node id and the
+pid this launcher started (``Hello``'s ``clusterId``/``nodeId``, ``/health``'s
+``clusterId``/``pid``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import secrets
@@ -27,7 +36,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,11 +48,27 @@ from .config import ClusterConfig, ConfigError, NodeSpec, load_config
 from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings, parse_tls
 from .topology import Topology
 
-__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout", "write_cluster_file"]
+__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout", "write_cluster_file",
+           "new_secret", "new_cluster_id", "busy_ports", "check_ports_free", "PortInUse", "ForeignNode"]
 
 NODES_MAX = 32
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+#: How long :meth:`LocalCluster.start` lets a taken port be released before it refuses: a process
+#: on its way out may still hold one (a killed node's forked snapshot child finishing its write).
+PORT_RELEASE_WAIT_S = 5.0
+#: How much of the end of a node's log is searched for why it exited.
+EXIT_LOG_TAIL_BYTES = 64 * 1024
+#: How many parents up /health's pid may be from the process the launcher started (a wrapper).
+_ANCESTRY_MAX = 8
+
+
+class PortInUse(RuntimeError):
+    """A port a node must listen on is taken; the message names every such port."""
+
+
+class ForeignNode(RuntimeError):
+    """A node's port is answered by something other than the node this launcher started."""
 
 
 def port_layout(base_port: int, nodes: int, partitions: int = 0) -> list[tuple[int, int, int]]:
@@ -63,6 +88,11 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+def new_cluster_id() -> str:
+    """A random cluster id (``shoal-`` and 64 bits in hex)."""
+    return f"shoal-{secrets.token_hex(8)}"
+
+
 def write_cluster_file(path: Path, config: ClusterConfig) -> None:
     """Write ``config`` to ``path`` readable by its owner only (it holds the cluster secret)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -71,14 +101,48 @@ def write_cluster_file(path: Path, config: ClusterConfig) -> None:
         f.write(config.to_toml())
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a listener could bind ``host:port`` now (as the node binds: SO_REUSEADDR)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError):
+        return False
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(address)
         except OSError:
             return False
     return True
+
+
+def _listening_ports(config: ClusterConfig, node_id: str) -> list[tuple[str, str, int]]:
+    """(role, bind host, port) of every port ``node_id`` listens on."""
+    spec = config.node(node_id)
+    host = config.listen or spec.host
+    return [("client", host, spec.client_listen_port), ("http", host, spec.http_port),
+            ("raft", config.raft_bind_host(node_id), spec.raft_port)]
+
+
+def busy_ports(config: ClusterConfig, node_ids: Iterable[str]) -> list[str]:
+    """Every port ``node_ids`` would listen on that cannot be bound now, as ``host:port (node role)``."""
+    return [f"{host}:{port} ({node_id} {role})" for node_id in node_ids
+            for role, host, port in _listening_ports(config, node_id) if not _port_free(port, host)]
+
+
+def check_ports_free(config: ClusterConfig, node_ids: Iterable[str], wait_s: float = 0.0) -> None:
+    """Raise :class:`PortInUse` naming every port of ``node_ids`` another process holds
+    (still held after ``wait_s``)."""
+    node_ids = list(node_ids)
+    deadline = time.monotonic() + wait_s
+    busy = busy_ports(config, node_ids)
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        busy = busy_ports(config, node_ids)
+    if busy:
+        raise PortInUse(f"port{'s' if len(busy) > 1 else ''} already in use: {', '.join(busy)}. Another "
+                        "process (a running cluster?) holds them: stop it, or start this cluster on other ports "
+                        "(--base-port)")
 
 
 def _ephemeral_low() -> int:
@@ -134,6 +198,59 @@ def hello(host: str, port: int, timeout_s: float = 2.0, token: str | None = None
         raise TimeoutError("no Hello reply")
 
 
+def node_health(host: str, http_port: int, timeout_s: float = 1.0, token: str | None = None,
+                ssl_context: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """The node's ``/health`` (with the token when given). OSError when nothing answers;
+    :class:`ForeignNode` when something answers that is no Shoal node of this cluster's tokens."""
+    scheme = "https" if ssl_context is not None else "http"
+    url = f"{scheme}://{host}:{http_port}/health"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=ssl_context) as r:
+            body = json.loads(r.read(1 << 20))
+    except urllib.error.HTTPError as exc:
+        if exc.code == 503:  # a node refusing for now (OVERLOADED): ask again
+            raise
+        raise ForeignNode(f"{url} answered HTTP {exc.code}: not a node of this cluster") from exc
+    except ValueError as exc:
+        raise ForeignNode(f"{url} answered something other than a Shoal node's health") from exc
+    if not isinstance(body, dict):
+        raise ForeignNode(f"{url} answered something other than a Shoal node's health")
+    return body
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_or_descends_from(pid: int, ancestor: int) -> bool:
+    """True when ``pid`` is ``ancestor`` or a process it started (a node command that wraps the node)."""
+    for _ in range(_ANCESTRY_MAX):
+        if pid == ancestor:
+            return True
+        parent = _parent_pid(pid)
+        if parent is None or parent <= 1:
+            return False
+        pid = parent
+    return False
+
+
+def _exit_line(log_text: str) -> str:
+    """The line of a node's log that says why it exited: a taken address first, else its last error line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "address already in use" in line.lower():
+            return line
+    for line in reversed(lines):
+        if line.startswith("Error:") or "Error" in line.split(":", 1)[0]:
+            return line
+    return lines[-1] if lines else "(nothing in its log)"
+
+
 def node_ready(host: str, http_port: int, timeout_s: float = 1.0, ssl_context: ssl.SSLContext | None = None) -> bool:
     """True when the node's ``/ready`` answers 200 (open without a token)."""
     scheme = "https" if ssl_context is not None else "http"
@@ -167,7 +284,8 @@ class LocalCluster:
     def __init__(self, nodes: int = 3, partitions: int = 8, data_dir: str | os.PathLike[str] = ".shoal",
                  base_port: int = 6789, replication: int = 3, tokens: tuple[str, ...] = (),
                  secret: str = "", session_grace_ms: int = 0, extra_env: dict[str, str] | None = None,
-                 node_command: list[str] | None = None, tls: TlsSettings | None = None) -> None:
+                 node_command: list[str] | None = None, tls: TlsSettings | None = None,
+                 cluster_id: str = "") -> None:
         if not 1 <= nodes <= NODES_MAX:
             raise ValueError(f"nodes must be 1..{NODES_MAX}")
         self.data_dir = Path(data_dir).absolute()
@@ -176,13 +294,18 @@ class LocalCluster:
         # How to start a node (before --config/--id); e.g. under coverage or a profiler.
         self.node_command = list(node_command or [sys.executable, "-m", "shoal.node"])
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: Node id -> the pid whose ports answered as this cluster's node (see :meth:`confirm_own`).
+        self._confirmed: dict[str, int] = {}
+        #: Node id -> where its log stood when this launcher last started it.
+        self._log_start: dict[str, int] = {}
         if self.config_path.exists():
             self.config = load_config(self.config_path, env={})
         else:
             specs = []
             for i, (client, http, raft) in enumerate(port_layout(base_port, nodes, partitions)):
                 specs.append(NodeSpec(f"n{i + 1}", "127.0.0.1", client, http, raft))
-            self.config = ClusterConfig(nodes=tuple(specs), partitions=partitions, replication=replication,
+            self.config = ClusterConfig(nodes=tuple(specs), cluster_id=cluster_id or new_cluster_id(),
+                                        partitions=partitions, replication=replication,
                                         tokens=tuple(tokens), secret=secret or new_secret(),
                                         session_grace_ms=session_grace_ms,
                                         data_dir=str(self.data_dir), tls=tls).validate()
@@ -223,19 +346,27 @@ class LocalCluster:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self, wait: bool = True, timeout_s: float = READY_TIMEOUT_S) -> "LocalCluster":
-        """Write ``cluster.toml`` (first time) and start every node not already running."""
+        """Write ``cluster.toml`` (first time) and start every node not already running.
+
+        Before any node starts, every port those nodes will listen on is checked
+        (:class:`PortInUse` names the ones another process still holds after
+        :data:`PORT_RELEASE_WAIT_S`).
+        """
+        to_start = [node_id for node_id in self.node_ids if self.pid(node_id) is None]
+        for node_id in to_start:
+            self._refuse_if_running(node_id)
+        # Before cluster.toml is written: a refused layout is not kept.
+        check_ports_free(self.config, to_start, PORT_RELEASE_WAIT_S)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             write_cluster_file(self.config_path, self.config)
-        for node_id in self.node_ids:
-            if self.pid(node_id) is None:
-                self.start_node(node_id)
+        for node_id in to_start:
+            self.start_node(node_id)
         if wait:
             self.wait_ready(timeout_s)
         return self
 
-    def start_node(self, node_id: str) -> int:
-        """Start one node process; returns its pid."""
+    def _refuse_if_running(self, node_id: str) -> None:
         pid_file = self.pid_file(node_id)
         if pid_file.exists():
             try:
@@ -244,10 +375,15 @@ class LocalCluster:
                 old = 0
             if old and old not in self.pids.values() and _is_our_node(old):
                 raise RuntimeError(f"node {node_id} is already running as pid {old} ({pid_file})")
+
+    def start_node(self, node_id: str) -> int:
+        """Start one node process; returns its pid (its ports are not checked first: :meth:`start` does)."""
+        self._refuse_if_running(node_id)
         env = {**os.environ, **self.extra_env}
         for key in [k for k in env if k.startswith("SHOAL_") and k not in self.extra_env]:
             env.pop(key)  # the cluster file is the whole truth for a local cluster
         log = open(self.log_file(node_id), "ab")
+        self._log_start[node_id] = log.seek(0, os.SEEK_END)
         try:
             proc = subprocess.Popen(
                 [*self.node_command, "--config", str(self.config_path), "--id", node_id],
@@ -256,27 +392,87 @@ class LocalCluster:
         finally:
             log.close()
         self.procs[node_id] = proc
-        pid_file.write_text(f"{proc.pid}\n")
+        self.pid_file(node_id).write_text(f"{proc.pid}\n")
         return proc.pid
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> Topology:
-        """Block until every partition has a leader and every running node's ``/ready`` says 200."""
+        """Block until every running node is confirmed as this cluster's (:meth:`confirm_own`), every
+        partition has a leader and every running node's ``/ready`` says 200.
+
+        A node that exits raises ``RuntimeError`` with the line of its log that says why; a port
+        answered by anything else raises :class:`ForeignNode`.
+        """
         deadline = time.monotonic() + timeout_s
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             for node_id, proc in list(self.procs.items()):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"node {node_id} exited with {proc.returncode}; see {self.log_file(node_id)}")
+                    raise RuntimeError(self.exit_report(node_id))
             try:
-                topo = self.topology()
-                # The merged view can name every leader before each node has learned its own
-                # (topology poll) or regained a quorum, which /ready checks per node.
-                if all(p.leader for p in topo.partition_map) and self.nodes_ready():
-                    return topo
+                waiting = [node_id for node_id in self.pids if not self.confirm_own(node_id)]
+                if waiting:
+                    last_error = RuntimeError(f"{', '.join(waiting)} not answering yet")
+                else:
+                    topo = self.topology()
+                    # The merged view can name every leader before each node has learned its own
+                    # (topology poll) or regained a quorum, which /ready checks per node.
+                    if all(p.leader for p in topo.partition_map) and self.nodes_ready():
+                        return topo
+            except ForeignNode:
+                raise
             except (OSError, RuntimeError) as exc:
                 last_error = exc
             time.sleep(0.1)
         raise TimeoutError(f"cluster not ready within {timeout_s}s (last error: {last_error})")
+
+    def exit_report(self, node_id: str) -> str:
+        """Why node ``node_id``, which exited, did: its exit code and the telling line of its log."""
+        proc = self.procs[node_id]
+        path = self.log_file(node_id)
+        try:
+            with open(path, "rb") as f:
+                start = max(self._log_start.get(node_id, 0), f.seek(0, os.SEEK_END) - EXIT_LOG_TAIL_BYTES)
+                f.seek(start)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            text = ""
+        return f"node {node_id} exited with {proc.returncode}: {_exit_line(text)} (log: {path})"
+
+    def confirm_own(self, node_id: str) -> bool:
+        """True once ``node_id``'s ports answer as this cluster's node ``node_id`` run by the process this
+        launcher started: ``Hello`` names this cluster id and node id, ``/health`` this cluster id and
+        that pid. False while they do not answer yet; :class:`ForeignNode` when anything else answers.
+        """
+        pid = self.pid(node_id)
+        if pid is None:
+            return False
+        if self._confirmed.get(node_id) == pid:
+            return True
+        n = self.config.node(node_id)
+        token = self.config.tokens[0] if self.config.tokens else None
+        mine = f"node {node_id} of cluster {self.config.cluster_id!r} (pid {pid})"
+        try:
+            reply = hello(n.host, n.port, 1.0, token, self.ssl_context)
+        except (OSError, TimeoutError):
+            return False
+        if (reply.get("clusterId"), reply.get("nodeId")) != (self.config.cluster_id, node_id):
+            raise ForeignNode(f"{n.host}:{n.port} ({node_id}'s client port) is answered by node "
+                              f"{reply.get('nodeId')!r} of cluster {reply.get('clusterId')!r}, not {mine}: "
+                              "another cluster holds the port")
+        try:
+            health = node_health(n.host, n.http_port, 1.0, token, self.ssl_context)
+        except ForeignNode as exc:
+            raise ForeignNode(f"{n.host}:{n.http_port} ({node_id}'s HTTP port) is not {mine}: {exc}") from exc
+        except OSError:
+            return False
+        answered = health.get("pid")
+        if health.get("clusterId") != self.config.cluster_id or health.get("nodeId") != node_id \
+                or not isinstance(answered, int) or not _is_or_descends_from(answered, pid):
+            raise ForeignNode(f"{n.host}:{n.http_port} ({node_id}'s HTTP port) is answered by node "
+                              f"{health.get('nodeId')!r} of cluster {health.get('clusterId')!r} (pid {answered}), "
+                              f"not {mine}: another process holds the port")
+        self._confirmed[node_id] = pid
+        return True
 
     def nodes_ready(self) -> bool:
         """True when every running node's ``/ready`` answers 200."""
@@ -308,8 +504,9 @@ class LocalCluster:
                 reply = hello(n.host, n.port, 1.0, token, self.ssl_context)
             except (OSError, TimeoutError):
                 continue
-            if not reply.get("ok"):
-                continue
+            if not reply.get("ok") or (reply.get("clusterId"), reply.get("nodeId")) != (self.config.cluster_id,
+                                                                                        node_id):
+                continue  # another cluster's node on this port: its view is not ours
             topo = Topology.from_wire(reply["topology"])
             merged = topo if merged is None else merged.merge(topo)
         if merged is None:
@@ -412,6 +609,9 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
 
     Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
     again on the same --data to bring the same cluster back with its data.
+    Fails at once, naming the port, when a port a node needs is taken; a node
+    counts as ready only once it answers with this cluster's id and the pid
+    started for it.
     """
     tokens, node_env = _security_from_env(tokens, os.environ)
     try:
@@ -460,11 +660,14 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
     except (RuntimeError, TimeoutError) as exc:
         cluster.stop()
         raise click.ClickException(str(exc)) from exc
+    except BaseException:
+        cluster.stop()  # whatever went wrong, no node is left running behind the command
+        raise
     if stop_requested:
         cluster.stop()
         return
     click.echo(f"Shoal cluster ready: {len(cluster.node_ids)} nodes, {cluster.config.partitions} partitions, "
-               f"data in {cluster.data_dir}")
+               f"cluster id {cluster.config.cluster_id}, data in {cluster.data_dir}")
     for n in cluster.config.nodes:
         click.echo(f"  {n.id}: client {n.host}:{n.port}  http http://{n.host}:{n.http_port}  "
                    f"pid {cluster.pid(n.id)}")
@@ -547,16 +750,23 @@ def cluster_status(data_dir: str) -> None:
     config = load_config(path, env={})
     pids = {nid: pid for nid, pid, _ in _pids_in(Path(data_dir))}
     topo: Topology | None = None
+    click.echo(f"cluster {config.cluster_id}")
     for n in config.nodes:
         alive = n.id in pids and _is_our_node(pids[n.id])
-        click.echo(f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}")
+        line = f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}"
+        reply: dict[str, Any] = {}
         if alive:
             with contextlib.suppress(OSError, TimeoutError):
                 reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None,
                               config.tls.client_context() if config.tls else None)
-                if reply.get("ok"):
-                    t = Topology.from_wire(reply["topology"])
-                    topo = t if topo is None else topo.merge(t)
+        if (reply.get("clusterId"), reply.get("nodeId")) != (config.cluster_id, n.id):
+            reply = {}  # nothing answered, or another cluster's node on this port
+        if reply:
+            line += f"  incarnation {reply.get('incarnation', '-')}"
+        click.echo(line)
+        if reply.get("ok") and "topology" in reply:
+            t = Topology.from_wire(reply["topology"])
+            topo = t if topo is None else topo.merge(t)
     if topo is not None:
         for p in topo.partition_map:
             click.echo(f"  partition {p.id}: leader {p.leader or '-'} term {p.term} replicas {','.join(p.replicas)}")

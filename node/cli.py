@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -28,5 +29,15 @@ def node_command(config_path: str | None, node_id: str | None, log_level: str) -
         raise click.ClickException(str(exc)) from exc
     if not config.node_id:
         raise click.ClickException("no node id: pass --id or set SHOAL_NODE_ID")
+    from .identity import IdentityError
     from .server import run_node  # keep `shoal --help` free of the node's imports (uvloop, the engine)
-    sys.exit(run_node(config, config.node_id))
+    try:
+        code = run_node(config, config.node_id)
+    except IdentityError as exc:
+        raise click.ClickException(f"node {config.node_id}: {exc}") from exc
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        # One line a launcher can show as it is: which address, and that it is taken.
+        raise click.ClickException(f"node {config.node_id}: cannot listen: {exc.strerror}") from exc
+    sys.exit(code)

@@ -430,6 +430,7 @@ class Dispatcher:
             conn.upgrade(version)
             reply = {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
                      "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
+                     "incarnation": self.info.incarnation,
                      "authRequired": self.auth_required}
             if conn.authed:  # the cluster's layout and the session only to authenticated clients
                 reply["topology"] = self.info.topology.to_wire()

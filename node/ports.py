@@ -76,6 +76,11 @@ class NodeInfo(Protocol):
     def node_id(self) -> str: ...
 
     @property
+    def incarnation(self) -> str:
+        """This node's incarnation (:mod:`shoal.node.identity`)."""
+        ...
+
+    @property
     def topology(self) -> Topology: ...
 
     @property

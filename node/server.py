@@ -37,6 +37,7 @@ from .dispatch import Dispatcher
 from .flows import FlowService
 from .group_commit import GroupCommit
 from .guard import NodeGuard
+from .identity import load_identity
 from .http import start_http
 from .metrics import NodeMetrics
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
@@ -68,6 +69,10 @@ class Node:
         self.loop = asyncio.get_event_loop()
         self.placement = config.placement()
         self.data_dir = config.node_data_dir(self.node_id)
+        # Before anything else touches the data directory: refuse another cluster's or node's data.
+        self.identity = load_identity(str(self.data_dir), config.cluster_id, self.node_id)
+        #: This node's incarnation: new whenever it starts on a data directory without an identity.
+        self.incarnation = self.identity.incarnation
         self.replicas: dict[int, PartitionReplica] = {}
         self.digests = ReplicaDigests(self.loop)
         self.group_commits: dict[int, GroupCommit] = {}
@@ -115,7 +120,8 @@ class Node:
             self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
             {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
             set(config.raft_dials(self.node_id)),
-            tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None)
+            tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None,
+            incarnation=self.incarnation)
         self.storage = NodeStorage(make_io(config.disk_free_min_bytes), str(self.data_dir),
                                    sync_interval_ms=config.sync_interval_ms)
         self.raft_network.before_flush = self.storage.barrier
@@ -218,6 +224,7 @@ class Node:
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
+                "peerIncarnations": {p: net.peer_incarnation(p) for p in net.connected_peers()} if net else {},
                 "handshakesRefused": net.refused_count if net else 0,
                 "bytesSent": net.bytes_sent if net else 0}
         return {"nodeId": self.node_id, "replicas": out, "raft": raft}

@@ -39,6 +39,7 @@ class NodeView(Protocol):
     config: "ClusterConfig"
     loop: asyncio.AbstractEventLoop
     node_id: str
+    incarnation: str
     topology: "Topology"
     replicas: "Mapping[int, PartitionReplica]"
     group_commits: "Mapping[int, GroupCommit]"

@@ -242,7 +242,8 @@ class HttpApi(StreamHandlers):
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],
-            "nodeId": node.node_id, "uptimeS": round(time.time() - self.started, 1),
+            "nodeId": node.node_id, "clusterId": node.config.cluster_id, "incarnation": node.incarnation,
+            "pid": os.getpid(), "uptimeS": round(time.time() - self.started, 1),
             "memory": {**memory, **node.guard.memory()},
             "jobsHeld": jobs, "connections": len(node.dispatcher.connections),
             "httpConnections": node.metrics.http_connections,
@@ -263,7 +264,8 @@ class HttpApi(StreamHandlers):
         for _p, replica in sorted(node.replicas.items()):
             if replica.is_leader():
                 queues.update(replica.read({"cmd": "Stats"}, now)["stats"]["queues"])
-        return json_response({**node.local_stats(), "queues": queues,
+        return json_response({**node.local_stats(), "clusterId": node.config.cluster_id,
+                              "incarnation": node.incarnation, "pid": os.getpid(), "queues": queues,
                               "connections": len(node.dispatcher.connections),
                               "httpStreams": dict(node.metrics.http_streams),
                               "commandsTotal": node.dispatcher.commands_total})

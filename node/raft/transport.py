@@ -4,8 +4,10 @@
 to every peer. Of each pair, the node listed later in the cluster's node list
 dials, the other accepts, so a pair never holds two links. A link first runs
 the :mod:`.handshake` (nothing else is read before it succeeds, and its frames
-are tiny); after it, frames are authenticated (:mod:`._frames`) and carry
-MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
+are tiny): the peer proves the cluster secret and names its incarnation, which
+the network's peer policy (:attr:`RaftNetwork.peer_policy`, set by the node;
+default: any) accepts or refuses. After it, frames are authenticated
+(:mod:`._frames`) and carry MessagePack arrays of ``(partition, message)`` pairs. With TLS configured the
 link is mutual TLS first (both sides present a certificate the cluster's CA
 signed) and the handshake runs inside it.
 
@@ -39,7 +41,8 @@ from typing import Any
 import msgspec
 
 from ._frames import FrameError, FrameOpener, FrameSealer, array_header
-from .handshake import Established, Handshake, HandshakeFailed, RejectReason, Role, SendBytes
+from .handshake import (Established, Handshake, HandshakeFailed, PeerPolicy, RejectReason, Role, SendBytes,
+                        accept_any_incarnation)
 
 __all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "ENTRY_BYTES_MAX",
            "SEND_BUFFER_BYTES_MAX"]
@@ -80,6 +83,8 @@ class _Link(asyncio.Protocol):
         self.network = network
         self.role = role
         self.peer_id = peer_id
+        #: The peer's incarnation, proved by the handshake (None before it).
+        self.peer_incarnation: str | None = None
         self.transport: asyncio.Transport | None = None
         self.address = "?"
         self.established = False
@@ -119,8 +124,8 @@ class _Link(asyncio.Protocol):
                 return
             net.handshakes_pending += 1
             self._counted = True
-        self._handshake = Handshake(self.role, net.node_id, net.secret, net.cluster_id, peer_id=self.peer_id,
-                                    known_peers=net.peer_ids)
+        self._handshake = Handshake(self.role, net.node_id, net.secret, net.cluster_id, incarnation=net.incarnation,
+                                    peer_id=self.peer_id, known_peers=net.peer_ids, check_peer=net.check_peer)
         self._timeout = net.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timed_out)
         self._pump_handshake()
 
@@ -190,6 +195,7 @@ class _Link(asyncio.Protocol):
             self._timeout = None
         self._handshake = None
         self.peer_id = event.peer_id
+        self.peer_incarnation = event.peer_incarnation
         self._sealer = FrameSealer(event.send_key)
         self._opener = FrameOpener(event.recv_key, FRAME_BYTES_MAX, _decode)
         self.established = True
@@ -201,7 +207,7 @@ class _Link(asyncio.Protocol):
         claimed = self.peer_id or (self._handshake.peer_id if self._handshake is not None else None)
         self.network.refused(self.address, claimed, exc)
         if self.transport is not None and not exc.remote and self._handshake is not None:
-            self.transport.write(self._handshake.reject_frame(exc.reason))
+            self.transport.write(self._handshake.reject_frame(exc.reason, exc.note))
         self.close()
 
     def _handshake_timed_out(self) -> None:
@@ -262,10 +268,15 @@ class RaftNetwork:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str, cluster_id: str, secret: bytes,
                  bind: PeerAddress, peers: dict[str, PeerAddress], dial: set[str],
-                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None, incarnation: str = "") -> None:
         self.loop = loop
         self.node_id = node_id
         self.cluster_id = cluster_id
+        #: This node's incarnation, named in every handshake (empty for a tool or test without one).
+        self.incarnation = incarnation
+        #: Which peer incarnations may link (:data:`.handshake.PeerPolicy`); asked at every handshake.
+        #: Replace it with :meth:`set_peer_policy` to also drop the links it now refuses.
+        self.peer_policy: PeerPolicy = accept_any_incarnation
         self.secret = secret
         self.bind = bind
         self.peers = dict(peers)
@@ -296,6 +307,40 @@ class RaftNetwork:
         self.before_flush: Callable[[], None] | None = None
         #: Called right after a frame is written (the leaders' journal syncs, storage.py).
         self.after_flush: Callable[[], None] | None = None
+
+    def check_peer(self, peer_id: str, incarnation: str) -> str | None:
+        """The current peer policy's answer for ``peer_id`` offering ``incarnation`` (None: accepted)."""
+        return self.peer_policy(peer_id, incarnation)
+
+    def set_peer_policy(self, policy: PeerPolicy) -> list[str]:
+        """Use ``policy`` from now on and drop every link it refuses; returns those peers.
+
+        A dropped peer's link comes back through a new handshake (the dialling side retries),
+        which the new policy decides.
+        """
+        self.peer_policy = policy
+        dropped = []
+        for peer, link in sorted(self.links.items()):
+            why = self.check_peer(peer, link.peer_incarnation or "")
+            if why is not None:
+                log.warning("raft link to %s (%s) dropped: incarnation %r is refused: %s", peer, link.address,
+                            link.peer_incarnation, why)
+                self.drop_peer(peer)
+                dropped.append(peer)
+        return dropped
+
+    def drop_peer(self, peer_id: str) -> bool:
+        """Close the link to ``peer_id`` (it comes back through a new handshake); False if none is up."""
+        link = self.links.get(peer_id)
+        if link is None:
+            return False
+        link.close()
+        return True
+
+    def peer_incarnation(self, peer_id: str) -> str | None:
+        """The incarnation ``peer_id`` proved on its current link; None while it has none."""
+        link = self.links.get(peer_id)
+        return link.peer_incarnation if link is not None else None
 
     async def start(self) -> None:
         """Bind the listener and start dialling the peers this node dials."""
@@ -352,7 +397,7 @@ class RaftNetwork:
         else:
             for transport in list(self._partitions.values()):
                 transport.peer_connected(peer)
-        log.info("raft link to %s (%s) authenticated", peer, link.address)
+        log.info("raft link to %s (%s) authenticated, incarnation %s", peer, link.address, link.peer_incarnation)
 
     def link_lost(self, link: _Link) -> None:
         if self.links.get(link.peer_id or "") is not link:

@@ -1,8 +1,8 @@
 """docker-compose's three node services, run as local processes, form a working cluster.
 
-Each process gets exactly the compose service's ``command`` and ``environment`` (with
-SHOAL_CLUSTER_SECRET supplied the way a user exports it for ``docker compose up``), except what a
-single machine forces: service names become 127.0.0.1 with free ports (SHOAL_PEERS), the listen
+Each process gets exactly the compose service's ``command`` and ``environment`` (with the
+cluster id, secret and tokens supplied the way a user exports them for ``docker compose up``),
+except what a single machine forces: service names become 127.0.0.1 with free ports (SHOAL_PEERS), the listen
 address is 127.0.0.1 instead of 0.0.0.0 (loopback only here), and data goes to a temporary folder.
 The test then speaks the binary protocol with ``shoal.cluster.codec``: Hello, PUSH to the
 partition leader, PULL, ACK; runs the compose and Dockerfile health checks against the nodes; and
@@ -39,6 +39,9 @@ pytestmark = pytest.mark.integration
 
 SECRET = "compose-test-secret"
 TOKEN = "compose-test-token"
+CLUSTER_ID = "shoal-c0e5e7e57c1a5e12"
+#: What the user exports for `docker compose up` (deploy/README.md).
+USER_VARIABLES = {"SHOAL_CLUSTER_ID": CLUSTER_ID, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN}
 FORMING_S = 60.0
 RETRY_S = 30.0
 T = TypeVar("T")
@@ -106,7 +109,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def compose_nodes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, LocalNode]]:
     services = compose()["services"]
     host_env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
-    variables = {**host_env, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN}
+    variables = {**host_env, **USER_VARIABLES}
     envs = {name: service_env(services[name], variables) for name in NODE_SERVICES}
     configs = {name: load_config(env=env) for name, env in envs.items()}
     ports = _free_ports(3 * len(NODE_SERVICES))  # client, HTTP and the one Raft port of each node
@@ -244,9 +247,9 @@ def test_compose_node_services_form_a_cluster_that_pushes_and_pulls(compose_node
     nodes = compose_nodes
     topology = wait_formed(nodes)
     # The settings come from the compose environment alone (no config file, no flags).
-    compose_env = service_env(compose()["services"]["shoal-1"], {"SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_AUTH_TOKENS": TOKEN})
+    compose_env = service_env(compose()["services"]["shoal-1"], USER_VARIABLES)
     assert {n["id"] for n in topology["nodes"]} == set(NODE_SERVICES)
-    assert topology["clusterId"] == compose_env["SHOAL_CLUSTER_ID"]
+    assert topology["clusterId"] == compose_env["SHOAL_CLUSTER_ID"] == CLUSTER_ID
     assert topology["partitions"] == int(compose_env["SHOAL_PARTITIONS"])
     assert all(len(p["replicas"]) == int(compose_env["SHOAL_REPLICATION"]) for p in topology["partitionMap"])
     for node in nodes.values():

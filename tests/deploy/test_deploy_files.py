@@ -34,7 +34,9 @@ from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES,
                      values_paths_used)
 
 REPO = DEPLOY.parent
-SECRET_VARS = {"SHOAL_CLUSTER_SECRET": "s3cret-for-tests", "SHOAL_AUTH_TOKENS": "token-for-tests"}
+#: What a user must give compose (deploy/.env or the environment); compose refuses the file without each.
+REQUIRED_VARS = {"SHOAL_CLUSTER_ID": "shoal-0123456789abcdef", "SHOAL_CLUSTER_SECRET": "s3cret-for-tests",
+                 "SHOAL_AUTH_TOKENS": "token-for-tests"}
 
 sys.path.insert(0, str(DEPLOY))
 import make_toxiproxy_config  # noqa: E402
@@ -80,7 +82,7 @@ def test_env_vars_lists_exactly_what_load_config_reads(tmp_path: Path) -> None:
 # --- docker-compose --------------------------------------------------------------------------
 
 def _node_env(name: str, variables: dict[str, str] | None = None) -> dict[str, str]:
-    return service_env(compose()["services"][name], SECRET_VARS if variables is None else variables)
+    return service_env(compose()["services"][name], REQUIRED_VARS if variables is None else variables)
 
 
 def test_compose_has_three_nodes_with_own_volumes_health_checks_and_one_secret() -> None:
@@ -103,23 +105,40 @@ def test_compose_has_three_nodes_with_own_volumes_health_checks_and_one_secret()
         secrets.add(env["SHOAL_CLUSTER_SECRET"])
         raw_secret = svc["environment"]["SHOAL_CLUSTER_SECRET"]
         assert raw_secret.startswith("${SHOAL_CLUSTER_SECRET"), "one secret, from the environment/.env"
+        assert svc["environment"]["SHOAL_CLUSTER_ID"].startswith("${SHOAL_CLUSTER_ID:?"), \
+            "one cluster id, from the environment/.env"
+        assert env["SHOAL_CLUSTER_ID"] == REQUIRED_VARS["SHOAL_CLUSTER_ID"]
         assert svc.get("stop_grace_period") and svc.get("stop_signal", "SIGTERM") == "SIGTERM"
-    assert len(volumes) == 3 and secrets == {SECRET_VARS["SHOAL_CLUSTER_SECRET"]}
+    assert len(volumes) == 3 and secrets == {REQUIRED_VARS["SHOAL_CLUSTER_SECRET"]}
 
 
 def test_compose_refuses_to_start_without_a_cluster_secret() -> None:
     with pytest.raises(MissingVariable):
         _node_env("shoal-1", {})
     with pytest.raises(MissingVariable):
-        _node_env("shoal-1", {**SECRET_VARS, "SHOAL_CLUSTER_SECRET": ""})
+        _node_env("shoal-1", {**REQUIRED_VARS, "SHOAL_CLUSTER_SECRET": ""})
+
+
+def test_compose_refuses_to_start_without_a_cluster_id_and_says_how_to_make_one() -> None:
+    without = {k: v for k, v in REQUIRED_VARS.items() if k != "SHOAL_CLUSTER_ID"}
+    for name in (*NODE_SERVICES, *CHAOS_SERVICES):
+        for variables in (without, {**without, "SHOAL_CLUSTER_ID": ""}):
+            with pytest.raises(MissingVariable, match=r"SHOAL_CLUSTER_ID=shoal-\$\(openssl rand -hex 8\)"):
+                _node_env(name, variables)
+
+
+def test_the_chaos_profile_is_a_cluster_of_its_own() -> None:
+    main = {load_config(env=_node_env(name)).cluster_id for name in NODE_SERVICES}
+    chaos = {load_config(env=_node_env(name)).cluster_id for name in CHAOS_SERVICES}
+    assert main == {REQUIRED_VARS["SHOAL_CLUSTER_ID"]} and chaos == {REQUIRED_VARS["SHOAL_CLUSTER_ID"] + "-chaos"}
 
 
 def test_compose_refuses_to_start_without_client_tokens() -> None:
     for name in (*NODE_SERVICES, *CHAOS_SERVICES, "prometheus"):
         with pytest.raises(MissingVariable):
-            _node_env(name, {"SHOAL_CLUSTER_SECRET": "s"})
+            _node_env(name, {"SHOAL_CLUSTER_ID": "c", "SHOAL_CLUSTER_SECRET": "s"})
         with pytest.raises(MissingVariable):
-            _node_env(name, {**SECRET_VARS, "SHOAL_AUTH_TOKENS": ""})
+            _node_env(name, {**REQUIRED_VARS, "SHOAL_AUTH_TOKENS": ""})
     assert load_config(env=_node_env("shoal-1")).tokens == ("token-for-tests",)
 
 
@@ -154,7 +173,7 @@ def test_compose_node_environment_is_a_valid_node_configuration(name: str) -> No
     assert set(env) <= set(ENV_VARS), f"{name} sets variables shoal node does not read: {set(env) - set(ENV_VARS)}"
     config = load_config(env=env)
     assert config.node_id == name and len(config.nodes) == 3 and config.rf == 3
-    assert config.raft_needs_secret() and config.secret == SECRET_VARS["SHOAL_CLUSTER_SECRET"]
+    assert config.raft_needs_secret() and config.secret == REQUIRED_VARS["SHOAL_CLUSTER_SECRET"]
     assert str(config.node_data_dir()) == "/data"
     peers_by_service = {n.id: n for n in config.nodes}
     assert set(peers_by_service) == set(CHAOS_SERVICES if name.startswith("shoal-chaos") else NODE_SERVICES)
@@ -255,13 +274,13 @@ def test_compose_tls_overlay_configures_every_node_from_the_mounted_directory(tm
     mount.mkdir()
     for name in ("node.pem", "node.key", "ca.pem"):
         (mount / name).write_text("PEM")
-    variables = {**SECRET_VARS, "SHOAL_TLS_DIR": str(mount), "SHOAL_TLS_CLIENT_CERTS": client_certs}
+    variables = {**REQUIRED_VARS, "SHOAL_TLS_DIR": str(mount), "SHOAL_TLS_CLIENT_CERTS": client_certs}
     for name in NODE_SERVICES:
         svc = overlay[name]
         (volume,) = svc["volumes"]
         assert interpolate(volume, variables) == f"{mount}:/etc/shoal/tls:ro"
         with pytest.raises(MissingVariable):  # no directory named: compose refuses the overlay
-            interpolate(volume, SECRET_VARS)
+            interpolate(volume, REQUIRED_VARS)
         check = " ".join(compose_test_argv(svc["healthcheck"]["test"]))
         assert "https://127.0.0.1" in check and "/healthz" in check and "load_cert_chain" in check
         # What compose merges: the base file's environment, then the overlay's.
@@ -278,7 +297,7 @@ def test_compose_tls_overlay_configures_every_node_from_the_mounted_directory(tm
                     reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
                            "scripts/test does it when it runs as root with apt); only this check is skipped")
 def test_docker_compose_config_merges_the_tls_overlay(tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **SECRET_VARS,
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **REQUIRED_VARS,
            "SHOAL_TLS_DIR": str(tmp_path)}
     result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "-f", str(COMPOSE_TLS_FILE), "config"],
                             env=env, capture_output=True, text=True, timeout=60)
@@ -295,7 +314,7 @@ def test_docker_compose_config_merges_the_tls_overlay(tmp_path: Path) -> None:
                     reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
                            "scripts/test does it when it runs as root with apt); only this check is skipped")
 def test_docker_compose_config_accepts_the_file_with_every_profile() -> None:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **SECRET_VARS}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **REQUIRED_VARS}
     base = ["docker-compose", "-f", str(COMPOSE_FILE)]
     for profiles in ([], ["--profile", "chaos"], ["--profile", "monitoring"],
                      ["--profile", "chaos", "--profile", "monitoring"]):
@@ -367,7 +386,7 @@ def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["name"] == "shoal" and chart["type"] == "application"
     assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
-    assert set(template_texts()) >= {"statefulset.yaml", "services.yaml", "secret.yaml", "pdb.yaml",
+    assert set(template_texts()) >= {"statefulset.yaml", "services.yaml", "secret.yaml", "identity.yaml", "pdb.yaml",
                                       "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}
 
 
@@ -391,6 +410,8 @@ def test_chart_values_validate_against_the_schema() -> None:
                 {**values, "replicaCount": 3},                                  # typo: unknown key
                 {**values, "cluster": {**values["cluster"], "tokens": ["a,b"]}},  # joined with commas
                 {**values, "cluster": {**values["cluster"], "partitions": "8"}},
+                {**values, "cluster": {**values["cluster"], "id": "-starts-with-a-dash"}},
+                {**values, "cluster": {**values["cluster"], "id": "has space"}},
                 {**values, "ports": {**values["ports"], "raft": 70000}},
                 {**values, "podAntiAffinity": "sometimes"},
                 {**values, "tls": {**values["tls"], "enabled": True}},                   # no Secret named
@@ -429,11 +450,18 @@ def _rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str
                      for i in range(values["replicas"]))
     secret_name = values["cluster"]["existingSecret"] or full
     return render_env_block(template_texts()["statefulset.yaml"], values,
-                            {"shoal.peers": peers, "shoal.secretName": secret_name})
+                            {"shoal.peers": peers, "shoal.secretName": secret_name,
+                             "shoal.identityName": f"{full}-identity"})
 
 
-def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str]) -> dict[str, str]:
-    """What the kubelet gives pod <ordinal>: plain values, the pod name, and the Secret's keys."""
+#: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
+IDENTITY = {"cluster-id": "shoal-k8s0generated0"}
+
+
+def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
+             identity: dict[str, str] = IDENTITY) -> dict[str, str]:
+    """What the kubelet gives pod <ordinal>: plain values, the pod name, the Secret's and the identity
+    ConfigMap's keys."""
     env = {}
     for item in _rendered_env(values):
         if "value" in item:
@@ -443,6 +471,10 @@ def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str]) -> di
         if "fieldRef" in source:
             assert source["fieldRef"]["fieldPath"] == "metadata.name"
             env[item["name"]] = f"shoal-{ordinal}"
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            assert ref["name"] == "shoal-identity" and not ref.get("optional")
+            env[item["name"]] = identity[ref["key"]]
         else:
             ref = source["secretKeyRef"]
             if ref["key"] in secret:
@@ -468,8 +500,12 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
         f"shoal node reads variables the chart does not set: {sorted(set(ENV_VARS) - set(names) - not_for_pods)}"
     secret_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["secret.yaml"], re.M))
-    refs = set(re.findall(r"key: ([a-z-]+)", text))
-    assert refs <= secret_keys, f"the StatefulSet reads Secret keys the chart does not write: {refs - secret_keys}"
+    refs = set(re.findall(r"secretKeyRef:\s+name: .*\s+key: ([a-z-]+)", text))
+    assert refs and refs <= secret_keys, \
+        f"the StatefulSet reads Secret keys the chart does not write: {refs - secret_keys}"
+    identity_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["identity.yaml"].split("\ndata:")[1], re.M))
+    refs = set(re.findall(r"configMapKeyRef:\s+name: .*\s+key: ([a-z-]+)", text))
+    assert refs == identity_keys == {"cluster-id"}
     assert "enableServiceLinks: false" in text, "Service links would inject SHOAL_* variables"
 
 
@@ -489,7 +525,7 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         assert len(config.nodes) == values["replicas"]
         assert config.partitions == values["cluster"]["partitions"]
         assert config.rf == min(values["cluster"]["replication"], values["replicas"])
-        assert config.cluster_id == values["cluster"]["id"]
+        assert config.cluster_id == IDENTITY["cluster-id"]
         assert config.frame_bytes_max == values["cluster"]["frameBytesMax"]
         assert config.session_grace_ms == values["cluster"]["sessionGraceMs"]
         assert (me.port, me.http_port, me.raft_port) == (values["ports"]["client"], values["ports"]["http"],
@@ -499,6 +535,23 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         assert str(config.node_data_dir()) == "/data"
     without_tokens = load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}))
     assert without_tokens.tokens == ()
+
+
+def test_the_chart_makes_the_cluster_id_once_and_keeps_it() -> None:
+    """cluster.id when set, else the id the ConfigMap already holds (upgrades), else a random one;
+    the ConfigMap outlives `helm uninstall` like the volumes stamped with its id."""
+    values, t = chart_values(), template_texts()["identity.yaml"]
+    assert values["cluster"]["id"] == "", "generated unless an operator sets one"
+    assert '$name := include "shoal.identityName" .' in t
+    assert '(lookup "v1" "ConfigMap" .Release.Namespace $name).data | default dict' in t
+    assert ('.Values.cluster.id | default (get $current "cluster-id") '
+            '| default (printf "shoal-%s" (randAlphaNum 16 | lower))') in t
+    assert "helm.sh/resource-policy: keep" in t and "cluster-id: {{ $id | quote }}" in t
+    generated = "shoal-" + "a1b2c3d4e5f6g7h8"  # what printf "shoal-%s" (randAlphaNum 16 | lower) gives
+    jsonschema.validate({**values, "cluster": {**values["cluster"], "id": generated}}, chart_schema())
+    assert load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}, {"cluster-id": generated})).cluster_id \
+        == generated
+    assert "get configmap" in template_texts()["NOTES.txt"]
 
 
 def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None:

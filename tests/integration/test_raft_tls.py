@@ -78,7 +78,7 @@ def _raft_port(cluster: LocalCluster, node_id: str) -> int:
 
 def _hello(cluster: LocalCluster, secret: str) -> Handshake:
     """A dialer's handshake claiming to be n3 towards n1."""
-    return Handshake(Role.DIALER, "n3", secret.encode(), cluster.config.cluster_id, peer_id="n1",
+    return Handshake(Role.DIALER, "n3", secret.encode(), cluster.config.cluster_id, incarnation="", peer_id="n1",
                      known_peers=frozenset({"n1", "n2"}))
 
 

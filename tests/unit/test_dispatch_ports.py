@@ -36,6 +36,7 @@ class NoPartitions:
 
 class Info:
     node_id = "n1"
+    incarnation = "0f1e2d3c4b5a6978"
 
     def __init__(self, config: ClusterConfig) -> None:
         self.topology: Topology = config.initial_topology()
@@ -123,6 +124,7 @@ def test_node_commands_answer_from_the_injected_clock_and_identity(parts: Any) -
     assert link.replies[1] == (2, {"workerId": "n1-w1"})
     assert dispatcher.workers["n1-w1"]["registeredAt"] == 1_700_000_000_123
     assert link.replies[2][1]["nodeId"] == "n1" and link.protocol_version == 2
+    assert link.replies[2][1]["incarnation"] == info.incarnation
     assert info.wanted == 1 and link in dispatcher.subscribers
 
 

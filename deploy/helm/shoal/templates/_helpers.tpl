@@ -13,6 +13,9 @@
 {{/* Headless Service: per-pod DNS names for Raft peers and for clients following the topology. */}}
 {{- define "shoal.headless" -}}{{ include "shoal.fullname" . | trunc 46 | trimSuffix "-" }}-peers{{- end -}}
 
+{{/* The ConfigMap holding the cluster id (identity.yaml). */}}
+{{- define "shoal.identityName" -}}{{ include "shoal.fullname" . }}-identity{{- end -}}
+
 {{- define "shoal.secretName" -}}{{ .Values.cluster.existingSecret | default (include "shoal.fullname" .) }}{{- end -}}
 
 {{- define "shoal.selectorLabels" -}}
