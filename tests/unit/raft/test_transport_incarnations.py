@@ -17,7 +17,7 @@ import pytest
 from shoal.node.raft.handshake import RejectReason, expect_incarnations
 from shoal.node.raft.transport import RaftNetwork
 
-from _pysyncobj_helpers import free_ports
+from net_helpers import free_ports
 
 WAIT_S = 5.0
 INC1, INC2 = "1aaaaaaaaaaaaaaa", "2bbbbbbbbbbbbbbb"
