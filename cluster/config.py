@@ -152,6 +152,13 @@ class ClusterConfig:
     #: A replica whose journal or snapshot is damaged at start moves the files aside and fetches a
     #: fresh copy from its leader (True), or the node refuses to start naming the file (False).
     repair_damaged: bool = True
+    #: The nodes the cluster was created with (every partition's first membership); empty means
+    #: every node listed. A node added later is listed in ``nodes`` but not here.
+    bootstrap_nodes: tuple[str, ...] = ()
+
+    def bootstrap_ids(self) -> tuple[str, ...]:
+        """The nodes the cluster was created with (``bootstrap_nodes``, else every node listed)."""
+        return self.bootstrap_nodes or tuple(n.id for n in self.nodes)
 
     @property
     def rf(self) -> int:
@@ -210,6 +217,9 @@ class ClusterConfig:
     def validate(self) -> "ClusterConfig":
         if not self.nodes:
             raise ConfigError("no nodes configured (set [[nodes]] or SHOAL_PEERS)")
+        unknown = set(self.bootstrap_nodes) - {n.id for n in self.nodes}
+        if unknown:
+            raise ConfigError(f"[cluster] bootstrap names nodes not listed: {', '.join(sorted(unknown))}")
         if len(self.cluster_id) > CLUSTER_ID_CHARS_MAX or not _CLUSTER_ID.fullmatch(self.cluster_id):
             raise ConfigError(f"cluster id {self.cluster_id[:40]!r} must be 1..{CLUSTER_ID_CHARS_MAX} characters "
                               "of A-Z a-z 0-9 _ . : - starting with a letter or digit")
@@ -254,6 +264,8 @@ class ClusterConfig:
             "sync_interval_ms": self.sync_interval_ms, "disk_free_min_bytes": self.disk_free_min_bytes,
             "repair_damaged": self.repair_damaged,
         }
+        if self.bootstrap_nodes:
+            cluster["bootstrap"] = list(self.bootstrap_nodes)
         doc: dict[str, Any] = {"cluster": cluster}
         if self.limits.to_table():
             doc["limits"] = self.limits.to_table()
@@ -311,6 +323,16 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError as exc:
         raise ConfigError(f"{name}={value!r} is not an integer") from exc
+
+
+def _bootstrap_nodes(env: Mapping[str, str], section: Mapping[str, Any]) -> tuple[str, ...]:
+    """``SHOAL_BOOTSTRAP_NODES=a,b,c`` over the file's ``bootstrap`` list."""
+    if env.get("SHOAL_BOOTSTRAP_NODES"):
+        return tuple(n.strip() for n in env["SHOAL_BOOTSTRAP_NODES"].split(",") if n.strip())
+    found = section.get("bootstrap", ())
+    if isinstance(found, str) or not all(isinstance(n, str) for n in found):
+        raise ConfigError("[cluster] bootstrap must be a list of node ids")
+    return tuple(found)
 
 
 def _bool_setting(env: Mapping[str, str], name: str, section: Mapping[str, Any], key: str,
@@ -390,6 +412,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         disk_free_min_bytes=_int_env(env, "SHOAL_DISK_FREE_MIN_BYTES",
                                      int(c.get("disk_free_min_bytes", 256 * 1024 * 1024))),
         repair_damaged=_bool_setting(env, "SHOAL_REPAIR_DAMAGED", c, "repair_damaged", default=True),
+        bootstrap_nodes=_bootstrap_nodes(env, c),
     )
     cfg.validate()
     if me:

@@ -65,6 +65,9 @@ class NodeEntry:
     original: str = ""
     state: str = ACTIVE
     version: int = 1
+    #: Position in the cluster's node list (bootstrap nodes first, then nodes in the order added):
+    #: of two nodes, the one with the higher ordinal dials the other's Raft port.
+    ordinal: int = 0
 
     def member(self) -> str:
         """This node's Raft member id as its current incarnation runs it."""
@@ -72,7 +75,7 @@ class NodeEntry:
 
     def _order(self) -> tuple[Any, ...]:
         return (self.version, STATES.index(self.state), self.incarnation, self.original, self.host, self.port,
-                self.http_port, self.raft_port)
+                self.http_port, self.raft_port, self.ordinal)
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +88,8 @@ class NodeEntry:
             entry = cls(id=str(doc["id"]), host=str(doc["host"]), port=int(doc["port"]),
                         http_port=int(doc["http_port"]), raft_port=int(doc["raft_port"]),
                         incarnation=str(doc.get("incarnation", "")), original=str(doc.get("original", "")),
-                        state=str(doc.get("state", ACTIVE)), version=int(doc.get("version", 1)))
+                        state=str(doc.get("state", ACTIVE)), version=int(doc.get("version", 1)),
+                        ordinal=int(doc.get("ordinal", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise RegistryError(f"malformed node entry: {exc}") from exc
         entry.check()
@@ -131,6 +135,10 @@ class Registry:
     partitions: int
     nodes: dict[str, NodeEntry] = field(default_factory=dict)
     settings: Settings = Settings()
+    #: The nodes the cluster was created with and its replication then: every partition's
+    #: first membership (:meth:`bootstrap_placement`). Never changes.
+    bootstrap: tuple[str, ...] = ()
+    bootstrap_rf: int = 3
 
     # --- queries -------------------------------------------------------------------------------
 
@@ -153,6 +161,20 @@ class Registry:
         by_id = {n.id: n for n in active}
         nodes = place_replicas(list(by_id), self.partitions, self.rf())
         return {p: [by_id[n].member() for n in replicas] for p, replicas in nodes.items()}
+
+    def dials(self, node: str) -> list[str]:
+        """The live peers ``node`` dials: those with a lower ordinal (ties: the lower id)."""
+        me = self.nodes[node]
+        return [n.id for n in self.live() if (n.ordinal, n.id) < (me.ordinal, me.id)]
+
+    def next_ordinal(self) -> int:
+        return max((n.ordinal for n in self.nodes.values()), default=-1) + 1
+
+    def bootstrap_placement(self) -> dict[int, list[str]]:
+        """Every partition's first membership: the placement over the nodes the cluster was created with."""
+        if not self.bootstrap:
+            return {p: [] for p in range(self.partitions)}
+        return place_replicas(self.bootstrap, self.partitions, self.bootstrap_rf)
 
     def entry_of_member(self, member: str) -> NodeEntry | None:
         """The node entry a member id denotes *now* (None when it names a past incarnation)."""
@@ -203,16 +225,21 @@ class Registry:
             if mine is None or theirs._order() > mine._order():
                 nodes[node] = theirs
         settings = max(self.settings, other.settings, key=_settings_order)
-        if nodes == self.nodes and settings == self.settings:
+        if self.bootstrap and other.bootstrap and (self.bootstrap, self.bootstrap_rf) != (other.bootstrap, other.bootstrap_rf):
+            raise RegistryError(f"registries of cluster {self.cluster_id} disagree on the nodes it was created "
+                                f"with ({', '.join(self.bootstrap)} / {', '.join(other.bootstrap)})")
+        bootstrap, rf = (self.bootstrap, self.bootstrap_rf) if self.bootstrap else (other.bootstrap, other.bootstrap_rf)
+        if nodes == self.nodes and settings == self.settings and bootstrap == self.bootstrap:
             return self
-        return replace(self, nodes=nodes, settings=settings)
+        return replace(self, nodes=nodes, settings=settings, bootstrap=bootstrap, bootstrap_rf=rf)
 
     # --- wire form -----------------------------------------------------------------------------
 
     def to_wire(self) -> dict[str, Any]:
         return {"clusterId": self.cluster_id, "partitions": self.partitions,
                 "nodes": [n.to_wire() for _, n in sorted(self.nodes.items())],
-                "settings": asdict(self.settings)}
+                "settings": asdict(self.settings), "bootstrap": list(self.bootstrap),
+                "bootstrapRf": self.bootstrap_rf}
 
     @classmethod
     def from_wire(cls, doc: Any) -> "Registry":
@@ -229,7 +256,11 @@ class Registry:
                                 move_rate_bytes_per_s=int(s.get("move_rate_bytes_per_s", MOVE_RATE_BYTES_PER_S)),
                                 version=int(s.get("version", 1)))
             settings.check()
-            return cls(str(doc["clusterId"]), int(doc["partitions"]), nodes, settings)
+            bootstrap = tuple(str(n) for n in doc.get("bootstrap", ()))
+            if len(bootstrap) > _NODES_MAX:
+                raise RegistryError("bootstrap lists too many nodes")
+            return cls(str(doc["clusterId"]), int(doc["partitions"]), nodes, settings, bootstrap,
+                       int(doc.get("bootstrapRf", 3)))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, RegistryError):
                 raise

@@ -31,6 +31,7 @@ votes nor campaigns until a leader has brought it back in line, by log or snapsh
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
@@ -42,6 +43,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.registry import node_of_member
 
 from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name, command_queue
 from ._io import NoSpace
@@ -49,7 +51,7 @@ from .core import LEADER, NotLeader, ProposalRefused, RaftCore, RaftParams, Read
 from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
                       SnapshotSender, RATE_BYTES_PER_S)
 from .journal import Journal, JournalCorrupt, SyncFailed
-from .membership import ConfigChange, Membership, decode_change
+from .membership import ConfigChange, ConfigError, Membership, decode_change
 from .messages import (ENTRY_CONFIG, ENTRY_DATA, AppendEntries, AppendResponse, InstallSnapshot, Message, MessageError, SnapshotChunk,
                        SnapshotChunkAck, from_wire)
 from .meta import MetaCorrupt
@@ -104,6 +106,8 @@ CAMPAIGN_RETRY_MAX_S = 0.6
 #: Entries a replica keeps in its journal below its newest snapshot, so a follower slightly
 #: behind catches up by log rather than by a whole snapshot.
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
+#: A replica's first membership, recorded beside its journal when its files are created.
+INITIAL_FILE = "initial"
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -169,8 +173,19 @@ class PartitionReplica:
                  snapshot_settings: SnapshotSettings | None = None,
                  snapshot_rates: list[ByteRate] | None = None, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None, executor: Executor | None = None,
-                 snapshotter: SnapshotterFactory = ForkSnapshotter) -> None:
-        """``clock``, ``rng``, ``executor`` (where snapshot loads and fsyncs of received files run)
+                 snapshotter: SnapshotterFactory = ForkSnapshotter, member: str | None = None,
+                 membership: Membership | None = None,
+                 member_of: Callable[[str], str | None] | None = None) -> None:
+        """``peers`` are the other members in placement order (the fast path's preference).
+
+        ``member`` is this replica's Raft member id (default: the node id) and ``membership``
+        the group's first membership, used when the partition's files are new (default: this
+        member and ``peers``; empty for a replica that joins an existing group and learns the
+        membership from its leader); it is recorded with the files and read back at every
+        start. ``member_of(node id)`` names the member the node's current link speaks for (None:
+        none of this group's); by default member ids are node ids.
+
+        ``clock``, ``rng``, ``executor`` (where snapshot loads and fsyncs of received files run)
         and ``snapshotter`` are the node's own unless a simulation replaces them."""
         self.partition = partition
         self._clock = clock
@@ -221,10 +236,17 @@ class PartitionReplica:
         self.damage: str | None = None
         self.installs = 0
         self._snapshot_bytes_sent = 0
-        members = [self.node_id, *peers]
-        self.core, self.journal = self._recover(data_dir, Membership.of(members), repair and bool(peers))
-        self._transport = PartitionTransport(network, partition, list(peers), self._deliver, self._peer_up,
-                                             self._peer_down)
+        self.member = member or self.node_id
+        self._member_of = member_of or _same_id
+        #: member id -> node id of the members whose node's link currently speaks for them.
+        self._routes: dict[str, str] = {}
+        #: node id -> member id its link speaks for (cleared when links or the registry change).
+        self._senders_by_node: dict[str, str | None] = {}
+        if membership is None:
+            membership = Membership.of([self.member, *peers])
+        self.core, self.journal = self._recover(data_dir, membership, repair and bool(peers or membership.members))
+        self._transport = PartitionTransport(network, partition, [node_of_member(m) for m in peers], self._deliver,
+                                             self._peer_up, self._peer_down)
         self.storage.on_leader_synced(self.journal, self._leader_synced)
         #: Followers in placement order: the fast path's choice (a preferred leader that follows
         #: stays caught up for the balancer's hand-back).
@@ -254,6 +276,7 @@ class PartitionReplica:
         except MetaCorrupt as exc:
             raise ReplicaDamaged(f"partition {self.partition}: {exc}; the vote it held is unknown, so this "
                                  "replica cannot rejoin safely (restore the file or replace the node)") from exc
+        bootstrap = self._initial_membership(journal_dir, bootstrap)
         meta = journal.meta.state
         snap_point = (snap.index, snap.term) if snap is not None else (0, 0)
         membership = snap.membership if snap is not None else bootstrap
@@ -266,7 +289,7 @@ class PartitionReplica:
             if payload[:1] == bytes([ENTRY_CONFIG]):
                 changes.append((index, decode_change(payload)))
         params = raft_params(self._scale)
-        core = RaftCore(self.node_id, membership, journal, params=params, rng=self._rng,
+        core = RaftCore(self.member, membership, journal, params=params, rng=self._rng,
                         term=meta.term, vote=meta.voted_for, commit=journal.getRaftCommitIndex(),
                         snapshot=snap_point, pending_changes=changes, recovering=self.damage is not None,
                         now=self._clock())
@@ -276,6 +299,20 @@ class PartitionReplica:
             self._start_load(snap.path)
         return core, journal
 
+    def _initial_membership(self, journal_dir: str, given: Membership) -> Membership:
+        """The group's first membership as recorded when this replica's files were created
+        (``given`` is recorded now if they are new: a replica that joins later keeps knowing it
+        started with no membership, whatever the node passes at a restart)."""
+        path = os.path.join(journal_dir, INITIAL_FILE)
+        if self._io.exists(path):
+            raw = self._io.read_all(path)
+            try:
+                return Membership.from_wire(json.loads(raw))
+            except (ValueError, ConfigError) as exc:
+                raise JournalCorrupt(f"{path}: unreadable initial membership: {exc}") from exc
+        self._io.write_atomic(path, [json.dumps(given.to_wire()).encode()])
+        return given
+
     def _check_consistent(self, journal: Journal, snap: SnapshotFile | None) -> None:
         """The journal must continue the snapshot (or start at the first entry without one)."""
         base = snap.index if snap is not None else 0
@@ -284,23 +321,24 @@ class PartitionReplica:
                                  f"ends at {base}: entries {base + 1}..{journal.first_index - 1} are missing")
 
     def _quarantine(self, journal_dir: str) -> None:
-        """Move the damaged journal and snapshot aside (kept for inspection), keeping term and vote."""
-        meta_state = None
-        try:
-            from .meta import RaftMeta
-            meta_state = RaftMeta(self._io, os.path.join(journal_dir, "meta")).state
-        except (MetaCorrupt, OSError):
-            meta_state = None
+        """Move the damaged journal and snapshot aside (kept for inspection), keeping term, vote and
+        the recorded first membership: this replica may have voted in the current term already."""
+        keep: dict[str, bytes] = {}
+        for name in ("meta", INITIAL_FILE):
+            path = os.path.join(journal_dir, name)
+            try:
+                if self._io.exists(path):
+                    keep[name] = self._io.read_all(path)
+            except OSError:
+                pass
         stamp = time.strftime("%Y%m%dT%H%M%S")
         for path in (journal_dir, self.snapshot_path):
             if os.path.exists(path):
                 os.rename(path, f"{path}.damaged-{stamp}")
         self._io.fsync_dir(os.path.dirname(journal_dir) or ".")
-        if meta_state is not None:
-            # The vote must survive: this replica may have voted in the current term already.
-            from .meta import RaftMeta
-            self._io.makedirs(journal_dir)
-            RaftMeta(self._io, os.path.join(journal_dir, "meta")).store(meta_state.term, meta_state.voted_for, 0)
+        self._io.makedirs(journal_dir)
+        for name, data in keep.items():
+            self._io.write_atomic(os.path.join(journal_dir, name), [data])
 
     def start(self) -> None:
         """Start the election clock and receiving: the preferred replica campaigns first.
@@ -318,10 +356,15 @@ class PartitionReplica:
 
     # --- driving the core ----------------------------------------------------------------------
 
-    def _deliver(self, peer: str, raw: Any) -> None:
-        """A message for this partition from ``peer`` (already authenticated by the link)."""
+    def _deliver(self, node: str, raw: Any) -> None:
+        """A message for this partition from ``node`` (already authenticated by the link)."""
         if self._closed:
             return
+        peer = self._senders_by_node.get(node, _UNKNOWN)
+        if peer is _UNKNOWN:
+            peer = self._senders_by_node[node] = self._member_of(node)
+        if peer is None:
+            return  # an incarnation of the node that is no member id of this cluster
         try:
             msg = from_wire(raw)
         except MessageError as exc:
@@ -336,15 +379,39 @@ class PartitionReplica:
         self.core.step(peer, msg, self._clock())
         self._process()
 
-    def _peer_up(self, peer: str) -> None:
+    def _peer_up(self, node: str) -> None:
         """A link to a peer came up: a leader sends it what it lacks at once."""
-        if self.core.is_leader and not self._closed:
-            self.core.peer_reachable(peer)
+        self.refresh_routes()
+        member = self._member_of(node)
+        if member is not None and self.core.is_leader and not self._closed:
+            self.core.peer_reachable(member)
             self._process()
 
-    def _peer_down(self, peer: str) -> None:
+    def _peer_down(self, node: str) -> None:
+        self.refresh_routes()
         if not self._closed:
-            self.core.peer_unreachable(peer)
+            for member in self.core.membership.members:
+                if node_of_member(member) == node:
+                    self.core.peer_unreachable(member)
+
+    def refresh_routes(self) -> None:
+        """Links or the registry changed: which member each node speaks for is looked up again."""
+        self._routes.clear()
+        self._senders_by_node.clear()
+
+    def _route(self, member: str) -> str | None:
+        """The node to send ``member``'s messages to: only while that node's link speaks for it."""
+        node = self._routes.get(member)
+        if node is None:
+            node = node_of_member(member)
+            if self._member_of(node) != member:
+                return None
+            self._routes[member] = node
+        return node
+
+    def _send_to(self, member: str, msg: Any) -> bool:
+        node = self._route(member)
+        return node is not None and self._transport.send(node, msg)
 
     def on_timer(self) -> None:
         """The scheduler's tick: the core's timers, snapshots and streams."""
@@ -423,7 +490,7 @@ class PartitionReplica:
                     core.persisted(journal.last_index)
                 else:
                     self._leader_unsynced = True
-        send = self._transport.send
+        send = self._send_to
         for peer, msg in messages:
             if not send(peer, msg) and isinstance(msg, AppendEntries):
                 core.peer_unreachable(peer)
@@ -731,7 +798,7 @@ class PartitionReplica:
         self._pump(sender, now)
 
     def _send_chunk(self, peer: str, msg: Message) -> bool:
-        return self._transport.send(peer, msg)
+        return self._send_to(peer, msg)
 
     def _pump(self, sender: SnapshotSender, now: float) -> None:
         try:
@@ -787,7 +854,7 @@ class PartitionReplica:
             self._receiver.abort()
             ack, received = SnapshotChunkAck(core.term, chunk.index, 0, START_OVER), None
         if received is None:
-            self._transport.send(peer, ack)
+            self._send_to(peer, ack)
             return
         self.snapshots.cancel()  # a local snapshot must not be renamed over the one arriving
         loop = self.loop
@@ -811,7 +878,7 @@ class PartitionReplica:
                 raise error
             if term < core.term or not core.wants_snapshot(received.index, received.term):
                 self._receiver.abort()
-                self._transport.send(peer, SnapshotChunkAck(core.term, received.index, 0, NOT_WANTED))
+                self._send_to(peer, SnapshotChunkAck(core.term, received.index, 0, NOT_WANTED))
                 self._process()
                 return
             index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
@@ -820,14 +887,14 @@ class PartitionReplica:
             log.error("partition %d: the received snapshot %d does not check out: %s; asking again",
                       self.partition, received.index, exc)
             self._receiver.abort()
-            self._transport.send(peer, SnapshotChunkAck(core.term, received.index, 0, START_OVER))
+            self._send_to(peer, SnapshotChunkAck(core.term, received.index, 0, START_OVER))
             return
         self.installs += 1
         # Its bytes are the leader's verified file (the whole-file CRC matched): it may be sent on.
         self._snapshot_file = SnapshotFile(self.snapshot_path, index, snap_term, membership, received.size,
                                            received.file_crc)
         self._last_snapshot_index = index
-        self._transport.send(peer, SnapshotChunkAck(core.term, received.index, received.size, COMPLETE))
+        self._send_to(peer, SnapshotChunkAck(core.term, received.index, received.size, COMPLETE))
         core.step(peer, InstallSnapshot(term, peer, index, snap_term, membership.to_wire()), self._clock())
         self._process()
 
@@ -875,11 +942,13 @@ class PartitionReplica:
     def has_quorum(self) -> bool:
         """True when this replica reaches a majority of its group over the links (itself included)."""
         voters = self.core.membership.voters
-        reached = sum(1 for v in voters if v == self.node_id or v in self._transport.connected)
+        reached = sum(1 for v in voters if v == self.member or self.peer_connected(v))
         return reached >= len(voters) // 2 + 1
 
-    def peer_connected(self, node_id: str) -> bool:
-        return node_id in self._transport.connected
+    def peer_connected(self, member: str) -> bool:
+        """True while a link speaks for ``member`` (a member id; a node id for original members)."""
+        node = self._route(member)
+        return node is not None and node in self._transport.connected
 
     def transfer_leadership(self, node_id: str | None = None) -> None:
         """Ask ``node_id`` (None: the most caught-up follower) to take over; best effort.
@@ -891,7 +960,7 @@ class PartitionReplica:
         if not core.is_leader:
             return
         caught_up = [(pr.match, p) for p, pr in core.progress.items()
-                     if core.membership.is_voter(p) and p in self._transport.connected and pr.match >= core.commit]
+                     if core.membership.is_voter(p) and self.peer_connected(p) and pr.match >= core.commit]
         if node_id is None:
             if not caught_up:
                 return
@@ -954,6 +1023,13 @@ def _without_refused(commands: list[Command], refused: set[int],
         callback([err if k in refused else next(others) for k in range(n)], 0)
 
     return kept, merged
+
+
+_UNKNOWN: Any = object()
+
+
+def _same_id(node: str) -> str:
+    return node
 
 
 def fail_reason_error(reason: int) -> CommandError:

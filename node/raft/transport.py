@@ -291,7 +291,7 @@ class RaftNetwork:
         self.holding = 0
         self._deferred_ticks: list[Callable[[], None]] = []
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._dialers: dict[str, asyncio.Task[None]] = {}
         self._refusals: dict[str, float] = {}
         self._closed = False
         #: Mutual TLS for the links when set, as (listening side, dialling side) contexts; the
@@ -307,6 +307,12 @@ class RaftNetwork:
         self.before_flush: Callable[[], None] | None = None
         #: Called right after a frame is written (the leaders' journal syncs, storage.py).
         self.after_flush: Callable[[], None] | None = None
+        #: Called with the peer's id whenever a link to it is established (after the partitions heard).
+        self.on_peer_up: list[Callable[[str], None]] = []
+        #: Called with (peer, partition, message) for a partition this node hosts no replica of.
+        self.on_unknown_partition: Callable[[str, int, Any], None] | None = None
+        #: Side channels (:meth:`register_channel`): name -> (handler, on peer lost).
+        self._channels: dict[str, tuple[Callable[[str, Any], None], Callable[[str], None] | None]] = {}
 
     def check_peer(self, peer_id: str, incarnation: str) -> str | None:
         """The current peer policy's answer for ``peer_id`` offering ``incarnation`` (None: accepted)."""
@@ -349,13 +355,13 @@ class RaftNetwork:
         self._server = await self.loop.create_server(lambda: _Link(self, Role.LISTENER, None), host, port,
                                                      reuse_address=True, backlog=128, **tls)
         for peer in sorted(self._dial):
-            self._tasks.append(self.loop.create_task(self._dial_forever(peer)))
+            self._dialers[peer] = self.loop.create_task(self._dial_forever(peer))
         log.info("raft port listening on %s:%d (peers %s; dialling %s)", host, port, sorted(self.peers),
                  sorted(self._dial))
 
     def close(self) -> None:
         self._closed = True
-        for task in self._tasks:
+        for task in self._dialers.values():
             task.cancel()
         if self._server is not None:
             self._server.close()
@@ -363,13 +369,32 @@ class RaftNetwork:
             link.flush()
             link.close()
 
+    def set_peers(self, peers: dict[str, PeerAddress], dial: set[str]) -> None:
+        """The cluster's nodes changed: dial new peers this node dials, forget the ones gone.
+
+        A node added later has the higher ordinal, so it dials every older node; the older
+        ones only listen for it (see :class:`~shoal.cluster.registry.Registry.dials`).
+        """
+        gone = set(self.peers) - set(peers)
+        self.peers = dict(peers)
+        self.peer_ids = frozenset(peers)
+        for peer in gone:
+            task = self._dialers.pop(peer, None)
+            if task is not None:
+                task.cancel()
+            self.drop_peer(peer)
+        self._dial = set(dial) & set(peers)
+        if self._server is not None and not self._closed:
+            for peer in sorted(self._dial - set(self._dialers)):
+                self._dialers[peer] = self.loop.create_task(self._dial_forever(peer))
+
     async def _dial_forever(self, peer: str) -> None:
-        host, port = self.peers[peer]
-        tls: dict[str, Any] = {}
-        if self.tls:
-            tls = {"ssl": self.tls[1], "server_hostname": host, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
         delay = RETRY_MIN_S
-        while not self._closed:
+        while not self._closed and peer in self.peers:
+            host, port = self.peers[peer]  # read each time: an address may change
+            tls: dict[str, Any] = {}
+            if self.tls:
+                tls = {"ssl": self.tls[1], "server_hostname": host, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
             link = _Link(self, Role.DIALER, peer)
             try:
                 await asyncio.wait_for(self.loop.create_connection(lambda: link, host, port, **tls),
@@ -398,6 +423,11 @@ class RaftNetwork:
             for transport in list(self._partitions.values()):
                 transport.peer_connected(peer)
         log.info("raft link to %s (%s) authenticated, incarnation %s", peer, link.address, link.peer_incarnation)
+        for hook in list(self.on_peer_up):
+            try:
+                hook(peer)
+            except Exception:  # one listener's fault must not cost the link
+                log.exception("raft link to %s: a link-up listener failed", peer)
 
     def link_lost(self, link: _Link) -> None:
         if self.links.get(link.peer_id or "") is not link:
@@ -406,6 +436,9 @@ class RaftNetwork:
         log.info("raft link to %s (%s) lost", link.peer_id, link.address)
         for transport in list(self._partitions.values()):
             transport.peer_disconnected(link.peer_id or "")
+        for _, lost in list(self._channels.values()):
+            if lost is not None:
+                lost(link.peer_id or "")
 
     def refused(self, address: str, claimed: str | None, exc: HandshakeFailed) -> None:
         """Log a refused handshake, at most once per address per :data:`REFUSAL_LOG_PERIOD_S`."""
@@ -438,6 +471,23 @@ class RaftNetwork:
         if link is None:
             return False
         return link.queue(partition, message)
+
+    # --- side channels -----------------------------------------------------------------------------
+
+    def register_channel(self, name: str, handler: Callable[[str, Any], None],
+                         lost: Callable[[str], None] | None = None) -> None:
+        """Carry ``name``'s messages over the authenticated links: a received item whose first
+        element is ``name`` (a str, where Raft's is a partition number) goes to
+        ``handler(peer id, message)``; ``lost(peer id)`` is called when a peer's link is lost."""
+        self._channels[name] = (handler, lost)
+
+    def send_channel(self, peer_id: str, name: str, message: Any) -> bool:
+        """Queue ``message`` on channel ``name`` for ``peer_id``; False when there is no link to
+        it or its send buffer is full (the message is dropped)."""
+        link = self.links.get(peer_id)
+        if link is None:
+            return False
+        return link.queue(name, message)  # type: ignore[arg-type]  # a channel's name where a partition goes
 
     def queued(self, link: _Link) -> None:
         """``link`` has its first message queued: write it in :meth:`flush_queued`, this iteration at the latest."""
@@ -503,8 +553,18 @@ class RaftNetwork:
         partitions = self._partitions
         for item in items:
             transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
-            if transport is not None and peer in transport.peers:
+            if transport is not None:
                 transport.on_message(peer, item[1])
+            elif type(item) is list and len(item) == 2 and type(item[0]) is int:
+                if self.on_unknown_partition is not None:
+                    self.on_unknown_partition(peer, item[0], item[1])
+            elif type(item) is list and len(item) == 2 and type(item[0]) is str:
+                channel = self._channels.get(item[0])
+                if channel is not None:
+                    try:
+                        channel[0](peer, item[1])
+                    except Exception:  # a channel's fault must not cost the frame's Raft messages
+                        log.exception("raft link %s: channel %r failed on a message", peer, item[0])
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)
