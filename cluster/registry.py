@@ -114,6 +114,9 @@ class Settings:
     replication: int = 3
     rebalance_auto: bool = True
     move_rate_bytes_per_s: int = MOVE_RATE_BYTES_PER_S
+    #: Raised by an operator's ``rebalance``: leaders move toward their targets even with
+    #: ``rebalance_auto`` off.
+    rebalance_epoch: int = 0
     version: int = 1
 
     def check(self) -> None:
@@ -254,7 +257,7 @@ class Registry:
             settings = Settings(replication=int(s.get("replication", 3)),
                                 rebalance_auto=bool(s.get("rebalance_auto", True)),
                                 move_rate_bytes_per_s=int(s.get("move_rate_bytes_per_s", MOVE_RATE_BYTES_PER_S)),
-                                version=int(s.get("version", 1)))
+                                rebalance_epoch=int(s.get("rebalance_epoch", 0)), version=int(s.get("version", 1)))
             settings.check()
             bootstrap = tuple(str(n) for n in doc.get("bootstrap", ()))
             if len(bootstrap) > _NODES_MAX:

@@ -47,15 +47,18 @@ class PartitionInfo:
     replicas: tuple[str, ...]
     leader: str | None = None
     term: int = 0
+    #: The log index of the membership ``replicas`` comes from (orders views of one term).
+    conf: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "replicas": list(self.replicas), "leader": self.leader, "term": self.term}
+        return {"id": self.id, "replicas": list(self.replicas), "leader": self.leader, "term": self.term,
+                "conf": self.conf}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> "PartitionInfo":
         leader = d.get("leader")
         return cls(int(d["id"]), tuple(str(r) for r in d.get("replicas") or ()),
-                   str(leader) if leader is not None else None, int(d.get("term") or 0))
+                   str(leader) if leader is not None else None, int(d.get("term") or 0), int(d.get("conf") or 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +82,18 @@ class Topology:
     def partition_of_job(self, job_id: str) -> int:
         return partition_of_job(job_id)
 
-    def with_leader(self, partition: int, leader: str | None, term: int) -> "Topology":
-        """A copy where ``partition`` has ``leader`` at ``term`` (if not older than what is known)."""
+    def with_leader(self, partition: int, leader: str | None, term: int,
+                    replicas: tuple[str, ...] | None = None, conf: int = 0) -> "Topology":
+        """A copy where ``partition`` has ``leader`` at ``term`` (if not older than what is known),
+        and ``replicas`` as of membership index ``conf`` when given and newer."""
         info = self.partition_map[partition]
-        if term < info.term or (term == info.term and info.leader == leader):
+        new_replicas = replicas is not None and replicas != info.replicas and (term, conf) >= (info.term, info.conf)
+        if term < info.term or (term == info.term and info.leader == leader and not new_replicas):
             return self
         parts = list(self.partition_map)
         parts[partition] = replace(info, leader=leader, term=term)
+        if new_replicas:
+            parts[partition] = replace(parts[partition], replicas=tuple(replicas or ()), conf=conf)
         return replace(self, partition_map=tuple(parts), epoch=self.epoch + 1)
 
     def merge(self, other: "Topology") -> "Topology":
@@ -99,7 +107,7 @@ class Topology:
         parts = []
         changed = False
         for mine, theirs in zip(self.partition_map, other.partition_map):
-            newer = (theirs.leader is not None, theirs.term) > (mine.leader is not None, mine.term)
+            newer = (theirs.leader is not None, theirs.term, theirs.conf) > (mine.leader is not None, mine.term, mine.conf)
             parts.append(theirs if newer else mine)
             changed |= newer
         nodes = {**self.nodes, **other.nodes}

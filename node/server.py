@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from dataclasses import replace
 import logging
 import signal
 import time
@@ -24,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.config import ClusterConfig
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.cluster.topology import Topology
+from shoal.cluster.registry import Registry, node_of_member
+from shoal.cluster.topology import NodeAddress, PartitionInfo, Topology
 
 from .clock import WallClock
 from .collector import NodeCollector
@@ -40,7 +41,10 @@ from .guard import NodeGuard
 from .identity import load_identity
 from .http import start_http
 from .metrics import NodeMetrics
+from .moves import MoveService
+from .cluster_map import ClusterMap
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
+from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
 from .state import event_dicts
 
@@ -55,6 +59,10 @@ PEER_POLL_INTERVAL_S = 1.0
 BALANCE_INTERVAL_S = 1.0
 BALANCE_START_DELAY_S = 1.0
 STOP_HANDOVER_S = 3.0
+#: Written in the data directory once this node created its bootstrap replicas.
+BOOTSTRAP_MARK = "bootstrapped"
+#: The Raft link side channel on which nodes tell each other which partitions they lead.
+TOPOLOGY_CHANNEL = "topology"
 #: Exit status of a node that refuses to start on damaged data (EX_DATAERR).
 EXIT_DAMAGED = 65
 
@@ -67,7 +75,8 @@ class Node:
         self.node_id = node_id or config.node_id or ""
         self.spec = config.node(self.node_id)
         self.loop = asyncio.get_event_loop()
-        self.placement = config.placement()
+        self.cluster_map: ClusterMap | None = None
+        self._hosted_hint = 1
         self.data_dir = config.node_data_dir(self.node_id)
         # Before anything else touches the data directory: refuse another cluster's or node's data.
         self.identity = load_identity(str(self.data_dir), config.cluster_id, self.node_id)
@@ -84,6 +93,7 @@ class Node:
         self.metrics = NodeMetrics()
         self.metrics.registry.register(NodeCollector(self))
         self.flows = FlowService(self)
+        self.moves = MoveService(self)
         self.dispatcher = Dispatcher(config, self.loop, clock=self.clock, directory=self, info=self,
                                      metrics=self.metrics, flows=self.flows)
         self.guard = NodeGuard(self)
@@ -115,31 +125,33 @@ class Node:
             if config.raft_needs_secret():  # validate() refuses this too; never bind open by accident
                 raise RuntimeError(f"refusing to bind Raft on {bind} without a cluster secret")
             log.warning("no cluster secret: Raft peers on loopback authenticate with an empty key")
-        others = [n.id for n in config.nodes if n.id != self.node_id]
-        self.raft_network = RaftNetwork(
-            self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
-            {peer: config.peer_raft_address(self.node_id, peer) for peer in others},
-            set(config.raft_dials(self.node_id)),
-            tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None,
-            incarnation=self.incarnation)
         self.storage = NodeStorage(make_io(config.disk_free_min_bytes), str(self.data_dir),
                                    sync_interval_ms=config.sync_interval_ms)
+        self.cluster_map = ClusterMap(self.storage.io, str(self.data_dir), config, self.node_id, self.incarnation)
+        self.raft_network = RaftNetwork(
+            self.loop, self.node_id, config.cluster_id, config.secret.encode(), (bind, self.spec.raft_port),
+            self._peer_addresses(), self.cluster_map.dials(),
+            tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None,
+            incarnation=self.incarnation)
         self.raft_network.before_flush = self.storage.barrier
         self.raft_network.after_flush = self.storage.after_send
-        hosted = sum(self.node_id in replicas for replicas in self.placement.values())
+        self.raft_network.on_unknown_partition = self._unknown_partition
+        self.cluster_map.attach(self.raft_network)
+        self.raft_network.register_channel(TOPOLOGY_CHANNEL, self._on_topology)
+        self.cluster_map.listeners.append(self._registry_changed)
+        self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
+            PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
+        self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
+            PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
+        boot = self.cluster_map.registry.bootstrap_placement()
+        hosted = sum(self.node_id in replicas for replicas in boot.values())
         # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
+        self._hosted_hint = max(1, hosted)
         self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))
-        for p, replicas in sorted(self.placement.items()):
-            if self.node_id not in replicas:
-                continue
-            peers = [r for r in replicas if r != self.node_id]
-            replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
-                                       scheduler=self.scheduler, preferred=replicas[0] == self.node_id,
-                                       groups=hosted, storage=self.storage, repair=config.repair_damaged)
-            replica.on_applied = self._applied
-            replica.on_leadership_lost = self._leadership_lost
-            self.replicas[p] = replica
-            self.group_commits[p] = GroupCommit(replica, self.loop, self.clock)
+        for p in range(config.partitions):
+            if (self.data_dir / f"p{p}.raft").exists():
+                self._open_replica(p, start=False)
+        self._bootstrap_replicas(start=False)
         # Links come up once every group is registered, so no peer's first votes are lost.
         await self.raft_network.start()
         for replica in self.replicas.values():
@@ -152,7 +164,7 @@ class Node:
             ssl=self.config.tls.server_context() if self.config.tls else None)
         self.http_runner = await start_http(self, host, self.spec.http_port)
         for coro in (self._tick_loop(), self._topology_loop(), self._balance_loop(), self._peer_loop(),
-                     self.guard.run(), self._lazy_sync_loop(), self.flows.run()):
+                     self.guard.run(), self._lazy_sync_loop(), self.flows.run(), self.moves.run()):
             self._tasks.append(self.loop.create_task(coro))
         log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
                  sorted(self.replicas))
@@ -169,13 +181,13 @@ class Node:
             self._server.close()
         deadline = time.monotonic() + STOP_HANDOVER_S
         for p, replica in self.replicas.items():
-            if replica.is_leader() and len(self.placement[p]) > 1:
+            if replica.is_leader() and len(replica.core.membership.voters) > 1:
                 try:
                     replica.transfer_leadership()
                 except Exception:  # best effort: a follower will time out and take over anyway
                     log.debug("partition %d: transferLeadership failed", p, exc_info=True)
         while time.monotonic() < deadline and any(
-                r.is_leader() and len(self.placement[p]) > 1 for p, r in self.replicas.items()):
+                r.is_leader() and len(r.core.membership.voters) > 1 for r in self.replicas.values()):
             await asyncio.sleep(0.05)
         err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
         for p, commits in self.group_commits.items():
@@ -197,6 +209,94 @@ class Node:
             self.storage.close()
         self.scheduler.close()
         self._stopped.set()
+
+    # --- hosting replicas ---------------------------------------------------------------------------
+
+    def target(self, p: int) -> list[str]:
+        """Partition ``p``'s target replicas (member ids, preferred leader first), from the registry."""
+        return self.cluster_map.registry.placement().get(p, []) if self.cluster_map else []
+
+    def _peer_addresses(self) -> dict[str, tuple[str, int]]:
+        """Raft addresses of every live node but this one; the cluster file's routes win (chaos proxies)."""
+        listed = {n.id for n in self.config.nodes}
+        out = {}
+        for peer, address in self.cluster_map.peer_addresses().items():
+            out[peer] = self.config.peer_raft_address(self.node_id, peer) if peer in listed else address
+        return out
+
+    def _member_of(self, node: str) -> str | None:
+        net = self.raft_network
+        return self.cluster_map.member_of(node, net.peer_incarnation(node) if net else None)
+
+    def _open_replica(self, p: int, *, start: bool, membership: Membership | None = None) -> PartitionReplica | None:
+        """Host partition ``p`` (its files exist, or ``membership`` is its first one)."""
+        me = self.cluster_map.self_member()
+        if me is None or p in self.replicas:
+            return self.replicas.get(p)
+        target = self.target(p)
+        if membership is None:
+            boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
+            membership = Membership.of(boot) if me in boot else Membership.of([])
+        peers = [m for m in target if m != me]
+        replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
+                                   scheduler=self.scheduler, preferred=bool(target) and target[0] == me,
+                                   groups=self._hosted_hint, storage=self.storage, repair=self.config.repair_damaged,
+                                   member=me, membership=membership, member_of=self._member_of,
+                                   snapshot_rates=[self.moves.rate])
+        replica.on_applied = self._applied
+        replica.on_leadership_lost = self._leadership_lost
+        self.replicas[p] = replica
+        self.group_commits[p] = GroupCommit(replica, self.loop, self.clock)
+        if start:
+            replica.start()
+        return replica
+
+    def _bootstrap_replicas(self, *, start: bool) -> None:
+        """On the cluster's first start, host the partitions the bootstrap placement gives this node.
+
+        Only an original member does (a wiped node's new incarnation joins as a new member), and
+        only once: the ``bootstrapped`` mark makes a replica created later a joiner, which never
+        takes the bootstrap membership (it could not have acknowledged anything under it).
+        """
+        mark = self.data_dir / BOOTSTRAP_MARK
+        reg = self.cluster_map.registry
+        entry = reg.nodes.get(self.node_id)
+        if mark.exists() or entry is None or entry.original != self.incarnation or \
+                self.cluster_map.self_member() != self.node_id:
+            return
+        for p, replicas in sorted(reg.bootstrap_placement().items()):
+            if self.node_id in replicas and p not in self.replicas:
+                self._open_replica(p, start=start, membership=Membership.of(replicas))
+        self.storage.io.write_atomic(str(mark), [b"1\n"])
+
+    def _unknown_partition(self, peer: str, p: int, message: Any) -> None:
+        """A peer sent a message for a partition this node hosts no replica of: a leader adding this
+        node to the group. Host it (as a joiner that learns its membership from the leader)."""
+        if self.stopping or not 0 <= p < self.config.partitions or self.cluster_map.self_member() is None:
+            return
+        if self._member_of(peer) is None or self.cluster_map.registry.nodes.get(peer) is None:
+            return
+        replica = self._open_replica(p, start=True)
+        if replica is not None:
+            log.info("partition %d: hosting a new replica, first contacted by %s", p, peer)
+            replica._deliver(peer, message)  # noqa: SLF001 (the message that announced the group)
+
+    def _registry_changed(self, old: Registry, new: Registry) -> None:
+        """Links, member routes, hosting and the topology follow the registry."""
+        net = self.raft_network
+        if net is not None:
+            net.set_peers(self._peer_addresses(), self.cluster_map.dials())
+        for replica in self.replicas.values():
+            replica.refresh_routes()
+            replica.set_peer_order([m for m in self.target(replica.partition) if m != replica.member])
+        if self.cluster_map.self_member() is not None and net is not None:
+            self._bootstrap_replicas(start=True)
+        self.moves.registry_changed()
+        self.topology = replace(self.topology, nodes=self._topology_nodes(), epoch=self.topology.epoch + 1)
+        self._announce_topology()
+
+    def _topology_nodes(self) -> dict[str, NodeAddress]:
+        return {n.id: NodeAddress(n.id, n.host, n.port, n.http_port) for n in self.cluster_map.registry.live()}
 
     # --- helpers used by the dispatcher ------------------------------------------------------------
 
@@ -306,8 +406,11 @@ class Node:
             info = topo.partition_map[p]
             if info.leader == self.node_id and leader != self.node_id:
                 lost.append(p)
-            if (leader, term) != (info.leader, info.term):
-                topo = topo.with_leader(p, leader, term)
+            target = [node_of_member(m) for m in self.target(p)]
+            replicas = tuple(sorted(replica.replica_nodes(),
+                                    key=lambda n: (target.index(n) if n in target else len(target), n)))
+            if (leader, term, replicas) != (info.leader, info.term, info.replicas):
+                topo = topo.with_leader(p, leader, term, replicas if replicas else None, replica.core.config_index)
         self._led = led
         if topo is not self.topology:
             self.topology = topo
@@ -338,9 +441,10 @@ class Node:
         while True:
             await asyncio.sleep(BALANCE_INTERVAL_S)
             for p, replica in self.replicas.items():
-                preferred = self.placement[p][0]
-                if preferred == self.node_id or not replica.is_leader():
+                target = self.target(p)
+                if not target or target[0] == replica.member or not replica.is_leader():
                     continue
+                preferred = target[0]
                 if replica.peer_connected(preferred):
                     try:
                         replica.transfer_leadership(preferred)
@@ -348,46 +452,64 @@ class Node:
                         log.debug("partition %d: transfer to %s refused", p, preferred, exc_info=True)
 
     async def _peer_loop(self) -> None:
-        """Learn leaders of partitions this node does not host (only when nodes > RF)."""
-        foreign = [p for p in range(self.config.partitions) if p not in self.replicas]
-        if not foreign:
-            return
-        peers = [n for n in self.config.nodes if n.id != self.node_id]
+        """Tell every linked peer, once a second, which partitions this node leads (over the Raft
+        link's ``topology`` side channel): nodes learn leaders and memberships of the partitions
+        they do not host, and a replica learns it was removed from its group."""
         while True:
             await asyncio.sleep(PEER_POLL_INTERVAL_S)
-            for peer in peers:
-                try:
-                    topo = await asyncio.wait_for(_fetch_topology(peer.host, peer.port, self.config.tokens,
-                                                                  self.config.tls), 1.0)
-                except (OSError, asyncio.TimeoutError, CommandError, ValueError):
-                    continue
-                merged = self.topology.merge(topo)
-                if merged is not self.topology:
-                    self.topology = merged
-                    self._announce_topology()
+            self._gossip_led()
 
+    def _gossip_led(self) -> None:
+        net = self.raft_network
+        if net is None:
+            return
+        led = [p.to_wire() for p in self.topology.partition_map if p.leader == self.node_id]
+        if not led:
+            return
+        for peer in net.connected_peers():
+            net.send_channel(peer, TOPOLOGY_CHANNEL, led)
 
-async def _fetch_topology(host: str, port: int, tokens: tuple[str, ...], tls: Any = None) -> Topology:
-    reader, writer = await asyncio.open_connection(host, port, ssl=tls.client_context() if tls else None)
-    try:
-        frames = [{"cmd": "Hello", "protocolVersion": 2, "reqId": 1}]
-        if tokens:
-            frames.insert(0, {"cmd": "Auth", "token": tokens[0], "reqId": 0})
-        writer.write(b"".join(encode(f) for f in frames))
-        decoder = FrameDecoder(requests=False)
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                raise ConnectionError("peer closed")
-            decoder.feed(data)
-            for frame in decoder:
-                if frame.get("reqId") == 1:
-                    if not frame.get("ok"):
-                        raise CommandError(ErrorCode.INTERNAL, str(frame.get("error")))
-                    return Topology.from_wire(frame["topology"])
-    finally:
-        writer.close()
+    def _on_topology(self, peer: str, message: Any) -> None:
+        """A peer's led partitions: merged by term and membership index."""
+        if type(message) is not list or len(message) > self.config.partitions:
+            return
+        topo = self.topology
+        for item in message:
+            try:
+                info = PartitionInfo.from_wire(item)
+            except (KeyError, TypeError, ValueError):
+                return
+            if not 0 <= info.id < self.config.partitions or info.leader != peer:
+                continue
+            topo = topo.with_leader(info.id, info.leader, info.term, info.replicas, info.conf)
+        if topo is not self.topology:
+            self.topology = topo
+            self._announce_topology()
+        self._retire_removed()
 
+    def _retire_removed(self) -> None:
+        """Close (and delete the files of) replicas whose group no longer lists this node: its
+        leader's membership (or the replica's own applied one) leaves it out, and so does the target."""
+        me = self.cluster_map.self_member() if self.cluster_map else None
+        for p, replica in list(self.replicas.items()):
+            if replica.is_leader() or me in self.target(p):
+                continue
+            info = self.topology.partition_map[p]
+            core = replica.core
+            removed_by_leader = (info.leader is not None and info.leader != self.node_id and info.conf > 0
+                                 and self.node_id not in info.replicas and info.conf >= core.config_index)
+            removed_here = core.config_index > 0 and replica.member not in core.membership.members
+            if removed_by_leader or removed_here:
+                self._retire(p)
+
+    def _retire(self, p: int) -> None:
+        replica = self.replicas.pop(p)
+        commits = self.group_commits.pop(p)
+        commits.fail_all(self.not_leader_error(p))
+        self.dispatcher.fail_parked(p, self.not_leader_error(p))
+        replica.close()
+        replica.delete_files()
+        log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
 
 GC_THRESHOLDS = (50_000, 20, 100)
 

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from shoal.cluster.errors import CommandError
     from shoal.cluster.topology import Topology
 
+    from .cluster_map import ClusterMap
     from .dispatch import Dispatcher
+    from .moves import MoveService
     from .group_commit import GroupCommit
     from .metrics import NodeMetrics
     from .ports import EventListener
@@ -49,6 +51,8 @@ class NodeView(Protocol):
     stopping: bool
     storage: "NodeStorage | None"
     guard: MemoryReport
+    cluster_map: "ClusterMap"
+    moves: "MoveService"
 
     def now_ms(self) -> int:
         """The node's clock (see :mod:`~shoal.node.clock`)."""

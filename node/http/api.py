@@ -39,6 +39,7 @@ from .dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
 from .forward import Forwarder
 from .guard import GuardedSite, HttpGuard
 from .streams import StreamHandlers
+from .admin import add_admin_routes
 from .util import STATUS_BY_CODE, error_response, json_response, loads_bounded
 from ..raft.replica import FOLLOWER_APPLY_BATCH
 
@@ -370,6 +371,7 @@ def build_app(node: "NodeView", guard: HttpGuard | None = None) -> web.Applicati
     r.add_get("/events", api.events)
     r.add_get("/ws", api.websocket)
     add_dashboard_routes(app, api)  # the page at / and the endpoints only it needs
+    add_admin_routes(app, node)
     return app
 
 

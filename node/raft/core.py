@@ -185,6 +185,8 @@ class RaftCore:
         self.rng = rng or random.Random()
         self.log = RaftLog(storage, snapshot[0], snapshot[1])
         self.membership = membership
+        #: The log index of the entry ``membership`` comes from (the snapshot's, or 0: the first one).
+        self.config_index = snapshot[0]
         self.term = term
         self.vote = vote
         self.state = FOLLOWER
@@ -431,7 +433,7 @@ class RaftCore:
         if self._pending_changes:
             raise ProposalRefused(f"a membership change is pending at index {self._pending_changes[0][0]}")
         try:
-            self.membership.apply(change)
+            change = ConfigChange(change.kind, change.node, self.membership.apply(change))
         except ConfigError as exc:
             raise ProposalRefused(str(exc)) from exc
         if change.kind in ("remove", "demote") and change.node == self.id:
@@ -890,6 +892,7 @@ class RaftCore:
         self.commit = index
         self.applied = index
         self.membership = membership
+        self.config_index = index
         self._pending_changes = []
         self._persisted = index
         if self.recovering:
@@ -914,11 +917,15 @@ class RaftCore:
         self.applied = index
         changes = self._pending_changes
         while changes and changes[0][0] <= index:
-            _, change = changes.pop(0)
-            try:
-                self.membership = self.membership.apply(change)
-            except ConfigError:
-                continue
+            at, change = changes.pop(0)
+            if change.result is not None:
+                self.membership = change.result
+            else:
+                try:
+                    self.membership = self.membership.apply(change)
+                except ConfigError:
+                    continue
+            self.config_index = at
             self._membership_changed()
 
     def _membership_changed(self) -> None:

@@ -153,7 +153,7 @@ class SnapshotSender:
     def progress(self) -> dict[str, int | float]:
         """Bytes acknowledged, total, bytes sent (with resends) for status displays."""
         return {"index": self.snapshot.index, "acked": self.acked, "total": self.snapshot.size,
-                "sent": self.bytes_sent}
+                "sent": self.bytes_sent, "started": self.started}
 
     def close(self) -> None:
         self.done = True

@@ -103,23 +103,31 @@ class Membership:
 
 @dataclass(frozen=True, slots=True)
 class ConfigChange:
-    """One single-server change: ``kind`` (one of :data:`CHANGE_KINDS`) of ``node``."""
+    """One single-server change: ``kind`` (one of :data:`CHANGE_KINDS`) of ``node``.
+
+    ``result`` is the whole membership after the change: a config entry carries it, so a
+    replica that joined the group after its first membership (and never saw it) applies the
+    entry to the right membership all the same.
+    """
 
     kind: str
     node: str
+    result: Membership | None = None
 
 
 def encode_change(change: ConfigChange) -> bytes:
-    """The payload of the config entry carrying ``change``."""
-    return bytes([ENTRY_CONFIG]) + msgpack.packb([change.kind, change.node])
+    """The payload of the config entry carrying ``change`` (its ``result`` must be set)."""
+    if change.result is None:
+        raise ConfigError("a config entry carries the membership after its change")
+    return bytes([ENTRY_CONFIG]) + msgpack.packb([change.kind, change.node, change.result.to_wire()])
 
 
 def decode_change(payload: bytes) -> ConfigChange:
     """The change a config entry's payload carries; :class:`ConfigError` if it is malformed."""
     try:
-        kind, node = msgpack.unpackb(payload[1:], raw=False)
+        kind, node, result = msgpack.unpackb(payload[1:], raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ConfigError(f"malformed config entry: {exc}") from exc
     if kind not in CHANGE_KINDS or not isinstance(node, str):
         raise ConfigError(f"malformed config entry: {kind!r} {node!r}")
-    return ConfigChange(kind, node)
+    return ConfigChange(kind, node, Membership.from_wire(result))

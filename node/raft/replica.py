@@ -394,6 +394,10 @@ class PartitionReplica:
                 if node_of_member(member) == node:
                     self.core.peer_unreachable(member)
 
+    def set_peer_order(self, peers: list[str]) -> None:
+        """The other members in placement order (the leader's fast path prefers them in this order)."""
+        self.core.peer_order = list(peers)
+
     def refresh_routes(self) -> None:
         """Links or the registry changed: which member each node speaks for is looked up again."""
         self._routes.clear()
@@ -923,7 +927,12 @@ class PartitionReplica:
 
     def leader_id(self) -> str | None:
         """The node id of the last known leader (this node's own id when it leads), or None."""
-        return self.core.leader
+        leader = self.core.leader
+        return node_of_member(leader) if leader is not None else None
+
+    def replica_nodes(self) -> tuple[str, ...]:
+        """The node ids of the group's voters, as this replica last applied its membership."""
+        return tuple(node_of_member(m) for m in self.core.membership.voters)
 
     def term(self) -> int:
         return self.core.term
@@ -995,6 +1004,17 @@ class PartitionReplica:
         self._transport.close()
         self.storage.on_leader_synced(self.journal, None)
         self.journal.close()
+
+    def delete_files(self) -> None:
+        """Remove this (closed) replica's journal and snapshot: the group no longer lists this node."""
+        assert self._closed, "close the replica first"
+        journal_dir = self.journal.directory
+        for name in sorted(self._io.listdir(journal_dir)) if os.path.isdir(journal_dir) else []:
+            self._io.unlink(os.path.join(journal_dir, name))
+        if os.path.isdir(journal_dir):
+            os.rmdir(journal_dir)
+        self._io.unlink(self.snapshot_path)
+        self._io.fsync_dir(os.path.dirname(journal_dir) or ".")
 
     def _note_no_space(self, why: str) -> None:
         """Record (for /ready and the metrics) and log, at most every NO_SPACE_LOG_S, a refusal for lack of space."""

@@ -576,26 +576,27 @@ class PartitionTransport:
     def __init__(self, network: RaftNetwork, partition: int, peers: list[str],
                  on_message: Callable[[str, Any], None], on_connected: Callable[[str], None],
                  on_disconnected: Callable[[str], None] | None = None) -> None:
+        """``peers`` are the node ids the partition expects to hear from first; any linked node is
+        heard (a group's members change), the replica decides what a message from it means."""
         self.network = network
         self.partition = partition
         self.peers = frozenset(peers)
-        #: Called with each message from a peer of this partition (the network checks the peer).
+        #: Called with each message from a peer for this partition.
         self.on_message = on_message
         self._on_connected = on_connected
         self._on_disconnected = on_disconnected
-        self.connected: set[str] = set()
         self._attached = False
+
+    @property
+    def connected(self) -> dict[str, Any]:
+        """The nodes a link is up to (every partition shares them)."""
+        return self.network.links
 
     def attach(self) -> None:
         """Start receiving this partition's messages."""
         if not self._attached:
             self._attached = True
             self.network.attach(self)
-
-    def set_peers(self, peers: list[str]) -> None:
-        """The partition's members changed: messages from these peers are heard from now on."""
-        self.peers = frozenset(peers)
-        self.connected = {p for p in self.network.links if p in self.peers}
 
     def send(self, peer: str, message: Any) -> bool:
         return self.network.send(peer, self.partition, message)
@@ -617,12 +618,8 @@ class PartitionTransport:
         return self.network.defer_tick(tick)
 
     def peer_connected(self, peer: str) -> None:
-        if peer in self.peers:
-            self.connected.add(peer)
-            self._on_connected(peer)
+        self._on_connected(peer)
 
     def peer_disconnected(self, peer: str) -> None:
-        if peer in self.peers:
-            self.connected.discard(peer)
-            if self._on_disconnected is not None:
-                self._on_disconnected(peer)
+        if self._on_disconnected is not None:
+            self._on_disconnected(peer)

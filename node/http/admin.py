@@ -1,0 +1,213 @@
+"""The HTTP admin API: the cluster's nodes, their moves, and the commands that change its shape.
+
+Every route needs a client token when the node has tokens (the port's auth middleware), and
+a node in ``dashboard_read_only`` mode still serves the admin API (it is not the dashboard).
+A change goes into the node registry (:mod:`shoal.node.cluster_map`), which reaches every
+node by gossip; the partitions' leaders then move replicas (:mod:`shoal.node.moves`).
+
+- ``GET /admin/cluster``: registry, settings, topology, this node's moves (``?all=1``: every
+  node's, gathered from the peers' ``/admin/moves``);
+- ``GET /admin/moves``: the moves this node runs as a leader;
+- ``POST /admin/nodes`` ``{id, host, port, httpPort, raftPort}``: add a node;
+- ``POST /admin/nodes/{id}/decommission``: move every replica off it (state ``leaving``);
+- ``POST /admin/nodes/{id}/remove``: mark a node no partition lists any more as ``removed``;
+- ``POST /admin/nodes/{id}/replace`` ``{incarnation}``: the node runs a new incarnation (a new
+  disk): it joins as a new member and its old replicas are replaced;
+- ``POST /admin/rebalance``: move toward the targets now (also with ``rebalanceAuto`` off);
+- ``PUT /admin/settings`` ``{replication?, rebalanceAuto?, moveRateBytesPerS?}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from shoal.cluster.registry import LEAVING, REMOVED, NodeEntry, RegistryError
+
+from .util import json_response
+
+if TYPE_CHECKING:
+    from ..view import NodeView
+
+__all__ = ["add_admin_routes", "ADMIN_BODY_BYTES_MAX"]
+
+#: The largest admin request body.
+ADMIN_BODY_BYTES_MAX = 16 * 1024
+PEER_TIMEOUT_S = 2.0
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return json_response({"ok": False, "code": code, "error": message}, status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > ADMIN_BODY_BYTES_MAX:
+        raise web.HTTPRequestEntityTooLarge(max_size=ADMIN_BODY_BYTES_MAX, actual_size=request.content_length)
+    raw = await request.content.read(ADMIN_BODY_BYTES_MAX + 1)
+    if len(raw) > ADMIN_BODY_BYTES_MAX:
+        raise web.HTTPRequestEntityTooLarge(max_size=ADMIN_BODY_BYTES_MAX, actual_size=len(raw))
+    if not raw.strip():
+        return {}
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise _Invalid(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise _Invalid("body must be a JSON object")
+    return doc
+
+
+class _Invalid(Exception):
+    pass
+
+
+class AdminApi:
+    """Handlers of the admin routes (see the module docstring)."""
+
+    def __init__(self, node: "NodeView") -> None:
+        self.node = node
+
+    def _summary(self) -> dict[str, Any]:
+        node = self.node
+        reg = node.cluster_map.registry
+        return {"ok": True, "nodeId": node.node_id, "registry": reg.to_wire(),
+                "placement": {str(p): m for p, m in reg.placement().items()},
+                "topology": node.topology.to_wire(), "moves": node.moves.moves(),
+                "moveCounters": {"started": node.moves.started, "finished": node.moves.finished}}
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        body = self._summary()
+        if request.query.get("all") in ("1", "true"):
+            body["moves"] = await self._all_moves(request)
+        return json_response(body)
+
+    async def moves(self, _: web.Request) -> web.Response:
+        return json_response({"ok": True, "nodeId": self.node.node_id, "moves": self.node.moves.moves()})
+
+    async def _all_moves(self, request: web.Request) -> list[dict[str, Any]]:
+        """This node's moves and every live peer's, asked over HTTP with the caller's token."""
+        node = self.node
+        moves = list(node.moves.moves())
+        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
+        scheme = "https" if node.config.tls else "http"
+        ssl_ctx = node.config.tls.client_context() if node.config.tls else None
+
+        async def ask(session: aiohttp.ClientSession, entry: NodeEntry) -> list[dict[str, Any]]:
+            url = f"{scheme}://{entry.host}:{entry.http_port}/admin/moves"
+            try:
+                async with session.get(url, headers=headers, ssl=ssl_ctx or False) as resp:
+                    doc = await resp.json()
+                    return list(doc.get("moves", [])) if resp.status == 200 else []
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                return []
+
+        peers = [e for e in node.cluster_map.registry.live() if e.id != node.node_id]
+        timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for found in await asyncio.gather(*(ask(session, e) for e in peers)):
+                moves.extend(found)
+        return sorted(moves, key=lambda m: (m["partition"], m.get("to") or "", m.get("from") or ""))
+
+    async def add_node(self, request: web.Request) -> web.Response:
+        try:
+            doc = await _body(request)
+            entry = NodeEntry(str(doc["id"]), str(doc["host"]), int(doc["port"]), int(doc["httpPort"]),
+                              int(doc["raftPort"]), incarnation=str(doc.get("incarnation", "")))
+            entry.check()
+            self.node.cluster_map.add_node(entry)
+        except _Invalid as exc:
+            return _error(400, "INVALID", str(exc))
+        except (KeyError, TypeError, ValueError) as exc:
+            return _error(400, "INVALID", f"a node needs id, host, port, httpPort and raftPort: {exc}")
+        return json_response(self._summary())
+
+    async def decommission(self, request: web.Request) -> web.Response:
+        node_id = request.match_info["id"]
+        reg = self.node.cluster_map.registry
+        entry = reg.nodes.get(node_id)
+        if entry is None or entry.state == REMOVED:
+            return _error(404, "NOT_FOUND", f"no live node {node_id!r}")
+        if len(reg.active()) <= 1 and entry.state != LEAVING:
+            return _error(409, "INVALID_STATE", "the last active node cannot leave")
+        self.node.cluster_map.set_state(node_id, LEAVING)
+        return json_response(self._summary())
+
+    async def remove(self, request: web.Request) -> web.Response:
+        node_id = request.match_info["id"]
+        reg = self.node.cluster_map.registry
+        if node_id not in reg.nodes:
+            return _error(404, "NOT_FOUND", f"no node {node_id!r}")
+        holding = [p.id for p in self.node.topology.partition_map if node_id in p.replicas]
+        if holding:
+            return _error(409, "INVALID_STATE", f"{node_id} still holds replicas of partitions {holding}: "
+                                                f"decommission it and wait for its moves first")
+        self.node.cluster_map.set_state(node_id, REMOVED)
+        return json_response(self._summary())
+
+    async def replace(self, request: web.Request) -> web.Response:
+        node_id = request.match_info["id"]
+        try:
+            doc = await _body(request)
+            self.node.cluster_map.replace_incarnation(node_id, str(doc.get("incarnation", "")))
+        except _Invalid as exc:
+            return _error(400, "INVALID", str(exc))
+        return json_response(self._summary())
+
+    async def rebalance(self, _: web.Request) -> web.Response:
+        cm = self.node.cluster_map
+        cm.update(cm.registry.with_settings(rebalance_epoch=cm.registry.settings.rebalance_epoch + 1))
+        return json_response(self._summary())
+
+    async def settings(self, request: web.Request) -> web.Response:
+        try:
+            doc = await _body(request)
+            changes: dict[str, Any] = {}
+            if "replication" in doc:
+                changes["replication"] = int(doc["replication"])
+            if "rebalanceAuto" in doc:
+                if not isinstance(doc["rebalanceAuto"], bool):
+                    raise _Invalid("rebalanceAuto must be true or false")
+                changes["rebalance_auto"] = doc["rebalanceAuto"]
+            if "moveRateBytesPerS" in doc:
+                changes["move_rate_bytes_per_s"] = int(doc["moveRateBytesPerS"])
+            unknown = set(doc) - {"replication", "rebalanceAuto", "moveRateBytesPerS"}
+            if unknown:
+                raise _Invalid(f"unknown settings: {', '.join(sorted(unknown))}")
+            if changes:
+                cm = self.node.cluster_map
+                cm.update(cm.registry.with_settings(**changes))
+        except _Invalid as exc:
+            return _error(400, "INVALID", str(exc))
+        except (TypeError, ValueError) as exc:
+            return _error(400, "INVALID", str(exc))
+        return json_response(self._summary())
+
+
+def add_admin_routes(app: web.Application, node: "NodeView") -> None:
+    """Register the admin routes on the node's application."""
+    admin = AdminApi(node)
+
+    async def guarded(handler: Any, request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except RegistryError as exc:
+            return _error(409 if "already" in str(exc) else 400, "INVALID", str(exc))
+
+    def route(handler: Any) -> Any:
+        async def wrapped(request: web.Request) -> web.Response:
+            return await guarded(handler, request)
+        return wrapped
+
+    r = app.router
+    r.add_get("/admin/cluster", route(admin.cluster))
+    r.add_get("/admin/moves", route(admin.moves))
+    r.add_post("/admin/nodes", route(admin.add_node))
+    r.add_post("/admin/nodes/{id}/decommission", route(admin.decommission))
+    r.add_post("/admin/nodes/{id}/remove", route(admin.remove))
+    r.add_post("/admin/nodes/{id}/replace", route(admin.replace))
+    r.add_post("/admin/rebalance", route(admin.rebalance))
+    r.add_put("/admin/settings", route(admin.settings))

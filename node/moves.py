@@ -1,0 +1,201 @@
+"""Moving replicas: every partition this node leads walks, one membership change at a time, to its target.
+
+Theory of operation. The target of a partition is its placement over the registry's active
+nodes (:meth:`shoal.cluster.registry.Registry.placement`): when a node joins, leaves, or is
+replaced, the targets change, and each partition's *leader* moves its own group toward its
+target — there is no central controller, and every leader computes the same targets from
+the same registry. One change at a time (Raft's single-server changes, :mod:`.raft.membership`):
+
+1. a learner the target does not name is removed;
+2. a target member the group lacks joins as a learner (it catches up by snapshot and log, at
+   the node's share of the cluster's move rate);
+3. a voter the target does not name and the leader has not heard from lately (a dead node)
+   is removed;
+4. a learner the target names that holds every committed entry is promoted to voter;
+5. a voter the target does not name is removed once every target member votes (a new replica
+   counts only once caught up); the leader itself first hands leadership to a caught-up voter
+   of the target.
+
+A change is proposed only when the previous one is applied and the leader has committed an
+entry of its term (the core refuses otherwise), so a membership is never changed by a
+leader that may not know the latest one. Moves run by themselves after the registry changes
+(``rebalance_auto``, default on); with it off they run when the operator asks (the
+registry's ``rebalance_epoch`` rises), and always for nodes leaving, removed or replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.registry import ACTIVE, node_of_member
+
+from .raft.core import REPLICATE, ProposalRefused
+from .raft.install import ByteRate
+from .raft.membership import ConfigChange
+
+if TYPE_CHECKING:
+    from .raft import PartitionReplica
+
+__all__ = ["MoveService", "RECONCILE_INTERVAL_S", "DEAD_AFTER_S"]
+
+log = logging.getLogger(__name__)
+
+#: How often every led partition is compared with its target.
+RECONCILE_INTERVAL_S = 0.5
+#: A voter the leader has not heard from for this long counts as dead (removed first when it
+#: leaves the target, so the group never waits for it).
+DEAD_AFTER_S = 5.0
+
+
+class MoveService:
+    """Reconciles the partitions this node leads with their targets; counts moves and bytes."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        #: The node's outgoing catch-up traffic (snapshot streams): its share of the cluster's move rate.
+        self.rate = ByteRate(self._share())
+        self.started = 0
+        self.finished = 0
+        self._done_epoch = 0
+        #: partition -> (change kind, member, when proposed) of the last change this leader made.
+        self.last_change: dict[int, tuple[str, str, float]] = {}
+
+    def _share(self) -> float:
+        reg = self.node.cluster_map.registry if self.node.cluster_map is not None else None
+        if reg is None:
+            return float(32 * 1024 * 1024)
+        return reg.settings.move_rate_bytes_per_s / max(1, len(reg.active()))
+
+    def registry_changed(self) -> None:
+        """The move rate may have changed: every stream picks the new share up at once."""
+        self.rate.rate = self._share()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                self.reconcile()
+            except Exception:  # a bug here must not stop the node's other loops
+                log.exception("reconciling partitions with their targets failed")
+
+    def reconcile(self) -> None:
+        node = self.node
+        reg = node.cluster_map.registry
+        epoch = reg.settings.rebalance_epoch
+        auto = reg.settings.rebalance_auto or epoch != self._done_epoch
+        busy = False
+        for p, replica in sorted(node.replicas.items()):
+            if replica.is_leader():
+                busy |= self.step(p, replica, node.target(p), auto)
+        if not busy:
+            self._done_epoch = epoch
+
+    def step(self, p: int, replica: "PartitionReplica", target: list[str], auto: bool) -> bool:
+        """One change toward ``target`` for partition ``p``; True while the group differs from it."""
+        core = replica.core
+        if not target or not core.is_leader:
+            return False
+        members = core.membership
+        voters, learners = set(members.voters), set(members.learners)
+        wanted = set(target)
+        if voters == wanted and not learners:
+            return False
+        if not auto and not self._must_move(voters | learners, wanted):
+            return False
+        if core.change_pending or not core.read_ready:
+            return True
+        now = time.monotonic()
+        progress = core.progress
+        change: ConfigChange | None = None
+        for m in sorted(learners - wanted):
+            change = ConfigChange("remove", m)
+            break
+        if change is None:
+            for m in target:
+                if m not in voters and m not in learners:
+                    change = ConfigChange("add_learner", m)
+                    break
+        if change is None:
+            for m in sorted(voters - wanted):
+                pr = progress.get(m)
+                if m != replica.member and (pr is None or now - pr.last_heard > DEAD_AFTER_S):
+                    change = ConfigChange("remove", m)
+                    break
+        if change is None:
+            for m in target:
+                pr = progress.get(m)
+                if m in learners and pr is not None and pr.state == REPLICATE and pr.match >= core.commit:
+                    change = ConfigChange("promote", m)
+                    break
+        if change is None and wanted <= voters:
+            extra = sorted(voters - wanted)
+            if extra:
+                if replica.member in extra:
+                    replica.transfer_leadership(next((m for m in target if m in voters), None))
+                    return True
+                change = ConfigChange("remove", extra[0])
+        if change is None:
+            return True  # waiting for a learner to catch up
+        try:
+            replica.propose_change(change)
+        except ProposalRefused as exc:
+            log.debug("partition %d: %s %s refused for now: %s", p, change.kind, change.node, exc)
+            return True
+        if change.kind == "add_learner":
+            self.started += 1
+        elif change.kind == "promote":
+            self.finished += 1
+        self.last_change[p] = (change.kind, change.node, now)
+        log.info("partition %d: membership change %s %s (voters %s, learners %s, target %s)", p, change.kind,
+                 change.node, sorted(voters), sorted(learners), target)
+        return True
+
+    def _must_move(self, members: set[str], wanted: set[str]) -> bool:
+        """Moves that run even with automatic rebalancing off: members of nodes no longer active."""
+        reg = self.node.cluster_map.registry
+        for m in members - wanted:
+            entry = reg.entry_of_member(m)
+            if entry is None or entry.state != ACTIVE:
+                return True
+        return False
+
+    def moves(self) -> list[dict[str, Any]]:
+        """Every move this node runs as a leader: partition, from → to, bytes sent, rate, time left."""
+        out: list[dict[str, Any]] = []
+        node = self.node
+        for p, replica in sorted(node.replicas.items()):
+            if not replica.is_leader():
+                continue
+            core = replica.core
+            target = node.target(p)
+            wanted = set(target)
+            members = core.membership
+            joining = [m for m in members.learners if m in wanted] + [m for m in target if m not in members.members]
+            leaving = [m for m in members.members if m not in wanted]
+            if not joining and not leaving:
+                continue
+            streams = {s["peer"]: s for s in replica.stream_progress()}
+            for k in range(max(len(joining), len(leaving))):
+                to = joining[k] if k < len(joining) else None
+                src = leaving[k] if k < len(leaving) else None
+                entry: dict[str, Any] = {"partition": p, "from": node_of_member(src) if src else None,
+                                         "to": node_of_member(to) if to else None, "state": "waiting"}
+                if to is not None and to in members.learners:
+                    pr = core.progress.get(to)
+                    stream = streams.get(to)
+                    entry["state"] = "catching up"
+                    if stream is not None:
+                        entry.update(bytesSent=stream["acked"], bytesTotal=stream["total"])
+                        elapsed = max(1e-3, time.monotonic() - stream.get("started", time.monotonic()))
+                        rate = stream["acked"] / elapsed
+                        entry["rateBytesPerS"] = round(rate)
+                        entry["etaS"] = round((stream["total"] - stream["acked"]) / rate, 1) if rate > 0 else None
+                    elif pr is not None:
+                        entry.update(matchIndex=pr.match, commitIndex=core.commit)
+                elif to is None:
+                    entry["state"] = "removing"
+                out.append(entry)
+        return out
