@@ -1,0 +1,135 @@
+"""A client of a node's HTTP admin API (``node/http/admin.py``): what operator commands, chaos
+scenarios and benchmarks use to change the cluster's shape and watch it get there.
+
+Blocking (``urllib``), one request at a time, every call bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from .registry import Registry
+
+__all__ = ["AdminClient", "AdminError", "ClusterShape"]
+
+
+class AdminError(Exception):
+    """The admin API refused a request (``code`` is its error code) or could not be reached."""
+
+    def __init__(self, message: str, code: str = "UNAVAILABLE", status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    """What ``GET /admin/cluster?all=1`` says: registry, target placement, topology and moves."""
+
+    registry: Registry
+    placement: dict[int, list[str]]
+    topology: dict[str, Any]
+    moves: list[dict[str, Any]]
+
+    def replicas(self, partition: int) -> list[str]:
+        return list(self.topology["partitionMap"][partition]["replicas"])
+
+    def leader(self, partition: int) -> str | None:
+        leader = self.topology["partitionMap"][partition]["leader"]
+        return str(leader) if leader is not None else None
+
+    def settled(self) -> bool:
+        """Every partition's voters are its target's nodes, it has a leader, and no move runs."""
+        if self.moves:
+            return False
+        for p, target in self.placement.items():
+            nodes = sorted(m.split("/", 1)[0] for m in target)
+            if sorted(self.replicas(p)) != nodes or self.leader(p) is None:
+                return False
+        return True
+
+    def leaders_balanced(self) -> bool:
+        """Every partition is led by its preferred (first target) node."""
+        return all(self.leader(p) == target[0].split("/", 1)[0] for p, target in self.placement.items() if target)
+
+
+class AdminClient:
+    """Calls one node's admin API (``base_url`` like ``http://127.0.0.1:6790``)."""
+
+    def __init__(self, base_url: str, token: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.ssl_context = ssl_context
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.ssl_context) as resp:
+                doc = json.loads(resp.read(16 * 1024 * 1024))
+        except urllib.error.HTTPError as exc:
+            try:
+                doc = json.loads(exc.read(1024 * 1024))
+            except ValueError:
+                doc = {}
+            raise AdminError(str(doc.get("error") or exc), str(doc.get("code") or "HTTP"), exc.code) from exc
+        except (OSError, ValueError) as exc:
+            raise AdminError(f"{self.base_url}: {exc}") from exc
+        return doc
+
+    def shape(self) -> ClusterShape:
+        doc = self._call("GET", "/admin/cluster?all=1")
+        return ClusterShape(Registry.from_wire(doc["registry"]),
+                            {int(p): list(m) for p, m in doc["placement"].items()}, doc["topology"], doc["moves"])
+
+    def add_node(self, node_id: str, host: str, port: int, http_port: int, raft_port: int) -> dict[str, Any]:
+        return self._call("POST", "/admin/nodes", {"id": node_id, "host": host, "port": port, "httpPort": http_port,
+                                                   "raftPort": raft_port})
+
+    def decommission(self, node_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/nodes/{node_id}/decommission")
+
+    def remove(self, node_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/nodes/{node_id}/remove")
+
+    def replace(self, node_id: str, incarnation: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/nodes/{node_id}/replace", {"incarnation": incarnation})
+
+    def rebalance(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/rebalance")
+
+    def settings(self, **changes: Any) -> dict[str, Any]:
+        """``replication``, ``rebalanceAuto``, ``moveRateBytesPerS``."""
+        return self._call("PUT", "/admin/settings", changes)
+
+    def wait(self, done: Any, timeout_s: float, poll_s: float = 0.5, progress: Any = None) -> ClusterShape:
+        """Poll :meth:`shape` until ``done(shape)`` (bounded by ``timeout_s``); ``progress(shape)``
+        is called after each poll. TimeoutError names what was still running."""
+        deadline = time.monotonic() + timeout_s
+        shape: ClusterShape | None = None
+        while True:
+            try:
+                shape = self.shape()
+            except AdminError:
+                shape = None
+            if shape is not None:
+                if progress is not None:
+                    progress(shape)
+                if done(shape):
+                    return shape
+            if time.monotonic() >= deadline:
+                running = shape.moves if shape is not None else "the node did not answer"
+                raise TimeoutError(f"the cluster did not reach the asked-for shape in {timeout_s:.0f} s "
+                                   f"(still running: {running})")
+            time.sleep(poll_s)
