@@ -153,7 +153,8 @@ class ClusterConfig:
     #: fresh copy from its leader (True), or the node refuses to start naming the file (False).
     repair_damaged: bool = True
     #: The nodes the cluster was created with (every partition's first membership); empty means
-    #: every node listed. A node added later is listed in ``nodes`` but not here.
+    #: every node listed. A node added later is listed in ``nodes`` but not here; a node removed
+    #: later stays here (the list is history).
     bootstrap_nodes: tuple[str, ...] = ()
 
     def bootstrap_ids(self) -> tuple[str, ...]:
@@ -217,9 +218,6 @@ class ClusterConfig:
     def validate(self) -> "ClusterConfig":
         if not self.nodes:
             raise ConfigError("no nodes configured (set [[nodes]] or SHOAL_PEERS)")
-        unknown = set(self.bootstrap_nodes) - {n.id for n in self.nodes}
-        if unknown:
-            raise ConfigError(f"[cluster] bootstrap names nodes not listed: {', '.join(sorted(unknown))}")
         if len(self.cluster_id) > CLUSTER_ID_CHARS_MAX or not _CLUSTER_ID.fullmatch(self.cluster_id):
             raise ConfigError(f"cluster id {self.cluster_id[:40]!r} must be 1..{CLUSTER_ID_CHARS_MAX} characters "
                               "of A-Z a-z 0-9 _ . : - starting with a letter or digit")
