@@ -46,6 +46,7 @@ from .scheduler import TickScheduler
 from .snapshots import ForkSnapshotter, SnapshotSettings, align_journal
 from .storage import NodeStorage
 from .transport import PartitionTransport, RaftNetwork
+from .view import PartitionView
 
 __all__ = ["PartitionReplica", "BatchResult", "raft_conf", "fail_reason_error", "timing_scale",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S"]
@@ -187,6 +188,7 @@ class PartitionReplica(HookedSyncObj):
                  groups: int = 1, storage: NodeStorage | None = None) -> None:
         self.partition = partition
         self.engine = PartitionEngine(partition)
+        self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
         self.loop = loop
         self.scheduler = scheduler
         #: Set by the node: called on the loop after every applied batch.
