@@ -463,7 +463,7 @@ class Journal:
             if term < self._run_term[-1]:
                 raise ValueError(f"append term {term} below last term {self._run_term[-1]}")
         else:
-            self._restart_at(index)
+            self._restart_at(index, term)
         record = encode_record(index, term, payload)
         seg = self._segments[-1]
         if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
@@ -484,9 +484,14 @@ class Journal:
         if self.sync_every_append:
             self.sync()
 
-    def _restart_at(self, index: int) -> None:
-        """The journal is empty: make sure the active segment starts at ``index``."""
-        if self._segments and self._segments[-1].next_index == index:
+    def _restart_at(self, index: int, term: int) -> None:
+        """The journal is empty: make sure the active segment can take ``(index, term)`` next.
+
+        The last segment may still hold entries below the first index (a prefix drop keeps
+        a partly covered segment); it is continued only where the new entry follows them.
+        """
+        if self._segments and self._segments[-1].next_index == index and (
+                not self._run_term or self._run_term[-1] <= term):
             if index < self._start:  # entries a power cut lost below the durable start
                 self._store_start(index)
             self._first_index = index

@@ -543,3 +543,17 @@ def test_a_power_cut_at_any_step_of_the_move_keeps_term_and_vote() -> None:
         if done:
             break
     assert done
+
+
+def test_an_emptied_journal_takes_any_next_entry_without_breaking_recovery() -> None:
+    """A prefix drop keeps a partly covered segment; an entry that cannot follow what it still
+    holds (here a lower term) starts a new segment instead of continuing it."""
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 2, term=2)
+    j.delete_to(2)
+    j.delete_from(2)  # empty now; entry 1 (term 2) still sits in the segment
+    j.append(2, 1, b"x")
+    j.sync()
+    io.power_cut()
+    assert list(Journal(io, "/j")) == [(b"x", 2, 1)]

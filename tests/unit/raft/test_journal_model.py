@@ -89,13 +89,14 @@ def test_recovery_after_power_cuts_keeps_every_synced_entry_and_nothing_deleted(
     model: list[tuple[bytes, int, int]] = []  # the log as the journal holds it now
     first = 1  # the model's first index
     durable_last = 0  # every index in [first, durable_last] must survive a cut
+    top_term = 1  # Raft's terms never go down, not even after deletes or a cut
     for op in ops:
         kind = op[0]
         if kind == "add":
             _, count, dterm, size = op
             for k in range(count):
                 idx = model[-1][1] + 1 if model else first
-                term = (model[-1][2] if model else 1) + (dterm if k == 0 else 0)
+                term = top_term = top_term + (dterm if k == 0 else 0)
                 entry = (_payload(idx, term, size), idx, term)
                 j.append(idx, term, entry[0])
                 model.append(entry)
