@@ -2,7 +2,8 @@
 
     python bench/bench_journal.py [--dir DIR] [--entries 2000] [--partitions 8]
                                   [--recovery-records 1000000] [--recovery-payload 117]
-                                  [--recovery-bytes 1000000000] [--drop-caches] [--only NAME]
+                                  [--recovery-bytes 1000000000] [--drop-caches] [--blocks 10]
+                                  [--only NAME]
 
 Runs on real files under ``--dir`` (default: a temporary directory under /tmp,
 on the machine's disk) and prints, for entries of ~7 KB (a 50-push batch of
@@ -16,6 +17,10 @@ on the machine's disk) and prints, for entries of ~7 KB (a 50-push batch of
   (``sync_all_threads``) — and, for comparison, the same entries appended to
   one node-wide journal with one sync per round: entries/s and round latency
   p50/p99 (what a reply waits);
+- ``mark``: what recording the synced mark costs the sync path: 8 journals,
+  one ~7 KB entry each per round, synced together on threads, with the mark
+  written after each sync and (for comparison) with its write switched off,
+  the two interleaved in ``--blocks`` blocks so load hits both alike;
 - ``recovery``: time to open a journal of ``--recovery-records`` records of
   ``--recovery-payload`` bytes, and of ``--recovery-bytes`` bytes of ~7 KB
   records, with the memory the open journal holds. ``--drop-caches`` (root)
@@ -120,6 +125,41 @@ def batched(root: str, entries: int, partitions: int, blocks: int = 5) -> None:
             shutil.rmtree(os.path.join(root, f"batch-{size}"))
 
 
+def mark(root: str, entries: int, partitions: int, blocks: int) -> None:
+    print(f"\n== mark: {partitions} journals, one 7 KB entry each per round, synced on threads; with the"
+          f" synced mark written after each sync and without (interleaved in {blocks} blocks)")
+    rounds = max(1, entries // partitions // blocks)
+    payload = os.urandom(50 * 140)
+    modes = ("with mark", "without mark")
+    lat: dict[str, list[float]] = {m: [] for m in modes}
+    busy = dict.fromkeys(modes, 0.0)
+    with ThreadPoolExecutor(partitions) as pool:
+        batchers = {m: SyncBatcher() for m in modes}
+        journals = {m: [Journal(RealIO(disk_free_min_bytes=0), os.path.join(root, "mark", m.replace(" ", "-"), f"p{k}"),
+                                batcher=batchers[m]) for k in range(partitions)] for m in modes}
+        for j in journals["without mark"]:
+            j._mark_ready = False  # the journal's switch for the mark's plain write after each sync
+        done = 0
+        for _ in range(blocks):
+            for mode in modes:
+                t0 = time.perf_counter()
+                for r in range(rounds):
+                    s = time.perf_counter()
+                    for j in journals[mode]:
+                        j.append(done + r + 1, 1, payload)
+                    batchers[mode].sync_all_threads(pool)
+                    lat[mode].append(time.perf_counter() - s)
+                busy[mode] += time.perf_counter() - t0
+            done += rounds
+        for mode in modes:
+            for j in journals[mode]:
+                j.close()
+            n = done * partitions
+            print(f"{mode:>14}: {n / busy[mode]:8.0f} entries/s  round p50 {pct(lat[mode], 0.5) * 1e3:.3f} ms"
+                  f"  p99 {pct(lat[mode], 0.99) * 1e3:.3f} ms  ({done} rounds)")
+    shutil.rmtree(os.path.join(root, "mark"))
+
+
 def drop_caches() -> None:
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -161,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recovery-payload", type=int, default=117)
     ap.add_argument("--recovery-bytes", type=int, default=1_000_000_000)
     ap.add_argument("--drop-caches", action="store_true")
-    ap.add_argument("--only", choices=["per-entry", "batched", "recovery"], default=None)
+    ap.add_argument("--blocks", type=int, default=10, help="interleaved blocks of the mark comparison")
+    ap.add_argument("--only", choices=["per-entry", "batched", "mark", "recovery"], default=None)
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="bench-journal-", dir=args.dir)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -172,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             per_entry(root, args.entries)
         if args.only in (None, "batched"):
             batched(root, args.entries, args.partitions)
+        if args.only in (None, "mark"):
+            mark(root, args.entries, args.partitions, args.blocks)
         if args.only in (None, "recovery"):
             print("\n== recovery: open (scan + CRC check of every record) of a closed journal")
             recovery(root, args.recovery_records, args.recovery_payload, args.drop_caches)

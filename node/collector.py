@@ -98,9 +98,9 @@ class NodeCollector(Collector):
         for p, replica in sorted(node.replicas.items()):
             if not replica.is_leader():
                 continue
-            for name, q in replica.engine.queues.items():
+            for q in replica.view.queue_figures():
                 for state, n in q.counts.items():
-                    jobs.add_metric([name, state], n)
+                    jobs.add_metric([q.name, state], n)
                 for kind, n in q.totals.items():
-                    totals.add_metric([name, kind], n)
+                    totals.add_metric([q.name, kind], n)
         yield from (jobs, totals)

@@ -1,11 +1,13 @@
 """Replica digests for ``Stats``/``/stats`` without hashing a large state on the event loop.
 
-A digest is the SHA-256 of the engine's snapshot at an applied index, equal on
-replicas that applied the same entries. A small partition (at most
+A digest is the SHA-256 of a partition's state at an applied index, equal on
+replicas that applied the same entries, read through the replica's
+:class:`~.raft.view.PartitionView`. A small partition (at most
 :data:`INLINE_JOBS_MAX` jobs, well under a millisecond per thousand jobs) is
-hashed on the spot. A larger one is hashed in a forked child, which sees a
-copy-on-write image of every large engine at the moment of the fork and sends
-back ``(partition, applied index, digest)`` through a pipe; until it answers,
+hashed on the spot. A larger one is hashed in a forked child, which calls
+``view.digest()`` on its copy-on-write image of every large partition as it was
+at the moment of the fork and sends back ``(partition, applied index, digest)``
+through a pipe; until it answers,
 ``Stats`` reports the last digest computed with the index it belongs to
 (``digestIndex``), so a reader compares digests of equal ``digestIndex``. One
 child serves every partition of the node, at most one runs at a time, and the next
@@ -20,11 +22,14 @@ import logging
 import os
 import signal
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 
 from .raft.snapshots import become_background_child
+
+if TYPE_CHECKING:
+    from .raft.view import PartitionView
 
 __all__ = ["ReplicaDigests", "INLINE_JOBS_MAX", "ENV_INLINE_JOBS_MAX", "RESULT_BYTES_MAX"]
 
@@ -38,14 +43,8 @@ ENV_INLINE_JOBS_MAX = "SHOAL_DIGEST_INLINE_JOBS_MAX"
 RESULT_BYTES_MAX = 1024 * 1024
 
 
-class _Engine(Protocol):
-    def digest(self) -> str: ...
-
-    def job_count(self) -> int: ...
-
-
 class _Replica(Protocol):
-    engine: Any
+    view: "PartitionView"
 
     def applied_index(self) -> int: ...
 
@@ -58,12 +57,13 @@ class ReplicaDigests:
         if inline_jobs_max is None:
             inline_jobs_max = int(os.environ.get(ENV_INLINE_JOBS_MAX) or INLINE_JOBS_MAX)
         self.inline_jobs_max = inline_jobs_max
-        #: partition -> (engine object, applied index, digest)
-        self._known: dict[int, tuple[Any, int, str]] = {}
+        #: partition -> (state id, applied index, digest); the state id changes when the replica
+        #: replaces its state (a snapshot installed), which makes the digest stale.
+        self._known: dict[int, tuple[int, int, str]] = {}
         self._pid = 0
         self._fd = -1
         self._buffer = bytearray()
-        self._pending: dict[int, Any] = {}
+        self._pending: dict[int, int] = {}  # partition -> state id, while a child hashes
         self._started = 0.0
         self._next_start = 0.0
         #: Children forked so far (for tests and metrics).
@@ -74,13 +74,14 @@ class ReplicaDigests:
 
         ``replicas`` are all the node's replicas: one child hashes every stale large one.
         """
-        engine, index = replica.engine, replica.applied_index()
+        view, index = replica.view, replica.applied_index()
+        state = view.state_id()
         known = self._known.get(partition)
-        if known is not None and known[0] is engine and known[1] == index:
+        if known is not None and known[0] == state and known[1] == index:
             return known[2], index
-        if engine.job_count() <= self.inline_jobs_max:
-            digest = engine.digest()
-            self._known[partition] = (engine, index, digest)
+        if view.job_count() <= self.inline_jobs_max:
+            digest = view.digest()
+            self._known[partition] = (state, index, digest)
             return digest, index
         self._start(replicas)
         if known is None:
@@ -90,12 +91,12 @@ class ReplicaDigests:
     def _start(self, replicas: Mapping[int, _Replica]) -> None:
         if self._pid or self.loop.time() < self._next_start:
             return
-        stale = {}
+        stale: dict[int, tuple[PartitionView, int, int]] = {}
         for p, r in replicas.items():
             known = self._known.get(p)
-            if (known is None or known[0] is not r.engine or known[1] != r.applied_index()) \
-                    and r.engine.job_count() > self.inline_jobs_max:
-                stale[p] = (r.engine, r.applied_index())
+            state, index = r.view.state_id(), r.applied_index()
+            if (known is None or known[0] != state or known[1] != index) and r.view.job_count() > self.inline_jobs_max:
+                stale[p] = (r.view, state, index)
         if not stale:
             return
         read_fd, write_fd = os.pipe()
@@ -119,7 +120,7 @@ class ReplicaDigests:
         os.set_blocking(read_fd, False)
         self.forks += 1
         self._started = self.loop.time()
-        self._pid, self._fd, self._pending = pid, read_fd, {p: e for p, (e, _) in stale.items()}
+        self._pid, self._fd, self._pending = pid, read_fd, {p: state for p, (_, state, _) in stale.items()}
         self._buffer.clear()
         self.loop.add_reader(read_fd, self._readable)
 
@@ -153,9 +154,9 @@ class ReplicaDigests:
         finally:
             self._buffer.clear()
         for p, index, digest in results:
-            engine = self._pending.get(p)
-            if engine is not None:
-                self._known[p] = (engine, index, digest)
+            state = self._pending.get(p)
+            if state is not None:
+                self._known[p] = (state, index, digest)
         self._pending = {}
 
     def close(self) -> None:
@@ -171,12 +172,11 @@ class ReplicaDigests:
             self._pid, self._fd = 0, -1
 
 
-def _child(fd: int, stale: Mapping[int, tuple[Any, int]]) -> None:
+def _child(fd: int, stale: Mapping[int, tuple["PartitionView", int, int]]) -> None:
     code = 1
     try:
         become_background_child()
-        results = [[p, index, engine.digest()]
-                   for p, (engine, index) in stale.items()]
+        results = [[p, index, view.digest()] for p, (view, _, index) in stale.items()]
         view = memoryview(msgpack.packb(results))
         while view:
             view = view[os.write(fd, view):]

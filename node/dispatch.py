@@ -200,7 +200,7 @@ class Dispatcher:
                 raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
                                                         "entry yet; retry")
             started = time.perf_counter()
-            conn.reply(req_id, replica.read(frame, self.clock.now_ms()))
+            conn.reply(req_id, replica.view.read(frame, self.clock.now_ms()))
             self.metrics.observe(cmd, time.perf_counter() - started)
             return
         if cmd in LEASE_COMMANDS:
@@ -309,7 +309,7 @@ class Dispatcher:
             self.sessions.used_partition(conn.session, p)
         timeout_ms = frame.get("timeout") or 0
         replica = self.directory.replicas[p]
-        if timeout_ms > 0 and not replica.has_ready(frame["queue"]):
+        if timeout_ms > 0 and not replica.view.has_ready(frame["queue"]):
             self._park_pull(conn, frame, p, self.loop.time() + timeout_ms / 1000)
             return
         self._submit_pull(conn, frame, p, None)
@@ -367,7 +367,7 @@ class Dispatcher:
             if not waiters:
                 del self._parked_pulls[key]
                 continue
-            if not replica.has_ready(key[1]):
+            if not replica.view.has_ready(key[1]):
                 continue
             for _ in range(min(len(waiters), WAKE_PER_ROUND_MAX)):
                 parked = waiters.popleft()
@@ -395,7 +395,7 @@ class Dispatcher:
         cmd = frame["cmd"]
         if read_only:
             now = self.clock.now_ms()
-            parts = {p: replicas[p].read(frame, now) for p in led}
+            parts = {p: replicas[p].view.read(frame, now) for p in led}
             conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
             return
         results: dict[int, Any] = {}

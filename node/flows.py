@@ -227,17 +227,17 @@ class FlowService:
         while True:
             await asyncio.sleep(FORWARD_INTERVAL_S)
             for p, replica in list(self.node.replicas.items()):
-                if p in self._forwarding or not replica.is_leader() or not replica.engine.flow_outbox:
+                if p in self._forwarding or not replica.is_leader() or not replica.view.has_flow_reports():
                     continue
                 self._forwarding.add(p)
                 task = self.node.loop.create_task(self._forward(p))
                 task.add_done_callback(lambda _t, p=p: self._forwarding.discard(p))
 
     async def _forward(self, p: int) -> None:
-        outbox = self.node.replicas[p].engine.flow_outbox
+        reports = self.node.replicas[p].view.flow_reports(REPORTS_PER_ROUND_MAX)
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
         size = 0
-        for seq, report in itertools.islice(outbox.items(), REPORTS_PER_ROUND_MAX):
+        for seq, report in reports:
             parent, failed, result, error, on_failure = report
             size += len(result or b"") + len(error or "") * 4
             if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:

@@ -369,13 +369,13 @@ class Node:
                 replica = self.replicas[p]
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
-                engine = replica.engine
-                due = engine.next_due_ms()
+                view = replica.view
+                due = view.next_due_ms()
                 # The idle tick trims histories by age; a partition without queues has nothing to
                 # trim, and with hundreds of partitions its Raft entry per second is most of a
                 # node's idle CPU.
                 if (due is not None and due <= now) or (
-                        engine.queues and now - self._last_tick_ms.get(p, 0) >= self._tick_idle_ms):
+                        view.has_queues() and now - self._last_tick_ms.get(p, 0) >= self._tick_idle_ms):
                     self._last_tick_ms[p] = now
                     self._tick_inflight.add(p)
                     self.group_commits[p].submit({"cmd": "_Tick"},

@@ -23,7 +23,6 @@ import asyncio
 import collections
 import logging
 import random
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 

@@ -77,8 +77,8 @@ def _durability(node: Any) -> dict[str, Any]:
     """The durability classes of the queues this node holds (seed 004: fsync is ``durable: true``)."""
     classes = {"fsync": 0, "disk": 0}
     for replica in node.replicas.values():
-        for q in replica.engine.queues.values():
-            classes["fsync" if q.opts.get("durable", True) else "disk"] += 1
+        for q in replica.view.queue_figures():
+            classes["fsync" if q.durable else "disk"] += 1
     return {"default": "fsync", "queues": classes, "syncIntervalMs": node.config.sync_interval_ms}
 
 
@@ -239,7 +239,7 @@ class HttpApi(StreamHandlers):
                 memory["rssBytes"] = int(f.read().split()[1]) * _PAGE_SIZE
         except (OSError, ValueError, IndexError):
             pass
-        jobs = sum(r.engine.job_count() for r in node.replicas.values())
+        jobs = sum(r.view.job_count() for r in node.replicas.values())
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],
@@ -264,7 +264,7 @@ class HttpApi(StreamHandlers):
         queues: dict[str, Any] = {}
         for _p, replica in sorted(node.replicas.items()):
             if replica.is_leader():
-                queues.update(replica.read({"cmd": "Stats"}, now)["stats"]["queues"])
+                queues.update(replica.view.read({"cmd": "Stats"}, now)["stats"]["queues"])
         return json_response({**node.local_stats(), "clusterId": node.config.cluster_id,
                               "incarnation": node.incarnation, "pid": os.getpid(), "queues": queues,
                               "connections": len(node.dispatcher.connections),

@@ -38,21 +38,45 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
 from shoal.cluster.errors import CommandError
 
-from .forward import FORWARDED_HEADER
+from .forward import FORWARDED_HEADER, Forwarder
 from .util import error_response, json_response, sse
 
 if TYPE_CHECKING:
-    from .api import HttpApi
     from ..view import NodeView
 
-__all__ = ["Dashboard", "add_dashboard_routes", "DASHBOARD_OPEN_PATHS", "STATIC_DIR"]
+__all__ = ["Dashboard", "DashboardApi", "add_dashboard_routes", "DASHBOARD_OPEN_PATHS", "STATIC_DIR"]
+
+
+class DashboardApi(Protocol):
+    """What the dashboard uses of the node's HTTP API (:class:`~shoal.node.http.api.HttpApi`
+    implements it; a protocol, so this module does not import the API that mounts it)."""
+
+    node: "NodeView"
+    started: float
+    forwarder: Forwarder
+
+    def readiness(self) -> dict[str, Any]:
+        """The body of ``/ready``."""
+        ...
+
+    async def command(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Run one command; the reply frame."""
+        ...
+
+    async def answer(self, request: web.Request, reply: dict[str, Any]) -> web.StreamResponse:
+        """The HTTP response to a reply frame."""
+        ...
+
+    async def body(self, request: web.Request) -> dict[str, Any]:
+        """The request's JSON object."""
+        ...
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +121,7 @@ class QueueSampler:
         out = {}
         for p, replica in list(self.node.replicas.items()):
             try:
-                out[p] = replica.read({"cmd": "Stats"}, now)["stats"]["queues"]
+                out[p] = replica.view.read({"cmd": "Stats"}, now)["stats"]["queues"]
             except Exception:  # a replica still restoring: skip it this time
                 log.debug("partition %d: no stats", p, exc_info=True)
         return out
@@ -227,9 +251,9 @@ class Timelines:
 
 
 class Dashboard:
-    """The dashboard's endpoints, bound to one node's :class:`~shoal.node.http.HttpApi`."""
+    """The dashboard's endpoints, bound to one node's HTTP API."""
 
-    def __init__(self, api: "HttpApi") -> None:
+    def __init__(self, api: DashboardApi) -> None:
         self.api = api
         self.node = api.node
         self.read_only = bool(getattr(self.node.config, "dashboard_read_only", False))
@@ -603,7 +627,7 @@ def _page_size() -> int:
     return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def add_dashboard_routes(app: web.Application, api: "HttpApi") -> Dashboard:
+def add_dashboard_routes(app: web.Application, api: DashboardApi) -> Dashboard:
     """Register the dashboard's files and endpoints on ``app``; returns the bound handlers."""
     d = Dashboard(api)
     app.on_startup.append(d.on_startup)

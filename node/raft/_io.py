@@ -9,8 +9,9 @@ Two implementations share one small interface:
   power cut would keep (``synced``) apart from the bytes only the page cache
   holds, and directory entries are durable only after the directory is
   fsynced, as on Linux. :meth:`SimIO.power_cut` drops everything not synced
-  (optionally keeping a torn prefix of an unsynced appended tail, as a real
-  disk may); :meth:`SimIO.fill_disk` and a capacity make writes fail with
+  (optionally keeping a torn prefix of an unsynced appended tail, and any mix
+  of old, new and torn sectors of bytes rewritten in place, as a real disk
+  may); :meth:`SimIO.fill_disk` and a capacity make writes fail with
   ``ENOSPC``.
 
 Free space. Writes that pass ``check_space=True`` (journal appends of client
@@ -433,6 +434,7 @@ class SimIO(FileIO):
         self.sync_calls = 0
         self._names: dict[str, _Inode] = {}
         self._durable_names: dict[str, _Inode] = {}
+        self._dir_renames: list[tuple[str, str]] = []  # (src, dst) not yet made durable
         self.log: list[str] = []
         self.step_hook: Callable[[str], None] | None = None
         """Called after every simulated operation with its name; a test may raise from it to stop there."""
@@ -457,18 +459,31 @@ class SimIO(FileIO):
         return path in self._names
 
     def listdir(self, directory: str) -> list[str]:
+        """Files and subdirectories (a directory exists while it holds a file)."""
         prefix = directory.rstrip("/") + "/"
-        return sorted(
-            name[len(prefix) :] for name in self._names if name.startswith(prefix) and "/" not in name[len(prefix) :]
-        )
+        return sorted({name[len(prefix) :].split("/", 1)[0] for name in self._names if name.startswith(prefix)})
 
     def makedirs(self, directory: str) -> None:
         pass
 
     def rename(self, src: str, dst: str) -> None:
-        inode = self._names.pop(src)
-        self._names[dst] = inode
+        """Rename a file, or a directory (durable once their parent is fsynced)."""
+        if src in self._names:
+            self._names[dst] = self._names.pop(src)
+        else:
+            moved = self._move_tree(self._names, src, dst)
+            if not moved:
+                raise FileNotFoundError(errno.ENOENT, "no such file or directory", src)
+            self._dir_renames.append((src.rstrip("/"), dst.rstrip("/")))
         self._step(f"rename {src} {dst}")
+
+    @staticmethod
+    def _move_tree(names: dict[str, _Inode], src: str, dst: str) -> int:
+        prefix = src.rstrip("/") + "/"
+        inside = [n for n in names if n.startswith(prefix)]
+        for name in inside:
+            names[dst.rstrip("/") + "/" + name[len(prefix) :]] = names.pop(name)
+        return len(inside)
 
     def unlink(self, path: str) -> None:
         self._names.pop(path, None)
@@ -488,6 +503,10 @@ class SimIO(FileIO):
         for name, inode in self._names.items():
             if in_dir(name):
                 self._durable_names[name] = inode
+        parent = directory.rstrip("/")
+        for src, dst in [r for r in self._dir_renames if os.path.dirname(r[0]) == parent]:
+            self._move_tree(self._durable_names, src, dst)
+            self._dir_renames.remove((src, dst))
         self._step(f"fsync_dir {directory}")
 
     def free_bytes(self, directory: str) -> int:
@@ -509,11 +528,14 @@ class SimIO(FileIO):
         """Lose everything not synced; with ``rng``, keep a random torn prefix of appended tails.
 
         Directory entries revert to the last :meth:`fsync_dir` of their
-        directory; file contents to their last sync. Handles opened before the
-        cut raise :class:`PowerCut` when used.
+        directory; file contents to their last sync. With ``rng``, bytes
+        rewritten in place since (same size) keep, per 512-byte sector, the old
+        or the new content, and one such sector may be torn between the two.
+        Handles opened before the cut raise :class:`PowerCut` when used.
         """
         self.epoch += 1
         self._names = dict(self._durable_names)
+        self._dir_renames.clear()
         for inode in {id(i): i for i in self._names.values()}.values():
             kept = inode.synced
             current = bytes(inode.data)
@@ -522,6 +544,27 @@ class SimIO(FileIO):
                 # The size may reach the disk before the data: a tail of zeros.
                 zeros = rng.randint(0, len(current) - cut) if rng.random() < 0.3 else 0
                 kept = current[:cut] + b"\0" * zeros
+            elif rng is not None and len(current) == len(kept) and current != kept:
+                kept = _mixed_sectors(kept, current, rng)
             inode.data = bytearray(kept)
             inode.synced = kept
         self.log.append("power_cut")
+
+
+SECTOR_BYTES = 512
+
+
+def _mixed_sectors(old: bytes, new: bytes, rng: random.Random) -> bytes:
+    """What a power cut may leave of an in-place rewrite: each sector old or new, one maybe torn."""
+    out = bytearray(old)
+    changed = [at for at in range(0, len(old), SECTOR_BYTES) if old[at : at + SECTOR_BYTES] != new[at : at + SECTOR_BYTES]]
+    for at in changed:
+        if rng.random() < 0.5:
+            out[at : at + SECTOR_BYTES] = new[at : at + SECTOR_BYTES]
+    if changed and rng.random() < 0.3:
+        at = rng.choice(changed)
+        end = min(at + SECTOR_BYTES, len(old))
+        tear = rng.randint(at, end)
+        out[at:tear] = new[at:tear]
+        out[tear:end] = old[tear:end]
+    return bytes(out)

@@ -13,9 +13,10 @@ leader's loop and leaves room on the link for the partitions' own traffic.
 The follower's :class:`SnapshotReceiver` writes the chunks to a temp file and
 acknowledges each with the next offset it wants (:class:`~.messages.SnapshotChunkAck`).
 The first chunk of a stream is empty: it asks where to start, so a transfer the link
-broke resumes where it stopped. Once the file is complete, its CRC32C must equal the
-leader's before it replaces anything; a mismatch drops the temp file and the stream
-starts over. A chunk from an older term than the follower's is refused, so a deposed
+broke resumes where it stopped. The chunks are checked as they arrive
+(:class:`~.snapshot_file.SnapshotChecker`: a foreign header at the first chunk, the content
+CRC32C at the end), and the whole file's CRC32C must equal the leader's before it replaces
+anything; any mismatch drops the temp file and the stream starts over. A chunk from an older term than the follower's is refused, so a deposed
 leader's stream cannot install anything.
 """
 
@@ -30,7 +31,7 @@ import google_crc32c
 
 from ._io import FileHandle, FileIO
 from .messages import Message, SnapshotChunk, SnapshotChunkAck
-from .snapshot_file import SnapshotCorrupt, read_snapshot_info
+from .snapshot_file import SnapshotChecker, SnapshotCorrupt, read_snapshot_info
 from .snapshots import SnapshotFile
 
 __all__ = ["SnapshotSender", "SnapshotReceiver", "ByteRate", "Received", "CHUNK_BYTES", "WINDOW_BYTES",
@@ -183,8 +184,7 @@ class SnapshotReceiver:
         self.partition = partition
         self._key: tuple[int, int, int, int] | None = None  # index, snapshot term, size, file CRC
         self._handle: FileHandle | None = None
-        self._received = 0
-        self._crc = 0
+        self._checker: SnapshotChecker | None = None
         self.completed = 0
         self.restarted = 0
 
@@ -197,38 +197,54 @@ class SnapshotReceiver:
             if chunk.offset != 0:
                 return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
             self._begin(key)
+        checker = self._checker
+        assert checker is not None and self._handle is not None
+        received = checker.offset
         if not chunk.data:
-            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
-        if chunk.offset != self._received or google_crc32c.value(chunk.data) != chunk.crc:
-            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
-        if self._received + len(chunk.data) > chunk.total:
+            return SnapshotChunkAck(chunk.term, chunk.index, received), None
+        if chunk.offset != received or google_crc32c.value(chunk.data) != chunk.crc:
+            return SnapshotChunkAck(chunk.term, chunk.index, received), None
+        if received + len(chunk.data) > chunk.total:
             self.abort()
             return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
-        assert self._handle is not None
+        try:
+            checker.update(chunk.data)  # a foreign header is refused at the first chunk
+        except SnapshotCorrupt as exc:
+            return self._start_over(chunk, f"{exc}")
         self._handle.append(chunk.data)
-        self._received += len(chunk.data)
-        self._crc = google_crc32c.extend(self._crc, chunk.data)
-        if self._received < chunk.total:
-            return SnapshotChunkAck(chunk.term, chunk.index, self._received), None
-        if self._crc != chunk.file_crc:
-            log.error("partition %d: received snapshot %d fails its checksum (%08x, leader's %08x); "
-                      "dropped, asking again", self.partition, chunk.index, self._crc, chunk.file_crc)
-            self.abort()
-            self.restarted += 1
-            return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
+        if checker.offset < chunk.total:
+            return SnapshotChunkAck(chunk.term, chunk.index, checker.offset), None
+        try:
+            checker.finish()
+        except SnapshotCorrupt as exc:
+            return self._start_over(chunk, f"{exc}")
+        if checker.file_crc32c != chunk.file_crc:
+            return self._start_over(chunk, f"checksum {checker.file_crc32c:08x}, the leader's {chunk.file_crc:08x}")
         handle, self._handle = self._handle, None
         self._key = None
+        self._checker = None
         handle.close()
-        return (SnapshotChunkAck(chunk.term, chunk.index, self._received),
+        return (SnapshotChunkAck(chunk.term, chunk.index, chunk.total),
                 Received(self.tmp_path, chunk.index, chunk.snap_term, chunk.total, chunk.file_crc))
+
+    def _start_over(self, chunk: SnapshotChunk, why: str) -> tuple[SnapshotChunkAck, None]:
+        log.error("partition %d: received snapshot %d does not check out (%s); dropped, asking again",
+                  self.partition, chunk.index, why)
+        self.abort()
+        self.restarted += 1
+        return SnapshotChunkAck(chunk.term, chunk.index, 0, START_OVER), None
+
+    @property
+    def active(self) -> bool:
+        """A transfer is under way."""
+        return self._key is not None
 
     def _begin(self, key: tuple[int, int, int, int]) -> None:
         self.abort()
         self._key = key
         self._handle = self._io.open(self.tmp_path)
         self._handle.truncate(0)
-        self._received = 0
-        self._crc = 0
+        self._checker = SnapshotChecker(self.tmp_path)
 
     def finish(self, received: Received) -> None:
         """Make the received file durable and check its envelope (off the loop: it fsyncs)."""
@@ -254,6 +270,5 @@ class SnapshotReceiver:
             self._handle.close()
             self._handle = None
         self._key = None
-        self._received = 0
-        self._crc = 0
+        self._checker = None
         self._io.unlink(self.tmp_path)

@@ -29,17 +29,46 @@ whole segments below it; a segment that still holds some covered entries is
 kept until all of it is covered.
 
 Recovery at open scans the segments from the first needed one. Only the
-unsynced tail can be torn by a power cut, and it lies in the last segment and
-spans at most ``unsynced_bytes_max`` bytes (recorded in each segment's header)
-or one record. A record that fails its checks there is a torn tail: the
-segment is cut at it and the cut (file, offset, bytes) is logged. A failing
-record anywhere else — in a sealed segment, or further from the end of the last
-one — and segments that do not follow each other raise :class:`JournalCorrupt`
-naming the file and offset. What recovery found is then synced, since after a
-crash of the process alone it may still be only in the page cache.
+unsynced tail can be torn by a power cut, and it lies in the last segment,
+beyond the last synced offset, and spans at most ``unsynced_bytes_max`` bytes
+(recorded in each segment's header) or one record. The journal records the
+synced offset in ``synced`` (see *The synced mark* below). A record that fails
+its checks there — beyond the mark and close enough to the end — is a torn
+tail: the segment is cut at it and the cut (file, offset, bytes) is logged. A
+failing record anywhere else — in a sealed segment, in the synced part of the
+last one, or further from its end than a torn write can reach — a journal that
+ends before the mark, and segments that do not follow each other raise
+:class:`JournalCorrupt` naming the file and offset. What recovery found is then
+synced, since after a crash of the process alone it may still be only in the
+page cache.
 
-The directory also holds ``meta`` (term, vote, commit hint: :mod:`.meta`) and
-``start`` (the durable first index after a prefix drop).
+The synced mark
+---------------
+``synced`` holds ``(segment, offset, index)``: the bytes of segment ``segment``
+before ``offset``, and the entries up to ``index``, are on stable storage. It is
+a lower bound, never more than the truth, and costs no fsync on the hot path:
+after each successful :meth:`Journal.sync` the new mark is written in place with
+a plain ``pwrite`` (no sync), so whatever of it reaches the disk was written
+after the data it names was durable. Every operation that makes the durable log
+shorter — a suffix deletion into synced entries, :meth:`Journal.clear` — first
+rewrites the mark durably (temp file, fsync, rename, directory fsync), so a mark
+on disk never names bytes that are gone. A torn-tail cut at recovery needs no
+rewrite: it only ever cuts beyond the mark. The file holds two copies of the
+mark, each with its own CRC32C, in different 4 KiB blocks, and plain writes
+alternate between them: a power cut can tear only the copy being written, and
+recovery takes the higher of the copies whose checksums hold. If neither holds (or the
+file is missing beside existing segments), nothing is assumed unsynced and any
+bad record is refused. The mark may lag the truth by the writes a power cut
+lost (the kernel writes them back within seconds); damage in that window, close
+to the end of the last segment, is still taken for a torn tail. A clean
+:meth:`Journal.close` makes the mark durable.
+
+The directory also holds ``meta`` (term, vote, commit hint: :mod:`.meta`),
+``start`` (the durable first index after a prefix drop) and ``synced``.
+
+A damaged journal directory can be moved aside with
+:func:`quarantine_journal` (keeping term and vote) so the replica can fetch a
+fresh copy of the log from its leader.
 
 Memory does not grow with the payloads: the journal keeps one 8-byte offset per
 record (``array('q')`` per segment), the term changes, and a bounded cache of
@@ -58,9 +87,10 @@ import bisect
 import logging
 import os
 import struct
+import time
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -76,6 +106,10 @@ __all__ = [
     "NoSpace",
     "SyncFailed",
     "SyncBatcher",
+    "SyncMark",
+    "QUARANTINE_INFIX",
+    "quarantine_journal",
+    "read_sync_mark",
     "SEGMENT_BYTES",
     "RECORD_HEADER_BYTES",
 ]
@@ -106,6 +140,57 @@ def _segment_header_fields(header: bytes) -> tuple[bytes, int, int] | None:
     if google_crc32c.value(header[:-4]) != crc:
         return None
     return magic, version, bound
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SyncMark:
+    """How much of a journal is known durable: entries up to ``index``, and in the segment
+    starting at index ``segment`` the bytes before ``offset``. ``segment == 0``: nothing."""
+
+    index: int
+    segment: int
+    offset: int
+
+
+_NOTHING_SYNCED = SyncMark(0, 0, 0)
+MARK_NAME = "synced"
+_MARK_MAGIC = b"SHOALSYN"
+_MARK = struct.Struct("<8sQQQI")  # magic, index, segment, offset, CRC32C of the 32 bytes before
+#: The two copies of the mark sit in different 4 KiB blocks: a torn write of one leaves the other.
+_MARK_SLOT_BYTES = 4096
+
+
+def _mark_slot(mark: SyncMark) -> bytes:
+    body = struct.pack("<8sQQQ", _MARK_MAGIC, mark.index, mark.segment, mark.offset)
+    return body + struct.pack("<I", google_crc32c.value(body))
+
+
+def _mark_file(mark: SyncMark) -> bytes:
+    slot = _mark_slot(mark)
+    return slot + bytes(_MARK_SLOT_BYTES - len(slot)) + slot
+
+
+def read_sync_mark(io: FileIO, directory: str) -> SyncMark | None:
+    """The synced mark of the journal in ``directory``: the higher of its readable copies,
+    or None if the file is missing or neither copy's checksum holds."""
+    path = os.path.join(directory, MARK_NAME)
+    if not io.exists(path):
+        return None
+    raw = io.read_all(path)
+    best: SyncMark | None = None
+    for at in (0, _MARK_SLOT_BYTES):
+        slot = raw[at : at + _MARK.size]
+        if len(slot) != _MARK.size:
+            continue
+        magic, index, segment, offset, crc = _MARK.unpack(slot)
+        if magic != _MARK_MAGIC or google_crc32c.value(slot[:-4]) != crc:
+            continue
+        mark = SyncMark(index, segment, offset)
+        if best is None or mark > best:
+            best = mark
+    return best
+
+
 _RECORD = struct.Struct("<IIQQ")
 RECORD_HEADER_BYTES = _RECORD.size
 _CRC_FIELDS = struct.Struct("<IQQ")
@@ -119,7 +204,20 @@ Entry = tuple[bytes, int, int]
 
 
 class JournalCorrupt(Exception):
-    """A journal record that cannot be a torn tail is damaged; the message names file and offset."""
+    """A journal file is damaged where no power cut could have torn it.
+
+    ``path`` names the file and ``offset`` the byte where the damage was found (0 for
+    a whole-file problem such as a missing segment); the message says what is wrong.
+    """
+
+    def __init__(self, path: str, offset: int, problem: str) -> None:
+        super().__init__(f"{path} at offset {offset}: {problem}")
+        self.path = path
+        self.offset = offset
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:
+        return type(self), (self.path, self.offset, self.problem)
 
 
 class SyncFailed(OSError):
@@ -163,14 +261,86 @@ class _Segment:
         return self.first_index + len(self.offsets) - 1
 
 
+#: A copy of a journal's ``meta`` kept beside its directory while :func:`quarantine_journal` runs.
+_KEPT_META_SUFFIX = ".meta.kept"
+QUARANTINE_INFIX = ".damaged-"
+
+
+def quarantine_journal(io: FileIO, directory: str, *, clock: Callable[[], float] = time.time) -> str:
+    """Move the damaged journal in ``directory`` aside, keeping its term and vote; return where it went.
+
+    The directory is renamed to ``<directory>.damaged-<UTC time>`` (with ``-<n>`` added if
+    that name is taken) and left for an operator to inspect or delete; a new ``directory``
+    holds only ``meta``, so the replica restarts with an empty log and catches up from its
+    leader. Every step is durable before the next (directory fsyncs) and a power cut at any
+    point is finished or undone by the next :class:`Journal` opened on ``directory``. The
+    journal must be closed.
+
+    Why term and vote survive: Raft lets a server vote at most once per term, and the
+    durable ``votedFor`` is what keeps that promise across restarts (paper §5.2 and
+    Figure 2). A discarded log is a loss the leader repairs by sending its own; a forgotten
+    vote is not: the replica could vote for a second candidate in a term it already voted
+    in, and two leaders could then be elected in one term. The term stays for the same
+    reason, and so that a deposed leader's messages are still recognised as stale.
+
+    The caller must also keep the replica from *granting* votes until a leader of a term at
+    least the kept one has caught it up: entries it acknowledged were counted toward
+    commits, and with an empty log it would vote for a candidate that lacks them.
+    Raises :class:`~.meta.MetaCorrupt` (and moves nothing) if ``meta`` is unreadable.
+    """
+    directory = directory.rstrip("/")
+    parent = os.path.dirname(directory) or "."
+    meta_path = os.path.join(directory, "meta")
+    kept = directory + _KEPT_META_SUFFIX
+    meta = b""
+    if io.exists(meta_path):
+        RaftMeta(io, meta_path)  # refuses an unreadable file before anything moves
+        meta = io.read_all(meta_path)
+        io.write_atomic(kept, [meta])
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(clock()))
+    taken = set(io.listdir(parent))
+    base = os.path.basename(directory) + QUARANTINE_INFIX + stamp
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    target = os.path.join(parent, name)
+    io.rename(directory, target)
+    io.fsync_dir(parent)
+    io.makedirs(directory)
+    if meta:
+        io.write_atomic(meta_path, [meta])
+        io.fsync_dir(parent)  # the new directory's own entry
+        io.unlink(kept)
+        io.fsync_dir(parent)
+    log.warning("journal %s: damaged copy moved to %s; term and vote kept", directory, target)
+    return target
+
+
+def _finish_quarantine(io: FileIO, directory: str) -> None:
+    """Complete or undo a :func:`quarantine_journal` a power cut interrupted."""
+    directory = directory.rstrip("/")
+    kept = directory + _KEPT_META_SUFFIX
+    if not io.exists(kept):
+        return
+    parent = os.path.dirname(directory) or "."
+    meta_path = os.path.join(directory, "meta")
+    if not io.exists(meta_path):  # the damaged directory was moved, its successor not yet made
+        io.makedirs(directory)
+        io.write_atomic(meta_path, [io.read_all(kept)])
+        io.fsync_dir(parent)
+    io.unlink(kept)
+    io.fsync_dir(parent)
+
+
 class Journal:
     """One replica's Raft log, durable on :meth:`sync`; see the module docstring.
 
     ``cache_entries_max``/``cache_bytes_max`` bound the newest entries held in
     memory; ``segment_bytes`` is the size at which a segment is sealed;
     ``unsynced_bytes_max`` bounds what may be written but not synced (an
-    append that would exceed it syncs first), which is what lets recovery tell
-    a torn tail from a damaged record (see :meth:`_scan`).
+    append that would exceed it syncs first), which with the synced mark lets
+    recovery tell a torn tail from a damaged record (see :meth:`_scan`).
     ``sync_every_append`` makes every append durable before it returns: with
     pysyncobj unchanged this alone gives the fsync class (the leader's ``add``
     precedes its commit count, a follower's precedes its answer), at one
@@ -219,8 +389,17 @@ class Journal:
         self._synced_index = 0
         self._data_dirty = False
         self._dir_dirty = False
+        #: The synced mark as last written (see the module docstring), its open file, and
+        #: which of its two copies the next plain write replaces.
+        self._mark = _NOTHING_SYNCED
+        self._mark_path = os.path.join(directory, MARK_NAME)
+        self._mark_handle: FileHandle | None = None
+        self._mark_slot = 0
+        self._mark_write_failed = False
+        self._mark_ready = False
         self.syncs = 0
         self.disk_reads = 0
+        _finish_quarantine(io, directory)
         io.makedirs(directory)
         self.meta = RaftMeta(io, os.path.join(directory, "meta"))
         self._recover()
@@ -284,7 +463,7 @@ class Journal:
             if term < self._run_term[-1]:
                 raise ValueError(f"append term {term} below last term {self._run_term[-1]}")
         else:
-            self._restart_at(index)
+            self._restart_at(index, term)
         record = encode_record(index, term, payload)
         seg = self._segments[-1]
         if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
@@ -305,9 +484,16 @@ class Journal:
         if self.sync_every_append:
             self.sync()
 
-    def _restart_at(self, index: int) -> None:
-        """The journal is empty: make sure the active segment starts at ``index``."""
-        if self._segments and self._segments[-1].next_index == index:
+    def _restart_at(self, index: int, term: int) -> None:
+        """The journal is empty: make sure the active segment can take ``(index, term)`` next.
+
+        The last segment may still hold entries below the first index (a prefix drop keeps
+        a partly covered segment); it is continued only where the new entry follows them.
+        """
+        if self._segments and self._segments[-1].next_index == index and (
+                not self._run_term or self._run_term[-1] <= term):
+            if index < self._start:  # entries a power cut lost below the durable start
+                self._store_start(index)
             self._first_index = index
             return
         self._drop_all_segments()
@@ -343,6 +529,7 @@ class Journal:
         self._datasync(old)
         if not self._dir_dirty:
             self._synced_index = self._last_index
+            self._note_synced()
         self._data_dirty = False
         try:
             return self._new_segment(next_index)
@@ -387,7 +574,58 @@ class Journal:
             self._sync_active()
         self._sync_dir_if_dirty()
         self._synced_index = max(self._synced_index, target)
+        self._note_synced()
         return self._synced_index
+
+    def _note_synced(self) -> None:
+        """Everything written is durable: record it in the mark if it moved."""
+        if self._segments and self._mark_ready:
+            seg = self._segments[-1]
+            mark = SyncMark(self._last_index, seg.first_index, seg.size)
+            if mark != self._mark:
+                self._write_mark(mark)
+
+    def _write_mark(self, mark: SyncMark) -> None:
+        """Record ``mark`` with a plain write (no sync) over the older of the two copies."""
+        try:
+            if self._mark_handle is None:
+                self._mark_handle = self._io.open(self._mark_path, create=False)
+            self._mark_handle.pwrite(self._mark_slot * _MARK_SLOT_BYTES, _mark_slot(mark))
+        except OSError as exc:
+            # A mark that lags is safe (it only lets damage near the end pass for a torn
+            # tail); the copy that failed is the one retried, so the other stays whole.
+            if not self._mark_write_failed:
+                log.warning("journal %s: writing the synced mark failed (%s); it lags until a write succeeds",
+                            self.directory, exc)
+                self._mark_write_failed = True
+            return
+        self._mark_write_failed = False
+        self._mark_slot ^= 1
+        self._mark = mark
+
+    def _store_mark(self, mark: SyncMark) -> None:
+        """Make ``mark`` durable in both copies before returning (the log is about to get shorter).
+
+        Rewritten in place and fdatasync'ed: a cut on the way leaves old and new copies, each
+        still a lower bound of the log, which is cut only after this returns.
+        """
+        self._check_usable()
+        if self._mark_handle is None:
+            self._mark_handle = self._io.open(self._mark_path, create=False)
+        slot = _mark_slot(mark)
+        self._mark_handle.pwrite(0, slot)
+        self._mark_handle.pwrite(_MARK_SLOT_BYTES, slot)
+        self._datasync(self._mark_handle)
+        self._mark, self._mark_slot = mark, 0
+
+    def _create_mark(self, mark: SyncMark) -> None:
+        """Write the mark file anew, durably (a new journal, or one whose mark was unreadable)."""
+        if self._mark_handle is not None:
+            self._mark_handle.close()
+            self._mark_handle = None
+        self._io.write_atomic(self._mark_path, [_mark_file(mark)])
+        self._mark, self._mark_slot = mark, 0
+        self._mark_ready = True
 
     def _sync_active(self) -> None:
         """fdatasync the active segment: everything written to it is durable."""
@@ -408,6 +646,16 @@ class Journal:
         if index > self._last_index:
             return
         index = max(index, self._first_index)
+        # The mark must never name bytes that are gone: lower it durably first.
+        kept = self._segments[-1]
+        for seg in reversed(self._segments):
+            kept = seg
+            if seg.first_index < index:
+                break
+        keep = index - kept.first_index
+        end = SyncMark(index - 1, kept.first_index, kept.offsets[keep] if 0 <= keep < len(kept.offsets) else kept.size)
+        if self._mark > end:
+            self._store_mark(end)
         # Whole segments go first, durably, then the one left is cut: every state a
         # power cut can leave on the way is a prefix of the log before the call.
         dropped = False
@@ -431,7 +679,8 @@ class Journal:
         self._sync_dir_if_dirty()
         removed = self._last_index - index + 1
         self._last_index = index - 1
-        self._synced_index = min(self._synced_index, self._last_index)
+        self._synced_index = self._last_index  # all of what is left was just synced
+        self._note_synced()
         pos = bisect.bisect_left(self._run_index, index)
         del self._run_index[pos:]
         del self._run_term[pos:]
@@ -470,6 +719,8 @@ class Journal:
         self._first_index = self._last_index + 1
 
     def _drop_all_segments(self) -> None:
+        if self._segments and self._mark != _NOTHING_SYNCED:
+            self._store_mark(_NOTHING_SYNCED)
         if self._active is not None:
             self._active.close()
             self._active = None
@@ -497,14 +748,18 @@ class Journal:
 
     def close(self) -> None:
         """Sync and close the files (after a failed sync: only close them)."""
-        if self._active is not None:
-            try:
-                if self._failed is None:
-                    self.sync()
-                    self.store_commit_hint()
-            finally:
-                self._active.close()
-                self._active = None
+        try:
+            if self._active is not None and self._failed is None:
+                self.sync()
+                self.store_commit_hint()
+                if self._mark_ready and self._segments:  # exact after a clean stop, whatever a power cut does
+                    seg = self._segments[-1]
+                    self._store_mark(SyncMark(self._last_index, seg.first_index, seg.size))
+        finally:
+            for handle in (self._active, self._mark_handle):
+                if handle is not None:
+                    handle.close()
+            self._active = self._mark_handle = None
 
     # ------------------------------------------------------------------ reads
     def _cache_push(self, payload: bytes) -> None:
@@ -574,7 +829,7 @@ class Journal:
                 length, crc, term, idx = _RECORD.unpack_from(view, pos)
                 payload = bytes(view[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length])
                 if idx != index or len(payload) != length or _crc(length, term, idx, payload) != crc:
-                    raise JournalCorrupt(f"{seg.path}: record at offset {lo + pos} fails its check on read")
+                    raise JournalCorrupt(seg.path, lo + pos, "record fails its check on read")
                 yield payload, idx, term
                 pos += RECORD_HEADER_BYTES + length
                 index += 1
@@ -590,21 +845,43 @@ class Journal:
         while len(segments) > 1 and segments[1][0] <= start:
             io.unlink(segments.pop(0)[1])
             self._dir_dirty = True
+        mark = read_sync_mark(io, self.directory)
         if not segments:
+            if mark is not None and mark.segment:
+                raise JournalCorrupt(os.path.join(self.directory, _segment_name(mark.segment)), 0,
+                                     f"segment missing (entries up to {mark.index} were synced)")
             self._first_index = max(start, 1)
             self._last_index = self._first_index - 1
             self.sync()
+            if mark is None:
+                self._create_mark(_NOTHING_SYNCED)
+            else:
+                self._mark, self._mark_ready = mark, True
             return
+        if mark is None:
+            log.warning("journal %s: the synced mark %s is %s: any damaged record is refused, "
+                        "even one a power cut could have torn", self.directory, self._mark_path,
+                        "unreadable" if io.exists(self._mark_path) else "missing")
+        tail_first = segments[-1][0]
+        synced_end: int | None = None  # of the last segment; None: unknown, all of it counts
+        if mark is not None:
+            if mark.segment > tail_first:
+                raise JournalCorrupt(os.path.join(self.directory, _segment_name(mark.segment)), 0,
+                                     f"segment missing (entries up to {mark.index} were synced)")
+            synced_end = mark.offset if mark.segment == tail_first else 0
         for k, (first, path) in enumerate(segments):
             last = k == len(segments) - 1
-            seg = self._scan(path, first, last)
+            seg = self._scan(path, first, synced_end if last else None, last)
             if self._segments and self._segments[-1].next_index != first:
                 raise JournalCorrupt(
-                    f"{path}: segment starts at index {first} but the previous one ends at "
+                    path, 0, f"segment starts at index {first} but the previous one ends at "
                     f"{self._segments[-1].last_index}"
                 )
             self._segments.append(seg)
         tail = self._segments[-1]
+        if mark is not None and tail.last_index < mark.index:
+            raise JournalCorrupt(tail.path, tail.size,
+                                 f"journal ends at index {tail.last_index}, but entries up to {mark.index} were synced")
         self._active = io.open(tail.path, create=False)
         self._last_index = tail.last_index
         self._first_index = min(max(start, self._segments[0].first_index), self._last_index + 1)
@@ -615,7 +892,12 @@ class Journal:
         # What was read may still sit only in the page cache (the process died,
         # the machine did not): make it durable before anyone counts on it.
         self._data_dirty = True
-        self.sync()
+        if mark is None:
+            self.sync()
+            self._create_mark(SyncMark(self._last_index, tail.first_index, tail.size))
+        else:
+            self._mark, self._mark_ready = mark, True
+            self.sync()
         self.syncs = 0
         for payload, _, _ in self._read_disk(
             max(self._first_index, self._last_index + 1 - self.cache_entries_max), self._last_index + 1
@@ -629,14 +911,17 @@ class Journal:
             return 0
         raw = self._io.read_all(path)
         if len(raw) != _START.size:
-            raise JournalCorrupt(f"{path}: {len(raw)} bytes, expected {_START.size}")
+            raise JournalCorrupt(path, 0, f"{len(raw)} bytes, expected {_START.size}")
         magic, index, crc = _START.unpack(raw)
         if magic != _START_MAGIC or google_crc32c.value(struct.pack("<Q", index)) != crc:
-            raise JournalCorrupt(f"{path}: bad magic or checksum at offset 0")
+            raise JournalCorrupt(path, 0, "bad magic or checksum")
         return index
 
-    def _scan(self, path: str, first: int, is_last: bool) -> _Segment:
-        """Read one segment's records, checking each; cut a torn tail of the last segment."""
+    def _scan(self, path: str, first: int, synced_end: int | None, is_last: bool) -> _Segment:
+        """Read one segment's records, checking each; cut a torn tail of the last segment.
+
+        ``synced_end``: the bytes of the last segment known synced (None: unknown, so all).
+        """
         handle = self._io.open(path, create=False)
         try:
             size = handle.size
@@ -644,8 +929,8 @@ class Journal:
             header = handle.pread(0, SEGMENT_HEADER_BYTES)
             fields = _segment_header_fields(header)
             if fields is None or fields[:2] != (_SEGMENT_MAGIC, _SEGMENT_VERSION):
-                if not is_last:
-                    raise JournalCorrupt(f"{path}: bad segment header at offset 0")
+                if not is_last or synced_end != 0:
+                    raise JournalCorrupt(path, 0, "bad segment header" + self._not_torn_because(is_last, synced_end))
                 log.warning("journal %s: torn segment header (%d bytes), rewriting it", path, size)
                 handle.truncate(0)
                 handle.append(_segment_header(self.unsynced_bytes_max))
@@ -699,12 +984,12 @@ class Journal:
                 offset += RECORD_HEADER_BYTES + length
                 index += 1
             if problem:
-                if not is_last:
-                    raise JournalCorrupt(f"{path}: {problem} at offset {offset} in a sealed segment")
+                if not is_last or synced_end is None or offset < synced_end:
+                    raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
                 if not self._may_be_torn(handle, offset, size, unsynced_max):
                     raise JournalCorrupt(
-                        f"{path}: {problem} at offset {offset}, {size - offset} bytes before the end: more "
-                        f"than the {unsynced_max} bytes that can be unsynced, so not a torn write"
+                        path, offset, f"{problem}, {size - offset} bytes before the end: more than the "
+                        f"{unsynced_max} bytes that can be unsynced, so not a torn write"
                     )
                 log.warning(
                     "journal %s: torn tail cut at offset %d (%d bytes dropped: %s)",
@@ -712,10 +997,20 @@ class Journal:
                 )
                 handle.truncate(offset)
                 handle.datasync()
+            elif is_last and synced_end is not None and offset < synced_end:
+                raise JournalCorrupt(path, offset, f"segment ends, but its first {synced_end} bytes were synced")
             seg.size = offset
             return seg
         finally:
             handle.close()
+
+    def _not_torn_because(self, is_last: bool, synced_end: int | None) -> str:
+        """Why damage found in a segment cannot be a torn write (for :class:`JournalCorrupt`)."""
+        if not is_last:
+            return " in a sealed segment"
+        if synced_end is None:
+            return f" (the synced mark {self._mark_path} is unreadable: nothing can be taken for a torn write)"
+        return f" in synced data (the segment is synced up to offset {synced_end})"
 
     @staticmethod
     def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int) -> bool:

@@ -11,15 +11,21 @@ The commit index is only a hint (it lets a restarted node apply what it knew
 was committed without waiting for a leader); it is stored with the same
 discipline but lazily, and is clamped to the journal's end by the reader.
 
+It also keeps what a replica must remember across a loss of its log: the group's first
+membership it was created with, and whether it is *recovering* (its log was discarded after
+damage, so it may neither vote nor campaign until a leader has caught it up).
+
 File format: ``b"SHOALMETA1\\n"``, a 4-byte little-endian CRC32C of the JSON
-body, then the JSON body ``{"term": int, "voted_for": str|null, "commit_index": int}``.
+body, then the JSON body ``{"term": int, "voted_for": str|null, "commit_index": int,
+"initial"?: [[voters], [learners]], "recovering"?: true}``.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import google_crc32c
 
@@ -42,6 +48,12 @@ class MetaState:
     term: int = 0
     voted_for: str | None = None
     commit_index: int = 1
+    #: The group's first membership as this replica was created with it ([[voters], [learners]]),
+    #: None until the replica records it.
+    initial: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    #: The replica lost its log (damage repaired by discarding it): it neither votes nor
+    #: campaigns until a leader has brought it back in line. Survives restarts.
+    recovering: bool = False
 
 
 class RaftMeta:
@@ -74,17 +86,29 @@ class RaftMeta:
             raise MetaCorrupt(f"{self.path}: bad term {term!r} or commit index {commit!r}")
         if voted is not None and not isinstance(voted, str):
             raise MetaCorrupt(f"{self.path}: bad voted_for {voted!r}")
-        return MetaState(term, voted, commit)
+        initial = doc.get("initial")
+        recovering = doc.get("recovering", False)
+        try:
+            if initial is not None:
+                initial = (tuple(str(v) for v in initial[0]), tuple(str(v) for v in initial[1]))
+        except (TypeError, IndexError) as exc:
+            raise MetaCorrupt(f"{self.path}: bad initial membership {initial!r}") from exc
+        if not isinstance(recovering, bool):
+            raise MetaCorrupt(f"{self.path}: bad recovering flag {recovering!r}")
+        return MetaState(term, voted, commit, initial, recovering)
 
-    def store(self, term: int, voted_for: str | None, commit_index: int | None = None) -> None:
-        """Make term and vote (and the commit hint) durable before returning."""
+    def store(self, term: int, voted_for: str | None, commit_index: int | None = None, **changes: Any) -> None:
+        """Make term and vote (and the commit hint, and any of ``initial``/``recovering`` given)
+        durable before returning; what is not given keeps its value."""
         if commit_index is None:
             commit_index = self.state.commit_index
-        state = MetaState(term, voted_for, commit_index)
-        body = json.dumps(
-            {"term": state.term, "voted_for": state.voted_for, "commit_index": state.commit_index},
-            separators=(",", ":"),
-        ).encode()
+        state = replace(self.state, term=term, voted_for=voted_for, commit_index=commit_index, **changes)
+        doc: dict[str, Any] = {"term": state.term, "voted_for": state.voted_for, "commit_index": state.commit_index}
+        if state.initial is not None:
+            doc["initial"] = [list(state.initial[0]), list(state.initial[1])]
+        if state.recovering:
+            doc["recovering"] = True
+        body = json.dumps(doc, separators=(",", ":")).encode()
         self._io.write_atomic(self.path, [_MAGIC, struct.pack("<I", google_crc32c.value(body)), body])
         self.state = state
         self.stores += 1

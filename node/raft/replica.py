@@ -31,7 +31,6 @@ votes nor campaigns until a leader has brought it back in line, by log or snapsh
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import pickle
@@ -50,8 +49,8 @@ from ._io import NoSpace
 from .core import LEADER, NotLeader, ProposalRefused, RaftCore, RaftParams, Ready
 from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
                       SnapshotSender, RATE_BYTES_PER_S)
-from .journal import Journal, JournalCorrupt, SyncFailed
-from .membership import ConfigChange, ConfigError, Membership, decode_change
+from .journal import QUARANTINE_INFIX, Journal, JournalCorrupt, SyncFailed
+from .membership import ConfigChange, Membership, decode_change
 from .messages import (ENTRY_CONFIG, ENTRY_DATA, AppendEntries, AppendResponse, InstallSnapshot, Message, MessageError, SnapshotChunk,
                        SnapshotChunkAck, from_wire)
 from .meta import MetaCorrupt
@@ -61,6 +60,7 @@ from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_en
                         verify_snapshot)
 from .storage import NodeStorage
 from .transport import ENTRY_BYTES_MAX, PartitionTransport, RaftNetwork
+from .view import PartitionView
 from ._io import RealIO
 
 __all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "timing_scale", "ReplicaDamaged",
@@ -106,8 +106,6 @@ CAMPAIGN_RETRY_MAX_S = 0.6
 #: Entries a replica keeps in its journal below its newest snapshot, so a follower slightly
 #: behind catches up by log rather than by a whole snapshot.
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
-#: A replica's first membership, recorded beside its journal when its files are created.
-INITIAL_FILE = "initial"
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -196,6 +194,7 @@ class PartitionReplica:
         self.scheduler = scheduler
         self.network = network
         self.engine = PartitionEngine(partition)
+        self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
         #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
         #: Set by the node: False while nobody listens to job events (the engine then skips them).
@@ -254,10 +253,10 @@ class PartitionReplica:
 
     # --- start-up and recovery ---------------------------------------------------------------------
 
-    def _recover(self, data_dir: str, bootstrap: Membership, repair: bool) -> tuple[RaftCore, Journal]:
+    def _recover(self, data_dir: str, given: Membership, repair: bool) -> tuple[RaftCore, Journal]:
         """Open journal, term/vote and snapshot; on damage, refuse or (``repair``) start empty and recovering."""
-        journal_dir = os.path.join(data_dir, f"p{self.partition}.raft")
         snap: SnapshotFile | None = None
+        journal: Journal | None = None
         try:
             journal = self.storage.open_journal(self.partition)
             if self._io.exists(self.snapshot_path):
@@ -270,16 +269,28 @@ class PartitionReplica:
             self.damage = str(exc)
             log.error("partition %d: %s; moving the damaged files aside and fetching a fresh copy from the "
                       "leader (this replica neither votes nor campaigns until it has it)", self.partition, exc)
-            self._quarantine(journal_dir)
+            if journal is not None:
+                journal.close()
+            self.storage.quarantine_journal(self.partition)
+            if self._io.exists(self.snapshot_path):
+                self._io.rename(self.snapshot_path, f"{self.snapshot_path}{QUARANTINE_INFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+                self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
             journal = self.storage.open_journal(self.partition)
+            journal.meta.store(journal.meta.state.term, journal.meta.state.voted_for, 0, recovering=True)
             snap = None
         except MetaCorrupt as exc:
             raise ReplicaDamaged(f"partition {self.partition}: {exc}; the vote it held is unknown, so this "
                                  "replica cannot rejoin safely (restore the file or replace the node)") from exc
-        bootstrap = self._initial_membership(journal_dir, bootstrap)
         meta = journal.meta.state
+        if meta.initial is None:
+            # New files: record the group's first membership with them (a replica that joins later
+            # keeps knowing it started with none, whatever the node passes at a restart).
+            journal.meta.store(meta.term, meta.voted_for, initial=(given.voters, given.learners))
+            meta = journal.meta.state
+        assert meta.initial is not None
+        first = Membership.of(meta.initial[0], meta.initial[1])
         snap_point = (snap.index, snap.term) if snap is not None else (0, 0)
-        membership = snap.membership if snap is not None else bootstrap
+        membership = snap.membership if snap is not None else first
         if journal.last_index < snap_point[0] or (
                 journal.last_index >= snap_point[0] >= journal.first_index
                 and journal.term_at(snap_point[0]) != snap_point[1] and snap_point[0] > 0):
@@ -291,54 +302,31 @@ class PartitionReplica:
         params = raft_params(self._scale)
         core = RaftCore(self.member, membership, journal, params=params, rng=self._rng,
                         term=meta.term, vote=meta.voted_for, commit=journal.getRaftCommitIndex(),
-                        snapshot=snap_point, pending_changes=changes, recovering=self.damage is not None,
+                        snapshot=snap_point, pending_changes=changes, recovering=meta.recovering,
                         now=self._clock())
+        if meta.recovering and self.damage is None:
+            self.damage = "an earlier start discarded damaged files; catching up from the leader"
         self._snapshot_file = snap
         self._last_snapshot_index = snap_point[0]
         if snap is not None:
             self._start_load(snap.path)
         return core, journal
 
-    def _initial_membership(self, journal_dir: str, given: Membership) -> Membership:
-        """The group's first membership as recorded when this replica's files were created
-        (``given`` is recorded now if they are new: a replica that joins later keeps knowing it
-        started with no membership, whatever the node passes at a restart)."""
-        path = os.path.join(journal_dir, INITIAL_FILE)
-        if self._io.exists(path):
-            raw = self._io.read_all(path)
-            try:
-                return Membership.from_wire(json.loads(raw))
-            except (ValueError, ConfigError) as exc:
-                raise JournalCorrupt(f"{path}: unreadable initial membership: {exc}") from exc
-        self._io.write_atomic(path, [json.dumps(given.to_wire()).encode()])
-        return given
-
     def _check_consistent(self, journal: Journal, snap: SnapshotFile | None) -> None:
         """The journal must continue the snapshot (or start at the first entry without one)."""
         base = snap.index if snap is not None else 0
         if journal.last_index >= journal.first_index and journal.first_index > base + 1:
-            raise JournalCorrupt(f"{journal.directory}: starts at entry {journal.first_index}, but the snapshot "
+            raise JournalCorrupt(journal.directory, 0, f"starts at entry {journal.first_index}, but the snapshot "
                                  f"ends at {base}: entries {base + 1}..{journal.first_index - 1} are missing")
 
-    def _quarantine(self, journal_dir: str) -> None:
-        """Move the damaged journal and snapshot aside (kept for inspection), keeping term, vote and
-        the recorded first membership: this replica may have voted in the current term already."""
-        keep: dict[str, bytes] = {}
-        for name in ("meta", INITIAL_FILE):
-            path = os.path.join(journal_dir, name)
-            try:
-                if self._io.exists(path):
-                    keep[name] = self._io.read_all(path)
-            except OSError:
-                pass
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        for path in (journal_dir, self.snapshot_path):
-            if os.path.exists(path):
-                os.rename(path, f"{path}.damaged-{stamp}")
-        self._io.fsync_dir(os.path.dirname(journal_dir) or ".")
-        self._io.makedirs(journal_dir)
-        for name, data in keep.items():
-            self._io.write_atomic(os.path.join(journal_dir, name), [data])
+    def _recovered(self) -> None:
+        """The core left its recovering mode (a leader caught it up): the flag on disk goes too."""
+        meta = self.journal.meta
+        if meta.state.recovering:
+            meta.store(meta.state.term, meta.state.voted_for, recovering=False)
+            self.damage = None
+            log.info("partition %d: caught up from the leader after the repair; votes and campaigns again",
+                     self.partition)
 
     def start(self) -> None:
         """Start the election clock and receiving: the preferred replica campaigns first.
@@ -517,6 +505,8 @@ class PartitionReplica:
     def _after_process(self) -> None:
         """Leadership changes and the next timer booking."""
         core = self.core
+        if not core.recovering and self.journal.meta.state.recovering:
+            self._recovered()
         if core.elections != self._elections_logged:
             self._elections_logged = core.elections
             log.info("partition %d: follower -> candidate (term %d)", self.partition, core.term)
@@ -732,7 +722,7 @@ class PartitionReplica:
                 self._pump(sender, now)
 
     def _receiving(self) -> bool:
-        return self._receiver._key is not None  # noqa: SLF001 (same package)
+        return self._receiver.active
 
     def _snapshot_written(self, snap: SnapshotFile) -> None:
         """A child's snapshot is durable and verified: the journal may drop the prefix it covers."""

@@ -41,13 +41,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import google_crc32c
 import msgpack
 
 from ..state import PartitionEngine
 from ._io import FileIO
 from .membership import ConfigError, Membership
-from .snapshot_file import SnapshotCorrupt, read_snapshot, read_snapshot_info, write_snapshot
+from .snapshot_file import (HEADER_BYTES, SnapshotChecker, SnapshotCorrupt, read_snapshot, read_snapshot_info,
+                            write_snapshot)
 
 __all__ = ["ForkSnapshotter", "SnapshotSettings", "SnapshotFile", "verify_snapshot", "load_engine",
            "snapshot_chunks", "read_snapshot_meta", "become_background_child", "RETRY_MIN_S", "RETRY_MAX_S",
@@ -67,8 +67,6 @@ ERROR_BYTES_MAX = 4096
 #: Bytes read at a time when verifying or loading a file.
 READ_BYTES = 1024 * 1024
 _META_LEN = struct.Struct("<I")
-#: The envelope's header (:mod:`.snapshot_file`): magic, version, reserved, last index, last term.
-_HEADER_BYTES = struct.calcsize("<8sIIQQ")
 _META_VERSION = 2
 _META_BYTES_MAX = 64 * 1024
 ENV_ENTRIES_MIN = "SHOAL_SNAPSHOT_ENTRIES_MIN"
@@ -139,33 +137,17 @@ def _parse_meta(path: str, head: bytes) -> tuple[int, int, Membership, int]:
 
 
 def verify_snapshot(io: FileIO, path: str) -> SnapshotFile:
-    """Read the whole file once: envelope, metadata and content CRC32C; its whole-file CRC32C.
-
-    Raises :class:`~.snapshot_file.SnapshotCorrupt` naming the file (and offset) on any damage.
-    """
-    info = read_snapshot_info(io, path)
-    handle = io.open(path, create=False)
-    try:
-        size = handle.size
-        file_crc = 0
-        offset = 0
-        while offset < size:
-            chunk = handle.pread(offset, min(READ_BYTES, size - offset))
-            if not chunk:
-                raise SnapshotCorrupt(f"{path}: ends early at offset {offset}")
-            file_crc = google_crc32c.extend(file_crc, chunk)
-            offset += len(chunk)
-    finally:
-        handle.close()
-    content = read_snapshot(io, path, READ_BYTES)
-    head = next(content, b"")
-    index, term, membership, _ = _parse_meta(path, head)
-    for _ in content:  # read_snapshot checks the content CRC when it ends
-        pass
+    """Read the whole file once: envelope and content CRC32C (:class:`~.snapshot_file.SnapshotChecker`),
+    its whole-file CRC32C, and the metadata; :class:`~.snapshot_file.SnapshotCorrupt` names the
+    file (and offset) on any damage."""
+    checker = SnapshotChecker(path)
+    checker.update_from_file(io, path, chunk_bytes=READ_BYTES)
+    info = checker.finish()
+    index, term, membership = read_snapshot_meta(io, path)
     if (index, term) != (info.last_index, info.last_term):
         raise SnapshotCorrupt(f"{path}: header says entry {info.last_index}/{info.last_term}, "
-                              f"metadata {index}/{term}")
-    return SnapshotFile(path, index, term, membership, size, file_crc)
+                              f"metadata {index}/{term}", path=path, offset=HEADER_BYTES)
+    return SnapshotFile(path, index, term, membership, checker.offset, checker.file_crc32c)
 
 
 def read_snapshot_meta(io: FileIO, path: str) -> tuple[int, int, Membership]:
@@ -173,7 +155,7 @@ def read_snapshot_meta(io: FileIO, path: str) -> tuple[int, int, Membership]:
     info = read_snapshot_info(io, path)
     handle = io.open(path, create=False)
     try:
-        head = handle.pread(_HEADER_BYTES, min(_META_LEN.size + _META_BYTES_MAX, info.content_bytes))
+        head = handle.pread(HEADER_BYTES, min(_META_LEN.size + _META_BYTES_MAX, info.content_bytes))
     finally:
         handle.close()
     index, term, membership, _ = _parse_meta(path, head)

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._io import DISK_FREE_MIN_BYTES, FileHandle, FileIO, RealIO, _RealFile
-from .journal import Journal, SyncBatcher, SyncFailed
+from .journal import Journal, SyncBatcher, SyncFailed, quarantine_journal
 
 __all__ = ["NodeStorage", "DeferredIO", "make_io", "EXIT_SYNC_FAILED", "SYNC_INTERVAL_MS", "TEST_IO_ENV"]
 
@@ -71,10 +71,21 @@ class NodeStorage:
         self._leader_synced: dict[int, Callable[[int], None]] = {}
         io.watch_space(data_dir)
 
+    def journal_dir(self, partition: int) -> str:
+        """The directory of partition ``partition``'s journal."""
+        return os.path.join(self.data_dir, f"p{partition}.raft")
+
     def open_journal(self, partition: int) -> Journal:
-        """Open (recovering) or create partition ``partition``'s journal."""
-        return Journal(self.io, os.path.join(self.data_dir, f"p{partition}.raft"), batcher=self.batcher,
+        """Open (recovering) or create partition ``partition``'s journal; a damaged one raises
+        :class:`~.journal.JournalCorrupt` naming file and offset."""
+        return Journal(self.io, self.journal_dir(partition), batcher=self.batcher,
                        cache_entries_max=JOURNAL_CACHE_ENTRIES, cache_bytes_max=JOURNAL_CACHE_BYTES)
+
+    def quarantine_journal(self, partition: int) -> str:
+        """Move partition ``partition``'s (closed, damaged) journal aside, keeping term and vote,
+        so the replica starts from an empty log; returns where it went (see
+        :func:`~.journal.quarantine_journal`, which also says what the replica owes)."""
+        return quarantine_journal(self.io, self.journal_dir(partition))
 
     def barrier(self) -> None:
         """Sync every journal that took an fsync-class entry since the last barrier."""
@@ -185,7 +196,8 @@ class _DeferredFile(_RealFile):
 
     def _write_at(self, offset: int, data: bytes | memoryview) -> int:
         if offset < self._durable_size:
-            # A rewrite of synced bytes (a torn segment header at recovery): goes to the file.
+            # A rewrite in place (the journal's synced mark after each sync, a torn segment
+            # header at recovery) goes to the file: a crashed process leaves it in the page cache.
             self._write_out()
             return super()._write_at(offset, data)
         rel = offset - self._durable_size

@@ -11,21 +11,23 @@ import pytest
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
+from shoal.node.raft.view import PartitionView
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
 
 
 class Replica:
-    """What the sampler uses of a replica: ``read`` answered by a real engine."""
+    """What the sampler uses of a replica: its read-only view of a real engine."""
 
     def __init__(self, partition: int) -> None:
         self.engine = PartitionEngine(partition)
         self.broken = False
+        self.view = PartitionView(self._engine)
 
-    def read(self, cmd: dict[str, Any], now: int) -> dict[str, Any]:
+    def _engine(self) -> PartitionEngine:
         if self.broken:
             raise RuntimeError("restoring")
-        return self.engine.apply(cmd, now).result
+        return self.engine
 
 
 class Node:

@@ -6,12 +6,14 @@ import asyncio
 import time
 
 from shoal.node.digests import ReplicaDigests
+from shoal.node.raft.view import PartitionView
 from shoal.node.state import PartitionEngine
 
 
 class FakeReplica:
     def __init__(self, jobs: int) -> None:
         self.engine = PartitionEngine(0)
+        self.view = PartitionView(lambda: self.engine)
         self.index = 0
         self.push(jobs)
 
@@ -51,6 +53,15 @@ def test_small_inline_large_in_a_child_with_the_index_it_is_of() -> None:
             assert index == 1 and digest is not None and digest != large.engine.digest()
             assert await until_fresh(digests, 1, large, replicas) == (large.engine.digest(), 2)
             assert digests.forks == 2
+
+            # A snapshot installed: a new state object, even at the same applied index, is hashed anew.
+            large.engine = PartitionEngine.restore(large.engine.snapshot())
+            large.engine.apply({"cmd": "PUSH", "queue": "q", "data": b"x"}, 9_000)
+            deadline = time.monotonic() + 20
+            while digests.get(1, large, replicas) != (large.engine.digest(), 2):
+                assert time.monotonic() < deadline, "the replaced state was never hashed"
+                await asyncio.sleep(0.01)
+            assert digests.forks == 3
         finally:
             digests.close()
 

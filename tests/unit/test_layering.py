@@ -68,7 +68,7 @@ def test_the_check_catches_bad_imports() -> None:
 #: package counted as one) to the layer they are in.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
-    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity"})),
+    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity", "cluster_map", "moves"})),
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics"})),
     ("view", frozenset({"view"})),
     ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
@@ -157,3 +157,115 @@ def test_the_layer_check_catches_an_upward_import() -> None:
     assert upward_imports("from ..group_commit import x\n", "raft", "shoal.node.raft") == []  # same layer
     assert upward_imports("from ..nowhere import x\n", "raft", "shoal.node.raft") == [
         "line 1: shoal.node.nowhere (partitions imports an unplaced module)"]
+
+
+# --- the Raft seam: pysyncobj and the engine stay inside node/raft/ ---------------------------
+
+#: The packages outside the Raft seam (``bench/`` and ``tests/`` build engines of their own).
+SEAM_FOLDERS = ("node", "cluster", "client", "chaos", "cli")
+RAFT = NODE / "raft"
+
+
+def outside_the_seam() -> list[Path]:
+    """Every Python file of the packages above, except those of ``node/raft/``."""
+    return [p for folder in SEAM_FOLDERS for p in sorted((ROOT / folder).rglob("*.py")) if not p.is_relative_to(RAFT)]
+
+
+def engine_reads(source: str) -> list[str]:
+    """Every ``<expr>.engine`` in ``source``, read or written (``ast``: comments and strings do not count)."""
+    hits = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute) and node.attr == "engine"]
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in sorted(hits, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_nothing_outside_the_raft_package_imports_pysyncobj() -> None:
+    offenders = [f"{path.relative_to(ROOT)} {line}" for path in outside_the_seam()
+                 for line, name in imports_in(path.read_text(), "shoal") if name.split(".")[0] == "pysyncobj"]
+    assert offenders == []
+
+
+def test_nothing_outside_the_raft_package_reads_a_replicas_engine() -> None:
+    """The edge reads partitions through ``replica.view`` (:class:`~shoal.node.raft.view.PartitionView`)."""
+    offenders = [f"{path.relative_to(ROOT)} {hit}" for path in outside_the_seam() for hit in engine_reads(path.read_text())]
+    assert offenders == []
+
+
+def test_the_seam_checks_catch_what_they_look_for() -> None:
+    source = ("import os, pysyncobj\ndef f(replica):\n    from pysyncobj.batteries import x\n"
+              "    # replica.engine in a comment\n    n = replica.engine.job_count()\n    replica.engine = None\n")
+    assert [name for _, name in imports_in(source, "shoal.node") if name.startswith("pysyncobj")] == [
+        "pysyncobj", "pysyncobj.batteries"]
+    assert engine_reads(source) == ["line 5: replica.engine", "line 6: replica.engine"]
+
+
+# --- no import cycle between the node's modules -------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of the node module at ``path`` (a package's ``__init__`` is the package)."""
+    parts = ("shoal", "node", *path.relative_to(NODE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(source: str, package: str, modules: set[str]) -> set[str]:
+    """The node modules ``source`` imports, anywhere in it (``TYPE_CHECKING`` and function bodies
+    included): ``from x import y`` counts as importing ``x.y`` when that is a module."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            subs = {f"{name}.{alias.name}" for alias in node.names} & modules
+            out.update(subs or {name})
+    return out & modules
+
+
+def import_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph, as the modules along it; None if there is none."""
+    done: set[str] = set()
+
+    def visit(module: str, trail: tuple[str, ...]) -> list[str] | None:
+        if module in trail:
+            return [*trail[trail.index(module):], module]
+        if module in done:
+            return None
+        for target in sorted(edges.get(module, ())):
+            found = visit(target, (*trail, module))
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(edges):
+        found = visit(module, ())
+        if found:
+            return found
+    return None
+
+
+def test_the_modules_of_the_node_import_each_other_in_no_cycle() -> None:
+    """Module by module, counting imports under ``TYPE_CHECKING``: a type-only cycle still
+    means neither module can be understood, or moved, without the other."""
+    paths = sorted(NODE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    edges: dict[str, set[str]] = {}
+    for path in paths:
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        edges[name] = module_imports(path.read_text(), package, modules) - {name}
+    assert import_cycle(edges) is None
+
+
+def test_the_cycle_check_sees_type_checking_imports_and_submodules() -> None:
+    modules = {"shoal.node.http", "shoal.node.http.api", "shoal.node.http.dashboard"}
+    api = "from .dashboard import add\n"
+    dashboard = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import api\n"
+    assert module_imports(api, "shoal.node.http", modules) == {"shoal.node.http.dashboard"}
+    assert module_imports(dashboard, "shoal.node.http", modules) == {"shoal.node.http.api"}
+    edges = {"shoal.node.http.api": {"shoal.node.http.dashboard"}, "shoal.node.http.dashboard": {"shoal.node.http.api"}}
+    assert import_cycle(edges) == ["shoal.node.http.api", "shoal.node.http.dashboard", "shoal.node.http.api"]
+    assert import_cycle({"a": {"b"}, "b": {"c"}}) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 
 import pytest
 
@@ -14,6 +15,9 @@ from shoal.node.raft.journal import (
     Journal,
     JournalCorrupt,
     SyncBatcher,
+    SyncMark,
+    quarantine_journal,
+    read_sync_mark,
 )
 
 
@@ -45,11 +49,19 @@ def test_entries_survive_a_reopen(tmp_path) -> None:
     assert [e[1] for e in j[10:13]] == [11, 12, 13]
 
 
+def crash(j: Journal) -> None:
+    """The process dies: what was written stays in the page cache, nothing more is synced."""
+    j._active.close()
+    if j._mark_handle is not None:
+        j._mark_handle.close()
+
+
 def test_torn_tail_is_cut_and_the_cut_is_logged(tmp_path, caplog) -> None:
     j = Journal(real(), str(tmp_path))
-    fill(j, 1, 10)
+    fill(j, 1, 9)
     j.sync()
-    j.close()
+    fill(j, 10, 10)  # never synced: a power cut may tear it
+    crash(j)
     (name,) = segment_files(tmp_path)
     path = tmp_path / name
     full = path.stat().st_size
@@ -70,11 +82,12 @@ def test_torn_tail_is_cut_and_the_cut_is_logged(tmp_path, caplog) -> None:
 
 
 @pytest.mark.parametrize("damage", ["zeros", "flip"])
-def test_damaged_last_record_of_the_last_segment_is_a_torn_tail(tmp_path, damage) -> None:
+def test_damaged_unsynced_last_record_of_the_last_segment_is_a_torn_tail(tmp_path, damage) -> None:
     j = Journal(real(), str(tmp_path))
-    fill(j, 1, 5)
+    fill(j, 1, 4)
     j.sync()
-    j.close()
+    fill(j, 5, 5)
+    crash(j)
     path = tmp_path / segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes())
     if damage == "zeros":
@@ -99,8 +112,8 @@ def test_corrupt_record_in_a_sealed_segment_stops_with_file_and_offset(tmp_path)
     victim.write_bytes(bytes(raw))
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), str(tmp_path))
-    assert str(victim) in str(err.value) and f"offset {offset}" in str(err.value)
-    assert "checksum mismatch" in str(err.value)
+    assert (err.value.path, err.value.offset) == (str(victim), offset)
+    assert str(err.value) == f"{victim} at offset {offset}: checksum mismatch in a sealed segment"
 
 
 def test_missing_middle_segment_is_refused(tmp_path) -> None:
@@ -197,17 +210,24 @@ def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
         assert list(batcher.sync_all_threads(pool).values()) == [5]
 
 
-def test_sync_really_reaches_fdatasync(tmp_path, monkeypatch) -> None:
-    calls: list[int] = []
-    real_fdatasync = os.fdatasync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(fd), real_fdatasync(fd))[1])
+def test_sync_really_reaches_fdatasync_and_recording_the_mark_costs_no_sync(tmp_path, monkeypatch) -> None:
+    calls: list[str] = []
+    real_fdatasync, real_fsync = os.fdatasync, os.fsync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
     j = Journal(real(), str(tmp_path))
+    calls.clear()  # a new journal writes its mark file durably, once
     fill(j, 1, 10)
     assert calls == []  # append is write-only
     j.sync()
-    assert len(calls) == 1
+    assert calls == ["fdatasync", "fsync"]  # the data, and the directory for the new segment
+    assert read_sync_mark(real(), str(tmp_path)) == SyncMark(10, 1, j._segments[-1].size)
+    fill(j, 11, 20)
+    j.sync()  # the hot path: one fdatasync, the mark a plain write
+    assert calls == ["fdatasync", "fsync", "fdatasync"]
+    assert read_sync_mark(real(), str(tmp_path)).index == 20
     j.sync()  # nothing new: no sync call
-    assert len(calls) == 1
+    assert len(calls) == 3
 
 
 def test_clear_then_add_at_any_index(tmp_path) -> None:
@@ -225,21 +245,66 @@ def test_clear_then_add_at_any_index(tmp_path) -> None:
     assert segment_files(tmp_path) == [f"{500:020d}.wal"]
 
 
-def test_damage_further_from_the_end_than_the_unsynced_bound_is_refused(tmp_path) -> None:
-    """In the last segment too: only the last unsynced_bytes_max bytes can be a torn write."""
-    j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
-    fill(j, 1, 40)
+def test_a_flipped_byte_in_synced_entries_is_refused_with_file_and_offset(tmp_path) -> None:
+    """Entry 50 of 100 synced entries, well within the unsynced bound of the end: not a torn tail."""
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 100)
     j.sync()
-    j.close()
+    crash(j)
     path = tmp_path / segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes())
-    offset = SEGMENT_HEADER_BYTES + 5 * (RECORD_HEADER_BYTES + 100)  # the sixth of 40 records
-    raw[offset + RECORD_HEADER_BYTES + 1] ^= 0x10
+    offset = SEGMENT_HEADER_BYTES + 49 * (RECORD_HEADER_BYTES + 100)  # entry 50
+    raw[offset + RECORD_HEADER_BYTES + 10] ^= 0x01
     path.write_bytes(bytes(raw))
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), str(tmp_path))
-    assert f"{path}: checksum mismatch at offset {offset}" in str(err.value)
-    assert "not a torn write" in str(err.value)
+    assert (err.value.path, err.value.offset) == (str(path), offset)
+    assert str(err.value).startswith(f"{path} at offset {offset}: checksum mismatch in synced data")
+    assert len(path.read_bytes()) == len(raw), "a refused journal is left as it was"
+
+
+def test_a_synced_journal_cut_short_at_a_record_boundary_is_refused(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 100)
+    j.sync()
+    j.close()
+    path = tmp_path / segment_files(tmp_path)[0]
+    offset = SEGMENT_HEADER_BYTES + 60 * (RECORD_HEADER_BYTES + 100)
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+    with pytest.raises(JournalCorrupt, match="segment ends, but its first") as err:
+        Journal(real(), str(tmp_path))
+    assert (err.value.path, err.value.offset) == (str(path), offset)
+
+
+def test_a_missing_last_segment_that_was_synced_is_refused(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    fill(j, 1, 60)
+    j.sync()
+    j.close()
+    last = tmp_path / segment_files(tmp_path)[-1]
+    os.unlink(last)
+    with pytest.raises(JournalCorrupt, match="segment missing") as err:
+        Journal(real(), str(tmp_path), segment_bytes=2_000)
+    assert err.value.path == str(last)
+
+
+def test_with_a_lagging_mark_damage_beyond_the_unsynced_bound_from_the_end_is_still_refused() -> None:
+    """The mark's plain writes were lost in a power cut; the bound on unsynced bytes still holds."""
+    io = SimIO()
+    j = Journal(io, "/j", unsynced_bytes_max=1_000)
+    fill(j, 1, 40)
+    j.sync()
+    io.power_cut()  # no torn writes: the mark reverts to its last durable state (nothing synced)
+    (name,) = [n for n in io.listdir("/j") if n.endswith(".wal")]
+    path = f"/j/{name}"
+    h = io.open(path, create=False)
+    offset = SEGMENT_HEADER_BYTES + 5 * (RECORD_HEADER_BYTES + 100)  # the sixth of 40 records
+    h.pwrite(offset + RECORD_HEADER_BYTES + 1, bytes([h.pread(offset + RECORD_HEADER_BYTES + 1, 1)[0] ^ 0x10]))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(io, "/j")
+    assert (err.value.path, err.value.offset) == (path, offset)
+    assert "checksum mismatch" in str(err.value) and "not a torn write" in str(err.value)
 
 
 def test_appends_sync_on_their_own_past_the_unsynced_bound(tmp_path) -> None:
@@ -256,7 +321,7 @@ def test_a_torn_record_larger_than_the_unsynced_bound_is_a_torn_tail(tmp_path) -
     fill(j, 1, 3)
     j.sync()
     j.append(4, 1, b"big" * 2_000)
-    j.close()
+    crash(j)
     path = tmp_path / segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes())
     raw[-3_000:-1_000] = bytes(2_000)  # its middle pages never reached the disk
@@ -312,3 +377,183 @@ def test_the_unsynced_bound_of_a_segment_holds_across_a_reopen_with_another_sett
     j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000_000)
     fill(j, 4, 30)  # still bounded by the 1,000 bytes its segment's header promises
     assert j.synced_index >= 22
+
+
+# --- the synced mark ---------------------------------------------------------------------------
+
+
+def _flip(io, path: str, at: int) -> None:
+    """Damage on the disk itself (a power cut does not undo it)."""
+    h = io.open(path, create=False)
+    h.pwrite(at, bytes([h.pread(at, 1)[0] ^ 0x01]))
+    h.datasync()
+
+
+def test_a_suffix_delete_lowers_the_mark_durably_so_a_later_torn_tail_is_still_cut() -> None:
+    """Without the durable lowering the old mark would claim bytes the new, unsynced entries
+    occupy, and their torn tail would be refused as damage."""
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 100)
+    j.sync()
+    j.delete_from(51)
+    assert read_sync_mark(io, "/j") == SyncMark(50, 1, SEGMENT_HEADER_BYTES + 50 * (RECORD_HEADER_BYTES + 100))
+    fill(j, 51, 60, term=2)  # never synced
+    io.power_cut()  # the mark's plain writes since the delete are lost too
+    j = Journal(io, "/j")
+    assert j.last_index == 50
+    fill(j, 51, 60, term=2)
+    path = f"/j/{1:020d}.wal"
+    h = io.open(path, create=False)
+    h.truncate(h.size - 30)  # the last unsynced record torn
+    io.power_cut()
+    assert Journal(io, "/j").last_index == 50
+
+
+def test_clear_lowers_the_mark_durably_before_dropping_the_segments() -> None:
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 30)
+    j.sync()
+    j.clear()
+    assert read_sync_mark(io, "/j") == SyncMark(0, 0, 0)
+    fill(j, 500, 505)
+    io.power_cut(random.Random(3))
+    assert Journal(io, "/j").last_index <= 505
+
+
+def test_one_torn_copy_of_the_mark_leaves_the_other() -> None:
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 10)
+    j.sync()  # first copy: 10
+    fill(j, 11, 20)
+    j.sync()  # second copy: 20
+    _flip(io, "/j/synced", 4096 + 9)  # the newer copy torn: the older still bounds what is synced
+    assert read_sync_mark(io, "/j").index == 10
+    _flip(io, "/j/synced", 9)
+    assert read_sync_mark(io, "/j") is None
+
+
+def test_without_a_readable_mark_every_record_counts_as_synced(caplog) -> None:
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 10)
+    j.sync()
+    fill(j, 11, 11)
+    crash(j)
+    h = io.open(f"/j/{1:020d}.wal", create=False)
+    h.truncate(h.size - 30)  # a torn tail...
+    io.unlink("/j/synced")  # ...but nothing says it was not synced
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        with pytest.raises(JournalCorrupt, match="synced mark /j/synced is unreadable") as err:
+            Journal(io, "/j")
+    assert "the synced mark /j/synced is missing" in caplog.text
+    assert err.value.offset == SEGMENT_HEADER_BYTES + 10 * (RECORD_HEADER_BYTES + 100)
+    h.truncate(err.value.offset)  # an operator cuts it by hand: the mark is written anew
+    j = Journal(io, "/j")
+    assert j.last_index == 10 and read_sync_mark(io, "/j").index == 10
+
+
+def test_a_failed_mark_write_is_retried_on_the_same_copy(caplog) -> None:
+    import errno
+
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 10)
+    j.sync()
+    fill(j, 11, 20)
+    real_pwrite = j._mark_handle.pwrite
+    j._mark_handle.pwrite = lambda at, data: (_ for _ in ()).throw(OSError(errno.EIO, "EIO"))
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        assert j.sync() == 20  # the data is durable; the mark lags
+    assert "writing the synced mark failed" in caplog.text
+    assert read_sync_mark(io, "/j").index == 10
+    j._mark_handle.pwrite = real_pwrite
+    fill(j, 21, 22)
+    j.sync()
+    assert read_sync_mark(io, "/j").index == 22
+
+
+# --- moving a damaged journal aside -----------------------------------------------------------
+
+
+def _damaged(io, directory: str) -> None:
+    j = Journal(io, directory)
+    j.setCurrentTerm(7, "node-b")
+    fill(j, 1, 40)
+    j.sync()
+    j.close()
+    _flip(io, f"{directory}/{1:020d}.wal", SEGMENT_HEADER_BYTES + 20 * (RECORD_HEADER_BYTES + 100) + 40)
+
+
+def test_a_damaged_journal_is_moved_aside_keeping_term_and_vote(tmp_path) -> None:
+    io = real()
+    directory = str(tmp_path / "p3.raft")
+    _damaged(io, directory)
+    with pytest.raises(JournalCorrupt):
+        Journal(io, directory)
+    moved = quarantine_journal(io, directory, clock=lambda: 0.0)
+    assert moved == str(tmp_path / "p3.raft.damaged-19700101T000000Z")
+    assert segment_files(moved) == [f"{1:020d}.wal"]
+    assert sorted(os.listdir(directory)) == ["meta"]
+    j = Journal(io, directory)
+    assert (len(j), j.getCurrentTerm(), j.getVotedForNodeId()) == (0, 7, "node-b")
+    j.setCurrentTerm(8, None)
+    j.close()
+    again = quarantine_journal(io, directory, clock=lambda: 0.0)  # same second: a counter tells them apart
+    assert again == moved + "-1"
+    assert Journal(io, directory).getCurrentTerm() == 8
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".kept")]
+
+
+class _Cut(Exception):
+    pass
+
+
+def test_a_power_cut_at_any_step_of_the_move_keeps_term_and_vote() -> None:
+    """Every state a cut leaves opens with the vote kept: the damaged log (refused again, so
+    the move is redone) or an empty one."""
+    for cut_at in range(1, 60):
+        io = SimIO()
+        _damaged(io, "/d/p3.raft")
+        steps = [0]
+
+        def hook(what: str) -> None:
+            steps[0] += 1
+            if steps[0] == cut_at:
+                raise _Cut(what)
+
+        io.step_hook = hook
+        try:
+            quarantine_journal(io, "/d/p3.raft", clock=lambda: 0.0)
+            done = True
+        except _Cut:
+            done = False
+        io.step_hook = None
+        io.power_cut(random.Random(cut_at))
+        try:
+            j = Journal(io, "/d/p3.raft")
+        except JournalCorrupt:
+            assert not done, "quarantine_journal returned before the move was durable"
+            quarantine_journal(io, "/d/p3.raft", clock=lambda: 0.0)
+            j = Journal(io, "/d/p3.raft")
+        assert (len(j), j.getCurrentTerm(), j.getVotedForNodeId()) == (0, 7, "node-b"), cut_at
+        assert not io.exists("/d/p3.raft.meta.kept")
+        if done:
+            break
+    assert done
+
+
+def test_an_emptied_journal_takes_any_next_entry_without_breaking_recovery() -> None:
+    """A prefix drop keeps a partly covered segment; an entry that cannot follow what it still
+    holds (here a lower term) starts a new segment instead of continuing it."""
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 2, term=2)
+    j.delete_to(2)
+    j.delete_from(2)  # empty now; entry 1 (term 2) still sits in the segment
+    j.append(2, 1, b"x")
+    j.sync()
+    io.power_cut()
+    assert list(Journal(io, "/j")) == [(b"x", 2, 1)]

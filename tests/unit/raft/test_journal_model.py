@@ -6,11 +6,15 @@
    prefix deletes, suffix deletes and power cuts, recovery yields a prefix of
    the log as it was at the cut that holds every synced entry and nothing
    deleted.
+3. Damage: a byte flipped in any record the surviving synced mark covers is
+   refused with its file and offset, after a process crash and after any
+   power cut, never cut as a torn tail.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 from hypothesis import example, given, settings
@@ -18,7 +22,13 @@ from hypothesis import strategies as st
 from pysyncobj.journal import MemoryJournal
 
 from shoal.node.raft._io import SimIO
-from shoal.node.raft.journal import Journal
+from shoal.node.raft.journal import (
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    Journal,
+    JournalCorrupt,
+    read_sync_mark,
+)
 
 OPS = st.lists(
     st.one_of(
@@ -79,13 +89,14 @@ def test_recovery_after_power_cuts_keeps_every_synced_entry_and_nothing_deleted(
     model: list[tuple[bytes, int, int]] = []  # the log as the journal holds it now
     first = 1  # the model's first index
     durable_last = 0  # every index in [first, durable_last] must survive a cut
+    top_term = 1  # Raft's terms never go down, not even after deletes or a cut
     for op in ops:
         kind = op[0]
         if kind == "add":
             _, count, dterm, size = op
             for k in range(count):
                 idx = model[-1][1] + 1 if model else first
-                term = (model[-1][2] if model else 1) + (dterm if k == 0 else 0)
+                term = top_term = top_term + (dterm if k == 0 else 0)
                 entry = (_payload(idx, term, size), idx, term)
                 j.append(idx, term, entry[0])
                 model.append(entry)
@@ -146,6 +157,10 @@ OPS_WITH_MID_CUTS = st.lists(
 # A power cut that tears a new segment's header after its magic and version (found by this test).
 @example([(("add", 1, 0, 0), None, 0)] * 3 + [(("sync",), 1, 0), (("add", 4, 0, 0), None, 0),
                                               (("delete_to", 1), 6, 123169)])
+# Unsynced entries below the durable start lost in a cut; appending at the index where the
+# journal then ends must lower the start, or a later recovery hides the new entries.
+@example([(("add", 2, 0, 0), None, 0), (("delete_to", 1), None, 0), (("delete_from", 0), 1, 0),
+          (("add", 1, 0, 0), None, 0), (("add", 2, 0, 16), 2, 1)])
 def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it(ops) -> None:
     """A cut at any I/O step of an operation: recovery holds every entry durable before it,
     nothing not in the log before or after it, and the first index of before or after."""
@@ -154,6 +169,7 @@ def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it
     model: list[tuple[bytes, int, int]] = []
     first = 1
     durable_last = 0
+    top_term = 1  # Raft's terms never go down, not even after deletes or a cut
     for op, cut_at, seed in ops:
         steps = [0]
 
@@ -172,7 +188,7 @@ def test_power_cut_inside_any_operation_recovers_to_the_state_before_or_after_it
                 _, count, dterm, size = op
                 for k in range(count):
                     idx = after[-1][1] + 1 if after else first
-                    term = (after[-1][2] if after else 1) + (dterm if k == 0 else 0)
+                    term = top_term = top_term + (dterm if k == 0 else 0)
                     entry = (_payload(idx, term, size), idx, term)
                     after.append(entry)
                     j.append(idx, term, entry[0])
@@ -276,3 +292,144 @@ def test_a_cut_at_every_io_step_of_an_operation_leaves_the_log_before_or_after_i
         else:
             assert got in (log, after), f"cut after I/O step {cut_at} of {name}: neither before nor after"
     assert completed
+
+
+# --- damage in synced records is refused, never cut as a torn tail ----------------------------
+
+
+def _records(io: SimIO, directory: str) -> list[tuple[str, int, int]]:
+    """``(segment path, offset, index)`` of every intact record recovery reads, in log order
+    (segments wholly below the durable start are leftovers it removes unread)."""
+    start = struct.unpack_from("<8sQ", io.read_all(f"{directory}/start"))[1] if io.exists(f"{directory}/start") else 0
+    names = sorted(n for n in io.listdir(directory) if n.endswith(".wal"))
+    while len(names) > 1 and int(names[1][:-4]) <= start:
+        names.pop(0)
+    out = []
+    for name in names:
+        path = f"{directory}/{name}"
+        raw = io.read_all(path)
+        offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
+        while offset + RECORD_HEADER_BYTES <= len(raw):
+            length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)
+            end = offset + RECORD_HEADER_BYTES + length
+            if idx != index or end > len(raw):
+                break
+            out.append((path, offset, index))
+            offset, index = end, index + 1
+    return out
+
+
+def _flip(io: SimIO, path: str, at: int, bit: int) -> None:
+    h = io.open(path, create=False)
+    h.pwrite(at, bytes([h.pread(at, 1)[0] ^ (1 << bit)]))
+
+
+class _Log:
+    """The log a journal should hold: its entries, first index, and the highest term used."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[bytes, int, int]] = []
+        self.first = 1
+        self.top_term = 1
+
+    def run(self, j: Journal, op: tuple) -> None:
+        """Apply one operation to ``j`` and to the model."""
+        kind, model = op[0], self.entries
+        if kind == "add":
+            _, count, dterm, size = op
+            for k in range(count):
+                idx = model[-1][1] + 1 if model else self.first
+                term = self.top_term = self.top_term + (dterm if k == 0 else 0)
+                j.append(idx, term, _payload(idx, term, size))
+                model.append((_payload(idx, term, size), idx, term))
+        elif kind == "sync":
+            j.sync()
+        elif kind == "delete_from" and model:
+            index = self.first + op[1] % (len(model) + 1)
+            j.delete_from(index)
+            del model[index - self.first :]
+        elif kind == "delete_to" and model:
+            index = self.first + op[1] % len(model)
+            j.delete_to(index)
+            del model[: index - self.first]
+            self.first = index
+        elif kind == "clear":
+            j.clear()
+            model.clear()
+            self.first = j.first_index
+
+    def recovered(self, j: Journal) -> None:
+        """After a cut: the model is what recovery found."""
+        self.entries, self.first = list(j), j.first_index
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS_WITH_MID_CUTS, st.integers(0, 2**32))
+def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refused(ops, seed) -> None:
+    """Power cuts anywhere, torn writes of the log and of the mark: whatever mark survives, a
+    byte flipped in a record it covers is refused by file and offset, never cut as a torn tail;
+    and recovery never returns fewer entries than the surviving mark names."""
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+    log = _Log()
+    for op, cut_at, op_seed in ops:
+        steps = [0]
+
+        def hook(what: str) -> None:
+            steps[0] += 1
+            if steps[0] == cut_at:
+                raise _Cut(what)
+
+        io.step_hook = hook if cut_at is not None else None
+        try:
+            log.run(j, op)
+            continue
+        except _Cut:
+            pass
+        io.step_hook = None
+        io.power_cut(random.Random(op_seed))
+        j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+        mark = read_sync_mark(io, "/j")
+        assert mark is not None and j.last_index >= mark.index
+        log.recovered(j)
+    io.step_hook = None
+    io.power_cut(random.Random(seed))
+    mark = read_sync_mark(io, "/j")
+    assert mark is not None, "a power cut left neither copy of the mark readable"
+    covered = [r for r in _records(io, "/j") if r[2] <= mark.index]
+    rng = random.Random(seed)
+    if covered:
+        path, offset, index = rng.choice(covered)
+        raw = io.read_all(path)
+        end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
+        _flip(io, path, rng.randrange(offset, end), rng.randrange(8))
+        with pytest.raises(JournalCorrupt) as err:
+            Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+        assert (err.value.path, err.value.offset) == (path, offset), str(err.value)
+    else:
+        j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+        assert j.last_index >= mark.index
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.integers(0, 2**32))
+def test_after_a_process_crash_every_synced_record_is_covered_by_the_mark(ops, seed) -> None:
+    """The process dies (the page cache survives): the mark is exact, so damage to any entry a
+    sync returned is refused by file and offset."""
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+    log = _Log()
+    for op in ops:
+        if op[0] != "cut":
+            log.run(j, op)
+    synced = [r for r in _records(io, "/j") if log.first <= r[2] <= j.synced_index]
+    if not synced:
+        return
+    rng = random.Random(seed)
+    path, offset, index = rng.choice(synced)
+    raw = io.read_all(path)
+    end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
+    _flip(io, path, rng.randrange(offset, end), rng.randrange(8))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+    assert (err.value.path, err.value.offset) == (path, offset), str(err.value)

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import os
+import struct
 
+import google_crc32c
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.node.raft._io import NoSpace, RealIO, SimIO
 from shoal.node.raft.journal import Journal
 from shoal.node.raft.snapshot_file import (
+    HEADER_BYTES,
+    TRAILER_BYTES,
+    SnapshotChecker,
     SnapshotCorrupt,
     SnapshotInfo,
     SnapshotWriter,
     compaction_point,
+    file_crc32c,
     read_snapshot,
     read_snapshot_info,
+    verify_snapshot,
     write_snapshot,
 )
 
@@ -113,3 +122,130 @@ def test_a_full_disk_aborts_the_snapshot_and_keeps_the_old_one() -> None:
         write_snapshot(io, "/s/snap", 9, 1, chunks(10))
     assert not io.exists("/s/snap.tmp")
     assert read_snapshot_info(io, "/s/snap").last_index == 5
+
+
+# --- verifying a whole file, and checking one as its chunks arrive ----------------------------
+
+
+def _snapshot(io, path: str = "/s/snap", content: bytes = bytes(range(256)) * 3) -> bytes:
+    write_snapshot(io, path, 77, 5, [content[:100], content[100:]])
+    return io.read_all(path)
+
+
+def test_verify_checks_header_trailer_and_content() -> None:
+    io = SimIO()
+    raw = _snapshot(io)
+    info = verify_snapshot(io, "/s/snap", chunk_bytes=100)
+    assert info == read_snapshot_info(io, "/s/snap")
+    assert (info.last_index, info.last_term, info.content_bytes) == (77, 5, 768)
+    assert file_crc32c(io, "/s/snap", chunk_bytes=50) == google_crc32c.value(raw)
+
+
+def test_every_flipped_bit_is_refused_with_the_file_and_where() -> None:
+    """Header (its last index and term too), content and trailer: no single flipped bit passes."""
+    io = SimIO()
+    raw = _snapshot(io, content=b"x" * 100)
+    size = len(raw)
+    for at in range(size):
+        for bit in (0, 5):
+            damaged = bytearray(raw)
+            damaged[at] ^= 1 << bit
+            io.write_atomic("/s/bad", [bytes(damaged)])
+            with pytest.raises(SnapshotCorrupt) as err:
+                verify_snapshot(io, "/s/bad", chunk_bytes=7)
+            expected = 0 if at < HEADER_BYTES else HEADER_BYTES if at < size - TRAILER_BYTES else size - TRAILER_BYTES
+            assert (err.value.path, err.value.offset) == ("/s/bad", expected), (at, bit, str(err.value))
+            assert str(err.value).startswith("/s/bad: ") and f"at offset {expected}" in str(err.value)
+
+
+def test_a_damaged_last_index_in_the_header_is_caught_without_reading_the_content() -> None:
+    io = SimIO()
+    raw = bytearray(_snapshot(io))
+    raw[16] ^= 0x01  # the last index
+    io.write_atomic("/s/snap", [bytes(raw)])
+    with pytest.raises(SnapshotCorrupt, match="header checksum mismatch") as err:
+        read_snapshot_info(io, "/s/snap")
+    assert err.value.offset == 0
+
+
+def test_version_1_files_with_an_unchecked_header_are_still_read() -> None:
+    io = SimIO()
+    content = b"old format"
+    crc = google_crc32c.value(content)
+    fields = struct.pack("<QI", len(content), crc)
+    raw = (struct.pack("<8sIIQQ", b"SHOALSNP", 1, 0, 9, 2) + content
+           + struct.pack("<QII8s", len(content), crc, google_crc32c.value(fields), b"SNPEND\0\0"))
+    io.write_atomic("/s/v1", [raw])
+    info = verify_snapshot(io, "/s/v1")
+    assert (info.last_index, info.last_term, info.content_bytes) == (9, 2, len(content))
+    assert b"".join(read_snapshot(io, "/s/v1")) == content
+
+
+def test_verify_reads_in_bounded_chunks(monkeypatch) -> None:
+    from shoal.node.raft import _io
+
+    io = SimIO()
+    _snapshot(io, content=b"y" * 10_000)
+    reads: list[int] = []
+    real_pread = _io._SimFile.pread
+    monkeypatch.setattr(_io._SimFile, "pread", lambda self, offset, size: (reads.append(size), real_pread(self, offset, size))[1])
+    verify_snapshot(io, "/s/snap", chunk_bytes=512)
+    assert reads and max(reads) <= 512
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=600), st.lists(st.integers(0, 700), max_size=12), st.integers(-1, 700))
+def test_the_checker_fed_in_any_chunks_agrees_with_verify(content: bytes, cuts: list[int], flip: int) -> None:
+    io = SimIO()
+    raw = bytearray(_snapshot(io, content=content))
+    if 0 <= flip < len(raw):
+        raw[flip] ^= 0x40
+        io.write_atomic("/s/snap", [bytes(raw)])
+    try:
+        expected: SnapshotInfo | int | None = verify_snapshot(io, "/s/snap", chunk_bytes=64)
+    except SnapshotCorrupt as exc:
+        expected = exc.offset
+    checker = SnapshotChecker("/s/snap")
+    bounds = sorted({0, len(raw), *(c for c in cuts if c < len(raw))})
+    try:
+        for a, b in zip(bounds, bounds[1:]):
+            checker.update(bytes(raw[a:b]))
+        got: SnapshotInfo | int | None = checker.finish()
+    except SnapshotCorrupt as exc:
+        assert exc.path == "/s/snap"
+        got = exc.offset
+    assert got == expected
+    assert checker.file_crc32c == google_crc32c.value(bytes(raw)) or checker.offset < len(raw)  # header refused early
+
+
+def test_a_transfer_resumed_from_the_file_on_disk_checks_the_same() -> None:
+    io = SimIO()
+    raw = _snapshot(io, content=b"z" * 5_000)
+    io.write_atomic("/r/partial", [raw[:3_000]])  # what a receiver wrote before it stopped
+    checker = SnapshotChecker("/r/partial")
+    checker.update_from_file(io, "/r/partial", chunk_bytes=700)
+    assert checker.offset == 3_000
+    checker.update(raw[3_000:4_000])
+    checker.update(raw[4_000:])
+    info, whole = checker.finish(), verify_snapshot(io, "/s/snap")
+    assert (info.path, info.last_index, info.crc32c, info.content_bytes) == (
+        "/r/partial", whole.last_index, whole.crc32c, whole.content_bytes)
+    assert checker.file_crc32c == file_crc32c(io, "/s/snap")
+
+
+def test_a_short_or_foreign_stream_is_refused() -> None:
+    io = SimIO()
+    raw = _snapshot(io)
+    short = SnapshotChecker("/r/snap")
+    short.update(raw[:-1])
+    with pytest.raises(SnapshotCorrupt, match="bad trailer") as err:
+        short.finish()
+    assert err.value.offset == len(raw) - 1 - TRAILER_BYTES
+    tiny = SnapshotChecker("/r/snap")
+    tiny.update(raw[:10])
+    with pytest.raises(SnapshotCorrupt, match="too short"):
+        tiny.finish()
+    foreign = SnapshotChecker("/r/snap")
+    with pytest.raises(SnapshotCorrupt, match="bad header") as err:
+        foreign.update(b"<html>" + bytes(100))  # refused at the first chunk
+    assert err.value.offset == 0

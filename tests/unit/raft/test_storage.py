@@ -13,7 +13,13 @@ from shoal.cluster.config import ConfigError, load_config
 from shoal.cluster.errors import ErrorCode
 from shoal.node.http.util import STATUS_BY_CODE
 from shoal.node.raft._io import RealIO
-from shoal.node.raft.journal import Journal
+from shoal.node.raft.journal import (
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    Journal,
+    JournalCorrupt,
+    read_sync_mark,
+)
 from shoal.node.raft.replica import FAIL_NO_SPACE, fail_reason_error
 from shoal.node.raft.storage import DeferredIO, NodeStorage, make_io
 
@@ -35,6 +41,34 @@ def test_deferred_io_keeps_unsynced_bytes_in_the_process_until_a_kill(tmp_path) 
     j = Journal(RealIO(disk_free_min_bytes=0), str(tmp_path / "j"))
     assert [e[0] for e in j.entries(1, 10)] == [b"one", b"two"]
     j.close()
+
+
+def test_under_deferred_io_the_mark_survives_a_kill_and_synced_damage_is_refused(tmp_path) -> None:
+    # The mark is a plain write after each sync: a SIGKILL (the test mode's power cut) keeps it,
+    # as a real crash of the process keeps the page cache.
+    code = textwrap.dedent(f"""
+        import os, signal
+        from shoal.node.raft.storage import DeferredIO
+        from shoal.node.raft.journal import Journal
+        j = Journal(DeferredIO(disk_free_min_bytes=0), {str(tmp_path / "j")!r})
+        for i in range(1, 101):
+            j.append(i, 1, b"%04d" % i * 25)
+        j.sync()
+        j.append(101, 1, b"lost")
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert done.returncode == -9, done.stderr.decode()
+    io = RealIO(disk_free_min_bytes=0)
+    assert read_sync_mark(io, str(tmp_path / "j")).index == 100
+    (segment,) = [p for p in (tmp_path / "j").iterdir() if p.suffix == ".wal"]
+    raw = bytearray(segment.read_bytes())
+    offset = SEGMENT_HEADER_BYTES + 49 * (RECORD_HEADER_BYTES + 100)  # entry 50
+    raw[offset + RECORD_HEADER_BYTES] ^= 0x04
+    segment.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(io, str(tmp_path / "j"))
+    assert (err.value.path, err.value.offset) == (str(segment), offset)
 
 
 def test_deferred_io_truncate_and_rewrite(tmp_path) -> None:

@@ -1,0 +1,114 @@
+"""A read-only view of one partition's applied state, for the node's edge.
+
+The edge (the HTTP API and dashboard, the metrics collector, the flow forwarder, the
+digests, the server's tick loop, the dispatcher's reads) reads a partition through a
+:class:`PartitionView` and never holds its engine: what comes back is a number, a tuple, a
+frozen record, a read-only mapping or a freshly built reply, so state changes only through
+replicated commands. The view asks its getter for the engine on every call, because the
+replica replaces its engine object when it installs a snapshot.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from types import MappingProxyType
+from typing import Any
+
+from shoal.cluster.commands import READ_COMMANDS
+
+from ..state import PartitionEngine
+
+__all__ = ["FlowReport", "PartitionView", "QueueFigures"]
+
+FlowReport = tuple[int, tuple[Any, ...]]
+"""``(seq of the finished child job here, (parent id, failed, result, error, on_failure))``."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """One queue's figures: its name, durability class, jobs by state and running totals.
+
+    ``counts`` and ``totals`` are read-only views of the live counters: read them in the
+    same loop turn (a scrape, a request), or copy them.
+    """
+
+    name: str
+    durable: bool
+    counts: Mapping[str, int]
+    totals: Mapping[str, int]
+
+
+class PartitionView:
+    """Read-only access to the applied state of one replica's partition.
+
+    ``engine_getter`` returns the replica's current engine (the replica swaps it when it
+    installs a snapshot). Every method is cheap enough for a scrape or a tick, except
+    :meth:`digest`, which hashes the whole state.
+    """
+
+    __slots__ = ("_engine", "_seen", "_state_id")
+
+    def __init__(self, engine_getter: Callable[[], PartitionEngine]) -> None:
+        self._engine = engine_getter
+        self._seen: weakref.ref[PartitionEngine] | None = None
+        self._state_id = 0
+
+    def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
+        """The reply to a read-only command (``cluster.commands.READ_COMMANDS``) from the applied state.
+
+        Raises ``ValueError`` for any other command: writes go through Raft.
+        """
+        if cmd.get("cmd") not in READ_COMMANDS:
+            raise ValueError(f"{cmd.get('cmd')!r} is not a read-only command")
+        return self._engine().apply(cmd, now_ms, events=False).result
+
+    def has_ready(self, queue: str) -> bool:
+        """True when a pull on ``queue`` would get a job now."""
+        return self._engine().has_ready(queue)
+
+    def job_count(self) -> int:
+        """Jobs held in every state."""
+        return self._engine().job_count()
+
+    def has_queues(self) -> bool:
+        """True when the partition holds at least one queue."""
+        return bool(self._engine().queues)
+
+    def next_due_ms(self) -> int | None:
+        """Earliest time a delayed job, lease, TTL or cron becomes due (None: nothing pending)."""
+        return self._engine().next_due_ms()
+
+    def queue_figures(self) -> tuple[QueueFigures, ...]:
+        """Every queue's name, durability class and counters."""
+        return tuple(
+            QueueFigures(name, bool(q.opts.get("durable", True)), MappingProxyType(q.counts), MappingProxyType(q.totals))
+            for name, q in self._engine().queues.items()
+        )
+
+    def has_flow_reports(self) -> bool:
+        """True when finished child jobs here have reports their parents have not acknowledged."""
+        return bool(self._engine().flow_outbox)
+
+    def flow_reports(self, limit: int) -> tuple[FlowReport, ...]:
+        """The oldest ``limit`` unacknowledged child reports (acknowledged by a replicated ``_FlowAcked``)."""
+        return tuple(islice(self._engine().flow_outbox.items(), limit))
+
+    def digest(self) -> str:
+        """SHA-256 of the state's snapshot: equal on replicas that applied the same entries.
+
+        Proportional to the state: a large one is hashed in a forked child, which calls
+        this on its copy-on-write image of the view (see :mod:`shoal.node.digests`).
+        """
+        return self._engine().digest()
+
+    def state_id(self) -> int:
+        """A number that changes whenever the replica replaces its state object (a snapshot was
+        installed), so a digest cached with ``(state_id(), applied index)`` is known stale."""
+        engine = self._engine()
+        if self._seen is None or self._seen() is not engine:
+            self._seen = weakref.ref(engine)  # weak: a replaced engine is freed at once
+            self._state_id += 1
+        return self._state_id
