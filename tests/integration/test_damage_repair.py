@@ -71,11 +71,41 @@ def test_a_damaged_snapshot_is_refused_by_name_or_repaired_from_the_leader(tmp_p
             cluster.start_node(follower)  # repair on: the default
             wait_until(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
                        "the repair logged")
+            cluster.wait_ready()
             views = replica_views(cluster, QUEUE, 60)
             assert len({v["appliedIndex"] for v in views}) == 1, views
             assert len({v["digest"] for v in views}) == 1, views
             assert any(p.name.startswith("p0.snap.damaged") for p in snap.parent.iterdir())
             counts = router.call({"cmd": "GetJobCounts", "queue": QUEUE}, timeout_s=30)["counts"]
             assert sum(counts.values()) == 200
+        finally:
+            router.close()
+
+
+def test_a_byte_flipped_in_synced_journal_records_is_named_and_repaired(tmp_path: Path) -> None:
+    never = {"SHOAL_SNAPSHOT_ENTRIES_MIN": str(10**9), "SHOAL_SNAPSHOT_INTERVAL_S": str(10**9)}
+    with LocalCluster(nodes=3, partitions=1, data_dir=tmp_path / "c", base_port=free_base_port(3, 1),
+                      extra_env=never, node_command=NODE_COMMAND) as cluster:
+        cluster.wait_balanced()
+        router = Router(cluster.addresses)
+        try:
+            push(router, 100, "a")
+            leader = cluster.leader_of(0)
+            follower = next(n for n in cluster.node_ids if n != leader)
+            cluster.stop_node(follower)  # a clean stop: every record it holds is synced
+            segment = max((cluster.config.node_data_dir(follower) / "p0.raft").glob("*.wal"))
+            flip_middle_byte(segment)
+            push(router, 20, "b")
+            cluster.start_node(follower)
+            wait_until(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
+                       "the repair logged")
+            log_text = cluster.log_file(follower).read_text()
+            assert segment.name in log_text and "offset" in log_text, log_text[-2000:]
+            cluster.wait_ready()
+            views = replica_views(cluster, QUEUE, 60)
+            assert len({v["appliedIndex"] for v in views}) == 1, views
+            assert len({v["digest"] for v in views}) == 1, views
+            counts = router.call({"cmd": "GetJobCounts", "queue": QUEUE}, timeout_s=30)["counts"]
+            assert sum(counts.values()) == 120
         finally:
             router.close()
