@@ -722,6 +722,17 @@ class RaftCore:
         pr.recent_active = True
         pr.last_heard = now
         if msg.reject:
+            if msg.lost and msg.hint_index < pr.match:
+                # The follower lost entries it had acknowledged (a damaged log it discarded): what
+                # it holds now is what it says, and it is probed from there.
+                pr.match = msg.hint_index
+                pr.next = msg.hint_index + 1
+                pr.state = PROBE
+                pr.inflight.clear()
+                pr.pending_snapshot = 0
+                pr.paused = False
+                self._send_append(sender, pr)
+                return
             if pr.state == SNAPSHOT:
                 return  # the stream decides (snapshot_done)
             if pr.state == REPLICATE:
@@ -807,6 +818,10 @@ class RaftCore:
 
     def _handle_append(self, sender: str, msg: AppendEntries, now: float) -> None:
         self._heard_from_leader(sender, now)
+        if self.recovering and not self._recover_until:
+            # Back in line once it holds everything the leader had committed when it first heard
+            # from it: every entry it may have acknowledged before losing its log.
+            self._recover_until = max(msg.commit, 1)
         log = self.log
         prev = msg.prev_index
         entries = msg.entries
@@ -823,7 +838,7 @@ class RaftCore:
         elif not log.match_term(prev, msg.prev_term):
             hint_index, hint_term = log.find_conflict_by_term(min(prev, log.last_index), msg.prev_term)
             self._send(sender, AppendResponse(self.term, prev, reject=True, hint_index=hint_index,
-                                              hint_term=hint_term))
+                                              hint_term=hint_term, lost=self.recovering))
             return
         if entries:
             conflict = self._find_conflict(entries)
@@ -868,8 +883,6 @@ class RaftCore:
         self.leader = sender
         self._heard_leader_at = now
         self._reset_election_deadline(now)
-        if self.recovering and not self._recover_until:
-            self._recover_until = max(self.commit, 1)
 
     def _handle_snapshot(self, sender: str, msg: InstallSnapshot, now: float) -> None:
         self._heard_from_leader(sender, now)
@@ -896,7 +909,10 @@ class RaftCore:
         self._pending_changes = []
         self._persisted = index
         if self.recovering:
-            self.recovering = False
+            if not self._recover_until:
+                self._recover_until = index
+            if index >= self._recover_until:
+                self.recovering = False
         self._send(sender, AppendResponse(self.term, index))
 
     # --- membership -----------------------------------------------------------------------------

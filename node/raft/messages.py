@@ -62,13 +62,16 @@ class AppendResponse(_Msg, tag=2, frozen=True, gc=False):
 
     Success: the follower's log matches the leader's up to ``index``. Rejection: ``index``
     is the ``prev_index`` refused, and ``hint_index``/``hint_term`` the follower's last entry
-    at or below it, so the leader skips a whole conflicting term at once.
+    at or below it, so the leader skips a whole conflicting term at once. ``lost``: the
+    follower discarded a damaged log (it is recovering), so entries it acknowledged before
+    may be gone: the leader takes ``hint_index`` as its match index even below the old one.
     """
 
     index: int
     reject: bool = False
     hint_index: int = 0
     hint_term: int = 0
+    lost: bool = False
 
 
 class RequestVote(_Msg, tag=3, frozen=True, gc=False):
