@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from shoal.client import Client
-from shoal.client.spark._cluster import connected, resolve_layout
-from shoal.client.spark._convert import log_schema
-from shoal.client.spark._options import OptionError, parse_read, parse_stream
-from shoal.client.spark._stream import ShoalLogStreamReader, share_limit
-from shoal.cluster.launcher import LocalCluster
+pytest.importorskip("pyspark", reason="the spark extra is not installed (SHOAL_NO_SPARK=1 or no Java)")
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
+
+from shoal.client import Client  # noqa: E402
+from shoal.client.spark._cluster import connected, resolve_layout  # noqa: E402
+from shoal.client.spark._convert import log_schema  # noqa: E402
+from shoal.client.spark._options import OptionError, parse_read, parse_stream  # noqa: E402
+from shoal.client.spark._stream import ShoalLogStreamReader, share_limit  # noqa: E402
+from shoal.cluster.launcher import LocalCluster  # noqa: E402
 
 from spark_helpers import process_available_then_stop
 
