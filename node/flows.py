@@ -238,11 +238,11 @@ class FlowService:
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
         size = 0
         for seq, report in itertools.islice(outbox.items(), REPORTS_PER_ROUND_MAX):
-            parent, failed, result, error, on_failure = report
+            parent, failed, result, error, on_failure = report[:5]
             size += len(result or b"") + len(error or "") * 4
             if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:
                 break  # results are up to 10 MB each: the rest go next round
-            child = f"{p}-{seq}"
+            child = report[5] if len(report) > 5 else f"{p}-{seq}"  # the engine names it
             try:
                 target = int(str(parent).split("-", 1)[0])
             except ValueError:

@@ -173,8 +173,10 @@ class FlowOps(Store):
         if link is None or link[2]:
             return
         link[2] = True
+        # The report names the child as bunqueue keys children's values: "<queue>:<its wire id>".
         self.flow_outbox[job.seq] = (link[0], failed, None if failed else job.result,
-                                     (error or job.error or "failed") if failed else None, link[1])
+                                     (error or job.error or "failed") if failed else None, link[1],
+                                     f"{job.queue}:{self._wire_id(job)}")
 
     def _flow_forget(self, job: Job) -> None:
         """Hook of removal: a child removed before it finished reports so; a parent's record goes."""
@@ -189,10 +191,10 @@ class FlowOps(Store):
         job = self._job(cmd["id"])
         rec = self.flow_parents.get(job.seq)
         if rec is None:
-            return {"values": {}}
-        out: dict[str, Any] = {
-            "values": {child: None if r is None else Raw(r) for child, r in rec.values.items()},
-            "expected": rec.expected, "done": rec.done()}
+            return {"values": {}, "data": {"values": {}}}
+        values = {child: None if r is None else Raw(r) for child, r in rec.values.items()}
+        out: dict[str, Any] = {"values": values, "data": {"values": values}, "expected": rec.expected,
+                               "done": rec.done()}
         for name in ("ignored", "removed", "failed"):
             errors = getattr(rec, name)
             if errors:
