@@ -41,6 +41,8 @@ from .http import start_http
 from .metrics import NodeMetrics
 from .raft import PartitionReplica, RaftNetwork, TickScheduler, timing_scale
 from .raft.storage import NodeStorage, make_io
+from .relay import CHANNEL as RELAY_CHANNEL
+from .relay import Relay
 from .state import event_dicts
 
 __all__ = ["Node", "run_node"]
@@ -91,6 +93,7 @@ class Node:
         self._tick_idle_ms = TICK_IDLE_MS
         self._applied_flags: dict[int, bool] = {}
         self.raft_network: RaftNetwork | None = None
+        self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
         self._stopped = asyncio.Event()
         self.http_runner: Any = None
@@ -118,6 +121,13 @@ class Node:
                                    sync_interval_ms=config.sync_interval_ms)
         self.raft_network.before_flush = self.storage.barrier
         self.raft_network.after_flush = self.storage.after_send
+        if others:  # clients that do not route for themselves have their commands forwarded (relay.py)
+            network = self.raft_network
+            self.relay = Relay(self.dispatcher, self, self.loop,
+                               lambda peer, message: network.send_channel(peer, RELAY_CHANNEL, message))
+            network.register_channel(RELAY_CHANNEL, self.relay.on_message, self.relay.peer_lost)
+            self.dispatcher.relay = self.relay
+            self.relay.start()
         hosted = sum(self.node_id in replicas for replicas in self.placement.values())
         # Like the Raft timers (raft.replica.timing_scale), the idle tick stretches with the groups hosted.
         self._tick_idle_ms = int(TICK_IDLE_MS * timing_scale(hosted))
@@ -178,6 +188,8 @@ class Node:
         for conn in list(self.dispatcher.connections):
             conn.close()
         await self.flows.close()
+        if self.relay is not None:
+            self.relay.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():

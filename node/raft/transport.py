@@ -294,6 +294,8 @@ class RaftNetwork:
         self.before_flush: Callable[[], None] | None = None
         #: Called right after a frame is written (the leaders' journal syncs, storage.py).
         self.after_flush: Callable[[], None] | None = None
+        #: Side channels (:meth:`register_channel`): name -> (handler, on peer lost).
+        self._channels: dict[str, tuple[Callable[[str, Any], None], Callable[[str], None] | None]] = {}
 
     def node_of(self, peer_id: str) -> Any:
         """The pysyncobj node object that stands for ``peer_id`` in every group."""
@@ -367,6 +369,9 @@ class RaftNetwork:
         log.info("raft link to %s (%s) lost", link.peer_id, link.address)
         for transport in list(self._partitions.values()):
             transport.peer_disconnected(link.node)
+        for _, lost in list(self._channels.values()):
+            if lost is not None:
+                lost(link.peer_id or "")
 
     def refused(self, address: str, claimed: str | None, exc: HandshakeFailed) -> None:
         """Log a refused handshake, at most once per address per :data:`REFUSAL_LOG_PERIOD_S`."""
@@ -399,6 +404,23 @@ class RaftNetwork:
         if link is None:
             return False
         return link.queue(partition, message)
+
+    # --- side channels -----------------------------------------------------------------------------
+
+    def register_channel(self, name: str, handler: Callable[[str, Any], None],
+                         lost: Callable[[str], None] | None = None) -> None:
+        """Carry ``name``'s messages over the authenticated links: a received item whose first
+        element is ``name`` (a str, where Raft's is a partition number) goes to
+        ``handler(peer id, message)``; ``lost(peer id)`` is called when a peer's link is lost."""
+        self._channels[name] = (handler, lost)
+
+    def send_channel(self, peer_id: str, name: str, message: Any) -> bool:
+        """Queue ``message`` on channel ``name`` for ``peer_id``; False when there is no link to
+        it or its send buffer is full (the message is dropped)."""
+        link = self.links.get(peer_id)
+        if link is None:
+            return False
+        return link.queue(name, message)  # type: ignore[arg-type]  # a channel's name where a partition goes
 
     def queued(self, link: _Link) -> None:
         """``link`` has its first message queued: write it in :meth:`flush_queued`, this iteration at the latest."""
@@ -467,6 +489,13 @@ class RaftNetwork:
             transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
             if transport is not None and peer in transport.peers:
                 transport.on_message(node, item[1])
+            elif type(item) is list and len(item) == 2 and type(item[0]) is str:
+                channel = self._channels.get(item[0])
+                if channel is not None:
+                    try:
+                        channel[0](peer, item[1])
+                    except Exception:  # a channel's fault must not cost the frame's Raft messages
+                        log.exception("raft link %s: channel %r failed on a message", peer, item[0])
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)

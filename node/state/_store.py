@@ -197,6 +197,14 @@ class Store:
         """Shoal's own id of ``job`` (what flows, idempotency entries and routing use)."""
         return f"{self.partition}-{job.seq}"
 
+    def event_job(self, seq: int) -> tuple[str, bytes | None, str | None] | None:
+        """What an event of job ``seq`` tells (its wire id, result and error), if it is held as
+        an object (a segment's plain jobs have neither a custom id nor a result)."""
+        job = self.jobs.get(seq)
+        if job is None:
+            return None
+        return self._wire_id(job), job.result, job.error
+
     def _wire_id(self, job: Job) -> str:
         """``job``'s id on the wire: its custom id when it has one (bunqueue's ``jobId``, a
         flow's own ids), else Shoal's own id."""
