@@ -136,6 +136,19 @@ def _stack(name: str, v: Any) -> None:
             raise F.bad(f"{name}[{i}]", f"must be a string of at most {L.error_chars_max} characters")
 
 
+_DLQ_FILTER_FIELDS: dict[str, Checker] = {
+    "reason": F.one_of(("explicit_fail", "max_attempts_exceeded", "timeout", "stalled", "ttl_expired",
+                        "worker_lost", "unknown")),
+    "olderThan": F.int_range(0, 2**62), "newerThan": F.int_range(0, 2**62), "retriable": F.boolean,
+    "expired": F.boolean, "limit": F.int_range(0, L.page_limit_max), "offset": F.int_range(0, 2**62),
+}
+
+
+def _dlq_filter(name: str, v: Any) -> None:
+    """bunqueue's DLQ filter ``{reason?, olderThan?, newerThan?, retriable?, expired?, limit?, offset?}``."""
+    F.fields_map(name, v, _DLQ_FILTER_FIELDS, "DLQ filter field")
+
+
 def _bools(name: str, v: Any) -> None:
     if type(v) is not list or any(type(x) is not bool for x in v):
         raise F.bad(name, "must be a list of true/false")
@@ -308,7 +321,7 @@ _SPECS = [
     _spec("ListQueues", "partition", {}, {"partition": _partition, "after": F.text(L.queue_name_chars_max + 8),
                                           "limit": _limit}, read=True),
     # dead-letter queue
-    _spec("Dlq", "queue", _Q, {"limit": _limit}, read=True),
+    _spec("Dlq", "queue", _Q, {"limit": _limit, "filter": _dlq_filter}, read=True),
     _spec("GetDlqStats", "queue", _Q, read=True),
     _spec("RetryDlq", "queue", _Q, {"id": F.job_id}),
     _spec("RetryCompleted", "queue", _Q, {"id": F.job_id}),
@@ -568,8 +581,13 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
             if job_id is not None:
                 frame["id"] = job_id
     elif cmd == "Dlq":
-        if frame.pop("filter", None) is not None:
-            raise F.bad("filter", "DLQ filters are applied by the client here: send Dlq without one")
+        spec = frame.get("filter")
+        if type(spec) is dict:
+            for key in [k for k, v in spec.items() if v is None]:
+                del spec[key]
+            for key in ("olderThan", "newerThan"):  # JavaScript numbers: whole milliseconds
+                if type(spec.get(key)) is float and spec[key].is_integer():
+                    spec[key] = int(spec[key])
         count = frame.pop("count", None)
         if count is not None:
             frame.setdefault("limit", count)

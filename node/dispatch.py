@@ -31,7 +31,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from . import bunqueue as BQ
+from .bunqueue import encode_event, events_of, push_flow_graph
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .relay import JobLocator
@@ -201,7 +201,7 @@ class Dispatcher:
         if cmd == "PUSHF":  # bunqueue's flow: a graph of jobs with their own ids
             if self.overloaded is not None:
                 raise self.overloaded
-            BQ.push_flow_graph(self._flow_tree, conn, frame, self.clock.now_ms())
+            push_flow_graph(self._flow_tree, conn, frame, self.clock.now_ms())
             return
         if cmd in self._flow_commands:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
             if self.overloaded is not None and cmd == "PushFlow":
@@ -723,6 +723,11 @@ class Dispatcher:
 
     # --- events --------------------------------------------------------------------------------
 
+    def wants_events(self) -> bool:
+        """Does a connection here, or a peer for its clients, subscribe to job events?"""
+        return bool(self.subscribers or self.event_subscribers
+                    or (self.relay is not None and self.relay.peer_subscriptions))
+
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Send job events to subscribed connections (and the node's other listeners)."""
         for listener in self.info.event_listeners:
@@ -747,8 +752,8 @@ class Dispatcher:
             remote = relay is not None and relay.wants_events(queue)  # type: ignore[arg-type]
             if not local and not remote:
                 continue
-            for frame in BQ.events_of(ev, self.directory.replicas, self.clock.now_ms()):
-                body = BQ.encode_event(frame)
+            for frame in events_of(ev, self.directory.replicas, self.clock.now_ms()):
+                body = encode_event(frame)
                 if local:
                     for conn in list(local):
                         send = getattr(conn, "send_encoded", None)

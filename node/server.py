@@ -247,7 +247,7 @@ class Node:
     def _on_applied(self, p: int) -> None:
         self._applied_flags[p] = False
         replica = self.replicas[p]
-        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.subscribers)
+        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.wants_events())
         replica.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
         events = replica.take_events()
         if events and wanted:

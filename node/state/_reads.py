@@ -160,20 +160,35 @@ class ReadOps(Store):
         return {"queues": names[:limit], "more": len(names) > limit}
 
     def _op_Dlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The dead-lettered jobs, oldest first, and bunqueue's DLQ entries of them (``filter``:
+        by reason, age, a page)."""
         q = self.queues.get(cmd["queue"])
-        limit = cmd.get("limit") or PAGE_DEFAULT
-        seqs = list(q.dlq)[:limit] if q else []
-        return {"jobs": [self.wire_job(self.jobs[s]) for s in seqs]}
+        spec = cmd.get("filter") or {}
+        limit = spec.get("limit") or cmd.get("limit") or PAGE_DEFAULT
+        offset = spec.get("offset") or 0
+        jobs = []
+        for seq in (q.dlq if q else ()):
+            job = self.jobs[seq]
+            if not _dlq_match(job, spec, self.now_ms):
+                continue
+            jobs.append(job)
+            if len(jobs) >= offset + limit:
+                break
+        wire = [self.wire_job(j) for j in jobs[offset:]]
+        entries = [{"job": w, "enteredAt": float(j.finished_ms), "reason": _dlq_reason(j), "error": j.error,
+                    "attempts": [], "retryCount": 0, "lastRetryAt": None, "nextRetryAt": None, "expiresAt": None}
+                   for j, w in zip(jobs[offset:], wire)]
+        return {"jobs": wire, "entries": entries}
 
     def _op_GetDlqStats(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        """The dead-letter queue in numbers, in bunqueue's form (every entry's reason is
-        ``max_attempts_exceeded`` or ``explicit_fail``: Shoal keeps no other)."""
+        """The dead-letter queue in numbers, in bunqueue's form."""
         q = self.queues.get(cmd["queue"])
         seqs = list(q.dlq) if q else []
         times = [self.jobs[s].finished_ms for s in seqs]
-        explicit = sum(1 for s in seqs if self.jobs[s].attempts < self.jobs[s].max_attempts)
-        reasons = {"explicit_fail": explicit, "max_attempts_exceeded": len(seqs) - explicit, "timeout": 0,
-                   "stalled": 0, "ttl_expired": 0, "worker_lost": 0, "unknown": 0}
+        reasons = dict.fromkeys(("explicit_fail", "max_attempts_exceeded", "timeout", "stalled", "ttl_expired",
+                                 "worker_lost", "unknown"), 0)
+        for s in seqs:
+            reasons[_dlq_reason(self.jobs[s])] += 1
         stats = {"total": len(seqs), "byReason": reasons, "byQueue": {q.name: len(seqs)} if q and seqs else {},
                  "pendingRetry": 0, "expired": 0, "oldestEntry": float(min(times)) if times else None,
                  "newestEntry": float(max(times)) if times else None}
@@ -198,3 +213,24 @@ class ReadOps(Store):
                                                                    for n, q in self.queues.items()},
                           "jobs": totals, "sessions": len(self.sessions), "crons": len(self.crons),
                           "lastSeq": self.seq, "now": self.now_ms}}
+
+
+def _dlq_reason(job: Any) -> str:
+    """Why a job is in the DLQ, in bunqueue's words."""
+    if job.error is not None and job.error.startswith("lease expired"):
+        return "stalled"
+    if job.attempts < job.max_attempts:
+        return "explicit_fail"  # buried, unrecoverable, or a child's failure
+    return "max_attempts_exceeded"
+
+
+def _dlq_match(job: Any, spec: dict[str, Any], now_ms: int) -> bool:
+    if spec.get("reason") is not None and _dlq_reason(job) != spec["reason"]:
+        return False
+    if spec.get("olderThan") is not None and job.finished_ms >= spec["olderThan"]:
+        return False
+    if spec.get("newerThan") is not None and job.finished_ms <= spec["newerThan"]:
+        return False
+    if spec.get("expired"):  # nothing expires from Shoal's DLQ
+        return False
+    return spec.get("retriable") is not False  # every entry can be retried

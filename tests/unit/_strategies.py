@@ -85,6 +85,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "owner": keys, "jobName": keys, "create": st.booleans(), "asc": st.booleans(),
     "start": st.integers(0, 2**62), "end": st.integers(0, 2**62),
     "stack": st.lists(st.text(max_size=20), max_size=5), "unrecoverable": st.booleans(),
+    "filter": st.fixed_dictionaries({}, optional={"reason": st.just("stalled"), "limit": st.integers(0, 9)}),
     "count": st.integers(1, L.pull_count_max),
     "id": job_ids,
     "token": lease_tokens,
