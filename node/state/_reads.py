@@ -118,8 +118,19 @@ class ReadOps(Store):
         return {"counts": counts}
 
     def _op_GetCountsPerPriority(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Jobs still to run (waiting and delayed, as bunqueue counts them) per priority."""
         q = self.queues.get(cmd["queue"])
-        return {"counts": {str(p): n for p, n in sorted(q.prio_counts.items())} if q else {}}
+        if q is None:
+            return {"counts": {}}
+        counts = dict(q.prio_counts)
+        if q.counts[DELAYED]:
+            seen: set[int] = set()
+            for _, seq in self.delayed:  # a delayed job is never a segment's
+                job = self.jobs.get(seq)
+                if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seen:
+                    seen.add(seq)
+                    counts[job.priority] = counts.get(job.priority, 0) + 1
+        return {"counts": {str(p): n for p, n in sorted(counts.items())}}
 
     def _op_Count(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
