@@ -158,10 +158,11 @@ class _Answer:
 def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> list[dict[str, Any]]:
     """bunqueue's event frames for one of the node's job events (none for moves it does not name)."""
     job_id = ev.get("id")
-    if type(job_id) is not str:
+    partition = ev.get("partition")
+    if type(job_id) is not str or type(partition) is not int:
         return []
-    partition, _, seq_text = job_id.partition("-")
-    info = _job_info(replicas.get(int(partition)) if partition.isdigit() else None, seq_text)
+    replica = replicas.get(partition)
+    info = replica.engine.event_job(job_id) if replica is not None else None
     wire_id, result, error = info if info is not None else (job_id, None, None)
     base = {"queue": ev.get("queue"), "jobId": wire_id, "timestamp": float(now_ms)}
     if ev.get("event") == "progress":
@@ -188,12 +189,6 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
         return [_frame({**base, "eventType": "failed", "error": error, "terminal": False}),
                 _frame({**base, "eventType": "retried", "prev": "failed"})]
     return []
-
-
-def _job_info(replica: "PartitionReplica | None", seq_text: str) -> tuple[str, bytes | None, str | None] | None:
-    if replica is None or not seq_text.isdigit():
-        return None
-    return replica.engine.event_job(int(seq_text))
 
 
 def _frame(event: dict[str, Any]) -> dict[str, Any]:

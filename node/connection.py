@@ -402,13 +402,10 @@ class ClientConnection(asyncio.Protocol):
             for f in block:
                 self.reply_error(f.reqId, error)
 
-    def upgrade(self, version: int, capabilities: list[str] | None = None) -> None:
-        """``Hello``: protocol v2 adds topology events; the ``routing`` capability means the
-        client routes each command to its partition's leader itself."""
+    def upgrade(self, version: int) -> None:
+        """``Hello``: protocol v2 adds topology events."""
         if version >= 2:
             self.protocol_version = 2
-        if capabilities is not None and "routing" in capabilities:
-            self.wants_forwarding = False
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         """Send a successful reply to one command and let the next one run."""

@@ -611,7 +611,9 @@ class Dispatcher:
             if capabilities is not None and (not isinstance(capabilities, list) or len(capabilities) > 1000):
                 raise CommandError(ErrorCode.INVALID, "capabilities: must be a list of strings")
             version = min(version, 2)
-            conn.upgrade(version, capabilities)
+            conn.upgrade(version)
+            if capabilities and "routing" in capabilities and hasattr(conn, "wants_forwarding"):
+                conn.wants_forwarding = False  # type: ignore[attr-defined]  # it routes for itself
             reply = {"protocolVersion": version, "capabilities": ["pipelining", "routing"] if version >= 2 else [],
                      "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
                      "authRequired": self.auth_required}

@@ -239,15 +239,16 @@ class FlowService:
         size = 0
         for seq, report in itertools.islice(outbox.items(), REPORTS_PER_ROUND_MAX):
             parent, failed, result, error, on_failure = report[:5]
+            key = report[5:]  # the child as bunqueue's client names it, "<queue>:<its id>" (the engine's)
             size += len(result or b"") + len(error or "") * 4
             if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:
                 break  # results are up to 10 MB each: the rest go next round
-            child = report[5] if len(report) > 5 else f"{p}-{seq}"  # the engine names it
+            child = f"{p}-{seq}"
             try:
                 target = int(str(parent).split("-", 1)[0])
             except ValueError:
                 target = -1
-            by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure]))
+            by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure, *key]))
         acked: list[int] = []
 
         async def deliver(target: int, reports: list[tuple[int, list[Any]]]) -> None:

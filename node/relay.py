@@ -159,7 +159,7 @@ class _Call:
     def send_frame(self, frame: dict[str, Any]) -> None:
         pass  # a forwarded command has no events of its own
 
-    def upgrade(self, version: int, capabilities: list[str] | None = None) -> None:
+    def upgrade(self, version: int) -> None:
         pass
 
 

@@ -197,10 +197,13 @@ class Store:
         """Shoal's own id of ``job`` (what flows, idempotency entries and routing use)."""
         return f"{self.partition}-{job.seq}"
 
-    def event_job(self, seq: int) -> tuple[str, bytes | None, str | None] | None:
-        """What an event of job ``seq`` tells (its wire id, result and error), if it is held as
-        an object (a segment's plain jobs have neither a custom id nor a result)."""
-        job = self.jobs.get(seq)
+    def event_job(self, job_id: str) -> tuple[str, bytes | None, str | None] | None:
+        """What an event of the job ``job_id`` tells (its wire id, result and error), if the job is
+        still here and held as an object (a segment's plain jobs have no result or error)."""
+        seq = shoal_seq(job_id, self.partition)
+        if seq is None:
+            seq = self._custom_seq(job_id)
+        job = self.jobs.get(seq) if seq is not None and seq > 0 else None
         if job is None:
             return None
         return self._wire_id(job), job.result, job.error
