@@ -14,7 +14,7 @@ def test_apply_returns_the_reply_and_the_events_of_that_command_only() -> None:
     assert pushed.events == [("q", s, "waiting", None) for s in (1, 2, 3)]
     pulled = e.apply({"cmd": "PULL", "queue": "q"}, 1_000)
     assert pulled.events == [("q", 1, "active", "waiting")]
-    e.apply({"cmd": "Progress", "id": "3-1", "progress": 40, "partition": 3}, 1_000)
+    e.apply({"cmd": "Progress", "id": "3-1", "progress": 40}, 1_000)
     acked = e.apply({"cmd": "ACK", "id": "3-1"}, 1_000)
     assert event_dicts(3, acked.events) == [
         {"event": "job", "queue": "q", "id": "3-1", "state": "completed", "prev": "active", "partition": 3}]
