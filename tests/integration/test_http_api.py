@@ -126,7 +126,9 @@ def test_unknown_things_are_404_and_bad_ids_400(secured: LocalCluster) -> None:
         async with aiohttp.ClientSession(headers=AUTH) as s:
             async with s.get(f"{base}/jobs/{seq_free}") as r:
                 assert r.status == 404 and (await r.json())["code"] == "NOT_FOUND"
-            async with s.get(f"{base}/jobs/not-an-id") as r:
+            async with s.get(f"{base}/jobs/not-an-id") as r:   # a custom id no job has
+                assert r.status == 404
+            async with s.get(f"{base}/jobs/{'x' * 300}") as r:
                 assert r.status == 400 and (await r.json())["code"] == "INVALID"
             async with s.get(f"{base}/jobs/99-1") as r:   # a partition the cluster does not have
                 assert r.status == 404
