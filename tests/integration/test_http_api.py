@@ -300,7 +300,7 @@ def test_ws_auth_pipelining_batches_and_msgpack(secured: LocalCluster) -> None:
                 # v2: a parked long poll does not hold up the commands behind it.
                 await ws.send_str(json.dumps({"cmd": "PULL", "queue": queue, "timeout": 5000, "reqId": "poll"}))
                 await ws.send_str(json.dumps({"cmd": "PUSHB", "queue": queue, "reqId": "batch",
-                                              "jobs": [{"data": {"n": 1}}, {"data": [2], "priority": 5}]}))
+                                              "jobs": [{"data": {"n": 1}}, {"data": [2], "priority": -5}]}))
                 replies: dict[str, dict[str, Any]] = {}
                 order = []
                 while len(replies) < 2:
