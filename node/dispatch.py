@@ -25,7 +25,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush
+from shoal.cluster.codec import PlainPush, Raw
 from shoal.cluster.commands import COMMANDS, normalize, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
@@ -372,6 +372,9 @@ class Dispatcher:
             p = self._partition_of("queue", {"queue": queue})
             replica = self.directory.replicas.get(p)
             if replica is None or not replica.is_leader():
+                if self.relay is not None and getattr(conn, "wants_forwarding", False):
+                    self._forward_pushes(conn, frames, p)
+                    return
                 raise self.directory.not_leader_error(p)
         except CommandError as exc:
             for frame in frames:
@@ -388,6 +391,16 @@ class Dispatcher:
             conn.reply_many(req_ids, each_result(result, n), "PUSH", time.perf_counter() - started)
 
         self.directory.group_commits[p].submit(run, done)
+
+    def _forward_pushes(self, conn: Replier, frames: list[PlainPush], p: int) -> None:
+        """Plain PUSHes for a partition led elsewhere, each forwarded to its leader."""
+        relay = self.relay
+        assert relay is not None
+        for frame in frames:
+            try:
+                relay.forward(conn, frame.to_frame(Raw), p)
+            except CommandError as exc:
+                conn.reply_error(frame.reqId, exc)
 
     def _write(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its

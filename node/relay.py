@@ -226,7 +226,7 @@ class Relay:
             raise CommandError(ErrorCode.INVALID, str(exc)) from exc
         wait_s = (frame.get("timeout") or 0) / 1000 if cmd in ("PULL", "PULLB") else 0.0
         rid = next(self._rids)
-        pending = _Pending(conn, frame.get("reqId"), body, p, bool(spec and spec.retry_safe),
+        pending = _Pending(conn, frame.get("reqId"), body, p, _safe_to_repeat(frame, spec),
                            self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
         self._pending[rid] = pending
         self._by_conn.setdefault(conn.conn_id, set()).add(rid)
@@ -542,6 +542,21 @@ class Relay:
     def stats(self) -> dict[str, int]:
         return {"forwarding": len(self._pending), "serving": len(self._served), "forwarded": self.forwarded,
                 "retried": self.retried}
+
+
+def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:
+    """May ``frame`` be sent again after its outcome became unknown (a lost link)? Reads and
+    retry-safe commands may; an add only with an idempotency key (bunqueue's client sets none,
+    and a custom id makes a repeat a duplicate that adds nothing)."""
+    if spec is None or not spec.retry_safe:
+        return False
+    cmd = frame["cmd"]
+    if cmd == "PUSH":
+        return frame.get("idempotencyKey") is not None or frame.get("customId") is not None
+    if cmd == "PUSHB":
+        return all(job.get("idempotencyKey") is not None or job.get("customId") is not None
+                   for job in frame["jobs"])
+    return True
 
 
 def _error_of(body: bytes) -> CommandError:
