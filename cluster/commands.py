@@ -312,6 +312,7 @@ _SPECS = [
     _spec("Clean", "queue", {"queue": F.queue, "grace": _grace}, {"state": _state, "limit": _limit}),
     _spec("Cancel", "id", _ID, {"by": _key}),
     _spec("Promote", "id", _ID),
+    _spec("PromoteJobs", "queue", _Q, {"count": F.int_range(1, 2**40)}),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
     _spec("Progress", "id", {"id": F.job_id, "progress": _progress_value}, {"message": _log_text, **_TOK},
           retry=True),
@@ -323,7 +324,7 @@ _SPECS = [
     # dead-letter queue
     _spec("Dlq", "queue", _Q, {"limit": _limit, "filter": _dlq_filter}, read=True),
     _spec("GetDlqStats", "queue", _Q, read=True),
-    _spec("RetryDlq", "queue", _Q, {"id": F.job_id}),
+    _spec("RetryDlq", "queue", _Q, {"id": F.job_id, "filter": _dlq_filter}),
     _spec("RetryCompleted", "queue", _Q, {"id": F.job_id}),
     _spec("PurgeDlq", "queue", _Q),
     # cron
@@ -580,7 +581,7 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
             job_id = frame.pop("jobId")
             if job_id is not None:
                 frame["id"] = job_id
-    elif cmd == "Dlq":
+    elif cmd in ("Dlq", "RetryDlq"):
         spec = frame.get("filter")
         if type(spec) is dict:
             for key in [k for k, v in spec.items() if v is None]:

@@ -719,9 +719,9 @@ class Dispatcher:
         """bunqueue's ``SubscribeEvents {queue}``: that queue's job events, as ``{type: "event",
         event: {eventType, queue, jobId, timestamp, ...}}`` frames, wherever its leader is."""
         queue = frame.get("queue")
-        check_queue(queue) if isinstance(queue, str) else None
         if not isinstance(queue, str):
             raise CommandError(ErrorCode.INVALID, "queue: required (the queue whose events to send)")
+        check_queue(queue)
         subs = getattr(conn, "bunqueue_subscriptions", None)
         if subs is None:
             subs = set()

@@ -11,6 +11,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue, pack
+from ._reads import dlq_match
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
 
@@ -31,7 +32,7 @@ class ControlOps(Store):
             raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already cancelled")
         self._count(q, "Cancel")
         self._remove(q, job)
-        return {}
+        return {"data": {"removed": True}}
 
     def _op_Promote(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -41,6 +42,22 @@ class ControlOps(Store):
         self._count(q, "Promote")
         self._to_waiting(q, job)
         return {}
+
+    def _op_PromoteJobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Every delayed job of a queue (at most ``count``, soonest first) runs now."""
+        q = self._queue(cmd["queue"])
+        limit = cmd.get("count")
+        seqs: list[int] = []
+        for _, seq in sorted(self.delayed):
+            job = self.jobs.get(seq)
+            if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seqs:
+                seqs.append(seq)
+                if limit is not None and len(seqs) >= limit:
+                    break
+        for seq in seqs:
+            self._to_waiting(q, self.jobs[seq])
+        self._count(q, "PromoteJobs")
+        return {"count": len(seqs)}
 
     def _op_MoveToDelayed(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -223,6 +240,11 @@ class ControlOps(Store):
             if job.queue != q.name or job.state != FAILED:
                 raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not in {q.name}'s DLQ")
             seqs = [job.seq]
+        elif cmd.get("filter") is not None:  # bunqueue's retryDlqByFilter: Dlq's filter
+            spec = cmd["filter"]
+            seqs = [s for s in q.dlq if dlq_match(self.jobs[s], spec)]
+            offset, limit = spec.get("offset") or 0, spec.get("limit")
+            seqs = seqs[offset:offset + limit] if limit else seqs[offset:]
         else:
             seqs = list(q.dlq)
         self._count(q, "RetryDlq")

@@ -180,7 +180,7 @@ class ReadOps(Store):
         jobs = []
         for seq in (q.dlq if q else ()):
             job = self.jobs[seq]
-            if not _dlq_match(job, spec, self.now_ms):
+            if not dlq_match(job, spec):
                 continue
             jobs.append(job)
             if len(jobs) >= offset + limit:
@@ -235,7 +235,8 @@ def _dlq_reason(job: Any) -> str:
     return "max_attempts_exceeded"
 
 
-def _dlq_match(job: Any, spec: dict[str, Any], now_ms: int) -> bool:
+def dlq_match(job: Any, spec: dict[str, Any]) -> bool:
+    """Does a dead-lettered job pass bunqueue's DLQ filter (reason, age; nothing expires here)?"""
     if spec.get("reason") is not None and _dlq_reason(job) != spec["reason"]:
         return False
     if spec.get("olderThan") is not None and job.finished_ms >= spec["olderThan"]:
