@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 

@@ -10,7 +10,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._model import PAGE_DEFAULT, PAGE_LIMIT_MAX, Queue
 from ._store import Store, wire_state
-from ._transitions import ACTIVE, COMPLETED, DELAYED, FAILED, STATES, WAITING
+from ._transitions import ACTIVE, DELAYED, STATES, WAITING
 
 #: bunqueue's state for waiting jobs with a priority (counted and listed apart from ``waiting``).
 PRIORITIZED = "prioritized"
