@@ -184,9 +184,10 @@ class Connection:
         self._transport, self._protocol = transport, protocol
         self._timeouts = 0
         timeout = self.options.connect_timeout
-        hello = {"cmd": "Hello", "protocolVersion": 2 if self.options.pipelining else 1}
-        if self.options.pipelining:
-            hello["capabilities"] = ["pipelining"]
+        hello: dict[str, Any] = {"cmd": "Hello", "protocolVersion": 2 if self.options.pipelining else 1}
+        # "routing": this client sends each command to its partition's leader itself (the node
+        # answers NOT_LEADER rather than forwarding it).
+        hello["capabilities"] = ["pipelining", "routing"] if self.options.pipelining else ["routing"]
         self.hello = await self._request(hello, timeout)
         if self.token:
             # A node with tokens keeps its topology and our session id for the Auth reply.

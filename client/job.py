@@ -25,7 +25,8 @@ class JobState(str, Enum):
 class Job:
     """A pulled or fetched job. ``token`` is the lease's fencing token (set when pulled).
 
-    Times (``created_at``, ``run_at``) are epoch seconds. A job that came from a queue
+    ``attempts`` counts the attempts made, the current one included (1 on a job's first
+    pull). Times (``created_at``, ``run_at``) are epoch seconds. A job that came from a queue
     handle can report on itself: ``job.set_progress(50)``, ``job.add_log("..")``, ``job.extend(30)``
     (awaitables from an async queue, blocking calls from a sync one).
     """
@@ -80,8 +81,16 @@ class Job:
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any], token: str | None = None, handle: Any = None) -> "Job":
+        """A job from the node's record (bunqueue's job record: ``attempts`` there counts the
+        attempts before the current one, a waiting job with a priority is ``prioritized``)."""
+        state = wire.get("state", "waiting")
+        if state == "prioritized":
+            state = JobState.WAITING.value
+        attempts = wire.get("attempts", 0)
+        if state in (JobState.ACTIVE.value, JobState.COMPLETED.value, JobState.CANCELLED.value):
+            attempts += 1  # here: the attempts made, this one included
         return cls(id=wire["id"], queue=wire["queue"], data=wire.get("data"), priority=wire.get("priority", 0),
-                   state=wire.get("state", "waiting"), attempts=wire.get("attempts", 0),
+                   state=state, attempts=attempts,
                    max_attempts=wire.get("maxAttempts", 1), created_at=wire.get("createdAt", 0) / 1000,
                    run_at=wire.get("runAt", 0) / 1000, progress=wire.get("progress", 0), token=token,
                    group=wire.get("group"), custom_id=wire.get("customId"), tag=wire.get("tag"),

@@ -160,11 +160,12 @@ class AsyncQueue:
                   ttl: float | None = None, ttr: float | None = None, group: str | None = None,
                   tag: str | None = None, timeout: float | None = None, dedupe: Dedupe | None = None,
                   debounce: Debounce | None = None) -> str:
-        """Enqueue one job and return its id (``"3-17"``).
+        """Enqueue one job and return its id (``"3-17"``, or ``custom_id`` when given).
 
-        ``priority``: lower runs first; ``delay``/``ttl``/``ttr``/``backoff`` in seconds;
-        ``attempts``: maximum attempts; ``custom_id``: dedupe key; ``group``: utube
-        sub-queue; ``timeout``: wait up to that long on a full capped queue;
+        ``priority``: higher runs first (bunqueue's order); ``delay``/``ttl``/``ttr``/``backoff``
+        in seconds; ``attempts``: maximum attempts; ``custom_id``: the job's id (a second add
+        with it adds nothing and answers the same id); ``group``: utube sub-queue; ``timeout``:
+        wait up to that long on a full capped queue;
         ``dedupe=Dedupe(id, ttl)`` / ``debounce=Debounce(id, delay, max_wait)``: an add
         they absorb answers the existing job's id. Safe to retry: the client adds an
         idempotency key, so a failover never enqueues twice.
@@ -173,7 +174,7 @@ class AsyncQueue:
                              "backoff": backoff, "ttl": ttl, "ttr": ttr, "group": group, "tag": tag,
                              "dedupe": dedupe, "debounce": debounce})
         if timeout:
-            fields["timeout"] = ms(timeout)
+            fields["waitMs"] = ms(timeout)
         target = self._shards.pick(group, custom_id)
         reply = await self._on(target, "PUSH", data=data, idempotencyKey=self.client.new_idempotency_key(), **fields)
         return str(reply["id"])
@@ -305,7 +306,7 @@ class AsyncQueue:
         await self._job_call("AddLog", job, message=message)
 
     async def logs(self, job: Job | str, limit: int | None = None) -> list[dict[str, Any]]:
-        """A job's log lines."""
+        """A job's log lines, oldest first: ``{"timestamp": epoch ms, "level": "info", "message": ...}``."""
         return list((await self._job_call("GetLogs", job, **({"limit": limit} if limit else {})))["logs"])
 
     # --- queries ----------------------------------------------------------------------------
@@ -321,8 +322,10 @@ class AsyncQueue:
         return self._job(reply["job"]) if reply.get("job") else None
 
     async def get_state(self, job_id: str) -> str:
-        """``waiting``, ``delayed``, ``active``, ``completed`` or ``failed``."""
-        return str((await self._job_call("GetState", job_id))["state"])
+        """``waiting``, ``delayed``, ``active``, ``completed``, ``failed``, ``waiting-children`` or
+        ``cancelled`` (a waiting job with a priority is ``waiting`` here; the wire says ``prioritized``)."""
+        state = str((await self._job_call("GetState", job_id))["state"])
+        return "waiting" if state == "prioritized" else state
 
     async def get_result(self, job_id: str) -> Any:
         """The result a completed job was acked with."""
@@ -341,6 +344,10 @@ class AsyncQueue:
         total = dict.fromkeys(_COUNT_KEYS, 0)
         for reply in await self._every("GetJobCounts"):
             for state, n in (reply.get("counts") or {}).items():
+                if state == "prioritized":
+                    state = "waiting"  # the wire counts waiting jobs with a priority apart (bunqueue's)
+                elif state == "paused":
+                    continue
                 total[state] = total.get(state, 0) + int(n)
         return total
 
@@ -349,7 +356,7 @@ class AsyncQueue:
         return await self._sum("Count", **({"state": state} if state else {}))
 
     async def counts_per_priority(self) -> dict[int, int]:
-        """Waiting jobs by priority."""
+        """Jobs still to run (waiting and delayed) by priority."""
         total: dict[int, int] = {}
         for reply in await self._every("GetCountsPerPriority"):
             for priority, n in (reply.get("counts") or {}).items():

@@ -55,8 +55,10 @@ class AsyncTube:
 
     async def put(self, data: Any, *, pri: int | None = None, delay: float | None = None, ttl: float | None = None,
                   ttr: float | None = None, utube: str | None = None) -> Job:
-        """Put a task; returns it as stored (state ``waiting`` or ``delayed``)."""
-        job_id = await self.queue.add(data, priority=pri, delay=delay, ttl=ttl, ttr=ttr, group=utube)
+        """Put a task; returns it as stored (state ``waiting`` or ``delayed``). ``pri`` is
+        tarantool's: a lower ``pri`` is taken first (the job's priority on the wire is ``-pri``)."""
+        job_id = await self.queue.add(data, priority=-pri if pri else None, delay=delay, ttl=ttl, ttr=ttr,
+                                      group=utube)
         job = await self.queue.get_job(job_id)
         if job is None:  # removed already (ttl of 0, a concurrent delete): report what we know
             return Job(id=job_id, queue=self.name, data=data, handle=self.queue)

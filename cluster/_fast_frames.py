@@ -27,9 +27,18 @@ _Unset = msgspec.UnsetType
 
 
 class _Item(msgspec.Struct, forbid_unknown_fields=True):
-    """One PUSHB item; every field optional (validation says what is missing)."""
+    """One PUSHB item; every field optional (validation says what is missing).
+
+    The first four are what bunqueue's ``addBulk`` sends for a job without options
+    (``removeOnComplete``/``removeOnFail`` false); ``idempotencyKey`` stays last.
+    """
 
     data: msgspec.Raw | _Unset = _UNSET
+    name: str | _Unset = _UNSET
+    removeOnComplete: bool | _Unset = _UNSET  # noqa: N815 (wire name)
+    removeOnFail: bool | _Unset = _UNSET  # noqa: N815 (wire name)
+    maxAttempts: int | _Unset = _UNSET  # noqa: N815 (wire name)
+    jobId: str | _Unset = _UNSET  # noqa: N815 (wire name)
     priority: int | _Unset = _UNSET
     delay: int | _Unset = _UNSET
     customId: str | _Unset = _UNSET  # noqa: N815 (wire name)
@@ -45,7 +54,9 @@ class _Item(msgspec.Struct, forbid_unknown_fields=True):
 _ITEM_FIELDS = _Item.__struct_fields__
 _PLAIN_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 1)           # only data set
 _KEYED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 2)           # data and idempotencyKey set
-assert _ITEM_FIELDS[0] == "data" and _ITEM_FIELDS[-1] == "idempotencyKey"
+_NAMED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 4)           # after data, name and the two flags
+assert _ITEM_FIELDS[:4] == ("data", "name", "removeOnComplete", "removeOnFail")
+assert _ITEM_FIELDS[-1] == "idempotencyKey"
 
 
 class _JobFrame(TypedDict, total=False):
@@ -54,6 +65,11 @@ class _JobFrame(TypedDict, total=False):
     queue: str
     data: msgspec.Raw
     jobs: list[_Item]
+    name: str
+    maxAttempts: int  # noqa: N815
+    jobId: str  # noqa: N815
+    removeOnComplete: bool  # noqa: N815
+    removeOnFail: bool  # noqa: N815
     priority: int
     delay: int
     customId: str  # noqa: N815
@@ -71,7 +87,8 @@ _decoder = msgspec.msgpack.Decoder(_JobFrame)
 
 
 class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fields=True, gc=False):
-    """A PUSH with only ``queue``, ``data`` and maybe ``reqId`` and ``idempotencyKey``.
+    """A PUSH with only ``queue``, ``data`` and maybe ``reqId``, ``idempotencyKey`` and ``name``
+    (bunqueue's job name: its client's ``add`` sends ``{cmd, queue, name, data, reqId}``).
 
     The node's hot path: pipelined producers send these back to back, and the node
     answers a run of them as one block (:mod:`shoal.node.pushes`). A struct is
@@ -83,6 +100,7 @@ class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fiel
     data: msgspec.Raw
     reqId: int | str | None = None  # noqa: N815 (wire name)
     idempotencyKey: str | None = None  # noqa: N815 (wire name)
+    name: str | None = None
 
     def to_frame(self, raw: type) -> dict[str, Any]:
         """The same request as the general decoder gives it (a dict, ``data`` as ``raw(bytes)``)."""
@@ -91,6 +109,8 @@ class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fiel
             frame["reqId"] = self.reqId
         if self.idempotencyKey is not None:
             frame["idempotencyKey"] = self.idempotencyKey
+        if self.name is not None:
+            frame["name"] = self.name
         return frame
 
 
@@ -104,7 +124,7 @@ def plain_push_entries(push: PlainPush) -> int:
     push only when its map header counts exactly these entries: a missing ``cmd``, an
     explicit nil or a repeated key falls back to the general decoder, which reports them.
     """
-    return 3 + (push.reqId is not None) + (push.idempotencyKey is not None)
+    return 3 + (push.reqId is not None) + (push.idempotencyKey is not None) + (push.name is not None)
 
 
 def map_len(payload: bytes) -> int:
@@ -127,6 +147,9 @@ def _item(item: _Item, raw: type) -> dict[str, Any]:
             return {"data": raw(bytes(values[0]))}  # the bulk case
         if tail[:-1] == _KEYED_TAIL and values[-1] is not _UNSET:
             return {"data": raw(bytes(values[0])), "idempotencyKey": values[-1]}
+        if values[4:] == _NAMED_TAIL and values[1] is not _UNSET and not values[2] and not values[3]:
+            # bunqueue's addBulk item without options: the name, both remove flags unset or false
+            return {"data": raw(bytes(values[0])), "name": values[1]}
     out: dict[str, Any] = {}
     for name, value in zip(_ITEM_FIELDS, values):
         if value is not _UNSET:

@@ -118,11 +118,19 @@ def data(field: str, v: Any) -> None:
 
 
 def job_id(field: str, v: Any) -> None:
-    """A job id ``"{partition}-{seq}"``."""
+    """A job id: Shoal's own ``"{partition}-{seq}"``, or the job's custom id (bunqueue's
+    ``jobId``, a flow's client-made ids): 1..256 characters."""
+    if type(v) is not str or not 0 < len(v) <= L.key_chars_max:
+        raise bad(field, f"{v!r} is not a job id (like '3-17', or a custom id of 1..{L.key_chars_max} characters)")
+
+
+def is_shoal_id(v: str) -> bool:
+    """True for an id of Shoal's own form ``"{partition}-{seq}"`` (routable without a lookup)."""
     try:
         parse_job_id(v)
     except CommandError:
-        raise bad(field, f"{v!r} is not a job id like '3-17'") from None
+        return False
+    return True
 
 
 def lease_token(field: str, v: Any) -> None:
@@ -173,7 +181,8 @@ def _ids_of_one_partition(v: list[Any]) -> bool:
 
 
 def ids(field: str, v: Any) -> None:
-    """A non-empty batch of job ids, all of one partition (a batch goes to one leader)."""
+    """A non-empty batch of job ids; those of Shoal's own form all of one partition (a batch
+    goes to one leader). Custom ids are found by the node (their queue's partition)."""
     if type(v) is not list or not v:
         raise bad(field, "must be a non-empty list of job ids")
     if len(v) > L.batch_jobs_max:
@@ -182,10 +191,11 @@ def ids(field: str, v: Any) -> None:
         return
     first = None
     for i, x in enumerate(v):
+        job_id(f"{field}[{i}]", x)
         try:
             p = parse_job_id(x)[0]
         except CommandError:
-            raise bad(f"{field}[{i}]", f"{x!r} is not a job id like '3-17'") from None
+            continue  # a custom id: its partition is its queue's
         if first is None:
             first = p
         elif p != first:

@@ -39,6 +39,8 @@ __all__ = [
     "new_unpacker",
     "check_depth",
     "DEPTH_MAX",
+    "ext_hook",
+    "UNDEFINED_EXT",
 ]
 
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
@@ -48,6 +50,16 @@ _plain_decode = plain_push_decoder.decode
 _RAW_FIELDS = frozenset({"data"})
 #: First bytes of a map or an array (fixmap, fixarray, array16/32, map16/32).
 _CONTAINER_FIRST = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])  # kept raw at the top level and in each item of "jobs"
+#: MessagePack extension type 0 is how bunqueue's client (msgpackr) writes JavaScript's
+#: ``undefined``: a field sent as ``undefined`` was not given, exactly like ``null``.
+UNDEFINED_EXT = 0
+
+
+def ext_hook(code: int, data: bytes) -> Any:
+    """Decode extension ``code``: ``undefined`` (type 0) is ``None``; others stay ``ExtType``."""
+    if code == UNDEFINED_EXT:
+        return None
+    return msgpack.ExtType(code, data)
 
 
 class Raw:
@@ -79,7 +91,7 @@ class Raw:
 
     def decode(self) -> Any:
         """The Python value these bytes encode (off the hot path: HTTP, tools)."""
-        return msgpack.unpackb(self.packed, raw=False, strict_map_key=False)
+        return msgpack.unpackb(self.packed, raw=False, strict_map_key=False, ext_hook=ext_hook)
 
 
 def raw_of(value: Any) -> Raw:
@@ -144,7 +156,8 @@ def _decoded_span(unpacker: msgpack.Unpacker, payload: bytes, base: int) -> Any:
     """Skip one value and return it decoded (used to let validation report a wrong type)."""
     start = unpacker.tell()
     unpacker.skip()
-    return msgpack.unpackb(payload[start - base:unpacker.tell() - base], raw=False, strict_map_key=False)
+    return msgpack.unpackb(payload[start - base:unpacker.tell() - base], raw=False, strict_map_key=False,
+                          ext_hook=ext_hook)
 
 
 def _read_job_item(unpacker: msgpack.Unpacker, payload: bytes, base: int) -> Any:
@@ -174,7 +187,7 @@ def decode_request(payload: bytes, *, raw_data: bool = False,
         if raw_data:
             frame = _decode_raw_map(payload, unpacker)
         else:
-            frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            frame = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -203,13 +216,14 @@ def _plain_req_id(req_id: object) -> bool:
 
 def new_unpacker(frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> msgpack.Unpacker:
     """A streaming unpacker suitable for :func:`decode_request`'s ``unpacker``."""
-    return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(frame_bytes_max, 1))
+    return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(frame_bytes_max, 1),
+                            ext_hook=ext_hook)
 
 
 def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
     if b"data" not in payload and b"jobs" not in payload:
         # No key can be "data" or "jobs" (their UTF-8 bytes would appear): one C-level decode.
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
     frame = decode_job_frame(payload, Raw)  # a plain PUSH/PUSHB in C; None: walk it exactly
     if frame is not None:
         return frame
@@ -220,7 +234,7 @@ def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
     try:
         size = unpacker.read_map_header()
     except msgpack.UnpackValueError:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
     unpack, tell, skip = unpacker.unpack, unpacker.tell, unpacker.skip
     frame: dict[Any, Any] = {}
     for _ in range(size):
@@ -246,7 +260,7 @@ def _decode_raw_map(payload: bytes, unpacker: msgpack.Unpacker | None) -> Any:
 def decode_response(payload: bytes) -> dict[str, Any]:
     """Decode one response or event body (a map; no ``cmd`` required)."""
     try:
-        frame = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        frame = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
     except Exception as exc:
         raise ProtocolError(f"undecodable MessagePack frame: {type(exc).__name__}") from exc
     if type(frame) is not dict:

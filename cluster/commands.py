@@ -41,7 +41,7 @@ from .jobid import parse_job_id
 __all__ = [
     "Routing", "Field", "CommandSpec", "COMMANDS", "READ_COMMANDS", "WRITE_COMMANDS", "NODE_COMMANDS",
     "INTERNAL_COMMANDS", "JOB_OPTION_FIELDS", "QUEUE_TYPES", "JOB_STATES", "validate", "routing_of",
-    "route_key",
+    "route_key", "normalize", "COMMAND_ALIASES",
 ]
 
 Routing = Literal["queue", "id", "partition", "node"]
@@ -98,12 +98,60 @@ _limit = F.int_range(1, L.page_limit_max)
 _offset = F.int_range(0, 2**62)
 _seq = F.int_range(0, 2**62)
 _partition = F.int_range(0, L.partition_max)
-_progress = F.int_range(0, 100)
 _grace = F.int_range(0, L.ttl_ms_max)
 _error_text = F.text(L.error_chars_max, empty=True)
 _log_text = F.text(L.log_chars_max, empty=True)
 _state = F.one_of(JOB_STATES)
+_listed_state = F.one_of((*JOB_STATES, "prioritized"))  # bunqueue lists waiting jobs with a priority apart
 _names = F.str_list(L.list_items_max, L.key_chars_max)
+
+def _custom_id(name: str, v: Any) -> None:
+    """A custom id (bunqueue's ``jobId``): it becomes the job's id, so it may not look like
+    Shoal's own ids (``"3-17"``), which route by the partition they name."""
+    _key(name, v)
+    if F.is_shoal_id(v):
+        raise F.bad(name, f"{v!r} has the form of Shoal's own job ids (partition-seq); choose another id")
+
+
+def _progress_value(name: str, v: Any) -> None:
+    """A progress: a number 0..100, or a map or list (bunqueue's object progress)."""
+    kind = type(v)
+    if kind is int or kind is float:
+        if not 0 <= v <= 100:
+            raise F.bad(name, "must be between 0 and 100")
+        return
+    if kind is dict or kind is list:
+        F.data(name, v)
+        return
+    raise F.bad(name, "must be a number 0..100 or an object")
+
+
+def _stack(name: str, v: Any) -> None:
+    """A failure's stack trace: a list of strings (kept up to the job's ``stackTraceLimit``)."""
+    if type(v) is not list or len(v) > L.stack_lines_max:
+        raise F.bad(name, f"must be a list of at most {L.stack_lines_max} strings")
+    for i, line in enumerate(v):
+        if type(line) is not str or len(line) > L.error_chars_max:
+            raise F.bad(f"{name}[{i}]", f"must be a string of at most {L.error_chars_max} characters")
+
+
+_DLQ_FILTER_FIELDS: dict[str, Checker] = {
+    "reason": F.one_of(("explicit_fail", "max_attempts_exceeded", "timeout", "stalled", "ttl_expired",
+                        "worker_lost", "unknown")),
+    "olderThan": F.int_range(0, 2**62), "newerThan": F.int_range(0, 2**62), "retriable": F.boolean,
+    "expired": F.boolean, "limit": F.int_range(0, L.page_limit_max), "offset": F.int_range(0, 2**62),
+}
+
+
+def _dlq_filter(name: str, v: Any) -> None:
+    """bunqueue's DLQ filter ``{reason?, olderThan?, newerThan?, retriable?, expired?, limit?, offset?}``."""
+    F.fields_map(name, v, _DLQ_FILTER_FIELDS, "DLQ filter field")
+
+
+def _bools(name: str, v: Any) -> None:
+    if type(v) is not list or any(type(x) is not bool for x in v):
+        raise F.bad(name, "must be a list of true/false")
+
 
 _DEDUPE_FIELDS: dict[str, Checker] = {"id": _key, "ttlMs": F.int_range(1, L.ttl_ms_max), "extend": F.boolean,
                                       "replace": F.boolean}
@@ -121,11 +169,18 @@ def _debounce(name: str, v: Any) -> None:
     F.fields_map(name, v, _DEBOUNCE_FIELDS, "debounce field", required=("id", "delayMs"))
 
 
-#: Optional per-job fields of PUSH and of each PUSHB ``jobs`` item.
+#: Optional per-job fields of PUSH and of each PUSHB ``jobs`` item (after :func:`normalize`
+#: turned bunqueue's names into these): ``name`` is the job's name, ``customId`` its id,
+#: ``backoffType`` ``fixed`` or ``exponential`` (the default), ``removeOnComplete`` /
+#: ``removeOnFail`` drop the job when it ends instead of keeping it, ``stackTraceLimit`` /
+#: ``keepLogs`` cap what it keeps of failures' stack traces and of its log lines.
 JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
-    "priority": _priority, "delay": _delay, "customId": _key, "ttl": _ttl, "ttr": _ttr,
-    "attempts": _attempts, "backoff": _backoff, "group": _key, "tag": _key, "idempotencyKey": _key,
-    "dedupe": _dedupe, "debounce": _debounce,
+    "name": F.text(L.key_chars_max),
+    "priority": _priority, "delay": _delay, "customId": _custom_id, "ttl": _ttl, "ttr": _ttr,
+    "attempts": _attempts, "backoff": _backoff, "backoffType": F.one_of(("fixed", "exponential")),
+    "group": _key, "tag": _key, "idempotencyKey": _key,
+    "dedupe": _dedupe, "debounce": _debounce, "removeOnComplete": F.boolean, "removeOnFail": F.boolean,
+    "stackTraceLimit": F.int_range(0, L.stack_lines_max), "keepLogs": F.int_range(0, L.log_lines_max),
 })
 _JOB_ITEM_FIELDS: dict[str, Checker] = {"data": F.data, **JOB_OPTION_FIELDS}
 
@@ -209,24 +264,29 @@ _TOK = {"token": F.lease_token}
 
 _SPECS = [
     # core job commands
-    _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "timeout": _timeout},
+    _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "waitMs": _timeout},
           retry=True),  # retried under its idempotencyKey, which the client always sets
     _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True),
-    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean}),
+    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean, "owner": _key}),
     _spec("PULLB", "queue", {"queue": F.queue, "count": _count}, {"timeout": _timeout, "ttr": _ttr,
-                                                                  "detach": F.boolean}),
-    _spec("ACK", "id", _ID, {"result": F.data, **_TOK}),
-    _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens}, check=_same_length_as_ids),
-    _spec("FAIL", "id", _ID, {"error": _error_text, "delay": _delay, **_TOK}),
+                                                                  "detach": F.boolean, "owner": _key}),
+    _spec("ACK", "id", _ID, {"result": F.data, "removeOnComplete": F.boolean, **_TOK}),
+    _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens, "removeOnCompletes": _bools},
+          check=_same_length_as_ids),
+    _spec("FAIL", "id", _ID, {"error": _error_text, "delay": _delay, "stack": _stack, "unrecoverable": F.boolean,
+                              "removeOnFail": F.boolean, **_TOK}),
     # lease and tarantool models
     _spec("Release", "id", _ID, {"delay": _delay, **_TOK}),
     _spec("Bury", "id", _ID, {"error": _error_text, **_TOK}),
     _spec("Kick", "queue", {"queue": F.queue, "count": _kick_count}),
     _spec("Touch", "id", {"id": F.job_id, "ttr": _ttr}, _TOK, retry=True),
     _spec("JobHeartbeat", "id", _ID, {"ttr": _ttr, **_TOK}, retry=True),
+    _spec("JobHeartbeatB", "id", {"ids": F.ids}, {"tokens": F.tokens, "ttr": _ttr}, retry=True,
+          check=_same_length_as_ids),
     _spec("ReleaseAll", "queue", _Q, retry=True),
     _spec("CreateQueue", "queue", _Q, {"type": F.one_of(QUEUE_TYPES), "options": _queue_options}, retry=True),
-    _spec("UpdateQueue", "queue", {"queue": F.queue, "options": _queue_options}, retry=True),
+    _spec("UpdateQueue", "queue", {"queue": F.queue, "options": _queue_options}, {"create": F.boolean},
+          retry=True),
     _spec("Read", "queue", {"queue": F.queue, "fromSeq": _seq}, {"limit": _limit}, read=True),
     _spec("Truncate", "queue", _Q, {"beforeSeq": _seq, "tag": _key}),
     # queries
@@ -234,12 +294,14 @@ _SPECS = [
     _spec("GetJobByCustomId", "queue", {"queue": F.queue, "customId": _key}, read=True),
     _spec("GetState", "id", _ID, read=True),
     _spec("GetResult", "id", _ID, read=True),
-    _spec("GetJobs", "queue", _Q, {"state": _state, "offset": _offset, "limit": _limit, "tag": _key},
-          read=True),
+    _spec("GetJobs", "queue", _Q, {"state": _listed_state, "offset": _offset, "limit": _limit, "tag": _key,
+                                   "asc": F.boolean}, read=True),
     _spec("GetJobCounts", "queue", _Q, read=True),
     _spec("GetCountsPerPriority", "queue", _Q, read=True),
     _spec("GetProgress", "id", _ID, read=True),
-    _spec("Count", "queue", _Q, {"state": _state}, read=True),
+    _spec("Count", "queue", _Q, {"state": _listed_state}, read=True),
+    _spec("GetQueueLimits", "queue", _Q, read=True),
+    _spec("Locate", "partition", {"id": F.job_id}, {"partition": _partition}, read=True),
     # control
     _spec("Pause", "queue", _Q, retry=True),
     _spec("Resume", "queue", _Q, retry=True),
@@ -249,19 +311,27 @@ _SPECS = [
     _spec("Clean", "queue", {"queue": F.queue, "grace": _grace}, {"state": _state, "limit": _limit}),
     _spec("Cancel", "id", _ID, {"by": _key}),
     _spec("Promote", "id", _ID),
+    _spec("PromoteJobs", "queue", _Q, {"count": F.int_range(1, 2**40)}),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
-    _spec("Progress", "id", {"id": F.job_id, "progress": _progress}, {"message": _log_text, **_TOK}, retry=True),
+    _spec("Progress", "id", {"id": F.job_id, "progress": _progress_value}, {"message": _log_text, **_TOK},
+          retry=True),
+    _spec("ChangePriority", "id", {"id": F.job_id, "priority": _priority}, retry=True),
+    _spec("Update", "id", {"id": F.job_id, "data": F.data}, retry=True),
+    _spec("ClearLogs", "id", _ID, {"keepLogs": F.int_range(0, L.log_lines_max)}, retry=True),
     _spec("ListQueues", "partition", {}, {"partition": _partition, "after": F.text(L.queue_name_chars_max + 8),
                                           "limit": _limit}, read=True),
     # dead-letter queue
-    _spec("Dlq", "queue", _Q, {"limit": _limit}, read=True),
-    _spec("RetryDlq", "queue", _Q, {"id": F.job_id}),
+    _spec("Dlq", "queue", _Q, {"limit": _limit, "filter": _dlq_filter}, read=True),
+    _spec("GetDlqStats", "queue", _Q, read=True),
+    _spec("RetryDlq", "queue", _Q, {"id": F.job_id, "filter": _dlq_filter}),
     _spec("RetryCompleted", "queue", _Q, {"id": F.job_id}),
     _spec("PurgeDlq", "queue", _Q),
     # cron
     _spec("Cron", "queue", {"name": _key, "queue": F.queue},
           {"data": F.data, "schedule": F.cron_schedule, "repeatEvery": F.int_range(1, L.delay_ms_max),
-           "priority": _priority, "limit": F.int_range(1, 2**40)}, retry=True, check=_one_schedule),
+           "priority": _priority, "limit": F.int_range(1, 2**40), "jobName": _key}, retry=True,
+          check=_one_schedule),
+    _spec("CronGet", "partition", {"name": _key}, {"partition": _partition}, read=True),
     _spec("CronDelete", "partition", {"name": _key}, {"partition": _partition}, retry=True),
     _spec("CronList", "partition", {}, {"partition": _partition, "limit": _limit}, read=True),
     # monitoring
@@ -271,7 +341,7 @@ _SPECS = [
     _spec("Ping", "node", read=True),
     _spec("Heartbeat", "node", {"workerId": _key}, retry=True),
     _spec("AddLog", "id", {"id": F.job_id, "message": _log_text}),
-    _spec("GetLogs", "id", _ID, {"limit": _limit}, read=True),
+    _spec("GetLogs", "id", _ID, {"limit": _limit, "start": _offset, "end": _offset}, read=True),
     _spec("RegisterWorker", "node", {}, {"name": _key, "queues": _names, "workerId": _key}, retry=True),
     _spec("UnregisterWorker", "node", {"workerId": _key}, retry=True),
     _spec("ListWorkers", "node", read=True),
@@ -318,7 +388,8 @@ def validate(frame: dict[str, Any], *, internal: bool = False) -> dict[str, Any]
     name = frame.get("cmd")
     spec = _BY_NAME.get(name) if type(name) is str else None
     if spec is None or (not internal and name[0] == "_"):
-        raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {name!r}")
+        raise CommandError(ErrorCode.UNKNOWN_COMMAND, f"unknown command {name!r} (the commands Shoal "
+                                                      "answers are listed in docs/commands.md and docs/compat.md)")
     checks = spec.checks
     # One pass over the frame: each key is a field, the envelope, or a mistake.
     for key, value in frame.items():
@@ -347,9 +418,10 @@ def routing_of(cmd_name: str) -> Routing:
 
 def route_key(frame: Mapping[str, Any]) -> str | int | None:
     """What routes ``frame``: its queue name (``queue``), its job id's partition
-    (``id``), its optional ``partition`` field (``partition``), or ``None`` (``node``).
+    (``id``), its optional ``partition`` field (``partition``), or ``None`` (``node``, and a
+    custom job id: any node finds the partition of its queue).
 
-    Call it on a validated frame; a bad job id raises ``CommandError(INVALID)``.
+    Call it on a validated frame.
     """
     routing = routing_of(frame["cmd"])
     if routing == "queue":
@@ -361,7 +433,223 @@ def route_key(frame: Mapping[str, Any]) -> str | int | None:
             if not ids:
                 return None
             job_id = ids[0]
+        if not F.is_shoal_id(job_id):
+            return None
         return parse_job_id(job_id)[0]
     if routing == "partition":
         return frame.get("partition")
     return None
+
+
+# --- bunqueue's names ----------------------------------------------------------------------------
+#
+# bunqueue's client (npm ``bunqueue``) names some fields and commands differently, sends
+# ``undefined`` (decoded as None: not given) for options it leaves unset, and has options
+# Shoal stores under other names. :func:`normalize` rewrites a frame in place into the schema
+# above before it is validated; an option Shoal cannot honour is refused with ``INVALID``
+# naming it (docs/compat.md lists them), never dropped.
+
+#: bunqueue command -> the schema's command of the same meaning (fields renamed by ``normalize``).
+COMMAND_ALIASES: Mapping[str, str] = MappingProxyType({
+    "ExtendLock": "Touch", "ChangeDelay": "MoveToDelayed", "MoveToWait": "Release",
+    "RemoveDlqJob": "Cancel",
+    "SetConcurrency": "UpdateQueue", "ClearConcurrency": "UpdateQueue",
+    "RateLimit": "UpdateQueue", "RateLimitClear": "UpdateQueue",
+})
+#: Job option -> the schema's name for it.
+_JOB_RENAMES = {"maxAttempts": "attempts", "jobId": "customId", "groupId": "group"}
+#: bunqueue job options accepted only at their "off" value (false, 0, an empty list).
+_OFF_ONLY = ("lifo", "failParentOnFailure", "removeDependencyOnFailure", "continueParentOnFailure",
+             "ignoreDependencyOnFailure", "dependsOn", "childrenIds")
+#: bunqueue job options that Shoal has no counterpart for: refused when set.
+_UNSUPPORTED_JOB = {
+    "repeat": "a repeating job is a job scheduler here: use upsertJobScheduler (Cron)",
+    "timestamp": "a job's creation time is the leader's clock",
+    "parentId": "children are created with their parent by a flow (PUSHF / FlowProducer)",
+    "groupMaxSize": "group sizes are not limited per add",
+    "sizeLimit": "job data is limited to 10 MiB on every queue",
+}
+
+
+def _normalize_job(where: str, job: dict[str, Any]) -> None:
+    """One job's options (PUSH, a PUSHB item, a flow job) in the schema's names, in place."""
+    for old, new in _JOB_RENAMES.items():
+        if old in job:
+            value = job.pop(old)
+            if value is not None:
+                if job.get(new) is not None and job[new] != value:
+                    raise F.bad(f"{where}{old}", f"given together with {new}")
+                job[new] = value
+    for name in _OFF_ONLY:
+        if name in job:
+            value = job.pop(name)
+            if value:
+                raise F.bad(f"{where}{name}", "is not supported (see docs/compat.md)")
+    for name, why in _UNSUPPORTED_JOB.items():
+        if name in job and job.pop(name) is not None:
+            raise F.bad(f"{where}{name}", f"is not supported: {why}")
+    for name in ("removeOnComplete", "removeOnFail"):
+        if name in job and not job[name]:
+            del job[name]  # false is the default: the plain form keeps its fast path
+    if "durable" in job:
+        value = job.pop("durable")  # every add is durable; the queue's class says how
+        if value is not None and type(value) is not bool:
+            raise F.bad(f"{where}durable", "must be true or false")
+    for name in ("timeout", "stallTimeout"):
+        # A job's processing time: the lease a pull gives it (a lapsed lease is retried).
+        if name in job:
+            value = job.pop(name)
+            if value is not None:
+                _ttr(f"{where}{name}", value)
+                job.setdefault("ttr", value)
+    backoff = job.get("backoff")
+    if type(backoff) is dict:
+        F.fields_map(f"{where}backoff", backoff, {"type": F.one_of(("fixed", "exponential")),
+                                                  "delay": _backoff}, "backoff field", required=("delay",))
+        job["backoff"] = backoff["delay"]
+        if backoff.get("type") is not None:
+            job["backoffType"] = backoff["type"]
+    tags = job.pop("tags", None)
+    if tags is not None:
+        if type(tags) is not list or len(tags) > 1:
+            raise F.bad(f"{where}tags", "at most one tag per job (Shoal's tag)")
+        if tags:
+            job["tag"] = tags[0]
+    unique = job.pop("uniqueKey", None)
+    dedup = job.pop("dedup", None)
+    if unique is not None:
+        spec = dedup if type(dedup) is dict else {}
+        entry = {"id": unique, "ttlMs": spec.get("ttl") or L.ttl_ms_max}
+        for flag in ("extend", "replace"):
+            if spec.get(flag) is not None:
+                entry[flag] = spec[flag]
+        job["dedupe"] = entry
+    elif dedup is not None:
+        raise F.bad(f"{where}dedup", "needs uniqueKey (the deduplication id)")
+    debounce_id = job.pop("debounceId", None)
+    debounce_ttl = job.pop("debounceTtl", None)
+    if debounce_id is not None:
+        if debounce_ttl is None:
+            raise F.bad(f"{where}debounceTtl", "required with debounceId")
+        job["debounce"] = {"id": debounce_id, "delayMs": debounce_ttl}
+    for name in [k for k, v in job.items() if v is None]:
+        del job[name]  # sent as undefined: not given
+
+
+def normalize(frame: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a bunqueue frame into the schema's names (in place, and returned).
+
+    Frames already in the schema's names pass unchanged (only keys that are bunqueue's
+    are touched), so Shoal's own client and bunqueue's share one path.
+    """
+    cmd = frame.get("cmd")
+    alias = COMMAND_ALIASES.get(cmd) if type(cmd) is str else None
+    if alias is not None:
+        _alias(frame, cmd, alias)
+        cmd = alias
+    if cmd == "PUSH":
+        _normalize_job("", frame)
+    elif cmd == "PUSHB":
+        jobs = frame.get("jobs")
+        if type(jobs) is list:
+            for i, job in enumerate(jobs):
+                if type(job) is dict and len(job) > 1 and not (len(job) == 2 and "name" in job):
+                    _normalize_job(f"jobs[{i}].", job)
+    elif cmd in ("PULL", "PULLB"):
+        ttl = frame.pop("lockTtl", None)
+        if ttl is not None:
+            _ttr("lockTtl", ttl)
+            frame.setdefault("ttr", ttl)
+        if frame.get("group") is not None:
+            raise F.bad("group", "pulling one group's jobs is not supported (see docs/compat.md)")
+        frame.pop("group", None)
+    elif cmd in ("ACKB", "JobHeartbeatB"):
+        tokens = frame.get("tokens")
+        if type(tokens) is list and "" in tokens:
+            # A worker without locks sends "" for "no token": it acks without a lease check.
+            frame["tokens"] = [None if t == "" else t for t in tokens]
+        if frame.get("removeOnCompletes") is not None and not any(frame["removeOnCompletes"]):
+            del frame["removeOnCompletes"]
+    elif cmd in ("ACK", "FAIL", "JobHeartbeat", "Touch", "Progress", "MoveToDelayed", "Release"):
+        if frame.get("token") == "":
+            del frame["token"]
+        if cmd == "JobHeartbeat" and "duration" in frame:
+            frame["ttr"] = frame.pop("duration")
+    elif cmd in ("RetryDlq", "RetryCompleted"):
+        if "jobId" in frame:
+            job_id = frame.pop("jobId")
+            if job_id is not None:
+                frame["id"] = job_id
+    elif cmd in ("Dlq", "RetryDlq"):
+        spec = frame.get("filter")
+        if type(spec) is dict:
+            for key in [k for k, v in spec.items() if v is None]:
+                del spec[key]
+            for key in ("olderThan", "newerThan"):  # JavaScript numbers: whole milliseconds
+                if type(spec.get(key)) is float and spec[key].is_integer():
+                    spec[key] = int(spec[key])
+        count = frame.pop("count", None)
+        if count is not None:
+            frame.setdefault("limit", count)
+    elif cmd == "Clean":
+        if frame.get("state") == "wait":
+            frame["state"] = "waiting"
+    elif cmd == "Cron":
+        _normalize_cron(frame)
+    elif cmd == "GetQueueLimits":
+        frame.pop("maxJobs", None)
+    elif cmd == "ChangePriority":
+        if frame.pop("lifo", None):
+            raise F.bad("lifo", "is not supported (see docs/compat.md)")
+    for name in [k for k, v in frame.items() if v is None and k not in ("data", "result")]:
+        del frame[name]  # sent as undefined: not given
+    return frame
+
+
+def _alias(frame: dict[str, Any], cmd: str, alias: str) -> None:
+    frame["cmd"] = alias
+    if cmd == "ExtendLock":
+        frame["ttr"] = frame.pop("duration", None)
+    elif cmd == "RemoveDlqJob":
+        frame["id"] = frame.pop("jobId", frame.get("id"))
+        frame.pop("queue", None)
+    elif cmd == "SetConcurrency":
+        frame["options"] = {"concurrency": frame.pop("limit", None)}
+        frame["create"] = True
+    elif cmd == "ClearConcurrency":
+        frame["options"] = {"concurrency": 0}
+        frame["create"] = True
+    elif cmd == "RateLimit":
+        limit, duration = frame.pop("limit", None), frame.pop("duration", None)
+        frame["options"] = {"limit": {"max": limit, "durationMs": duration or 1000}}
+        frame["create"] = True
+    elif cmd == "RateLimitClear":
+        frame["options"] = {"limit": {"max": 0, "durationMs": 1000}}
+        frame["create"] = True
+
+
+#: bunqueue Cron fields Shoal accepts only unset (or false).
+_CRON_OFF_ONLY = ("skipMissedOnRestart", "immediately", "skipIfNoWorker", "preventOverlap", "uniqueKey", "dedup")
+
+
+def _normalize_cron(frame: dict[str, Any]) -> None:
+    limit = frame.pop("maxLimit", None)
+    if limit is not None:
+        frame.setdefault("limit", limit)
+    tz = frame.pop("timezone", None)
+    if tz is not None and tz not in ("UTC", "Etc/UTC"):
+        raise F.bad("timezone", "schedules run in UTC here (see docs/compat.md)")
+    for name in _CRON_OFF_ONLY:
+        if frame.pop(name, None):
+            raise F.bad(name, "is not supported (see docs/compat.md)")
+    options = frame.pop("jobOptions", None)
+    if options:
+        if type(options) is not dict:
+            raise F.bad("jobOptions", "must be a map")
+        for key, value in options.items():
+            if value is None:
+                continue
+            if key == "priority":
+                frame.setdefault("priority", value)
+            else:
+                raise F.bad(f"jobOptions.{key}", "is not supported for scheduled jobs (see docs/compat.md)")

@@ -14,7 +14,7 @@ __all__ = [
     "timeout_ms_max", "attempts_min", "attempts_max", "backoff_ms_max", "ttl_ms_max", "ttr_ms_min",
     "ttr_ms_max", "key_chars_max", "batch_jobs_max", "pull_count_max", "error_chars_max",
     "log_chars_max", "page_limit_max", "token_chars_max", "auth_token_chars_max", "partition_max",
-    "list_items_max", "rate_max", "concurrency_max",
+    "list_items_max", "rate_max", "concurrency_max", "stack_lines_max", "log_lines_max",
     # PEP 8 aliases
     "DAY_MS", "QUEUE_NAME_CHARS_MAX", "DATA_BYTES_MAX", "PRIORITY_MIN", "PRIORITY_MAX", "DELAY_MS_MAX",
     "TIMEOUT_MS_MAX", "ATTEMPTS_MIN", "ATTEMPTS_MAX", "BACKOFF_MS_MAX", "TTL_MS_MAX", "TTR_MS_MAX",
@@ -52,6 +52,8 @@ partition_max = 1023                  # partitions are 0..1023 (config allows 1.
 list_items_max = 1_000                # capabilities, RegisterWorker queues
 rate_max = 100_000                    # limit/groupLimit max: a window keeps one stamp per lease
 concurrency_max = 1_000_000           # concurrency/groupConcurrency
+stack_lines_max = 100                 # FAIL stack lines (bunqueue caps the same), stackTraceLimit
+log_lines_max = 100                   # a job's log lines kept, keepLogs
 
 DAY_MS = day_ms
 QUEUE_NAME_CHARS_MAX = queue_name_chars_max

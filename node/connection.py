@@ -1,11 +1,16 @@
 """One client connection on the binary protocol.
 
 Frames are decoded as they arrive; each runs through the node's dispatcher
-and its reply is written when ready. Before ``Hello`` a connection is
-protocol v1: one command at a time, replies strictly in order. After
-``Hello {protocolVersion: 2}`` up to ``inflight_max`` commands run at once and
-replies go out as they complete, matched by ``reqId``. Replies written in one
-event-loop iteration leave in a single ``write`` call.
+and its reply is written when ready. Up to ``inflight_max`` commands of a
+connection run at once, whatever it negotiated (bunqueue's client never says
+``Hello`` and pipelines every command with a ``reqId``): a frame with a ``reqId``
+is answered as soon as it completes, matched by its ``reqId``; frames without one
+run concurrently too, but their replies leave in the order the frames came
+(each holds a place in the connection's reply order). Replies written in one
+event-loop iteration leave in a single ``write`` call. ``Hello`` with
+``protocolVersion`` 2 adds topology events; with the ``routing`` capability the
+client sends each command to its partition's leader itself, and the node
+answers ``NOT_LEADER`` instead of forwarding it (:mod:`.relay`).
 
 Limits (``shoal.cluster.guard``): when the node has tokens, a connection that
 has not authenticated may send only ``Hello``, ``Auth`` and ``Ping`` in frames
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, check_depth, decode_request, encode
+from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, check_depth, decode_request, decode_response, encode
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
@@ -44,6 +49,9 @@ log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
 _PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
+#: The reqId a frame that came without one is given while it runs: its place in the reply order.
+#: A client's own string reqId may not start with it (refused INVALID).
+ORDER_PREFIX = "\x00"
 #: Unfinished frames larger than this count against limits.unfinished_bytes_max (smaller ones
 #: are the tail of a pipelined burst: counting them would cost every read).
 UNFINISHED_COUNTED_BYTES = 1 << 20
@@ -67,8 +75,12 @@ class ClientConnection(asyncio.Protocol):
         self.decoder = FrameDecoder(frame_bytes_max, requests=True, raw_data=True, plain_push=True)
         self.frame_bytes_max = frame_bytes_max
         self.inflight_v2_max = inflight_max
-        self.inflight_max = 1  # v1 until Hello
+        self.inflight_max = inflight_max
         self.protocol_version = 1
+        #: True until Hello names the ``routing`` capability: commands for partitions led
+        #: elsewhere are forwarded to their leader (:mod:`.relay`) instead of refused NOT_LEADER.
+        self.wants_forwarding = True
+        self.bunqueue_subscriptions: set[str] | None = None  # SubscribeEvents queues (bunqueue's events)
         self.authed = not dispatcher.auth_required
         self.session: str = dispatcher.sessions.new_session_id()
         self.subscriptions: set[str] | None = None  # None = not subscribed; "" = every queue
@@ -95,6 +107,11 @@ class ClientConnection(asyncio.Protocol):
         self.refused = False          # turned away at connect (connection limits)
         self.unfinished_bytes = 0     # this connection's share of the node's unfinished-frame budget
         self._pre_buf = bytearray()   # bytes before Auth (only used while not authed)
+        # Frames that came without a reqId: the next place to give, the next to send, and the
+        # encoded replies that wait for an earlier one.
+        self._order_given = 0
+        self._order_sent = 0
+        self._order_held: dict[int, bytes] = {}
         self._auth_failures = 0
         self._auth_wait = False
 
@@ -345,14 +362,20 @@ class ClientConnection(asyncio.Protocol):
                     continue
                 frame = frame.to_frame(Raw)  # the general path answers AUTH_REQUIRED
             self._inflight += 1
+            req_id = frame.get("reqId")
+            if req_id is None:
+                req_id = frame["reqId"] = f"{ORDER_PREFIX}{self._order_given}"
+                self._order_given += 1
+            elif type(req_id) is str and req_id[:1] == ORDER_PREFIX:
+                self.reply_error(req_id[1:], CommandError(ErrorCode.INVALID, "reqId: may not start with NUL"))
+                continue
             try:
                 self.dispatcher.handle(self, frame)
             except CommandError as exc:
-                self.reply_error(frame.get("reqId"), exc)
+                self.reply_error(req_id, exc)
             except Exception as exc:
                 log.exception("dispatch failed for %s", frame.get("cmd"))
-                self.reply_error(frame.get("reqId"),
-                                 CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+                self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
         if not backlog:
             self._backlog_bytes = 0
         if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and not self._write_paused:
@@ -362,6 +385,15 @@ class ClientConnection(asyncio.Protocol):
         """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""
         block = take_block(frame, self._backlog, self.inflight_max - self._inflight - 1)
         self._inflight += len(block)
+        for push in block:
+            req_id = push.reqId
+            if req_id is None:
+                push.reqId = f"{ORDER_PREFIX}{self._order_given}"
+                self._order_given += 1
+            elif type(req_id) is str and req_id[:1] == ORDER_PREFIX:
+                # Refused through the dispatcher's own check path: an id no reply can carry.
+                push.reqId = f"{ORDER_PREFIX}{self._order_given}"
+                self._order_given += 1
         try:
             self.dispatcher.handle_pushes(self, block)
         except Exception as exc:
@@ -371,10 +403,9 @@ class ClientConnection(asyncio.Protocol):
                 self.reply_error(f.reqId, error)
 
     def upgrade(self, version: int) -> None:
-        """Switch to protocol v2 (pipelined, out-of-order replies)."""
+        """``Hello``: protocol v2 adds topology events."""
         if version >= 2:
             self.protocol_version = 2
-            self.inflight_max = self.inflight_v2_max
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         """Send a successful reply to one command and let the next one run."""
@@ -383,23 +414,47 @@ class ClientConnection(asyncio.Protocol):
             frame["reqId"] = req_id
         self._finish(frame)
 
+    def reply_encoded(self, req_id: Any, body: bytes) -> None:
+        """Send a reply encoded elsewhere (by the leader a command was forwarded to), and let
+        the next command run. ``body`` carries ``req_id`` already, unless it holds a place in
+        the reply order, which is stripped here."""
+        self._inflight -= 1
+        if self.closed:
+            return
+        if type(req_id) is str and req_id[:1] == ORDER_PREFIX:
+            frame = decode_response(body)
+            frame.pop("reqId", None)
+            self._send_ordered(req_id, encode(frame, frame_bytes_max=self.frame_bytes_max))
+        else:
+            self._out.append(len(body).to_bytes(4, "big") + body)
+            self._out_bytes += len(body) + 4
+            self._schedule_flush()
+        if self._backlog:
+            self._pump()
+
     def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
         """Answer commands that completed together: per command a reply dict or a CommandError."""
         self.dispatcher.metrics.observe(cmd, seconds, len(req_ids))
         self._inflight -= len(req_ids)
         if self.closed:
             return
-        if self.protocol_version >= 2:
-            # Encoded at flush time, so the pump below dispatches the next commands waiting
-            # here (into the partition's next entry) before these replies are built.
-            self._deferred.append((req_ids, results))
-        else:
-            self._encode_replies(req_ids, results)  # v1 answers strictly in order
+        # Encoded at flush time, so the pump below dispatches the next commands waiting
+        # here (into the partition's next entry) before these replies are built.
+        self._deferred.append((req_ids, results))
         self._schedule_flush()
         if self._backlog:
             self._pump()
 
     def _encode_replies(self, req_ids: list[Any], results: list[Any]) -> None:
+        ordered = [i for i, r in enumerate(req_ids) if type(r) is str and r[:1] == ORDER_PREFIX]
+        if ordered:
+            for i in ordered:
+                result = results[i]
+                frame = {"ok": True, **result} if type(result) is dict else result.to_reply()
+                self._send_ordered(req_ids[i], self._encode_frame(frame))
+            keep = set(ordered)
+            req_ids = [r for i, r in enumerate(req_ids) if i not in keep]
+            results = [r for i, r in enumerate(results) if i not in keep]
         for frame in encode_replies(self._out, req_ids, results):
             self.send_frame(frame)  # says why it could not be sent, as every reply does
 
@@ -412,9 +467,39 @@ class ClientConnection(asyncio.Protocol):
     def _finish(self, frame: dict[str, Any]) -> None:
         self._inflight -= 1
         if not self.closed:
-            self.send_frame(frame)
+            req_id = frame.get("reqId")
+            if type(req_id) is str and req_id[:1] == ORDER_PREFIX:
+                del frame["reqId"]
+                self._send_ordered(req_id, self._encode_frame(frame))
+            else:
+                self.send_frame(frame)
             if self._backlog:
                 self._pump()
+
+    def _send_ordered(self, place: str, data: bytes) -> None:
+        """Send the reply of the frame at ``place`` in the reply order once every earlier one has
+        gone (frames without a reqId are answered in the order they came)."""
+        n = int(place[1:])
+        held = self._order_held
+        if n != self._order_sent:
+            held[n] = data
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        n += 1
+        while n in held:
+            data = held.pop(n)
+            self._out.append(data)
+            self._out_bytes += len(data)
+            n += 1
+        self._order_sent = n
+        self._schedule_flush()
+
+    def _encode_frame(self, frame: dict[str, Any]) -> bytes:
+        try:
+            return encode(frame, frame_bytes_max=self.frame_bytes_max)
+        except ProtocolError as exc:
+            return encode({"ok": False, "error": f"reply could not be sent: {exc}", "code": exc.code.value})
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         frame: dict[str, Any] = {"ok": False, "error": str(exc), "code": exc.code.value}
@@ -438,6 +523,14 @@ class ClientConnection(asyncio.Protocol):
             # e.g. a PULLB whose jobs add up to more than the maximum frame: say so, keep the link.
             data = encode({"ok": False, "error": f"reply could not be sent: {exc}",
                            "code": exc.code.value, "reqId": frame.get("reqId")})
+        self._out.append(data)
+        self._out_bytes += len(data)
+        self._schedule_flush()
+
+    def send_encoded(self, data: bytes) -> None:
+        """Queue a frame encoded once for many connections (an event): length-prefixed bytes."""
+        if self.closed:
+            return
         self._out.append(data)
         self._out_bytes += len(data)
         self._schedule_flush()

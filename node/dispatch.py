@@ -25,15 +25,20 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush
-from shoal.cluster.commands import COMMANDS, validate
+from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.commands import COMMANDS, normalize, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
+from .bunqueue import encode_event, events_of, push_flow_graph
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
+from .relay import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
+
+if TYPE_CHECKING:
+    from .relay import Relay
 
 if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
@@ -43,7 +48,7 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger(__name__)
 
 NODE_COMMANDS = frozenset({"Hello", "Auth", "Ping", "Identify", "Subscribe", "Prometheus", "Heartbeat",
-                           "RegisterWorker", "UnregisterWorker", "ListWorkers"})
+                           "RegisterWorker", "UnregisterWorker", "ListWorkers", "SubscribeEvents"})
 PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 LEASE_COMMANDS = frozenset({"PULL", "PULLB"})
 #: Commands that add jobs: refused with OVERLOADED while the node is over its memory budget.
@@ -51,6 +56,12 @@ NEW_JOB_COMMANDS = frozenset({"PUSH", "PUSHB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
 PARKED_PER_QUEUE_MAX = 10_000
+#: Custom job ids being looked for in every partition at once (``Locate``).
+LOCATES_MAX = 1_000
+LOCATE_TIMEOUT_S = 5.0
+#: Commands answered per partition and merged, over the whole cluster for a connection that
+#: does not route for itself (only the partitions this node leads for one that does).
+FAN_OUT_PARTS_TIMEOUT_S = 10.0
 
 
 class _Parked:
@@ -119,6 +130,12 @@ class Dispatcher:
         self._parked_pushes: dict[int, deque[_Parked]] = {}
         self.commands_total = 0
         self._queue_partitions: dict[str, int] = {}
+        #: Forwarding to other nodes' leaders (set by the server when the node has peers).
+        self.relay: Relay | None = None
+        self.locator = JobLocator()
+        self._locating = 0
+        #: Connections subscribed to bunqueue's events (``SubscribeEvents``), by queue.
+        self.event_subscribers: dict[str, set[Replier]] = {}
 
     # --- connection lifecycle ------------------------------------------------------------------
 
@@ -150,6 +167,14 @@ class Dispatcher:
             return  # refused at connect: never counted
         self.connections.discard(conn)
         self.subscribers.discard(conn)
+        for queue in list(getattr(conn, "bunqueue_subscriptions", None) or ()):
+            conns = self.event_subscribers.get(queue)
+            if conns is not None:
+                conns.discard(conn)
+                if not conns:
+                    del self.event_subscribers[queue]
+        if self.relay is not None:
+            self.relay.connection_closed(conn)
         self.sessions.detach(conn.session, conn.conn_id)
         host = conn.peer_host
         count = self._per_address.get(host, 0) - 1
@@ -173,6 +198,11 @@ class Dispatcher:
         req_id = frame.get("reqId")
         if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
             raise CommandError(ErrorCode.AUTH_REQUIRED, "authenticate with Auth {token} first")
+        if cmd == "PUSHF":  # bunqueue's flow: a graph of jobs with their own ids
+            if self.overloaded is not None:
+                raise self.overloaded
+            push_flow_graph(self._flow_tree, conn, frame, self.clock.now_ms())
+            return
         if cmd in self._flow_commands:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
             if self.overloaded is not None and cmd == "PushFlow":
                 raise self.overloaded
@@ -186,16 +216,53 @@ class Dispatcher:
         if cmd == "Stats" and frame.get("local"):
             conn.reply(req_id, self.info.local_stats(frame.get("partition")))
             return
-        validate(frame)
+        validate(normalize(frame))
+        cmd = frame["cmd"]
         spec = COMMANDS[cmd]
+        forwards = self.relay is not None and getattr(conn, "wants_forwarding", False)
         if spec.routing == "partition" and frame.get("partition") is None:
-            self._fan_out(conn, frame, spec.read_only)
+            if forwards:
+                self._fan_out_cluster(conn, frame, spec.read_only)
+            else:
+                self._fan_out(conn, frame, spec.read_only)
             return
-        p = self._partition_of(spec.routing, frame)
+        if spec.routing == "id":
+            job_id = frame["id"] if "id" in frame else frame["ids"][0]
+            try:
+                p = partition_of_job(job_id)
+            except CommandError:
+                # A custom id (bunqueue's jobId, a flow's own ids): its queue's partition.
+                p = self.locator.get(job_id)  # type: ignore[assignment]
+                if p is None:
+                    self._locate_then_route(conn, frame, job_id)
+                    return
+                self._route(conn, frame, p, True)
+                return
+            if not 0 <= p < self.partitions:
+                raise CommandError(ErrorCode.NOT_FOUND, f"partition {p} does not exist (cluster has {self.partitions})")
+        else:
+            p = self._partition_of(spec.routing, frame)
+        self._route(conn, frame, p, forwards)
+
+    def _flow_tree(self, conn: Replier, frame: dict[str, Any]) -> None:
+        """One tree of a PUSHF graph: a PushFlow, or the PUSH of a lone job."""
+        if frame["cmd"] == "PushFlow":
+            self.flows.handle(conn, frame)
+        else:
+            self.handle(conn, frame)
+
+    def _route(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool) -> None:
+        """Answer a validated command of partition ``p`` here, or forward it to the leader
+        (``forwards``: the client does not route for itself, or the job id names no partition)."""
         replica = self.directory.replicas.get(p)
         if replica is None or not replica.is_leader():
+            if forwards and self.relay is not None:
+                self.relay.forward(conn, frame, p)
+                return
             raise self.directory.not_leader_error(p)
-        if spec.read_only:
+        cmd = frame["cmd"]
+        req_id = frame.get("reqId")
+        if COMMANDS[cmd].read_only:
             if not replica.read_ready():
                 raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
                                                         "entry yet; retry")
@@ -207,6 +274,63 @@ class Dispatcher:
             self._pull(conn, frame, p)
             return
         self._write(conn, frame, p)
+
+    def _locate_then_route(self, conn: Replier, frame: dict[str, Any], job_id: str) -> None:
+        """Find the partition of a custom job id (asking every partition), then answer the command."""
+        if self._locating >= LOCATES_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"{LOCATES_MAX} job ids are being looked for on this node")
+        self._locating += 1
+        req_id = frame.get("reqId")
+
+        async def run() -> None:
+            try:
+                p = await self._locate(job_id)
+                if p is None:
+                    if frame["cmd"] == "GetJob":
+                        conn.reply(req_id, {"job": None})
+                    else:
+                        conn.reply_error(req_id, CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist"))
+                    return
+                self._route(conn, frame, p, True)
+            except CommandError as exc:
+                conn.reply_error(req_id, exc)
+            except Exception as exc:
+                log.exception("locating job %r failed", job_id)
+                conn.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+            finally:
+                self._locating -= 1
+
+        self.loop.create_task(run())
+
+    async def _locate(self, job_id: str) -> int | None:
+        """The partition holding the job with custom id ``job_id``, or None (every partition asked)."""
+        p = self.locator.get(job_id)
+        if p is not None:
+            return p
+        probe = {"cmd": "Locate", "id": job_id}
+        remote = []
+        for q in range(self.partitions):
+            replica = self.directory.replicas.get(q)
+            if replica is not None and replica.is_leader():
+                if replica.read({**probe, "partition": q}, self.clock.now_ms()).get("found"):
+                    self.locator.learn(job_id, q)
+                    return q
+            elif self.relay is not None:
+                remote.append(q)
+        if not remote:
+            return None
+        assert self.relay is not None
+        replies = await asyncio.gather(*(self.relay.call(q, {**probe, "partition": q}, LOCATE_TIMEOUT_S)
+                                         for q in remote), return_exceptions=True)
+        for q, reply in zip(remote, replies):
+            if isinstance(reply, dict) and reply.get("found"):
+                self.locator.learn(job_id, q)
+                return q
+        errors = [r for r in replies if isinstance(r, CommandError)]
+        if errors:
+            raise CommandError(ErrorCode.NO_LEADER, f"job {job_id} was not found, and {len(errors)} partitions "
+                                                    f"did not answer ({errors[0]}); retry")
+        return None
 
     def _partition_of(self, routing: str, frame: dict[str, Any]) -> int:
         if routing == "queue":
@@ -248,6 +372,9 @@ class Dispatcher:
             p = self._partition_of("queue", {"queue": queue})
             replica = self.directory.replicas.get(p)
             if replica is None or not replica.is_leader():
+                if self.relay is not None and getattr(conn, "wants_forwarding", False):
+                    self._forward_pushes(conn, frames, p)
+                    return
                 raise self.directory.not_leader_error(p)
         except CommandError as exc:
             for frame in frames:
@@ -265,6 +392,16 @@ class Dispatcher:
 
         self.directory.group_commits[p].submit(run, done)
 
+    def _forward_pushes(self, conn: Replier, frames: list[PlainPush], p: int) -> None:
+        """Plain PUSHes for a partition led elsewhere, each forwarded to its leader."""
+        relay = self.relay
+        assert relay is not None
+        for frame in frames:
+            try:
+                relay.forward(conn, frame.to_frame(Raw), p)
+            except CommandError as exc:
+                conn.reply_error(frame.reqId, exc)
+
     def _write(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its
         ``deadline`` (loop time, set when it first parks)."""
@@ -275,9 +412,11 @@ class Dispatcher:
 
         def done(result: Any) -> None:
             observe(frame["cmd"], time.perf_counter() - started)
+            if type(result) is dict and frame["cmd"] in NEW_JOB_COMMANDS:
+                self._learn_added(frame, result, p)
             if isinstance(result, CommandError):
                 if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
-                        and frame.get("timeout") and not conn.closed):
+                        and frame.get("waitMs") and not conn.closed):
                     self._park_push(conn, frame, p, deadline)
                     return
                 conn.reply_error(req_id, result)
@@ -286,9 +425,19 @@ class Dispatcher:
 
         gc.submit(frame, done)
 
+    def _learn_added(self, frame: dict[str, Any], result: dict[str, Any], p: int) -> None:
+        """Remember the partition of the custom ids an add gave its jobs."""
+        if frame["cmd"] == "PUSH":
+            if "customId" in frame:
+                self.locator.learn(frame["customId"], p)
+            return
+        for item in frame["jobs"]:
+            if "customId" in item:
+                self.locator.learn(item["customId"], p)
+
     def _park_push(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None) -> None:
         if deadline is None:
-            deadline = self.loop.time() + frame["timeout"] / 1000
+            deadline = self.loop.time() + frame["waitMs"] / 1000
         if self.loop.time() >= deadline:
             conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
             return
@@ -323,11 +472,15 @@ class Dispatcher:
             if isinstance(result, CommandError):
                 conn.reply_error(req_id, result)
                 return
-            empty = not result.get("job") if frame["cmd"] == "PULL" else not result.get("jobs")
-            if empty and deadline is not None and self.loop.time() < deadline and not conn.closed:
+            jobs = [result["job"]] if frame["cmd"] == "PULL" and result.get("job") else result.get("jobs")
+            if not jobs and deadline is not None and self.loop.time() < deadline and not conn.closed:
                 # Someone else took the job first; keep waiting for the rest of the timeout.
                 self._park_pull(conn, frame, p, deadline)
                 return
+            if jobs:
+                for job in jobs:
+                    if "customId" in job:
+                        self.locator.learn(job["id"], p)
             conn.reply(req_id, result)
 
         # A detached lease outlives this connection: only an ack or its TTR ends it (for
@@ -417,18 +570,64 @@ class Dispatcher:
         for p in led:
             self.directory.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
 
+    def _fan_out_cluster(self, conn: Replier, frame: dict[str, Any], read_only: bool) -> None:
+        """A partition-routed command without ``partition`` for a client that does not route for
+        itself: every partition answers (here or at its leader) and the replies are merged."""
+        req_id = frame.get("reqId")
+        cmd = frame["cmd"]
+        relay = self.relay
+        assert relay is not None
+
+        async def one(p: int) -> Any:
+            part = {**frame, "partition": p}
+            part.pop("reqId", None)
+            replica = self.directory.replicas.get(p)
+            if replica is not None and replica.is_leader():
+                if read_only:
+                    return replica.read(part, self.clock.now_ms())
+                future: asyncio.Future[Any] = self.loop.create_future()
+                self.directory.group_commits[p].submit(part, lambda r: future.done() or future.set_result(r))
+                result = await future
+                if isinstance(result, CommandError):
+                    raise result
+                return result
+            reply = await relay.call(p, part, FAN_OUT_PARTS_TIMEOUT_S)
+            reply.pop("ok", None)
+            reply.pop("reqId", None)
+            return reply
+
+        async def run() -> None:
+            replies = await asyncio.gather(*(one(p) for p in range(self.partitions)), return_exceptions=True)
+            parts = {p: r for p, r in enumerate(replies) if isinstance(r, dict)}
+            errors = [r for r in replies if isinstance(r, CommandError) and r.code is not ErrorCode.NOT_FOUND]
+            if errors and (not read_only or len(parts) < self.partitions):
+                conn.reply_error(req_id, CommandError(errors[0].code, f"{len(errors)} of {self.partitions} "
+                                                                      f"partitions did not answer: {errors[0]}"))
+                return
+            conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
+
+        self.loop.create_task(run())
+
     # --- node-level commands -------------------------------------------------------------------
 
     def _node_command(self, conn: Replier, cmd: str, frame: dict[str, Any]) -> dict[str, Any]:
         if cmd == "Ping":
-            return {"pong": True, "time": self.clock.now_ms()}
+            now = float(self.clock.now_ms())
+            return {"pong": True, "time": now, "data": {"pong": True, "time": now}}  # bunqueue reads data.pong
+        if cmd == "SubscribeEvents":
+            return self._subscribe_events(conn, frame)
         if cmd == "Hello":
             version = frame.get("protocolVersion", 1)
             if not isinstance(version, int) or isinstance(version, bool) or version < 1:
                 raise CommandError(ErrorCode.INVALID, "protocolVersion: must be a positive integer")
+            capabilities = frame.get("capabilities")
+            if capabilities is not None and (not isinstance(capabilities, list) or len(capabilities) > 1000):
+                raise CommandError(ErrorCode.INVALID, "capabilities: must be a list of strings")
             version = min(version, 2)
             conn.upgrade(version)
-            reply = {"protocolVersion": version, "capabilities": ["pipelining"] if version >= 2 else [],
+            if capabilities and "routing" in capabilities and hasattr(conn, "wants_forwarding"):
+                conn.wants_forwarding = False  # type: ignore[attr-defined]  # it routes for itself
+            reply = {"protocolVersion": version, "capabilities": ["pipelining", "routing"] if version >= 2 else [],
                      "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
                      "incarnation": self.info.incarnation,
                      "authRequired": self.auth_required}
@@ -496,28 +695,61 @@ class Dispatcher:
                 worker_id = f"{self.info.node_id}-w{next(self._worker_ids)}"
             if worker_id not in self.workers and len(self.workers) >= WORKERS_MAX:
                 raise CommandError(ErrorCode.OVERLOADED, f"at most {WORKERS_MAX} registered workers per node")
-            self.workers[worker_id] = {"id": worker_id, "name": name or worker_id, "queues": queues,
-                                       "registeredAt": now, "lastSeen": now}
-            return {"workerId": worker_id}
+            worker = {"id": worker_id, "workerId": worker_id, "name": name or worker_id, "queues": queues,
+                      "registeredAt": float(now), "lastSeen": float(now), "status": "active"}
+            for extra in ("concurrency", "hostname", "pid"):  # bunqueue's worker describes itself
+                value = frame.get(extra)
+                if value is not None and (type(value) is int or (type(value) is str and len(value) <= 256)):
+                    worker[extra] = value
+            self.workers[worker_id] = worker
+            return {"workerId": worker_id, "data": worker}
         if worker_id is None:
             raise CommandError(ErrorCode.INVALID, "workerId: required")
         if cmd == "UnregisterWorker":
             if self.workers.pop(worker_id, None) is None:
                 raise CommandError(ErrorCode.NOT_FOUND, f"worker {worker_id} is not registered")
-            return {}
+            return {"data": {"removed": True}}
         # Heartbeat
         worker = self.workers.get(worker_id)
         if worker is None:
             raise CommandError(ErrorCode.NOT_FOUND, f"worker {worker_id} is not registered")
-        worker["lastSeen"] = now
+        worker["lastSeen"] = float(now)
+        return {"data": {"ok": True}}
+
+    def _subscribe_events(self, conn: Replier, frame: dict[str, Any]) -> dict[str, Any]:
+        """bunqueue's ``SubscribeEvents {queue}``: that queue's job events, as ``{type: "event",
+        event: {eventType, queue, jobId, timestamp, ...}}`` frames, wherever its leader is."""
+        queue = frame.get("queue")
+        if not isinstance(queue, str):
+            raise CommandError(ErrorCode.INVALID, "queue: required (the queue whose events to send)")
+        check_queue(queue)
+        subs = getattr(conn, "bunqueue_subscriptions", None)
+        if subs is None:
+            subs = set()
+            try:
+                conn.bunqueue_subscriptions = subs  # type: ignore[attr-defined]
+            except AttributeError:
+                raise CommandError(ErrorCode.INVALID, "this link cannot receive events") from None
+        subs.add(queue)
+        self.event_subscribers.setdefault(queue, set()).add(conn)
+        self.info.events_wanted()
+        if self.relay is not None:
+            self.relay.subscribe(conn, queue)  # its events come from its leader when that is another node
         return {}
 
     # --- events --------------------------------------------------------------------------------
+
+    def wants_events(self) -> bool:
+        """Does a connection here, or a peer for its clients, subscribe to job events?"""
+        return bool(self.subscribers or self.event_subscribers
+                    or (self.relay is not None and self.relay.peer_subscriptions))
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Send job events to subscribed connections (and the node's other listeners)."""
         for listener in self.info.event_listeners:
             listener(events)
+        if self.event_subscribers or (self.relay is not None and self.relay.peer_subscriptions):
+            self._publish_bunqueue(events)
         if not self.subscribers:
             return
         for conn in list(self.subscribers):
@@ -525,6 +757,29 @@ class Dispatcher:
             for ev in events:
                 if "" in subs or ev.get("queue") in subs:
                     conn.send_frame(ev)
+
+
+    def _publish_bunqueue(self, events: list[dict[str, Any]]) -> None:
+        """bunqueue's events of the queues someone subscribed to, here or at a peer."""
+        relay = self.relay
+        for ev in events:
+            queue = ev.get("queue")
+            local = self.event_subscribers.get(queue)  # type: ignore[arg-type]
+            remote = relay is not None and relay.wants_events(queue)  # type: ignore[arg-type]
+            if not local and not remote:
+                continue
+            for frame in events_of(ev, self.directory.replicas, self.clock.now_ms()):
+                body = encode_event(frame)
+                if local:
+                    for conn in list(local):
+                        send = getattr(conn, "send_encoded", None)
+                        if send is not None:
+                            send(body)
+                        else:
+                            conn.send_frame(frame)
+                if remote:
+                    assert relay is not None
+                    relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc, arg-type]
 
 
 def _ignore(_: Any) -> None:
@@ -549,6 +804,9 @@ def _merge(cmd: str, parts: dict[int, dict[str, Any]], limit: int | None = None)
         return {"crons": crons[:limit], "more": more or len(crons) > limit, "partitions": covered}
     if cmd == "CronDelete":
         return {"deleted": any(r.get("deleted") for r in parts.values()), "partitions": covered}
+    if cmd == "CronGet":
+        found = [r["cron"] for r in parts.values() if r.get("cron") is not None]
+        return {"cron": found[0] if found else None, "partitions": covered}
     if cmd == "Stats":
         return {"stats": {str(p): r.get("stats") for p, r in parts.items()}, "partitions": covered}
     merged: dict[str, Any] = {"partitions": covered}

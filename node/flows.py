@@ -238,7 +238,8 @@ class FlowService:
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
         size = 0
         for seq, report in reports:
-            parent, failed, result, error, on_failure = report
+            parent, failed, result, error, on_failure = report[:5]
+            key = report[5:]  # the child as bunqueue's client names it, "<queue>:<its id>" (the engine's)
             size += len(result or b"") + len(error or "") * 4
             if size > REPORT_BYTES_PER_ROUND_MAX and by_parent:
                 break  # results are up to 10 MB each: the rest go next round
@@ -247,7 +248,7 @@ class FlowService:
                 target = int(str(parent).split("-", 1)[0])
             except ValueError:
                 target = -1
-            by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure]))
+            by_parent.setdefault(target, []).append((seq, [parent, child, failed, result, error, on_failure, *key]))
         acked: list[int] = []
 
         async def deliver(target: int, reports: list[tuple[int, list[Any]]]) -> None:

@@ -41,13 +41,14 @@ __all__ = ["take_block", "check_block", "each_result", "encode_replies", "replic
 #: Receives one command's result: the engine's reply dict or a CommandError.
 ReplyCallback = Callable[[Any], None]
 
-#: Fields a PUSH may carry and still ride in a :class:`PushRun` (``timeout`` only matters to
-#: the dispatcher, which parks a push refused with QUEUE_FULL).
-PLAIN_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "timeout"})
+#: Fields a PUSH may carry and still ride in a :class:`PushRun` (``waitMs`` only matters to
+#: the dispatcher, which parks a push refused with QUEUE_FULL; ``name`` is bunqueue's job name).
+PLAIN_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "waitMs", "name"})
 #: The PUSH schema's own field checks, run on a block as ``validate`` runs them on a dict.
 _check_queue = COMMANDS["PUSH"].checks["queue"]
 _check_data = COMMANDS["PUSH"].checks["data"]
 _check_key = COMMANDS["PUSH"].checks["idempotencyKey"]
+_check_name = COMMANDS["PUSH"].checks["name"]
 
 _pack = msgspec.msgpack.Encoder().encode
 _PUSH_REPLY_HEAD = b"\x83\xa2ok\xc3\xa2id"  # map of 3: "ok": true, "id": (the id follows)
@@ -117,27 +118,35 @@ def check_block(frames: list[PlainPush],
     req_ids: list[Any] = []
     datas: list[bytes] = []
     keys: list[str | None] | None = None
+    names: list[str | None] | None = None
     data_max = L.data_bytes_max
     for frame in frames:
         data = bytes(frame.data)
         key = frame.idempotencyKey
+        name = frame.name
         try:
             if len(data) > data_max:
                 _check_data("data", Raw(data))
             if key is not None:
                 _check_key("idempotencyKey", key)
+            if name is not None:
+                _check_name("name", name)
         except CommandError as exc:
             refuse(frame.reqId, exc)
             continue
         if key is not None and keys is None:
             keys = [None] * len(datas)
+        if name is not None and names is None:
+            names = [None] * len(datas)
         req_ids.append(frame.reqId)
         datas.append(data)
         if keys is not None:
             keys.append(key)
+        if names is not None:
+            names.append(name)
     if not req_ids:
         return req_ids, None
-    return req_ids, PushRun(frames[0].queue, datas, keys)
+    return req_ids, PushRun(frames[0].queue, datas, keys, names)
 
 
 def each_result(result: Any, n: int) -> list[Any]:
@@ -192,7 +201,9 @@ def replicated_form(cmds: list[Command], partition: int) -> tuple[list[Command],
         run = cmds[i:j]
         datas = [d.packed if type(d) is Raw else d for d in [c["data"] for c in run]]  # type: ignore[index]
         keys = [c.get("idempotencyKey") for c in run]  # type: ignore[union-attr]
-        out.append(PushRun(queue, datas, keys if any(k is not None for k in keys) else None))
+        names = [c.get("name") for c in run]  # type: ignore[union-attr]
+        out.append(PushRun(queue, datas, keys if any(k is not None for k in keys) else None,
+                           names if any(n is not None for n in names) else None))
         sizes.append(j - i)
         merged = True
         i = j
@@ -219,7 +230,7 @@ def _compact(cmd: Command, partition: int) -> Command:
         items = cmd["jobs"]
         plain = split_plain(items)
         if plain is not None:
-            return PushBatch(cmd["queue"], plain[0], plain[1])
+            return PushBatch(cmd["queue"], plain[0], plain[1], plain[2])
         for item in items:
             data = item.get("data")
             if type(data) is Raw:

@@ -46,7 +46,8 @@ from .cluster_map import ClusterMap
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
-from .state import event_dicts
+from .relay import CHANNEL as RELAY_CHANNEL
+from .relay import Relay
 
 __all__ = ["Node", "run_node"]
 
@@ -108,6 +109,7 @@ class Node:
         self._tick_idle_ms = TICK_IDLE_MS
         self._applied_flags: dict[int, bool] = {}
         self.raft_network: RaftNetwork | None = None
+        self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
         self._stopped = asyncio.Event()
         self.http_runner: Any = None
@@ -139,8 +141,13 @@ class Node:
         self.cluster_map.attach(self.raft_network)
         self.raft_network.register_channel(TOPOLOGY_CHANNEL, self._on_topology)
         self.cluster_map.listeners.append(self._registry_changed)
-        self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
-            PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
+        network = self.raft_network
+        # Clients that do not route for themselves have their commands forwarded (relay.py).
+        self.relay = Relay(self.dispatcher, self, self.loop,
+                           lambda peer, message: network.send_channel(peer, RELAY_CHANNEL, message))
+        network.register_channel(RELAY_CHANNEL, self.relay.on_message, self.relay.peer_lost)
+        self.dispatcher.relay = self.relay
+        self.relay.start()
         self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
             PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
         boot = self.cluster_map.registry.bootstrap_placement()
@@ -198,6 +205,8 @@ class Node:
         for conn in list(self.dispatcher.connections):
             conn.close()
         await self.flows.close()
+        if self.relay is not None:
+            self.relay.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         for replica in self.replicas.values():
@@ -346,11 +355,11 @@ class Node:
     def _on_applied(self, p: int) -> None:
         self._applied_flags[p] = False
         replica = self.replicas[p]
-        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.subscribers)
+        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.wants_events())
         replica.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
         events = replica.take_events()
         if events and wanted:
-            self.dispatcher.publish(event_dicts(p, events))
+            self.dispatcher.publish(replica.view.event_dicts(p, events))
         self.dispatcher.on_applied(p)
 
     def events_wanted(self) -> None:

@@ -11,7 +11,7 @@ replica replaces its engine object when it installs a snapshot.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
@@ -19,7 +19,7 @@ from typing import Any
 
 from shoal.cluster.commands import READ_COMMANDS
 
-from ..state import PartitionEngine
+from ..state import Event, PartitionEngine, event_dicts
 
 __all__ = ["FlowReport", "PartitionView", "QueueFigures"]
 
@@ -95,6 +95,10 @@ class PartitionView:
     def flow_reports(self, limit: int) -> tuple[FlowReport, ...]:
         """The oldest ``limit`` unacknowledged child reports (acknowledged by a replicated ``_FlowAcked``)."""
         return tuple(islice(self._engine().flow_outbox.items(), limit))
+
+    def event_dicts(self, partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
+        """``events`` as the node publishes them, a job with a custom id named by it."""
+        return event_dicts(partition, events, self._engine())
 
     def digest(self) -> str:
         """SHA-256 of the state's snapshot: equal on replicas that applied the same entries.

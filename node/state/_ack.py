@@ -27,6 +27,8 @@ class AckOps(Store):
         result = cmd.get("result")
         if result is not None:
             job.result = result.packed if type(result) is Raw else pack(result)
+        if cmd.get("removeOnComplete"):
+            _set_meta(job, "removeOnComplete", True)
         self._count(q, "ACK")
         self._complete(q, job)
         return {}
@@ -40,7 +42,7 @@ class AckOps(Store):
         return self._ack_ids(_ack_of_run(self.partition, run))
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        if not cmd.get("results") and self.segments:
+        if not cmd.get("results") and not cmd.get("removeOnCompletes") and self.segments:
             run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
             done = self._ack_run(*run) if run is not None else 0
             if done:
@@ -52,6 +54,7 @@ class AckOps(Store):
         ids = cmd["ids"]
         tokens = cmd.get("tokens") or [None] * len(ids)
         results = cmd.get("results") or [None] * len(ids)
+        removes = cmd.get("removeOnCompletes")
         # Per id: its Job, or the slot (segment, index) of a leased segment job acked without
         # a result, which completes in place (no object is made for it).
         targets: list[Any] = []
@@ -66,7 +69,7 @@ class AckOps(Store):
             tail = job_id[cut:] if job_id.startswith(prefix) else ""
             seq = int(tail) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else 0
             job = all_jobs.get(seq) if seq else None
-            if job is None and seq and segments and result is None:
+            if job is None and seq and segments and result is None and not removes:
                 if seg is None or not 0 <= seq - seg.first < len(seg.datas):
                     seg = segments.find(seq)
                 if seg is not None:
@@ -86,12 +89,14 @@ class AckOps(Store):
         touched: dict[str, Queue] = {}
         q = None
         complete = self._complete
-        for target, result in zip(targets, results):
+        for i, (target, result) in enumerate(zip(targets, results)):
             if type(target) is Job:
                 if q is None or q.name != target.queue:
                     q = touched[target.queue] = queues[target.queue]
                 if result is not None:
                     target.result = result.packed if type(result) is Raw else pack(result)
+                if removes is not None and removes[i]:
+                    _set_meta(target, "removeOnComplete", True)
                 q.calls["ACKB"] = q.calls.get("ACKB", 0) + 1
                 complete(q, target, trim=False)
                 continue
@@ -160,15 +165,25 @@ class AckOps(Store):
         q.calls["ACKB"] = q.calls.get("ACKB", 0) + k
 
     def _op_FAIL(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A failed attempt: retried after its backoff while attempts remain (``unrecoverable``:
+        none remain), else dead-lettered (``removeOnFail``: removed). ``stack`` is kept, at most
+        the job's ``stackTraceLimit`` lines (10 by default, as bunqueue)."""
         job = self._job(cmd["id"])
         self._require_active(job, cmd)
         q = self.queues[job.queue]
         self._count(q, "FAIL")
         job.error = cmd.get("error") or "failed"
-        if job.attempts < job.max_attempts:
+        stack = cmd.get("stack")
+        if stack:
+            limit = job.meta.get("stackTraceLimit", STACK_LINES_DEFAULT) if job.meta else STACK_LINES_DEFAULT
+            _set_meta(job, "stacktrace", list(stack[:limit]))
+        if cmd.get("removeOnFail"):
+            _set_meta(job, "removeOnFail", True)
+        if job.attempts < job.max_attempts and not cmd.get("unrecoverable"):
             delay = cmd.get("delay")
             if delay is None:
-                delay = job.backoff_ms * (2 ** max(0, job.attempts - 1))
+                fixed = job.meta is not None and job.meta.get("backoffType") == "fixed"
+                delay = job.backoff_ms if fixed else job.backoff_ms * (2 ** max(0, job.attempts - 1))
             q.totals["retried"] += 1
             self._to_waiting(q, job, delay)
         else:
@@ -213,7 +228,26 @@ class AckOps(Store):
         return self._touch(cmd, cmd["ttr"])
 
     def _op_JobHeartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return self._touch(cmd, cmd.get("ttr"))
+        reply = self._touch(cmd, cmd.get("ttr"))
+        return {**reply, "data": {"ok": True}}
+
+    def _op_JobHeartbeatB(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Extend the leases of several active jobs (bunqueue's batched heartbeat); the jobs no
+        longer active or leased to another token are skipped, not errors."""
+        ids = cmd["ids"]
+        tokens = cmd.get("tokens") or [None] * len(ids)
+        ttr_ms = cmd.get("ttr")
+        count = 0
+        for job_id, token in zip(ids, tokens):
+            try:
+                job = self._job(job_id)
+                self._require_active(job, {"token": token})
+            except CommandError:
+                continue
+            job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms)
+            heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
+            count += 1
+        return {"count": count, "data": {"ok": True, "count": count}}
 
     def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
@@ -232,6 +266,17 @@ class AckOps(Store):
                 self._to_waiting(self.queues[job.queue], job)
         self.sessions.pop(cmd["session"], None)
         return {"count": len(seqs)}
+
+
+#: Stack lines a failure keeps when its job set no ``stackTraceLimit`` (bunqueue's default).
+STACK_LINES_DEFAULT = 10
+
+
+def _set_meta(job: Job, key: str, value: Any) -> None:
+    if job.meta is None:
+        job.meta = {key: value}
+    else:
+        job.meta[key] = value
 
 
 def _ack_of_run(partition: int, run: AckRun) -> dict[str, Any]:

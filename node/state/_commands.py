@@ -27,6 +27,7 @@ class PushRun(msgspec.Struct, frozen=True, gc=False):
     queue: str
     datas: list[bytes]
     keys: list[str | None] | None = None
+    names: list[str | None] | None = None  # the jobs' names (bunqueue's), None when none has one
 
 
 class PushBatch(msgspec.Struct, frozen=True, gc=False):
@@ -37,6 +38,7 @@ class PushBatch(msgspec.Struct, frozen=True, gc=False):
     queue: str
     datas: list[bytes]
     keys: list[str | None] | None = None
+    names: list[str | None] | None = None  # the jobs' names (bunqueue's), None when none has one
 
 
 class AckRun(msgspec.Struct, frozen=True, gc=False):

@@ -10,7 +10,8 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
-from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue
+from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue, pack
+from ._reads import dlq_match
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
 
@@ -31,7 +32,7 @@ class ControlOps(Store):
             raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is already cancelled")
         self._count(q, "Cancel")
         self._remove(q, job)
-        return {}
+        return {"data": {"removed": True}}
 
     def _op_Promote(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -41,6 +42,22 @@ class ControlOps(Store):
         self._count(q, "Promote")
         self._to_waiting(q, job)
         return {}
+
+    def _op_PromoteJobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Every delayed job of a queue (at most ``count``, soonest first) runs now."""
+        q = self._queue(cmd["queue"])
+        limit = cmd.get("count")
+        seqs: list[int] = []
+        for _, seq in sorted(self.delayed):
+            job = self.jobs.get(seq)
+            if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seqs:
+                seqs.append(seq)
+                if limit is not None and len(seqs) >= limit:
+                    break
+        for seq in seqs:
+            self._to_waiting(q, self.jobs[seq])
+        self._count(q, "PromoteJobs")
+        return {"count": len(seqs)}
 
     def _op_MoveToDelayed(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -54,6 +71,45 @@ class ControlOps(Store):
             heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
         else:
             self._to_waiting(q, job, max(1, cmd["delay"]))
+        return {}
+
+    def _op_ChangePriority(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A new priority for a job; a waiting one takes its new place in the queue at once."""
+        job = self._job(cmd["id"])
+        if job.state in (COMPLETED, FAILED, CANCELLED):
+            raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is {job.state}")
+        q = self.queues[job.queue]
+        if not q.preset["priority"]:
+            raise CommandError(ErrorCode.INVALID, f"priority: queue {q.name!r} ({q.type}) has no priorities")
+        self._count(q, "ChangePriority")
+        old = job.priority
+        new = cmd["priority"]
+        if new == old:
+            return {}
+        if job.state == WAITING:
+            self._drop_prio(q, old)  # type: ignore[attr-defined]  # Moves
+            q.prio_counts[new] = q.prio_counts.get(new, 0) + 1
+            job.priority = new
+            if job.group is None:
+                heapq.heappush(q.ready, (-new, job.seq))  # the old entry goes stale
+            return {}
+        job.priority = new
+        return {}
+
+    def _op_Update(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Replace a job's data (bunqueue's ``updateData``)."""
+        job = self._job(cmd["id"])
+        data = cmd["data"]
+        job.data = data.packed if type(data) is Raw else pack(data)
+        self._count(self.queues[job.queue], "Update")
+        return {}
+
+    def _op_ClearLogs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = self._job(cmd["id"])
+        keep = cmd.get("keepLogs") or 0
+        if job.logs:
+            job.logs = job.logs[len(job.logs) - keep:] if keep else None
+        self._count(self.queues[job.queue], "ClearLogs")
         return {}
 
     def _op_Progress(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -71,11 +127,12 @@ class ControlOps(Store):
         job = self._job(cmd["id"])
         logs = job.logs if job.logs is not None else []
         logs.append((self.now_ms, cmd["message"]))
-        if len(logs) > JOB_LOGS_MAX:
-            del logs[0]  # bounded: the oldest line goes
-        job.logs = logs
+        keep = job.meta.get("keepLogs", JOB_LOGS_MAX) if job.meta else JOB_LOGS_MAX
+        if len(logs) > keep:
+            del logs[:len(logs) - keep]  # bounded: the oldest lines go
+        job.logs = logs or None
         self._count(self.queues[job.queue], "AddLog")
-        return {"count": len(logs)}
+        return {"count": len(logs), "data": {"added": True}}
 
     def _op_CreateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd["queue"]
@@ -92,7 +149,7 @@ class ControlOps(Store):
         return {"created": True}
 
     def _op_UpdateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        q = self._queue(cmd["queue"])
+        q = self._queue(cmd["queue"], create=bool(cmd.get("create")))
         opts = _stored_options(cmd)
         check_limit_options(opts, q.type)
         self._set_options(q, opts)
@@ -123,7 +180,7 @@ class ControlOps(Store):
         return {}
 
     def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
-                      limit: int | None = None) -> int:
+                      limit: int | None = None, removed: list[str] | None = None) -> int:
         victims = []
         for job in self._all_jobs():
             if job.queue != q.name or job.state not in states:
@@ -135,7 +192,10 @@ class ControlOps(Store):
             if limit is not None and len(victims) >= limit:
                 break
         for seq in victims:
-            self._remove(q, self._get(seq))  # type: ignore[arg-type]
+            job = self._get(seq)
+            if removed is not None:
+                removed.append(self._wire_id(job))  # type: ignore[arg-type]
+            self._remove(q, job)  # type: ignore[arg-type]
         return len(victims)
 
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +209,9 @@ class ControlOps(Store):
         if state == ACTIVE:
             raise CommandError(ErrorCode.INVALID, "state: active jobs cannot be cleaned (release them first)")
         self._count(q, "Clean")
-        return {"count": self._remove_where(q, (state,), self.now_ms - cmd["grace"], cmd.get("limit"))}
+        ids: list[str] = []
+        count = self._remove_where(q, (state,), self.now_ms - cmd["grace"], cmd.get("limit"), ids)
+        return {"count": count, "ids": ids}
 
     def _op_Obliterate(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
@@ -178,6 +240,11 @@ class ControlOps(Store):
             if job.queue != q.name or job.state != FAILED:
                 raise CommandError(ErrorCode.INVALID_STATE, f"job {cmd['id']} is not in {q.name}'s DLQ")
             seqs = [job.seq]
+        elif cmd.get("filter") is not None:  # bunqueue's retryDlqByFilter: Dlq's filter
+            spec = cmd["filter"]
+            seqs = [s for s in q.dlq if dlq_match(self.jobs[s], spec)]
+            offset, limit = spec.get("offset") or 0, spec.get("limit")
+            seqs = seqs[offset:offset + limit] if limit else seqs[offset:]
         else:
             seqs = list(q.dlq)
         self._count(q, "RetryDlq")

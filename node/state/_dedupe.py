@@ -74,7 +74,7 @@ class DedupeOps(Store):
                 self._set_expiry(q.name, spec["id"], entry, now + spec["ttlMs"])
             if spec.get("replace") and job is not None and job.state in (WAITING, DELAYED):
                 _swap_data(job, options["data"])
-            return format_job_id(self.partition, entry[1])
+            return self._wire_id(job) if job is not None else format_job_id(self.partition, entry[1])
         spec = options["debounce"]
         entry = self.dedupe.get((q.name, spec["id"]))
         if entry is None or entry[0] != DEBOUNCE:
@@ -93,7 +93,7 @@ class DedupeOps(Store):
             job.run_at_ms = run_at
             heapq.heappush(self.delayed, (run_at, job.seq))  # the old entry goes stale
             self._set_expiry(q.name, spec["id"], entry, run_at)
-        return format_job_id(self.partition, job.seq)
+        return self._wire_id(job)
 
     def _push_deduped(self, q: Queue, options: dict[str, Any]) -> dict[str, Any]:
         """PUSH with ``dedupe`` or ``debounce`` (its idempotency key already checked)."""
@@ -108,7 +108,7 @@ class DedupeOps(Store):
         self._count(q, "PUSH")
         job = self._new_job(q, options["data"], options)  # type: ignore[attr-defined]  # PushOps
         self._note_dedupe(q, options, job)
-        return {"id": self._id(job)}
+        return {"id": self._wire_id(job)}
 
     def _debounce_delay(self, options: dict[str, Any]) -> dict[str, Any]:
         """The options of the job a debounced add makes: delayed by ``delayMs``."""

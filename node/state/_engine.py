@@ -112,12 +112,18 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
         return sorted(self.queues)
 
 
-def event_dicts(partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
-    """``events`` of ``partition`` in the form the node publishes to subscribers."""
+def event_dicts(partition: int, events: Sequence[Event], engine: "PartitionEngine | None" = None
+                ) -> list[dict[str, Any]]:
+    """``events`` of ``partition`` in the form the node publishes to subscribers; with the
+    partition's ``engine``, a job with a custom id is named by it (its id on the wire)."""
     out = []
+    jobs = engine.jobs if engine is not None else {}
     for queue, seq, state, prev in events:
+        job = jobs.get(seq)
+        job_id = job.custom_id if job is not None and job.custom_id is not None else f"{partition}-{seq}"
         if state == "progress":
-            out.append({"event": "progress", "queue": queue, "id": f"{partition}-{seq}", "progress": prev})
+            out.append({"event": "progress", "queue": queue, "id": job_id, "progress": prev, "partition": partition})
         else:
-            out.append({"event": "job", "queue": queue, "id": f"{partition}-{seq}", "state": state, "prev": prev})
+            out.append({"event": "job", "queue": queue, "id": job_id, "state": state, "prev": prev,
+                        "partition": partition})
     return out

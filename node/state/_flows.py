@@ -40,7 +40,7 @@ check_transition(NEW, WAITING_CHILDREN)
 class FlowParent:
     """What one parent waits for: ``expected`` children and their reports so far."""
 
-    __slots__ = ("expected", "values", "ignored", "removed", "failed")
+    __slots__ = ("expected", "values", "ignored", "removed", "failed", "keys")
 
     def __init__(self, expected: int) -> None:
         self.expected = expected
@@ -48,6 +48,7 @@ class FlowParent:
         self.ignored: dict[str, str] = {}            # failed child (onFailure: ignore) -> its error
         self.removed: dict[str, str] = {}            # failed child (onFailure: remove) -> its error
         self.failed: dict[str, str] = {}             # failed child (onFailure: fail) -> its error
+        self.keys: dict[str, str] = {}               # child id -> "<queue>:<wire id>" (bunqueue's key)
 
     def done(self) -> int:
         return len(self.values) + len(self.ignored) + len(self.removed) + len(self.failed)
@@ -56,12 +57,14 @@ class FlowParent:
         return child in self.values or child in self.ignored or child in self.removed or child in self.failed
 
     def to_list(self) -> list[Any]:
-        return [self.expected, self.values, self.ignored, self.removed, self.failed]
+        return [self.expected, self.values, self.ignored, self.removed, self.failed, *([self.keys] if self.keys else [])]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> "FlowParent":
         rec = cls(data[0])
         rec.values, rec.ignored, rec.removed, rec.failed = data[1], data[2], data[3], data[4]
+        if len(data) > 5:
+            rec.keys = data[5]
         return rec
 
 
@@ -136,7 +139,7 @@ class FlowOps(Store):
         return {"results": [self._child_report(*report) for report in cmd["_reports"]]}
 
     def _child_report(self, parent: str, child: str, failed: bool, result: bytes | None, error: str | None,
-                      on_failure: str) -> str:
+                      on_failure: str, key: str | None = None) -> str:
         p, seq = parse_job_id(parent)
         rec = self.flow_parents.get(seq) if p == self.partition else None
         job = self.jobs.get(seq) if rec is not None else None
@@ -145,6 +148,8 @@ class FlowOps(Store):
         if rec.knows(child):
             return "dup"
         text = error or "failed"
+        if key is not None:
+            rec.keys[child] = key
         if not failed:
             rec.values[child] = result
         elif on_failure == "ignore":
@@ -173,8 +178,10 @@ class FlowOps(Store):
         if link is None or link[2]:
             return
         link[2] = True
+        # The report names the child as bunqueue keys children's values: "<queue>:<its wire id>".
         self.flow_outbox[job.seq] = (link[0], failed, None if failed else job.result,
-                                     (error or job.error or "failed") if failed else None, link[1])
+                                     (error or job.error or "failed") if failed else None, link[1],
+                                     f"{job.queue}:{self._wire_id(job)}")
 
     def _flow_forget(self, job: Job) -> None:
         """Hook of removal: a child removed before it finished reports so; a parent's record goes."""
@@ -189,10 +196,12 @@ class FlowOps(Store):
         job = self._job(cmd["id"])
         rec = self.flow_parents.get(job.seq)
         if rec is None:
-            return {"values": {}}
-        out: dict[str, Any] = {
-            "values": {child: None if r is None else Raw(r) for child, r in rec.values.items()},
-            "expected": rec.expected, "done": rec.done()}
+            return {"values": {}, "data": {"values": {}}}
+        values = {child: None if r is None else Raw(r) for child, r in rec.values.items()}
+        # bunqueue's client reads data.values, keyed "<queue>:<child id>" (its flows' own ids)
+        keyed = {rec.keys.get(child, child): v for child, v in values.items()}
+        out: dict[str, Any] = {"values": values, "data": {"values": keyed}, "expected": rec.expected,
+                               "done": rec.done()}
         for name in ("ignored", "removed", "failed"):
             errors = getattr(rec, name)
             if errors:

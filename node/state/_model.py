@@ -51,21 +51,31 @@ Event = tuple[str, int, str, Any]
 def wire_bytes_max(job: "Job") -> int:
     """An upper bound of ``job``'s size in a reply (a str char packs to at most 4 bytes)."""
     size = len(job.data) + JOB_WIRE_BYTES_OVERHEAD + 4 * len(job.queue)
-    for text in (job.group, job.custom_id, job.tag, job.error):
+    for text in (job.group, job.custom_id, job.tag, job.error, job.name):
         if text is not None:
-            size += 4 * len(text)
+            size += 8 * len(text)  # a custom id is written as the id and as customId
     if job.result is not None:
         size += len(job.result)
+    if job.meta is not None:
+        size += len(msgpack.packb(job.meta, use_bin_type=True))
+    if type(job.progress) is not int:
+        size += len(msgpack.packb(job.progress, use_bin_type=True))
     return size
 
 
 class Job:
-    """One job; data stays the raw MessagePack bytes the client sent."""
+    """One job; data stays the raw MessagePack bytes the client sent.
+
+    ``name`` is the job's name (bunqueue's; None reads as ``default``); ``meta`` holds the rare
+    per-job settings and records as a small dict, or None: ``removeOnComplete``,
+    ``removeOnFail``, ``backoffType``, ``stackTraceLimit``, ``keepLogs``, the last failure's
+    ``stacktrace`` and the start of its latest attempt (``startedAt``).
+    """
 
     __slots__ = ("seq", "queue", "data", "priority", "state", "attempts", "max_attempts", "backoff_ms",
                  "created_ms", "run_at_ms", "ttl_deadline_ms", "ttr_ms", "token", "session",
                  "lease_deadline_ms", "group", "custom_id", "tag", "result", "error", "progress",
-                 "message", "logs", "finished_ms")
+                 "message", "logs", "finished_ms", "name", "meta")
 
     def __init__(self, seq: int, queue: str, data: bytes, priority: int, created_ms: int,
                  max_attempts: int = 1, backoff_ms: int = 0, ttr_ms: int = 0) -> None:
@@ -93,13 +103,18 @@ class Job:
         self.message: str | None = None
         self.logs: list[tuple[int, str]] | None = None
         self.finished_ms = 0
+        self.name: str | None = None
+        self.meta: dict[str, Any] | None = None
 
     def to_tuple(self) -> tuple[Any, ...]:
         return tuple(getattr(self, s) for s in Job.__slots__)
 
     @classmethod
     def from_tuple(cls, t: tuple[Any, ...]) -> "Job":
+        """A job from :meth:`to_tuple`; a shorter tuple (written before ``name`` and ``meta``
+        existed) leaves those None."""
         job = cls.__new__(cls)
+        job.name = job.meta = None
         for name, value in zip(Job.__slots__, t):
             setattr(job, name, value)
         return job
@@ -117,10 +132,10 @@ class Queue:
         self.type = qtype
         self.opts = {**DEFAULTS, **(opts or {})}
         self.paused = False
-        self.ready: list[tuple[int, int]] = []              # (priority, seq), jobs without a group
+        self.ready: list[tuple[int, int]] = []              # (-priority, seq), jobs without a group: the highest first
         self.group_fifo: dict[str, list[int]] = {}          # group -> seq heap of waiting jobs
         self.group_active: dict[str, int] = {}              # group -> how many of its jobs are active
-        self.group_heads: list[tuple[int, int, str]] = []   # (priority, seq, group) of eligible heads
+        self.group_heads: list[tuple[int, int, str]] = []   # (-priority, seq, group) of eligible heads
         self.counts = {s: 0 for s in STATES}
         self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
         self.history: deque[int] = deque()                  # completed seqs, oldest first
@@ -152,6 +167,9 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
     """
     job = Job(seg.first + i, seg.queue, seg.datas[i], 0, seg.created_ms,  # type: ignore[arg-type]
               seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+    names = seg.names
+    if names is not None:
+        job.name = names[i]
     code = seg.states[i]
     if code != SLOT_WAITING:
         job.attempts = 1

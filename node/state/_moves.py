@@ -76,6 +76,10 @@ class Moves(Store):
             q.totals["failed"] += 1
         if self.flow_children:
             self._flow_child_done(job, state != COMPLETED)
+        meta = job.meta
+        if meta is not None and meta.get("removeOnFail" if state != COMPLETED else "removeOnComplete") \
+                and job.seq in self.jobs:
+            self._remove(q, job)  # the job asked not to be kept once it ended
 
     def _complete(self, q: Queue, job: Job, trim: bool = True) -> None:
         """``_finish(q, job, COMPLETED)`` for an active job (the ack path), without the general checks.
@@ -96,6 +100,8 @@ class Moves(Store):
         q.totals["completed"] += 1
         if self.flow_children:
             self._flow_child_done(job, False)
+        if job.meta is not None and job.meta.get("removeOnComplete"):
+            self._remove(q, job)  # the job asked not to be kept once it ended
         if trim and len(q.history) > q.opts["historyMax"]:
             self._trim_history(q)
 

@@ -12,7 +12,7 @@ from ._commands import SessionPull
 from ._decimal import decimal_run
 from ._model import JOB_WIRE_BYTES_OVERHEAD, REPLY_BYTES_OVERHEAD, Job, Queue, wire_bytes_max
 from ._segments import Segment
-from ._store import Store
+from ._store import DEFAULT_NAME, Store
 from ._transitions import ACTIVE, WAITING, check_transition
 
 __all__ = ["PullOps"]
@@ -73,7 +73,7 @@ class PullOps(Store):
             if job is None:
                 break
             tokens.append(self._lease(q, job, cmd.get("ttr"), session))
-            jobs.append(self.wire_job(job) if self._replies else None)
+            jobs.append(self.pulled_job(job) if self._replies else None)
         return jobs, tokens
 
     def _pull_ungrouped(self, q: Queue, cmd: dict[str, Any], count: int, session: str | None,
@@ -96,7 +96,7 @@ class PullOps(Store):
         heappop, heappush = heapq.heappop, heapq.heappush
         name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
         replies = self._replies
-        wire_job = self.wire_job
+        wire_job = self.pulled_job
         job_bytes_fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(name)  # wire_bytes_max of a job with no texts
         prefix = f"{self.partition}."
         taken = 0
@@ -113,11 +113,13 @@ class PullOps(Store):
                         taken += k
                         continue
                 job = self._materialize(seq, waiting_only=True)
-            if job is None or job.state != WAITING or job.group is not None or job.queue != name:
+            if (job is None or job.state != WAITING or job.group is not None or job.queue != name
+                    or -job.priority != ready[0][0]):
                 heappop(ready)  # stale entry (lazy deletion)
                 continue
             if budget:
-                if job.custom_id is None and job.tag is None and job.error is None and job.result is None:
+                if (job.custom_id is None and job.tag is None and job.error is None and job.result is None
+                        and job.name is None and job.meta is None):
                     used += len(job.data) + job_bytes_fixed  # = wire_bytes_max(job), without the call
                 else:
                     used += wire_bytes_max(job)
@@ -175,9 +177,11 @@ class PullOps(Store):
         full = False
         if budget:
             fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
-            datas = seg.datas
+            datas, names = seg.datas, seg.names
             for j in range(i, end):
                 size = len(datas[j]) + fixed  # type: ignore[arg-type]
+                if names is not None and names[j] is not None:
+                    size += 4 * len(names[j])  # type: ignore[arg-type]
                 if used + size > budget and (any_taken or j > i):
                     end, full = j, True
                     break
@@ -214,18 +218,24 @@ class PullOps(Store):
         if self._replies:
             name = q.name
             tokens.extend(decimal_run(prefix, base + 1, k))
-            # The wire form of each job (wire_job's keys, in its order): copies of one template,
-            # then the two fields that differ (a third cheaper than a literal per job).
-            created = seg.created_ms
-            template = {"id": None, "queue": name, "data": None, "priority": 0, "state": ACTIVE, "attempts": 1,
-                        "maxAttempts": seg.max_attempts, "createdAt": created, "runAt": created, "progress": 0,
-                        "leaseDeadline": deadline}
+            # The wire form of each job (what a worker reads of wire_job's record): copies of one
+            # template, then the fields that differ (a third cheaper than a literal per job).
+            created = float(seg.created_ms)
+            template = {"id": None, "queue": name, "name": DEFAULT_NAME, "data": None, "priority": 0,
+                        "state": ACTIVE, "attempts": 0, "maxAttempts": seg.max_attempts, "backoff": seg.backoff_ms,
+                        "createdAt": created, "runAt": created, "startedAt": float(self.now_ms), "progress": 0,
+                        "leaseDeadline": float(deadline)}
             copy = template.copy
             wire = [copy() for _ in seqs]
             id_prefix = f"{self.partition}-"
             for job, job_id, d in zip(wire, decimal_run(id_prefix, first, k), seg.datas[i:end]):
                 job["id"] = job_id
                 job["data"] = Raw(d)
+            names = seg.names
+            if names is not None:
+                for job, job_name in zip(wire, names[i:end]):
+                    if job_name is not None:
+                        job["name"] = job_name
             jobs.extend(wire)
         return k, full, used
 

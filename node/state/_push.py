@@ -45,17 +45,27 @@ class PushOps(Store):
                 raise CommandError(ErrorCode.QUEUE_FULL, f"queue {q.name!r} is at its capacity of {capacity}")
 
     def _duplicate(self, q: Queue, options: dict[str, Any]) -> str | None:
+        """The wire id of the job this add repeats (same idempotency key within the window, or
+        same custom id), or None."""
         key = options.get("idempotencyKey")
         if key is not None:
             entry = self.idempotency.get((q.name, key))
             if entry is not None and entry[1] > self.now_ms:
-                return entry[0]
+                return self._wire_id_of(entry[0])
         custom = options.get("customId")
         if custom is not None:
             seq = q.custom_ids.get(custom)
             if seq is not None and seq in self.jobs:
-                return format_job_id(self.partition, seq)
+                return custom
         return None
+
+    def _wire_id_of(self, job_id: str) -> str:
+        """The wire id of the job Shoal's id ``job_id`` names (its custom id, if it has one)."""
+        seq = int(job_id.rpartition("-")[2]) if "-" in job_id else 0
+        job = self.jobs.get(seq)
+        if job is not None and job.custom_id is not None:
+            return job.custom_id
+        return job_id
 
     def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
         # The hottest function of a push (it runs on every replica): locals, one .get each.
@@ -74,11 +84,15 @@ class PushOps(Store):
         job.backoff_ms = opts["backoff"] if backoff is None else backoff
         job.ttr_ms = (get("ttr") if preset["ttr"] else None) or opts["ttr"]
         if len(options) > 1:  # anything beside ``data``
+            job.name = get("name")
             job.group = get("group")
             job.custom_id = custom = get("customId")
             job.tag = get("tag")
             if custom is not None:
                 q.custom_ids[custom] = seq
+            meta = {k: options[k] for k in META_OPTIONS if options.get(k) is not None}
+            if meta:
+                job.meta = meta
             key = get("idempotencyKey")
             if key is not None:
                 expires = now + IDEMPOTENCY_WINDOW_MS
@@ -105,13 +119,14 @@ class PushOps(Store):
             prio = job.priority
             q.prio_counts[prio] = q.prio_counts.get(prio, 0) + 1
             if job.group is None:
-                heapq.heappush(q.ready, (prio, seq))
+                heapq.heappush(q.ready, (-prio, seq))
             else:
                 self._enqueue_ready(q, job)
         return job
 
     def _push_segment(self, q: Queue, datas: list[Any], keys: list[str | None] | None,
-                      per_item: bool = False) -> tuple[list[Any], list[Any] | None]:
+                      per_item: bool = False, names: list[str | None] | None = None
+                      ) -> tuple[list[Any], list[Any] | None]:
         """Plain jobs (data and maybe a key, no TTL) as one segment: O(1) index work per batch.
 
         Same outcome as pushing the items one by one: a key seen within the window, or
@@ -158,6 +173,8 @@ class PushOps(Store):
                 if key is not None:
                     first_in_batch[key] = i
             fresh = [d for d, step in zip(datas, plan) if step is None]
+            if names is not None:
+                names = [nm for nm, step in zip(names, plan) if step is None]
         n = len(fresh)
         if n and not per_item:
             self._check_push(q, {}, extra=n - 1)  # before any change: a refused batch leaves no trace
@@ -180,12 +197,13 @@ class PushOps(Store):
                 elif step is _FULL:
                     ids.append(None)
                 else:
-                    ids.append(ids[step] if type(step) is int else step)
+                    ids.append(ids[step] if type(step) is int else self._wire_id_of(step))
         if n:
             opts = q.opts
             # A copy: the segment marks taken slots in its list, and a command may be applied
             # twice (the same dict on two engines in tests).
-            self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"]))
+            self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"],
+                                      list(names) if names is not None and any(names) else None))
             heapq.heappush(q.ready, (0, first))
             q.counts[WAITING] += n
             q.prio_counts[0] = q.prio_counts.get(0, 0) + n
@@ -206,19 +224,21 @@ class PushOps(Store):
         push the PUSH reply or the ``CommandError`` it would have raised.
         """
         q = self._queue(run.queue, create=True)
-        datas, keys = run.datas, run.keys
+        datas, keys, names = run.datas, run.keys, run.names
         results: list[Any] = []
         if q.type == "log" or (q.preset["ttl"] and q.opts["ttl"]):
             for i, data in enumerate(datas):
                 single = {"cmd": "PUSH", "queue": q.name, "data": data}
                 if keys is not None and keys[i] is not None:
                     single["idempotencyKey"] = keys[i]
+                if names is not None and names[i] is not None:
+                    single["name"] = names[i]
                 try:
                     results.append(self._op_PUSH(single))
                 except CommandError as exc:
                     results.append(exc)
             return {"results": results}
-        ids, plan = self._push_segment(q, datas, keys, per_item=True)
+        ids, plan = self._push_segment(q, datas, keys, per_item=True, names=names)
         if not self._replies:
             return {"results": results}
         for i, job_id in enumerate(ids):
@@ -253,7 +273,7 @@ class PushOps(Store):
             return self._push_deduped(q, cmd)  # type: ignore[attr-defined, no-any-return]  # DedupeOps
         self._check_push(q, cmd)
         self._count(q, "PUSH")
-        return {"id": self._id(self._new_job(q, cmd["data"], cmd))}
+        return {"id": self._wire_id(self._new_job(q, cmd["data"], cmd))}
 
     def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
@@ -264,24 +284,31 @@ class PushOps(Store):
     def _apply_push_batch(self, batch: PushBatch) -> dict[str, Any]:
         """A PUSHB in the node's replicated form for items with only data (and maybe a key)."""
         q = self._queue(batch.queue, create=True)
-        reply = self._push_batch(q, batch.datas, batch.keys, None)
+        reply = self._push_batch(q, batch.datas, batch.keys, None, batch.names)
         self._count(q, "PUSHB")
         return reply
 
     def _push_batch(self, q: Queue, datas: list[Any] | None, keys: list[str | None] | None,
-                    jobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """A PUSHB's items, as lists of ``datas`` and ``keys`` when they carry nothing else
-        (what bulk ingest sends: stored as one segment), else as the ``jobs`` dicts."""
+                    jobs: list[dict[str, Any]] | None, names: list[str | None] | None = None) -> dict[str, Any]:
+        """A PUSHB's items, as lists of ``datas``, ``keys`` and ``names`` when they carry nothing
+        else (what bulk ingest sends: stored as one segment), else as the ``jobs`` dicts."""
         if datas is None:
             assert jobs is not None
             plain = split_plain(jobs)
             if plain is not None:
-                datas, keys = plain
+                datas, keys, names = plain
         if datas is not None:
             if q.type != "log" and not (q.preset["ttl"] and q.opts["ttl"]):
-                return {"ids": self._push_segment(q, datas, keys)[0]}
-            items = [{"data": d} if k is None else {"data": d, "idempotencyKey": k}
-                     for d, k in zip(datas, keys or [None] * len(datas))]
+                return {"ids": self._push_segment(q, datas, keys, names=names)[0]}
+            n = len(datas)
+            items = []
+            for d, k, nm in zip(datas, keys or [None] * n, names or [None] * n):
+                item = {"data": d}
+                if k is not None:
+                    item["idempotencyKey"] = k
+                if nm is not None:
+                    item["name"] = nm
+                items.append(item)
         else:
             assert jobs is not None
             items = jobs
@@ -322,11 +349,15 @@ class PushOps(Store):
                     item = self._debounce_delay(item)  # type: ignore[attr-defined]  # DedupeOps
                 job = new_job(q, item["data"], item)
                 self._note_dedupe(q, item, job)  # type: ignore[attr-defined]  # DedupeOps
-                ids.append(prefix + str(job.seq))
+                ids.append(self._wire_id(job))
                 continue
-            ids.append(prefix + str(new_job(q, item["data"], item).seq))
+            job = new_job(q, item["data"], item)
+            custom = job.custom_id
+            ids.append(prefix + str(job.seq) if custom is None else custom)
         return {"ids": ids, "deduped": deduped} if deduped else {"ids": ids}
 
 
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
+#: Job options kept in ``Job.meta`` (rare: no slot of their own).
+META_OPTIONS = ("removeOnComplete", "removeOnFail", "backoffType", "stackTraceLimit", "keepLogs")

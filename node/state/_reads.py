@@ -9,8 +9,11 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._model import PAGE_DEFAULT, PAGE_LIMIT_MAX, Queue
-from ._store import Store
-from ._transitions import STATES
+from ._store import Store, wire_state
+from ._transitions import ACTIVE, DELAYED, STATES, WAITING
+
+#: bunqueue's state for waiting jobs with a priority (counted and listed apart from ``waiting``).
+PRIORITIZED = "prioritized"
 
 __all__ = ["ReadOps"]
 
@@ -33,7 +36,16 @@ class ReadOps(Store):
         return {"job": self.wire_job(job) if job else None}
 
     def _op_GetState(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        return {"state": self._job(cmd["id"]).state}
+        return {"id": cmd["id"], "state": wire_state(self._job(cmd["id"]))}
+
+    def _op_Locate(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Whether a job of this partition has the (custom) id ``id``: how a node finds the
+        partition of a custom id it has not seen."""
+        try:
+            self._job(cmd["id"])
+        except CommandError:
+            return {"found": False, "partition": self.partition}
+        return {"found": True, "partition": self.partition}
 
     def _op_GetResult(self, cmd: dict[str, Any]) -> dict[str, Any]:
         job = self._job(cmd["id"])
@@ -52,7 +64,12 @@ class ReadOps(Store):
         limit = cmd.get("limit")
         if limit:
             logs = logs[-limit:]
-        return {"logs": [{"time": t, "message": m} for t, m in logs]}
+        start, end = cmd.get("start"), cmd.get("end")
+        total = len(logs)
+        if start is not None or end is not None:
+            logs = logs[(start or 0):(end + 1 if end is not None else None)]
+        lines = [{"timestamp": float(t), "level": "info", "message": m} for t, m in logs]
+        return {"logs": lines, "data": {"logs": lines, "count": total}}
 
     def _op_GetJobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
@@ -62,11 +79,22 @@ class ReadOps(Store):
         tag = cmd.get("tag")
         offset = cmd.get("offset") or 0
         limit = cmd.get("limit") or PAGE_DEFAULT
-        total = q.counts[state] if state else sum(q.counts.values())
+        # bunqueue lists waiting jobs with a priority as "prioritized", apart from "waiting".
+        by_priority = None
+        if state == WAITING or state == PRIORITIZED:
+            by_priority = state == PRIORITIZED
+            state = WAITING
+            if tag is None:
+                tag_free = q.prio_counts.get(0, 0)
+                total = q.counts[WAITING] - tag_free if by_priority else tag_free
+        if by_priority is None or tag is not None:
+            total = q.counts[state] if state else sum(q.counts.values())
         page: list[dict[str, Any]] = []
         matched = 0
         for job in self._queue_jobs(q.name, state):  # seq order, built lazily: a page costs its offset
             if tag is not None and job.tag != tag:
+                continue
+            if by_priority is not None and bool(job.priority) != by_priority:
                 continue
             matched += 1
             if matched <= offset or len(page) >= limit:
@@ -74,15 +102,35 @@ class ReadOps(Store):
                     break  # the total is known from the counters; with a tag it is counted here
                 continue
             page.append(self.wire_job(job))
+        if cmd.get("asc") is False:
+            page.reverse()
         return {"jobs": page, "total": matched if tag is not None else total}
 
     def _op_GetJobCounts(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Jobs by state, as bunqueue counts them: ``waiting`` (priority 0) apart from
+        ``prioritized``, and ``paused`` 0 (a paused queue keeps its jobs waiting)."""
         q = self.queues.get(cmd["queue"])
-        return {"counts": dict(q.counts) if q else {s: 0 for s in STATES}}
+        counts = dict(q.counts) if q else {s: 0 for s in STATES}
+        plain = q.prio_counts.get(0, 0) if q else 0
+        counts[PRIORITIZED] = counts[WAITING] - plain
+        counts[WAITING] = plain
+        counts["paused"] = 0
+        return {"counts": counts}
 
     def _op_GetCountsPerPriority(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Jobs still to run (waiting and delayed, as bunqueue counts them) per priority."""
         q = self.queues.get(cmd["queue"])
-        return {"counts": {str(p): n for p, n in sorted(q.prio_counts.items())} if q else {}}
+        if q is None:
+            return {"counts": {}}
+        counts = dict(q.prio_counts)
+        if q.counts[DELAYED]:
+            seen: set[int] = set()
+            for _, seq in self.delayed:  # a delayed job is never a segment's
+                job = self.jobs.get(seq)
+                if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seen:
+                    seen.add(seq)
+                    counts[job.priority] = counts.get(job.priority, 0) + 1
+        return {"counts": {str(p): n for p, n in sorted(counts.items())}}
 
     def _op_Count(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
@@ -91,7 +139,25 @@ class ReadOps(Store):
         state = cmd.get("state")
         if q.type == "log" and not state:
             return {"count": len(q.log)}
-        return {"count": q.counts[state] if state else sum(q.counts.values())}
+        if state == PRIORITIZED:
+            return {"count": q.counts[WAITING] - q.prio_counts.get(0, 0)}
+        # Without a state: the jobs still to run (bunqueue's count), waiting and delayed.
+        return {"count": q.counts[state] if state else q.counts[WAITING] + q.counts[DELAYED]}
+
+    def _op_GetQueueLimits(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The queue's rate limit and concurrency as bunqueue reports them."""
+        q = self.queues.get(cmd["queue"])
+        opts = q.opts if q else {}
+        limit = opts.get("limit") or {}
+        rate = {"max": limit["max"], "duration": limit["durationMs"]} if limit.get("max") else None
+        concurrency = opts.get("concurrency") or None
+        maxed = bool(q and q.limiter is not None and not q.limiter.queue_open(q.counts[ACTIVE], self.now_ms))
+        ttl = -2 if rate is None else 0
+        if maxed and q is not None and q.limiter is not None:
+            due = q.limiter.next_budget_ms(q.counts[ACTIVE])
+            ttl = max(0, due - self.now_ms) if due is not None else 0
+        limits = {"rateLimit": rate, "rateLimitTtl": ttl, "concurrencyLimit": concurrency, "maxed": maxed}
+        return {"data": {"limits": limits}}
 
     def _op_IsPaused(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
@@ -105,10 +171,39 @@ class ReadOps(Store):
         return {"queues": names[:limit], "more": len(names) > limit}
 
     def _op_Dlq(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The dead-lettered jobs, oldest first, and bunqueue's DLQ entries of them (``filter``:
+        by reason, age, a page)."""
         q = self.queues.get(cmd["queue"])
-        limit = cmd.get("limit") or PAGE_DEFAULT
-        seqs = list(q.dlq)[:limit] if q else []
-        return {"jobs": [self.wire_job(self.jobs[s]) for s in seqs]}
+        spec = cmd.get("filter") or {}
+        limit = spec.get("limit") or cmd.get("limit") or PAGE_DEFAULT
+        offset = spec.get("offset") or 0
+        jobs = []
+        for seq in (q.dlq if q else ()):
+            job = self.jobs[seq]
+            if not dlq_match(job, spec):
+                continue
+            jobs.append(job)
+            if len(jobs) >= offset + limit:
+                break
+        wire = [self.wire_job(j) for j in jobs[offset:]]
+        entries = [{"job": w, "enteredAt": float(j.finished_ms), "reason": _dlq_reason(j), "error": j.error,
+                    "attempts": [], "retryCount": 0, "lastRetryAt": None, "nextRetryAt": None, "expiresAt": None}
+                   for j, w in zip(jobs[offset:], wire)]
+        return {"jobs": wire, "entries": entries}
+
+    def _op_GetDlqStats(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The dead-letter queue in numbers, in bunqueue's form."""
+        q = self.queues.get(cmd["queue"])
+        seqs = list(q.dlq) if q else []
+        times = [self.jobs[s].finished_ms for s in seqs]
+        reasons = dict.fromkeys(("explicit_fail", "max_attempts_exceeded", "timeout", "stalled", "ttl_expired",
+                                 "worker_lost", "unknown"), 0)
+        for s in seqs:
+            reasons[_dlq_reason(self.jobs[s])] += 1
+        stats = {"total": len(seqs), "byReason": reasons, "byQueue": {q.name: len(seqs)} if q and seqs else {},
+                 "pendingRetry": 0, "expired": 0, "oldestEntry": float(min(times)) if times else None,
+                 "newestEntry": float(max(times)) if times else None}
+        return {"data": {"stats": stats}}
 
     def _queue_metrics(self, q: Queue) -> dict[str, Any]:
         return {"type": q.type, "paused": q.paused, "durability": "fsync" if q.opts.get("durable", True) else "disk",
@@ -129,3 +224,25 @@ class ReadOps(Store):
                                                                    for n, q in self.queues.items()},
                           "jobs": totals, "sessions": len(self.sessions), "crons": len(self.crons),
                           "lastSeq": self.seq, "now": self.now_ms}}
+
+
+def _dlq_reason(job: Any) -> str:
+    """Why a job is in the DLQ, in bunqueue's words."""
+    if job.error is not None and job.error.startswith("lease expired"):
+        return "stalled"
+    if job.attempts < job.max_attempts:
+        return "explicit_fail"  # buried, unrecoverable, or a child's failure
+    return "max_attempts_exceeded"
+
+
+def dlq_match(job: Any, spec: dict[str, Any]) -> bool:
+    """Does a dead-lettered job pass bunqueue's DLQ filter (reason, age; nothing expires here)?"""
+    if spec.get("reason") is not None and _dlq_reason(job) != spec["reason"]:
+        return False
+    if spec.get("olderThan") is not None and job.finished_ms >= spec["olderThan"]:
+        return False
+    if spec.get("newerThan") is not None and job.finished_ms <= spec["newerThan"]:
+        return False
+    if spec.get("expired"):  # nothing expires from Shoal's DLQ
+        return False
+    return spec.get("retriable") is not False  # every entry can be retried

@@ -1,4 +1,9 @@
-"""What a pull takes next: the ready heap of ungrouped jobs and the per-group heaps of utube queues."""
+"""What a pull takes next: the ready heap of ungrouped jobs and the per-group heaps of utube queues.
+
+A higher priority is pulled first (bunqueue's order), then the lower seq: heap entries are
+``(-priority, seq)``. An entry whose priority no longer matches its job (ChangePriority
+pushed a new one) is stale and skipped like any other.
+"""
 
 from __future__ import annotations
 
@@ -16,20 +21,20 @@ class ReadyIndex(Store):
 
     def _enqueue_ready(self, q: Queue, job: Job) -> None:
         if job.group is None:
-            heapq.heappush(q.ready, (job.priority, job.seq))
+            heapq.heappush(q.ready, (-job.priority, job.seq))
             return
         group = job.group
         fifo = q.group_fifo.setdefault(group, [])
         heapq.heappush(fifo, job.seq)
         if fifo[0] == job.seq and (group not in q.group_active if q.group_conc == 1 else _group_free(q, group)):
-            heapq.heappush(q.group_heads, (self.jobs[fifo[0]].priority, fifo[0], group))
+            heapq.heappush(q.group_heads, (-self.jobs[fifo[0]].priority, fifo[0], group))
 
     def _refresh_group_head(self, q: Queue, group: str) -> None:
         """A waiting group job left the queue some other way than a pull: expose the next head."""
         if _group_free(q, group):
             head = self._group_head(q, group)
             if head is not None:
-                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
+                heapq.heappush(q.group_heads, (-self.jobs[head].priority, head, group))
 
     def _group_head(self, q: Queue, group: str) -> int | None:
         fifo = q.group_fifo.get(group)
@@ -49,7 +54,8 @@ class ReadyIndex(Store):
             job = self.jobs.get(seq)
             if job is None and self.segments:
                 job = self._materialize(seq, waiting_only=True)
-            if job is not None and job.state == WAITING and job.group is None and job.queue == q.name:
+            if (job is not None and job.state == WAITING and job.group is None and job.queue == q.name
+                    and -job.priority == prio):
                 break
             heapq.heappop(ready)
         heads = q.group_heads
@@ -69,7 +75,7 @@ class ReadyIndex(Store):
             if _group_free(q, group):
                 head = self._group_head(q, group)
                 if head is not None:
-                    heapq.heappush(heads, (self.jobs[head].priority, head, group))
+                    heapq.heappush(heads, (-self.jobs[head].priority, head, group))
         best: tuple[int, int, str | None] | None = None
         if ready:
             best = (ready[0][0], ready[0][1], None)
@@ -103,7 +109,7 @@ class ReadyIndex(Store):
         if n == q.group_conc:  # the group was full, so no head of it is in the heap
             head = self._group_head(q, group)
             if head is not None:
-                heapq.heappush(q.group_heads, (self.jobs[head].priority, head, group))
+                heapq.heappush(q.group_heads, (-self.jobs[head].priority, head, group))
 
 
 def _group_free(q: Queue, group: str) -> bool:

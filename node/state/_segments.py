@@ -28,24 +28,28 @@ __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED = 0, 1, 2, 3
 
-_PLAIN_KEYED = frozenset({"data", "idempotencyKey"})
+_PLAIN_FIELDS = frozenset({"data", "idempotencyKey", "name"})
 
 
-def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None] | None] | None:
-    """``(datas, keys)`` of PUSHB items that carry only ``data`` (and maybe ``idempotencyKey``).
+def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None] | None,
+                                                       list[str | None] | None] | None:
+    """``(datas, keys, names)`` of PUSHB items that carry only ``data`` (and maybe
+    ``idempotencyKey`` and ``name``, bunqueue's job name).
 
-    ``keys`` is None when no item has a key; the result is None when any item has another
-    field (priority, delay, group, ...): such a batch takes the per-job path. A ``Raw`` data
-    becomes its packed bytes (what the engine stores); any other value stays as given.
+    ``keys`` / ``names`` are None when no item has one; the result is None when any item
+    has another field (priority, delay, group, ...): such a batch takes the per-job path. A
+    ``Raw`` data becomes its packed bytes (what the engine stores); any other value stays.
     """
-    keyed = False
+    keyed = named = False
     for item in items:
         if len(item) != 1:
-            if len(item) != 2 or "idempotencyKey" not in item or "data" not in item:
+            if "data" not in item or len(item) > 3 or not item.keys() <= _PLAIN_FIELDS:
                 return None
-            keyed = True
+            keyed = keyed or "idempotencyKey" in item
+            named = named or "name" in item
     datas = [d.packed if type(d) is Raw else d for d in [item["data"] for item in items]]
-    return datas, ([item.get("idempotencyKey") for item in items] if keyed else None)
+    return (datas, [item.get("idempotencyKey") for item in items] if keyed else None,
+            [item.get("name") for item in items] if named else None)
 
 
 def ack_run_of(partition: int, ids: list[Any], tokens: list[Any] | None) -> tuple[int, int, int] | None:
@@ -98,12 +102,13 @@ class Segment:
     """
 
     __slots__ = ("first", "datas", "queue", "created_ms", "max_attempts", "backoff_ms", "ttr_ms",
-                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished")
+                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished", "names")
 
     def __init__(self, first: int, datas: list[bytes | None], queue: str, created_ms: int,
-                 max_attempts: int, backoff_ms: int, ttr_ms: int) -> None:
+                 max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None) -> None:
         self.first = first
         self.datas = datas
+        self.names = names         # per slot its job's name (bunqueue's), or None when none has one
         self.queue = queue
         self.created_ms = created_ms
         self.max_attempts = max_attempts

@@ -9,11 +9,29 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.cluster.jobid import parse_job_id
 
 from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, SegmentStore
-from ._transitions import ACTIVE, CANCELLED
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
+
+#: The wire's job name when none was given (bunqueue's default).
+DEFAULT_NAME = "default"
+
+
+def shoal_seq(job_id: str, partition: int) -> int | None:
+    """The seq of ``job_id`` when it is Shoal's own id of a job of ``partition``, else None."""
+    head, sep, tail = job_id.partition("-")
+    if sep and head.isdigit() and tail.isdigit() and head.isascii() and tail.isascii() and len(job_id) <= 40:
+        return int(tail) if int(head) == partition else -1
+    return None
+
+
+def wire_state(job: Job) -> str:
+    """A job's state as bunqueue names it: a waiting job with a priority is ``prioritized``."""
+    state = job.state
+    if state == WAITING and job.priority:
+        return "prioritized"
+    return state
 
 __all__ = ["Store"]
 
@@ -58,13 +76,23 @@ class Store:
         return q
 
     def _job(self, job_id: str) -> Job:
-        partition, seq = parse_job_id(job_id)
-        if partition != self.partition:
-            raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
-        job = self._get(seq)
+        """The job named ``job_id``: Shoal's own ``"{partition}-{seq}"``, or a custom id."""
+        seq = shoal_seq(job_id, self.partition)
+        if seq is None:
+            seq = self._custom_seq(job_id)
+        job = self._get(seq) if seq is not None and seq > 0 else None
         if job is None:
             raise CommandError(ErrorCode.NOT_FOUND, f"job {job_id} does not exist")
         return job
+
+    def _custom_seq(self, custom_id: str) -> int | None:
+        """The seq of the job whose custom id (its id on the wire) is ``custom_id``, in the first
+        queue of this partition that has one."""
+        for q in self.queues.values():
+            seq = q.custom_ids.get(custom_id)
+            if seq is not None and seq in self.jobs:
+                return seq
+        return None
 
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""
@@ -166,7 +194,25 @@ class Store:
         return heapq.merge(own, slots(), key=seq_of)
 
     def _id(self, job: Job) -> str:
+        """Shoal's own id of ``job`` (what flows, idempotency entries and routing use)."""
         return f"{self.partition}-{job.seq}"
+
+    def event_job(self, job_id: str) -> tuple[str, bytes | None, str | None] | None:
+        """What an event of the job ``job_id`` tells (its wire id, result and error), if the job is
+        still here and held as an object (a segment's plain jobs have no result or error)."""
+        seq = shoal_seq(job_id, self.partition)
+        if seq is None:
+            seq = self._custom_seq(job_id)
+        job = self.jobs.get(seq) if seq is not None and seq > 0 else None
+        if job is None:
+            return None
+        return self._wire_id(job), job.result, job.error
+
+    def _wire_id(self, job: Job) -> str:
+        """``job``'s id on the wire: its custom id when it has one (bunqueue's ``jobId``, a
+        flow's own ids), else Shoal's own id."""
+        custom = job.custom_id
+        return custom if custom is not None else f"{self.partition}-{job.seq}"
 
     def _count(self, q: Queue, cmd: str) -> None:
         q.calls[cmd] = q.calls.get(cmd, 0) + 1
@@ -195,27 +241,82 @@ class Store:
         if job.state != ACTIVE:
             raise CommandError(ErrorCode.INVALID_STATE, f"job {self._id(job)} is {job.state}, not active")
 
-    def wire_job(self, job: Job) -> dict[str, Any]:
-        """The job as the protocol shows it (data spliced raw)."""
+    def pulled_job(self, job: Job) -> dict[str, Any]:
+        """A job just leased, as a pull's reply shows it: what a worker reads of the record
+        (``_lease_run`` builds the same for a segment's jobs). Leased now: ``startedAt`` is now."""
         out: dict[str, Any] = {
-            "id": self._id(job), "queue": job.queue, "data": Raw(job.data), "priority": job.priority,
-            "state": job.state, "attempts": job.attempts, "maxAttempts": job.max_attempts,
-            "createdAt": job.created_ms, "runAt": job.run_at_ms, "progress": job.progress,
+            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME, "data": Raw(job.data),
+            "priority": job.priority, "state": ACTIVE, "attempts": job.attempts - 1,
+            "maxAttempts": job.max_attempts, "backoff": job.backoff_ms, "createdAt": float(job.created_ms),
+            "runAt": float(job.run_at_ms), "startedAt": float(self.now_ms), "progress": job.progress,
+            "leaseDeadline": float(job.lease_deadline_ms),
         }
         if job.group is not None:
-            out["group"] = job.group
+            out["group"] = out["groupId"] = job.group
         if job.custom_id is not None:
             out["customId"] = job.custom_id
         if job.tag is not None:
             out["tag"] = job.tag
-        if job.result is not None:
-            out["result"] = Raw(job.result)
         if job.error is not None:
             out["error"] = job.error
-        if job.state == ACTIVE:
-            out["leaseDeadline"] = job.lease_deadline_ms
-        if job.finished_ms:
-            out["finishedAt"] = job.finished_ms
+        if job.meta is not None:
+            if job.meta.get("removeOnComplete"):
+                out["removeOnComplete"] = True
+            if "stacktrace" in job.meta:
+                out["stacktrace"] = job.meta["stacktrace"]
+        if self.flow_children or self.flow_parents:
+            self.flow_wire(job, out)
+        return out
+
+    def wire_job(self, job: Job) -> dict[str, Any]:
+        """The job as the protocol shows it (data spliced raw): bunqueue's job record.
+
+        Times are float milliseconds (bunqueue's numbers); ``attempts`` counts the attempts
+        made before the current one (failures so far), as bunqueue's ``attemptsMade``.
+        """
+        state = job.state
+        meta = job.meta
+        started = None
+        if state == ACTIVE:
+            started = float(job.lease_deadline_ms - (job.ttr_ms or 0))
+        if meta is not None and "startedAt" in meta:
+            started = float(meta["startedAt"])
+        attempts = job.attempts
+        if state == ACTIVE or state == COMPLETED or state == CANCELLED:
+            attempts = max(0, attempts - 1)  # the current (or last, successful) attempt is not a failure
+        finished = float(job.finished_ms) if job.finished_ms else None
+        error = job.error
+        out: dict[str, Any] = {
+            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME, "data": Raw(job.data),
+            "priority": job.priority, "state": wire_state(job), "attempts": attempts,
+            "maxAttempts": job.max_attempts, "backoff": job.backoff_ms,
+            "backoffConfig": {"type": meta["backoffType"], "delay": job.backoff_ms}
+            if meta is not None and "backoffType" in meta else None,
+            "createdAt": float(job.created_ms), "runAt": float(job.run_at_ms), "startedAt": started,
+            "completedAt": finished if state == COMPLETED else None, "progress": job.progress,
+            "progressMessage": job.message, "stacktrace": meta.get("stacktrace") if meta is not None else None,
+            "stallCount": 0, "customId": job.custom_id, "uniqueKey": None, "groupId": job.group,
+            "tags": [job.tag] if job.tag is not None else [], "ttl": None, "timeout": job.ttr_ms or None,
+            "removeOnComplete": bool(meta and meta.get("removeOnComplete")),
+            "removeOnFail": bool(meta and meta.get("removeOnFail")), "lifo": False,
+            "dependsOn": [], "childrenIds": [], "childrenCompleted": 0, "parentId": None, "timeline": [],
+            "returnvalue": Raw(job.result) if job.result is not None else None,
+            "failedReason": error if state == FAILED or (error is not None and state in (WAITING, DELAYED))
+            else None,
+        }
+        # Shoal's own names beside bunqueue's
+        if job.group is not None:
+            out["group"] = job.group
+        if job.tag is not None:
+            out["tag"] = job.tag
+        if job.result is not None:
+            out["result"] = out["returnvalue"]
+        if error is not None:
+            out["error"] = error
+        if state == ACTIVE:
+            out["leaseDeadline"] = float(job.lease_deadline_ms)
+        if finished is not None:
+            out["finishedAt"] = finished
         if self.flow_children or self.flow_parents:
             self.flow_wire(job, out)
         return out

@@ -91,7 +91,10 @@ class TimerOps(Store):
         for name in [n for n, c in self.crons.items() if c["nextRunAt"] <= self.now_ms]:
             cron = self.crons[name]
             q = self._queue(cron["queue"], create=True)
-            job = self._new_job(q, cron["data"], {"priority": cron["priority"]})
+            options: dict[str, Any] = {"priority": cron["priority"]}
+            if cron.get("jobName") is not None:
+                options["name"] = cron["jobName"]
+            job = self._new_job(q, cron["data"], options)
             cron["count"] += 1
             cron["lastRunAt"] = self.now_ms
             cron["lastJobId"] = self._id(job)
@@ -133,10 +136,16 @@ class TimerOps(Store):
         cron = {"name": cmd["name"], "queue": cmd["queue"], "schedule": schedule, "repeatEvery": every,
                 "data": data.packed if type(data) is Raw else pack(data), "priority": cmd.get("priority") or 0,
                 "limit": cmd.get("limit") or 0, "count": 0, "createdAt": self.now_ms}
+        if cmd.get("jobName") is not None:
+            cron["jobName"] = cmd["jobName"]
         cron["nextRunAt"] = _next_run(cron, self.now_ms)
         self.crons[cmd["name"]] = cron
         self._queue(cmd["queue"], create=True)
-        return {"name": cmd["name"], "nextRunAt": cron["nextRunAt"]}
+        return {"name": cmd["name"], "nextRunAt": cron["nextRunAt"], "cron": _cron_wire(cron)}
+
+    def _op_CronGet(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        cron = self.crons.get(cmd["name"])
+        return {"cron": _cron_wire(cron) if cron is not None else None}
 
     def _op_CronDelete(self, cmd: dict[str, Any]) -> dict[str, Any]:
         return {"deleted": self.crons.pop(cmd["name"], None) is not None}
@@ -144,8 +153,15 @@ class TimerOps(Store):
     def _op_CronList(self, cmd: dict[str, Any]) -> dict[str, Any]:
         limit = cmd.get("limit") or PAGE_LIMIT_MAX
         crons = list(islice(self.crons.values(), limit + 1))
-        return {"crons": [{k: (Raw(v) if k == "data" else v) for k, v in c.items()} for c in crons[:limit]],
-                "more": len(crons) > limit}
+        return {"crons": [_cron_wire(c) for c in crons[:limit]], "more": len(crons) > limit}
+
+
+def _cron_wire(cron: dict[str, Any]) -> dict[str, Any]:
+    """A schedule on the wire: Shoal's fields and bunqueue's (``nextRun``, ``executions``, ...)."""
+    out = {k: (Raw(v) if k == "data" else v) for k, v in cron.items()}
+    out.update({"jobName": cron.get("jobName") or cron["name"], "nextRun": float(cron["nextRunAt"]),
+                "executions": cron["count"], "maxLimit": cron["limit"] or None, "timezone": None})
+    return out
 
 
 def _next_run(cron: dict[str, Any], now_ms: int) -> int:

@@ -29,7 +29,8 @@ class RawConn:
         self.pending: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.hello: dict[str, Any] | None = (
-            self.call({"cmd": "Hello", "protocolVersion": 2}, timeout_s) if hello else None)
+            self.call({"cmd": "Hello", "protocolVersion": 2, "capabilities": ["pipelining", "routing"]}, timeout_s)
+            if hello else None)
 
     def close(self) -> None:
         self.sock.close()

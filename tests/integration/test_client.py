@@ -21,7 +21,7 @@ FAST = ConnectionOptions(command_timeout=10.0, ping_interval=0.5, max_ping_failu
 def test_sync_client_round_trip(cluster: LocalCluster) -> None:
     with Client(cluster.addresses[:1], options=FAST) as client:
         q = client.queue("c-emails")
-        job_id = q.add({"to": "a@example.com"}, priority=-1)  # lower value first
+        job_id = q.add({"to": "a@example.com"}, priority=1)  # higher value first
         ids = q.add_bulk([{"n": i} for i in range(1000)])
         assert len(set(ids)) == 1000
         job = q.pull(timeout=1.0)

@@ -23,8 +23,8 @@ def test_async_round_trip_add_pull_ack_fail(cluster: LocalCluster) -> None:
         async with AsyncClient(cluster.addresses, options=OPTS) as client:
             q = client.queue("ca-round")
             later = await q.add({"n": "later"}, delay=0.3)
-            low = await q.add({"n": "low"}, priority=5)
-            high = await q.add({"n": "high"}, priority=1, attempts=2, backoff=0.1)
+            low = await q.add({"n": "low"}, priority=1)
+            high = await q.add({"n": "high"}, priority=5, attempts=2, backoff=0.1)  # higher runs first
             assert await q.get_state(later) == "delayed"
             job = await q.pull(timeout=1.0)
             assert isinstance(job, Job) and job.id == high and job.data == {"n": "high"} and job.attempts == 1
@@ -180,7 +180,7 @@ def test_worker_on_a_sync_client_with_a_blocking_handler_and_graceful_close(clus
     with Client(cluster.addresses, options=OPTS) as client:
         q = client.queue("ca-sync-work")
         ids = q.add_bulk(list(range(60)))
-        slow = q.add("slow", priority=-1)
+        slow = q.add("slow", priority=1)
         seen: list[object] = []
         threads: set[str] = set()
         release = threading.Event()

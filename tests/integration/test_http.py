@@ -80,13 +80,13 @@ def test_rest_add_pull_get_ack_fail(secured: LocalCluster) -> None:
     async def main() -> None:
         base = leader_url(secured, "h-rest")
         async with aiohttp.ClientSession(headers=AUTH) as s:
-            async with s.post(base + "/queues/h-rest/jobs", json={"data": {"n": 1}, "priority": 2}) as r:
+            async with s.post(base + "/queues/h-rest/jobs", json={"data": {"n": 1}, "priority": -2}) as r:
                 job_id = (await r.json())["id"]
             async with s.post(base + "/queues/h-rest/jobs", json={"data": [2], "attempts": 1}) as r:
                 second = (await r.json())["id"]
             async with s.get(base + "/queues/h-rest/jobs", params={"timeout": "1000"}) as r:
                 pulled = await r.json()
-            assert pulled["job"]["id"] == second and pulled["job"]["data"] == [2]   # priority 0 before 2
+            assert pulled["job"]["id"] == second and pulled["job"]["data"] == [2]   # priority 0 before -2
             async with s.post(base + f"/jobs/{second}/fail", json={"token": pulled["token"], "error": "boom"}) as r:
                 assert (await r.json())["state"] == "failed"
             async with s.get(base + "/queues/h-rest/jobs") as r:

@@ -126,7 +126,9 @@ def test_unknown_things_are_404_and_bad_ids_400(secured: LocalCluster) -> None:
         async with aiohttp.ClientSession(headers=AUTH) as s:
             async with s.get(f"{base}/jobs/{seq_free}") as r:
                 assert r.status == 404 and (await r.json())["code"] == "NOT_FOUND"
-            async with s.get(f"{base}/jobs/not-an-id") as r:
+            async with s.get(f"{base}/jobs/not-an-id") as r:   # a custom id no job has
+                assert r.status == 404
+            async with s.get(f"{base}/jobs/{'x' * 300}") as r:
                 assert r.status == 400 and (await r.json())["code"] == "INVALID"
             async with s.get(f"{base}/jobs/99-1") as r:   # a partition the cluster does not have
                 assert r.status == 404
@@ -298,7 +300,7 @@ def test_ws_auth_pipelining_batches_and_msgpack(secured: LocalCluster) -> None:
                 # v2: a parked long poll does not hold up the commands behind it.
                 await ws.send_str(json.dumps({"cmd": "PULL", "queue": queue, "timeout": 5000, "reqId": "poll"}))
                 await ws.send_str(json.dumps({"cmd": "PUSHB", "queue": queue, "reqId": "batch",
-                                              "jobs": [{"data": {"n": 1}}, {"data": [2], "priority": 5}]}))
+                                              "jobs": [{"data": {"n": 1}}, {"data": [2], "priority": -5}]}))
                 replies: dict[str, dict[str, Any]] = {}
                 order = []
                 while len(replies) < 2:

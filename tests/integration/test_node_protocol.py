@@ -143,7 +143,7 @@ def test_a_burst_of_plain_pushes_gets_the_right_reply_each(cluster: LocalCluster
         seqs = [int(replies[i]["id"].split("-")[1]) for i in new]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         got = c.call({"cmd": "PULLB", "queue": "burst", "count": 20})
-        assert [j["data"] for j in got["jobs"]] == [1, 2, 3, 5, 6, 10, 11, 8]  # priority 1 comes last
+        assert [j["data"] for j in got["jobs"]] == [8, 1, 2, 3, 5, 6, 10, 11]  # priority 1 comes first
 
 
 def test_v1_and_v2_connections_side_by_side(cluster: LocalCluster) -> None:
@@ -165,8 +165,10 @@ def test_bad_input_gets_errors_and_the_connection_keeps_working(cluster: LocalCl
         assert r["code"] == "INVALID" and "priority" in r["error"]
         r = c.call({"cmd": "PUSH", "queue": "bad"})
         assert r["code"] == "INVALID" and "data" in r["error"]
-        r = c.call({"cmd": "ACK", "id": "not-an-id"})
+        r = c.call({"cmd": "ACK", "id": "x" * 300})
         assert r["code"] == "INVALID" and "id" in r["error"]
+        r = c.call({"cmd": "ACK", "id": "not-an-id"})  # a custom id no job has
+        assert r["code"] == "NOT_FOUND"
         assert c.call({"cmd": "_Tick"})["code"] == "UNKNOWN_COMMAND"
         # Undecodable body and a non-map body: error frames, connection stays up.
         c.send_raw(struct.pack(">I", 3) + b"\xc1\xc1\xc1")

@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from shoal.cluster import limits as L
+from shoal.cluster._fields import is_shoal_id
 from shoal.cluster.commands import COMMANDS, JOB_STATES, QUEUE_TYPES
 
 QUEUE_ALPHABET = "abcXYZ019_.:-"
@@ -35,7 +36,10 @@ msgpack_values = st.recursive(
 _JOB_OPTIONS = {
     "priority": st.integers(L.priority_min, L.priority_max),
     "delay": st.integers(0, L.delay_ms_max),
-    "customId": keys, "idempotencyKey": keys, "group": keys, "tag": keys,
+    "customId": keys.filter(lambda k: not is_shoal_id(k)), "idempotencyKey": keys, "group": keys, "tag": keys,
+    "name": keys, "backoffType": st.sampled_from(["fixed", "exponential"]),
+    "removeOnComplete": st.booleans(), "removeOnFail": st.booleans(),
+    "stackTraceLimit": st.integers(0, L.stack_lines_max), "keepLogs": st.integers(0, L.log_lines_max),
     "ttl": st.integers(0, L.ttl_ms_max),
     "ttr": st.integers(L.ttr_ms_min, L.ttr_ms_max),
     "attempts": st.integers(L.attempts_min, L.attempts_max),
@@ -76,7 +80,12 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "data": msgpack_values,
     "result": msgpack_values,
     "timeout": st.integers(0, L.timeout_ms_max),
+    "waitMs": st.integers(0, L.timeout_ms_max),
     "jobs": jobs_items,
+    "owner": keys, "jobName": keys, "create": st.booleans(), "asc": st.booleans(),
+    "start": st.integers(0, 2**62), "end": st.integers(0, 2**62),
+    "stack": st.lists(st.text(max_size=20), max_size=5), "unrecoverable": st.booleans(),
+    "filter": st.fixed_dictionaries({}, optional={"reason": st.just("stalled"), "limit": st.integers(0, 9)}),
     "count": st.integers(1, L.pull_count_max),
     "id": job_ids,
     "token": lease_tokens,
@@ -131,8 +140,13 @@ def request(draw: Any, cmd: str, *, req_id: bool | None = None) -> dict[str, Any
     frame: dict[str, Any] = {"cmd": cmd}
     if req_id or (req_id is None and draw(st.booleans())):
         frame["reqId"] = draw(st.integers(0, 2**32))
-    if cmd == "ACKB":
-        return draw(_ackb(frame))
+    if cmd in ("ACKB", "JobHeartbeatB"):
+        frame = draw(_ackb(frame))
+        if cmd == "JobHeartbeatB":
+            frame.pop("results", None)
+        elif draw(st.booleans()):
+            frame["removeOnCompletes"] = [draw(st.booleans()) for _ in frame["ids"]]
+        return frame
     for name, field in spec.fields.items():
         if field.required or draw(st.booleans()):
             frame[name] = draw(FIELD_VALUES[name])

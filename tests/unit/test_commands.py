@@ -172,7 +172,7 @@ BOUNDS = [
     (PUSH, "backoff", 0, L.backoff_ms_max),
     (PUSH, "ttl", 0, L.ttl_ms_max),
     (PUSH, "ttr", L.ttr_ms_min, L.ttr_ms_max),
-    (PUSH, "timeout", 0, L.timeout_ms_max),
+    (PUSH, "waitMs", 0, L.timeout_ms_max),
     (PULL, "timeout", 0, L.timeout_ms_max),
     ({"cmd": "PULLB", "queue": "q", "count": 1}, "timeout", 0, L.timeout_ms_max),
     ({"cmd": "PULLB", "queue": "q"}, "count", 1, L.pull_count_max),
@@ -264,10 +264,16 @@ def test_keys_are_short_strings(field: str) -> None:
 
 
 def test_job_ids() -> None:
-    for good in ("0-0", "3-17", "1023-9007199254740993"):
+    """Shoal's own ids, and custom ids (bunqueue's jobId, a flow's client-made ids)."""
+    for good in ("0-0", "3-17", "1023-9007199254740993", "custom-1", "01a214b5-fff7-720e-8b28-c79c77b02aed"):
         validate({"cmd": "GetJob", "id": good})
-    for bad in ("3", "a-1", "-1", "1-", "1-2-3", " 1-2", 3, None, "", "1-2" + "0" * 40, "0-\u00b2", "\u0661-1"):
+    for bad in (3, None, "", "x" * (L.key_chars_max + 1), ["1-2"]):
         invalid({"cmd": "GetJob", "id": bad}, "id")
+
+
+def test_a_custom_id_may_not_look_like_shoal_ids() -> None:
+    invalid({"cmd": "PUSH", "queue": "q", "data": 1, "customId": "3-17"}, "customId")
+    validate({"cmd": "PUSH", "queue": "q", "data": 1, "customId": "order-17"})
 
 
 def test_batch_sizes() -> None:
@@ -285,7 +291,8 @@ def test_batch_sizes() -> None:
 def test_ackb_ids_of_one_partition() -> None:
     err = invalid({"cmd": "ACKB", "ids": ["1-1", "1-2", "2-3"]}, "ids")
     assert "one partition" in str(err)
-    invalid({"cmd": "ACKB", "ids": ["1-1", "x"]}, "ids[1]")
+    validate({"cmd": "ACKB", "ids": ["1-1", "x"]})  # a custom id: the node finds its partition
+    invalid({"cmd": "ACKB", "ids": ["1-1", ""]}, "ids[1]")
     invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t"]}, "tokens")
     invalid({"cmd": "ACKB", "ids": ["1-1"], "results": [1, 2]}, "results")
     validate({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", None], "results": [1, {"a": 2}]})
@@ -293,10 +300,10 @@ def test_ackb_ids_of_one_partition() -> None:
 
 def test_ackb_fast_checks_miss_nothing() -> None:
     """The one-pass checks of ids and tokens refuse what the per-item checks refuse, naming the item."""
-    invalid({"cmd": "ACKB", "ids": ["1-1\n1-2"]}, "ids[0]")  # joined, it would read as two ids
-    invalid({"cmd": "ACKB", "ids": ["1-1", "1-2\n1-3", "1-4"]}, "ids[1]")
-    invalid({"cmd": "ACKB", "ids": ["1-1", "1-" + "9" * 39]}, "ids[1]")
-    invalid({"cmd": "ACKB", "ids": ["1-1", "1-\u00b2"]}, "ids[1]")
+    validate({"cmd": "ACKB", "ids": ["1-1", "2-2\n1-3"]})  # joined it reads as two partitions: the per-id
+    invalid({"cmd": "ACKB", "ids": ["1-1", "2-2\n1-3", "2-4"]}, "ids")  # check sees a custom id between them
+    invalid({"cmd": "ACKB", "ids": ["1-1", "x" * (L.key_chars_max + 1)]}, "ids[1]")
+    invalid({"cmd": "ACKB", "ids": ["1-1", 7]}, "ids[1]")
     validate({"cmd": "ACKB", "ids": ["1-5", "01-6"]})  # one partition, spelled two ways
     invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", ""]}, "tokens[1]")
     invalid({"cmd": "ACKB", "ids": ["1-1", "1-2"], "tokens": ["t", "x" * (L.token_chars_max + 1)]}, "tokens[1]")
@@ -308,12 +315,10 @@ def test_ackb_fast_checks_miss_nothing() -> None:
 @given(st.lists(st.one_of(st.from_regex(r"[0-9]{1,3}-[0-9]{1,4}", fullmatch=True),
                           st.text(alphabet="0123456789-\n\u00b2x", min_size=0, max_size=6)), min_size=1, max_size=6))
 def test_ackb_ids_fast_and_per_id_checks_agree(ids: list[str]) -> None:
+    from shoal.cluster._fields import is_shoal_id
     from shoal.cluster.jobid import parse_job_id
-    try:
-        parts = {parse_job_id(i)[0] for i in ids}
-        expected = len(parts) == 1
-    except CommandError:
-        expected = False
+    parts = {parse_job_id(i)[0] for i in ids if is_shoal_id(i)}
+    expected = len(parts) <= 1 and all(0 < len(i) <= L.key_chars_max for i in ids)
     try:
         validate({"cmd": "ACKB", "ids": ids})
         accepted = True

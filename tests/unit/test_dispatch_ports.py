@@ -120,8 +120,8 @@ def test_node_commands_answer_from_the_injected_clock_and_identity(parts: Any) -
     dispatcher.handle(link, {"cmd": "RegisterWorker", "reqId": 2, "name": "w"})
     dispatcher.handle(link, {"cmd": "Hello", "reqId": 3, "protocolVersion": 2})
     dispatcher.handle(link, {"cmd": "Subscribe", "reqId": 4})
-    assert link.replies[0] == (1, {"pong": True, "time": 1_700_000_000_123})
-    assert link.replies[1] == (2, {"workerId": "n1-w1"})
+    assert link.replies[0] == (1, {"pong": True, "time": 1_700_000_000_123.0, "data": {"pong": True, "time": 1_700_000_000_123.0}})
+    assert link.replies[1][1]["workerId"] == "n1-w1" and link.replies[1][1]["data"]["workerId"] == "n1-w1"
     assert dispatcher.workers["n1-w1"]["registeredAt"] == 1_700_000_000_123
     assert link.replies[2][1]["nodeId"] == "n1" and link.protocol_version == 2
     assert link.replies[2][1]["incarnation"] == info.incarnation

@@ -15,7 +15,7 @@ def push(queue: str, n: int, **extra: object) -> dict[str, object]:
 
 
 def test_runs_of_plain_pushes_to_one_queue_merge_and_order_is_kept() -> None:
-    cmds = [push("a", 1), push("a", 2, idempotencyKey="k"), push("b", 3), push("b", 4, timeout=50),
+    cmds = [push("a", 1), push("a", 2, idempotencyKey="k"), push("b", 3), push("b", 4, waitMs=50),
             {"cmd": "ACK", "id": "0-1"}, push("a", 5), push("a", 6, priority=3), push("a", 7), push("a", 8)]
     out, sizes = replicated_form(cmds, 0)  # type: ignore[arg-type]
     assert sizes == [2, 2, 0, 0, 0, 2]

@@ -193,7 +193,7 @@ def test_v1_mode_says_hello_v1_and_sends_one_command_at_a_time() -> None:
         conn = Connection(node.address, ConnectionOptions(pipelining=False, ping_interval=0))
         await asyncio.gather(*(conn.call({"cmd": "GetJob", "id": f"0-{i}"}, 5.0) for i in range(10)))
         hello = next(f for f in node.frames if f["cmd"] == "Hello")
-        assert hello["protocolVersion"] == 1 and "capabilities" not in hello
+        assert hello["protocolVersion"] == 1 and hello["capabilities"] == ["routing"]
         assert peak == 1
         await conn.close()
         await node.stop()

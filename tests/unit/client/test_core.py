@@ -54,10 +54,11 @@ def test_partition_routed_commands_use_the_partition_field() -> None:
         router.partition_of({"cmd": "ListQueues", "partition": 99})
 
 
-def test_a_bad_job_id_is_invalid_before_anything_is_sent() -> None:
+def test_a_custom_job_id_goes_to_any_node() -> None:
+    """A custom id names no partition: the node that gets it finds the partition of its queue."""
     router = Router(["127.0.0.1:21000"], _topology())
-    with pytest.raises(InvalidCommand):
-        router.partition_of({"cmd": "ACK", "id": "nope"})
+    assert router.partition_of({"cmd": "ACK", "id": "order-17"}) is None
+    assert router.partition_of({"cmd": "ACK", "id": "3-17"}) == 3
 
 
 def test_no_known_leader_gives_no_address() -> None:

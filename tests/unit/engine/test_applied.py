@@ -17,9 +17,9 @@ def test_apply_returns_the_reply_and_the_events_of_that_command_only() -> None:
     e.apply({"cmd": "Progress", "id": "3-1", "progress": 40}, 1_000)
     acked = e.apply({"cmd": "ACK", "id": "3-1"}, 1_000)
     assert event_dicts(3, acked.events) == [
-        {"event": "job", "queue": "q", "id": "3-1", "state": "completed", "prev": "active"}]
+        {"event": "job", "queue": "q", "id": "3-1", "state": "completed", "prev": "active", "partition": 3}]
     assert event_dicts(3, [("q", 1, "progress", 40)]) == [
-        {"event": "progress", "queue": "q", "id": "3-1", "progress": 40}]
+        {"event": "progress", "queue": "q", "id": "3-1", "progress": 40, "partition": 3}]
     assert e.apply({"cmd": "GetState", "id": "3-1"}, 1_000).events == []
 
 

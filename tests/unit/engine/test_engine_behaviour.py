@@ -468,19 +468,28 @@ def test_getjobs_filters_by_tag_and_counts_the_matches() -> None:
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), offset=st.integers(0, 12), limit=st.integers(1, 9))
 def test_getjobs_pages_match_a_full_listing(seed: int, offset: int, limit: int) -> None:
-    """The lazily merged listing (materialized jobs and segment slots) equals filtering every job."""
+    """The lazily merged listing (materialized jobs and segment slots) equals filtering every job
+    (``waiting`` lists the waiting jobs of priority 0, ``prioritized`` the others, as bunqueue)."""
     e = PartitionEngine(0)
     for cmd, now in random_commands(seed, 120):
         try:
             e.apply(cmd, now)
         except CommandError:
             pass
+
+    def listed(j: Any, state: str | None) -> bool:
+        if state == "waiting":
+            return j.state == "waiting" and not j.priority
+        if state == "prioritized":
+            return j.state == "waiting" and bool(j.priority)
+        return state is None or j.state == state
+
     for queue in ("a", "b", "u"):
-        for state in (None, "waiting", "delayed", "active", "completed", "failed"):
+        for state in (None, "waiting", "prioritized", "delayed", "active", "completed", "failed"):
             cmd: dict[str, Any] = {"cmd": "GetJobs", "queue": queue, "offset": offset, "limit": limit}
             if state:
                 cmd["state"] = state
             got = e.apply(cmd, 10**9).result
-            every = [j for j in e._all_jobs() if j.queue == queue and (state is None or j.state == state)]
+            every = [j for j in e._all_jobs() if j.queue == queue and listed(j, state)]
             assert [j["id"] for j in got["jobs"]] == [f"0-{j.seq}" for j in every[offset:offset + limit]]
             assert unraw(got["jobs"]) == unraw([e.wire_job(j) for j in every[offset:offset + limit]])

@@ -38,7 +38,8 @@ def make_flow(parent: PartitionEngine, child: PartitionEngine, policies: list[st
 
 def deliver(parent: PartitionEngine, child: PartitionEngine) -> list[str]:
     """One forwarder round: send every outbox report, then acknowledge them."""
-    reports = [[r[0], f"{child.partition}-{seq}", *r[1:]] for seq, r in child.flow_outbox.items()]
+    # As the node's forwarder sends them: the child's id, and its key as bunqueue names it last.
+    reports = [[r[0], f"{child.partition}-{seq}", *r[1:5], r[5]] for seq, r in child.flow_outbox.items()]
     if not reports:
         return []
     results = apply(parent, {"cmd": "_ChildDone", "partition": parent.partition, "_reports": reports})["results"]
@@ -74,6 +75,8 @@ def test_children_on_another_partition_release_their_parent() -> None:
     assert state(parent, pid) == "waiting"
     values = apply(parent, {"cmd": "GetChildrenValues", "id": pid})["values"]
     assert {k: msgpack.unpackb(v.packed) for k, v in values.items()} == dict(zip(kids, ["a", "b"]))
+    keyed = apply(parent, {"cmd": "GetChildrenValues", "id": pid})["data"]["values"]
+    assert {k: msgpack.unpackb(v.packed) for k, v in keyed.items()} == {f"c:{k}": v for k, v in zip(kids, "ab")}
     assert child.flow_outbox == {}
 
 
@@ -95,7 +98,7 @@ def test_the_outbox_survives_a_restart_and_a_report_is_counted_once() -> None:
     pid, _ = make_flow(parent, child, ["fail"])
     work(child, 7)
     child = PartitionEngine.restore(child.snapshot())  # a new leader: the same outbox
-    reports = [[r[0], f"1-{seq}", *r[1:]] for seq, r in child.flow_outbox.items()]
+    reports = [[r[0], f"1-{seq}", *r[1:5], r[5]] for seq, r in child.flow_outbox.items()]
     assert len(reports) == 1
     for expected in ("ok", "dup"):  # the first leader's send landed, the new leader sends again
         assert apply(parent, {"cmd": "_ChildDone", "partition": 0, "_reports": reports})["results"] == [expected]

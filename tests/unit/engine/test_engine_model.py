@@ -33,7 +33,7 @@ MAX_DELIVERIES = 3
 
 
 class Model:
-    """Reference semantics: lower priority first, then FIFO; leases lapse after ttr."""
+    """Reference semantics: higher priority first, then FIFO; leases lapse after ttr."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, dict[str, Any]] = {}
@@ -54,15 +54,17 @@ class Model:
         waiting = [s for s, j in self.jobs.items() if j["state"] == "waiting"]
         if not waiting:
             return None
-        seq = min(waiting, key=lambda s: (self.jobs[s]["prio"], s))
+        seq = min(waiting, key=lambda s: (-self.jobs[s]["prio"], s))
         j = self.jobs[seq]
         j["state"], j["attempts"], j["deadline"] = "active", j["attempts"] + 1, self.now + TTR_MS
         return seq
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled")}
+        """As bunqueue counts: waiting jobs with a priority apart, as ``prioritized``."""
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled",
+                              "prioritized", "paused")}
         for j in self.jobs.values():
-            out[j["state"]] += 1
+            out["prioritized" if j["state"] == "waiting" and j["prio"] else j["state"]] += 1
         return out
 
 
@@ -126,6 +128,8 @@ class EngineVsModel(RuleBasedStateMachine):
         job = self.apply({"cmd": "GetJob", "id": f"0-{seq}"})["job"]
         self.model.expire()
         state = self.model.jobs[seq]["state"]
+        if state == "waiting" and self.model.jobs[seq]["prio"]:
+            state = "prioritized"  # bunqueue's name for a waiting job with a priority
         if state not in ("delayed", "active"):  # those two may have lapsed in the engine only lazily
             assert job["state"] == state
 
@@ -172,7 +176,7 @@ class EngineVsModel(RuleBasedStateMachine):
                 self.stale.append((seq, self.tokens.pop(seq)))
         if got is not None:
             self.tokens[got] = r["token"]
-            assert r["job"]["attempts"] == self.model.jobs[got]["attempts"]
+            assert r["job"]["attempts"] == self.model.jobs[got]["attempts"] - 1  # attempts made before this one
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), action=st.sampled_from(["ACK", "FAIL", "Release"]))
@@ -282,11 +286,11 @@ class LimitsModel:
         if not self._queue_open():
             return None
         waiting = {s: j for s, j in self.jobs.items() if j["state"] == "waiting"}
-        candidates = [(j["prio"], s) for s, j in waiting.items() if j["group"] is None]
+        candidates = [(-j["prio"], s) for s, j in waiting.items() if j["group"] is None]
         for group in {j["group"] for j in waiting.values() if j["group"] is not None}:
             if self._group_open(group):
                 head = min(s for s, j in waiting.items() if j["group"] == group)  # a group is FIFO
-                candidates.append((waiting[head]["prio"], head))
+                candidates.append((-waiting[head]["prio"], head))
         if not candidates:
             return None
         seq = min(candidates)[1]

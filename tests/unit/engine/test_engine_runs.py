@@ -28,7 +28,7 @@ SESSIONS = [None, "s1", "s2"]
 
 
 class Model:
-    """Lower priority first, then FIFO; leases lapse after their deadline; a bounded history."""
+    """Higher priority first, then FIFO; leases lapse after their deadline; a bounded history."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, dict[str, Any]] = {}
@@ -49,7 +49,7 @@ class Model:
             waiting = [s for s, j in self.jobs.items() if j["state"] == "waiting"]
             if not waiting:
                 break
-            seq = min(waiting, key=lambda s: (self.jobs[s]["prio"], s))
+            seq = min(waiting, key=lambda s: (-self.jobs[s]["prio"], s))
             j = self.jobs[seq]
             j.update(state="active", attempts=j["attempts"] + 1, deadline=self.now + TTR_MS, session=session)
             out.append(seq)
@@ -68,9 +68,11 @@ class Model:
             break
 
     def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled")}
+        """As bunqueue counts: waiting jobs with a priority apart, as ``prioritized``."""
+        out = {s: 0 for s in ("waiting", "delayed", "active", "completed", "failed", "waiting-children", "cancelled",
+                              "prioritized", "paused")}
         for j in self.jobs.values():
-            out[j["state"]] += 1
+            out["prioritized" if j["state"] == "waiting" and j["prio"] else j["state"]] += 1
         return out
 
 
@@ -142,7 +144,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
         assert got == expected
         self._lapsed()
         for seq, token, job in zip(got, r["tokens"], r["jobs"]):
-            assert job["state"] == "active" and job["attempts"] == self.model.jobs[seq]["attempts"]
+            assert job["state"] == "active" and job["attempts"] == self.model.jobs[seq]["attempts"] - 1
             self.tokens[seq] = token
 
     @precondition(lambda self: self.tokens)

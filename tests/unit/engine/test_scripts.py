@@ -187,6 +187,8 @@ def fmt(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        return repr(value)
     if isinstance(value, Raw):
         return json.dumps(msgpack.unpackb(value.packed, raw=False))
     if isinstance(value, bytes):

@@ -1,0 +1,191 @@
+"""bunqueue's own client against bunqueue's own server (memory and SQLite) and Shoal (1 and 3 nodes).
+
+Every workload is ``bench/bench_bunqueue.ts`` run by Bun with bunqueue's client and its connection
+pool (4 connections, at most 100 commands in flight on each):
+
+- ``bulk``: 100 x ``addBulk`` of 1,000 jobs (4 at once);
+- ``single``: 20,000 ``add`` (one ``PUSH`` each, 400 in flight);
+- ``drain``: 50,000 jobs taken and acked by a ``Worker`` (concurrency 50, ``PULLB`` of 10, ``ACKB``).
+
+Rounds are interleaved (each round runs every target once per workload, in a rotated order), so
+load on the machine hits every target alike; the table shows each cell's median of the rounds.
+Shoal runs with its defaults (the fsync durability class); on 3 nodes the client connects to the
+leader of the queue's partition (``--through-follower`` connects to a node that leads none, so
+every command is forwarded). bunqueue's server runs from the same npm package as the client, on
+loopback, with its per-client request limit raised out of the way.
+
+    python bench/bench_bunqueue.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.cluster.partitioning import partition_for
+
+BUN_VERSION = "1.4.5"
+BUNQUEUE_VERSION = "2.9.5"
+HERE = Path(__file__).resolve().parent
+WORKLOADS = ("bulk", "single", "drain")
+TARGETS = ("bunqueue-sqlite", "bunqueue-memory", "shoal-1", "shoal-3")
+LABELS = {"bunqueue-sqlite": "bunqueue, SQLite", "bunqueue-memory": "bunqueue, memory",
+          "shoal-1": "Shoal 1 node", "shoal-3": "Shoal 3 nodes"}
+ROWS = {"bulk": "bulk adds, 100 × 1,000", "single": "20,000 single adds",
+        "drain": "drain 50,000 (PULLB 10 + ACKB, 50 in hand)"}
+RUN_TIMEOUT_S = 600
+SERVER_START_TIMEOUT_S = 30
+
+
+def client_root() -> Path:
+    """The pinned client and Bun (the cache the compatibility tests use), installed if missing."""
+    base = os.environ.get("SHOAL_COMPAT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shoal", "compat")
+    root = Path(base) / f"bunqueue-{BUNQUEUE_VERSION}-bun-{BUN_VERSION}"
+    if not (root / "node_modules" / "bunqueue" / "package.json").exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            sys.exit("npm is needed to install bunqueue's client")
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "package.json").write_text(json.dumps({"name": "shoal-compat", "private": True}))
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", str(root),
+                        f"bun@{BUN_VERSION}", f"bunqueue@{BUNQUEUE_VERSION}"], check=True, timeout=600)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s")
+
+
+class BunqueueServer:
+    """bunqueue's own server (``bunqueue start``) on loopback; stopped by its pid."""
+
+    def __init__(self, root: Path, data_path: Path | None, log: Path) -> None:
+        self.port = free_port()
+        cmd = [str(root / "node_modules" / ".bin" / "bun"), str(root / "node_modules" / "bunqueue" / "dist" / "cli" /
+               "index.js"), "start", "--host", "127.0.0.1", "--tcp-port", str(self.port),
+               "--http-port", str(free_port())]
+        if data_path is not None:
+            cmd += ["--data-path", str(data_path)]
+        env = {**os.environ, "RATE_LIMIT_MAX_REQUESTS": str(10**9)}  # its per-client request cap
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        wait_port(self.port, SERVER_START_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+def queue_led_by(cluster: LocalCluster, node: str | None, tag: str, led: bool = True) -> str:
+    """A fresh queue name whose partition ``node`` leads (or, with ``led`` false, does not)."""
+    topo = cluster.topology()
+    for i in range(100_000):
+        name = f"bench-{tag}-{i}"
+        leader = topo.partition_map[partition_for(name, cluster.config.partitions)].leader
+        if node is None or (leader == node) == led:
+            return name
+    raise RuntimeError("no queue name fits")
+
+
+def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str) -> dict[str, Any]:
+    env = {**os.environ, "BQ_HOST": "127.0.0.1", "BQ_PORT": str(port), "BQ_QUEUE": queue, "BQ_WORKLOAD": workload}
+    done = subprocess.run([str(root / "node_modules" / ".bin" / "bun"), "bench_bunqueue.ts"], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{workload} on port {port} failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--through-follower", action="store_true",
+                        help="on 3 nodes, connect to a node that leads none of the queue's partition")
+    args = parser.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]
+    targets = [t for t in args.targets.split(",") if t]
+    root = client_root()
+    results: dict[tuple[str, str], list[float]] = {}
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-bunqueue-") as tmp:
+        tmpdir = Path(tmp)
+        workdir = tmpdir / "client"
+        workdir.mkdir()
+        shutil.copy(HERE / "bench_bunqueue.ts", workdir)
+        (workdir / "node_modules").symlink_to(root / "node_modules")
+        servers: dict[str, Any] = {}
+        if "bunqueue-memory" in targets:
+            server = BunqueueServer(root, None, tmpdir / "bunqueue-memory.log")
+            stack.callback(server.stop)
+            servers["bunqueue-memory"] = server
+        if "bunqueue-sqlite" in targets:
+            server = BunqueueServer(root, tmpdir / "bunqueue.db", tmpdir / "bunqueue-sqlite.log")
+            stack.callback(server.stop)
+            servers["bunqueue-sqlite"] = server
+        for nodes in (1, 3):
+            if f"shoal-{nodes}" in targets:
+                cluster = stack.enter_context(LocalCluster(nodes=nodes, partitions=8, data_dir=tmpdir / f"shoal{nodes}",
+                                                           base_port=free_base_port(nodes, 8)))
+                if nodes > 1:
+                    cluster.wait_balanced()
+                servers[f"shoal-{nodes}"] = cluster
+        for r in range(args.rounds):
+            order = targets[r % len(targets):] + targets[:r % len(targets)]
+            for workload in workloads:
+                for target in order:
+                    server = servers[target]
+                    tag = f"{workload}-{r}-{target}"
+                    if isinstance(server, LocalCluster):
+                        node = server.node_ids[0]
+                        queue = queue_led_by(server, node if len(server.node_ids) > 1 else None, tag,
+                                             led=not args.through_follower)
+                        port = int(server.address_of(node).rsplit(":", 1)[1])
+                    else:
+                        queue, port = f"bench-{tag}", server.port
+                    got = run_workload(root, workdir, port, queue, workload)
+                    results.setdefault((workload, target), []).append(got["rate"])
+                    print(json.dumps({"round": r, "target": target, **got}), flush=True)
+    print()
+    print("| jobs/s | " + " | ".join(LABELS[t] for t in targets) + " |")
+    print("|---|" + "---|" * len(targets))
+    for workload in workloads:
+        cells = [f"{statistics.median(results[(workload, t)]):,.0f}" for t in targets]
+        print(f"| {ROWS[workload]} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""bunqueue's commands that take more than a rename: flows given as a graph, and job events.
+
+- ``PUSHF {jobs: [{id, queue, input: {name, data, ...options, parentId, dependsOn,
+  childrenIds}}]}``: bunqueue's ``FlowProducer`` plans every job and its id itself and
+  sends the graph at once. Each tree of it (a job without a parent, and everything
+  under it) becomes one ``PushFlow`` whose jobs carry the planned ids as their custom
+  ids, so the ids the client chose are the jobs' ids; the reply lists the jobs as
+  bunqueue's ``{data: {jobs: [...]}}``.
+- Job events for ``SubscribeEvents`` subscribers: the engine's state changes as
+  bunqueue's ``{type: "event", event: {eventType, queue, jobId, timestamp, ...}}``,
+  with the job's wire id, its result (``completed``) or error (``failed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.codec import Raw, encode_body
+from shoal.cluster.commands import normalize
+from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.flow import FLOW_JOBS_MAX
+
+if TYPE_CHECKING:
+    from .ports import Replier
+    from .raft import PartitionReplica
+
+__all__ = ["push_flow_graph", "events_of", "encode_event"]
+
+#: A child's failure policy from bunqueue's flags (the first flag set wins; default ``fail``).
+_ON_FAILURE = (("ignoreDependencyOnFailure", "ignore"), ("continueParentOnFailure", "ignore"),
+               ("removeDependencyOnFailure", "remove"), ("failParentOnFailure", "fail"))
+#: Flow-graph fields of a PUSHF job's input: read here, not job options.
+_GRAPH_FIELDS = ("parentId", "dependsOn", "childrenIds", *(flag for flag, _ in _ON_FAILURE))
+
+
+def push_flow_graph(submit: Callable[[Any, dict[str, Any]], None], conn: "Replier", frame: dict[str, Any],
+                    now_ms: int) -> None:
+    """Answer a PUSHF: one PushFlow per tree of the graph (a lone job: a PUSH), each handed to
+    ``submit(replier, frame)``, then bunqueue's reply with every job."""
+    req_id = frame.get("reqId")
+    trees, records = _trees(frame.get("jobs"), now_ms)
+    pending = [len(trees)]
+    failed: list[CommandError] = []
+
+    def done(error: CommandError | None) -> None:
+        if error is not None:
+            failed.append(error)
+        pending[0] -= 1
+        if pending[0]:
+            return
+        if failed:
+            conn.reply_error(req_id, failed[0])
+        else:
+            conn.reply(req_id, {"data": {"jobs": records}})
+
+    for tree in trees:
+        answer = _Answer(conn, done)
+        try:
+            submit(answer, tree)
+        except CommandError as exc:
+            answer.reply_error(None, exc)
+
+
+def _trees(jobs: Any, now_ms: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """PushFlow frames (a single job without children: a PushFlow of one) and the reply's job records."""
+    if type(jobs) is not list or not jobs:
+        raise CommandError(ErrorCode.INVALID, "jobs: must be a non-empty list of flow jobs")
+    if len(jobs) > FLOW_JOBS_MAX:
+        raise CommandError(ErrorCode.INVALID, f"jobs: a flow holds at most {FLOW_JOBS_MAX} jobs")
+    nodes: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for i, job in enumerate(jobs):
+        if type(job) is not dict or type(job.get("id")) is not str or type(job.get("queue")) is not str \
+                or type(job.get("input")) is not dict:
+            raise CommandError(ErrorCode.INVALID, f"jobs[{i}]: must be {{id, queue, input}}")
+        if job["id"] in nodes:
+            raise CommandError(ErrorCode.INVALID, f"jobs[{i}].id: {job['id']!r} appears twice")
+        nodes[job["id"]] = job
+        order.append(job["id"])
+    children: dict[str, list[str]] = {}
+    roots = []
+    for job_id in order:
+        parent = nodes[job_id]["input"].get("parentId")
+        if parent is None:
+            roots.append(job_id)
+        elif parent not in nodes:
+            raise CommandError(ErrorCode.INVALID, f"jobs: {job_id!r} names a parent {parent!r} not in the flow")
+        else:
+            children.setdefault(parent, []).append(job_id)
+    if not roots:
+        raise CommandError(ErrorCode.INVALID, "jobs: a flow needs a job without a parent")
+    records: list[dict[str, Any]] = []
+
+    def job_of(job_id: str, where: str, child: bool) -> dict[str, Any]:
+        node = nodes[job_id]
+        spec = dict(node["input"])
+        on_failure = "fail"
+        for flag, policy in _ON_FAILURE:
+            if spec.get(flag):
+                on_failure = policy
+                break
+        for name in _GRAPH_FIELDS:
+            spec.pop(name, None)
+        spec["cmd"] = "PUSH"
+        normalize(spec)  # bunqueue's option names, refusing what Shoal cannot honour
+        spec.pop("cmd")
+        spec["queue"] = node["queue"]
+        spec["customId"] = job_id
+        spec.setdefault("data", None)
+        kids = [job_of(k, f"{where}.children", True) for k in children.get(job_id, [])]
+        if kids:
+            spec["children"] = kids
+        if child and on_failure != "fail":
+            spec["onFailure"] = on_failure
+        records.append({"id": job_id, "queue": node["queue"], "name": spec.get("name", "default"),
+                        "data": spec["data"], "priority": spec.get("priority", 0),
+                        "state": "waiting-children" if kids else ("delayed" if spec.get("delay") else "waiting"),
+                        "createdAt": float(now_ms), "attempts": 0,
+                        "parentId": node["input"].get("parentId"), "childrenIds": children.get(job_id, [])})
+        return spec
+
+    trees = []
+    for root in roots:
+        parent = job_of(root, "jobs", False)
+        kids = parent.pop("children", None)
+        trees.append({"cmd": "PushFlow", "parent": parent, "children": kids} if kids
+                     else {"cmd": "PushFlow", "parent": parent, "children": None})
+    for tree in trees:
+        if tree["children"] is None:
+            tree.pop("children")
+            tree["cmd"] = "PUSH"  # a lone job: a PushFlow needs children
+            tree.update(tree.pop("parent"))
+    return trees, records
+
+
+class _Answer:
+    """Takes one tree's reply for :func:`push_flow_graph`; otherwise the client's connection."""
+
+    __slots__ = ("_conn", "_done")
+
+    def __init__(self, conn: "Replier", done: Any) -> None:
+        self._conn = conn
+        self._done = done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        self._done(None)
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        self._done(exc)
+
+
+# --- events --------------------------------------------------------------------------------------
+
+def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> list[dict[str, Any]]:
+    """bunqueue's event frames for one of the node's job events (none for moves it does not name)."""
+    job_id = ev.get("id")
+    partition = ev.get("partition")
+    if type(job_id) is not str or type(partition) is not int:
+        return []
+    replica = replicas.get(partition)
+    info = replica.engine.event_job(job_id) if replica is not None else None
+    wire_id, result, error = info if info is not None else (job_id, None, None)
+    base = {"queue": ev.get("queue"), "jobId": wire_id, "timestamp": float(now_ms)}
+    if ev.get("event") == "progress":
+        progress = ev.get("progress")
+        return [_frame({**base, "eventType": "progress", "progress": progress,
+                        "data": {"progress": progress, "message": None}})]
+    state, prev = ev.get("state"), ev.get("prev")
+    if prev is None:  # a new job
+        kind = "delayed" if state == "delayed" else "waiting-children" if state == "waiting-children" else "pushed"
+        return [_frame({**base, "eventType": kind})]
+    if state == "active":
+        return [_frame({**base, "eventType": "pulled"})]
+    if state == "completed":
+        return [_frame({**base, "eventType": "completed", "data": Raw(result) if result is not None else None})]
+    if state == "failed":
+        return [_frame({**base, "eventType": "failed", "error": error or "failed", "terminal": True})]
+    if state == "cancelled":
+        return [_frame({**base, "eventType": "failed", "error": error or "cancelled", "terminal": True})]
+    if state == "removed":
+        return [_frame({**base, "eventType": "removed", "prev": prev})]
+    if prev == "active" and state in ("waiting", "delayed"):
+        if error is None:
+            return [_frame({**base, "eventType": "stalled"})]
+        return [_frame({**base, "eventType": "failed", "error": error, "terminal": False}),
+                _frame({**base, "eventType": "retried", "prev": "failed"})]
+    return []
+
+
+def _frame(event: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "event", "event": event}
+
+
+def encode_event(frame: dict[str, Any]) -> bytes:
+    """The length-prefixed bytes of one event frame (encoded once for every subscriber)."""
+    body = encode_body(frame)
+    return len(body).to_bytes(4, "big") + body

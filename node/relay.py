@@ -1,0 +1,579 @@
+"""Forwarding: any node serves any command of a client that does not route for itself.
+
+bunqueue's client knows one address. A command it sends for a partition this node
+does not lead is forwarded to that partition's leader over the node-to-node link
+(the Raft port's authenticated link, side channel ``relay`` of
+:class:`~shoal.node.raft.transport.RaftNetwork`), and the leader's reply comes back
+the same way and goes to the client as it was encoded there. Nothing here is read
+from an unauthenticated peer: the network hands a channel only what arrived on a
+link whose handshake proved the cluster secret.
+
+Messages (MessagePack arrays on the link):
+
+- ``["q", rid, session, body]`` request: ``body`` is the client's frame, encoded
+  (job data stays raw); ``session`` the client connection's session, so leases a
+  forwarded pull takes belong to it and go back when it ends; ``rid`` numbers the
+  request at the forwarding node;
+- ``["r", rid, body, code, ids]`` reply: ``body`` the encoded reply frame (with the
+  client's ``reqId``), ``code`` its error code (None when ok), ``ids`` the custom job
+  ids of the jobs it holds (for the forwarding node's :class:`JobLocator`), or None;
+- ``["c", rid]`` the client went away: a parked long poll is dropped;
+- ``["x", session]`` the client's session ended at the forwarding node;
+- ``["s", queue]`` / ``["u", queue]`` subscribe / unsubscribe to bunqueue's events of
+  ``queue``; ``["e", queue, body]`` one encoded event frame.
+
+A forwarded command that meets ``NOT_LEADER``/``NO_LEADER`` (the leader moved: it was
+not proposed) is sent again to the new leader until its deadline, so a failover is
+invisible to the client; a lost link answers commands that are safe to repeat the same
+way, and the others ``TIMEOUT`` (their outcome is unknown). Limits: at most
+:data:`FORWARDED_MAX` commands in flight from a node and :data:`SERVED_MAX` served
+for its peers (``OVERLOADED`` beyond), every forwarded command has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shoal.cluster.codec import decode_request, decode_response, encode_body
+from shoal.cluster.commands import COMMANDS
+from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+from shoal.cluster.partitioning import partition_for
+
+if TYPE_CHECKING:
+    from .ports import NodeInfo, Replier
+
+__all__ = ["Relay", "JobLocator", "CHANNEL", "FORWARDED_MAX", "SERVED_MAX", "FORWARD_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "relay"
+#: Commands this node may have forwarded and not yet answered.
+FORWARDED_MAX = 20_000
+#: Commands this node may serve for its peers at once.
+SERVED_MAX = 40_000
+#: A forwarded command's time to be answered, beyond its own long-poll wait.
+FORWARD_TIMEOUT_S = 30.0
+#: How soon a command that met a moving leader is sent again.
+RETRY_DELAY_S = 0.05
+#: How often deadlines, subscriptions and leaders are checked.
+SWEEP_INTERVAL_S = 0.25
+#: Queues a node subscribes to for its clients (bunqueue's events) at the leaders.
+SUBSCRIBED_QUEUES_MAX = 10_000
+#: Custom job ids a node remembers the partition of.
+LOCATED_MAX = 200_000
+_RETRY_CODES = frozenset({ErrorCode.NOT_LEADER.value, ErrorCode.NO_LEADER.value, ErrorCode.SHUTTING_DOWN.value})
+
+
+class JobLocator:
+    """Which partition holds a custom job id (bunqueue's ``jobId``, a flow's client-made ids).
+
+    Shoal's own ids name their partition; a custom id is its queue's. The node learns them
+    from the adds and pulls it serves or forwards, and asks every partition (``Locate``)
+    for one it has not seen. Bounded: the oldest half is forgotten when full.
+    """
+
+    def __init__(self, size_max: int = LOCATED_MAX) -> None:
+        self._known: dict[str, int] = {}
+        self._size_max = size_max
+
+    def get(self, job_id: str) -> int | None:
+        return self._known.get(job_id)
+
+    def learn(self, job_id: str, p: int) -> None:
+        known = self._known
+        if len(known) >= self._size_max and job_id not in known:
+            for old in list(itertools.islice(known, self._size_max // 2)):
+                del known[old]
+        known[job_id] = p
+
+    def forget(self, job_id: str) -> None:
+        self._known.pop(job_id, None)
+
+
+class _Pending:
+    """A command forwarded for a client, until its reply reaches the client."""
+
+    __slots__ = ("conn", "req_id", "body", "p", "retry_safe", "deadline", "peer", "future", "cmd")
+
+    def __init__(self, conn: Replier | None, req_id: Any, body: bytes, p: int, retry_safe: bool,
+                 deadline: float, cmd: str, future: asyncio.Future[Any] | None = None) -> None:
+        self.conn = conn
+        self.req_id = req_id
+        self.body = body
+        self.p = p
+        self.retry_safe = retry_safe
+        self.deadline = deadline
+        self.peer = ""
+        self.future = future
+        self.cmd = cmd
+
+
+class _Call:
+    """A command a peer forwarded, as the dispatcher sees its connection (a Replier)."""
+
+    __slots__ = ("relay", "peer", "rid", "session", "conn_id", "closed", "req_id")
+
+    authed = True
+    protocol_version = 1
+    subscriptions = None
+    wants_forwarding = False  # answered here or refused: a forwarded command is never forwarded again
+    bunqueue_subscriptions = None
+
+    def __init__(self, relay: "Relay", peer: str, rid: int, session: str, conn_id: int, req_id: Any) -> None:
+        self.relay = relay
+        self.peer = peer
+        self.rid = rid
+        self.session = session
+        self.conn_id = conn_id
+        self.closed = False
+        self.req_id = req_id
+
+    @property
+    def peer_host(self) -> str:
+        return self.peer
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        frame = {"ok": True, **body}
+        if req_id is not None:
+            frame["reqId"] = req_id
+        self.relay._answer(self, frame, None, body)
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        frame = exc.to_reply()
+        if req_id is not None:
+            frame["reqId"] = req_id
+        self.relay._answer(self, frame, exc.code.value, None)
+
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        for req_id, result in zip(req_ids, results):
+            if isinstance(result, CommandError):
+                self.reply_error(req_id, result)
+            else:
+                self.reply(req_id, result)
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        pass  # a forwarded command has no events of its own
+
+    def upgrade(self, version: int) -> None:
+        pass
+
+
+class Relay:
+    """Forwards commands to their partition's leader and serves the commands peers forward."""
+
+    def __init__(self, dispatcher: Any, info: "NodeInfo", loop: asyncio.AbstractEventLoop,
+                 send: Callable[[str, Any], bool] | None) -> None:
+        """``dispatcher`` answers the commands peers forward here (the node's ``Dispatcher``, which
+        holds this relay in turn); ``send(peer, message)`` puts a message on the relay channel."""
+        self.dispatcher = dispatcher
+        self.info = info
+        self.loop = loop
+        self._send_to = send
+        self.locator = JobLocator()
+        self._rids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._by_conn: dict[int, set[int]] = {}
+        self._conn_peers: dict[int, set[str]] = {}  # client connection -> peers it forwarded to
+        self._served: dict[tuple[str, int], _Call] = {}
+        self._remote_sessions: dict[tuple[str, str], int] = {}
+        self._session_ids = itertools.count(-1, -1)  # connection ids of peers' sessions: never a client's
+        # bunqueue events: queue -> this node's connections subscribed, and where each queue is subscribed
+        self._subscribers: dict[str, set[Replier]] = {}
+        self._subscribed_at: dict[str, str] = {}
+        # at the leader: peer -> queues it wants events of
+        self.peer_subscriptions: dict[str, set[str]] = {}
+        self.forwarded = 0
+        self.retried = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # --- wiring ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = self.loop.create_task(self._sweep_loop())
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
+        for rid in list(self._pending):
+            self._fail(rid, err)
+
+    def _send(self, peer: str, message: list[Any]) -> bool:
+        return self._send_to is not None and self._send_to(peer, message)
+
+    def _leader_of(self, p: int) -> str | None:
+        info = self.info.topology.partition_map[p]
+        return info.leader
+
+    # --- forwarding a client's command ---------------------------------------------------------------
+
+    def forward(self, conn: "Replier", frame: dict[str, Any], p: int) -> None:
+        """Send ``frame`` (for partition ``p``, led elsewhere) to its leader; its reply goes to
+        ``conn`` when it comes. Raises ``CommandError`` when it cannot be sent at all."""
+        if len(self._pending) >= FORWARDED_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
+                                                     "retry, or connect to the partition's leader")
+        cmd = frame["cmd"]
+        spec = COMMANDS.get(cmd)
+        try:
+            body = encode_body(frame)
+        except ProtocolError as exc:
+            raise CommandError(ErrorCode.INVALID, str(exc)) from exc
+        wait_s = (frame.get("timeout") or 0) / 1000 if cmd in ("PULL", "PULLB") else 0.0
+        rid = next(self._rids)
+        pending = _Pending(conn, frame.get("reqId"), body, p, _safe_to_repeat(frame, spec),
+                           self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
+        self._pending[rid] = pending
+        self._by_conn.setdefault(conn.conn_id, set()).add(rid)
+        self.forwarded += 1
+        self._learn_request(frame, p)
+        self._dispatch(rid, pending)
+
+    async def call(self, p: int, frame: dict[str, Any], timeout_s: float = FORWARD_TIMEOUT_S) -> dict[str, Any]:
+        """Send a command of this node's own (``Locate``, a fan-out's part) to ``p``'s leader
+        and return its reply (raises its ``CommandError``)."""
+        if len(self._pending) >= FORWARDED_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, "too many forwarded commands in flight")
+        future: asyncio.Future[Any] = self.loop.create_future()
+        spec = COMMANDS.get(frame["cmd"])
+        rid = next(self._rids)
+        pending = _Pending(None, None, encode_body(frame), p, bool(spec and spec.read_only),
+                           self.loop.time() + timeout_s, frame["cmd"], future)
+        self._pending[rid] = pending
+        self._dispatch(rid, pending)
+        reply = await future
+        if isinstance(reply, CommandError):
+            raise reply
+        return reply  # type: ignore[no-any-return]
+
+    def _dispatch(self, rid: int, pending: _Pending) -> None:
+        """Send ``pending`` to its partition's leader now, or fail it when it cannot be."""
+        leader = self._leader_of(pending.p)
+        me = self.info.node_id
+        if leader is None or leader == me:
+            # No leader known yet, or this node became it: wait a moment (or answer locally).
+            if leader == me and pending.conn is not None and not pending.conn.closed:
+                self._answer_here(rid, pending)
+                return
+            self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"partition {pending.p} has no leader yet"))
+            return
+        session = getattr(pending.conn, "session", None) if pending.conn is not None else None
+        if not self._send(leader, ["q", rid, session, pending.body]):
+            self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"no link to {leader}, partition "
+                                                                     f"{pending.p}'s leader"))
+            return
+        pending.peer = leader
+        if pending.conn is not None:
+            self._conn_peers.setdefault(pending.conn.conn_id, set()).add(leader)
+
+    def _answer_here(self, rid: int, pending: _Pending) -> None:
+        """Leadership came to this node while the command waited: run it here."""
+        self._forget(rid)
+        conn = pending.conn
+        assert conn is not None
+        frame = decode_request(pending.body, raw_data=True)
+        try:
+            self.dispatcher.handle(conn, frame)
+        except CommandError as exc:
+            conn.reply_error(pending.req_id, exc)
+
+    def _retry_later(self, rid: int, why: CommandError) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return
+        if self.loop.time() + RETRY_DELAY_S >= pending.deadline:
+            self._fail(rid, why)
+            return
+        pending.peer = ""
+        self.retried += 1
+        self.loop.call_later(RETRY_DELAY_S, self._resend, rid)
+
+    def _resend(self, rid: int) -> None:
+        pending = self._pending.get(rid)
+        if pending is None:
+            return
+        if pending.conn is not None and pending.conn.closed:
+            self._forget(rid)
+            return
+        self._dispatch(rid, pending)
+
+    def _fail(self, rid: int, exc: CommandError) -> None:
+        pending = self._forget(rid)
+        if pending is None:
+            return
+        if pending.future is not None:
+            if not pending.future.done():
+                pending.future.set_result(exc)
+        elif pending.conn is not None:
+            pending.conn.reply_error(pending.req_id, exc)
+
+    def _forget(self, rid: int) -> _Pending | None:
+        pending = self._pending.pop(rid, None)
+        if pending is not None and pending.conn is not None:
+            rids = self._by_conn.get(pending.conn.conn_id)
+            if rids is not None:
+                rids.discard(rid)
+                if not rids:
+                    del self._by_conn[pending.conn.conn_id]
+        return pending
+
+    def _replied(self, peer: str, rid: int, body: bytes, code: str | None, ids: Any) -> None:
+        pending = self._pending.get(rid)
+        if pending is None or pending.peer != peer:
+            return  # answered already (a deadline, a retry sent elsewhere)
+        if code in _RETRY_CODES:
+            self._retry_later(rid, _error_of(body))  # not proposed there: the new leader takes it
+            return
+        self._forget(rid)
+        if type(ids) is list:
+            for job_id in ids:
+                if type(job_id) is str:
+                    self.locator.learn(job_id, pending.p)
+        if pending.future is not None:
+            if not pending.future.done():
+                pending.future.set_result(_error_of(body) if code is not None else decode_response(body))
+            return
+        conn = pending.conn
+        assert conn is not None
+        reply_encoded = getattr(conn, "reply_encoded", None)
+        if reply_encoded is not None:
+            reply_encoded(pending.req_id, body)
+            return
+        frame = decode_response(body)  # a link that takes reply dicts only (HTTP)
+        if code is not None:
+            conn.reply_error(pending.req_id, _error_of(body))
+        else:
+            frame.pop("ok", None)
+            frame.pop("reqId", None)
+            conn.reply(pending.req_id, frame)
+
+    def _learn_request(self, frame: dict[str, Any], p: int) -> None:
+        custom = frame.get("customId")
+        if type(custom) is str:
+            self.locator.learn(custom, p)
+        jobs = frame.get("jobs")
+        if type(jobs) is list:
+            for job in jobs:
+                if type(job) is dict and type(job.get("customId")) is str:
+                    self.locator.learn(job["customId"], p)
+
+    def connection_closed(self, conn: "Replier") -> None:
+        """A client went away: drop what waits for it, tell the leaders, end its subscriptions."""
+        rids = self._by_conn.pop(conn.conn_id, set())
+        for rid in rids:
+            pending = self._pending.pop(rid, None)
+            if pending is not None and pending.peer:
+                self._send(pending.peer, ["c", rid])
+        # The session's leases at the leaders go back (after its grace) as if it had been here.
+        for peer in self._conn_peers.pop(conn.conn_id, set()):
+            self._send(peer, ["x", conn.session])
+        for queue, conns in list(self._subscribers.items()):
+            conns.discard(conn)
+            if not conns:
+                del self._subscribers[queue]
+                where = self._subscribed_at.pop(queue, None)
+                if where is not None:
+                    self._send(where, ["u", queue])
+
+    # --- bunqueue events of queues led elsewhere -------------------------------------------------------
+
+    def subscribe(self, conn: "Replier", queue: str) -> None:
+        """``conn`` wants bunqueue's events of ``queue``: from the leader of its partition, wherever it is."""
+        conns = self._subscribers.get(queue)
+        if conns is None:
+            if len(self._subscribers) >= SUBSCRIBED_QUEUES_MAX:
+                raise CommandError(ErrorCode.OVERLOADED, f"this node relays events of {SUBSCRIBED_QUEUES_MAX} "
+                                                         "queues already")
+            conns = self._subscribers[queue] = set()
+        conns.add(conn)
+        self._place_subscription(queue)
+
+    def _place_subscription(self, queue: str) -> None:
+        p = partition_for(queue, self.info.topology.partitions)
+        leader = self._leader_of(p)
+        where = self._subscribed_at.get(queue)
+        if leader == where:
+            return
+        if where is not None:
+            self._send(where, ["u", queue])
+            del self._subscribed_at[queue]
+        if leader is not None and leader != self.info.node_id and self._send(leader, ["s", queue]):
+            self._subscribed_at[queue] = leader
+
+    def _event(self, queue: str, data: bytes) -> None:
+        """An event frame (length-prefixed bytes) for this node's subscribers of ``queue``."""
+        for conn in list(self._subscribers.get(queue, ())):
+            send = getattr(conn, "send_encoded", None)
+            if send is not None:
+                send(data)
+            else:
+                conn.send_frame(decode_response(data[4:]))
+
+    def publish_to_peers(self, queue: str, build: Callable[[], bytes]) -> None:
+        """At the leader: send ``queue``'s event (encoded once, by ``build``) to every peer that
+        subscribed to it for its clients."""
+        body: bytes | None = None
+        for peer, queues in self.peer_subscriptions.items():
+            if queue in queues:
+                if body is None:
+                    body = build()
+                self._send(peer, ["e", queue, body])
+
+    def wants_events(self, queue: str) -> bool:
+        return any(queue in queues for queues in self.peer_subscriptions.values())
+
+    # --- serving peers --------------------------------------------------------------------------------
+
+    def on_message(self, peer: str, message: Any) -> None:
+        """One message of the ``relay`` channel from an authenticated peer."""
+        if type(message) is not list or not message or type(message[0]) is not str:
+            log.warning("relay message from %s is not a list with a kind; ignored", peer)
+            return
+        kind = message[0]
+        try:
+            if kind == "q":
+                _, rid, session, body = message
+                self._serve(peer, rid, session, body)
+            elif kind == "r":
+                _, rid, body, code, ids = message
+                self._replied(peer, rid, body, code, ids)
+            elif kind == "c":
+                call = self._served.pop((peer, message[1]), None)
+                if call is not None:
+                    call.closed = True
+            elif kind == "x":
+                self._end_session(peer, message[1])
+            elif kind == "s":
+                queues = self.peer_subscriptions.setdefault(peer, set())
+                if len(queues) < SUBSCRIBED_QUEUES_MAX:
+                    queues.add(message[1])
+                    self.info.events_wanted()
+            elif kind == "u":
+                self.peer_subscriptions.get(peer, set()).discard(message[1])
+            elif kind == "e":
+                self._event(message[1], message[2])
+            else:
+                log.warning("relay message of unknown kind %r from %s; ignored", kind, peer)
+        except (ValueError, TypeError, KeyError, ProtocolError) as exc:
+            log.warning("malformed relay message %r from %s: %s", kind, peer, exc)
+
+    def _serve(self, peer: str, rid: int, session: str | None, body: bytes) -> None:
+        if len(self._served) >= SERVED_MAX:
+            self._send(peer, ["r", rid, encode_body(CommandError(
+                ErrorCode.OVERLOADED, "the leader serves too many forwarded commands").to_reply()),
+                ErrorCode.OVERLOADED.value, None])
+            return
+        frame = decode_request(body, raw_data=True)
+        req_id = frame.get("reqId")
+        if session is None:
+            conn_id = 0
+            session = ""
+        else:
+            key = (peer, session)
+            conn_id = self._remote_sessions.get(key, 0)
+            if not conn_id:
+                conn_id = self._remote_sessions[key] = next(self._session_ids)
+                self.dispatcher.sessions.attach(session, conn_id)
+        call = _Call(self, peer, rid, session, conn_id, req_id)
+        self._served[(peer, rid)] = call
+        try:
+            self.dispatcher.handle(call, frame)  # type: ignore[arg-type]
+        except CommandError as exc:
+            call.reply_error(req_id, exc)
+        except Exception as exc:
+            log.exception("serving a forwarded %s failed", frame.get("cmd"))
+            call.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+
+    def _answer(self, call: _Call, frame: dict[str, Any], code: str | None, body: dict[str, Any] | None) -> None:
+        self._served.pop((call.peer, call.rid), None)
+        if call.closed:
+            return
+        ids = _custom_ids_of(body) if body is not None else None
+        try:
+            data = encode_body(frame)
+        except ProtocolError as exc:
+            frame = {"ok": False, "error": f"reply could not be sent: {exc}", "code": exc.code.value,
+                     "reqId": frame.get("reqId")}
+            data, code = encode_body(frame), exc.code.value
+        self._send(call.peer, ["r", call.rid, data, code, ids])
+
+    def _end_session(self, peer: str, session: Any) -> None:
+        conn_id = self._remote_sessions.pop((peer, session), None)
+        if conn_id is not None:
+            self.dispatcher.sessions.detach(session, conn_id)
+
+    def peer_lost(self, peer: str) -> None:
+        """The link to ``peer`` is gone: what it forwarded here ends; what went to it goes again
+        (or, when repeating could do it twice, is answered TIMEOUT)."""
+        for key in [k for k in self._served if k[0] == peer]:
+            self._served.pop(key).closed = True
+        for key in [k for k in self._remote_sessions if k[0] == peer]:
+            self.dispatcher.sessions.detach(key[1], self._remote_sessions.pop(key))
+        self.peer_subscriptions.pop(peer, None)
+        for queue in [q for q, where in self._subscribed_at.items() if where == peer]:
+            del self._subscribed_at[queue]
+        for rid, pending in list(self._pending.items()):
+            if pending.peer != peer:
+                continue
+            if pending.retry_safe:
+                self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"the link to {peer} was lost"))
+            else:
+                self._fail(rid, CommandError(ErrorCode.TIMEOUT, f"the link to {peer}, partition {pending.p}'s "
+                                                                "leader, was lost: the outcome is unknown"))
+
+    # --- housekeeping ---------------------------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = self.loop.time()
+            for rid, pending in list(self._pending.items()):
+                if pending.deadline <= now:
+                    self._fail(rid, CommandError(ErrorCode.TIMEOUT, f"no answer from partition {pending.p}'s "
+                                                                    "leader in time: the outcome is unknown"))
+            for queue in list(self._subscribers):
+                self._place_subscription(queue)
+
+    def stats(self) -> dict[str, int]:
+        return {"forwarding": len(self._pending), "serving": len(self._served), "forwarded": self.forwarded,
+                "retried": self.retried}
+
+
+def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:
+    """May ``frame`` be sent again after its outcome became unknown (a lost link)? Reads and
+    retry-safe commands may; an add only with an idempotency key (bunqueue's client sets none,
+    and a custom id makes a repeat a duplicate that adds nothing)."""
+    if spec is None or not spec.retry_safe:
+        return False
+    cmd = frame["cmd"]
+    if cmd == "PUSH":
+        return frame.get("idempotencyKey") is not None or frame.get("customId") is not None
+    if cmd == "PUSHB":
+        return all(job.get("idempotencyKey") is not None or job.get("customId") is not None
+                   for job in frame["jobs"])
+    return True
+
+
+def _error_of(body: bytes) -> CommandError:
+    try:
+        frame = decode_response(body)
+        code = ErrorCode(frame.get("code", ErrorCode.INTERNAL.value))
+    except (ProtocolError, ValueError):
+        return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
+    extra = {k: v for k, v in frame.items() if k not in ("ok", "code", "error", "reqId")}
+    return CommandError(code, str(frame.get("error", "")), **extra)
+
+
+def _custom_ids_of(body: dict[str, Any]) -> list[str] | None:
+    """The custom ids of the jobs a pull's reply holds (the forwarding node learns where they are)."""
+    jobs = body.get("jobs")
+    if jobs is None:
+        job = body.get("job")
+        jobs = [job] if type(job) is dict else None
+    if not jobs:
+        return None
+    return [job["id"] for job in jobs if type(job) is dict and "customId" in job and type(job.get("id")) is str] or None
