@@ -162,7 +162,7 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
     if type(job_id) is not str or type(partition) is not int:
         return []
     replica = replicas.get(partition)
-    info = replica.engine.event_job(job_id) if replica is not None else None
+    info = replica.view.event_job(job_id) if replica is not None else None
     wire_id, result, error = info if info is not None else (job_id, None, None)
     base = {"queue": ev.get("queue"), "jobId": wire_id, "timestamp": float(now_ms)}
     if ev.get("event") == "progress":

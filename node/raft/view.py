@@ -96,6 +96,10 @@ class PartitionView:
         """The oldest ``limit`` unacknowledged child reports (acknowledged by a replicated ``_FlowAcked``)."""
         return tuple(islice(self._engine().flow_outbox.items(), limit))
 
+    def event_job(self, job_id: str) -> tuple[str, Any, Any] | None:
+        """A job's wire id, result and error for an event frame (None when the job is gone)."""
+        return self._engine().event_job(job_id)
+
     def event_dicts(self, partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
         """``events`` as the node publishes them, a job with a custom id named by it."""
         return event_dicts(partition, events, self._engine())
