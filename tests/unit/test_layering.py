@@ -68,7 +68,7 @@ def test_the_check_catches_bad_imports() -> None:
 #: package counted as one) to the layer they are in.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
-    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity"})),
+    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity", "cluster_map", "moves"})),
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics"})),
     ("view", frozenset({"view"})),
     ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
