@@ -57,8 +57,11 @@ class MoveService:
         self.node = node
         #: The node's outgoing catch-up traffic (snapshot streams): its share of the cluster's move rate.
         self.rate = ByteRate(self._share())
+        #: Replicas this node, as a partition's leader, added as learners / promoted to voters.
         self.started = 0
         self.finished = 0
+        #: Snapshot bytes streamed by replicas this node no longer hosts (see :meth:`snapshot_bytes_sent`).
+        self.retired_snapshot_bytes = 0
         self._done_epoch = 0
         #: partition -> (change kind, member, when proposed) of the last change this leader made.
         self.last_change: dict[int, tuple[str, str, float]] = {}
@@ -162,10 +165,25 @@ class MoveService:
                 return True
         return False
 
+    def snapshot_bytes_sent(self) -> int:
+        """Snapshot bytes this node streamed to learners and lagging followers, node-wide (replicas
+        since retired included)."""
+        return self.retired_snapshot_bytes + sum(int(r.status()["snapshotBytesSent"])
+                                                 for r in self.node.replicas.values())
+
+    def counters(self) -> dict[str, Any]:
+        """Moves this node started and finished as a leader, snapshot bytes it sent, its share of the move rate."""
+        return {"started": self.started, "finished": self.finished, "snapshotBytesSent": self.snapshot_bytes_sent(),
+                "rateBytesPerS": round(self.rate.rate)}
+
     def moves(self) -> list[dict[str, Any]]:
-        """Every move this node runs as a leader: partition, from → to, bytes sent, rate, time left."""
+        """Every move this node runs as a leader: partition, from → to (node and member ids), state,
+        bytes sent, rate, time left. A move that waits for an operator's ``rebalance`` (automatic
+        rebalancing off) is in state ``pending rebalance``."""
         out: list[dict[str, Any]] = []
         node = self.node
+        settings = node.cluster_map.registry.settings
+        auto = settings.rebalance_auto or settings.rebalance_epoch != self._done_epoch
         for p, replica in sorted(node.replicas.items()):
             if not replica.is_leader():
                 continue
@@ -177,13 +195,17 @@ class MoveService:
             leaving = [m for m in members.members if m not in wanted]
             if not joining and not leaving:
                 continue
+            held = not auto and not self._must_move(set(members.members), wanted)
             streams = {s["peer"]: s for s in replica.stream_progress()}
             for k in range(max(len(joining), len(leaving))):
                 to = joining[k] if k < len(joining) else None
                 src = leaving[k] if k < len(leaving) else None
                 entry: dict[str, Any] = {"partition": p, "from": node_of_member(src) if src else None,
-                                         "to": node_of_member(to) if to else None, "state": "waiting"}
-                if to is not None and to in members.learners:
+                                         "to": node_of_member(to) if to else None, "fromMember": src,
+                                         "toMember": to, "state": "waiting"}
+                if held:
+                    entry["state"] = "pending rebalance"
+                elif to is not None and to in members.learners:
                     pr = core.progress.get(to)
                     stream = streams.get(to)
                     entry["state"] = "catching up"

@@ -507,6 +507,7 @@ class Node:
         commits = self.group_commits.pop(p)
         commits.fail_all(self.not_leader_error(p))
         self.dispatcher.fail_parked(p, self.not_leader_error(p))
+        self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()
         replica.delete_files()
         log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
