@@ -139,6 +139,7 @@ class Node:
         self.cluster_map.attach(self.raft_network)
         self.raft_network.register_channel(TOPOLOGY_CHANNEL, self._on_topology)
         self.cluster_map.listeners.append(self._registry_changed)
+        self.moves.registry_changed()  # the move rate's share from the registry as stored, not the default
         self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
             PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
         self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
