@@ -107,10 +107,22 @@ def local_stats(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
         return c.call({"cmd": "Stats", "local": True})
 
 
-def admin_stats(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
+def http_get(cluster: LocalCluster, node_id: str, path: str) -> bytes:
     n = cluster.config.node(node_id)
-    with urllib.request.urlopen(f"http://{n.host}:{n.http_port}/stats", timeout=5) as resp:
-        return json.loads(resp.read())
+    with urllib.request.urlopen(f"http://{n.host}:{n.http_port}{path}", timeout=5) as resp:
+        return resp.read()
+
+
+def http_json(cluster: LocalCluster, node_id: str, path: str) -> Any:
+    return json.loads(http_get(cluster, node_id, path))
+
+
+def metric(cluster: LocalCluster, node_id: str, sample: str) -> float:
+    """The value of one sample (``name{labels}``) of the node's /prometheus, 0 when absent."""
+    for line in http_get(cluster, node_id, "/prometheus").decode().splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 class Writer(threading.Thread):
@@ -320,6 +332,8 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
     with elastic_cluster(data, 4, 4) as cluster:
         with Client(cluster.addresses) as client:
             ids = {name: set(client.queue(name).add_bulk(range(200))) for name in QUEUES[:4]}
+        manual = shoal("cluster", "settings", "--data", str(data), "--no-rebalance-auto")
+        assert manual.returncode == 0 and "rebalance_auto off" in manual.stdout
         # The remote form, as compose does it: the node is described to the cluster, the
         # operator starts its process (here from the same cluster file, now listing it).
         config = cluster.config
@@ -342,16 +356,35 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
                 add.wait(10)
         print(out)
         assert add.returncode == 0, out
-        assert "n5 joined" in out
+        assert "n5 joined" in out and "shoal cluster rebalance" in out
+
+        # With rebalance_auto off the moves onto n5 wait for the operator, and every view shows them.
+        pending = AdminClient(url).shape().moves
+        assert pending and all(m["state"] == "pending rebalance" and m["to"] == "n5" for m in pending), pending
+        status = shoal("cluster", "status", "--url", url)
+        assert status.returncode == 0 and f"moves ({len(pending)}):" in status.stdout
+        assert status.stdout.count("pending rebalance") == len(pending)
+        assert len(http_json(cluster, "n2", "/cluster")["moves"]) == len(pending)
+        assert sum(len(http_json(cluster, n, "/stats")["moves"]) for n in cluster.node_ids) == len(pending)
+        assert sum(metric(cluster, n, 'shoal_moves_in_progress{state="pending rebalance"}')
+                   for n in cluster.node_ids) == len(pending)
+        balanced = shoal("cluster", "rebalance", "--url", url, "--timeout", "180")
+        assert balanced.returncode == 0, balanced.stderr
+        shape = AdminClient(url).shape()
+        assert shape.settled() and shape.leaders_balanced() and held(shape, "n5")[0] >= 1
+        assert sum(metric(cluster, n, "shoal_moves_started_total") for n in cluster.node_ids) >= len(pending)
+        assert sum(metric(cluster, n, "shoal_moves_finished_total") for n in cluster.node_ids) >= len(pending)
+        auto = shoal("cluster", "settings", "--data", str(data), "--rebalance-auto")
+        assert auto.returncode == 0 and "rebalance_auto on" in auto.stdout
 
         rate = shoal("cluster", "settings", "--data", str(data), "--move-rate", "40MiB")
         assert rate.returncode == 0 and "move rate 40.0 MiB/s" in rate.stdout
         share = 40 * 1024 * 1024 // 5
         for node in cluster.node_ids:
-            assert admin_stats(cluster, node)["moveCounters"]["rateBytesPerS"] == share, node
+            assert http_json(cluster, node, "/stats")["moveCounters"]["rateBytesPerS"] == share, node
         cluster.restart("n5")
         wait_for("n5 back", lambda: _confirmed(cluster, "n5"))
-        assert admin_stats(cluster, "n5")["moveCounters"]["rateBytesPerS"] == share
+        assert http_json(cluster, "n5", "/stats")["moveCounters"]["rateBytesPerS"] == share
 
         for rf in (5, 3):
             changed = shoal("cluster", "settings", "--data", str(data), "--replication", str(rf), "--timeout", "180")
@@ -362,6 +395,8 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
                 assert len(raft["voters"]) == rf and not raft["learners"], (p, raft)
             shape = admin_of(cluster, "n1").shape()
             assert all(len(shape.replicas(p)) == rf for p in range(4))
+            assert all(metric(cluster, n, f'shoal_partition_voters{{partition="{p}"}}') == rf
+                       for n in cluster.node_ids for p in http_json(cluster, n, "/health")["partitions"])
         with Client(cluster.addresses) as client:
             for name, expected in ids.items():
                 jobs, total = client.queue(name).get_jobs("waiting", limit=1000)
