@@ -20,7 +20,9 @@ A change is proposed only when the previous one is applied and the leader has co
 entry of its term (the core refuses otherwise), so a membership is never changed by a
 leader that may not know the latest one. Moves run by themselves after the registry changes
 (``rebalance_auto``, default on); with it off they run when the operator asks (the
-registry's ``rebalance_epoch`` rises), and always for nodes leaving, removed or replaced.
+registry's ``rebalance_epoch`` rises) until every partition of the cluster is on its target
+(as the node's topology shows it: a partition's leadership may pass to another node
+mid-move, which must finish it), and always for nodes leaving, removed or replaced.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ class MoveService:
         self.finished = 0
         #: Snapshot bytes streamed by replicas this node no longer hosts (see :meth:`snapshot_bytes_sent`).
         self.retired_snapshot_bytes = 0
-        self._done_epoch = 0
+        #: The last ``rebalance_epoch`` (operator's rebalance) carried out; None until the first look,
+        #: which takes the registry's as done (a restarted node does not redo an old request).
+        self._done_epoch: int | None = None
         #: partition -> (change kind, member, when proposed) of the last change this leader made.
         self.last_change: dict[int, tuple[str, str, float]] = {}
 
@@ -88,13 +92,31 @@ class MoveService:
         node = self.node
         reg = node.cluster_map.registry
         epoch = reg.settings.rebalance_epoch
-        auto = reg.settings.rebalance_auto or epoch != self._done_epoch
+        auto = self._auto()
         busy = False
         for p, replica in sorted(node.replicas.items()):
             if replica.is_leader():
                 busy |= self.step(p, replica, node.target(p), auto)
-        if not busy:
+        # An operator's rebalance is done once every partition of the cluster is on its target, not
+        # once this node's are: leadership of a partition still moving may come here later.
+        if epoch != self._done_epoch and not busy and self._cluster_on_target():
             self._done_epoch = epoch
+
+    def _auto(self) -> bool:
+        """True when moves run: automatic rebalancing on, or an operator's rebalance not yet done."""
+        settings = self.node.cluster_map.registry.settings
+        if self._done_epoch is None:
+            self._done_epoch = settings.rebalance_epoch
+        return settings.rebalance_auto or settings.rebalance_epoch != self._done_epoch
+
+    def _cluster_on_target(self) -> bool:
+        """Every partition, as this node's topology knows it, has a leader and its target's nodes as voters."""
+        node = self.node
+        for info in node.topology.partition_map:
+            target = sorted(node_of_member(m) for m in node.target(info.id))
+            if info.leader is None or sorted(info.replicas) != target:
+                return False
+        return True
 
     def step(self, p: int, replica: "PartitionReplica", target: list[str], auto: bool) -> bool:
         """One change toward ``target`` for partition ``p``; True while the group differs from it."""
@@ -182,8 +204,7 @@ class MoveService:
         rebalancing off) is in state ``pending rebalance``."""
         out: list[dict[str, Any]] = []
         node = self.node
-        settings = node.cluster_map.registry.settings
-        auto = settings.rebalance_auto or settings.rebalance_epoch != self._done_epoch
+        auto = self._auto()
         for p, replica in sorted(node.replicas.items()):
             if not replica.is_leader():
                 continue
