@@ -379,7 +379,9 @@ def _call(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except AdminError as exc:
-        raise click.ClickException(f"the admin API refused: {exc} ({exc.code})") from exc
+        if not exc.status:
+            raise click.ClickException(f"cannot reach the admin API: {exc}") from exc
+        raise click.ClickException(f"the admin API refused (HTTP {exc.status} {exc.code}): {exc}") from exc
 
 
 def _wait(where: Where, done: Callable[[ClusterShape], bool], timeout_s: float, what: str,
