@@ -713,12 +713,14 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
 _PASSED_TO_NODES = frozenset({*LIMITS_ENV_VARS, "SHOAL_SNAPSHOT_ENTRIES_MIN", "SHOAL_SNAPSHOT_INTERVAL_S",
                               "SHOAL_DIGEST_INLINE_JOBS_MAX"})  # node/raft/snapshots.py, node/digests.py
 _HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TLS_ENV_VARS})
+#: Variables of the project's own scripts, not settings of a node (``scripts/test``).
+_NOT_NODE_SETTINGS = frozenset({"SHOAL_NO_SPARK"})
 
 
 def _security_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
     """The tokens to use and the variables to pass to the nodes; ClickException for the rest."""
     refused = sorted(k for k, v in env.items() if k.startswith("SHOAL_") and v and not k.startswith("SHOAL_TEST_")
-                     and k not in _PASSED_TO_NODES and k not in _HANDLED_ELSEWHERE)
+                     and k not in _PASSED_TO_NODES and k not in _HANDLED_ELSEWHERE and k not in _NOT_NODE_SETTINGS)
     if refused:
         raise click.ClickException(
             f"{', '.join(refused)} set, but `shoal cluster up` lays its nodes out itself (flags and "
