@@ -73,13 +73,15 @@ def parse_bytes(text: str) -> int:
 
 
 def format_bytes(n: float | None) -> str:
+    """``512 B``, ``1.5 KiB``, ``64.0 MiB``, ``2.0 GiB``."""
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    units = ("B", "KiB", "MiB", "GiB")
+    k = 0
+    while abs(n) >= 1024 and k < len(units) - 1:
         n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover (the loop returns)
+        k += 1
+    return f"{n:.0f} B" if k == 0 else f"{n:.1f} {units[k]}"
 
 
 def format_duration(s: float | None) -> str:
@@ -163,6 +165,11 @@ def _move_key(move: dict[str, Any]) -> tuple[Any, ...]:
     return (move.get("partition"), "-", src) if src else (move.get("partition"), "+", move.get("toMember") or move.get("to"))
 
 
+def _phase(move: dict[str, Any]) -> tuple[Any, bool]:
+    """What a progress line reports a change of: the move's state, and whether a snapshot streams."""
+    return move.get("state"), "bytesTotal" in move
+
+
 def _short(move: dict[str, Any]) -> str:
     return f"p{move.get('partition')} {_arrow(move)}"
 
@@ -177,7 +184,8 @@ class ProgressPrinter:
     """Called with every polled :class:`ClusterShape`; prints a line when something changed.
 
     Per poll at most: the nodes' holdings when they changed, one line of the moves that
-    started, one of those whose state changed, one of those that finished; and every
+    started, one of those whose state changed (or whose snapshot stream began), one of those
+    that finished; and every
     ``heartbeat_s`` while moves run and nothing changed, their bytes, rate and time left.
     A poll that shows what the last one did prints nothing.
     """
@@ -212,7 +220,7 @@ class ProgressPrinter:
                 move = {**move, "to": old.get("to"), "toMember": old.get("toMember")}
             current[key] = move
         started = [m for k, m in current.items() if k not in self._moves]
-        changed = [m for k, m in current.items() if k in self._moves and self._moves[k].get("state") != m.get("state")]
+        changed = [m for k, m in current.items() if k in self._moves and _phase(self._moves[k]) != _phase(m)]
         finished = [m for k, m in self._moves.items() if k not in current]
         if started:
             self._say(f"started {len(started)} move{'s' if len(started) > 1 else ''}: {_listed(started, _short)}")

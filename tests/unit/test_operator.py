@@ -217,6 +217,21 @@ def test_progress_prints_a_line_per_change_and_a_heartbeat_while_moves_run() -> 
                      "[   15s] finished 1 move: p0 n1 → n3"]
 
 
+def test_progress_says_when_a_snapshot_stream_begins() -> None:
+    lines: list[str] = []
+    clock = Clock()
+    printer = ProgressPrinter(lines.append, clock=clock)
+    by_log = {"partition": 0, "from": None, "to": "n3", "state": "catching up", "matchIndex": 0, "commitIndex": 80}
+    placement = {0: ["n1", "n2", "n3"]}
+    printer(_shape({0: ["n1", "n2"]}, {0: "n1"}, placement, [by_log]))
+    lines.clear()
+    clock.now += 1
+    stream = {"partition": 0, "from": None, "to": "n3", "state": "catching up", "bytesSent": 4 * 2**20,
+              "bytesTotal": 8 * 2**20, "rateBytesPerS": 2**20, "etaS": 4.0}
+    printer(_shape({0: ["n1", "n2"]}, {0: "n1"}, placement, [stream]))
+    assert lines == ["[    1s] p0 → n3 catching up 4.0 MiB/8.0 MiB 1.0 MiB/s ETA 4s"]
+
+
 def test_progress_lists_many_moves_on_one_line() -> None:
     lines: list[str] = []
     printer = ProgressPrinter(lines.append, clock=Clock())
