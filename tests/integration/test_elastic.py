@@ -395,10 +395,57 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
                 assert len(raft["voters"]) == rf and not raft["learners"], (p, raft)
             shape = admin_of(cluster, "n1").shape()
             assert all(len(shape.replicas(p)) == rf for p in range(4))
-            assert all(metric(cluster, n, f'shoal_partition_voters{{partition="{p}"}}') == rf
-                       for n in cluster.node_ids for p in http_json(cluster, n, "/health")["partitions"])
+            assert all(metric(cluster, str(shape.leader(p)), f'shoal_partition_voters{{partition="{p}"}}') == rf
+                       for p in range(4))
         with Client(cluster.addresses) as client:
             for name, expected in ids.items():
                 jobs, total = client.queue(name).get_jobs("waiting", limit=1000)
                 assert {j.id for j in jobs} == expected and total == len(expected)
 
+
+
+SNAPSHOT_ENV = {"SHOAL_SNAPSHOT_ENTRIES_MIN": "30", "SHOAL_SNAPSHOT_INTERVAL_S": "3600"}
+
+
+@pytest.mark.timeout(600)
+def test_a_snapshot_move_shows_bytes_rate_and_eta_and_its_rate_changes_while_it_runs(tmp_path: Path) -> None:
+    """A new replica whose log was compacted away gets a snapshot, streamed at the cluster's move
+    rate: status shows its bytes, rate and time left, and a higher rate set meanwhile finishes it."""
+    data = tmp_path / "c"
+    with elastic_cluster(data, 3, 1, replication=2, extra_env=SNAPSHOT_ENV) as cluster:
+        with Client(cluster.addresses) as client:
+            # ~8 MB of state that does not compress, in 80 entries: snapshots are written and the
+            # journal's head dropped, so a new replica cannot catch up from the log.
+            ids = client.queue("big").add_bulk(({"blob": os.urandom(512).hex()} for _ in range(8_000)),
+                                              batch_size=100)
+        leader = cluster.leader_of(0)
+        assert leader is not None
+        wait_for("a snapshot on the leader", lambda: local_stats(cluster, leader)["replicas"]["0"]["snapshots"]
+                 ["written"] >= 1)
+        slow = shoal("cluster", "settings", "--data", str(data), "--move-rate", "1MiB")
+        assert slow.returncode == 0, slow.stderr
+        grow = subprocess.Popen([sys.executable, "-m", "shoal.cli", "cluster", "settings", "--data", str(data),
+                                 "--replication", "3", "--timeout", "180"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            admin = admin_of(cluster, leader)
+            shape = admin.wait(lambda s: any(m.get("bytesSent") for m in s.moves), 60, 0.2)
+            move = next(m for m in shape.moves if m.get("bytesSent"))
+            assert move["state"] == "catching up" and move["partition"] == 0
+            assert 0 < move["bytesSent"] < move["bytesTotal"] and move["rateBytesPerS"] > 0 and move["etaS"] > 0
+            status = shoal("cluster", "status", "--data", str(data))
+            assert status.returncode == 0 and "catching up" in status.stdout and "ETA" in status.stdout
+            fast = shoal("cluster", "settings", "--data", str(data), "--move-rate", "256MiB")
+            assert fast.returncode == 0, fast.stderr
+            out, _ = grow.communicate(timeout=CLI_TIMEOUT_S)
+        finally:
+            if grow.poll() is None:
+                grow.kill()
+                grow.wait(10)
+        print(out)
+        assert grow.returncode == 0, out
+        assert "ETA" in out  # its progress named the stream's bytes and time left
+        assert metric(cluster, leader, "shoal_snapshot_bytes_sent_total") >= move["bytesTotal"]
+        assert len(members_of_leaders(cluster, cluster.node_ids)[0]["voters"]) == 3
+        with Client(cluster.addresses) as client:
+            assert client.queue("big").count() == len(ids) == 8_000
