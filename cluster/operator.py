@@ -640,9 +640,7 @@ def replace_node(node_id: str, data_dir: str, url: str | None, token: str | None
         if not any(n.id == node_id for n in where.config.nodes):
             raise click.ClickException(f"{node_id} is not in {where.config_path}")
         _stop_local(where, node_id)
-        data = where.config.node_data_dir(node_id)
-        if not data.is_absolute():
-            data = where.data_dir / data if where.data_dir else data
+        data = where.config.node_data_dir(node_id)  # as the node resolves it (the launcher's directory)
         if data.exists():
             aside = data.with_name(f"{data.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             data.rename(aside)
