@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.cluster.registry import ACTIVE, node_of_member
 
 from .raft.core import REPLICATE, ProposalRefused
-from .raft.install import ByteRate
+from .raft.install import RATE_BYTES_PER_S, ByteRate
 from .raft.membership import ConfigChange
 
 if TYPE_CHECKING:
@@ -205,9 +205,13 @@ class MoveService:
         out: list[dict[str, Any]] = []
         node = self.node
         auto = self._auto()
-        for p, replica in sorted(node.replicas.items()):
-            if not replica.is_leader():
-                continue
+        led = {p: r for p, r in sorted(node.replicas.items()) if r.is_leader()}
+        streams_by_p = {p: r.stream_progress() for p, r in led.items()}
+        # What one stream may send from now on: the node's share of the move rate, split over its
+        # streams, at most a stream's own limit. A stream's average since it began overstates it
+        # (the first window leaves at once, the token bucket's burst).
+        cap = min(float(RATE_BYTES_PER_S), self.rate.rate / max(1, sum(map(len, streams_by_p.values()))))
+        for p, replica in led.items():
             core = replica.core
             target = node.target(p)
             wanted = set(target)
@@ -217,7 +221,7 @@ class MoveService:
             if not joining and not leaving:
                 continue
             held = not auto and not self._must_move(set(members.members), wanted)
-            streams = {s["peer"]: s for s in replica.stream_progress()}
+            streams = {s["peer"]: s for s in streams_by_p[p]}
             for k in range(max(len(joining), len(leaving))):
                 to = joining[k] if k < len(joining) else None
                 src = leaving[k] if k < len(leaving) else None
@@ -233,7 +237,7 @@ class MoveService:
                     if stream is not None:
                         entry.update(bytesSent=stream["acked"], bytesTotal=stream["total"])
                         elapsed = max(1e-3, time.monotonic() - stream.get("started", time.monotonic()))
-                        rate = stream["acked"] / elapsed
+                        rate = min(stream["acked"] / elapsed, cap)
                         entry["rateBytesPerS"] = round(rate)
                         entry["etaS"] = round((stream["total"] - stream["acked"]) / rate, 1) if rate > 0 else None
                     elif pr is not None:
