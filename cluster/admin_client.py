@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from .registry import Registry
+from .registry import Registry, node_of_member
 
 __all__ = ["AdminClient", "AdminError", "ClusterShape"]
 
@@ -36,6 +36,9 @@ class ClusterShape:
     placement: dict[int, list[str]]
     topology: dict[str, Any]
     moves: list[dict[str, Any]]
+    #: Partition -> ``{leader, term, voters, learners}`` (Raft member ids) as its leader reports
+    #: it; None when the node answering does not report memberships.
+    memberships: dict[int, dict[str, Any]] | None = None
 
     def replicas(self, partition: int) -> list[str]:
         return list(self.topology["partitionMap"][partition]["replicas"])
@@ -44,19 +47,44 @@ class ClusterShape:
         leader = self.topology["partitionMap"][partition]["leader"]
         return str(leader) if leader is not None else None
 
+    def members(self, partition: int) -> tuple[list[str], list[str]] | None:
+        """(voters, learners) of ``partition`` as member ids, when its leader reported them."""
+        m = (self.memberships or {}).get(partition)
+        return (list(m["voters"]), list(m["learners"])) if m else None
+
     def settled(self) -> bool:
-        """Every partition's voters are its target's nodes, it has a leader, and no move runs."""
+        """Every partition's voters are its target's nodes, it has a leader, and no move runs;
+        where memberships are reported, its voters are exactly the target's member ids (a
+        replaced node's new incarnation, not its old self) and it has no learner."""
         if self.moves:
             return False
         for p, target in self.placement.items():
-            nodes = sorted(m.split("/", 1)[0] for m in target)
+            nodes = sorted(node_of_member(m) for m in target)
             if sorted(self.replicas(p)) != nodes or self.leader(p) is None:
                 return False
+            if self.memberships is not None:
+                members = self.members(p)
+                if members is None or sorted(members[0]) != sorted(target) or members[1]:
+                    return False
         return True
+
+    def holds(self, node: str) -> bool:
+        """True while any partition lists ``node`` (as a voter, a learner, its leader, or in a move)."""
+        for info in self.topology["partitionMap"]:
+            if node in info["replicas"] or info["leader"] == node:
+                return True
+        for m in self.moves:
+            if node in (m.get("from"), m.get("to")):
+                return True
+        for p in (self.memberships or {}):
+            voters, learners = self.members(p) or ([], [])
+            if any(node_of_member(m) == node for m in voters + learners):
+                return True
+        return False
 
     def leaders_balanced(self) -> bool:
         """Every partition is led by its preferred (first target) node."""
-        return all(self.leader(p) == target[0].split("/", 1)[0] for p, target in self.placement.items() if target)
+        return all(self.leader(p) == node_of_member(target[0]) for p, target in self.placement.items() if target)
 
 
 class AdminClient:
@@ -90,8 +118,11 @@ class AdminClient:
 
     def shape(self) -> ClusterShape:
         doc = self._call("GET", "/admin/cluster?all=1")
+        found = doc.get("memberships")
+        memberships = {int(p): m for p, m in found.items()} if isinstance(found, dict) else None
         return ClusterShape(Registry.from_wire(doc["registry"]),
-                            {int(p): list(m) for p, m in doc["placement"].items()}, doc["topology"], doc["moves"])
+                            {int(p): list(m) for p, m in doc["placement"].items()}, doc["topology"], doc["moves"],
+                            memberships)
 
     def add_node(self, node_id: str, host: str, port: int, http_port: int, raft_port: int) -> dict[str, Any]:
         return self._call("POST", "/admin/nodes", {"id": node_id, "host": host, "port": port, "httpPort": http_port,

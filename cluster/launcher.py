@@ -584,9 +584,24 @@ class LocalCluster:
 # --- CLI --------------------------------------------------------------------------------------------
 
 
-@click.group("cluster")
+class _ClusterGroup(click.Group):
+    """``up`` and ``down`` live here; the commands that change a running cluster's shape in
+    :mod:`.operator` (imported when listed or used: it imports this module)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from .operator import COMMANDS
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        from . import operator
+        attr = operator.COMMANDS.get(name)
+        return getattr(operator, attr) if attr else super().get_command(ctx, name)
+
+
+@click.group("cluster", cls=_ClusterGroup)
 def cluster_group() -> None:
-    """Run a local cluster of node processes on this machine."""
+    """Run a local cluster of node processes, and grow, shrink or rebalance a running cluster
+    (local with --data, remote with --url)."""
 
 
 @cluster_group.command("up")
@@ -740,35 +755,3 @@ def cluster_down(data_dir: str) -> None:
             click.echo(f"stopped {node_id} (pid {pid})")
         pid_file.unlink(missing_ok=True)
     click.echo(f"{stopped} node(s) stopped")
-
-
-@cluster_group.command("status")
-@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
-def cluster_status(data_dir: str) -> None:
-    """Show each node's pid and which partitions it leads."""
-    path = Path(data_dir) / "cluster.toml"
-    if not path.exists():
-        raise click.ClickException(f"no cluster at {data_dir} (no cluster.toml)")
-    config = load_config(path, env={})
-    pids = {nid: pid for nid, pid, _ in _pids_in(Path(data_dir))}
-    topo: Topology | None = None
-    click.echo(f"cluster {config.cluster_id}")
-    for n in config.nodes:
-        alive = n.id in pids and _is_our_node(pids[n.id])
-        line = f"{n.id}: {'up' if alive else 'down'}  client {n.host}:{n.port}  pid {pids.get(n.id, '-')}"
-        reply: dict[str, Any] = {}
-        if alive:
-            with contextlib.suppress(OSError, TimeoutError):
-                reply = hello(n.host, n.port, 1.0, config.tokens[0] if config.tokens else None,
-                              config.tls.client_context() if config.tls else None)
-        if (reply.get("clusterId"), reply.get("nodeId")) != (config.cluster_id, n.id):
-            reply = {}  # nothing answered, or another cluster's node on this port
-        if reply:
-            line += f"  incarnation {reply.get('incarnation', '-')}"
-        click.echo(line)
-        if reply.get("ok") and "topology" in reply:
-            t = Topology.from_wire(reply["topology"])
-            topo = t if topo is None else topo.merge(t)
-    if topo is not None:
-        for p in topo.partition_map:
-            click.echo(f"  partition {p.id}: leader {p.leader or '-'} term {p.term} replicas {','.join(p.replicas)}")

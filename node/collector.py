@@ -104,3 +104,35 @@ class NodeCollector(Collector):
                 for kind, n in q.totals.items():
                     totals.add_metric([q.name, kind], n)
         yield from (jobs, totals)
+        yield from _moves(node)
+
+
+def _moves(node: "NodeView") -> Iterator[Any]:
+    """Moves of replicas (membership changes this node makes as a leader) and their traffic."""
+    moves = node.moves
+    yield CounterMetricFamily("shoal_moves_started", "Replicas this node, as a partition's leader, added as "
+                              "learners (a move begins)", value=moves.started)
+    yield CounterMetricFamily("shoal_moves_finished", "Learners this node, as a partition's leader, promoted to "
+                              "voters (a move's new replica votes)", value=moves.finished)
+    running = GaugeMetricFamily("shoal_moves_in_progress", "Moves of the partitions this node leads, by state "
+                                "(waiting, catching up, removing, pending rebalance)", labels=["state"])
+    by_state: dict[str, int] = {}
+    for move in moves.moves():
+        by_state[move["state"]] = by_state.get(move["state"], 0) + 1
+    for state, n in sorted(by_state.items()):
+        running.add_metric([state], n)
+    yield running
+    yield CounterMetricFamily("shoal_snapshot_bytes_sent", "Snapshot bytes this node streamed to new replicas and "
+                              "lagging followers", value=moves.snapshot_bytes_sent())
+    yield GaugeMetricFamily("shoal_move_rate_bytes_per_second", "This node's share of the cluster's move rate "
+                            "(move_rate_bytes_per_s over the active nodes)", value=moves.rate.rate)
+    voters = GaugeMetricFamily("shoal_partition_voters", "Voting members of the partition's group, as this "
+                               "node's replica last applied its membership", labels=["partition"])
+    learners = GaugeMetricFamily("shoal_partition_learners", "Learners (new replicas catching up) of the "
+                                 "partition's group, as this node's replica last applied its membership",
+                                 labels=["partition"])
+    for p, replica in sorted(node.replicas.items()):
+        membership = replica.core.membership
+        voters.add_metric([str(p)], len(membership.voters))
+        learners.add_metric([str(p)], len(membership.learners))
+    yield from (voters, learners)

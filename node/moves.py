@@ -20,7 +20,9 @@ A change is proposed only when the previous one is applied and the leader has co
 entry of its term (the core refuses otherwise), so a membership is never changed by a
 leader that may not know the latest one. Moves run by themselves after the registry changes
 (``rebalance_auto``, default on); with it off they run when the operator asks (the
-registry's ``rebalance_epoch`` rises), and always for nodes leaving, removed or replaced.
+registry's ``rebalance_epoch`` rises) until every partition of the cluster is on its target
+(as the node's topology shows it: a partition's leadership may pass to another node
+mid-move, which must finish it), and always for nodes leaving, removed or replaced.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.cluster.registry import ACTIVE, node_of_member
 
 from .raft.core import REPLICATE, ProposalRefused
-from .raft.install import ByteRate
+from .raft.install import RATE_BYTES_PER_S, ByteRate
 from .raft.membership import ConfigChange
 
 if TYPE_CHECKING:
@@ -57,9 +59,14 @@ class MoveService:
         self.node = node
         #: The node's outgoing catch-up traffic (snapshot streams): its share of the cluster's move rate.
         self.rate = ByteRate(self._share())
+        #: Replicas this node, as a partition's leader, added as learners / promoted to voters.
         self.started = 0
         self.finished = 0
-        self._done_epoch = 0
+        #: Snapshot bytes streamed by replicas this node no longer hosts (see :meth:`snapshot_bytes_sent`).
+        self.retired_snapshot_bytes = 0
+        #: The last ``rebalance_epoch`` (operator's rebalance) carried out; None until the first look,
+        #: which takes the registry's as done (a restarted node does not redo an old request).
+        self._done_epoch: int | None = None
         #: partition -> (change kind, member, when proposed) of the last change this leader made.
         self.last_change: dict[int, tuple[str, str, float]] = {}
 
@@ -85,13 +92,31 @@ class MoveService:
         node = self.node
         reg = node.cluster_map.registry
         epoch = reg.settings.rebalance_epoch
-        auto = reg.settings.rebalance_auto or epoch != self._done_epoch
+        auto = self._auto()
         busy = False
         for p, replica in sorted(node.replicas.items()):
             if replica.is_leader():
                 busy |= self.step(p, replica, node.target(p), auto)
-        if not busy:
+        # An operator's rebalance is done once every partition of the cluster is on its target, not
+        # once this node's are: leadership of a partition still moving may come here later.
+        if epoch != self._done_epoch and not busy and self._cluster_on_target():
             self._done_epoch = epoch
+
+    def _auto(self) -> bool:
+        """True when moves run: automatic rebalancing on, or an operator's rebalance not yet done."""
+        settings = self.node.cluster_map.registry.settings
+        if self._done_epoch is None:
+            self._done_epoch = settings.rebalance_epoch
+        return settings.rebalance_auto or settings.rebalance_epoch != self._done_epoch
+
+    def _cluster_on_target(self) -> bool:
+        """Every partition, as this node's topology knows it, has a leader and its target's nodes as voters."""
+        node = self.node
+        for info in node.topology.partition_map:
+            target = sorted(node_of_member(m) for m in node.target(info.id))
+            if info.leader is None or sorted(info.replicas) != target:
+                return False
+        return True
 
     def step(self, p: int, replica: "PartitionReplica", target: list[str], auto: bool) -> bool:
         """One change toward ``target`` for partition ``p``; True while the group differs from it."""
@@ -162,13 +187,31 @@ class MoveService:
                 return True
         return False
 
+    def snapshot_bytes_sent(self) -> int:
+        """Snapshot bytes this node streamed to learners and lagging followers, node-wide (replicas
+        since retired included)."""
+        return self.retired_snapshot_bytes + sum(int(r.status()["snapshotBytesSent"])
+                                                 for r in self.node.replicas.values())
+
+    def counters(self) -> dict[str, Any]:
+        """Moves this node started and finished as a leader, snapshot bytes it sent, its share of the move rate."""
+        return {"started": self.started, "finished": self.finished, "snapshotBytesSent": self.snapshot_bytes_sent(),
+                "rateBytesPerS": round(self.rate.rate)}
+
     def moves(self) -> list[dict[str, Any]]:
-        """Every move this node runs as a leader: partition, from → to, bytes sent, rate, time left."""
+        """Every move this node runs as a leader: partition, from → to (node and member ids), state,
+        bytes sent, rate, time left. A move that waits for an operator's ``rebalance`` (automatic
+        rebalancing off) is in state ``pending rebalance``."""
         out: list[dict[str, Any]] = []
         node = self.node
-        for p, replica in sorted(node.replicas.items()):
-            if not replica.is_leader():
-                continue
+        auto = self._auto()
+        led = {p: r for p, r in sorted(node.replicas.items()) if r.is_leader()}
+        streams_by_p = {p: r.stream_progress() for p, r in led.items()}
+        # What one stream may send from now on: the node's share of the move rate, split over its
+        # streams, at most a stream's own limit. A stream's average since it began overstates it
+        # (the first window leaves at once, the token bucket's burst).
+        cap = min(float(RATE_BYTES_PER_S), self.rate.rate / max(1, sum(map(len, streams_by_p.values()))))
+        for p, replica in led.items():
             core = replica.core
             target = node.target(p)
             wanted = set(target)
@@ -177,20 +220,24 @@ class MoveService:
             leaving = [m for m in members.members if m not in wanted]
             if not joining and not leaving:
                 continue
-            streams = {s["peer"]: s for s in replica.stream_progress()}
+            held = not auto and not self._must_move(set(members.members), wanted)
+            streams = {s["peer"]: s for s in streams_by_p[p]}
             for k in range(max(len(joining), len(leaving))):
                 to = joining[k] if k < len(joining) else None
                 src = leaving[k] if k < len(leaving) else None
                 entry: dict[str, Any] = {"partition": p, "from": node_of_member(src) if src else None,
-                                         "to": node_of_member(to) if to else None, "state": "waiting"}
-                if to is not None and to in members.learners:
+                                         "to": node_of_member(to) if to else None, "fromMember": src,
+                                         "toMember": to, "state": "waiting"}
+                if held:
+                    entry["state"] = "pending rebalance"
+                elif to is not None and to in members.learners:
                     pr = core.progress.get(to)
                     stream = streams.get(to)
                     entry["state"] = "catching up"
                     if stream is not None:
                         entry.update(bytesSent=stream["acked"], bytesTotal=stream["total"])
                         elapsed = max(1e-3, time.monotonic() - stream.get("started", time.monotonic()))
-                        rate = stream["acked"] / elapsed
+                        rate = min(stream["acked"] / elapsed, cap)
                         entry["rateBytesPerS"] = round(rate)
                         entry["etaS"] = round((stream["total"] - stream["acked"]) / rate, 1) if rate > 0 else None
                     elif pr is not None:

@@ -148,6 +148,7 @@ class Node:
         network.register_channel(RELAY_CHANNEL, self.relay.on_message, self.relay.peer_lost)
         self.dispatcher.relay = self.relay
         self.relay.start()
+        self.moves.registry_changed()  # the move rate's share from the registry as stored, not the default
         self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
             PartitionInfo(p, tuple(node_of_member(m) for m in self.target(p))) for p in range(config.partitions)), 0)
         boot = self.cluster_map.registry.bootstrap_placement()
@@ -516,6 +517,7 @@ class Node:
         commits = self.group_commits.pop(p)
         commits.fail_all(self.not_leader_error(p))
         self.dispatcher.fail_parked(p, self.not_leader_error(p))
+        self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()
         replica.delete_files()
         log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)

@@ -403,6 +403,10 @@ function overviewHtml(o) {
     ${queuesTable(o)}
   </div>
   <div class="grid nodes" id="nodes">${o.nodes.map(nodeCard).join("")}</div>
+  <div class="card" id="moves" style="margin-bottom:16px">
+    <header><h2>Moves</h2><span class="count">${(o.moves || []).length}</span><span class="spacer"></span>${settingsHtml(o.settings)}</header>
+    ${movesTable(o.moves || [])}
+  </div>
   <div class="card">
     <header><h2>Partitions</h2><span class="count">${o.partitions.length} Raft groups</span></header>
     <div class="table-wrap">${partitionsTable(o)}</div>
@@ -413,14 +417,36 @@ function nodeCard(n) {
   const status = !n.reachable ? `<span class="badge bad">unreachable</span>`
     : n.stopping ? `<span class="badge warn">stopping</span>`
     : n.ready ? `<span class="badge ok">ready</span>` : `<span class="badge warn">not ready</span>`;
+  const state = n.state && n.state !== "active" ? ` <span class="badge warn" title="registry state: its replicas move to the other nodes">${esc(n.state)}</span>` : "";
   const body = n.reachable ? `<dl>
+      <dt>Member</dt><dd title="incarnation ${esc(n.incarnation || "not yet known")}">${esc(n.member || n.nodeId)}</dd>
       <dt>Uptime</dt><dd>${fmtDuration(n.uptimeS)}</dd>
       <dt>Memory (RSS)</dt><dd>${fmtBytes(n.rssBytes)}</dd>
       <dt>Connections</dt><dd>${fmtNum(n.connections)}</dd>
       <dt>Sessions</dt><dd>${fmtNum(n.sessions)}</dd>
       <dt>Leads</dt><dd>${leadsHtml(n)}</dd>
     </dl>` : `<p class="muted">${esc(n.error || "no answer")}</p>`;
-  return `<div class="card node" data-node="${esc(n.nodeId)}"><h3>${esc(n.nodeId)} ${status}</h3>${body}</div>`;
+  return `<div class="card node" data-node="${esc(n.nodeId)}"><h3>${esc(n.nodeId)} ${status}${state}</h3>${body}</div>`;
+}
+
+// the same as `shoal cluster status`: partition, from → to (member ids), state, bytes, rate, time left
+function settingsHtml(st) {
+  if (!st) return "";
+  return `<span class="muted">replication ${esc(st.replication)} (${esc(st.replicasPerPartition)} per partition) · rebalance ${st.rebalanceAuto ? "auto" : "by hand"} · move rate ${fmtBytes(st.moveRateBytesPerS)}/s</span>`;
+}
+
+function movesTable(moves) {
+  if (!moves.length) return `<div class="empty">No moves: every partition is on its target replicas.</div>`;
+  const rows = moves.map((m) => {
+    const bytes = m.bytesSent !== undefined ? `${fmtBytes(m.bytesSent)} / ${fmtBytes(m.bytesTotal)}`
+      : m.matchIndex !== undefined ? `log ${fmtNum(m.matchIndex)} / ${fmtNum(m.commitIndex)}` : "–";
+    return `<tr data-move="${m.partition}"><td>p${m.partition}</td><td>${esc(m.fromMember || m.from || "–")}</td>
+      <td>${esc(m.toMember || m.to || "–")}</td><td>${esc(m.state)}</td><td class="num">${bytes}</td>
+      <td class="num">${m.rateBytesPerS !== undefined ? fmtBytes(m.rateBytesPerS) + "/s" : "–"}</td>
+      <td class="num">${m.etaS !== undefined && m.etaS !== null ? fmtDuration(m.etaS) : "–"}</td></tr>`;
+  }).join("");
+  return `<div class="table-wrap"><table class="moves"><thead><tr><th>Partition</th><th>From</th><th>To</th><th>State</th>
+    <th class="num">Sent</th><th class="num">Rate</th><th class="num">Time left</th></tr></thead><tbody>${rows}</tbody></table></div>`;
 }
 
 function leadsHtml(n) {

@@ -5,9 +5,10 @@ a node in ``dashboard_read_only`` mode still serves the admin API (it is not the
 A change goes into the node registry (:mod:`shoal.node.cluster_map`), which reaches every
 node by gossip; the partitions' leaders then move replicas (:mod:`shoal.node.moves`).
 
-- ``GET /admin/cluster``: registry, settings, topology, this node's moves (``?all=1``: every
-  node's, gathered from the peers' ``/admin/moves``);
-- ``GET /admin/moves``: the moves this node runs as a leader;
+- ``GET /admin/cluster``: registry, settings, topology, the target placement, this node's moves
+  and the memberships (Raft member ids) of the partitions it leads (``?all=1``: every node's,
+  gathered from the peers' ``/admin/moves``);
+- ``GET /admin/moves``: the moves this node runs as a leader, and its led partitions' memberships;
 - ``POST /admin/nodes`` ``{id, host, port, httpPort, raftPort}``: add a node;
 - ``POST /admin/nodes/{id}/decommission``: move every replica off it (state ``leaving``);
 - ``POST /admin/nodes/{id}/remove``: mark a node no partition lists any more as ``removed``;
@@ -33,7 +34,7 @@ from .util import json_response
 if TYPE_CHECKING:
     from ..view import NodeView
 
-__all__ = ["add_admin_routes", "ADMIN_BODY_BYTES_MAX"]
+__all__ = ["add_admin_routes", "led_memberships", "ADMIN_BODY_BYTES_MAX"]
 
 #: The largest admin request body.
 ADMIN_BODY_BYTES_MAX = 16 * 1024
@@ -65,6 +66,17 @@ class _Invalid(Exception):
     pass
 
 
+def led_memberships(node: "NodeView") -> dict[str, dict[str, Any]]:
+    """The Raft membership (member ids) of every partition ``node`` leads, with its term."""
+    out: dict[str, dict[str, Any]] = {}
+    for p, replica in sorted(node.replicas.items()):
+        if replica.is_leader():
+            members = replica.core.membership
+            out[str(p)] = {"leader": node.node_id, "term": replica.term(), "voters": sorted(members.voters),
+                           "learners": sorted(members.learners)}
+    return out
+
+
 class AdminApi:
     """Handlers of the admin routes (see the module docstring)."""
 
@@ -77,40 +89,51 @@ class AdminApi:
         return {"ok": True, "nodeId": node.node_id, "registry": reg.to_wire(),
                 "placement": {str(p): m for p, m in reg.placement().items()},
                 "topology": node.topology.to_wire(), "moves": node.moves.moves(),
-                "moveCounters": {"started": node.moves.started, "finished": node.moves.finished}}
+                "memberships": led_memberships(node),
+                "moveCounters": node.moves.counters()}
 
     async def cluster(self, request: web.Request) -> web.Response:
         body = self._summary()
         if request.query.get("all") in ("1", "true"):
-            body["moves"] = await self._all_moves(request)
+            body["moves"], body["memberships"] = await self._gather(request)
         return json_response(body)
 
     async def moves(self, _: web.Request) -> web.Response:
-        return json_response({"ok": True, "nodeId": self.node.node_id, "moves": self.node.moves.moves()})
+        return json_response({"ok": True, "nodeId": self.node.node_id, "moves": self.node.moves.moves(),
+                              "memberships": led_memberships(self.node)})
 
-    async def _all_moves(self, request: web.Request) -> list[dict[str, Any]]:
-        """This node's moves and every live peer's, asked over HTTP with the caller's token."""
+    async def _gather(self, request: web.Request) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """This node's moves and led memberships and every live peer's, asked over HTTP with the
+        caller's token (of two leaders of one partition, the one of the higher term counts)."""
         node = self.node
         moves = list(node.moves.moves())
+        memberships = led_memberships(node)
         headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
         scheme = "https" if node.config.tls else "http"
         ssl_ctx = node.config.tls.client_context() if node.config.tls else None
 
-        async def ask(session: aiohttp.ClientSession, entry: NodeEntry) -> list[dict[str, Any]]:
-            url = f"{scheme}://{entry.host}:{entry.http_port}/admin/moves"
+        async def ask(session: aiohttp.ClientSession, entry: NodeEntry) -> dict[str, Any]:
+            host = f"[{entry.host}]" if ":" in entry.host else entry.host
+            url = f"{scheme}://{host}:{entry.http_port}/admin/moves"
             try:
                 async with session.get(url, headers=headers, ssl=ssl_ctx or False) as resp:
                     doc = await resp.json()
-                    return list(doc.get("moves", [])) if resp.status == 200 else []
+                    return doc if resp.status == 200 and isinstance(doc, dict) else {}
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                return []
+                return {}
 
         peers = [e for e in node.cluster_map.registry.live() if e.id != node.node_id]
         timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for found in await asyncio.gather(*(ask(session, e) for e in peers)):
-                moves.extend(found)
-        return sorted(moves, key=lambda m: (m["partition"], m.get("to") or "", m.get("from") or ""))
+                moves.extend(m for m in found.get("moves", []) if isinstance(m, dict))
+                theirs = found.get("memberships")
+                for p, m in (theirs.items() if isinstance(theirs, dict) else ()):
+                    mine = memberships.get(p)
+                    if isinstance(m, dict) and (mine is None or m.get("term", 0) > mine["term"]):
+                        memberships[p] = m
+        moves.sort(key=lambda m: (m.get("partition", 0), m.get("to") or "", m.get("from") or ""))
+        return moves, dict(sorted(memberships.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
 
     async def add_node(self, request: web.Request) -> web.Response:
         try:

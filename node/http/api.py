@@ -258,7 +258,8 @@ class HttpApi(StreamHandlers):
         return web.Response(text=self.node.metrics.exposition(), content_type="text/plain", charset="utf-8")
 
     async def stats(self, _: web.Request) -> web.Response:
-        """Replicas of this node (leader or not) and the queues of the partitions it leads."""
+        """Replicas of this node (leader or not), the queues of the partitions it leads, and the moves
+        it runs as their leader."""
         node = self.node
         now = node.now_ms()
         queues: dict[str, Any] = {}
@@ -269,7 +270,8 @@ class HttpApi(StreamHandlers):
                               "incarnation": node.incarnation, "pid": os.getpid(), "queues": queues,
                               "connections": len(node.dispatcher.connections),
                               "httpStreams": dict(node.metrics.http_streams),
-                              "commandsTotal": node.dispatcher.commands_total})
+                              "commandsTotal": node.dispatcher.commands_total,
+                              "moves": node.moves.moves(), "moveCounters": node.moves.counters()})
 
     async def openapi(self, request: web.Request) -> web.Response:
         text = _OPENAPI.read_text()

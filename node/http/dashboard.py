@@ -2,10 +2,12 @@
 
 The page (``node/dashboard/``) talks only to public endpoints, all in ``openapi.yaml``:
 
-- ``GET /node``: this node's health, its replicas (term, commit/applied index, leader) and,
-  for every queue of a partition it hosts, counts, totals, rates and a short history;
-- ``GET /cluster``: ``/node`` of every node merged (each queue from its partition's leader),
-  and ``GET /cluster/stream``: the same as Server-Sent Events, once a second;
+- ``GET /node``: this node's health, its replicas (term, commit/applied index, leader), the
+  moves it runs as a leader and, for every queue of a partition it hosts, counts, totals,
+  rates and a short history;
+- ``GET /cluster``: ``/node`` of every node of the registry merged (each queue and each move
+  from its partition's leader, nodes with their registry state and incarnation, the cluster's
+  settings), and ``GET /cluster/stream``: the same as Server-Sent Events, once a second;
 - ``GET /queues/{queue}``, ``/queues/{queue}/list``, ``/queues/{queue}/search``,
   ``GET /jobs/{id}/detail``: a queue's settings and history, jobs by state, search, a job's detail;
 - actions (``POST /jobs/{id}/retry|promote|cancel|release``, ``DELETE /jobs/{id}``,
@@ -317,7 +319,8 @@ class Dashboard:
                              "appliedIndex": r.applied_index(), "pendingCommands": node.group_commits[p].pending}
                     for p, r in sorted(node.replicas.items())}
         queues = self.sampler.views(OVERVIEW_SPARK_SAMPLES, OVERVIEW_QUEUES_MAX)
-        return {"nodeId": node.node_id, "ready": health["ready"], "stopping": node.stopping,
+        return {"nodeId": node.node_id, "incarnation": node.incarnation, "ready": health["ready"],
+                "stopping": node.stopping, "moves": node.moves.moves(),
                 "uptimeS": round(time.time() - self.api.started, 1), "rssBytes": rss,
                 "connections": len(node.dispatcher.connections), "httpStreams": dict(node.metrics.http_streams),
                 "sessions": node.dispatcher.sessions.active, "commandsTotal": node.dispatcher.commands_total,
@@ -366,7 +369,8 @@ class Dashboard:
         async def local() -> dict[str, Any]:
             return self.node_view()
 
-        ids = [n.id for n in self.node.config.nodes]
+        registry = self.node.cluster_map.registry
+        ids = [n.id for n in registry.live()]
         views = await asyncio.gather(*(local() if i == self.node.node_id else self._peer_view(i, authorization)
                                        for i in ids))
         for v in views:
@@ -403,13 +407,22 @@ class Dashboard:
         nodes = [{k: v.get(k) for k in ("nodeId", "reachable", "error", "ready", "stopping", "uptimeS", "rssBytes",
                                         "connections", "httpStreams", "sessions", "commandsTotal")}
                  | {"leading": sorted(int(p) for p, r in v.get("replicas", {}).items() if r.get("isLeader")),
-                    "hosting": sorted(int(p) for p in v.get("replicas", {}))}
+                    "hosting": sorted(int(p) for p in v.get("replicas", {})),
+                    "state": registry.nodes[v["nodeId"]].state, "incarnation": registry.nodes[v["nodeId"]].incarnation,
+                    "member": registry.nodes[v["nodeId"]].member()}
                  for v in views]
+        # Each partition's moves as its leader reports them (a stale leader's are left out).
+        moves = [m for v in views if v.get("reachable") for m in v.get("moves", ())
+                 if partitions.get(m.get("partition"), {}).get("leader") == v["nodeId"]]
+        moves.sort(key=lambda m: (m.get("partition", 0), m.get("to") or "", m.get("from") or ""))
         sims = [v["simulation"] | {"nodeId": v["nodeId"]} for v in views if v.get("simulation")]
         out = {"ok": True, "clusterId": self.node.config.cluster_id, "servedBy": self.node.node_id,
                "readOnly": self.read_only, "time": self.node.now_ms(), "nodes": nodes,
                "partitions": [partitions[p] for p in sorted(partitions)],
-               "queues": dict(sorted(queues.items())), "simulations": sims}
+               "queues": dict(sorted(queues.items())), "simulations": sims, "moves": moves,
+               "settings": {"replication": registry.settings.replication, "replicasPerPartition": registry.rf(),
+                            "rebalanceAuto": registry.settings.rebalance_auto,
+                            "moveRateBytesPerS": registry.settings.move_rate_bytes_per_s}}
         self._overview_cache = (time.monotonic(), authorization or "", out)
         return out
 
@@ -603,7 +616,8 @@ class Dashboard:
             return refused
         other = request.query.get("node")
         if other and other != self.node.node_id:
-            if other not in {n.id for n in self.node.config.nodes} or FORWARDED_HEADER in request.headers:
+            live = {n.id for n in self.node.cluster_map.registry.live()}
+            if other not in live or FORWARDED_HEADER in request.headers:
                 return error_response("INVALID", f"node: {other!r} is not a node of this cluster")
             try:
                 status, body = await self._peer_call(other, "DELETE", "/simulation",

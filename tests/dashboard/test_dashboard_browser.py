@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from shoal.client import Client
-from shoal.cluster.launcher import LocalCluster
+from shoal.cluster.admin_client import AdminClient
+from shoal.cluster.launcher import LocalCluster, free_base_port
 
 from dashboard_helpers import PHONE, base_url, browser, cluster, page, shots  # noqa: F401  (fixtures)
 
@@ -70,6 +71,31 @@ def test_overview_shows_nodes_leaders_and_live_counts(cluster: LocalCluster, pag
     page.set_viewport_size(PHONE)
     page.wait_for_timeout(400)  # the page redraws its charts for the new width
     page.screenshot(path=str(shots / "overview-phone.png"), full_page=True)
+
+
+def test_overview_moves_panel_shows_what_cluster_status_shows(tmp_path: Path, page: Any, shots: Path) -> None:
+    """A node registered while rebalance_auto is off: every partition that would move to it lists
+    a move pending a rebalance, on the page as in the admin API (which `shoal cluster status` prints)."""
+    with LocalCluster(nodes=3, partitions=4, data_dir=tmp_path / "c", base_port=free_base_port(5, 4)) as cl:
+        cl.wait_balanced()
+        admin = AdminClient(base_url(cl, 1))
+        admin.settings(rebalanceAuto=False)
+        first = cl.config.nodes[0]
+        admin.add_node("n4", first.host, first.port + 6, first.port + 7, first.raft_port + 3)  # never started
+        moves = admin.wait(lambda s: len(s.moves) > 0 and all(m["state"] == "pending rebalance" for m in s.moves),
+                           30).moves
+        page.goto(base_url(cl) + "/")
+        page.wait_for_function("(n) => document.querySelectorAll('#moves tr[data-move]').length === n",
+                               arg=len(moves))
+        rows = page.locator("#moves tr[data-move]")
+        for k, move in enumerate(moves):
+            text = rows.nth(k).inner_text()
+            assert f"p{move['partition']}" in text and "pending rebalance" in text and "n4" in text
+        assert "rebalance by hand" in page.locator("#moves header").inner_text()
+        card = page.locator('.node[data-node="n4"]')
+        card.wait_for()
+        assert "unreachable" in card.inner_text()
+        page.screenshot(path=str(shots / "overview-moves.png"), full_page=True)
 
 
 def test_queue_page_job_detail_and_actions(cluster: LocalCluster, page: Any, shots: Path) -> None:

@@ -3,7 +3,7 @@
 A second `shoal cluster up` on a running cluster's ports fails at once naming them, and the
 first cluster keeps serving; the launcher's readiness check never counts another cluster's
 node; a node that cannot bind is reported with its log line; a wiped node comes back as a new
-incarnation (in /health, Hello and on its peers' Raft links); a data directory of another
+incarnation (in /health and Hello), refused on its peers' Raft links until it is replaced; a data directory of another
 cluster refuses the start, naming both cluster ids; a node of another cluster is refused on the
 Raft link, both sides naming both cluster ids.
 """
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from shoal.cluster.admin_client import AdminClient
 from shoal.cluster.launcher import ForeignNode, LocalCluster, busy_ports, free_base_port, write_cluster_file
 from shoal.node.identity import IDENTITY_FILE, read_identity
 from shoal.node.raft._io import RealIO
@@ -53,9 +54,13 @@ def health(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
-def peer_incarnations(cluster: LocalCluster, node_id: str) -> dict[str, str]:
+def raft_stats(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
     with RawConn(cluster.address_of(node_id)) as c:
-        return c.call({"cmd": "Stats", "local": True})["raft"]["peerIncarnations"]  # type: ignore[no-any-return]
+        return c.call({"cmd": "Stats", "local": True})["raft"]  # type: ignore[no-any-return]
+
+
+def peer_incarnations(cluster: LocalCluster, node_id: str) -> dict[str, str]:
+    return raft_stats(cluster, node_id)["peerIncarnations"]  # type: ignore[no-any-return]
 
 
 def push_and_pull(cluster: LocalCluster, queue: str) -> None:
@@ -155,9 +160,17 @@ def test_a_wiped_node_comes_back_as_a_new_incarnation(tmp_path: Path) -> None:
         assert after["incarnation"] != first["incarnation"] and after["pid"] == cluster.pids["n3"]
         with RawConn(cluster.address_of("n3")) as c:
             assert c.hello["incarnation"] == after["incarnation"]
-        wait_for(lambda: all(peer_incarnations(cluster, n).get("n3") == after["incarnation"] for n in ("n1", "n2")),
-                 "the peers to see n3's new incarnation on the Raft link")
         assert "new incarnation" in cluster.log_file("n3").read_text()
+        # The peers refuse it on the Raft link (the registry names its old incarnation) until an
+        # operator replaces it; then they link with the new one (tests/integration/test_elastic.py
+        # follows it joining every group as a new member).
+        wait_for(lambda: sum(raft_stats(cluster, n)["handshakesRefused"] for n in ("n1", "n2")) > 0,
+                 "the peers to refuse n3's new incarnation")
+        assert all(peer_incarnations(cluster, n).get("n3") != after["incarnation"] for n in ("n1", "n2"))
+        n1 = cluster.config.node("n1")
+        AdminClient(f"http://{n1.host}:{n1.http_port}").replace("n3", after["incarnation"])
+        wait_for(lambda: all(peer_incarnations(cluster, n).get("n3") == after["incarnation"] for n in ("n1", "n2")),
+                 "the peers to see n3's new incarnation on the Raft link once it is replaced")
 
 
 def test_a_data_dir_of_another_cluster_refuses_to_start_naming_both_ids(tmp_path: Path) -> None:

@@ -174,3 +174,25 @@ def test_http_connection_cap_refuses_clearly_over_tls(pki: dict[str, str], tmp_p
         finally:
             for sock in held:
                 sock.close()
+
+
+def _shoal(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_operator_commands_speak_tls_with_a_token(tls_cluster: LocalCluster, pki: dict[str, str]) -> None:
+    """Locally the cluster file's TLS and token are used; remotely --url https, --token, --ca, --cert/--key."""
+    local = _shoal("cluster", "status", "--data", str(tls_cluster.data_dir))
+    assert local.returncode == 0, local.stderr
+    assert "n1: active" in local.stdout and "moves: none" in local.stdout
+    n = tls_cluster.config.node("n2")
+    url = f"https://{n.host}:{n.http_port}"
+    tls_args = ["--ca", pki["ca"], "--cert", pki["client_cert"], "--key", pki["client_key"]]
+    remote = _shoal("cluster", "settings", "--url", url, "--token", TOKEN, *tls_args, "--move-rate", "16MiB")
+    assert remote.returncode == 0, remote.stderr
+    assert "move rate 16.0 MiB/s" in remote.stdout
+    back = _shoal("cluster", "settings", "--url", url, "--token", TOKEN, *tls_args, "--move-rate", "32MiB")
+    assert back.returncode == 0 and "move rate 32.0 MiB/s" in back.stdout
+    refused = _shoal("cluster", "status", "--url", url, *tls_args)
+    assert refused.returncode == 1 and "AUTH_REQUIRED" in refused.stderr, refused.stderr
