@@ -247,8 +247,40 @@ def resolve_conditionals(text: str, values: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+_ACTION = re.compile(r"\{\{-?\s*(if|with|range|define|block|end)\b")
+
+
+def define_body(helpers: str, name: str) -> str:
+    """The text between ``{{- define "name" -}}`` and its own ``{{- end -}}`` in ``helpers``."""
+    start = helpers.index(f'{{{{- define "{name}" -}}}}')
+    body_start = helpers.index("\n", start) + 1
+    depth = 1
+    for m in _ACTION.finditer(helpers, body_start):
+        depth += -1 if m.group(1) == "end" else 1
+        if depth == 0:
+            return helpers[body_start:helpers.rindex("\n", body_start, m.start()) + 1]
+    raise AssertionError(f"define {name!r} is not closed")
+
+
+def chart_env_text(helpers: str) -> str:
+    """The ``shoal.env`` helper (every container's environment) as a template with an ``env:`` key."""
+    body = define_body(helpers, "shoal.env")
+    return "env:\n" + "".join(f"  {line}\n" for line in body.splitlines())
+
+
+def expand_dependent_vars(env: dict[str, str]) -> dict[str, str]:
+    """The kubelet's ``$(VAR)`` expansion: a reference to a variable defined earlier in the list is
+    replaced by its value (``$$`` is a literal ``$``); an unknown reference stays as written."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        out[name] = re.sub(r"\$\$|\$\((\w+)\)",
+                           lambda m: "$" if m.group(0) == "$$" else out.get(m.group(1), m.group(0)), value)
+    return out
+
+
 def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[str, str]) -> list[dict[str, Any]]:
-    """The container ``env`` list of the StatefulSet template, rendered with a small evaluator.
+    """The container ``env`` list of a template (the StatefulSet's, or :func:`chart_env_text`),
+    rendered with a small evaluator.
 
     Its ``if`` blocks are resolved first (:func:`resolve_conditionals`). It understands the
     pipelines the env block uses — ``.Values.a.b``, ``include "name" .`` and a

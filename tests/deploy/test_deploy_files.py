@@ -26,8 +26,8 @@ import yaml
 from shoal.cluster.config import ENV_VARS, load_config
 from shoal.cluster.guard import TLS_ENV_VARS
 
-from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
-                     interpolate,
+from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_env_text,
+                     chart_schema, define_body, expand_dependent_vars, interpolate,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
                      healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
                      template_texts,
@@ -377,6 +377,8 @@ def test_every_container_runs_exactly_shoal_node() -> None:
         assert image_argv(instructions, services[name]["command"]) == ["shoal", "node"], name
     statefulset = template_texts()["statefulset.yaml"]
     assert re.search(r'^\s+command: \["shoal", "node"\]$', statefulset, re.M)
+    assert [c["command"][:2] for c in _pod_spec(chart_values())["spec"]["template"]["spec"]["containers"]] == [
+        ["shoal", "node"]]
     assert not re.search(r"^\s+args:", statefulset, re.M)
 
 
@@ -387,7 +389,7 @@ def test_chart_metadata() -> None:
     assert chart["apiVersion"] == "v2" and chart["name"] == "shoal" and chart["type"] == "application"
     assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
     assert set(template_texts()) >= {"statefulset.yaml", "services.yaml", "secret.yaml", "identity.yaml", "pdb.yaml",
-                                      "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}
+                                      "servicemonitor.yaml", "rbac.yaml", "NOTES.txt", "_helpers.tpl"}
 
 
 def test_chart_templates_are_well_formed() -> None:
@@ -443,25 +445,33 @@ def test_every_values_path_used_by_a_template_exists_and_every_value_is_used() -
     assert not unused, f"values.yaml keys no template reads: {unused}"
 
 
+def _bootstrap_count(values: dict[str, Any]) -> int:
+    """shoal.bootstrapReplicas on a first install: initialReplicas, else replicas."""
+    return values["initialReplicas"] or values["replicas"]
+
+
 def _rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
-    """The StatefulSet env; SHOAL_PEERS as the shoal.peers helper defines it (checked separately)."""
+    """Every container's env (the shoal.env helper); the helpers it includes as _helpers.tpl defines
+    them (checked separately), on a first install."""
     full = release if "shoal" in release else f"{release}-shoal"
-    peers = ",".join(f"{full}-{i}={full}-{i}.{full}-peers.{namespace}.svc.{values['clusterDomain']}"
-                     for i in range(values["replicas"]))
+    domain = f"{full}-peers.{namespace}.svc.{values['clusterDomain']}"
+    first = range(_bootstrap_count(values))
     secret_name = values["cluster"]["existingSecret"] or full
-    return render_env_block(template_texts()["statefulset.yaml"], values,
-                            {"shoal.peers": peers, "shoal.secretName": secret_name,
+    return render_env_block(chart_env_text(template_texts()["_helpers.tpl"]), values,
+                            {"shoal.peers": ",".join(f"{full}-{i}={full}-{i}.{domain}" for i in first),
+                             "shoal.bootstrapNodes": ",".join(f"{full}-{i}" for i in first),
+                             "shoal.podDomain": domain, "shoal.secretName": secret_name,
                              "shoal.identityName": f"{full}-identity"})
 
 
 #: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
-IDENTITY = {"cluster-id": "shoal-k8s0generated0"}
+IDENTITY = {"cluster-id": "shoal-k8s0generated0", "bootstrap-replicas": "3"}
 
 
 def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
              identity: dict[str, str] = IDENTITY) -> dict[str, str]:
-    """What the kubelet gives pod <ordinal>: plain values, the pod name, the Secret's and the identity
-    ConfigMap's keys."""
+    """What the kubelet gives pod <ordinal>: plain values (``$(VAR)`` references expanded), the pod
+    name, the Secret's and the identity ConfigMap's keys."""
     env = {}
     for item in _rendered_env(values):
         if "value" in item:
@@ -481,12 +491,12 @@ def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
                 env[item["name"]] = secret[ref["key"]]
             else:
                 assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
-    return env
+    return expand_dependent_vars(env)
 
 
 def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     """Fails when a variable is renamed on one side only (compared with ENV_VARS and load_config)."""
-    text = template_texts()["statefulset.yaml"]
+    text = chart_env_text(template_texts()["_helpers.tpl"])
     env = _rendered_env(chart_values())
     names = [item["name"] for item in env]
     assert len(names) == len(set(names))
@@ -494,7 +504,7 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
                                         f"{sorted(set(names) - set(ENV_VARS))}"
     assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
             "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
-            "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
+            "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID", "SHOAL_BOOTSTRAP_NODES", "SHOAL_NODE_HOST"} <= set(names)
     # TLS variables are set only with tls.enabled (test_chart_tls_*).
     not_for_pods = {"SHOAL_CONFIG", *TLS_ENV_VARS}
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
@@ -505,26 +515,34 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
         f"the StatefulSet reads Secret keys the chart does not write: {refs - secret_keys}"
     identity_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["identity.yaml"].split("\ndata:")[1], re.M))
     refs = set(re.findall(r"configMapKeyRef:\s+name: .*\s+key: ([a-z-]+)", text))
-    assert refs == identity_keys == {"cluster-id"}
-    assert "enableServiceLinks: false" in text, "Service links would inject SHOAL_* variables"
+    assert refs == {"cluster-id"} and identity_keys == {"cluster-id", "bootstrap-replicas"}
+    sts = template_texts()["statefulset.yaml"]
+    assert "enableServiceLinks: false" in sts, "Service links would inject SHOAL_* variables"
+    # The node and the pod steps around it (init container, preStop hook) read the same environment.
+    assert sts.count('env: {{- include "shoal.env" . | nindent 12 }}') == 2 and sts.count("env:") == 2
 
 
 @pytest.mark.parametrize("overrides", [{}, {"replicas": 5, "cluster": {"partitions": 16, "replication": 3,
                                                                         "frameBytesMax": 16777216},
-                                            "ports": {"client": 16789, "http": 16790, "raft": 20000}}])
+                                            "ports": {"client": 16789, "http": 16790, "raft": 20000}},
+                                       {"replicas": 5, "initialReplicas": 3}])
 def test_statefulset_environment_configures_every_pod_as_the_values_say(overrides: dict[str, Any]) -> None:
+    """Every pod's configuration: the pods the cluster was created with list each other; a later pod
+    (ordinal >= initialReplicas) lists them and itself, and is not one the cluster was created with."""
     values = chart_values()
     for key, value in overrides.items():
         values[key] = {**values[key], **value} if isinstance(value, dict) else value
     jsonschema.validate(values, chart_schema())
     secret = {"cluster-secret": "k8s-secret", "auth-tokens": "tok1,tok2"}
+    first = [f"shoal-{i}" for i in range(_bootstrap_count(values))]
     for ordinal in range(values["replicas"]):
         config = load_config(env=_pod_env(values, ordinal, secret))
         me = config.node()
         assert config.node_id == me.id == f"shoal-{ordinal}"
-        assert len(config.nodes) == values["replicas"]
+        assert [n.id for n in config.nodes] == first + ([me.id] if me.id not in first else [])
+        assert config.bootstrap_ids() == tuple(first)
         assert config.partitions == values["cluster"]["partitions"]
-        assert config.rf == min(values["cluster"]["replication"], values["replicas"])
+        assert config.rf == min(values["cluster"]["replication"], len(config.nodes))
         assert config.cluster_id == IDENTITY["cluster-id"]
         assert config.frame_bytes_max == values["cluster"]["frameBytesMax"]
         assert config.session_grace_ms == values["cluster"]["sessionGraceMs"]
@@ -535,6 +553,99 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         assert str(config.node_data_dir()) == "/data"
     without_tokens = load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}))
     assert without_tokens.tokens == ()
+
+
+def test_scaling_changes_no_pod_environment() -> None:
+    """``replicas`` is not in any container's environment: scaling restarts no running pod, and a new
+    pod's SHOAL_PEERS and SHOAL_BOOTSTRAP_NODES are the first pods', whatever ``replicas`` says."""
+    values = chart_values()
+    env = _rendered_env(values)
+    for replicas in (1, 4, 7):
+        assert _rendered_env({**values, "replicas": replicas, "initialReplicas": 3}) == env
+    helpers = template_texts()["_helpers.tpl"]
+    assert "Values.replicas" not in define_body(helpers, "shoal.env")
+    for name in ("shoal.peers", "shoal.bootstrapNodes"):
+        assert 'until (int (include "shoal.bootstrapReplicas" .))' in define_body(helpers, name)
+    # The StatefulSet uses `replicas` for its size alone.
+    sts = template_texts()["statefulset.yaml"]
+    assert re.findall(r"\.Values\.replicas\b", sts) == [".Values.replicas"] and "replicas: {{ .Values.replicas }}" in sts
+
+
+def test_the_chart_records_how_many_pods_created_the_cluster_and_keeps_it() -> None:
+    """SHOAL_PEERS / SHOAL_BOOTSTRAP_NODES come from a count the identity ConfigMap holds from the first
+    install on, like the cluster id: what it recorded, else initialReplicas, else replicas."""
+    helpers, identity = template_texts()["_helpers.tpl"], template_texts()["identity.yaml"]
+    count = define_body(helpers, "shoal.bootstrapReplicas")
+    assert '(lookup "v1" "ConfigMap" .Release.Namespace (include "shoal.identityName" .)).data | default dict' in count
+    assert '$stored := get $current "bootstrap-replicas"' in count
+    assert "{{- if and $wanted (ne $wanted (int $stored)) -}}" in count and "never change" in count, \
+        "an upgrade naming another initialReplicas fails instead of changing the cluster's first nodes"
+    assert "{{- $stored -}}" in count and "{{- $wanted | default (int .Values.replicas) -}}" in count
+    assert "cannot exceed replicas" in count
+    assert 'bootstrap-replicas: {{ include "shoal.bootstrapReplicas" . | quote }}' in identity
+    assert "helm.sh/resource-policy: keep" in identity
+    assert chart_values()["initialReplicas"] == 0, "the first install's replicas unless set"
+    schema = chart_schema()
+    for bad in (-1, 65, "3"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**chart_values(), "initialReplicas": bad}, schema)
+
+
+def _pod_spec(values: dict[str, Any]) -> dict[str, Any]:
+    """The StatefulSet's structure: whole-line actions resolved or dropped, inline ones stood in for by X."""
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    skeleton = re.sub(r"\{\{.*?\}\}", "X", re.sub(r"(?m)^\s*\{\{.*?\}\}\s*\n", "", text))
+    return yaml.safe_load(skeleton)
+
+
+def test_a_new_pod_joins_and_a_scale_down_decommissions_highest_ordinal_first() -> None:
+    """An init container registers the pod (`shoal pod join`); a preStop hook (`shoal pod leave`)
+    decommissions a pod a scale-down takes away, with the grace period to do it, a get-only Role on
+    the StatefulSet for its replica count, and the volume deleted afterwards."""
+    from shoal.node.pod import join_command, leave_command
+
+    values = chart_values()
+    assert values["scaleDown"]["decommission"] is True and values["persistence"]["deleteOnScaleDown"] is True
+    sts = _pod_spec(values)
+    pod = sts["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["command"][:3] == ["shoal", "pod", "join"]
+    join_command.make_context("join", init["command"][3:])  # options `shoal pod join` accepts
+    assert {"name": "data", "mountPath": "/data"} in init["volumeMounts"], "join writes the node's identity"
+    [container] = pod["containers"]
+    leave = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert leave[:3] == ["shoal", "pod", "leave"] and leave[3:5] == ["--statefulset", "X"]
+    text = template_texts()["statefulset.yaml"]
+    assert '"--statefulset", {{ include "shoal.fullname" . | quote }}' in text
+    assert '"--timeout", {{ .Values.scaleDown.timeoutSeconds | int | quote }}' in text
+    ctx = leave_command.make_context("leave", ["--statefulset", "shoal", "--timeout", "3600"])
+    assert ctx.params["statefulset"] == "shoal" and ctx.params["timeout_s"] == 3600
+    assert pod["serviceAccountName"] == "X" and pod["automountServiceAccountToken"] is True
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Delete"}
+    # get on this StatefulSet alone.
+    rbac = [yaml.safe_load(re.sub(r"\{\{.*?\}\}", "X", doc))
+            for doc in resolve_conditionals(template_texts()["rbac.yaml"], values).split("\n---\n")]
+    assert [d["kind"] for d in rbac] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert rbac[1]["rules"] == [{"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["X"],
+                                 "verbs": ["get"]}]
+    assert '[{{ include "shoal.fullname" . | quote }}]' in template_texts()["rbac.yaml"]
+    assert rbac[2]["roleRef"]["kind"] == "Role" and rbac[2]["subjects"][0]["kind"] == "ServiceAccount"
+    # Off: no hook, no account, no token, volumes kept.
+    off = {**values, "scaleDown": {**values["scaleDown"], "decommission": False},
+           "persistence": {**values["persistence"], "deleteOnScaleDown": False}}
+    jsonschema.validate(off, chart_schema())
+    plain = _pod_spec(off)
+    assert "lifecycle" not in plain["spec"]["template"]["spec"]["containers"][0]
+    assert plain["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "persistentVolumeClaimRetentionPolicy" not in plain["spec"]
+    assert resolve_conditionals(template_texts()["rbac.yaml"], off).strip() == ""
+
+
+def test_the_disruption_budget_holds_at_any_size() -> None:
+    """One pod down at a time, whatever ``replicas``: the budget names no count that scaling changes."""
+    pdb = template_texts()["pdb.yaml"]
+    assert "maxUnavailable: 1" in pdb and "replicas" not in pdb and "minAvailable" not in pdb
+    assert chart_values()["podDisruptionBudget"]["enabled"] is True
 
 
 def test_the_chart_makes_the_cluster_id_once_and_keeps_it() -> None:
@@ -562,8 +673,9 @@ def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None
     peers = helpers[helpers.index('define "shoal.peers"'):]
     assert '$full := include "shoal.fullname" .' in peers and "{{ $full }}-{{ $i }}=" in peers, \
         "peer ids must be the pod names (<fullname>-<ordinal>), which SHOAL_NODE_ID gets from metadata.name"
-    host = helpers[helpers.index('define "shoal.podHost"'):]
-    assert 'include "shoal.headless"' in host and "clusterDomain" in host
+    host = define_body(helpers, "shoal.podHost")
+    domain = define_body(helpers, "shoal.podDomain")
+    assert 'include "shoal.podDomain"' in host and 'include "shoal.headless"' in domain and "clusterDomain" in domain
     headless = services.split("---")[0]
     assert 'name: {{ include "shoal.headless" . }}' in headless
     assert "clusterIP: None" in headless and "publishNotReadyAddresses: true" in headless
@@ -582,12 +694,15 @@ def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     sts = resolve_conditionals(t["statefulset.yaml"], chart_values())
     assert re.search(r"readinessProbe:\n\s+httpGet: \{path: /ready, port: http\}", sts)
     assert re.search(r"livenessProbe:\n\s+httpGet: \{path: /healthz, port: http\}", sts)
-    assert "fieldPath: metadata.name" in sts
+    assert "fieldPath: metadata.name" in define_body(t["_helpers.tpl"], "shoal.env")
     assert "podAntiAffinity:" in sts and "topologyKey: kubernetes.io/hostname" in sts
     assert "volumeClaimTemplates:" in sts and "mountPath: /data" in sts
     assert "runAsNonRoot: true" in sts and "runAsUser: 10001" in sts
     assert "podManagementPolicy: Parallel" in sts
-    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in sts
+    assert ("terminationGracePeriodSeconds: {{ add .Values.terminationGracePeriodSeconds "
+            ".Values.scaleDown.timeoutSeconds }}") in sts, "the preStop hook's decommission runs inside the grace period"
+    plain = resolve_conditionals(t["statefulset.yaml"], {**chart_values(), "scaleDown": {"decommission": False}})
+    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in plain
     assert "kind: PodDisruptionBudget" in t["pdb.yaml"] and "maxUnavailable: 1" in t["pdb.yaml"]
     sm = t["servicemonitor.yaml"]
     assert sm.startswith("{{- if .Values.serviceMonitor.enabled }}") and "path: /prometheus" in sm
