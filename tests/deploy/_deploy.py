@@ -327,5 +327,56 @@ def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[st
     return env
 
 
+# --- the chart's pods ------------------------------------------------------------------------
+
+def bootstrap_count(values: dict[str, Any]) -> int:
+    """shoal.bootstrapReplicas on a first install: initialReplicas, else replicas."""
+    return values["initialReplicas"] or values["replicas"]
+
+
+def rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
+    """Every container's env (the shoal.env helper); the helpers it includes as _helpers.tpl defines
+    them (checked separately), on a first install."""
+    full = release if "shoal" in release else f"{release}-shoal"
+    domain = f"{full}-peers.{namespace}.svc.{values['clusterDomain']}"
+    first = range(bootstrap_count(values))
+    secret_name = values["cluster"]["existingSecret"] or full
+    return render_env_block(chart_env_text(template_texts()["_helpers.tpl"]), values,
+                            {"shoal.peers": ",".join(f"{full}-{i}={full}-{i}.{domain}" for i in first),
+                             "shoal.bootstrapNodes": ",".join(f"{full}-{i}" for i in first),
+                             "shoal.podDomain": domain, "shoal.secretName": secret_name,
+                             "shoal.identityName": f"{full}-identity"})
+
+
+#: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
+IDENTITY = {"cluster-id": "shoal-k8s0generated0", "bootstrap-replicas": "3"}
+
+
+def pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
+             identity: dict[str, str] = IDENTITY) -> dict[str, str]:
+    """What the kubelet gives pod <ordinal>: plain values (``$(VAR)`` references expanded), the pod
+    name, the Secret's and the identity ConfigMap's keys."""
+    env = {}
+    for item in rendered_env(values):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+            continue
+        source = item["valueFrom"]
+        if "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name"
+            env[item["name"]] = f"shoal-{ordinal}"
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            assert ref["name"] == "shoal-identity" and not ref.get("optional")
+            env[item["name"]] = identity[ref["key"]]
+        else:
+            ref = source["secretKeyRef"]
+            if ref["key"] in secret:
+                env[item["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
+    return expand_dependent_vars(env)
+
+
 def shell_join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)

@@ -26,8 +26,8 @@ import yaml
 from shoal.cluster.config import ENV_VARS, load_config
 from shoal.cluster.guard import TLS_ENV_VARS
 
-from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_env_text,
-                     chart_schema, define_body, expand_dependent_vars, interpolate,
+from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, IDENTITY, NODE_SERVICES, MissingVariable,
+                     bootstrap_count, chart_env_text, chart_schema, define_body, interpolate, pod_env, rendered_env,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
                      healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
                      template_texts,
@@ -445,59 +445,10 @@ def test_every_values_path_used_by_a_template_exists_and_every_value_is_used() -
     assert not unused, f"values.yaml keys no template reads: {unused}"
 
 
-def _bootstrap_count(values: dict[str, Any]) -> int:
-    """shoal.bootstrapReplicas on a first install: initialReplicas, else replicas."""
-    return values["initialReplicas"] or values["replicas"]
-
-
-def _rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
-    """Every container's env (the shoal.env helper); the helpers it includes as _helpers.tpl defines
-    them (checked separately), on a first install."""
-    full = release if "shoal" in release else f"{release}-shoal"
-    domain = f"{full}-peers.{namespace}.svc.{values['clusterDomain']}"
-    first = range(_bootstrap_count(values))
-    secret_name = values["cluster"]["existingSecret"] or full
-    return render_env_block(chart_env_text(template_texts()["_helpers.tpl"]), values,
-                            {"shoal.peers": ",".join(f"{full}-{i}={full}-{i}.{domain}" for i in first),
-                             "shoal.bootstrapNodes": ",".join(f"{full}-{i}" for i in first),
-                             "shoal.podDomain": domain, "shoal.secretName": secret_name,
-                             "shoal.identityName": f"{full}-identity"})
-
-
-#: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
-IDENTITY = {"cluster-id": "shoal-k8s0generated0", "bootstrap-replicas": "3"}
-
-
-def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
-             identity: dict[str, str] = IDENTITY) -> dict[str, str]:
-    """What the kubelet gives pod <ordinal>: plain values (``$(VAR)`` references expanded), the pod
-    name, the Secret's and the identity ConfigMap's keys."""
-    env = {}
-    for item in _rendered_env(values):
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
-            continue
-        source = item["valueFrom"]
-        if "fieldRef" in source:
-            assert source["fieldRef"]["fieldPath"] == "metadata.name"
-            env[item["name"]] = f"shoal-{ordinal}"
-        elif "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"]
-            assert ref["name"] == "shoal-identity" and not ref.get("optional")
-            env[item["name"]] = identity[ref["key"]]
-        else:
-            ref = source["secretKeyRef"]
-            if ref["key"] in secret:
-                env[item["name"]] = secret[ref["key"]]
-            else:
-                assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
-    return expand_dependent_vars(env)
-
-
 def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     """Fails when a variable is renamed on one side only (compared with ENV_VARS and load_config)."""
     text = chart_env_text(template_texts()["_helpers.tpl"])
-    env = _rendered_env(chart_values())
+    env = rendered_env(chart_values())
     names = [item["name"] for item in env]
     assert len(names) == len(set(names))
     assert set(names) <= set(ENV_VARS), f"the chart sets variables shoal node does not read: " \
@@ -534,9 +485,9 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         values[key] = {**values[key], **value} if isinstance(value, dict) else value
     jsonschema.validate(values, chart_schema())
     secret = {"cluster-secret": "k8s-secret", "auth-tokens": "tok1,tok2"}
-    first = [f"shoal-{i}" for i in range(_bootstrap_count(values))]
+    first = [f"shoal-{i}" for i in range(bootstrap_count(values))]
     for ordinal in range(values["replicas"]):
-        config = load_config(env=_pod_env(values, ordinal, secret))
+        config = load_config(env=pod_env(values, ordinal, secret))
         me = config.node()
         assert config.node_id == me.id == f"shoal-{ordinal}"
         assert [n.id for n in config.nodes] == first + ([me.id] if me.id not in first else [])
@@ -551,7 +502,7 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         assert me.host == f"shoal-{ordinal}.shoal-peers.queues.svc.cluster.local"
         assert config.listen == "0.0.0.0" and config.secret == "k8s-secret" and config.tokens == ("tok1", "tok2")
         assert str(config.node_data_dir()) == "/data"
-    without_tokens = load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}))
+    without_tokens = load_config(env=pod_env(values, 0, {"cluster-secret": "k"}))
     assert without_tokens.tokens == ()
 
 
@@ -559,9 +510,9 @@ def test_scaling_changes_no_pod_environment() -> None:
     """``replicas`` is not in any container's environment: scaling restarts no running pod, and a new
     pod's SHOAL_PEERS and SHOAL_BOOTSTRAP_NODES are the first pods', whatever ``replicas`` says."""
     values = chart_values()
-    env = _rendered_env(values)
+    env = rendered_env(values)
     for replicas in (1, 4, 7):
-        assert _rendered_env({**values, "replicas": replicas, "initialReplicas": 3}) == env
+        assert rendered_env({**values, "replicas": replicas, "initialReplicas": 3}) == env
     helpers = template_texts()["_helpers.tpl"]
     assert "Values.replicas" not in define_body(helpers, "shoal.env")
     for name in ("shoal.peers", "shoal.bootstrapNodes"):
@@ -660,7 +611,7 @@ def test_the_chart_makes_the_cluster_id_once_and_keeps_it() -> None:
     assert "helm.sh/resource-policy: keep" in t and "cluster-id: {{ $id | quote }}" in t
     generated = "shoal-" + "a1b2c3d4e5f6g7h8"  # what printf "shoal-%s" (randAlphaNum 16 | lower) gives
     jsonschema.validate({**values, "cluster": {**values["cluster"], "id": generated}}, chart_schema())
-    assert load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}, {"cluster-id": generated})).cluster_id \
+    assert load_config(env=pod_env(values, 0, {"cluster-secret": "k"}, {"cluster-id": generated})).cluster_id \
         == generated
     assert "get configmap" in template_texts()["NOTES.txt"]
 
@@ -725,7 +676,7 @@ def _tls_values(client_certs: str, ca_key: str = "ca.crt") -> dict[str, Any]:
 def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, client_certs: str,
                                                                 ca_key: str) -> None:
     values = _tls_values(client_certs, ca_key)
-    names = {item["name"] for item in _rendered_env(values)}
+    names = {item["name"] for item in rendered_env(values)}
     assert set(ENV_VARS) - names <= {"SHOAL_CONFIG"} | ({"SHOAL_TLS_CA"} if not ca_key else set())
     # The node checks that the files exist: stand in for the mounted Secret.
     mount = tmp_path / "tls"
@@ -733,7 +684,7 @@ def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, 
     for name in ("tls.crt", "tls.key", "ca.crt"):
         (mount / name).write_text("PEM")
     env = {k: v.replace("/etc/shoal/tls", str(mount)) for k, v in
-           _pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
+           pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
     config = load_config(env=env)
     assert config.tls is not None
     assert (config.tls.cert, config.tls.key) == (str(mount / "tls.crt"), str(mount / "tls.key"))
@@ -764,7 +715,7 @@ def test_chart_without_tls_mounts_nothing_and_probes_plain_http() -> None:
     assert values["tls"]["enabled"] is False
     text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
     assert "/etc/shoal/tls" not in text and "scheme: HTTPS" not in text
-    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in _rendered_env(values)}
+    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in rendered_env(values)}
     monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {**values, "serviceMonitor": {
         **values["serviceMonitor"], "enabled": True}})
     assert "scheme: https" not in monitor
