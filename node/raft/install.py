@@ -106,6 +106,7 @@ class SnapshotSender:
             return None
         if not self.offered:
             self.offered = True
+            self.last_progress = now
             self._send(self.peer, self._chunk(0, b""))
             return None
         size = self.snapshot.size
@@ -121,6 +122,8 @@ class SnapshotSender:
                 raise SnapshotCorrupt(f"{self.snapshot.path}: short read at offset {self.sent}")
             if not self._send(self.peer, self._chunk(self.sent, data)):
                 return 0.05  # the link's buffer is full or down: try again shortly
+            if self.sent == self.acked:
+                self.last_progress = now  # an answer is due from now on (not since a wait on the rate)
             self.sent += nbytes
             self.bytes_sent += nbytes
         return None
@@ -148,7 +151,11 @@ class SnapshotSender:
         return GO_ON
 
     def timed_out(self, now: float) -> bool:
-        return not self.done and now - self.last_progress > ACK_TIMEOUT_S
+        """True when the follower owes an answer (to the offer, for bytes in flight, or that the
+        whole file arrived) and gave none for :data:`ACK_TIMEOUT_S`. A stream waiting on its rate
+        owes nothing: the move rate may allow less than a chunk in that time."""
+        owed = (self.offered and not self.resumed) or self.sent > self.acked or self.acked >= self.snapshot.size
+        return not self.done and owed and now - self.last_progress > ACK_TIMEOUT_S
 
     def progress(self) -> dict[str, int | float]:
         """Bytes acknowledged, total, bytes sent (with resends) for status displays."""
