@@ -332,6 +332,50 @@ def test_docker_compose_config_accepts_the_file_with_every_profile() -> None:
         assert result.returncode != 0 and "SHOAL_CLUSTER_SECRET" in result.stderr
 
 
+COMPOSE_NODE_4 = DEPLOY / "docker-compose.node-4.yml"
+
+
+def test_the_fourth_compose_node_joins_the_first_three_as_a_later_node() -> None:
+    """docker-compose.node-4.yml: the others' environment plus its own id, host and ports; its peers
+    are the three the cluster was created with, it is not one of them, and it runs `shoal node`."""
+    base = compose()["services"]
+    svc = yaml.safe_load(COMPOSE_NODE_4.read_text())["services"]["shoal-4"]
+    env = service_env(svc, REQUIRED_VARS)
+    shared = service_env(base["shoal-1"], REQUIRED_VARS)
+    own = {"SHOAL_NODE_ID", "SHOAL_NODE_HOST", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT"}
+    assert {k: v for k, v in env.items() if k not in own} == {k: v for k, v in shared.items() if k != "SHOAL_NODE_ID"}
+    assert set(env) <= set(ENV_VARS)
+    config = load_config(env=env)
+    me = config.node()
+    assert [n.id for n in config.nodes] == [*NODE_SERVICES, "shoal-4"] and config.bootstrap_ids() == NODE_SERVICES
+    assert (me.host, me.port, me.http_port, me.raft_port) == ("shoal-4", 6795, 6796, 7789)
+    assert {(n.port, n.http_port) for n in config.nodes if n.id != "shoal-4"}.isdisjoint({(6795, 6796)})
+    assert svc["command"] == base["shoal-1"]["command"] == ["shoal", "node"]
+    assert svc["healthcheck"]["test"] == base["shoal-1"]["healthcheck"]["test"]
+    assert svc["stop_grace_period"] == base["shoal-1"]["stop_grace_period"]
+    published = {tuple(interpolate(p, {}).split(":")) for p in svc["ports"]}
+    assert published == {("127.0.0.1", "6795", "6795"), ("127.0.0.1", "6796", "6796")}
+    (volume,) = svc["volumes"]
+    assert volume == "shoal-4-data:/data" and "shoal-4-data" in yaml.safe_load(COMPOSE_NODE_4.read_text())["volumes"]
+    # The admin call in the file's header and in deploy/README.md registers exactly this node.
+    body = '{"id": "shoal-4", "host": "shoal-4", "port": 6795, "httpPort": 6796, "raftPort": 7789}'
+    assert body in COMPOSE_NODE_4.read_text() and body in (DEPLOY / "README.md").read_text()
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
+                           "scripts/test does it when it runs as root with apt); only this check is skipped")
+def test_docker_compose_config_merges_the_fourth_node() -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **REQUIRED_VARS}
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "-f", str(COMPOSE_NODE_4), "config"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)
+    assert set(NODE_SERVICES) | {"shoal-4"} <= set(merged["services"])
+    assert merged["services"]["shoal-4"]["environment"]["SHOAL_NODE_HOST"] == "shoal-4"
+    assert {"shoal-1-data", "shoal-4-data"} <= set(merged["volumes"])
+
+
 # --- Dockerfile ------------------------------------------------------------------------------
 
 def test_dockerfile_is_a_small_non_root_image_with_data_volume_and_health_check() -> None:
