@@ -94,6 +94,11 @@ class SnapshotSender:
     def index(self) -> int:
         return self.snapshot.index
 
+    def opened_whole(self) -> bool:
+        """True when the file opened is the size the verified snapshot had (a newer snapshot renamed
+        over the path in the meantime is, almost always, another size)."""
+        return self._handle is not None and self._handle.size == self.snapshot.size
+
     def _chunk(self, offset: int, data: bytes) -> SnapshotChunk:
         snap = self.snapshot
         return SnapshotChunk(self.term, snap.index, snap.term, offset, snap.size, snap.file_crc,

@@ -797,6 +797,14 @@ class PartitionReplica:
         now = self._clock()
         rates = [ByteRate(RATE_BYTES_PER_S), *self._shared_rates]
         sender = SnapshotSender(peer, snap, self.core.term, self._io, self._send_chunk, rates, now)
+        if not sender.opened_whole():
+            # A newer snapshot was renamed over the file before this replica heard of it (the
+            # child is not reaped yet): what the path holds now is not the verified file.
+            sender.close()
+            log.info("partition %d: snapshot %d was replaced on disk; %s is sent the next one", self.partition,
+                     index, peer)
+            self.core.snapshot_done(peer, False, now)
+            return
         self._senders[peer] = sender
         log.info("partition %d: sending snapshot %d (%d bytes) to %s", self.partition, index, snap.size, peer)
         self._pump(sender, now)
@@ -818,7 +826,10 @@ class PartitionReplica:
         status = sender.on_ack(ack, self._clock())
         if status == COMPLETE:
             self._end_sender(peer, ok=True)
-        elif status == NOT_WANTED:
+        elif status in (NOT_WANTED, START_OVER):
+            # START_OVER: what arrived failed its checksum (or the follower lost its copy). Sending
+            # the same open file again could fail the same way: the core asks anew, the file is
+            # opened anew.
             self._end_sender(peer, ok=False)
         else:
             self._transport.hold()

@@ -89,3 +89,16 @@ def test_a_follower_that_stops_answering_is_still_given_up(tmp_path: Path) -> No
     sender.pump(100.0)  # a chunk leaves long after the last answer
     assert not sender.timed_out(100.0 + ACK_TIMEOUT_S - 1)
     assert sender.timed_out(100.0 + ACK_TIMEOUT_S + 1)
+
+
+def test_a_file_replaced_on_disk_is_not_sent_for_the_verified_one(tmp_path: Path) -> None:
+    """A newer snapshot renamed over the path before the replica heard of it: the sender sees that
+    what it opened is not the verified file (its size)."""
+    sender, _ = _sender(tmp_path, [ByteRate(1024.0 ** 3)])
+    assert sender.opened_whole()
+    path = tmp_path / "p0.dump"
+    path.write_bytes(b"n" * (SIZE + 100))  # the newer snapshot, at the same path
+    snap = SnapshotFile(str(path), 100, 3, Membership.of(["n1", "n2"]), SIZE, 0)
+    stale = SnapshotSender("n2", snap, 3, RealIO(disk_free_min_bytes=0), lambda p, m: True, [], now=0.0)
+    assert not stale.opened_whole()
+    stale.close()
