@@ -106,6 +106,8 @@ CAMPAIGN_RETRY_MAX_S = 0.6
 #: Entries a replica keeps in its journal below its newest snapshot, so a follower slightly
 #: behind catches up by log rather than by a whole snapshot.
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
+#: The most entries the journal keeps past a snapshot for a follower still receiving an older one.
+STREAM_HOLD_ENTRIES_MAX = 1_000_000
 #: A replica's first membership, recorded beside its journal when its files are created.
 INITIAL_FILE = "initial"
 #: How often the commit-index hint is stored (when it changed).
@@ -742,6 +744,12 @@ class PartitionReplica:
         core.compacted(snap.index, snap.term)
         retain = min(SNAPSHOT_RETAIN_ENTRIES_MAX, self.settings.entries_min // 2)
         drop_below = snap.index + 1 - retain
+        # A follower being sent an older snapshot continues from the journal once it has it: keep
+        # the entries after that snapshot, or it would be sent this one next, and so on while the
+        # move rate makes a stream outlast the time between snapshots (a learner that never joins).
+        for sender in self._senders.values():
+            if snap.index - sender.index <= STREAM_HOLD_ENTRIES_MAX:
+                drop_below = min(drop_below, sender.index)  # its term too: the next append's prev
         if drop_below > self.journal.first_index:
             self.journal.delete_to(drop_below)
 

@@ -97,3 +97,50 @@ def _local_replicas(cluster: LocalCluster) -> dict[str, Any]:
             conn.close()
         out.update({p: r for p, r in reply.get("replicas", {}).items() if r.get("isLeader")})
     return out
+
+
+def test_a_throttled_move_finishes_while_the_leader_keeps_compacting(tmp_path: Path) -> None:
+    """A learner's snapshot stream outlasts the leader's next snapshots (steady writes, compaction
+    every few entries): once it arrives, the learner catches up from the journal instead of being
+    sent a newer snapshot, again and again, that the journal has moved past too."""
+    import threading
+
+    base = free_base_port(4, 1)
+    env = {"SHOAL_SNAPSHOT_ENTRIES_MIN": "20"}
+    with LocalCluster(nodes=3, partitions=1, data_dir=tmp_path / "c", base_port=base, extra_env=env,
+                      node_command=NODE_COMMAND) as cluster:
+        cluster.wait_balanced()
+        with Client(cluster.addresses) as client:
+            client.queue("chase").add_bulk([DATA] * 6_000, batch_size=100)  # ~6 MiB snapshot
+        admin = AdminClient(f"http://127.0.0.1:{cluster.config.node('n1').http_port}")
+        # A node's share (rate / 4 active nodes): 1 MiB/s, so the stream takes seconds.
+        admin.settings(moveRateBytesPerS=4 * 1024 * 1024)
+        stop = threading.Event()
+        pushed = [0]
+
+        def writes() -> None:
+            with Client(cluster.addresses) as client:
+                q = client.queue("chase-load")
+                for _ in range(200_000):
+                    if stop.is_set():
+                        break
+                    q.add(b"w" * 100)
+                    pushed[0] += 1
+
+        writer = threading.Thread(target=writes, daemon=True)
+        writer.start()
+        try:
+            n4 = NodeSpec("n4", "127.0.0.1", base + 6, base + 7, base + 103)
+            cluster.config = replace(cluster.config, nodes=cluster.config.nodes + (n4,),
+                                     bootstrap_nodes=("n1", "n2", "n3"))
+            write_cluster_file(cluster.config_path, cluster.config)
+            admin.add_node("n4", n4.host, n4.port, n4.http_port, n4.raft_port)
+            cluster.start_node("n4")
+            admin.wait(lambda s: s.settled() and "n4" in s.replicas(0), WAIT_S)
+        finally:
+            stop.set()
+            writer.join(30)
+        assert pushed[0] > 0
+        sends = [line for n in ("n1", "n2", "n3") for line in cluster.log_file(n).read_text().splitlines()
+                 if "sending snapshot" in line and line.endswith("to n4")]
+        assert 1 <= len(sends) <= 2, sends  # one stream (a retry at most), no chase of newer snapshots
