@@ -7,17 +7,21 @@ journals compacted every 200 entries as on a cluster that has run a while, so a 
 built from a snapshot), fills it with ``--jobs`` jobs of ``--data-bytes`` bytes (PUSHB frames of
 100 over eight queues), sets the cluster-wide move rate (``PUT /admin/settings
 moveRateBytesPerS``), and runs a steady closed-loop load: ``--lanes`` concurrent PUSHes of 100
-bytes through the async client, one at a time per lane, over the eight queues. Then:
+bytes through the async client, one at a time per lane, each lane on one of the eight queues
+(so a pause of one partition stalls its own lanes, not every lane). Then:
 
 1. ``--before`` seconds of load alone (the baseline);
 2. a fourth node is registered (``POST /admin/nodes``) and started; timed until the cluster is
    settled (every partition's voters are its target, no move runs) and every partition is led by
    its preferred node;
-3. a few seconds of load again, then ``n1`` is decommissioned; timed until no partition lists it
-   and the cluster is settled and balanced; it is removed and stopped.
+3. ``--between`` seconds of load on the four nodes (the rate *after* adding), then ``n1`` is
+   decommissioned; timed until no partition lists it and the cluster is settled and balanced; it
+   is removed and stopped.
 
 For each phase: its length, the acknowledged writes per second as a share of the baseline's,
-and the p99 latency of a write (the baseline's beside it). Runs are interleaved over the rates
+and the p99 latency of a write (the baseline's beside it); and the four nodes' rate after the
+add settled as a share of the three nodes' before (on two cores a fourth node process takes its
+share of the CPU whatever moves). Runs are interleaved over the rates
 (the order turns each round) so the shared machine's load hits every rate alike; the summary
 prints each rate's median and its range over the rounds. Every loop is bounded in count and
 time; the nodes are stopped by pid at the end of each run.
@@ -45,7 +49,6 @@ QUEUES = [f"elastic-{i}" for i in range(8)]
 SNAPSHOT_ENTRIES = 200
 PRELOAD_BATCH = 100
 SETTLE_TIMEOUT_S = 600.0
-GAP_S = 3.0
 OPS_MAX = 20_000_000
 DATA = b"x" * 100
 
@@ -82,12 +85,11 @@ class Load(threading.Thread):
             handles = [client.queue(q) for q in QUEUES]
 
             async def lane(k: int) -> None:
-                n = k
+                queue = handles[k % len(handles)]  # a producer per queue: one partition's pause stalls its lanes only
                 while not self.stop_flag.is_set() and len(self.samples) < OPS_MAX:
-                    n += 1
                     t0 = time.perf_counter()
                     try:
-                        await handles[n % len(handles)].add(DATA)
+                        await queue.add(DATA)
                     except (ShoalError, OSError, asyncio.TimeoutError):
                         self.errors += 1
                         await asyncio.sleep(0.01)
@@ -117,6 +119,7 @@ class Run:
     rate: int
     base_rate: float = 0.0
     base_p99_ms: float = 0.0
+    four_share: float = float("nan")
     phases: dict[str, Phase] = field(default_factory=dict)
 
 
@@ -171,7 +174,9 @@ def one_run(rate: int, args: argparse.Namespace) -> Run:
                 rate_now, p99 = load.window(t_add, t_add + seconds)
                 run.phases["add"] = Phase(seconds, rate_now / run.base_rate, p99)
 
-                time.sleep(GAP_S)
+                t_four = time.perf_counter()
+                time.sleep(args.between)
+                run.four_share = load.window(t_four, time.perf_counter())[0] / run.base_rate
                 admin = AdminClient(f"http://127.0.0.1:{cluster.config.node('n2').http_port}")
                 t_rm = time.perf_counter()
                 admin.decommission("n1")
@@ -197,22 +202,28 @@ def main() -> None:
     parser.add_argument("--data-bytes", type=int, default=1000)
     parser.add_argument("--lanes", type=int, default=16, help="concurrent PUSH lanes of the steady load")
     parser.add_argument("--before", type=float, default=6.0, help="seconds of baseline load")
+    parser.add_argument("--between", type=float, default=5.0, help="seconds of load on four nodes, settled")
     args = parser.parse_args()
     rates = [parse_rate(r) for r in args.rates.split(",")]
     runs: dict[int, list[Run]] = {r: [] for r in rates}
     for k in range(args.rounds):
         order = rates[k % len(rates):] + rates[:k % len(rates)]
         for rate in order:
-            run = one_run(rate, args)
+            try:
+                run = one_run(rate, args)
+            except TimeoutError as exc:  # a phase that never settled: reported, the other runs go on
+                print(f"round {k + 1} rate {show_rate(rate)}: {exc}")
+                continue
             runs[rate].append(run)
             print(f"round {k + 1} rate {show_rate(rate)}: baseline {run.base_rate:,.0f} writes/s p99 "
-                  f"{run.base_p99_ms:.1f} ms; " + "; ".join(
+                  f"{run.base_p99_ms:.1f} ms; four nodes settled {run.four_share:.0%}; " + "; ".join(
                       f"{name} {ph.seconds:.1f} s, {ph.rate_share:.0%} of the write rate, p99 {ph.p99_ms:.1f} ms"
                       for name, ph in run.phases.items()))
     print(f"\n{args.rounds} rounds, {args.jobs:,} jobs of {args.data_bytes} B, {args.lanes} lanes; "
           "median (min – max) over the rounds")
-    print("| move rate | phase | time to settled + balanced | write rate kept | p99 during | p99 before |")
-    print("|---|---|---|---|---|---|")
+    print("| move rate | phase | time to settled + balanced | write rate kept | p99 during | p99 before |"
+          " four nodes settled |")
+    print("|---|---|---|---|---|---|---|")
     for rate in rates:
         for name in ("add", "remove"):
             phases = [r.phases[name] for r in runs[rate] if name in r.phases]
@@ -225,7 +236,8 @@ def main() -> None:
             print(f"| {show_rate(rate)} | {name} | {spread([p.seconds for p in phases], '{:.1f} s')} | "
                   f"{spread([p.rate_share * 100 for p in phases], '{:.0f} %')} | "
                   f"{spread([p.p99_ms for p in phases], '{:.1f} ms')} | "
-                  f"{spread([r.base_p99_ms for r in runs[rate]], '{:.1f} ms')} |")
+                  f"{spread([r.base_p99_ms for r in runs[rate]], '{:.1f} ms')} | "
+                  f"{spread([r.four_share * 100 for r in runs[rate]], '{:.0f} %')} |")
 
 
 if __name__ == "__main__":
