@@ -30,7 +30,12 @@ __all__ = ["NodeEntry", "Registry", "Settings", "RegistryError", "member_id", "n
 
 ACTIVE, LEAVING, REMOVED = "active", "leaving", "removed"
 STATES = (ACTIVE, LEAVING, REMOVED)
-#: Default cluster-wide byte rate of catch-up traffic (snapshots and log to new replicas).
+#: Default cluster-wide byte rate of snapshot streams to new and lagging replicas, split evenly
+#: over the active nodes (``PUT /admin/settings moveRateBytesPerS`` changes it while moves run).
+#: Chosen from ``bench/bench_elastic.py`` (docs/benchmarks.md, "Adding and removing a node under
+#: load"): at 2 and 8 MiB/s a loaded cluster kept no more of its write rate than at 32 MiB/s
+#: while its moves took 3-8 times as long; unthrottled streams (10 GiB/s) cut the write rate the
+#: most. Log entries a new replica catches up on after its snapshot are not counted.
 MOVE_RATE_BYTES_PER_S = 32 * 1024 * 1024
 _NODES_MAX = 1000
 _ID_CHARS_MAX = 64
