@@ -29,7 +29,7 @@ from shoal.cluster.guard import TLS_ENV_VARS
 from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, IDENTITY, NODE_SERVICES, MissingVariable,
                      bootstrap_count, chart_env_text, chart_schema, define_body, interpolate, pod_env, rendered_env,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
-                     healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
+                     healthcheck_argv, image_argv, lookup, resolve_conditionals, service_env,
                      template_texts,
                      values_paths_used)
 
