@@ -116,7 +116,8 @@ def run_command(scenario: str, duration: float, nodes: int, partitions: int, see
     """Run SCENARIO against a fresh local cluster behind proxies; exit 1 if an invariant broke.
 
     Scenarios: leader-kill, leader-pause, partition-leader, majority-minority, flapping,
-    slow-network, full-restart, bridge, one-way, reset-peer.
+    slow-network, full-restart, bridge, one-way, reset-peer; membership changes under load:
+    add-node, remove-leader-node (4 nodes), replace-wiped-node, membership-cut.
     """
     import random
     import time

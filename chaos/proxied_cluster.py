@@ -11,6 +11,10 @@ node through a proxy too: the node advertises the proxy's port and binds another
 
 The proxies are served by ``shoal chaos proxy`` in a child process (or by a real
 Toxiproxy given as ``toxiproxy="host:port"``) and driven with toxiproxy-python.
+
+Nodes can join while the cluster runs (:meth:`ProxiedCluster.add_node`): the newcomer is listed
+last, so it dials every other node, each link through a new proxy; it is registered through
+a running node's HTTP admin API (:meth:`ProxiedCluster.admin`) before it starts.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
+from shoal.cluster.admin_client import AdminClient, ClusterShape
 from shoal.cluster.config import ClusterConfig, NodeSpec
 from shoal.cluster.launcher import (LocalCluster, _port_free, free_base_port, new_secret, port_layout,
                                    write_cluster_file)
@@ -162,11 +168,14 @@ class ProxiedCluster:
         return ClusterConfig(nodes=specs, partitions=self.partitions, replication=3, secret=new_secret(),
                              data_dir=str(self.data_dir)).validate()
 
-    def _create_proxies(self) -> None:
+    def _create_proxies(self, only: str | None = None) -> None:
+        """Proxies for every node's links (``only``: that node's)."""
         assert self.config is not None
         specs = {n.id: n for n in self.config.nodes}
         wanted: list[dict[str, Any]] = []
         for n in self.config.nodes:
+            if only is not None and n.id != only:
+                continue
             for lo, address in n.raft_routes:
                 name = f"shoal-raft-{n.id}-{lo}"
                 wanted.append({"name": name, "listen": address, "upstream": specs[lo].raft_address(),
@@ -177,6 +186,58 @@ class ProxiedCluster:
             wanted.append({"name": name, "listen": f"127.0.0.1:{n.port}",
                            "upstream": f"127.0.0.1:{n.client_listen_port}", "enabled": True})
         self.toxiproxy.populate(wanted)
+
+    # --- membership ----------------------------------------------------------------------------
+
+    def _free_port(self, taken: set[int]) -> int:
+        """A free loopback port above every port the cluster uses (below the ephemeral range)."""
+        port = max(taken) + 1
+        while port in taken or not _port_free(port):
+            port += 1
+            if port > 65_000:
+                raise RuntimeError("no free port for a new node")
+        taken.add(port)
+        return port
+
+    def add_node(self) -> str:
+        """List a new node (``n<k>``) in ``cluster.toml`` with proxies for its links; returns its id.
+
+        It is neither registered nor started: :meth:`register` and ``cluster.start_node`` do that
+        (a fault may be set on its links first).
+        """
+        assert self.config is not None and self.cluster is not None
+        ids = {n.id for n in self.config.nodes}
+        node_id = next(f"n{k}" for k in itertools.count(len(ids) + 1) if f"n{k}" not in ids)
+        taken = {p for n in self.config.nodes for p in (n.port, n.http_port, n.raft_port, n.client_listen_port)}
+        taken |= {int(a.rsplit(":", 1)[1]) for n in self.config.nodes for _, a in n.raft_routes}
+        client, http, raft, listen = (self._free_port(taken) for _ in range(4))
+        routes = tuple(sorted((n.id, f"127.0.0.1:{self._free_port(taken)}") for n in self.config.nodes))
+        spec = NodeSpec(node_id, "127.0.0.1", client, http, raft, None, listen, routes)
+        self.config = replace(self.config, nodes=self.config.nodes + (spec,),
+                              bootstrap_nodes=self.config.bootstrap_ids()).validate()
+        write_cluster_file(self.data_dir / "cluster.toml", self.config)
+        self.cluster.config = self.config
+        self._create_proxies(only=node_id)
+        return node_id
+
+    def admin(self, avoid: tuple[str, ...] = ()) -> AdminClient:
+        """An admin API client of a running node not in ``avoid``."""
+        assert self.config is not None and self.cluster is not None
+        token = self.config.tokens[0] if self.config.tokens else None
+        for n in self.config.nodes:
+            if n.id not in avoid and self.cluster.pid(n.id) is not None:
+                return AdminClient(f"http://{n.host}:{n.http_port}", token)
+        raise RuntimeError("no running node to ask")
+
+    def register(self, node_id: str) -> None:
+        """Add ``node_id`` (listed by :meth:`add_node`) to the cluster's registry."""
+        assert self.config is not None
+        n = self.config.node(node_id)
+        self.admin(avoid=(node_id,)).add_node(n.id, n.host, n.port, n.http_port, n.raft_port)
+
+    def wait_shape(self, done: Any, timeout_s: float, avoid: tuple[str, ...] = ()) -> ClusterShape:
+        """Poll the cluster's shape (from a running node not in ``avoid``) until ``done(shape)``."""
+        return self.admin(avoid).wait(done, timeout_s, poll_s=0.5)
 
     # --- info ----------------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ A scenario's schedule is a list of (start fraction, end fraction, nemesis) over 
 run's producing time; the target of each fault is the leader of the workload
 queue's partition at the moment the fault starts. After the last fault is healed
 the producers stop, the consumers drain the queue, and the checker runs.
+
+Membership scenarios (:mod:`.membership`) change the cluster's nodes under the same load: a
+step's heal waits until the cluster reached its new shape, so producers go on until the
+schedule is done (bounded), and a change that never settles breaks the run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from shoal.cluster.partitioning import partition_for
 
 from .checker import RECOVERY_MAX_S, Result, check
 from .history import History
-from .nemesis import NEMESES, Heal
+from .membership import MEMBERSHIP, SETTLE_TIMEOUT_S
+from .nemesis import NEMESES, Heal, Nemesis
 from .proxied_cluster import ProxiedCluster
 from .workload import Workload, WorkloadConfig
 
@@ -37,8 +42,19 @@ SCENARIOS: dict[str, list[tuple[float, float, str]]] = {
     "bridge": [(0.25, 0.6, "bridge")],
     "one-way": [(0.25, 0.6, "one-way")],
     "reset-peer": [(0.25, 0.6, "reset-peer")],
+    # Membership changes under load (each heal waits for the cluster's new shape).
+    "add-node": [(0.2, 0.5, "add-node")],
+    "remove-leader-node": [(0.2, 0.5, "remove-busiest")],
+    "replace-wiped-node": [(0.25, 0.5, "replace-wiped")],
+    "membership-cut": [(0.1, 0.35, "add-node-cut"), (0.5, 0.75, "decommission-isolated")],
 }
+#: Scenarios that need more nodes than the default three (so a removal keeps RF 3).
+SCENARIO_NODES = {"remove-leader-node": 4}
+#: Every step by name: faults and membership changes.
+ACTIONS: dict[str, Nemesis] = {**NEMESES, **MEMBERSHIP}
 SETTLE_S = 1.0  # producing time after the last heal, so recovery is visible before the drain
+#: How long producers may go on past the planned time while the schedule finishes.
+OVERRUN_S = 4 * SETTLE_TIMEOUT_S
 
 
 @dataclass
@@ -53,10 +69,12 @@ class RunReport:
     history: History
     out_dir: Path | None = None
     files: list[Path] = field(default_factory=list)
+    #: Steps that failed (a membership change that did not settle, a fault that could not start).
+    errors: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
-        return self.result.valid
+        return self.result.valid and not self.errors
 
     def summary(self) -> str:
         r = self.result
@@ -71,7 +89,9 @@ class RunReport:
             lines.append(f"  fault {rec['fault']} at {rec['start']}s, healed {rec['end']}s: "
                          f"first write {_s(rec['after_fault_s'])} after the fault, "
                          f"{_s(rec['after_heal_s'])} after healing")
-        lines.append("  VALID" if r.valid else "  INVALID: " + "; ".join(r.problems()))
+        for error in self.errors:
+            lines.append(f"  step failed: {error}")
+        lines.append("  VALID" if self.valid else "  INVALID: " + "; ".join(r.problems() + self.errors))
         return "\n".join(lines)
 
 
@@ -80,14 +100,23 @@ def _s(v: float | None) -> str:
 
 
 async def _schedule(cluster: ProxiedCluster, history: History, steps: list[tuple[float, float, str]],
-                    produce_s: float, partition: int) -> None:
-    """Run the fault schedule: inject at start, heal at end (blocking calls in a thread)."""
+                    produce_s: float, partition: int, errors: list[str]) -> None:
+    """Run the fault schedule: inject at start, heal at end (blocking calls in a thread). A step that
+    raises is recorded in ``errors`` and ends the schedule (the cluster is healed afterwards)."""
     for start, end, name in steps:
         await asyncio.sleep(max(0.0, start * produce_s - history.now()))
-        target = await asyncio.to_thread(cluster.leader_of, partition)
-        heal: Heal = await asyncio.to_thread(NEMESES[name], cluster, history, target)
-        await asyncio.sleep(max(0.0, end * produce_s - history.now()))
-        await asyncio.to_thread(heal)
+        # A step that starts late (the previous heal waited for a membership change) keeps its length.
+        heal_at = max(end * produce_s, history.now() + (end - start) * produce_s)
+        try:
+            target = await asyncio.to_thread(cluster.leader_of, partition)
+            heal: Heal = await asyncio.to_thread(ACTIONS[name], cluster, history, target)
+            await asyncio.sleep(max(0.0, heal_at - history.now()))
+            await asyncio.to_thread(heal)
+        except Exception as exc:  # reported as a broken run, with what was running
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            return
+    if history.now() > produce_s:
+        await asyncio.sleep(SETTLE_S)  # writes after the last heal, before producers stop
 
 
 def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int | None = None,
@@ -100,8 +129,10 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
     seed = random.randrange(1 << 30) if seed is None else seed
     random.seed(seed)
     steps = SCENARIOS[name]
+    nodes = max(nodes, SCENARIO_NODES.get(name, 0))
     produce_s = duration_s + SETTLE_S
     config = workload or WorkloadConfig()
+    errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="shoal-chaos-") as tmp:
         with ProxiedCluster(Path(tmp) / "cluster", nodes=nodes, partitions=partitions,
                             toxiproxy=toxiproxy, seed=seed) as cluster:
@@ -110,9 +141,9 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
 
             async def main() -> None:
                 work = Workload(cluster.addresses, history, config)
-                faults = asyncio.create_task(_schedule(cluster, history, steps, duration_s, partition))
+                faults = asyncio.create_task(_schedule(cluster, history, steps, duration_s, partition, errors))
                 try:
-                    await work.run(produce_s)
+                    await work.run(produce_s, until=faults, overrun_s=OVERRUN_S)
                 finally:
                     if not faults.done():
                         faults.cancel()
@@ -124,7 +155,7 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
 
             asyncio.run(main())
     result = check(history, recovery_max_s)
-    report = RunReport(name, seed, nodes, duration_s, result, history)
+    report = RunReport(name, seed, nodes, duration_s, result, history, errors=errors)
     if out_dir is not None:
         from .report import write_report
         write_report(report, Path(out_dir))
@@ -133,4 +164,4 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
 
 def describe() -> dict[str, Any]:
     """Scenario name -> its fault schedule, for ``--help`` and the docs."""
-    return {name: [f"{NEMESES[n].__name__} {s:.0%}–{e:.0%}" for s, e, n in steps] for name, steps in SCENARIOS.items()}
+    return {name: [f"{ACTIONS[n].__name__} {s:.0%}–{e:.0%}" for s, e, n in steps] for name, steps in SCENARIOS.items()}

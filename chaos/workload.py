@@ -53,14 +53,17 @@ class Workload:
         return ConnectionOptions(command_timeout=c.command_timeout_s, ping_interval=1.0, max_ping_failures=2,
                                  max_command_timeouts=2, connect_timeout=1.0, pool_size=1)
 
-    async def run(self, produce_s: float) -> None:
-        """Produce for ``produce_s`` seconds (faults happen meanwhile), then drain the queue."""
+    async def run(self, produce_s: float, until: "asyncio.Future[Any] | None" = None, overrun_s: float = 0.0) -> None:
+        """Produce for ``produce_s`` seconds (faults happen meanwhile), and on while ``until`` is not
+        done (at most ``overrun_s`` longer: a membership change that takes its time), then drain."""
         async with AsyncClient(self.addresses, options=self._options()) as client:
             self.client = client
             queue = client.queue(self.config.queue)
             tasks = [asyncio.create_task(self._produce(queue, f"p{i}")) for i in range(self.config.producers)]
             tasks += [asyncio.create_task(self._consume(queue, f"c{i}")) for i in range(self.config.consumers)]
             await asyncio.sleep(produce_s)
+            if until is not None and not until.done():
+                await asyncio.wait([until], timeout=overrun_s)
             self._producing = False
             await asyncio.gather(*tasks[:self.config.producers])
             await self._drain(queue)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "node": "shoal.node.cli:node_command",
     "cluster": "shoal.cluster.launcher:cluster_group",
     "chaos": "shoal.chaos.cli:chaos",
+    "pod": "shoal.node.pod:pod_group",
 }
 
 

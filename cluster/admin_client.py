@@ -124,9 +124,18 @@ class AdminClient:
                             {int(p): list(m) for p, m in doc["placement"].items()}, doc["topology"], doc["moves"],
                             memberships)
 
-    def add_node(self, node_id: str, host: str, port: int, http_port: int, raft_port: int) -> dict[str, Any]:
-        return self._call("POST", "/admin/nodes", {"id": node_id, "host": host, "port": port, "httpPort": http_port,
-                                                   "raftPort": raft_port})
+    def registry(self) -> Registry:
+        """The node registry as this node holds it (one request, no peer asked)."""
+        return Registry.from_wire(self._call("GET", "/admin/cluster")["registry"])
+
+    def add_node(self, node_id: str, host: str, port: int, http_port: int, raft_port: int,
+                 incarnation: str = "") -> dict[str, Any]:
+        """Register a node; ``incarnation`` (when the joining node knows it) is recorded as its first."""
+        body: dict[str, Any] = {"id": node_id, "host": host, "port": port, "httpPort": http_port,
+                                "raftPort": raft_port}
+        if incarnation:
+            body["incarnation"] = incarnation
+        return self._call("POST", "/admin/nodes", body)
 
     def decommission(self, node_id: str) -> dict[str, Any]:
         return self._call("POST", f"/admin/nodes/{node_id}/decommission")

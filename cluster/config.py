@@ -46,6 +46,12 @@ SHOAL_FRAME_BYTES_MAX      maximum frame size
 SHOAL_DASHBOARD_READ_ONLY  ``1``/``true``: the dashboard's actions are refused (``READ_ONLY``)
 SHOAL_SYNC_INTERVAL_MS     how soon disk-class (``durable: false``) entries reach the disk
 SHOAL_DISK_FREE_MIN_BYTES  below this much free space, partitions refuse new data (``NO_SPACE``)
+SHOAL_BOOTSTRAP_NODES      the nodes the cluster was created with (default: every node listed)
+SHOAL_NODE_HOST            this node's host (as peers and clients reach it) when ``SHOAL_PEERS``
+                           does not list it: a node added after the cluster was created joins
+                           with the first nodes as its peers; its ports are the defaults above
+SHOAL_REPAIR_DAMAGED       ``1``/``0``: a damaged replica is fetched again from its leader (default)
+                           or the node refuses to start naming the file
 =========================  ==================================================
 
 Limits on what clients can make a node hold (``[limits]``) and TLS
@@ -88,7 +94,8 @@ ENV_VARS = (
     "SHOAL_REPLICATION", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
     "SHOAL_LISTEN", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT", "SHOAL_RAFT_PORT",
     "SHOAL_SESSION_GRACE_MS", "SHOAL_FRAME_BYTES_MAX", "SHOAL_DASHBOARD_READ_ONLY",
-    "SHOAL_SYNC_INTERVAL_MS", "SHOAL_DISK_FREE_MIN_BYTES",
+    "SHOAL_SYNC_INTERVAL_MS", "SHOAL_DISK_FREE_MIN_BYTES", "SHOAL_BOOTSTRAP_NODES", "SHOAL_NODE_HOST",
+    "SHOAL_REPAIR_DAMAGED",
 ) + tuple(LIMITS_ENV_VARS) + TLS_ENV_VARS
 
 
@@ -313,6 +320,21 @@ def _parse_peers(text: str, port: int, http_port: int, raft_port: int) -> tuple[
     return tuple(specs)
 
 
+def _with_self(nodes: tuple[NodeSpec, ...], bootstrap: tuple[str, ...], me: str | None, host: str, port: int,
+               http_port: int, raft_port: int) -> tuple[tuple[NodeSpec, ...], tuple[str, ...]]:
+    """``SHOAL_NODE_HOST``: the node list with this node in it. A node the list already names must
+    name the same host; one it does not name was added after the cluster was created, so it is not
+    one of the nodes the cluster was created with (those default to the nodes listed)."""
+    if not me:
+        raise ConfigError("SHOAL_NODE_HOST needs SHOAL_NODE_ID (the node it describes)")
+    listed = [n for n in nodes if n.id == me]
+    if listed:
+        if listed[0].host != host:
+            raise ConfigError(f"SHOAL_NODE_HOST={host!r} but SHOAL_PEERS lists {me} at {listed[0].host!r}")
+        return nodes, bootstrap
+    return (*nodes, NodeSpec(me, host, port, http_port, raft_port)), bootstrap or tuple(n.id for n in nodes)
+
+
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
     value = env.get(name)
     if value in (None, ""):
@@ -388,6 +410,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from exc
     me = node_id or env.get("SHOAL_NODE_ID") or None
+    bootstrap = _bootstrap_nodes(env, c)
+    if env.get("SHOAL_NODE_HOST"):
+        nodes, bootstrap = _with_self(nodes, bootstrap, me, env["SHOAL_NODE_HOST"], port, http_port, raft_port)
     if me and env.get("SHOAL_DATA_DIR"):
         nodes = tuple(replace(n, data_dir=env["SHOAL_DATA_DIR"]) if n.id == me else n for n in nodes)
     cfg = ClusterConfig(
@@ -410,7 +435,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         disk_free_min_bytes=_int_env(env, "SHOAL_DISK_FREE_MIN_BYTES",
                                      int(c.get("disk_free_min_bytes", 256 * 1024 * 1024))),
         repair_damaged=_bool_setting(env, "SHOAL_REPAIR_DAMAGED", c, "repair_damaged", default=True),
-        bootstrap_nodes=_bootstrap_nodes(env, c),
+        bootstrap_nodes=bootstrap,
     )
     cfg.validate()
     if me:

@@ -30,8 +30,14 @@ __all__ = ["NodeEntry", "Registry", "Settings", "RegistryError", "member_id", "n
 
 ACTIVE, LEAVING, REMOVED = "active", "leaving", "removed"
 STATES = (ACTIVE, LEAVING, REMOVED)
-#: Default cluster-wide byte rate of catch-up traffic (snapshots and log to new replicas).
-MOVE_RATE_BYTES_PER_S = 32 * 1024 * 1024
+#: Default cluster-wide byte rate of snapshot streams to new and lagging replicas, split evenly
+#: over the active nodes (``PUT /admin/settings moveRateBytesPerS`` changes it while moves run).
+#: Chosen from ``bench/bench_elastic.py`` (docs/benchmarks.md, "Adding and removing a node under
+#: load"): the highest rate measured at which a loaded cluster kept at least 80 % of the write rate
+#: it has without moves (74 % of the three nodes' rate before, 80 % of the four nodes' once
+#: settled; 2 MiB/s kept about all of it but took three times as long, 32 MiB/s about 63 %).
+#: Log entries a new replica catches up on after its snapshot are not counted.
+MOVE_RATE_BYTES_PER_S = 8 * 1024 * 1024
 _NODES_MAX = 1000
 _ID_CHARS_MAX = 64
 

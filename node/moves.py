@@ -32,7 +32,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.registry import ACTIVE, node_of_member
+from shoal.cluster.registry import ACTIVE, MOVE_RATE_BYTES_PER_S, node_of_member
 
 from .raft.core import REPLICATE, ProposalRefused
 from .raft.install import RATE_BYTES_PER_S, ByteRate
@@ -73,7 +73,7 @@ class MoveService:
     def _share(self) -> float:
         reg = self.node.cluster_map.registry if self.node.cluster_map is not None else None
         if reg is None:
-            return float(32 * 1024 * 1024)
+            return float(MOVE_RATE_BYTES_PER_S)
         return reg.settings.move_rate_bytes_per_s / max(1, len(reg.active()))
 
     def registry_changed(self) -> None:

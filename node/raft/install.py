@@ -95,6 +95,11 @@ class SnapshotSender:
     def index(self) -> int:
         return self.snapshot.index
 
+    def opened_whole(self) -> bool:
+        """True when the file opened is the size the verified snapshot had (a newer snapshot renamed
+        over the path in the meantime is, almost always, another size)."""
+        return self._handle is not None and self._handle.size == self.snapshot.size
+
     def _chunk(self, offset: int, data: bytes) -> SnapshotChunk:
         snap = self.snapshot
         return SnapshotChunk(self.term, snap.index, snap.term, offset, snap.size, snap.file_crc,
@@ -107,6 +112,7 @@ class SnapshotSender:
             return None
         if not self.offered:
             self.offered = True
+            self.last_progress = now
             self._send(self.peer, self._chunk(0, b""))
             return None
         size = self.snapshot.size
@@ -122,6 +128,8 @@ class SnapshotSender:
                 raise SnapshotCorrupt(f"{self.snapshot.path}: short read at offset {self.sent}")
             if not self._send(self.peer, self._chunk(self.sent, data)):
                 return 0.05  # the link's buffer is full or down: try again shortly
+            if self.sent == self.acked:
+                self.last_progress = now  # an answer is due from now on (not since a wait on the rate)
             self.sent += nbytes
             self.bytes_sent += nbytes
         return None
@@ -149,7 +157,11 @@ class SnapshotSender:
         return GO_ON
 
     def timed_out(self, now: float) -> bool:
-        return not self.done and now - self.last_progress > ACK_TIMEOUT_S
+        """True when the follower owes an answer (to the offer, for bytes in flight, or that the
+        whole file arrived) and gave none for :data:`ACK_TIMEOUT_S`. A stream waiting on its rate
+        owes nothing: the move rate may allow less than a chunk in that time."""
+        owed = (self.offered and not self.resumed) or self.sent > self.acked or self.acked >= self.snapshot.size
+        return not self.done and owed and now - self.last_progress > ACK_TIMEOUT_S
 
     def progress(self) -> dict[str, int | float]:
         """Bytes acknowledged, total, bytes sent (with resends) for status displays."""

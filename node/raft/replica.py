@@ -106,6 +106,8 @@ CAMPAIGN_RETRY_MAX_S = 0.6
 #: Entries a replica keeps in its journal below its newest snapshot, so a follower slightly
 #: behind catches up by log rather than by a whole snapshot.
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
+#: The most entries the journal keeps past a snapshot for a follower still receiving an older one.
+STREAM_HOLD_ENTRIES_MAX = 1_000_000
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -732,6 +734,12 @@ class PartitionReplica:
         core.compacted(snap.index, snap.term)
         retain = min(SNAPSHOT_RETAIN_ENTRIES_MAX, self.settings.entries_min // 2)
         drop_below = snap.index + 1 - retain
+        # A follower being sent an older snapshot continues from the journal once it has it: keep
+        # the entries after that snapshot, or it would be sent this one next, and so on while the
+        # move rate makes a stream outlast the time between snapshots (a learner that never joins).
+        for sender in self._senders.values():
+            if snap.index - sender.index <= STREAM_HOLD_ENTRIES_MAX:
+                drop_below = min(drop_below, sender.index)  # its term too: the next append's prev
         if drop_below > self.journal.first_index:
             self.journal.delete_to(drop_below)
 
@@ -787,6 +795,14 @@ class PartitionReplica:
         now = self._clock()
         rates = [ByteRate(RATE_BYTES_PER_S), *self._shared_rates]
         sender = SnapshotSender(peer, snap, self.core.term, self._io, self._send_chunk, rates, now)
+        if not sender.opened_whole():
+            # A newer snapshot was renamed over the file before this replica heard of it (the
+            # child is not reaped yet): what the path holds now is not the verified file.
+            sender.close()
+            log.info("partition %d: snapshot %d was replaced on disk; %s is sent the next one", self.partition,
+                     index, peer)
+            self.core.snapshot_done(peer, False, now)
+            return
         self._senders[peer] = sender
         log.info("partition %d: sending snapshot %d (%d bytes) to %s", self.partition, index, snap.size, peer)
         self._pump(sender, now)
@@ -808,7 +824,10 @@ class PartitionReplica:
         status = sender.on_ack(ack, self._clock())
         if status == COMPLETE:
             self._end_sender(peer, ok=True)
-        elif status == NOT_WANTED:
+        elif status in (NOT_WANTED, START_OVER):
+            # START_OVER: what arrived failed its checksum (or the follower lost its copy). Sending
+            # the same open file again could fail the same way: the core asks anew, the file is
+            # opened anew.
             self._end_sender(peer, ok=False)
         else:
             self._transport.hold()

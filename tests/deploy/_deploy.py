@@ -247,8 +247,40 @@ def resolve_conditionals(text: str, values: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+_ACTION = re.compile(r"\{\{-?\s*(if|with|range|define|block|end)\b")
+
+
+def define_body(helpers: str, name: str) -> str:
+    """The text between ``{{- define "name" -}}`` and its own ``{{- end -}}`` in ``helpers``."""
+    start = helpers.index(f'{{{{- define "{name}" -}}}}')
+    body_start = helpers.index("\n", start) + 1
+    depth = 1
+    for m in _ACTION.finditer(helpers, body_start):
+        depth += -1 if m.group(1) == "end" else 1
+        if depth == 0:
+            return helpers[body_start:helpers.rindex("\n", body_start, m.start()) + 1]
+    raise AssertionError(f"define {name!r} is not closed")
+
+
+def chart_env_text(helpers: str) -> str:
+    """The ``shoal.env`` helper (every container's environment) as a template with an ``env:`` key."""
+    body = define_body(helpers, "shoal.env")
+    return "env:\n" + "".join(f"  {line}\n" for line in body.splitlines())
+
+
+def expand_dependent_vars(env: dict[str, str]) -> dict[str, str]:
+    """The kubelet's ``$(VAR)`` expansion: a reference to a variable defined earlier in the list is
+    replaced by its value (``$$`` is a literal ``$``); an unknown reference stays as written."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        out[name] = re.sub(r"\$\$|\$\((\w+)\)",
+                           lambda m: "$" if m.group(0) == "$$" else out.get(m.group(1), m.group(0)), value)
+    return out
+
+
 def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[str, str]) -> list[dict[str, Any]]:
-    """The container ``env`` list of the StatefulSet template, rendered with a small evaluator.
+    """The container ``env`` list of a template (the StatefulSet's, or :func:`chart_env_text`),
+    rendered with a small evaluator.
 
     Its ``if`` blocks are resolved first (:func:`resolve_conditionals`). It understands the
     pipelines the env block uses — ``.Values.a.b``, ``include "name" .`` and a
@@ -293,6 +325,57 @@ def render_env_block(statefulset: str, values: dict[str, Any], includes: dict[st
     env = yaml.safe_load(rendered)
     assert isinstance(env, list)
     return env
+
+
+# --- the chart's pods ------------------------------------------------------------------------
+
+def bootstrap_count(values: dict[str, Any]) -> int:
+    """shoal.bootstrapReplicas on a first install: initialReplicas, else replicas."""
+    return values["initialReplicas"] or values["replicas"]
+
+
+def rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
+    """Every container's env (the shoal.env helper); the helpers it includes as _helpers.tpl defines
+    them (checked separately), on a first install."""
+    full = release if "shoal" in release else f"{release}-shoal"
+    domain = f"{full}-peers.{namespace}.svc.{values['clusterDomain']}"
+    first = range(bootstrap_count(values))
+    secret_name = values["cluster"]["existingSecret"] or full
+    return render_env_block(chart_env_text(template_texts()["_helpers.tpl"]), values,
+                            {"shoal.peers": ",".join(f"{full}-{i}={full}-{i}.{domain}" for i in first),
+                             "shoal.bootstrapNodes": ",".join(f"{full}-{i}" for i in first),
+                             "shoal.podDomain": domain, "shoal.secretName": secret_name,
+                             "shoal.identityName": f"{full}-identity"})
+
+
+#: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
+IDENTITY = {"cluster-id": "shoal-k8s0generated0", "bootstrap-replicas": "3"}
+
+
+def pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
+             identity: dict[str, str] = IDENTITY) -> dict[str, str]:
+    """What the kubelet gives pod <ordinal>: plain values (``$(VAR)`` references expanded), the pod
+    name, the Secret's and the identity ConfigMap's keys."""
+    env = {}
+    for item in rendered_env(values):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+            continue
+        source = item["valueFrom"]
+        if "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name"
+            env[item["name"]] = f"shoal-{ordinal}"
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            assert ref["name"] == "shoal-identity" and not ref.get("optional")
+            env[item["name"]] = identity[ref["key"]]
+        else:
+            ref = source["secretKeyRef"]
+            if ref["key"] in secret:
+                env[item["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
+    return expand_dependent_vars(env)
 
 
 def shell_join(argv: list[str]) -> str:

@@ -26,10 +26,10 @@ import yaml
 from shoal.cluster.config import ENV_VARS, load_config
 from shoal.cluster.guard import TLS_ENV_VARS
 
-from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, NODE_SERVICES, MissingVariable, chart_schema,
-                     interpolate,
+from _deploy import (CHART, CHAOS_SERVICES, COMPOSE_FILE, DEPLOY, IDENTITY, NODE_SERVICES, MissingVariable,
+                     bootstrap_count, chart_env_text, chart_schema, define_body, interpolate, pod_env, rendered_env,
                      chart_values, dashboard_metric_names, compose, compose_test_argv, dockerfile_instructions, final_stage,
-                     healthcheck_argv, image_argv, lookup, render_env_block, resolve_conditionals, service_env,
+                     healthcheck_argv, image_argv, lookup, resolve_conditionals, service_env,
                      template_texts,
                      values_paths_used)
 
@@ -332,6 +332,50 @@ def test_docker_compose_config_accepts_the_file_with_every_profile() -> None:
         assert result.returncode != 0 and "SHOAL_CLUSTER_SECRET" in result.stderr
 
 
+COMPOSE_NODE_4 = DEPLOY / "docker-compose.node-4.yml"
+
+
+def test_the_fourth_compose_node_joins_the_first_three_as_a_later_node() -> None:
+    """docker-compose.node-4.yml: the others' environment plus its own id, host and ports; its peers
+    are the three the cluster was created with, it is not one of them, and it runs `shoal node`."""
+    base = compose()["services"]
+    svc = yaml.safe_load(COMPOSE_NODE_4.read_text())["services"]["shoal-4"]
+    env = service_env(svc, REQUIRED_VARS)
+    shared = service_env(base["shoal-1"], REQUIRED_VARS)
+    own = {"SHOAL_NODE_ID", "SHOAL_NODE_HOST", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT"}
+    assert {k: v for k, v in env.items() if k not in own} == {k: v for k, v in shared.items() if k != "SHOAL_NODE_ID"}
+    assert set(env) <= set(ENV_VARS)
+    config = load_config(env=env)
+    me = config.node()
+    assert [n.id for n in config.nodes] == [*NODE_SERVICES, "shoal-4"] and config.bootstrap_ids() == NODE_SERVICES
+    assert (me.host, me.port, me.http_port, me.raft_port) == ("shoal-4", 6795, 6796, 7789)
+    assert {(n.port, n.http_port) for n in config.nodes if n.id != "shoal-4"}.isdisjoint({(6795, 6796)})
+    assert svc["command"] == base["shoal-1"]["command"] == ["shoal", "node"]
+    assert svc["healthcheck"]["test"] == base["shoal-1"]["healthcheck"]["test"]
+    assert svc["stop_grace_period"] == base["shoal-1"]["stop_grace_period"]
+    published = {tuple(interpolate(p, {}).split(":")) for p in svc["ports"]}
+    assert published == {("127.0.0.1", "6795", "6795"), ("127.0.0.1", "6796", "6796")}
+    (volume,) = svc["volumes"]
+    assert volume == "shoal-4-data:/data" and "shoal-4-data" in yaml.safe_load(COMPOSE_NODE_4.read_text())["volumes"]
+    # The admin call in the file's header and in deploy/README.md registers exactly this node.
+    body = '{"id": "shoal-4", "host": "shoal-4", "port": 6795, "httpPort": 6796, "raftPort": 7789}'
+    assert body in COMPOSE_NODE_4.read_text() and body in (DEPLOY / "README.md").read_text()
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"),
+                    reason="Debian's docker-compose is not installed (apt-get install -y docker-compose; "
+                           "scripts/test does it when it runs as root with apt); only this check is skipped")
+def test_docker_compose_config_merges_the_fourth_node() -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}, **REQUIRED_VARS}
+    result = subprocess.run(["docker-compose", "-f", str(COMPOSE_FILE), "-f", str(COMPOSE_NODE_4), "config"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    merged = yaml.safe_load(result.stdout)
+    assert set(NODE_SERVICES) | {"shoal-4"} <= set(merged["services"])
+    assert merged["services"]["shoal-4"]["environment"]["SHOAL_NODE_HOST"] == "shoal-4"
+    assert {"shoal-1-data", "shoal-4-data"} <= set(merged["volumes"])
+
+
 # --- Dockerfile ------------------------------------------------------------------------------
 
 def test_dockerfile_is_a_small_non_root_image_with_data_volume_and_health_check() -> None:
@@ -377,6 +421,8 @@ def test_every_container_runs_exactly_shoal_node() -> None:
         assert image_argv(instructions, services[name]["command"]) == ["shoal", "node"], name
     statefulset = template_texts()["statefulset.yaml"]
     assert re.search(r'^\s+command: \["shoal", "node"\]$', statefulset, re.M)
+    assert [c["command"][:2] for c in _pod_spec(chart_values())["spec"]["template"]["spec"]["containers"]] == [
+        ["shoal", "node"]]
     assert not re.search(r"^\s+args:", statefulset, re.M)
 
 
@@ -387,7 +433,7 @@ def test_chart_metadata() -> None:
     assert chart["apiVersion"] == "v2" and chart["name"] == "shoal" and chart["type"] == "application"
     assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
     assert set(template_texts()) >= {"statefulset.yaml", "services.yaml", "secret.yaml", "identity.yaml", "pdb.yaml",
-                                      "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}
+                                      "servicemonitor.yaml", "rbac.yaml", "NOTES.txt", "_helpers.tpl"}
 
 
 def test_chart_templates_are_well_formed() -> None:
@@ -443,58 +489,17 @@ def test_every_values_path_used_by_a_template_exists_and_every_value_is_used() -
     assert not unused, f"values.yaml keys no template reads: {unused}"
 
 
-def _rendered_env(values: dict[str, Any], release: str = "shoal", namespace: str = "queues") -> list[dict[str, Any]]:
-    """The StatefulSet env; SHOAL_PEERS as the shoal.peers helper defines it (checked separately)."""
-    full = release if "shoal" in release else f"{release}-shoal"
-    peers = ",".join(f"{full}-{i}={full}-{i}.{full}-peers.{namespace}.svc.{values['clusterDomain']}"
-                     for i in range(values["replicas"]))
-    secret_name = values["cluster"]["existingSecret"] or full
-    return render_env_block(template_texts()["statefulset.yaml"], values,
-                            {"shoal.peers": peers, "shoal.secretName": secret_name,
-                             "shoal.identityName": f"{full}-identity"})
-
-
-#: The identity ConfigMap as the chart writes it on install (identity.yaml; the id is random there).
-IDENTITY = {"cluster-id": "shoal-k8s0generated0"}
-
-
-def _pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
-             identity: dict[str, str] = IDENTITY) -> dict[str, str]:
-    """What the kubelet gives pod <ordinal>: plain values, the pod name, the Secret's and the identity
-    ConfigMap's keys."""
-    env = {}
-    for item in _rendered_env(values):
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
-            continue
-        source = item["valueFrom"]
-        if "fieldRef" in source:
-            assert source["fieldRef"]["fieldPath"] == "metadata.name"
-            env[item["name"]] = f"shoal-{ordinal}"
-        elif "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"]
-            assert ref["name"] == "shoal-identity" and not ref.get("optional")
-            env[item["name"]] = identity[ref["key"]]
-        else:
-            ref = source["secretKeyRef"]
-            if ref["key"] in secret:
-                env[item["name"]] = secret[ref["key"]]
-            else:
-                assert ref.get("optional"), f"{item['name']}: key {ref['key']} missing and not optional"
-    return env
-
-
 def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
     """Fails when a variable is renamed on one side only (compared with ENV_VARS and load_config)."""
-    text = template_texts()["statefulset.yaml"]
-    env = _rendered_env(chart_values())
+    text = chart_env_text(template_texts()["_helpers.tpl"])
+    env = rendered_env(chart_values())
     names = [item["name"] for item in env]
     assert len(names) == len(set(names))
     assert set(names) <= set(ENV_VARS), f"the chart sets variables shoal node does not read: " \
                                         f"{sorted(set(names) - set(ENV_VARS))}"
     assert {"SHOAL_NODE_ID", "SHOAL_PEERS", "SHOAL_CLUSTER_SECRET", "SHOAL_AUTH_TOKENS", "SHOAL_DATA_DIR",
             "SHOAL_LISTEN", "SHOAL_PARTITIONS", "SHOAL_REPLICATION", "SHOAL_CLIENT_PORT", "SHOAL_HTTP_PORT",
-            "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID"} <= set(names)
+            "SHOAL_RAFT_PORT", "SHOAL_CLUSTER_ID", "SHOAL_BOOTSTRAP_NODES", "SHOAL_NODE_HOST"} <= set(names)
     # TLS variables are set only with tls.enabled (test_chart_tls_*).
     not_for_pods = {"SHOAL_CONFIG", *TLS_ENV_VARS}
     assert set(ENV_VARS) - set(names) <= not_for_pods, \
@@ -505,26 +510,34 @@ def test_statefulset_environment_matches_what_shoal_node_reads() -> None:
         f"the StatefulSet reads Secret keys the chart does not write: {refs - secret_keys}"
     identity_keys = set(re.findall(r"^  ([a-z-]+): ", template_texts()["identity.yaml"].split("\ndata:")[1], re.M))
     refs = set(re.findall(r"configMapKeyRef:\s+name: .*\s+key: ([a-z-]+)", text))
-    assert refs == identity_keys == {"cluster-id"}
-    assert "enableServiceLinks: false" in text, "Service links would inject SHOAL_* variables"
+    assert refs == {"cluster-id"} and identity_keys == {"cluster-id", "bootstrap-replicas"}
+    sts = template_texts()["statefulset.yaml"]
+    assert "enableServiceLinks: false" in sts, "Service links would inject SHOAL_* variables"
+    # The node and the pod steps around it (init container, preStop hook) read the same environment.
+    assert sts.count('env: {{- include "shoal.env" . | nindent 12 }}') == 2 and sts.count("env:") == 2
 
 
 @pytest.mark.parametrize("overrides", [{}, {"replicas": 5, "cluster": {"partitions": 16, "replication": 3,
                                                                         "frameBytesMax": 16777216},
-                                            "ports": {"client": 16789, "http": 16790, "raft": 20000}}])
+                                            "ports": {"client": 16789, "http": 16790, "raft": 20000}},
+                                       {"replicas": 5, "initialReplicas": 3}])
 def test_statefulset_environment_configures_every_pod_as_the_values_say(overrides: dict[str, Any]) -> None:
+    """Every pod's configuration: the pods the cluster was created with list each other; a later pod
+    (ordinal >= initialReplicas) lists them and itself, and is not one the cluster was created with."""
     values = chart_values()
     for key, value in overrides.items():
         values[key] = {**values[key], **value} if isinstance(value, dict) else value
     jsonschema.validate(values, chart_schema())
     secret = {"cluster-secret": "k8s-secret", "auth-tokens": "tok1,tok2"}
+    first = [f"shoal-{i}" for i in range(bootstrap_count(values))]
     for ordinal in range(values["replicas"]):
-        config = load_config(env=_pod_env(values, ordinal, secret))
+        config = load_config(env=pod_env(values, ordinal, secret))
         me = config.node()
         assert config.node_id == me.id == f"shoal-{ordinal}"
-        assert len(config.nodes) == values["replicas"]
+        assert [n.id for n in config.nodes] == first + ([me.id] if me.id not in first else [])
+        assert config.bootstrap_ids() == tuple(first)
         assert config.partitions == values["cluster"]["partitions"]
-        assert config.rf == min(values["cluster"]["replication"], values["replicas"])
+        assert config.rf == min(values["cluster"]["replication"], len(config.nodes))
         assert config.cluster_id == IDENTITY["cluster-id"]
         assert config.frame_bytes_max == values["cluster"]["frameBytesMax"]
         assert config.session_grace_ms == values["cluster"]["sessionGraceMs"]
@@ -533,8 +546,101 @@ def test_statefulset_environment_configures_every_pod_as_the_values_say(override
         assert me.host == f"shoal-{ordinal}.shoal-peers.queues.svc.cluster.local"
         assert config.listen == "0.0.0.0" and config.secret == "k8s-secret" and config.tokens == ("tok1", "tok2")
         assert str(config.node_data_dir()) == "/data"
-    without_tokens = load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}))
+    without_tokens = load_config(env=pod_env(values, 0, {"cluster-secret": "k"}))
     assert without_tokens.tokens == ()
+
+
+def test_scaling_changes_no_pod_environment() -> None:
+    """``replicas`` is not in any container's environment: scaling restarts no running pod, and a new
+    pod's SHOAL_PEERS and SHOAL_BOOTSTRAP_NODES are the first pods', whatever ``replicas`` says."""
+    values = chart_values()
+    env = rendered_env(values)
+    for replicas in (1, 4, 7):
+        assert rendered_env({**values, "replicas": replicas, "initialReplicas": 3}) == env
+    helpers = template_texts()["_helpers.tpl"]
+    assert "Values.replicas" not in define_body(helpers, "shoal.env")
+    for name in ("shoal.peers", "shoal.bootstrapNodes"):
+        assert 'until (int (include "shoal.bootstrapReplicas" .))' in define_body(helpers, name)
+    # The StatefulSet uses `replicas` for its size alone.
+    sts = template_texts()["statefulset.yaml"]
+    assert re.findall(r"\.Values\.replicas\b", sts) == [".Values.replicas"] and "replicas: {{ .Values.replicas }}" in sts
+
+
+def test_the_chart_records_how_many_pods_created_the_cluster_and_keeps_it() -> None:
+    """SHOAL_PEERS / SHOAL_BOOTSTRAP_NODES come from a count the identity ConfigMap holds from the first
+    install on, like the cluster id: what it recorded, else initialReplicas, else replicas."""
+    helpers, identity = template_texts()["_helpers.tpl"], template_texts()["identity.yaml"]
+    count = define_body(helpers, "shoal.bootstrapReplicas")
+    assert '(lookup "v1" "ConfigMap" .Release.Namespace (include "shoal.identityName" .)).data | default dict' in count
+    assert '$stored := get $current "bootstrap-replicas"' in count
+    assert "{{- if and $wanted (ne $wanted (int $stored)) -}}" in count and "never change" in count, \
+        "an upgrade naming another initialReplicas fails instead of changing the cluster's first nodes"
+    assert "{{- $stored -}}" in count and "{{- $wanted | default (int .Values.replicas) -}}" in count
+    assert "cannot exceed replicas" in count
+    assert 'bootstrap-replicas: {{ include "shoal.bootstrapReplicas" . | quote }}' in identity
+    assert "helm.sh/resource-policy: keep" in identity
+    assert chart_values()["initialReplicas"] == 0, "the first install's replicas unless set"
+    schema = chart_schema()
+    for bad in (-1, 65, "3"):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**chart_values(), "initialReplicas": bad}, schema)
+
+
+def _pod_spec(values: dict[str, Any]) -> dict[str, Any]:
+    """The StatefulSet's structure: whole-line actions resolved or dropped, inline ones stood in for by X."""
+    text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
+    skeleton = re.sub(r"\{\{.*?\}\}", "X", re.sub(r"(?m)^\s*\{\{.*?\}\}\s*\n", "", text))
+    return yaml.safe_load(skeleton)
+
+
+def test_a_new_pod_joins_and_a_scale_down_decommissions_highest_ordinal_first() -> None:
+    """An init container registers the pod (`shoal pod join`); a preStop hook (`shoal pod leave`)
+    decommissions a pod a scale-down takes away, with the grace period to do it, a get-only Role on
+    the StatefulSet for its replica count, and the volume deleted afterwards."""
+    from shoal.node.pod import join_command, leave_command
+
+    values = chart_values()
+    assert values["scaleDown"]["decommission"] is True and values["persistence"]["deleteOnScaleDown"] is True
+    sts = _pod_spec(values)
+    pod = sts["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["command"][:3] == ["shoal", "pod", "join"]
+    join_command.make_context("join", init["command"][3:])  # options `shoal pod join` accepts
+    assert {"name": "data", "mountPath": "/data"} in init["volumeMounts"], "join writes the node's identity"
+    [container] = pod["containers"]
+    leave = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert leave[:3] == ["shoal", "pod", "leave"] and leave[3:5] == ["--statefulset", "X"]
+    text = template_texts()["statefulset.yaml"]
+    assert '"--statefulset", {{ include "shoal.fullname" . | quote }}' in text
+    assert '"--timeout", {{ .Values.scaleDown.timeoutSeconds | int | quote }}' in text
+    ctx = leave_command.make_context("leave", ["--statefulset", "shoal", "--timeout", "3600"])
+    assert ctx.params["statefulset"] == "shoal" and ctx.params["timeout_s"] == 3600
+    assert pod["serviceAccountName"] == "X" and pod["automountServiceAccountToken"] is True
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Delete"}
+    # get on this StatefulSet alone.
+    rbac = [yaml.safe_load(re.sub(r"\{\{.*?\}\}", "X", doc))
+            for doc in resolve_conditionals(template_texts()["rbac.yaml"], values).split("\n---\n")]
+    assert [d["kind"] for d in rbac] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert rbac[1]["rules"] == [{"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["X"],
+                                 "verbs": ["get"]}]
+    assert '[{{ include "shoal.fullname" . | quote }}]' in template_texts()["rbac.yaml"]
+    assert rbac[2]["roleRef"]["kind"] == "Role" and rbac[2]["subjects"][0]["kind"] == "ServiceAccount"
+    # Off: no hook, no account, no token, volumes kept.
+    off = {**values, "scaleDown": {**values["scaleDown"], "decommission": False},
+           "persistence": {**values["persistence"], "deleteOnScaleDown": False}}
+    jsonschema.validate(off, chart_schema())
+    plain = _pod_spec(off)
+    assert "lifecycle" not in plain["spec"]["template"]["spec"]["containers"][0]
+    assert plain["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "persistentVolumeClaimRetentionPolicy" not in plain["spec"]
+    assert resolve_conditionals(template_texts()["rbac.yaml"], off).strip() == ""
+
+
+def test_the_disruption_budget_holds_at_any_size() -> None:
+    """One pod down at a time, whatever ``replicas``: the budget names no count that scaling changes."""
+    pdb = template_texts()["pdb.yaml"]
+    assert "maxUnavailable: 1" in pdb and "replicas" not in pdb and "minAvailable" not in pdb
+    assert chart_values()["podDisruptionBudget"]["enabled"] is True
 
 
 def test_the_chart_makes_the_cluster_id_once_and_keeps_it() -> None:
@@ -549,7 +655,7 @@ def test_the_chart_makes_the_cluster_id_once_and_keeps_it() -> None:
     assert "helm.sh/resource-policy: keep" in t and "cluster-id: {{ $id | quote }}" in t
     generated = "shoal-" + "a1b2c3d4e5f6g7h8"  # what printf "shoal-%s" (randAlphaNum 16 | lower) gives
     jsonschema.validate({**values, "cluster": {**values["cluster"], "id": generated}}, chart_schema())
-    assert load_config(env=_pod_env(values, 0, {"cluster-secret": "k"}, {"cluster-id": generated})).cluster_id \
+    assert load_config(env=pod_env(values, 0, {"cluster-secret": "k"}, {"cluster-id": generated})).cluster_id \
         == generated
     assert "get configmap" in template_texts()["NOTES.txt"]
 
@@ -562,8 +668,9 @@ def test_chart_helpers_keep_pod_names_peer_ids_and_services_consistent() -> None
     peers = helpers[helpers.index('define "shoal.peers"'):]
     assert '$full := include "shoal.fullname" .' in peers and "{{ $full }}-{{ $i }}=" in peers, \
         "peer ids must be the pod names (<fullname>-<ordinal>), which SHOAL_NODE_ID gets from metadata.name"
-    host = helpers[helpers.index('define "shoal.podHost"'):]
-    assert 'include "shoal.headless"' in host and "clusterDomain" in host
+    host = define_body(helpers, "shoal.podHost")
+    domain = define_body(helpers, "shoal.podDomain")
+    assert 'include "shoal.podDomain"' in host and 'include "shoal.headless"' in domain and "clusterDomain" in domain
     headless = services.split("---")[0]
     assert 'name: {{ include "shoal.headless" . }}' in headless
     assert "clusterIP: None" in headless and "publishNotReadyAddresses: true" in headless
@@ -582,12 +689,15 @@ def test_statefulset_probes_identity_storage_and_disruption_budget() -> None:
     sts = resolve_conditionals(t["statefulset.yaml"], chart_values())
     assert re.search(r"readinessProbe:\n\s+httpGet: \{path: /ready, port: http\}", sts)
     assert re.search(r"livenessProbe:\n\s+httpGet: \{path: /healthz, port: http\}", sts)
-    assert "fieldPath: metadata.name" in sts
+    assert "fieldPath: metadata.name" in define_body(t["_helpers.tpl"], "shoal.env")
     assert "podAntiAffinity:" in sts and "topologyKey: kubernetes.io/hostname" in sts
     assert "volumeClaimTemplates:" in sts and "mountPath: /data" in sts
     assert "runAsNonRoot: true" in sts and "runAsUser: 10001" in sts
     assert "podManagementPolicy: Parallel" in sts
-    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in sts
+    assert ("terminationGracePeriodSeconds: {{ add .Values.terminationGracePeriodSeconds "
+            ".Values.scaleDown.timeoutSeconds }}") in sts, "the preStop hook's decommission runs inside the grace period"
+    plain = resolve_conditionals(t["statefulset.yaml"], {**chart_values(), "scaleDown": {"decommission": False}})
+    assert "terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}" in plain
     assert "kind: PodDisruptionBudget" in t["pdb.yaml"] and "maxUnavailable: 1" in t["pdb.yaml"]
     sm = t["servicemonitor.yaml"]
     assert sm.startswith("{{- if .Values.serviceMonitor.enabled }}") and "path: /prometheus" in sm
@@ -610,7 +720,7 @@ def _tls_values(client_certs: str, ca_key: str = "ca.crt") -> dict[str, Any]:
 def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, client_certs: str,
                                                                 ca_key: str) -> None:
     values = _tls_values(client_certs, ca_key)
-    names = {item["name"] for item in _rendered_env(values)}
+    names = {item["name"] for item in rendered_env(values)}
     assert set(ENV_VARS) - names <= {"SHOAL_CONFIG"} | ({"SHOAL_TLS_CA"} if not ca_key else set())
     # The node checks that the files exist: stand in for the mounted Secret.
     mount = tmp_path / "tls"
@@ -618,7 +728,7 @@ def test_chart_tls_configures_every_pod_from_the_mounted_secret(tmp_path: Path, 
     for name in ("tls.crt", "tls.key", "ca.crt"):
         (mount / name).write_text("PEM")
     env = {k: v.replace("/etc/shoal/tls", str(mount)) for k, v in
-           _pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
+           pod_env(values, 0, {"cluster-secret": "k8s-secret"}).items()}
     config = load_config(env=env)
     assert config.tls is not None
     assert (config.tls.cert, config.tls.key) == (str(mount / "tls.crt"), str(mount / "tls.key"))
@@ -649,7 +759,7 @@ def test_chart_without_tls_mounts_nothing_and_probes_plain_http() -> None:
     assert values["tls"]["enabled"] is False
     text = resolve_conditionals(template_texts()["statefulset.yaml"], values)
     assert "/etc/shoal/tls" not in text and "scheme: HTTPS" not in text
-    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in _rendered_env(values)}
+    assert not {"SHOAL_TLS_CERT", "SHOAL_TLS_KEY"} & {item["name"] for item in rendered_env(values)}
     monitor = resolve_conditionals(template_texts()["servicemonitor.yaml"], {**values, "serviceMonitor": {
         **values["serviceMonitor"], "enabled": True}})
     assert "scheme: https" not in monitor

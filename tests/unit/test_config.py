@@ -171,3 +171,24 @@ def test_dashboard_read_only_from_file_or_env(tmp_path: Path) -> None:
     path.write_text('[cluster]\ndashboard_read_only = "yes"\n[[nodes]]\nid = "a"\n')
     with pytest.raises(ConfigError, match="dashboard_read_only"):
         load_config(path, env={})
+
+
+def test_a_node_added_later_names_itself_with_node_host() -> None:
+    """SHOAL_NODE_HOST: a node SHOAL_PEERS (the first nodes) does not list joins them as a later node."""
+    peers = "a=a.svc,b=b.svc,c=c.svc"
+    env = {"SHOAL_PEERS": peers, "SHOAL_NODE_ID": "d", "SHOAL_NODE_HOST": "d.svc", "SHOAL_CLUSTER_SECRET": "s",
+           "SHOAL_CLIENT_PORT": "7000",
+           "SHOAL_HTTP_PORT": "7001", "SHOAL_RAFT_PORT": "7002"}
+    config = load_config(env=env)
+    assert [n.id for n in config.nodes] == ["a", "b", "c", "d"]
+    assert config.node() == NodeSpec("d", "d.svc", 7000, 7001, 7002)
+    assert config.bootstrap_ids() == ("a", "b", "c"), "a node added later is not one the cluster was created with"
+    # A listed node with the same host is just itself; an explicit bootstrap list wins.
+    first = load_config(env={**env, "SHOAL_NODE_ID": "b", "SHOAL_NODE_HOST": "b.svc"})
+    assert [n.id for n in first.nodes] == ["a", "b", "c"] and first.bootstrap_ids() == ("a", "b", "c")
+    later = load_config(env={**env, "SHOAL_BOOTSTRAP_NODES": "a,b"})
+    assert later.bootstrap_ids() == ("a", "b")
+    with pytest.raises(ConfigError, match="SHOAL_PEERS lists b at 'b.svc'"):
+        load_config(env={**env, "SHOAL_NODE_ID": "b", "SHOAL_NODE_HOST": "elsewhere"})
+    with pytest.raises(ConfigError, match="needs SHOAL_NODE_ID"):
+        load_config(env={"SHOAL_PEERS": peers, "SHOAL_NODE_HOST": "d.svc", "SHOAL_CLUSTER_SECRET": "s"})

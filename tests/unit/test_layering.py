@@ -1,10 +1,10 @@
 """Import layering of the node: every module imports only its own layer or the ones below.
 
-The layers, top to bottom: ``server`` (wiring and lifecycle) → the edge (``http/``,
+The layers, top to bottom: ``server`` (wiring and lifecycle, the commands) → the edge (``http/``,
 ``connection``, the flow service, the guard, the collector, the simulation) → ``view`` (the protocol the edge
 reads the node through) → ``dispatch`` (with the small protocols it is handed, ``ports``) →
-``partitions`` (group commit, the push path, the clock, the node's identity on disk and the
-``raft/`` seam) → ``state``, the engine, which is pure: no I/O, clock or randomness.
+``partitions`` (group commit, the push path, the clock, the node's identity on disk, the node
+registry, the moves of replicas and the ``raft/`` seam) → ``state``, the engine, which is pure: no I/O, clock or randomness.
 
 Checked from the source (``ast``), so an import inside a function or under
 ``TYPE_CHECKING`` counts as much as one at the top, and a module is refused before
@@ -72,7 +72,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics", "relay", "bunqueue"})),
     ("view", frozenset({"view"})),
     ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
-    ("server", frozenset({"server", "cli", "__main__", "__init__"})),
+    ("server", frozenset({"server", "cli", "pod", "__main__", "__init__"})),
 )
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
 LAYER_NAMES = [name for name, _ in LAYERS]
