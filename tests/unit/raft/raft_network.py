@@ -7,6 +7,13 @@ turned into an :class:`~shoal.node.raft.messages.InstallSnapshot` of the leader'
 applied state) and keeps the messages in flight until a script delivers them.
 Time is a number the script moves; nothing here reads a clock or draws a
 random number the seed did not decide.
+
+The network checks what a replica must guarantee: a message leaves only once the
+hard state it depends on is durable (a vote is stored before it is granted, a
+candidate's own vote before it asks), and two snapshots of the same ``(index,
+term)`` hold the same state. A snapshot stream that breaks (its InstallSnapshot is
+dropped, or its leader crashes) is reported to the leader's core as failed, as the
+replica's stream timeout does.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.node.raft.core import RaftCore, RaftParams, Ready
-from shoal.node.raft.membership import Membership, decode_change
+from shoal.node.raft.membership import ConfigChange, Membership, decode_change
 from shoal.node.raft.messages import (ENTRY_CONFIG, ENTRY_NOOP, AppendEntries, AppendResponse, Heartbeat,
                                       HeartbeatResponse, InstallSnapshot, Message, RequestVote, TimeoutNow,
                                       VoteResponse)
@@ -37,11 +44,15 @@ class SimNode:
     id: str
     core: RaftCore
     storage: MemoryStorage
+    #: The membership it started with (a snapshot's replaces it).
+    bootstrap: Membership
     hard_state: tuple[int, str | None] = (0, None)
     applied: list[tuple[int, bytes]] = field(default_factory=list)
     #: The applied state a snapshot carries: (index, term, applied payloads, membership).
     snapshot: tuple[int, int, list[tuple[int, bytes]], Membership] | None = None
     up: bool = True
+    #: Starts of this node (0 for the first): a restart is a new core with what was stored.
+    incarnation: int = 0
 
 
 def _payload_text(payload: bytes) -> str:
@@ -95,23 +106,28 @@ class Cluster:
         self.in_flight: list[tuple[str, str, Message]] = []
         #: (from, to) pairs whose messages are dropped.
         self.cut: set[tuple[str, str]] = set()
+        #: Messages taken out of flight by a script (``hold``), delivered only once released.
+        self.held: list[tuple[str, str, Message]] = []
+        #: Every snapshot taken, by (index, term): applied payloads and membership.
+        self.snapshots: dict[tuple[int, int], tuple[list[tuple[int, bytes]], Membership]] = {}
         self.log: list[str] = []
         self.on_output: Callable[[str], None] = self.log.append
 
     def _new_node(self, node_id: str, membership: Membership, storage: MemoryStorage | None = None,
-                  hard_state: tuple[int, str | None] = (0, None), commit: int = 0,
-                  snapshot: Any = None) -> SimNode:
+                  hard_state: tuple[int, str | None] = (0, None), snapshot: Any = None,
+                  pending_changes: list[tuple[int, ConfigChange]] | None = None) -> SimNode:
         storage = storage or MemoryStorage()
         rng = random.Random(f"{self.seed}/{node_id}")
         snap = (0, 0)
         applied: list[tuple[int, bytes]] = []
+        bootstrap = membership
         if snapshot is not None:
             snap = (snapshot[0], snapshot[1])
             applied = list(snapshot[2])
             membership = snapshot[3]
         core = RaftCore(node_id, membership, storage, params=self.params, rng=rng, term=hard_state[0],
-                        vote=hard_state[1], commit=commit, snapshot=snap, now=self.now)
-        return SimNode(node_id, core, storage, hard_state, applied, snapshot)
+                        vote=hard_state[1], snapshot=snap, pending_changes=pending_changes, now=self.now)
+        return SimNode(node_id, core, storage, bootstrap, hard_state, applied, snapshot)
 
     def add_node(self, node_id: str) -> SimNode:
         """A new, empty member that knows no membership yet (it learns it from the leader)."""
@@ -132,15 +148,15 @@ class Cluster:
         core = node.core
         if rd.hard_state is not None:
             node.hard_state = (rd.hard_state.term, rd.hard_state.vote)
+            self.on_output(f"{node.id} stores term={rd.hard_state.term} vote={rd.hard_state.vote}")
         if rd.snapshot is not None:
             index, term = rd.snapshot
-            leader = self.nodes.get(core.leader or "")
-            snap = leader.snapshot if leader is not None else None
-            if snap is None or snap[0] != index:
-                raise AssertionError(f"{node.id} installs snapshot {index} its leader does not have")
+            if (index, term) not in self.snapshots:
+                raise AssertionError(f"{node.id} installs snapshot {index}/{term}, which nobody took")
+            applied, membership = self.snapshots[(index, term)]
             node.storage.clear(index + 1)
-            node.applied = list(snap[2])
-            node.snapshot = snap
+            node.applied = list(applied)
+            node.snapshot = (index, term, list(applied), membership)
             self.on_output(f"{node.id} installed snapshot {index}/{term}")
         elif rd.truncate_from is not None:
             node.storage.delete_from(rd.truncate_from)
@@ -149,6 +165,7 @@ class Cluster:
             if core.is_leader:
                 core.persisted(rd.entries[-1][1])
         for to, msg in rd.messages:
+            self._check_durable(node, to, msg)
             if (node.id, to) in self.cut or not self.nodes.get(to, node).up:
                 self.on_output(f"{node.id}->{to} {describe(msg)} (dropped)")
                 continue
@@ -161,10 +178,36 @@ class Cluster:
             snap = node.snapshot
             assert snap is not None and snap[0] == index, (node.id, index, snap)
             if (node.id, peer) in self.cut or not self.nodes[peer].up:
-                core.snapshot_done(peer, False, self.now)
+                self._stream_failed(node.id, peer)
                 continue
             self.in_flight.append((node.id, peer, InstallSnapshot(core.term, node.id, index, term,
                                                                    snap[3].to_wire())))
+
+    def _check_durable(self, node: SimNode, to: str, msg: Message) -> None:
+        """A message leaves only once the term and vote it speaks for are durable (Raft §5.1)."""
+        term, vote = node.hard_state
+        pre = isinstance(msg, (RequestVote, VoteResponse)) and msg.pre
+        if not pre and msg.term > term:
+            raise AssertionError(f"{node.id} sends {describe(msg)} with term {term} stored")
+        if isinstance(msg, RequestVote) and not msg.pre and (term, vote) != (msg.term, node.id):
+            raise AssertionError(f"{node.id} asks for votes with term={term} vote={vote} stored")
+        if isinstance(msg, VoteResponse) and msg.granted and not msg.pre and (term, vote) != (msg.term, to):
+            raise AssertionError(f"{node.id} grants its vote to {to} with term={term} vote={vote} stored")
+
+    def _stream_failed(self, leader_id: str, peer: str) -> None:
+        """A snapshot stream from ``leader_id`` to ``peer`` broke: the leader's core is told."""
+        leader = self.nodes[leader_id]
+        if not leader.up:
+            return
+        self.on_output(f"{leader_id} snapshot stream to {peer} failed")
+        leader.core.snapshot_done(peer, False, self.now)
+        self.process(leader)
+
+    def _lost(self, sender: str, to: str, msg: Message) -> None:
+        """A message in flight is lost (dropped, or its receiver is down or cut off)."""
+        self.on_output(f"{sender}->{to} {describe(msg)} (dropped)")
+        if isinstance(msg, InstallSnapshot):
+            self._stream_failed(sender, to)
 
     def deliver(self, only_to: str | None = None, count: int | None = None) -> int:
         """Deliver messages in flight (to ``only_to`` if given), ``count`` at most; return how many."""
@@ -177,7 +220,7 @@ class Cluster:
             node = self.nodes[to]
             done += 1
             if not node.up or (sender, to) in self.cut:
-                self.on_output(f"{sender}->{to} {describe(msg)} (dropped)")
+                self._lost(sender, to, msg)
                 continue
             self.on_output(f"{sender}->{to} {describe(msg)}")
             before = (node.core.state, node.core.term)
@@ -234,6 +277,11 @@ class Cluster:
         index = core.applied
         term = core.log.term(index) or 0
         node.snapshot = (index, term, list(node.applied), core.membership)
+        state = (list(node.applied), core.membership)
+        known = self.snapshots.setdefault((index, term), state)
+        if known != state:
+            raise AssertionError(f"{node_id}'s snapshot at {index}/{term} differs from another node's: "
+                                 f"{state} != {known}")
         core.compacted(index, term)
         node.storage.delete_to(index + 1)
         return index, term
@@ -242,22 +290,31 @@ class Cluster:
         """Stop ``node_id``: its in-memory state is gone, its storage stays."""
         node = self.nodes[node_id]
         node.up = False
-        self.in_flight = [m for m in self.in_flight if m[1] != node_id]
+        # Messages to it are lost; so are its snapshot streams (the file is read by the process).
+        self.in_flight = [m for m in self.in_flight
+                          if m[1] != node_id and not (m[0] == node_id and isinstance(m[2], InstallSnapshot))]
+
+    def drop(self, to: str | None = None) -> None:
+        """Lose the messages in flight (to ``to`` only, if given)."""
+        lost = [m for m in self.in_flight if to is None or m[1] == to]
+        self.in_flight = [m for m in self.in_flight if to is not None and m[1] != to]
+        for sender, dest, msg in lost:
+            self._lost(sender, dest, msg)
 
     def restart(self, node_id: str) -> None:
-        """Start ``node_id`` again from what it stored (hard state, log, snapshot)."""
+        """Start ``node_id`` again from what it stored (hard state, log, snapshot), as the replica does."""
         old = self.nodes[node_id]
-        membership = old.snapshot[3] if old.snapshot else self.membership
-        node = self._new_node(node_id, membership, old.storage, old.hard_state, 0, old.snapshot)
         # Config entries of the log after the snapshot take effect again when applied.
         first = (old.snapshot[0] if old.snapshot else 0) + 1
-        changes = []
-        for payload, index, _ in old.storage.entries(max(first, old.storage.first_index), old.storage.last_index + 1):
-            if payload[:1] == bytes([ENTRY_CONFIG]):
-                changes.append((index, decode_change(payload)))
-        node.core._pending_changes = changes  # noqa: SLF001 (the replica passes them to the constructor)
+        st = old.storage
+        changes = [(index, decode_change(payload))
+                   for payload, index, _ in st.entries(max(first, st.first_index), st.last_index + 1)
+                   if payload[:1] == bytes([ENTRY_CONFIG])]
+        node = self._new_node(node_id, old.bootstrap, st, old.hard_state, old.snapshot, changes)
+        node.incarnation = old.incarnation + 1
         self.nodes[node_id] = node
-        self.on_output(f"{node_id} restarted at term {node.core.term} (log {storage_span(old.storage)})")
+        self.on_output(f"{node_id} restarted at term {node.core.term} vote={node.core.vote} "
+                       f"(log {storage_span(st)})")
 
 
 def storage_span(storage: MemoryStorage) -> str:

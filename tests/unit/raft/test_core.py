@@ -1,0 +1,273 @@
+"""Raft's safety and liveness properties over random runs of 3 and 5 cores (Raft paper §5.2-§5.4, Figure 3).
+
+Hypothesis drives a :class:`raft_network.Cluster` through bounded runs of ticks,
+proposals, message loss, duplication and reordering, crashes and restarts,
+partitions, snapshots and leadership transfers; after every step
+:class:`Checker` asserts what Raft promises:
+
+- election safety: at most one leader per term;
+- log matching: two logs holding an entry of the same index and term hold the same entry;
+- state machine safety: every node applies the same payload at the same index, and an
+  entry at or below a node's commit index never changes;
+- leader completeness: a leader's log holds every entry committed in an earlier term;
+- a core's commit and applied indexes never go backwards.
+
+Then the network heals, every node starts again and, within a bounded number of
+steps, a leader must be elected, commit what it holds, and commit a new proposal
+on every node (liveness once the network behaves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from raft_network import Cluster, SimNode
+
+from shoal.node.raft.core import LEADER, NotLeader, ProposalRefused
+
+#: Steps of one random run, and of the healed run that follows it (0.05 s each).
+STEPS_MAX = 200
+HEALED_STEPS_MAX = 600
+TICK_S = 0.05
+
+#: Kinds of step, repeated by weight: time passes and messages arrive more often than faults strike.
+KINDS = (["tick"] * 8 + ["deliver-all"] * 6 + ["deliver"] * 4 + ["propose"] * 4 + ["drop"] * 2
+         + ["duplicate", "crash", "restart", "partition", "heal", "snapshot", "transfer"])
+TICKS_S = (0.05, 0.1, 0.1, 0.2, 0.5, 1.0)
+#: (kind, a, b): ``a`` and ``b`` pick a node, a message, a tick length or a partition's side.
+ACTION = st.tuples(st.sampled_from(KINDS), st.integers(0, 63), st.integers(0, 63))
+RUN = st.lists(ACTION, min_size=STEPS_MAX // 3, max_size=STEPS_MAX)
+
+
+@dataclass
+class Checker:
+    """Raft's safety properties, checked against everything seen so far in one run."""
+
+    cluster: Cluster
+    #: term -> the node that led it.
+    leaders: dict[int, str] = field(default_factory=dict)
+    #: (index, term) -> payload, for every entry seen in any log.
+    entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    #: index -> (term, payload, the highest term of a node that held it committed when first seen).
+    committed: dict[int, tuple[int, bytes, int]] = field(default_factory=dict)
+    #: index -> payload, for every data entry any node applied.
+    applied: dict[int, bytes] = field(default_factory=dict)
+    #: (node, incarnation) -> (commit, applied) last seen.
+    progress: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    #: (node, incarnation, term) of every leadership already checked for completeness.
+    elected: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def check(self) -> None:
+        for node in self.cluster.nodes.values():
+            if node.up:
+                self._check_node(node)
+
+    def _check_node(self, node: SimNode) -> None:
+        core = node.core
+        log = core.log
+        key = (node.id, node.incarnation)
+        commit, applied = self.progress.get(key, (0, 0))
+        assert core.commit >= commit, f"{node.id}: commit went back from {commit} to {core.commit}"
+        assert core.applied >= applied, f"{node.id}: applied went back from {applied} to {core.applied}"
+        assert core.applied <= core.commit, f"{node.id}: applied {core.applied} beyond commit {core.commit}"
+        self.progress[key] = (core.commit, core.applied)
+
+        if core.state == LEADER:
+            leader = self.leaders.setdefault(core.term, node.id)
+            assert leader == node.id, f"two leaders in term {core.term}: {leader} and {node.id}"
+
+        held = log.entries(log.first_index, log.last_index + 1) if log.last_index >= log.first_index else []
+        for payload, index, term in held:
+            known = self.entries.setdefault((index, term), payload)
+            assert known == payload, f"{node.id}: entry {index}/{term} differs from another log's"
+        for payload, index, term in held:
+            if index <= log.snap_index or index > core.commit:
+                continue
+            seen = self.committed.get(index)
+            if seen is None:
+                self.committed[index] = (term, payload, self._max_term())
+            else:
+                assert (seen[0], seen[1]) == (term, payload), \
+                    f"{node.id}: committed entry {index} is {term}/{payload!r}, was {seen[0]}/{seen[1]!r}"
+
+        for index, payload in node.applied:
+            known = self.applied.setdefault(index, payload)
+            assert known == payload, f"{node.id} applied {payload!r} at {index}, another node {known!r}"
+        indexes = [i for i, _ in node.applied]
+        assert indexes == sorted(set(indexes)), f"{node.id} applied out of order: {indexes}"
+
+        if core.state == LEADER and (node.id, node.incarnation, core.term) not in self.elected:
+            self.elected.add((node.id, node.incarnation, core.term))
+            self._check_complete(node, lambda committed_in: True)
+        if core.state == LEADER:
+            self._check_complete(node, lambda committed_in: committed_in < core.term)
+
+    def _check_complete(self, node: SimNode, applies: object) -> None:
+        """Leader completeness (§5.4.3): the leader holds every entry committed before its term."""
+        core = node.core
+        for index, (term, payload, committed_in) in self.committed.items():
+            if index <= core.log.snap_index or not applies(committed_in):  # type: ignore[operator]
+                continue
+            held = core.log.entries(index, index + 1) if index <= core.log.last_index else []
+            assert held and held[0][2] == term and held[0][0] == payload, \
+                f"leader {node.id} (term {core.term}) lacks committed entry {index}/{term}: {held}"
+
+    def _max_term(self) -> int:
+        return max(n.core.term for n in self.cluster.nodes.values())
+
+
+def leader_of(cluster: Cluster) -> SimNode | None:
+    """The leader of the highest term among the nodes that are up, if any."""
+    leaders = [n for n in cluster.nodes.values() if n.up and n.core.state == LEADER]
+    return max(leaders, key=lambda n: n.core.term) if leaders else None
+
+
+def step(cluster: Cluster, action: tuple, counter: list[int]) -> None:
+    ids = list(cluster.nodes)
+    kind = action[0]
+    if kind == "tick":
+        cluster.tick(TICKS_S[action[1] % len(TICKS_S)])
+    elif kind == "deliver" and cluster.in_flight:
+        k = action[1] % len(cluster.in_flight)
+        cluster.in_flight.insert(0, cluster.in_flight.pop(k))
+        cluster.deliver(count=1)
+    elif kind == "deliver-all":
+        cluster.deliver(count=len(cluster.in_flight))
+    elif kind == "drop" and cluster.in_flight:
+        cluster.in_flight.pop(action[1] % len(cluster.in_flight))
+    elif kind == "duplicate" and cluster.in_flight:
+        cluster.in_flight.append(cluster.in_flight[action[1] % len(cluster.in_flight)])
+    elif kind == "propose":
+        node = cluster.nodes[ids[action[1] % len(ids)]]
+        if not (node.up and node.core.state == LEADER):
+            node = leader_of(cluster)
+        if node is not None:
+            counter[0] += 1
+            try:
+                cluster.propose(node.id, f"p{counter[0]}")
+            except (NotLeader, ProposalRefused):
+                pass
+    elif kind == "crash":
+        node_id = ids[action[1] % len(ids)]
+        if cluster.nodes[node_id].up:
+            cluster.crash(node_id)
+    elif kind == "restart":
+        node_id = ids[action[1] % len(ids)]
+        if not cluster.nodes[node_id].up:
+            cluster.restart(node_id)
+    elif kind == "partition":
+        side = {i for k, i in enumerate(ids) if (action[1] + 1) >> k & 1}
+        cluster.cut = {(a, b) for a in ids for b in ids if (a in side) != (b in side)}
+    elif kind == "heal":
+        cluster.cut = set()
+    elif kind == "snapshot":
+        node = cluster.nodes[ids[action[1] % len(ids)]]
+        if node.up and node.core.applied > node.core.log.snap_index:
+            cluster.take_snapshot(node.id)
+    elif kind == "transfer":
+        node = cluster.nodes[ids[action[1] % len(ids)]]
+        target = ids[action[2] % len(ids)]
+        if node.up and node.core.state == LEADER and target != node.id:
+            try:
+                node.core.transfer_leadership(target, cluster.now)
+            except ProposalRefused:
+                pass
+            cluster.process(node)
+
+
+def settle(cluster: Cluster, checker: Checker, done: object, what: str) -> None:
+    """Tick and deliver in small steps until ``done()`` holds (bounded)."""
+    for _ in range(HEALED_STEPS_MAX):
+        if done():  # type: ignore[operator]
+            return
+        cluster.tick(TICK_S)
+        checker.check()
+        for _ in range(100):
+            if not cluster.in_flight:
+                break
+            cluster.deliver(count=len(cluster.in_flight))
+            checker.check()
+    status = "\n".join(f"  {n.core.status()}" for n in cluster.nodes.values())
+    raise AssertionError(f"no {what} within {HEALED_STEPS_MAX} steps of {TICK_S} s after healing:\n{status}")
+
+
+def converged(cluster: Cluster) -> bool:
+    """One leader that every node follows, whose whole log every node has committed and applied."""
+    leader = leader_of(cluster)
+    if leader is None or leader.core.commit != leader.core.last_index:
+        return False
+    return all(n.core.term == leader.core.term and n.core.commit == leader.core.commit
+               and n.core.applied == n.core.commit for n in cluster.nodes.values())
+
+
+def run(ids: list[str], seed: int, actions: list[tuple]) -> None:
+    cluster = Cluster(ids, seed=seed)
+    cluster.on_output = lambda line: None
+    checker = Checker(cluster)
+    counter = [0]
+    for action in actions:
+        step(cluster, action, counter)
+        checker.check()
+    from hypothesis import event
+    event(f"actions {len(actions)//20*20}")
+    event(f"committed {len(checker.committed)//5*5}")
+    event(f"leaders {len(checker.leaders)}")
+    event(f"snapshots {len(cluster.snapshots)}")
+
+    cluster.cut = set()
+    for node_id, node in cluster.nodes.items():
+        if not node.up:
+            cluster.restart(node_id)
+    settle(cluster, checker, lambda: converged(cluster), "leader with every entry committed everywhere")
+    leader = leader_of(cluster)
+    assert leader is not None
+    index = cluster.propose(leader.id, "after healing")
+    settle(cluster, checker, lambda: all(n.core.applied >= index for n in cluster.nodes.values()),
+           f"commit of a new proposal at {index} on every node")
+    final = {n.id: [i for i, _ in n.applied if i <= index] for n in cluster.nodes.values()}
+    payloads = {tuple(n.applied) for n in cluster.nodes.values()}
+    assert len(payloads) == 1, f"nodes applied different entries: {final}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**16), RUN)
+def test_three_cores_stay_safe_and_recover(seed: int, actions: list[tuple]) -> None:
+    run(["1", "2", "3"], seed, actions)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**16), RUN)
+def test_five_cores_stay_safe_and_recover(seed: int, actions: list[tuple]) -> None:
+    run(["1", "2", "3", "4", "5"], seed, actions)
+
+
+# --- table tests of single rules --------------------------------------------------------------
+
+
+def elected(ids: list[str], leader: str = "1") -> Cluster:
+    """A settled group led by ``leader`` (its no-op committed everywhere)."""
+    cluster = Cluster(ids)
+    cluster.on_output = lambda line: None
+    cluster.campaign(leader)
+    cluster.stabilize()
+    cluster.tick(0.2)
+    cluster.stabilize()
+    assert cluster.nodes[leader].core.state == LEADER
+    return cluster
+
+
+def test_an_append_lost_to_a_replicating_follower_is_sent_again_after_a_heartbeat() -> None:
+    """The leader pipelines to a follower it knows matches (replicate); when the last message is
+    lost, nothing newer reveals the gap, so the heartbeat's answer must (§5.3: the leader retries)."""
+    cluster = elected(["1", "2", "3"])
+    cluster.crash("3")
+    index = cluster.propose("1", "x")
+    cluster.drop(to="2")
+    assert cluster.nodes["1"].core.progress["2"].state == "replicate"
+    for _ in range(10):  # 2 s of heartbeats
+        cluster.tick(0.2)
+        cluster.stabilize()
+    assert cluster.nodes["2"].core.log.last_index == index
+    assert cluster.nodes["1"].core.commit == index
