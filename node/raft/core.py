@@ -728,7 +728,9 @@ class RaftCore:
         elif pr.state == REPLICATE and len(pr.inflight) >= self.params.inflight_max:
             pr.inflight.popleft()  # a lost message must not stall the pipeline for good
         if pr.match < self.log.last_index or pr.state == PROBE:
-            self._send_append(sender, pr, force=pr.state == PROBE)
+            # Forced: a follower that was sent everything but lacks the end gets an empty append
+            # it must answer (its last message was lost, and nothing newer reveals the gap).
+            self._send_append(sender, pr, force=True)
 
     def _broadcast_heartbeat(self) -> None:
         commit = self.commit
