@@ -11,9 +11,17 @@ random number the seed did not decide.
 The network checks what a replica must guarantee: a message leaves only once the
 hard state it depends on is durable (a vote is stored before it is granted, a
 candidate's own vote before it asks), and two snapshots of the same ``(index,
-term)`` hold the same state. A snapshot stream that breaks (its InstallSnapshot is
-dropped, or its leader crashes) is reported to the leader's core as failed, as the
-replica's stream timeout does.
+term)`` hold the same state.
+
+A snapshot stream travels as one :class:`~shoal.node.raft.messages.InstallSnapshot`
+(the whole verified file). The follower's side does what the replica does once a
+file is complete: a snapshot its core does not want (an older term, or one it
+already holds, :meth:`~shoal.node.raft.core.RaftCore.wants_snapshot`) is answered
+with a ``SnapshotChunkAck`` "not wanted" and never installed; otherwise the ack
+says "complete" and the core steps the InstallSnapshot. The ack reaching the
+leader ends its stream (:meth:`~shoal.node.raft.core.RaftCore.snapshot_done`); a
+stream that breaks (the InstallSnapshot or its ack lost, a crash) is reported to
+the leader's core as failed, as the replica's stream timeout does.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from typing import Any
 
 from shoal.node.raft.core import RaftCore, RaftParams, Ready
 from shoal.node.raft.membership import ConfigChange, Membership, decode_change
+from shoal.node.raft.install import COMPLETE, NOT_WANTED
 from shoal.node.raft.messages import (ENTRY_CONFIG, ENTRY_NOOP, AppendEntries, AppendResponse, Heartbeat,
-                                      HeartbeatResponse, InstallSnapshot, Message, RequestVote, TimeoutNow,
-                                      VoteResponse)
+                                      HeartbeatResponse, InstallSnapshot, Message, RequestVote, SnapshotChunkAck,
+                                      TimeoutNow, VoteResponse)
 from shoal.node.raft.raft_log import MemoryStorage
 
 __all__ = ["Cluster", "SimNode", "describe", "PARAMS"]
@@ -86,6 +95,9 @@ def describe(msg: Message) -> str:
         return f"{name} term={msg.term}"
     if isinstance(msg, InstallSnapshot):
         return f"{name} term={msg.term} index={msg.index}/{msg.snap_term} voters={msg.config[0]} learners={msg.config[1]}"
+    if isinstance(msg, SnapshotChunkAck):
+        status = {COMPLETE: "complete", NOT_WANTED: "not wanted"}.get(msg.status, str(msg.status))
+        return f"{name} term={msg.term} index={msg.index} {status}"
     return repr(msg)
 
 
@@ -112,6 +124,7 @@ class Cluster:
         self.snapshots: dict[tuple[int, int], tuple[list[tuple[int, bytes]], Membership]] = {}
         self.log: list[str] = []
         self.on_output: Callable[[str], None] = self.log.append
+        self._processing: set[str] = set()
 
     def _new_node(self, node_id: str, membership: Membership, storage: MemoryStorage | None = None,
                   hard_state: tuple[int, str | None] = (0, None), snapshot: Any = None,
@@ -137,12 +150,18 @@ class Cluster:
     # --- driving --------------------------------------------------------------------------------
 
     def process(self, node: SimNode) -> None:
-        """Handle every Ready of ``node`` as a replica would."""
+        """Handle every Ready of ``node`` as a replica would (a nested call folds into the running one)."""
+        if node.id in self._processing:
+            return
+        self._processing.add(node.id)
         core = node.core
-        while core.has_ready():
-            rd = core.ready()
-            self._handle(node, rd)
-            core.advance(rd)
+        try:
+            while core.has_ready():
+                rd = core.ready()
+                self._handle(node, rd)
+                core.advance(rd)
+        finally:
+            self._processing.discard(node.id)
 
     def _handle(self, node: SimNode, rd: Ready) -> None:
         core = node.core
@@ -166,10 +185,7 @@ class Cluster:
                 core.persisted(rd.entries[-1][1])
         for to, msg in rd.messages:
             self._check_durable(node, to, msg)
-            if (node.id, to) in self.cut or not self.nodes.get(to, node).up:
-                self.on_output(f"{node.id}->{to} {describe(msg)} (dropped)")
-                continue
-            self.in_flight.append((node.id, to, msg))
+            self._send(node, to, msg)
         for payload, index, _ in rd.committed:
             if payload[:1] not in (bytes([ENTRY_NOOP]), bytes([ENTRY_CONFIG])):
                 node.applied.append((index, payload))
@@ -177,11 +193,7 @@ class Cluster:
             self.on_output(f"{node.id} sends snapshot {index}/{term} to {peer}")
             snap = node.snapshot
             assert snap is not None and snap[0] == index, (node.id, index, snap)
-            if (node.id, peer) in self.cut or not self.nodes[peer].up:
-                self._stream_failed(node.id, peer)
-                continue
-            self.in_flight.append((node.id, peer, InstallSnapshot(core.term, node.id, index, term,
-                                                                   snap[3].to_wire())))
+            self._send(node, peer, InstallSnapshot(core.term, node.id, index, term, snap[3].to_wire()))
 
     def _check_durable(self, node: SimNode, to: str, msg: Message) -> None:
         """A message leaves only once the term and vote it speaks for are durable (Raft §5.1)."""
@@ -208,6 +220,28 @@ class Cluster:
         self.on_output(f"{sender}->{to} {describe(msg)} (dropped)")
         if isinstance(msg, InstallSnapshot):
             self._stream_failed(sender, to)
+        elif isinstance(msg, SnapshotChunkAck):
+            self._stream_failed(to, sender)
+
+    def _step(self, node: SimNode, sender: str, msg: Message) -> None:
+        """Hand ``msg`` to ``node`` as its replica would."""
+        core = node.core
+        if isinstance(msg, SnapshotChunkAck):
+            core.snapshot_done(sender, msg.status == COMPLETE, self.now)
+        elif isinstance(msg, InstallSnapshot):
+            if msg.term < core.term or not core.wants_snapshot(msg.index, msg.snap_term):
+                self._send(node, sender, SnapshotChunkAck(core.term, msg.index, 0, NOT_WANTED))
+            else:
+                self._send(node, sender, SnapshotChunkAck(core.term, msg.index, 0, COMPLETE))
+                core.step(sender, msg, self.now)
+        else:
+            core.step(sender, msg, self.now)
+
+    def _send(self, node: SimNode, to: str, msg: Message) -> None:
+        if (node.id, to) in self.cut or not self.nodes.get(to, node).up:
+            self._lost(node.id, to, msg)
+        else:
+            self.in_flight.append((node.id, to, msg))
 
     def deliver(self, only_to: str | None = None, count: int | None = None) -> int:
         """Deliver messages in flight (to ``only_to`` if given), ``count`` at most; return how many."""
@@ -224,7 +258,7 @@ class Cluster:
                 continue
             self.on_output(f"{sender}->{to} {describe(msg)}")
             before = (node.core.state, node.core.term)
-            node.core.step(sender, msg, self.now)
+            self._step(node, sender, msg)
             self._note_state(node, before)
             self.process(node)
         return done
@@ -300,6 +334,11 @@ class Cluster:
         self.in_flight = [m for m in self.in_flight if to is not None and m[1] != to]
         for sender, dest, msg in lost:
             self._lost(sender, dest, msg)
+
+    def drop_at(self, k: int) -> None:
+        """Lose the ``k``-th message in flight."""
+        sender, dest, msg = self.in_flight.pop(k)
+        self._lost(sender, dest, msg)
 
     def restart(self, node_id: str) -> None:
         """Start ``node_id`` again from what it stored (hard state, log, snapshot), as the replica does."""

@@ -26,15 +26,16 @@ from hypothesis import strategies as st
 from raft_network import Cluster, SimNode
 
 from shoal.node.raft.core import LEADER, NotLeader, ProposalRefused
+from shoal.node.raft.messages import AppendResponse, InstallSnapshot, SnapshotChunkAck
 
 #: Steps of one random run, and of the healed run that follows it (0.05 s each).
-STEPS_MAX = 200
+STEPS_MAX = 300
 HEALED_STEPS_MAX = 600
 TICK_S = 0.05
 
 #: Kinds of step, repeated by weight: time passes and messages arrive more often than faults strike.
-KINDS = (["tick"] * 8 + ["deliver-all"] * 6 + ["deliver"] * 4 + ["propose"] * 4 + ["drop"] * 2
-         + ["duplicate", "crash", "restart", "partition", "heal", "snapshot", "transfer"])
+KINDS = (["tick"] * 10 + ["deliver-all"] * 8 + ["deliver"] * 4 + ["propose"] * 5 + ["drop"] * 2
+         + ["restart"] * 2 + ["heal"] * 2 + ["duplicate", "crash", "partition", "snapshot", "transfer"])
 TICKS_S = (0.05, 0.1, 0.1, 0.2, 0.5, 1.0)
 #: (kind, a, b): ``a`` and ``b`` pick a node, a message, a tick length or a partition's side.
 ACTION = st.tuples(st.sampled_from(KINDS), st.integers(0, 63), st.integers(0, 63))
@@ -136,7 +137,7 @@ def step(cluster: Cluster, action: tuple, counter: list[int]) -> None:
     elif kind == "deliver-all":
         cluster.deliver(count=len(cluster.in_flight))
     elif kind == "drop" and cluster.in_flight:
-        cluster.in_flight.pop(action[1] % len(cluster.in_flight))
+        cluster.drop_at(action[1] % len(cluster.in_flight))
     elif kind == "duplicate" and cluster.in_flight:
         cluster.in_flight.append(cluster.in_flight[action[1] % len(cluster.in_flight)])
     elif kind == "propose":
@@ -154,9 +155,9 @@ def step(cluster: Cluster, action: tuple, counter: list[int]) -> None:
         if cluster.nodes[node_id].up:
             cluster.crash(node_id)
     elif kind == "restart":
-        node_id = ids[action[1] % len(ids)]
-        if not cluster.nodes[node_id].up:
-            cluster.restart(node_id)
+        down = [i for i in ids if not cluster.nodes[i].up]
+        if down:
+            cluster.restart(down[action[1] % len(down)])
     elif kind == "partition":
         side = {i for k, i in enumerate(ids) if (action[1] + 1) >> k & 1}
         cluster.cut = {(a, b) for a in ids for b in ids if (a in side) != (b in side)}
@@ -210,11 +211,6 @@ def run(ids: list[str], seed: int, actions: list[tuple]) -> None:
     for action in actions:
         step(cluster, action, counter)
         checker.check()
-    from hypothesis import event
-    event(f"actions {len(actions)//20*20}")
-    event(f"committed {len(checker.committed)//5*5}")
-    event(f"leaders {len(checker.leaders)}")
-    event(f"snapshots {len(cluster.snapshots)}")
 
     cluster.cut = set()
     for node_id, node in cluster.nodes.items():
@@ -271,3 +267,65 @@ def test_an_append_lost_to_a_replicating_follower_is_sent_again_after_a_heartbea
         cluster.stabilize()
     assert cluster.nodes["2"].core.log.last_index == index
     assert cluster.nodes["1"].core.commit == index
+
+
+def behind_a_snapshot() -> Cluster:
+    """Leader 1 has compacted its log past what follower 3 holds; 3 is up again and its
+    InstallSnapshot is the only message in flight."""
+    cluster = elected(["1", "2", "3"])
+    cluster.crash("3")
+    for k in range(3):
+        cluster.propose("1", f"x{k}")
+    cluster.stabilize()
+    cluster.take_snapshot("1")
+    cluster.restart("3")
+    for _ in range(10):
+        cluster.tick(0.2)
+        cluster.deliver(count=len(cluster.in_flight))
+        if any(isinstance(m, InstallSnapshot) for _, _, m in cluster.in_flight):
+            cluster.in_flight = [m for m in cluster.in_flight if isinstance(m[2], InstallSnapshot)]
+            return cluster
+    raise AssertionError("the leader did not send a snapshot")
+
+
+def deliver_only(cluster: Cluster, kind: type) -> None:
+    """Deliver the messages of ``kind`` in flight, leaving the others in flight in order."""
+    keep = [m for m in cluster.in_flight if not isinstance(m[2], kind)]
+    cluster.in_flight = [m for m in cluster.in_flight if isinstance(m[2], kind)]
+    cluster.deliver(count=len(cluster.in_flight))
+    cluster.in_flight = keep + cluster.in_flight
+
+
+def heartbeats(cluster: Cluster, seconds: float) -> None:
+    for _ in range(round(seconds / 0.2)):
+        cluster.tick(0.2)
+        cluster.stabilize()
+
+
+def test_a_snapshot_delivered_whose_answer_is_lost_ends_the_snapshot_state() -> None:
+    """The stream's completion alone moves the follower out of the snapshot state (§7): the
+    follower's AppendResponse may be lost, and a follower left in that state never gets an
+    entry again."""
+    cluster = behind_a_snapshot()
+    deliver_only(cluster, InstallSnapshot)
+    cluster.in_flight = [m for m in cluster.in_flight if not isinstance(m[2], AppendResponse)]
+    heartbeats(cluster, 1.0)
+    index = cluster.propose("1", "after")
+    heartbeats(cluster, 1.0)
+    assert cluster.nodes["1"].core.progress["3"].state == "replicate"
+    assert cluster.nodes["3"].core.commit == index
+
+
+def test_a_snapshot_the_follower_already_holds_does_not_loop() -> None:
+    """The follower installed the snapshot, but its ack and its answer were both lost: the
+    leader's stream times out and it sends the snapshot again, which the follower no longer
+    wants. The leader must learn where the follower is rather than ask again for ever."""
+    cluster = behind_a_snapshot()
+    deliver_only(cluster, InstallSnapshot)
+    cluster.in_flight = [m for m in cluster.in_flight if not isinstance(m[2], (AppendResponse, SnapshotChunkAck))]
+    cluster.nodes["1"].core.snapshot_done("3", False, cluster.now)  # the stream timed out
+    heartbeats(cluster, 1.0)
+    index = cluster.propose("1", "after")
+    heartbeats(cluster, 1.0)
+    assert cluster.nodes["1"].core.progress["3"].state == "replicate"
+    assert cluster.nodes["3"].core.commit == index
