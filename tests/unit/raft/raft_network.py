@@ -250,18 +250,22 @@ class Cluster:
             k = next((k for k, (_, to, _) in enumerate(self.in_flight) if only_to is None or to == only_to), None)
             if k is None:
                 break
-            sender, to, msg = self.in_flight.pop(k)
-            node = self.nodes[to]
+            self.deliver_at(k)
             done += 1
-            if not node.up or (sender, to) in self.cut:
-                self._lost(sender, to, msg)
-                continue
-            self.on_output(f"{sender}->{to} {describe(msg)}")
-            before = (node.core.state, node.core.term)
-            self._step(node, sender, msg)
-            self._note_state(node, before)
-            self.process(node)
         return done
+
+    def deliver_at(self, k: int) -> None:
+        """Deliver the ``k``-th message in flight (lost if its receiver is down or cut off)."""
+        sender, to, msg = self.in_flight.pop(k)
+        node = self.nodes[to]
+        if not node.up or (sender, to) in self.cut:
+            self._lost(sender, to, msg)
+            return
+        self.on_output(f"{sender}->{to} {describe(msg)}")
+        before = (node.core.state, node.core.term)
+        self._step(node, sender, msg)
+        self._note_state(node, before)
+        self.process(node)
 
     def stabilize(self, rounds_max: int = 1000) -> None:
         """Deliver until nothing is in flight (bounded)."""
@@ -324,9 +328,12 @@ class Cluster:
         """Stop ``node_id``: its in-memory state is gone, its storage stays."""
         node = self.nodes[node_id]
         node.up = False
-        # Messages to it are lost; so are its snapshot streams (the file is read by the process).
+        # Messages to it are lost (a stream to it breaks); so are its own snapshot streams.
+        lost = [m for m in self.in_flight if m[1] == node_id]
         self.in_flight = [m for m in self.in_flight
                           if m[1] != node_id and not (m[0] == node_id and isinstance(m[2], InstallSnapshot))]
+        for sender, to, msg in lost:
+            self._lost(sender, to, msg)
 
     def drop(self, to: str | None = None) -> None:
         """Lose the messages in flight (to ``to`` only, if given)."""
