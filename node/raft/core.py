@@ -424,26 +424,21 @@ class RaftCore:
     def snapshot_done(self, peer: str, ok: bool, now: float) -> None:
         """The leader's snapshot stream to ``peer`` ended: the peer is probed again.
 
-        On success it is probed right after the snapshot (the follower's own answer may be
-        lost). On failure nothing is known of its log (it may even hold the snapshot and have
-        refused it as not wanted): it is probed from the log's end, as a new leader does, and
-        its rejections' hints lead back to where it is; probing below the compaction point
-        would only ask for the snapshot again.
+        On success it is probed right after the snapshot. On failure nothing is known of its
+        log (it may even hold the snapshot and have refused it as not wanted): it is probed
+        from the log's end, as a new leader does, and its rejections' hints lead back to where
+        it is; probing below the compaction point would only ask for the snapshot again. Either
+        way the probe waits for the follower's answer or the next heartbeat's (the follower's
+        answer to an installed snapshot may be lost).
         """
         pr = self.progress.get(peer)
         if pr is None or pr.state != SNAPSHOT:
             return
         pr.state = PROBE
         pr.inflight.clear()
-        if ok:
-            pr.next = max(pr.match, pr.pending_snapshot) + 1
-            pr.paused = False
-        else:
-            pr.next = max(pr.match, self.log.last_index) + 1
-            pr.paused = True  # the next heartbeat answer probes again
+        pr.next = max(pr.match, pr.pending_snapshot if ok else self.log.last_index) + 1
+        pr.paused = True
         pr.pending_snapshot = 0
-        if ok:
-            self._send_append(peer, pr, force=True)
 
     def compacted(self, index: int, term: int) -> None:
         """A durable snapshot covers the log up to ``index`` (the replica may drop that prefix)."""
