@@ -120,6 +120,8 @@ class Cluster:
         self.cut: set[tuple[str, str]] = set()
         #: Messages taken out of flight by a script (``hold``), delivered only once released.
         self.held: list[tuple[str, str, Message]] = []
+        #: Messages sent that match one of these are held rather than put in flight.
+        self.hold_filters: list[Callable[[tuple[str, str, Message]], bool]] = []
         #: Every snapshot taken, by (index, term): applied payloads and membership.
         self.snapshots: dict[tuple[int, int], tuple[list[tuple[int, bytes]], Membership]] = {}
         self.log: list[str] = []
@@ -238,10 +240,32 @@ class Cluster:
             core.step(sender, msg, self.now)
 
     def _send(self, node: SimNode, to: str, msg: Message) -> None:
+        item = (node.id, to, msg)
         if (node.id, to) in self.cut or not self.nodes.get(to, node).up:
             self._lost(node.id, to, msg)
+        elif any(f(item) for f in self.hold_filters):
+            self.held.append(item)
+            self.on_output(f"{node.id}->{to} {describe(msg)} (held)")
         else:
-            self.in_flight.append((node.id, to, msg))
+            self.in_flight.append(item)
+
+    def hold(self, match: Callable[[tuple[str, str, Message]], bool]) -> None:
+        """Hold the messages in flight that ``match``, and those sent from now on, until :meth:`release`."""
+        for item in [m for m in self.in_flight if match(m)]:
+            self.in_flight.remove(item)
+            self.held.append(item)
+            self.on_output(f"{item[0]}->{item[1]} {describe(item[2])} (held)")
+        self.hold_filters.append(match)
+
+    def release(self, lose: bool = False) -> None:
+        """Stop holding: the held messages go back in flight after the others (or are lost)."""
+        held, self.held, self.hold_filters = self.held, [], []
+        for sender, to, msg in held:
+            if lose:
+                self._lost(sender, to, msg)
+            else:
+                self.in_flight.append((sender, to, msg))
+                self.on_output(f"{sender}->{to} {describe(msg)} (released)")
 
     def deliver(self, only_to: str | None = None, count: int | None = None) -> int:
         """Deliver messages in flight (to ``only_to`` if given), ``count`` at most; return how many."""

@@ -17,8 +17,8 @@ Commands::
     stabilize               deliver until nothing is in flight
     deliver [from=A] [to=B] [type=T] [count=K]   deliver the messages in flight that match (in order)
     drop [from=A] [to=B] [type=T]                lose the messages in flight that match
-    hold [from=A] [to=B] [type=T]                take matching messages out of flight (delayed)
-    release                 put the held messages back in flight, after the others
+    hold [from=A] [to=B] [type=T]                hold matching messages, in flight and sent from now on
+    release [drop]          stop holding: held messages go back in flight after the others (or are lost)
     reorder                 reverse the order of the messages in flight
     duplicate               send every message in flight twice
     send A B KIND FIELDS    put a hand-made message from A to B in flight (see ``craft``)
@@ -50,6 +50,7 @@ from __future__ import annotations
 import difflib
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,14 +145,9 @@ class Runner:
             for m in self.matching(kw):
                 c.drop_at(next(k for k, x in enumerate(c.in_flight) if x is m))
         elif name == "hold":
-            chosen = self.matching(kw)
-            c.in_flight = [m for m in c.in_flight if all(m is not x for x in chosen)]
-            c.held += chosen
-            out += [f"{a}->{b} {describe(m)} (held)" for a, b, m in chosen]
+            c.hold(self.matcher(kw))
         elif name == "release":
-            c.in_flight += c.held
-            out += [f"{a}->{b} {describe(m)} (released)" for a, b, m in c.held]
-            c.held = []
+            c.release(lose="drop" in pos)
         elif name == "reorder":
             c.in_flight.reverse()
         elif name == "duplicate":
@@ -212,11 +208,16 @@ class Runner:
             raise ValueError(f"unknown command {name!r}")
         return out or ["ok"]
 
+    def matcher(self, kw: dict[str, str]) -> Callable[[tuple[str, str, Message]], bool]:
+        """Does a message in flight match ``from``, ``to`` and ``type`` (those given)?"""
+        def match(m: tuple[str, str, Message]) -> bool:
+            return (kw.get("from", m[0]) == m[0] and kw.get("to", m[1]) == m[1]
+                    and kw.get("type", type(m[2]).__name__) == type(m[2]).__name__)
+        return match
+
     def matching(self, kw: dict[str, str]) -> list[tuple[str, str, Message]]:
-        """The messages in flight now whose sender, receiver and type match ``from``, ``to`` and ``type``."""
-        return [m for m in self.c.in_flight
-                if kw.get("from", m[0]) == m[0] and kw.get("to", m[1]) == m[1]
-                and kw.get("type", type(m[2]).__name__) == type(m[2]).__name__]
+        """The messages in flight now that match ``from``, ``to`` and ``type``."""
+        return [m for m in self.c.in_flight if self.matcher(kw)(m)]
 
     def status_line(self, node_id: str) -> str:
         node = self.c.nodes[node_id]
