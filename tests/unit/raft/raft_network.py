@@ -145,8 +145,12 @@ class Cluster:
         return SimNode(node_id, core, storage, bootstrap, hard_state, applied, snapshot)
 
     def add_node(self, node_id: str) -> SimNode:
-        """A new, empty member that knows no membership yet (it learns it from the leader)."""
-        node = self.nodes[node_id] = self._new_node(node_id, Membership.of([]))
+        """A new server with an empty log, to be added as a learner. It starts, as every member
+        does, from the group's initial membership: the config entries of the log it receives
+        (or the snapshot's membership) bring it up to date. (Replayed onto any other starting
+        membership they give a wrong one: onto an empty one, a promoted learner believes it is
+        the only voter and elects itself.)"""
+        node = self.nodes[node_id] = self._new_node(node_id, self.membership)
         return node
 
     # --- driving --------------------------------------------------------------------------------
