@@ -30,7 +30,7 @@ Commands::
     crash N / restart N     N stops (its storage stays) / starts from its storage
     add-node N              a new, empty node that knows no membership yet
     snapshot N              N snapshots its applied state and drops that log prefix
-    snapshot-failed N PEER  N's snapshot stream to PEER broke (its InstallSnapshot in flight is lost)
+    snapshot-failed N PEER  N's snapshot stream to PEER broke (its InstallSnapshot in flight or held is lost)
     status [N]              role, term, commit, applied, log span, membership (and progress on a leader)
     log N                   the entries on N's storage
     applied N               the payloads N applied
@@ -190,8 +190,10 @@ class Runner:
             index, term = c.take_snapshot(pos[0])
             out.append(f"snapshot {index}/{term}; log {storage_span(c.nodes[pos[0]].storage)}")
         elif name == "snapshot-failed":
-            c.in_flight = [m for m in c.in_flight
-                           if not (m[0] == pos[0] and m[1] == pos[1] and isinstance(m[2], InstallSnapshot))]
+            def stream(m: tuple[str, str, Message]) -> bool:
+                return m[0] == pos[0] and m[1] == pos[1] and isinstance(m[2], InstallSnapshot)
+            c.in_flight = [m for m in c.in_flight if not stream(m)]
+            c.held = [m for m in c.held if not stream(m)]
             c._stream_failed(pos[0], pos[1])  # noqa: SLF001 (the script breaks the stream)
         elif name == "status":
             for n in ([c.nodes[pos[0]]] if pos else list(c.nodes.values())):
