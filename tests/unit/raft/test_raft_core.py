@@ -14,7 +14,9 @@ partitions, snapshots and leadership transfers; after every step
 
 Then the network heals, every node starts again and, within a bounded number of
 steps, a leader must be elected, commit what it holds, and commit a new proposal
-on every node (liveness once the network behaves).
+on every member (liveness once the network behaves). A third run mixes in
+single-server membership changes (thesis §4.1): two servers start outside the group
+and random changes add, promote, demote and remove members.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hypothesis import strategies as st
 from raft_network import Cluster, SimNode
 
 from shoal.node.raft.core import LEADER, NotLeader, ProposalRefused
+from shoal.node.raft.membership import CHANGE_KINDS, ConfigChange
 from shoal.node.raft.messages import AppendResponse, InstallSnapshot, SnapshotChunkAck
 
 #: Steps of one random run, and of the healed run that follows it (0.05 s each).
@@ -35,11 +38,15 @@ TICK_S = 0.05
 
 #: Kinds of step, repeated by weight: time passes and messages arrive more often than faults strike.
 KINDS = (["tick"] * 10 + ["deliver-all"] * 8 + ["deliver"] * 4 + ["propose"] * 5 + ["drop"] * 2
-         + ["restart"] * 2 + ["heal"] * 2 + ["duplicate", "crash", "partition", "snapshot", "transfer"])
+         + ["restart"] * 2 + ["heal"] * 2 + ["campaign"] * 2
+         + ["duplicate", "crash", "crash-leader", "partition", "snapshot", "transfer"])
 TICKS_S = (0.05, 0.1, 0.1, 0.2, 0.5, 1.0)
 #: (kind, a, b): ``a`` and ``b`` pick a node, a message, a tick length or a partition's side.
 ACTION = st.tuples(st.sampled_from(KINDS), st.integers(0, 63), st.integers(0, 63))
 RUN = st.lists(ACTION, min_size=STEPS_MAX // 3, max_size=STEPS_MAX)
+#: The same with membership changes proposed about as often as proposals.
+CHANGING_RUN = st.lists(st.tuples(st.sampled_from(KINDS + ["change"] * 4), st.integers(0, 63), st.integers(0, 63)),
+                        min_size=STEPS_MAX // 3, max_size=STEPS_MAX)
 
 
 @dataclass
@@ -154,6 +161,14 @@ def step(cluster: Cluster, action: tuple, counter: list[int]) -> None:
         node_id = ids[action[1] % len(ids)]
         if cluster.nodes[node_id].up:
             cluster.crash(node_id)
+    elif kind == "crash-leader":
+        leader = leader_of(cluster)
+        if leader is not None:
+            cluster.crash(leader.id)
+    elif kind == "campaign":
+        node = cluster.nodes[ids[action[1] % len(ids)]]
+        if node.up:
+            cluster.campaign(node.id)
     elif kind == "restart":
         down = [i for i in ids if not cluster.nodes[i].up]
         if down:
@@ -167,6 +182,15 @@ def step(cluster: Cluster, action: tuple, counter: list[int]) -> None:
         node = cluster.nodes[ids[action[1] % len(ids)]]
         if node.up and node.core.applied > node.core.log.snap_index:
             cluster.take_snapshot(node.id)
+    elif kind == "change":
+        node = leader_of(cluster)
+        if node is not None:
+            change = ConfigChange(CHANGE_KINDS[action[1] % len(CHANGE_KINDS)], ids[action[2] % len(ids)])
+            try:
+                node.core.propose_change(change, cluster.now)
+            except (NotLeader, ProposalRefused):
+                pass
+            cluster.process(node)
     elif kind == "transfer":
         node = cluster.nodes[ids[action[1] % len(ids)]]
         target = ids[action[2] % len(ids)]
@@ -194,18 +218,27 @@ def settle(cluster: Cluster, checker: Checker, done: object, what: str) -> None:
     raise AssertionError(f"no {what} within {HEALED_STEPS_MAX} steps of {TICK_S} s after healing:\n{status}")
 
 
-def converged(cluster: Cluster) -> bool:
-    """One leader that every node follows, whose whole log every node has committed and applied
-    (and no leadership transfer under way: it refuses proposals)."""
+def members(cluster: Cluster) -> list[SimNode]:
+    """The nodes the leader counts as members (all of them while there is no leader)."""
     leader = leader_of(cluster)
-    if leader is None or leader.core.commit != leader.core.last_index or leader.core.lead_transferee is not None:
+    if leader is None:
+        return list(cluster.nodes.values())
+    return [n for n in cluster.nodes.values() if n.id in leader.core.membership.members]
+
+
+def converged(cluster: Cluster) -> bool:
+    """One leader that every member follows, whose whole log every member has committed and
+    applied (and no leadership transfer or membership change under way)."""
+    leader = leader_of(cluster)
+    if leader is None or leader.core.commit != leader.core.last_index or leader.core.lead_transferee is not None \
+            or leader.core.change_pending:
         return False
     return all(n.core.term == leader.core.term and n.core.commit == leader.core.commit
-               and n.core.applied == n.core.commit for n in cluster.nodes.values())
+               and n.core.applied == n.core.commit for n in members(cluster))
 
 
-def run(ids: list[str], seed: int, actions: list[tuple]) -> None:
-    cluster = Cluster(ids, seed=seed)
+def run(ids: list[str], seed: int, actions: list[tuple], voters: list[str] | None = None) -> None:
+    cluster = Cluster(ids, voters=voters, seed=seed)
     cluster.on_output = lambda line: None
     checker = Checker(cluster)
     counter = [0]
@@ -222,9 +255,9 @@ def run(ids: list[str], seed: int, actions: list[tuple]) -> None:
     assert leader is not None
     index = cluster.propose(leader.id, "after healing")
     entry = (index, b"\0after healing")
-    settle(cluster, checker, lambda: all(entry in n.applied for n in cluster.nodes.values()),
-           f"commit of a new proposal at {index} on every node")
-    assert len({tuple(n.applied) for n in cluster.nodes.values()}) == 1, "nodes applied different entries"
+    settle(cluster, checker, lambda: all(entry in n.applied for n in members(cluster)),
+           f"commit of a new proposal at {index} on every member")
+    assert len({tuple(n.applied) for n in members(cluster)}) == 1, "members applied different entries"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -237,6 +270,12 @@ def test_three_cores_stay_safe_and_recover(seed: int, actions: list[tuple]) -> N
 @given(st.integers(0, 2**16), RUN)
 def test_five_cores_stay_safe_and_recover(seed: int, actions: list[tuple]) -> None:
     run(["1", "2", "3", "4", "5"], seed, actions)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**16), CHANGING_RUN)
+def test_cores_changing_membership_stay_safe_and_recover(seed: int, actions: list[tuple]) -> None:
+    run(["1", "2", "3", "4", "5"], seed, actions, voters=["1", "2", "3"])
 
 
 # --- table tests of single rules --------------------------------------------------------------
@@ -329,3 +368,28 @@ def test_a_snapshot_the_follower_already_holds_does_not_loop() -> None:
     heartbeats(cluster, 1.0)
     assert cluster.nodes["1"].core.progress["3"].state == "replicate"
     assert cluster.nodes["3"].core.commit == index
+
+
+def test_a_leader_that_applies_its_own_removal_leaves_a_group_that_can_elect() -> None:
+    """Thesis §4.2.2: a leader outside the new configuration steps down once it is committed.
+    The others use a configuration once they apply it, so until then theirs still counts the
+    old leader as a voter: it must still grant votes (thesis §4.1: requests are processed
+    without consulting one's own configuration), or with another voter down nobody can win."""
+    cluster = elected(["1", "2", "3"])
+    leader = cluster.nodes["1"]
+    leader.core.propose_change(ConfigChange("remove", "2"), cluster.now)  # 2 leads when it commits
+    cluster.process(leader)
+    cluster.deliver(only_to="2")
+    cluster.drop()  # 2's acknowledgement and 3's copy are lost: not committed
+    cluster.crash("1")
+    cluster.tick(1.1)
+    cluster.campaign("2")
+    cluster.stabilize()  # 2 leads term 2, commits its no-op and with it its own removal, and steps down
+    assert cluster.nodes["2"].core.term == 2 and cluster.nodes["2"].core.commit == 3
+    assert cluster.nodes["2"].core.state != LEADER and not cluster.nodes["2"].core.membership.is_voter("2")
+    assert cluster.nodes["3"].core.membership.is_voter("2")  # 3 has not applied the removal
+    heartbeats(cluster, 6.0)
+    assert leader_of(cluster) is cluster.nodes["3"]
+    index = cluster.propose("3", "after")
+    heartbeats(cluster, 0.4)
+    assert cluster.nodes["3"].core.commit >= index
