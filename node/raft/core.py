@@ -554,7 +554,11 @@ class RaftCore:
         return refused > len(self.membership.voters) - self.membership.quorum()
 
     def _handle_vote(self, sender: str, msg: RequestVote, now: float) -> None:
-        if not self.membership.is_voter(sender) or self.recovering or not self.membership.is_voter(self.id):
+        # A node that is no voter of its own configuration still votes (thesis §4.1: requests are
+        # handled without consulting one's own configuration): the others take a change when
+        # they apply it, so theirs may still count this node, and a group that needs its vote
+        # (its leader just applied its own removal) could otherwise elect nobody.
+        if not self.membership.is_voter(sender) or self.recovering:
             self._send(sender, VoteResponse(self.term, False, pre=msg.pre))
             return
         up_to_date = self.log.is_up_to_date(msg.last_index, msg.last_term)
