@@ -30,7 +30,7 @@ from raft_network import Cluster, SimNode
 
 from shoal.node.raft.core import LEADER, NotLeader, ProposalRefused
 from shoal.node.raft.membership import CHANGE_KINDS, ConfigChange
-from shoal.node.raft.messages import AppendResponse, InstallSnapshot, SnapshotChunkAck
+from shoal.node.raft.messages import AppendEntries, AppendResponse, InstallSnapshot, SnapshotChunkAck
 
 #: A failing run is shrunk by Hypothesis for minutes: the test's own time limit must not cut it
 #: short (a cut-short shrink is reported as a flaky test, not as the failure it found).
@@ -408,3 +408,43 @@ def test_a_leader_that_applies_its_own_removal_leaves_a_group_that_can_elect() -
     heartbeats(cluster, 0.4)
     assert leader_now.core.commit >= index
     assert leader_now.core.membership.voters == ("1", "3", "4")
+
+
+def test_a_leader_that_applies_its_own_removal_hands_over_rather_than_strand_the_group() -> None:
+    """Voters 1 and 2; 2 proposed removing 1, and 1 took over before it committed. 1 commits the
+    removal with its no-op, but also holds a newer entry x that 2 lacks. 2 has not applied the
+    removal, so it needs 1's vote, which 1 refuses (x makes its log the longer) while it may not
+    campaign itself: stepping down at once would strand the group. It must first bring 2 up to
+    date and hand leadership over (thesis §3.10)."""
+    cluster = elected(["1", "2"], leader="2")
+    two = cluster.nodes["2"]
+    two.core.propose_change(ConfigChange("remove", "1"), cluster.now)
+    cluster.process(two)
+    cluster.deliver(only_to="1")
+    cluster.drop()  # 1's acknowledgement is lost: the removal is not committed
+    cluster.cut = {("1", "2"), ("2", "1")}
+    for _ in range(100):  # 2 hears from no majority and steps down (check quorum)
+        cluster.tick(0.1)
+        if two.core.state != LEADER:
+            break
+    cluster.cut = set()
+    cluster.campaign("1")
+    for _ in range(10):  # pre-vote, vote: 1 leads term 2 (its log holds the removal, 2's too)
+        cluster.deliver(count=len(cluster.in_flight))
+        if cluster.nodes["1"].core.state == LEADER:
+            break
+    one = cluster.nodes["1"]
+    assert one.core.state == LEADER
+    cluster.propose("1", "x")
+    cluster.hold(lambda m: m[0] == "1" and isinstance(m[2], AppendEntries) and bool(m[2].entries)
+                 and m[2].entries[-1][1] == one.core.last_index)  # the appends of x
+    cluster.stabilize()
+    assert one.core.commit == one.core.last_index - 1  # the no-op, and with it the removal, committed
+    assert not one.core.membership.is_voter("1")
+    cluster.release(lose=True)  # lost: 2 learns neither x nor that the removal committed
+    heartbeats(cluster, 6.0)
+    leader = leader_of(cluster)
+    assert leader is cluster.nodes["2"], [n.core.status() for n in cluster.nodes.values()]
+    index = cluster.propose("2", "after")
+    heartbeats(cluster, 0.4)
+    assert leader.core.commit >= index and leader.core.membership.voters == ("2",)
