@@ -298,6 +298,8 @@ class RaftCore:
                     return
             if self.lead_transferee is not None and now >= self._transfer_deadline:
                 self.lead_transferee = None
+                if not self.membership.is_voter(self.id):
+                    self._hand_over(now)
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self.params.heartbeat_s
                 self._broadcast_heartbeat()
@@ -903,10 +905,26 @@ class RaftCore:
                 else:
                     self.progress[peer].learner = not self.membership.is_voter(peer)
             if not self.membership.is_voter(self.id):
-                self._become_follower(self.term, None, self._heard_leader_at)
+                self._hand_over(float("-inf"))  # no clock here: the next tick sets the deadline
                 return
             self._maybe_commit()
             self._broadcast_append()
+
+    def _hand_over(self, now: float) -> None:
+        """This leader is no voter any more (it applied its own removal or demotion): it hands
+        leadership to the voter holding the most of its log, and steps down only if there is none.
+
+        Stepping down at once (thesis §4.2.2) can strand the group: the others take the new
+        configuration when they apply it, so until they learn the commit they may need this
+        node's vote, which a newer entry of its own makes it refuse, while it may not campaign.
+        Meanwhile it replicates and commits with the voters' acknowledgements and takes no
+        proposals (a transfer is under way); a transfer that times out is tried again.
+        """
+        voters = [(pr.match, peer) for peer, pr in self.progress.items() if not pr.learner]
+        if not voters:
+            self._become_follower(self.term, None, now)
+            return
+        self.transfer_leadership(max(voters)[1], now)
 
     # --- sending -------------------------------------------------------------------------------
 
