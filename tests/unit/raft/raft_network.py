@@ -21,7 +21,9 @@ with a ``SnapshotChunkAck`` "not wanted" and never installed; otherwise the ack
 says "complete" and the core steps the InstallSnapshot. The ack reaching the
 leader ends its stream (:meth:`~shoal.node.raft.core.RaftCore.snapshot_done`); a
 stream that breaks (the InstallSnapshot or its ack lost, a crash) is reported to
-the leader's core as failed, as the replica's stream timeout does.
+the leader's core as failed, as the replica's stream timeout does. A crash and a
+restart take the node's links down and up: the others' cores hear of it
+(``peer_unreachable`` / ``peer_reachable``), as from the replica's transport.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ class Cluster:
 
     def _new_node(self, node_id: str, membership: Membership, storage: MemoryStorage | None = None,
                   hard_state: tuple[int, str | None] = (0, None), snapshot: Any = None,
-                  pending_changes: list[tuple[int, ConfigChange]] | None = None) -> SimNode:
+                  pending_changes: list[tuple[int, ConfigChange]] | None = None,
+                  recovering: bool = False) -> SimNode:
         storage = storage or MemoryStorage()
         rng = random.Random(f"{self.seed}/{node_id}")
         snap = (0, 0)
@@ -141,7 +144,8 @@ class Cluster:
             applied = list(snapshot[2])
             membership = snapshot[3]
         core = RaftCore(node_id, membership, storage, params=self.params, rng=rng, term=hard_state[0],
-                        vote=hard_state[1], snapshot=snap, pending_changes=pending_changes, now=self.now)
+                        vote=hard_state[1], snapshot=snap, pending_changes=pending_changes, recovering=recovering,
+                        now=self.now)
         return SimNode(node_id, core, storage, bootstrap, hard_state, applied, snapshot)
 
     def add_node(self, node_id: str) -> SimNode:
@@ -362,6 +366,18 @@ class Cluster:
                           if m[1] != node_id and not (m[0] == node_id and isinstance(m[2], InstallSnapshot))]
         for sender, to, msg in lost:
             self._lost(sender, to, msg)
+        self._links(node_id, up=False)
+
+    def _links(self, node_id: str, up: bool) -> None:
+        """The others' links to ``node_id`` went down or came up (a process stopped or started):
+        their cores are told, as the replica's transport tells them."""
+        for other in self.nodes.values():
+            if other.id != node_id and other.up:
+                if up:
+                    other.core.peer_reachable(node_id)
+                else:
+                    other.core.peer_unreachable(node_id)
+                self.process(other)
 
     def drop(self, to: str | None = None) -> None:
         """Lose the messages in flight (to ``to`` only, if given)."""
@@ -375,9 +391,20 @@ class Cluster:
         sender, dest, msg = self.in_flight.pop(k)
         self._lost(sender, dest, msg)
 
-    def restart(self, node_id: str) -> None:
-        """Start ``node_id`` again from what it stored (hard state, log, snapshot), as the replica does."""
+    def restart(self, node_id: str, lose_log: bool = False) -> None:
+        """Start ``node_id`` again from what it stored (hard state, log, snapshot), as the replica does.
+
+        ``lose_log``: its log and snapshot were damaged and discarded, as the replica's repair does
+        (term and vote are kept); the core starts *recovering*.
+        """
         old = self.nodes[node_id]
+        if lose_log:
+            node = self._new_node(node_id, old.bootstrap, MemoryStorage(), old.hard_state, recovering=True)
+            node.incarnation = old.incarnation + 1
+            self.nodes[node_id] = node
+            self.on_output(f"{node_id} restarted at term {node.core.term} vote={node.core.vote} with its log lost")
+            self._links(node_id, up=True)
+            return
         # Config entries of the log after the snapshot take effect again when applied.
         first = (old.snapshot[0] if old.snapshot else 0) + 1
         st = old.storage
@@ -389,6 +416,7 @@ class Cluster:
         self.nodes[node_id] = node
         self.on_output(f"{node_id} restarted at term {node.core.term} vote={node.core.vote} "
                        f"(log {storage_span(st)})")
+        self._links(node_id, up=True)
 
 
 def storage_span(storage: MemoryStorage) -> str:

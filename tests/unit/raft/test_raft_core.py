@@ -446,3 +446,58 @@ def test_a_leader_that_applies_its_own_removal_hands_over_rather_than_strand_the
     index = cluster.propose("2", "after")
     heartbeats(cluster, 0.4)
     assert leader.core.commit >= index and leader.core.membership.voters == ("2",)
+
+
+def test_a_follower_that_lost_what_it_acknowledged_is_probed_back_to_its_log_end() -> None:
+    """A follower may hold less than it acknowledged: a replica that discarded a damaged log, or
+    one whose unsynced disk-class entries a crash lost. Its rejection hints where its log ends,
+    below the leader's match index for it: the leader must probe from there (and count it for
+    no more than it holds), not stop at its old match index for ever."""
+    cluster = elected(["1", "2", "3"])
+    for k in range(4):
+        cluster.propose("1", f"x{k}")
+    heartbeats(cluster, 0.4)
+    last = cluster.nodes["1"].core.last_index
+    assert cluster.nodes["1"].core.progress["3"].match == last
+    cluster.crash("3")
+    cluster.restart("3", lose_log=True)
+    heartbeats(cluster, 1.0)
+    assert cluster.nodes["3"].core.log.last_index == last
+    assert cluster.nodes["3"].core.commit == last and not cluster.nodes["3"].core.recovering
+
+
+def test_a_replica_that_lost_its_log_votes_only_once_it_holds_what_was_committed() -> None:
+    """A replica that discarded a damaged log (recovering) may have acknowledged entries it no
+    longer holds, so it neither votes nor campaigns until it holds them again (the vote's log
+    check, §5.4.1, relies on voters keeping what they acknowledged). 3 helped commit x2..x5,
+    which 2 lacks; 3 loses its log and gets only the first append back before the leader
+    crashes: it must refuse 2, which would otherwise lead without x2..x5."""
+    cluster = elected(["1", "2", "3"])
+    payload = "x" * 40  # one entry per append after the no-op (64 bytes at most)
+    cluster.propose("1", f"1{payload}")
+    heartbeats(cluster, 0.4)
+    cluster.cut = {("1", "2"), ("2", "1"), ("2", "3"), ("3", "2")}
+    for k in range(2, 6):
+        cluster.propose("1", f"{k}{payload}")
+    heartbeats(cluster, 0.4)
+    committed = cluster.nodes["1"].core.commit
+    assert committed == 6 and cluster.nodes["2"].core.log.last_index == 2
+    cluster.crash("3")
+    cluster.restart("3", lose_log=True)
+    for _ in range(10):  # until the first append reaches 3; the rest is lost
+        cluster.tick(0.2)
+        cluster.deliver(count=len(cluster.in_flight))
+        if cluster.nodes["3"].core.log.last_index > 0:
+            break
+    cluster.drop()
+    assert cluster.nodes["3"].core.log.last_index == 2  # 3's log is now as good as 2's
+    cluster.crash("1")
+    cluster.cut = set()
+    heartbeats(cluster, 6.0)
+    two = cluster.nodes["2"].core
+    assert two.state != LEADER and two.commit <= 2, "2 led without the entries 3 had helped commit"
+    cluster.restart("1")
+    heartbeats(cluster, 6.0)
+    leader = leader_of(cluster)
+    assert leader is not None and leader.core.log.entries(3, 4)[0][0] == f"\0{2}{payload}".encode()
+    assert not cluster.nodes["3"].core.recovering and cluster.nodes["3"].core.commit >= committed
