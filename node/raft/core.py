@@ -697,6 +697,11 @@ class RaftCore:
             elif msg.index != pr.next - 1:
                 return  # an answer to an earlier probe
             else:
+                if msg.hint_index < pr.match:
+                    # The follower's log ends below what it acknowledged: it lost entries (a
+                    # repaired replica, or unsynced disk-class entries lost in a crash). Count
+                    # it for what it holds, and probe below the old match index.
+                    pr.match = msg.hint_index
                 probe, _ = self.log.find_conflict_by_term(min(msg.index, msg.hint_index), msg.hint_term)
                 pr.next = max(min(msg.index, probe + 1), pr.match + 1)
             pr.state = PROBE
