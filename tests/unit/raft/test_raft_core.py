@@ -324,13 +324,13 @@ def behind_a_snapshot() -> Cluster:
         cluster.propose("1", f"x{k}")
     cluster.stabilize()
     cluster.take_snapshot("1")
-    cluster.restart("3")
+    cluster.restart("3")  # the leader's link to 3 comes up: it probes 3
     for _ in range(10):
-        cluster.tick(0.2)
-        cluster.deliver(count=len(cluster.in_flight))
         if any(isinstance(m, InstallSnapshot) for _, _, m in cluster.in_flight):
             cluster.in_flight = [m for m in cluster.in_flight if isinstance(m[2], InstallSnapshot)]
             return cluster
+        cluster.deliver(count=len(cluster.in_flight))
+        cluster.tick(0.2)
     raise AssertionError("the leader did not send a snapshot")
 
 
@@ -501,3 +501,30 @@ def test_a_replica_that_lost_its_log_votes_only_once_it_holds_what_was_committed
     leader = leader_of(cluster)
     assert leader is not None and leader.core.log.entries(3, 4)[0][0] == f"\0{2}{payload}".encode()
     assert not cluster.nodes["3"].core.recovering and cluster.nodes["3"].core.commit >= committed
+
+
+def test_a_replica_that_lost_its_log_is_still_recovering_after_an_older_snapshot() -> None:
+    """As above, but 3 gets the leader's snapshot first, which ends before x3..x5: installing it
+    does not make 3 a voter again, only holding what the leader says is committed does."""
+    cluster = elected(["1", "2", "3"])
+    cluster.propose("1", "x1")
+    cluster.propose("1", "x2")
+    heartbeats(cluster, 0.4)
+    cluster.take_snapshot("1")  # ends at x2, which 2 holds too
+    cluster.cut = {("1", "2"), ("2", "1"), ("2", "3"), ("3", "2")}
+    for k in range(3, 6):
+        cluster.propose("1", f"x{k}")
+    heartbeats(cluster, 0.4)
+    assert cluster.nodes["1"].core.commit == 6 and cluster.nodes["2"].core.log.last_index == 3
+    cluster.crash("3")
+    cluster.restart("3", lose_log=True)
+    cluster.hold(lambda m: m[0] == "1" and m[1] == "3" and isinstance(m[2], AppendEntries) and bool(m[2].entries))
+    heartbeats(cluster, 1.0)  # the snapshot arrives; the appends after it do not
+    three = cluster.nodes["3"].core
+    assert three.log.snap_index == 3 and three.log.last_index == 3
+    assert three.recovering
+    cluster.release(lose=True)
+    cluster.crash("1")
+    cluster.cut = set()
+    heartbeats(cluster, 6.0)
+    assert cluster.nodes["2"].core.state != LEADER and cluster.nodes["2"].core.commit <= 3
