@@ -780,6 +780,10 @@ class RaftCore:
 
     def _handle_append(self, sender: str, msg: AppendEntries, now: float) -> None:
         self._heard_from_leader(sender, now)
+        if self.recovering:
+            # It may have acknowledged, before losing them, entries the leader has committed
+            # since: it votes again once it holds everything the leader says is committed.
+            self._recover_until = max(self._recover_until, msg.commit)
         log = self.log
         prev = msg.prev_index
         entries = msg.entries
@@ -866,9 +870,7 @@ class RaftCore:
         self.applied = index
         self.membership = membership
         self._pending_changes = []
-        self._persisted = index
-        if self.recovering:
-            self.recovering = False
+        self._persisted = index  # still recovering until an append proves the leader's commit index
         self._send(sender, AppendResponse(self.term, index))
 
     # --- membership -----------------------------------------------------------------------------
