@@ -62,14 +62,13 @@ class Checker:
     leaders: dict[int, str] = field(default_factory=dict)
     #: (index, term) -> payload, for every entry seen in any log.
     entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
-    #: index -> (term, payload, the highest term of a node that held it committed when first seen).
+    #: index -> (term, payload, the highest term of any node when it was first seen committed:
+    #: it was committed in that term or an earlier one).
     committed: dict[int, tuple[int, bytes, int]] = field(default_factory=dict)
     #: index -> payload, for every data entry any node applied.
     applied: dict[int, bytes] = field(default_factory=dict)
     #: (node, incarnation) -> (commit, applied) last seen.
     progress: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-    #: (node, incarnation, term) of every leadership already checked for completeness.
-    elected: set[tuple[str, int, int]] = field(default_factory=set)
 
     def check(self) -> None:
         for node in self.cluster.nodes.values():
@@ -110,17 +109,16 @@ class Checker:
         indexes = [i for i, _ in node.applied]
         assert indexes == sorted(set(indexes)), f"{node.id} applied out of order: {indexes}"
 
-        if core.state == LEADER and (node.id, node.incarnation, core.term) not in self.elected:
-            self.elected.add((node.id, node.incarnation, core.term))
-            self._check_complete(node, lambda committed_in: True)
         if core.state == LEADER:
-            self._check_complete(node, lambda committed_in: committed_in < core.term)
+            self._check_complete(node)
 
-    def _check_complete(self, node: SimNode, applies: object) -> None:
-        """Leader completeness (§5.4.3): the leader holds every entry committed before its term."""
+    def _check_complete(self, node: SimNode) -> None:
+        """Leader completeness (§5.4.3): the leader holds every entry committed in an earlier
+        term. (An entry of a later term it may lack: a candidate can win with votes cast before
+        its voters moved on to a newer term, and lead a stale term that commits nothing.)"""
         core = node.core
         for index, (term, payload, committed_in) in self.committed.items():
-            if index <= core.log.snap_index or not applies(committed_in):  # type: ignore[operator]
+            if index <= core.log.snap_index or committed_in >= core.term:
                 continue
             held = core.log.entries(index, index + 1) if index <= core.log.last_index else []
             assert held and held[0][2] == term and held[0][0] == payload, \
