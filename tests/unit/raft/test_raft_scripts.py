@@ -28,6 +28,7 @@ Commands::
     cut A B / heal [A B]    drop messages between A and B (both ways) / stop dropping
     isolate N               cut N from everyone
     crash N / restart N     N stops (its storage stays) / starts from its storage
+    restart N lost          N starts with its log and snapshot discarded (the replica's repair): recovering
     add-node N              a new, empty node that knows no membership yet
     snapshot N              N snapshots its applied state and drops that log prefix
     snapshot-failed N PEER  N's snapshot stream to PEER broke (its InstallSnapshot in flight or held is lost)
@@ -183,7 +184,7 @@ class Runner:
         elif name == "crash":
             c.crash(pos[0])
         elif name == "restart":
-            c.restart(pos[0])
+            c.restart(pos[0], lose_log="lost" in pos[1:])
         elif name == "add-node":
             c.add_node(pos[0])
         elif name == "snapshot":
@@ -227,12 +228,13 @@ class Runner:
             term, vote = node.hard_state
             return f"{node_id}: down term={term} vote={vote} log={storage_span(node.storage)}"
         s = node.core.status()
-        line = (f"{node_id}: {s['state']} term={s['term']} vote={node.core.vote} leader={s['leader']} "
+        recovering = " recovering" if node.core.recovering else ""
+        line = (f"{node_id}: {s['state']}{recovering} term={s['term']} vote={node.core.vote} leader={s['leader']} "
                 f"commit={s['commit']} applied={s['applied']} log={storage_span(node.storage)} "
                 f"snap={s['snapshot']} voters={','.join(s['voters'])}")
         if s["learners"]:
             line += f" learners={','.join(s['learners'])}"
-        if "progress" in s:
+        if s.get("progress"):
             line += " progress=" + " ".join(f"{p}:{v['match']}/{v['next']}/{v['state']}"
                                             for p, v in s["progress"].items())
         return line
