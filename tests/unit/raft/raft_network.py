@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.node.raft.core import RaftCore, RaftParams, Ready
-from shoal.node.raft.membership import ConfigChange, Membership, decode_change
 from shoal.node.raft.install import COMPLETE, NOT_WANTED
+from shoal.node.raft.membership import ConfigChange, Membership, decode_change
 from shoal.node.raft.messages import (ENTRY_CONFIG, ENTRY_NOOP, AppendEntries, AppendResponse, Heartbeat,
                                       HeartbeatResponse, InstallSnapshot, Message, RequestVote, SnapshotChunkAck,
                                       TimeoutNow, VoteResponse)

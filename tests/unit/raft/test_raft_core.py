@@ -1,9 +1,9 @@
 """Raft's safety and liveness properties over random runs of 3 and 5 cores (Raft paper §5.2-§5.4, Figure 3).
 
 Hypothesis drives a :class:`raft_network.Cluster` through bounded runs of ticks,
-proposals, message loss, duplication and reordering, crashes and restarts,
-partitions, snapshots and leadership transfers; after every step
-:class:`Checker` asserts what Raft promises:
+proposals, message loss, duplication and reordering, crashes (of the leader too) and
+restarts, partitions, forced campaigns, snapshots and leadership transfers; after
+every step :class:`Checker` asserts what Raft promises:
 
 - election safety: at most one leader per term;
 - log matching: two logs holding an entry of the same index and term hold the same entry;

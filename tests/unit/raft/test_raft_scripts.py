@@ -55,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from raft_network import Cluster, describe, storage_span
+from raft_network import Cluster, storage_span
 
 from shoal.node.raft.core import NotLeader, ProposalRefused
 from shoal.node.raft.membership import ConfigChange
