@@ -10,6 +10,7 @@ Commands::
 
     cluster 1 2 3 [voters=1,2,3] [learners=4] [seed=N]   a new group (voters default to all)
     campaign N              N's election deadline passes now
+    postpone N SECONDS      N's election deadline moves SECONDS from now
     elect N                 campaign N, deliver until quiet, one heartbeat round; shows role changes only
     tick SECONDS            the clock moves; every node that is up ticks (nothing is delivered)
     run SECONDS [step=S]    tick S (0.1) at a time, delivering until quiet after each; heartbeats
@@ -128,6 +129,8 @@ class Runner:
             c.stabilize()
             c.tick(c.params.heartbeat_s)
             c.stabilize()
+        elif name == "postpone":
+            c.nodes[pos[0]].core.schedule_election(c.now + float(pos[1]))
         elif name == "tick":
             c.tick(float(pos[0]))
         elif name == "run":
