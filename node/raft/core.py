@@ -313,6 +313,8 @@ class RaftCore:
                     return
             if self.lead_transferee is not None and now >= self._transfer_deadline:
                 self.lead_transferee = None
+                if not self.membership.is_voter(self.id):
+                    self._hand_over(now)
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self.params.heartbeat_s
                 self._broadcast_heartbeat()
@@ -466,16 +468,23 @@ class RaftCore:
                 self._maybe_commit()
 
     def snapshot_done(self, peer: str, ok: bool, now: float) -> None:
-        """The leader's snapshot stream to ``peer`` ended; on failure the peer is probed again."""
+        """The leader's snapshot stream to ``peer`` ended: the peer is probed again.
+
+        On success it is probed right after the snapshot. On failure nothing is known of its
+        log (it may even hold the snapshot and have refused it as not wanted): it is probed
+        from the log's end, as a new leader does, and its rejections' hints lead back to where
+        it is; probing below the compaction point would only ask for the snapshot again. Either
+        way the probe waits for the follower's answer or the next heartbeat's (the follower's
+        answer to an installed snapshot may be lost).
+        """
         pr = self.progress.get(peer)
         if pr is None or pr.state != SNAPSHOT:
             return
-        if not ok:
-            pr.state = PROBE
-            pr.next = pr.match + 1
-            pr.pending_snapshot = 0
-            pr.inflight.clear()
-            pr.paused = True  # the next heartbeat answer probes again
+        pr.state = PROBE
+        pr.inflight.clear()
+        pr.next = max(pr.match, pr.pending_snapshot if ok else self.log.last_index) + 1
+        pr.paused = True
+        pr.pending_snapshot = 0
 
     def compacted(self, index: int, term: int) -> None:
         """A durable snapshot covers the log up to ``index`` (the replica may drop that prefix)."""
@@ -591,7 +600,11 @@ class RaftCore:
         return refused > len(self.membership.voters) - self.membership.quorum()
 
     def _handle_vote(self, sender: str, msg: RequestVote, now: float) -> None:
-        if not self.membership.is_voter(sender) or self.recovering or not self.membership.is_voter(self.id):
+        # A node that is no voter of its own configuration still votes (thesis §4.1: requests are
+        # handled without consulting one's own configuration): the others take a change when
+        # they apply it, so theirs may still count this node, and a group that needs its vote
+        # (its leader just applied its own removal) could otherwise elect nobody.
+        if not self.membership.is_voter(sender) or self.recovering:
             self._send(sender, VoteResponse(self.term, False, pre=msg.pre))
             return
         up_to_date = self.log.is_up_to_date(msg.last_index, msg.last_term)
@@ -742,6 +755,11 @@ class RaftCore:
             elif msg.index != pr.next - 1:
                 return  # an answer to an earlier probe
             else:
+                if msg.hint_index < pr.match:
+                    # The follower's log ends below what it acknowledged: it lost entries (a
+                    # repaired replica, or unsynced disk-class entries lost in a crash). Count
+                    # it for what it holds, and probe below the old match index.
+                    pr.match = msg.hint_index
                 probe, _ = self.log.find_conflict_by_term(min(msg.index, msg.hint_index), msg.hint_term)
                 pr.next = max(min(msg.index, probe + 1), pr.match + 1)
             pr.state = PROBE
@@ -786,7 +804,9 @@ class RaftCore:
         elif pr.state == REPLICATE and len(pr.inflight) >= self.params.inflight_max:
             pr.inflight.popleft()  # a lost message must not stall the pipeline for good
         if pr.match < self.log.last_index or pr.state == PROBE:
-            self._send_append(sender, pr, force=pr.state == PROBE)
+            # Forced: a follower that was sent everything but lacks the end gets an empty append
+            # it must answer (its last message was lost, and nothing newer reveals the gap).
+            self._send_append(sender, pr, force=True)
 
     def _broadcast_heartbeat(self) -> None:
         commit = self.commit
@@ -818,10 +838,10 @@ class RaftCore:
 
     def _handle_append(self, sender: str, msg: AppendEntries, now: float) -> None:
         self._heard_from_leader(sender, now)
-        if self.recovering and not self._recover_until:
-            # Back in line once it holds everything the leader had committed when it first heard
-            # from it: every entry it may have acknowledged before losing its log.
-            self._recover_until = max(msg.commit, 1)
+        if self.recovering:
+            # It may have acknowledged, before losing them, entries the leader has committed
+            # since: it votes again once it holds everything the leader says is committed.
+            self._recover_until = max(self._recover_until, msg.commit)
         log = self.log
         prev = msg.prev_index
         entries = msg.entries
@@ -907,12 +927,7 @@ class RaftCore:
         self.membership = membership
         self.config_index = index
         self._pending_changes = []
-        self._persisted = index
-        if self.recovering:
-            if not self._recover_until:
-                self._recover_until = index
-            if index >= self._recover_until:
-                self.recovering = False
+        self._persisted = index  # still recovering until an append proves the leader's commit index
         self._send(sender, AppendResponse(self.term, index))
 
     # --- membership -----------------------------------------------------------------------------
@@ -958,10 +973,26 @@ class RaftCore:
                 else:
                     self.progress[peer].learner = not self.membership.is_voter(peer)
             if not self.membership.is_voter(self.id):
-                self._become_follower(self.term, None, self._heard_leader_at)
+                self._hand_over(float("-inf"))  # no clock here: the next tick sets the deadline
                 return
             self._maybe_commit()
             self._broadcast_append()
+
+    def _hand_over(self, now: float) -> None:
+        """This leader is no voter any more (it applied its own removal or demotion): it hands
+        leadership to the voter holding the most of its log, and steps down only if there is none.
+
+        Stepping down at once (thesis §4.2.2) can strand the group: the others take the new
+        configuration when they apply it, so until they learn the commit they may need this
+        node's vote, which a newer entry of its own makes it refuse, while it may not campaign.
+        Meanwhile it replicates and commits with the voters' acknowledgements and takes no
+        proposals (a transfer is under way); a transfer that times out is tried again.
+        """
+        voters = [(pr.match, peer) for peer, pr in self.progress.items() if not pr.learner]
+        if not voters:
+            self._become_follower(self.term, None, now)
+            return
+        self.transfer_leadership(max(voters)[1], now)
 
     # --- sending -------------------------------------------------------------------------------
 

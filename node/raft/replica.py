@@ -844,9 +844,8 @@ class PartitionReplica:
             if ok:
                 log.info("partition %d: snapshot %d delivered to %s (%d bytes sent)", self.partition,
                          sender.index, peer, sender.bytes_sent)
-        if not ok:
-            self.core.snapshot_done(peer, False, self._clock())
-            self._process()
+        self.core.snapshot_done(peer, ok, self._clock())  # on success too: the follower's answer may be lost
+        self._process()
 
     def stream_progress(self) -> list[dict[str, Any]]:
         """The snapshot streams this leader runs: peer, index, bytes acknowledged and total."""

@@ -1,23 +1,29 @@
-"""ForkSnapshotter: a forked child writes the snapshot; the parent polls, never blocks, keeps the
-journal prefix on failure and retries after a backoff."""
+"""ForkSnapshotter and the snapshot file's checks: a forked child writes the snapshot, the parent
+polls without blocking, verifies the whole file before reporting it, kills a child past its time
+limit, keeps the journal prefix on failure and retries after a backoff; one child at a time."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pysyncobj.config import SERIALIZER_STATE
 
+from shoal.node.raft import snapshots
 from shoal.node.raft._io import RealIO
-from shoal.node.raft.snapshot_file import read_snapshot_info
-from shoal.node.raft.snapshots import RETRY_MIN_S, ForkSnapshotter, SnapshotSettings, align_journal, load_snapshot
+from shoal.node.raft.membership import Membership
+from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
+from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, load_engine,
+                                       read_snapshot_meta, snapshot_chunks, verify_snapshot)
 from shoal.node.state import PartitionEngine
 
-PREV = (b"prev-command", 9, 2)
-LAST = (b"last-command", 10, 3)
+INDEX, TERM = 10, 3
+MEMBERS = Membership.of(["a", "b", "c"], ["d"])
+#: How long a test waits for a child (a loaded machine forks slowly); polled, never slept through.
+CHILD_WAIT_S = 30.0
 
 
 def engine_with(jobs: int) -> PartitionEngine:
@@ -35,197 +41,206 @@ class Clock:
         return self.now
 
 
-def make(tmp_path: Path, engine: PartitionEngine, clock: Clock | None = None) -> tuple[ForkSnapshotter, list]:
-    adopted: list[PartitionEngine] = []
-    snap = ForkSnapshotter(str(tmp_path / "p0.dump"), 0, lambda: engine, lambda e, _p, _l: adopted.append(e), 4096,
-                           io=RealIO(disk_free_min_bytes=0), clock=clock or time.monotonic)
-    return snap, adopted
+def io() -> RealIO:
+    return RealIO(disk_free_min_bytes=0)
 
 
-def wait_done(snap: ForkSnapshotter, timeout_s: float = 20.0) -> tuple[int, int | None]:
-    deadline = time.monotonic() + timeout_s
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[list[ForkSnapshotter]]:
+    """Snapshotters a test makes; any child still running is stopped when it ends."""
+    made: list[ForkSnapshotter] = []
+    yield made
+    for snap in made:
+        snap.cancel()
+
+
+def make(made: list[ForkSnapshotter], directory: Path, clock: Clock | None = None, partition: int = 0,
+         settings: SnapshotSettings | None = None) -> ForkSnapshotter:
+    directory.mkdir(parents=True, exist_ok=True)
+    snap = ForkSnapshotter(str(directory / f"p{partition}.snap"), partition, io(), settings or SnapshotSettings(),
+                           clock=clock or time.monotonic)
+    made.append(snap)
+    return snap
+
+
+def wait_done(snap: ForkSnapshotter) -> SnapshotFile | None:
+    """Poll until the child is reaped: the verified snapshot, or None when it failed."""
+    deadline = time.monotonic() + CHILD_WAIT_S
     while time.monotonic() < deadline:
-        state, ident = snap.checkSerializing()
-        if state != SERIALIZER_STATE.SERIALIZING:
-            return state, ident
+        result = snap.poll()
+        if not snap.in_progress:
+            return result
         time.sleep(0.01)
     snap.cancel()
     raise AssertionError("snapshot child did not finish")
 
 
-def test_child_writes_a_durable_snapshot_of_the_state_at_fork(tmp_path: Path) -> None:
+def test_child_writes_a_verified_snapshot_of_the_state_at_fork(tmp_path: Path, made: list) -> None:
     engine = engine_with(200)
-    snap, adopted = make(tmp_path, engine)
-    snap.serialize((None, LAST, PREV, None), PREV[1])
+    snap = make(made, tmp_path)
+    assert snap.start(engine, INDEX, TERM, MEMBERS)
     assert snap.in_progress
     digest_at_fork = engine.digest()
     engine.apply({"cmd": "PUSH", "queue": "q", "data": b"after the fork"}, 5_000)  # not in the snapshot
-    state, ident = wait_done(snap)
-    assert (state, ident) == (SERIALIZER_STATE.SUCCESS, PREV[1])  # pysyncobj drops entries below PREV
-    info = read_snapshot_info(RealIO(disk_free_min_bytes=0), snap.path)
-    assert (info.last_index, info.last_term) == (LAST[1], LAST[2])
+    written = wait_done(snap)
+    assert written is not None
+    assert (written.index, written.term, written.membership) == (INDEX, TERM, MEMBERS)
+    assert written == verify_snapshot(io(), snap.path)  # size and whole-file CRC of what is on disk
+    assert written.size == os.path.getsize(snap.path)
     assert not os.path.exists(snap.path + ".tmp")
-    assert snap.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+    assert snap.poll() is None  # reported once
 
-    data = snap.deserialize()
-    assert data == (None, LAST, PREV, None)
-    assert adopted[0].digest() == digest_at_fork != engine.digest()
+    loaded, index, term, membership = load_engine(io(), snap.path)
+    assert (index, term, membership) == (INDEX, TERM, MEMBERS)
+    assert loaded.digest() == digest_at_fork != engine.digest()
+    assert read_snapshot_meta(io(), snap.path) == (INDEX, TERM, MEMBERS)
     assert snap.written == 1 and snap.failed == 0
 
 
 def test_failed_write_is_logged_keeps_the_prefix_and_is_retried_after_a_backoff(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, made: list, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     engine = engine_with(20)
-    snap, _ = make(tmp_path, engine, clock)
+    snap = make(made, tmp_path, clock)
     os.mkdir(snap.path + ".tmp")  # the temp file cannot be created: every write fails
     caplog.set_level(logging.ERROR, logger="shoal.node.raft.snapshots")
 
-    snap.serialize((None, LAST, PREV, None), PREV[1])
-    assert wait_done(snap)[0] == SERIALIZER_STATE.FAILED  # never SUCCESS: pysyncobj keeps the prefix
+    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None  # never reported: the replica keeps the journal prefix
     assert not os.path.exists(snap.path)
     assert "snapshot at entry 10 failed, journal prefix kept" in caplog.text
     assert "IsADirectoryError" in caplog.text  # the child's own error reaches the parent's log
 
-    snap.serialize((None, LAST, PREV, None), PREV[1])  # within the backoff: no new child
-    assert not snap.in_progress
+    assert not snap.start(engine, INDEX, TERM, MEMBERS)  # within the backoff: no new child
     clock.now += RETRY_MIN_S
-    snap.serialize((None, LAST, PREV, None), PREV[1])
-    assert snap.in_progress
-    assert wait_done(snap)[0] == SERIALIZER_STATE.FAILED
+    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None
     clock.now += RETRY_MIN_S  # the second failure doubled the backoff
-    snap.serialize((None, LAST, PREV, None), PREV[1])
-    assert not snap.in_progress
+    assert not snap.start(engine, INDEX, TERM, MEMBERS)
     assert snap.failed == 2
 
     os.rmdir(snap.path + ".tmp")  # space is back
     clock.now += RETRY_MIN_S
-    snap.serialize((None, LAST, PREV, None), PREV[1])
-    assert wait_done(snap)[0] == SERIALIZER_STATE.SUCCESS
+    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is not None
     assert snap.written == 1
 
 
-def test_transmission_round_trip_and_damage_refused(tmp_path: Path) -> None:
-    engine = engine_with(300)
-    (tmp_path / "a").mkdir()
-    leader, _ = make(tmp_path / "a", engine)
-    leader.serialize((None, LAST, PREV, None), PREV[1])
-    assert wait_done(leader)[0] == SERIALIZER_STATE.SUCCESS
+def test_a_child_past_its_time_limit_is_killed_and_counted_as_failed(
+        tmp_path: Path, made: list, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def stuck(*_args: object, **_kwargs: object) -> None:
+        time.sleep(600)  # runs in the child only: the parent kills it
 
-    (tmp_path / "b").mkdir()
-    follower, adopted = make(tmp_path / "b", PartitionEngine(0))
-    pieces = []
-    for _ in range(10_000):
-        piece = leader.getTransmissionData("node-b")
-        assert piece is not None
-        pieces.append(piece)
-        if piece[2]:
-            break
-    assert pieces[0][1] and pieces[-1][2] and len(pieces) > 2
-    assert [follower.setTransmissionData(p) for p in pieces][-1] is True
-    follower.deserialize()
-    assert adopted[0].digest() == engine.digest()
-
-    (tmp_path / "c").mkdir()
-    damaged, _ = make(tmp_path / "c", PartitionEngine(0))
-    first = pieces[0]
-    bad = [(first[0][:-1] + bytes([first[0][-1] ^ 1]), True, False), *pieces[1:]]
-    results = [damaged.setTransmissionData(p) for p in bad]
-    assert results[-1] is True  # header and trailer are whole: the file is stored ...
-    with pytest.raises(Exception, match="checksum"):
-        damaged.deserialize()  # ... but never adopted: the content checksum fails
+    monkeypatch.setattr(snapshots, "write_snapshot", stuck)
+    caplog.set_level(logging.ERROR, logger="shoal.node.raft.snapshots")
+    clock = Clock()
+    snap = make(made, tmp_path, clock, settings=SnapshotSettings(child_time_limit_s=5.0))
+    assert snap.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert snap.poll() is None and snap.in_progress  # within the limit: left alone
+    clock.now += 5.1
+    assert snap.poll() is None
+    assert not snap.in_progress and snap.failed == 1
+    assert "child ran longer than 5 s; killed" in caplog.text
+    assert not os.path.exists(snap.path) and not os.path.exists(snap.path + ".tmp")
+    assert not snap.start(engine_with(5), INDEX, TERM, MEMBERS)  # the backoff applies
 
 
-def test_cancel_stops_the_child_and_writes_nothing(tmp_path: Path) -> None:
-    snap, _ = make(tmp_path, engine_with(10))
-    snap.serialize((None, LAST, PREV, None), PREV[1])
+def test_a_file_that_ends_at_another_entry_is_not_reported(tmp_path: Path, made: list,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    real = snapshots.write_snapshot
+
+    def elsewhere(io_: object, path: str, index: int, term: int, chunks: object) -> object:
+        engine = engine_with(1)
+        return real(io_, path, index + 1, term, snapshot_chunks(engine, index + 1, term, MEMBERS))  # type: ignore
+
+    monkeypatch.setattr(snapshots, "write_snapshot", elsewhere)
+    snap = make(made, tmp_path)
+    assert snap.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None and snap.failed == 1
+
+
+def test_cancel_stops_the_child_and_writes_nothing(tmp_path: Path, made: list) -> None:
+    snap = make(made, tmp_path)
+    assert snap.start(engine_with(10), INDEX, TERM, MEMBERS)
     snap.cancel()
     assert not snap.in_progress
-    assert snap.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+    assert snap.poll() is None
+    assert not os.path.exists(snap.path + ".tmp")
+
+
+def test_one_child_at_a_time_the_next_snapshotter_is_called_back(tmp_path: Path, made: list) -> None:
+    first = make(made, tmp_path / "a")
+    second = make(made, tmp_path / "b", partition=1)
+    calls: list[str] = []
+    second.on_slot = lambda: calls.append("slot")
+    assert first.start(engine_with(10), INDEX, TERM, MEMBERS)
+    assert not second.start(engine_with(5), INDEX, TERM, MEMBERS)  # waits: one fork and one child at a time
+    assert second.waiting and not second.in_progress
+    assert wait_done(first) is not None
+    assert calls == ["slot"]  # the replica asks again
+    assert second.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert wait_done(second) is not None
+
+
+def test_a_cancelled_waiter_gives_up_its_turn(tmp_path: Path, made: list) -> None:
+    first = make(made, tmp_path / "a")
+    second = make(made, tmp_path / "b", partition=1)
+    calls: list[str] = []
+    second.on_slot = lambda: calls.append("slot")
+    assert first.start(engine_with(10), INDEX, TERM, MEMBERS)
+    assert not second.start(engine_with(5), INDEX, TERM, MEMBERS)
+    second.cancel()
+    assert not second.waiting
+    assert wait_done(first) is not None
+    assert calls == []
+
+
+def write(path: Path, engine: PartitionEngine, index: int = INDEX, term: int = TERM) -> None:
+    write_snapshot(io(), str(path), index, term, snapshot_chunks(engine, index, term, MEMBERS))
+
+
+def test_verify_refuses_a_flipped_byte_anywhere_and_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "p0.snap"
+    write(path, engine_with(300))
+    good = path.read_bytes()
+    verified = verify_snapshot(io(), str(path))
+    assert verified.size == len(good)
+    for offset in (3, 40, len(good) // 2, len(good) - 30, len(good) - 1):
+        damaged = bytearray(good)
+        damaged[offset] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(SnapshotCorrupt, match="p0.snap"):
+            verify_snapshot(io(), str(path))
+        with pytest.raises(SnapshotCorrupt, match="p0.snap"):
+            load_engine(io(), str(path))  # a damaged body is never loaded into an engine
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(SnapshotCorrupt, match="p0.snap"):
+        verify_snapshot(io(), str(path))
+
+
+def test_verify_refuses_metadata_that_contradicts_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "p0.snap"
+    engine = engine_with(3)
+    write_snapshot(io(), str(path), INDEX, TERM, snapshot_chunks(engine, INDEX + 1, TERM, MEMBERS))
+    with pytest.raises(SnapshotCorrupt, match="header says entry 10/3"):
+        verify_snapshot(io(), str(path))
+    with pytest.raises(SnapshotCorrupt, match="header says entry 10/3"):
+        read_snapshot_meta(io(), str(path))
+
+
+def test_read_snapshot_meta_reads_only_the_envelope_and_metadata(tmp_path: Path) -> None:
+    path = tmp_path / "p0.snap"
+    write(path, engine_with(300))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1  # the body is not read: its damage shows at verify or load
+    path.write_bytes(bytes(data))
+    assert read_snapshot_meta(io(), str(path)) == (INDEX, TERM, MEMBERS)
 
 
 def test_settings_from_env() -> None:
     assert SnapshotSettings.from_env({}) == SnapshotSettings()
-    assert SnapshotSettings.from_env({"SHOAL_SNAPSHOT_ENTRIES_MIN": "50", "SHOAL_SNAPSHOT_INTERVAL_S": "2"}) \
-        == SnapshotSettings(50, 2.0)
-    with pytest.raises(ValueError):
-        SnapshotSettings.from_env({"SHOAL_SNAPSHOT_ENTRIES_MIN": "1"})
-
-
-def test_load_snapshot_round_trip(tmp_path: Path) -> None:
-    engine = engine_with(50)
-    snap, _ = make(tmp_path, engine)
-    snap.serialize((None, LAST, PREV, None), PREV[1])
-    assert wait_done(snap)[0] == SERIALIZER_STATE.SUCCESS
-    loaded, prev, last = load_snapshot(RealIO(disk_free_min_bytes=0), snap.path)
-    assert (prev, last) == (PREV, LAST) and loaded.digest() == engine.digest()
-
-
-def test_a_large_snapshot_is_sent_in_bounded_bursts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from shoal.node.raft import snapshots
-
-    monkeypatch.setattr(snapshots, "TRANSMISSION_BURST_BYTES", 8192)
-    clock = Clock()
-    leader, _ = make(tmp_path, engine_with(300), clock)
-    leader.serialize((None, LAST, PREV, None), PREV[1])
-    assert wait_done(leader)[0] == SERIALIZER_STATE.SUCCESS
-    burst = [leader.getTransmissionData("n") for _ in range(4)]
-    assert [p is None for p in burst] == [False, False, True, True]  # 2 x 4096 bytes, then wait
-    clock.now += 2 * snapshots.TRANSMISSION_BURST_WINDOW_S
-    piece = leader.getTransmissionData("n")
-    assert piece is not None and not piece[1]  # the next burst goes on where the last stopped
-
-
-def test_a_damaged_snapshot_file_stops_the_start(tmp_path: Path) -> None:
-    snap, _ = make(tmp_path, engine_with(5))
-    snap.check_at_start()  # no file: nothing to check
-    Path(snap.path).write_bytes(b"SHOALSNAP1 an older format or garbage")
-    with pytest.raises(Exception, match="p0.dump"):
-        snap.check_at_start()
-
-
-class ListJournal(list):
-    """pysyncobj's journal interface, as far as align_journal uses it."""
-
-    def deleteEntriesTo(self, k: int) -> None:  # noqa: N802 (pysyncobj's name)
-        del self[:k]
-
-
-def test_a_journal_not_yet_compacted_is_compacted_to_the_snapshot_at_start() -> None:
-    # The node stopped after the snapshot ending at entry 10 was renamed into place but before the
-    # journal dropped its prefix: entries 1-12 are still there.
-    journal = ListJournal((f"c{i}".encode(), i, 2 if i < 10 else 3) for i in range(1, 13))
-    prev, last = (b"c9", 9, 2), (b"c10", 10, 3)
-    assert align_journal(journal, prev, last) == 8
-    assert [e[1] for e in journal] == [9, 10, 11, 12]  # pysyncobj now keeps it: it begins with (prev, last)
-    assert align_journal(journal, prev, last) == 0  # already aligned
-
-    other = ListJournal([(b"x9", 9, 1), (b"x10", 10, 1), (b"x11", 11, 1)])
-    assert align_journal(ListJournal(other), prev, last) == 0  # different entries: left to pysyncobj
-    assert align_journal(ListJournal([(b"c1", 1, 1)]), prev, last) == 0
-
-
-def test_covers_every_method_pysyncobj_calls_on_its_serializer() -> None:
-    from pysyncobj.serializer import Serializer
-
-    wanted = {name for name in vars(Serializer) if not name.startswith("_")}
-    assert wanted == {"checkSerializing", "serialize", "deserialize", "getTransmissionData",
-                      "setTransmissionData", "cancelTransmisstion"}, "pysyncobj's Serializer changed"
-    assert all(callable(getattr(ForkSnapshotter, name, None)) for name in wanted)
-
-
-def test_one_child_at_a_time_the_next_snapshotter_is_called_back(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    first, _ = make(tmp_path / "a", engine_with(10))
-    calls: list[str] = []
-    second = ForkSnapshotter(str(tmp_path / "b" / "p1.dump"), 1, lambda: engine_with(5), lambda *_: None, 4096,
-                             io=RealIO(disk_free_min_bytes=0), on_slot=lambda: calls.append("slot"))
-    first.serialize((None, LAST, PREV, None), PREV[1])
-    second.serialize((None, LAST, PREV, None), PREV[1])
-    assert first.in_progress and not second.in_progress  # waits: one fork and one child at a time
-    assert wait_done(first)[0] == SERIALIZER_STATE.SUCCESS
-    assert calls == ["slot"]  # the replica asks pysyncobj again
-    second.serialize((None, LAST, PREV, None), PREV[1])
-    assert second.in_progress
-    assert wait_done(second)[0] == SERIALIZER_STATE.SUCCESS
+    assert SnapshotSettings.from_env({"SHOAL_SNAPSHOT_ENTRIES_MIN": "50", "SHOAL_SNAPSHOT_INTERVAL_S": "2",
+                                      "SHOAL_SNAPSHOT_CHILD_LIMIT_S": "30"}) == SnapshotSettings(50, 2.0, 30.0)
+    for bad in ({"SHOAL_SNAPSHOT_ENTRIES_MIN": "1"}, {"SHOAL_SNAPSHOT_CHILD_LIMIT_S": "0"}):
+        with pytest.raises(ValueError):
+            SnapshotSettings.from_env(bad)

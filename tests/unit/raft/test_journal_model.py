@@ -1,7 +1,8 @@
 """Hypothesis: the journal against reference models.
 
-1. pysyncobj's own in-memory journal is the reference for the raft-log
-   interface pysyncobj uses (positions, negative indexes, slices, deletes).
+1. A plain list of ``(payload, index, term)`` is the reference for what the
+   Raft core reads (:class:`~shoal.node.raft.raft_log.LogStorage`: first and
+   last index, terms, ranges of entries) through appends and deletes.
 2. Power cuts of the simulated disk: for any interleaving of appends, syncs,
    prefix deletes, suffix deletes and power cuts, recovery yields a prefix of
    the log as it was at the cut that holds every synced entry and nothing
@@ -19,7 +20,6 @@ import struct
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from pysyncobj.journal import MemoryJournal
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import (
@@ -49,36 +49,42 @@ def _payload(index: int, term: int, size: int) -> bytes:
 
 @settings(max_examples=150, deadline=None)
 @given(OPS)
-def test_raft_log_interface_matches_pysyncobj_memory_journal(ops) -> None:
-    ref = MemoryJournal()
+def test_the_log_the_core_reads_matches_a_list(ops) -> None:
     j = Journal(SimIO(), "/j", segment_bytes=600, cache_entries_max=5)
+    model: list[tuple[bytes, int, int]] = []
+    first = 1  # the model's first index
     for op in ops:
         if op[0] == "add":
             _, count, dterm, size = op
-            for _ in range(count):
-                idx = ref[-1][1] + 1 if len(ref) else 1
-                term = (ref[-1][2] if len(ref) else 1) + (dterm if _ == 0 else 0)
+            for k in range(count):
+                idx = model[-1][1] + 1 if model else first
+                term = (model[-1][2] if model else 1) + (dterm if k == 0 else 0)
                 entry = (_payload(idx, term, size), idx, term)
-                ref.add(*entry)
-                j.add(*entry)
-        elif op[0] == "delete_from" and len(ref):
-            pos = op[1] % (len(ref) + 1)
-            ref.deleteEntriesFrom(pos)
-            j.deleteEntriesFrom(pos)
-        elif op[0] == "delete_to" and len(ref):
-            pos = op[1] % len(ref)  # pysyncobj always keeps at least one entry
-            ref.deleteEntriesTo(pos)
-            j.deleteEntriesTo(pos)
+                j.append(idx, term, entry[0])
+                model.append(entry)
+        elif op[0] == "delete_from" and model:
+            index = first + op[1] % (len(model) + 1)
+            j.delete_from(index)
+            del model[index - first:]
+        elif op[0] == "delete_to" and model:
+            index = first + op[1] % len(model)
+            j.delete_to(index)
+            del model[: index - first]
+            first = index
         elif op[0] == "clear":
-            ref.clear()
             j.clear()
-        n = len(ref)
-        assert len(j) == n
+            first = model[-1][1] + 1 if model else first
+            model = []
+        last = model[-1][1] if model else first - 1
+        assert (j.first_index, j.last_index) == (first, last)
+        assert j.entries(first, last + 1) == model
+        n = len(model)
         if n:
-            assert j[0] == ref[0] and j[-1] == ref[-1] and j[n // 2] == ref[n // 2]
-            assert j[-min(n, 3)] == ref[-min(n, 3)]
-            assert j[1:] == ref[1:] and j[n // 3 : n // 3 + 4] == ref[n // 3 : n // 3 + 4]
-            assert j[:] == ref[:] and j[n + 5 :] == []
+            lo, hi = first + n // 3, first + min(n, n // 3 + 4)
+            assert j.entries(lo, hi) == model[lo - first: hi - first]
+            assert [j.term_at(i) for i in (first, first + n // 2, last)] == \
+                [model[0][2], model[n // 2][2], model[-1][2]]
+        assert j.term_at(last + 1) is None and j.term_at(first - 1) is None
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,22 +1,37 @@
-"""Raft's log-matching rule (paper §5.3) on a real PartitionReplica, follower side.
+"""Raft's log-matching rule (paper §5.3) and durable votes (§5.1) on a real PartitionReplica.
 
 The replica is built as the node builds it (its own journal in a temp dir, the node's
-RaftNetwork and TickScheduler, not started); AppendEntries messages are handed to it
-as the network would, and its answers are read from what it sends.
+RaftNetwork and TickScheduler, not started). Messages reach it through ``_deliver`` in the
+form the network hands over (a MessagePack-decoded array), and its answers are read from
+what it sends.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from shoal.node.raft import RaftNetwork, TickScheduler
+from shoal.node.raft._io import RealIO
+from shoal.node.raft.messages import (NOOP_PAYLOAD, AppendEntries, AppendResponse, HeartbeatResponse, Message,
+                                      RequestVote, VoteResponse, encode_message)
+from shoal.node.raft.meta import RaftMeta
 from shoal.node.raft.replica import PartitionReplica
 
-NOOP = b"\x01"  # pysyncobj's no-op entry: applying it touches no engine state
+
+def wire(message: Message) -> object:
+    """``message`` as the network hands it to the replica: encoded, then decoded without a type."""
+    return msgspec.msgpack.decode(encode_message(message))
+
+
+def on_disk(meta_path: str) -> tuple[int, str | None]:
+    """Term and vote as a restarted replica would read them."""
+    state = RaftMeta(RealIO(disk_free_min_bytes=0), meta_path).state
+    return state.term, state.voted_for
 
 
 class Follower:
@@ -29,25 +44,32 @@ class Follower:
         self.scheduler = TickScheduler(self.loop)
         self.replica = PartitionReplica(0, self.network, ["b", "c"], data_dir=data_dir, loop=self.loop,
                                         scheduler=self.scheduler)
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-        transport = self.replica._raft.transport  # type: ignore[union-attr]
-        transport.send = lambda node, message: self.sent.append((node.id, message)) or True
-        self.leader = self.network.node_of("b")
+        self.sent: list[tuple[str, Message]] = []
+        self.on_send = lambda peer, message: None
+        self.replica._transport.send = self._send  # type: ignore[method-assign]
+
+    def _send(self, peer: str, message: Message) -> bool:
+        self.on_send(peer, message)
+        self.sent.append((peer, message))
+        return True
+
+    def deliver(self, peer: str, message: Message) -> list[Message]:
+        """Hand ``message`` from ``peer`` to the replica; what it sent in answer."""
+        self.sent.clear()
+        self.replica._deliver(peer, wire(message))
+        return [m for _, m in self.sent]
 
     def append(self, term: int, prev: tuple[int, int], entries: list[tuple[int, int]], commit: int,
-               **extra: Any) -> dict[str, Any]:
-        """Deliver AppendEntries(prevLogIdx, prevLogTerm, entries as (index, term), leaderCommit); the answer."""
-        self.sent.clear()
-        message = {"type": "append_entries", "term": term, "commit_index": commit,
-                   "entries": [[NOOP, i, t] for i, t in entries], "prevLogIdx": prev[0], "prevLogTerm": prev[1],
-                   **extra}
-        self.replica.handle_message(self.leader, message)
-        answers = [m for node, m in self.sent if m.get("type") == "next_node_idx"]
-        assert len(answers) == 1, self.sent
+               payload: bytes = NOOP_PAYLOAD) -> AppendResponse:
+        """Deliver AppendEntries from ``b`` (entries as (index, term)); its one answer."""
+        answers = self.deliver("b", AppendEntries(term, prev[0], prev[1], commit,
+                                                  [(payload, i, t) for i, t in entries]))
+        assert len(answers) == 1 and isinstance(answers[0], AppendResponse), answers
         return answers[0]
 
     def log(self) -> list[tuple[int, int]]:
-        return [(e[1], e[2]) for e in self.replica.journal.entries(1, 10**9)]
+        journal = self.replica.journal
+        return [(e[1], e[2]) for e in journal.entries(journal.first_index, journal.last_index + 1)]
 
     def commit(self) -> int:
         return self.replica.commit_index()
@@ -59,7 +81,7 @@ class Follower:
 
 
 @pytest.fixture
-def follower(tmp_path) -> Iterator[Follower]:
+def follower(tmp_path: Path) -> Iterator[Follower]:
     f = Follower(str(tmp_path))
     try:
         yield f
@@ -68,18 +90,18 @@ def follower(tmp_path) -> Iterator[Follower]:
 
 
 def committed_1_to_4(f: Follower) -> None:
-    answer = f.append(1, (1, 0), [(2, 1), (3, 1), (4, 1)], commit=4)
-    assert answer["success"] and answer["next_node_idx"] == 5
-    assert f.log() == [(1, 0), (2, 1), (3, 1), (4, 1)] and f.commit() == 4
+    answer = f.append(1, (0, 0), [(1, 1), (2, 1), (3, 1), (4, 1)], commit=4)
+    assert not answer.reject and answer.index == 4 and answer.term == 1
+    assert f.log() == [(1, 1), (2, 1), (3, 1), (4, 1)] and f.commit() == 4
 
 
-def test_the_issue_scenario_stale_same_term_heartbeat_keeps_committed_entries(follower: Follower) -> None:
+def test_a_stale_same_term_append_keeps_committed_entries(follower: Follower) -> None:
     committed_1_to_4(follower)
     answer = follower.append(1, (2, 1), [], commit=2)
-    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1)]
+    assert follower.log() == [(1, 1), (2, 1), (3, 1), (4, 1)]
     assert follower.commit() == 4
-    # The answer vouches only for what the message proved matching.
-    assert answer["success"] and answer["next_node_idx"] == 3
+    # The answer vouches for the commit index: committed entries are in every leader's log.
+    assert not answer.reject and answer.index == 4
 
 
 def test_duplicated_append_entries_leaves_the_log_unchanged(follower: Follower) -> None:
@@ -87,7 +109,7 @@ def test_duplicated_append_entries_leaves_the_log_unchanged(follower: Follower) 
     follower.append(1, (4, 1), [(5, 1), (6, 1)], commit=4)
     for _ in range(2):
         answer = follower.append(1, (4, 1), [(5, 1), (6, 1)], commit=4)
-        assert answer["success"] and answer["next_node_idx"] == 7
+        assert not answer.reject and answer.index == 6
     assert follower.log()[-2:] == [(5, 1), (6, 1)] and len(follower.log()) == 6
 
 
@@ -95,52 +117,59 @@ def test_reordered_older_append_entries_keeps_later_entries(follower: Follower) 
     committed_1_to_4(follower)
     follower.append(1, (4, 1), [(5, 1), (6, 1), (7, 1)], commit=4)
     answer = follower.append(1, (4, 1), [(5, 1)], commit=4)  # sent before the one above, arrives after
-    assert answer["success"] and answer["next_node_idx"] == 6
+    assert not answer.reject and answer.index == 5  # what this message proved, no more
     assert follower.log()[4:] == [(5, 1), (6, 1), (7, 1)]
     assert follower.commit() == 4
 
 
-def test_conflict_deletes_from_the_first_conflicting_term_only(follower: Follower) -> None:
+def test_conflict_deletes_from_the_first_conflicting_entry_only(follower: Follower) -> None:
     committed_1_to_4(follower)
     follower.append(1, (4, 1), [(5, 1), (6, 1)], commit=4)
     # A new leader (term 2) holds 5 from term 1 but not 6; its entry 6 is from term 2.
     answer = follower.append(2, (4, 1), [(5, 1), (6, 2)], commit=4)
-    assert answer["success"] and answer["next_node_idx"] == 7
-    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2)]
+    assert not answer.reject and answer.index == 6 and answer.term == 2
+    assert follower.log() == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2)]
 
 
-def test_conflict_at_or_below_the_commit_index_is_refused_and_changes_nothing(follower: Follower) -> None:
+def test_an_append_contradicting_committed_entries_changes_nothing(follower: Follower) -> None:
     committed_1_to_4(follower)
+    # Impossible from a real leader (it holds every committed entry): entries at or below the
+    # commit index are not even compared, so nothing committed is ever cut.
     answer = follower.append(2, (2, 1), [(3, 2)], commit=4)
-    assert not answer["success"] and answer["reset"]
-    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1)] and follower.commit() == 4
+    assert not answer.reject and answer.index == 4
+    assert follower.log() == [(1, 1), (2, 1), (3, 1), (4, 1)] and follower.commit() == 4
 
 
-def test_missing_previous_entry_is_refused_with_the_log_end(follower: Follower) -> None:
+def test_missing_previous_entry_is_refused_with_the_log_end_as_hint(follower: Follower) -> None:
     committed_1_to_4(follower)
     answer = follower.append(1, (9, 1), [(10, 1)], commit=4)
-    assert not answer["success"] and answer["next_node_idx"] == 5
+    assert answer.reject and answer.index == 9 and (answer.hint_index, answer.hint_term) == (4, 1)
     assert len(follower.log()) == 4
 
 
+def test_a_conflicting_previous_entry_is_refused_with_a_hint_before_its_term(follower: Follower) -> None:
+    committed_1_to_4(follower)
+    follower.append(1, (4, 1), [(5, 1), (6, 1)], commit=4)
+    answer = follower.append(3, (6, 2), [(7, 3)], commit=4)  # the leader's 6 is of term 2
+    assert answer.reject and (answer.hint_index, answer.hint_term) == (6, 1)
+    assert len(follower.log()) == 6
+
+
 def test_commit_index_never_passes_what_the_message_proved(follower: Follower) -> None:
-    follower.append(1, (1, 0), [(2, 1), (3, 1)], commit=1)
-    follower.append(1, (1, 0), [(2, 1)], commit=3)  # leader commit 3, but this message vouches for 2
+    follower.append(1, (0, 0), [(1, 1), (2, 1), (3, 1)], commit=1)
+    follower.append(1, (0, 0), [(1, 1), (2, 1)], commit=3)  # leader commit 3, but this message vouches for 2
     assert follower.commit() == 2
 
 
-def test_stale_term_append_entries_is_ignored(follower: Follower) -> None:
+def test_an_append_of_an_older_term_is_answered_with_the_newer_term_and_not_taken(follower: Follower) -> None:
     committed_1_to_4(follower)
     follower.append(3, (4, 1), [], commit=4)  # term 3 seen
-    follower.sent.clear()
-    follower.replica.handle_message(follower.leader, {
-        "type": "append_entries", "term": 2, "commit_index": 4, "entries": [[NOOP, 3, 2]],
-        "prevLogIdx": 2, "prevLogTerm": 1})
-    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1)]
-    assert not follower.sent
+    answers = follower.deliver("b", AppendEntries(2, 2, 1, 4, [(NOOP_PAYLOAD, 3, 2)]))
+    assert follower.log() == [(1, 1), (2, 1), (3, 1), (4, 1)]
+    assert answers == [HeartbeatResponse(3)]  # the deposed leader learns the term that deposes it
 
 
-def test_restart_reads_the_log_and_term_back(tmp_path) -> None:
+def test_restart_reads_the_log_and_term_back(tmp_path: Path) -> None:
     f = Follower(str(tmp_path))
     try:
         committed_1_to_4(f)
@@ -150,88 +179,48 @@ def test_restart_reads_the_log_and_term_back(tmp_path) -> None:
         f.close()
     g = Follower(str(tmp_path))
     try:
-        assert g.log() == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 2)]
+        assert g.log() == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 2)]
         assert g.replica.term() == 2
         assert g.replica.journal.meta.state.term == 2
+        assert g.replica.core.log.last_index == 5 and g.replica.core.log.last_term == 2
     finally:
         g.close()
 
 
 def test_memory_does_not_grow_with_the_journal(follower: Follower) -> None:
-    big = b"\x01" + b"p" * 20_000  # a no-op entry padded: applying it touches no engine state
-    index = 1
+    big = NOOP_PAYLOAD + b"p" * 20_000  # a no-op entry padded: applying it touches no engine state
+    index = 0
     for _ in range(100):
-        entries = [[big, index + k, 1] for k in range(1, 51)]
-        follower.replica.handle_message(follower.leader, {
-            "type": "append_entries", "term": 1, "commit_index": 1, "entries": entries,
-            "prevLogIdx": index, "prevLogTerm": 0 if index == 1 else 1})
+        follower.append(1, (index, 1 if index else 0), [(index + k, 1) for k in range(1, 51)], commit=1,
+                        payload=big)
         index += 50
     journal = follower.replica.journal
-    assert journal.last_index == 5001
+    assert journal.last_index == 5000
     # 100 MB of entries on disk; in memory only offsets, term runs and the bounded tail cache.
     assert journal.memory_bytes() < 5 * 1024 * 1024
-    assert len(follower.replica._raft.get_entries(2, 5000)) <= 1024  # reads are bounded as well
+    core = follower.replica.core
+    read = core.log.entries(2, 5001, core.params.message_bytes_max)  # what one AppendEntries carries
+    assert sum(len(e[0]) for e in read) <= core.params.message_bytes_max + len(big)
 
 
-def test_term_and_vote_are_on_disk_before_the_vote_leaves(follower: Follower, tmp_path) -> None:
-    from shoal.node.raft._io import RealIO
-    from shoal.node.raft.meta import RaftMeta
-
-    on_disk_when_sent: list[tuple[int, str | None]] = []
+def test_term_and_vote_are_on_disk_before_the_vote_leaves(follower: Follower) -> None:
     meta_path = follower.replica.journal.meta.path
-
-    def send(node, message):
-        if message.get("type") == "response_vote":
-            state = RaftMeta(RealIO(disk_free_min_bytes=0), meta_path).state
-            on_disk_when_sent.append((state.term, state.voted_for))
-        return True
-
-    follower.replica._raft.transport.send = send  # type: ignore[union-attr]
-    candidate = follower.network.node_of("c")
-    follower.replica.handle_message(candidate, {"type": "request_vote", "term": 5, "last_log_index": 1,
-                                                "last_log_term": 0})
-    assert on_disk_when_sent == [(5, "c")]
-
-
-def test_an_entry_sent_in_pieces_is_appended_under_the_same_rule(follower: Follower) -> None:
-    import pickle
-
-    committed_1_to_4(follower)
-    data = pickle.dumps((b"\x01" + b"z" * 3000, 5, 1))
-    pieces = [data[:1000], data[1000:2000], data[2000:]]
-    answers = []
-    for kind, piece in zip(("start", "process", "finish"), pieces):
-        follower.sent.clear()
-        follower.replica.handle_message(follower.leader, {
-            "type": "append_entries", "term": 1, "commit_index": 4, "transmission": kind, "data": piece,
-            "prevLogIdx": 4, "prevLogTerm": 1})
-        answers += [m for _, m in follower.sent if m.get("type") == "next_node_idx"]
-    assert [a["success"] for a in answers] == [False, False, True] and answers[-1]["next_node_idx"] == 6
-    assert follower.log()[-1] == (5, 1) and follower.commit() == 4
-    # The same entry in pieces again (a resend) changes nothing, and never deletes committed entries.
-    for kind, piece in zip(("start", "process", "finish"), pieces):
-        follower.replica.handle_message(follower.leader, {
-            "type": "append_entries", "term": 1, "commit_index": 4, "transmission": kind, "data": piece,
-            "prevLogIdx": 2, "prevLogTerm": 1})
-    assert follower.log() == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
+    seen: list[tuple[bool, int, str | None]] = []
+    follower.on_send = lambda peer, m: seen.append((m.granted, *on_disk(meta_path))) \
+        if isinstance(m, VoteResponse) else None
+    follower.deliver("c", RequestVote(5, 0, 0))
+    assert seen == [(True, 5, "c")]
 
 
 def test_a_candidate_stores_its_term_and_vote_before_asking_for_votes(follower: Follower) -> None:
-    from shoal.node.raft._io import RealIO
-    from shoal.node.raft.meta import RaftMeta
-
-    asked: list[tuple[int, int, str | None]] = []
     meta_path = follower.replica.journal.meta.path
-
-    def send(node, message):
-        if message.get("type") == "request_vote":
-            state = RaftMeta(RealIO(disk_free_min_bytes=0), meta_path).state
-            asked.append((message["term"], state.term, state.voted_for))
-        return True
-
-    raft = follower.replica._raft
-    raft.transport.send = send  # type: ignore[union-attr]
-    follower.replica._raft.transport.peer_connected(follower.network.node_of("b"))  # type: ignore[union-attr]
-    raft.election_deadline = 0.0  # type: ignore[union-attr]
-    follower.replica.raft_tick()
-    assert asked and all(a == (1, 1, "a") for a in asked), asked
+    asked: list[tuple[int, bool, int, str | None]] = []
+    follower.on_send = lambda peer, m: asked.append((m.term, m.pre, *on_disk(meta_path))) \
+        if isinstance(m, RequestVote) else None
+    replica = follower.replica
+    replica.core.schedule_election(0.0)
+    replica.on_timer()  # the election timeout passed: a pre-vote first, which stores nothing
+    assert asked and all(a == (1, True, 0, None) for a in asked), asked
+    asked.clear()
+    follower.deliver("b", VoteResponse(1, True, pre=True))  # a majority of pre-votes: the real campaign
+    assert asked and all(a == (1, False, 1, "a") for a in asked), asked

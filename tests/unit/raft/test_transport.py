@@ -8,6 +8,7 @@ received frame are written in the same callback, not after the loop's other call
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,27 +17,37 @@ import pytest
 
 from shoal.node.raft.transport import PartitionTransport, RaftNetwork
 
-from _pysyncobj_helpers import free_ports
-
 WAIT_S = 5.0
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free right now (bound at once, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class _Partition:
-    """One partition's transport on one node, recording what it receives."""
+    """One partition's transport on one node, recording what it receives and link changes."""
 
     def __init__(self, network: RaftNetwork, partition: int, peer: str) -> None:
         self.received: list[Any] = []
         self.on_receive: Any = None
-        self.transport = PartitionTransport(network, partition, [peer], self._message, lambda: None)
-        self.transport.setOnMessageReceivedCallback(lambda node, message: None)
-        self.transport.setOnNodeConnectedCallback(lambda node: None)
-        self.transport.setOnNodeDisconnectedCallback(lambda node: None)
-        self.transport.tryGetReady()
+        self.links: list[str] = []
+        self.transport = PartitionTransport(network, partition, [peer], self._message,
+                                            lambda p: self.links.append(f"up {p}"),
+                                            lambda p: self.links.append(f"down {p}"))
+        self.transport.attach()
 
-    def _message(self, node: Any, message: Any) -> None:
+    def _message(self, peer: str, message: Any) -> None:
         self.received.append(message)
         if self.on_receive is not None:
-            self.on_receive(node, message)
+            self.on_receive(peer, message)
 
 
 @asynccontextmanager
@@ -70,9 +81,9 @@ def test_messages_queued_in_one_callback_leave_in_one_frame() -> None:
             a, b = _Partition(n2, 0, "n1"), _Partition(n2, 1, "n1")
             got0, got1 = _Partition(n1, 0, "n2"), _Partition(n1, 1, "n2")
             before = n2.frames_sent
-            a.transport.send(n2.node_of("n1"), {"type": "hb", "i": 1})
-            b.transport.send(n2.node_of("n1"), {"type": "hb", "i": 2})
-            a.transport.send(n2.node_of("n1"), {"type": "hb", "i": 3})
+            a.transport.send("n1", {"type": "hb", "i": 1})
+            b.transport.send("n1", {"type": "hb", "i": 2})
+            a.transport.send("n1", {"type": "hb", "i": 3})
             assert n2.frames_sent == before  # nothing written yet: the loop's turn has not ended
             await _until(lambda: len(got0.received) == 2 and len(got1.received) == 1)
             assert n2.frames_sent == before + 1
@@ -89,17 +100,17 @@ def test_a_flush_writes_now_and_answers_leave_with_the_received_frame() -> None:
             # the time the callback that read the frame returns.
             written_in_callback: list[int] = []
 
-            def answer(node: Any, message: Any) -> None:
+            def answer(peer: str, message: Any) -> None:
                 before = n1.frames_sent
                 # Scheduled before the answer is sent: it runs ahead of any flush the send
                 # itself might schedule, so it sees only what the receiving callback wrote.
                 asyncio.get_running_loop().call_soon(lambda: written_in_callback.append(n1.frames_sent - before))
-                answers.transport.send(node, {"type": "ack", "i": message["i"]})
+                answers.transport.send(peer, {"type": "ack", "i": message["i"]})
 
             answers.on_receive = answer
             before = n2.frames_sent
             sender.transport.hold()  # as a proposal does
-            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 7})
+            sender.transport.send("n1", {"type": "append", "i": 7})
             sender.transport.release()
             assert n2.frames_sent == before + 1  # a proposal's entry is written at once
             await _until(lambda: len(sender.received) == 1)
@@ -116,7 +127,7 @@ def test_every_message_arrives_in_order(count: int) -> None:
         async with _pair() as (n1, n2):
             sender, receiver = _Partition(n1, 3, "n2"), _Partition(n2, 3, "n1")
             for i in range(count):
-                sender.transport.send(n1.node_of("n2"), {"i": i, "data": b"x" * 1000})
+                sender.transport.send("n2", {"i": i, "data": b"x" * 1000})
                 if i % 7 == 0:
                     n1.flush_queued()
             await _until(lambda: len(receiver.received) == count)
@@ -134,19 +145,19 @@ def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() ->
 
             def tick() -> None:
                 order.append("tick")
-                receiver.transport.send(n1.node_of("n2"), {"type": "from-tick"})
+                receiver.transport.send("n2", {"type": "from-tick"})
 
-            def on_message(node: Any, message: Any) -> None:
+            def on_message(peer: str, message: Any) -> None:
                 order.append(f"message {message['i']}")
                 assert receiver.transport.defer_tick(tick)  # inside the frame: deferred, not run
-                receiver.transport.send(node, {"type": "ack", "i": message["i"]})
+                receiver.transport.send(peer, {"type": "ack", "i": message["i"]})
                 assert order[-1] != "tick"
 
             receiver.on_receive = on_message
             before = n1.frames_sent
             sender.transport.hold()
-            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 1})
-            sender.transport.send(n2.node_of("n1"), {"type": "append", "i": 2})
+            sender.transport.send("n1", {"type": "append", "i": 1})
+            sender.transport.send("n1", {"type": "append", "i": 2})
             sender.transport.release()
             await _until(lambda: len(sender.received) == 4)
             # Both messages of the frame first, then each deferred tick, then one write of everything.
@@ -164,14 +175,35 @@ def test_hold_writes_at_release_without_a_callback_of_its_own() -> None:
             sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
             before = n2.frames_sent
             sender.transport.hold()
-            sender.transport.send(n2.node_of("n1"), {"i": 1})
+            sender.transport.send("n1", {"i": 1})
             sender.transport.hold()  # nested: only the outermost release writes
-            sender.transport.send(n2.node_of("n1"), {"i": 2})
+            sender.transport.send("n1", {"i": 2})
             sender.transport.release()
             assert n2.frames_sent == before
             sender.transport.release()
             assert n2.frames_sent == before + 1 and n2.holding == 0
             await _until(lambda: len(receiver.received) == 2)
             assert [m["i"] for m in receiver.received] == [1, 2]
+
+    asyncio.run(main())
+
+
+def test_links_are_reported_by_peer_id_and_every_linked_peer_is_heard() -> None:
+    """A group's members change, so a partition hears any authenticated peer (its replica decides
+    what a message from a node that is no member means); every partition sees every link."""
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            ours, other = _Partition(n1, 6, "n2"), _Partition(n1, 5, "n9")
+            assert ours.links == ["up n2"] and "n2" in ours.transport.connected
+            assert "n2" in other.transport.connected  # links are the node's, shared by its partitions
+            sender = _Partition(n2, 5, "n1")
+            sender.transport.send("n1", {"i": 1})  # partition 5 on n1 expected n9, hears n2 all the same
+            _Partition(n2, 6, "n1").transport.send("n1", {"i": 2})
+            await _until(lambda: len(ours.received) == 1 and len(other.received) == 1)
+            assert ours.received == [{"i": 2}] and other.received == [{"i": 1}]
+            assert not sender.transport.send("n9", {"i": 3})  # no link to it: refused, not queued
+            n2.close()
+            await _until(lambda: ours.links[-1:] == ["down n2"])
+            assert "n2" not in ours.transport.connected
 
     asyncio.run(main())

@@ -1,0 +1,313 @@
+"""Snapshot streaming (install.py): SnapshotSender and SnapshotReceiver over an in-memory link.
+
+The sender streams a verified snapshot file in chunks within a window and a byte rate; the
+receiver writes them to a temp file, acknowledges each with the offset it wants next, and
+hands the file over only once its whole-file CRC32C equals the leader's. Time is a number
+the test moves (the rates take it as an argument); nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.node.raft import install
+from shoal.node.raft._io import SimIO
+from shoal.node.raft.install import (COMPLETE, GO_ON, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
+                                     SnapshotSender)
+from shoal.node.raft.membership import Membership
+from shoal.node.raft.messages import Message, SnapshotChunk, SnapshotChunkAck
+from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
+from shoal.node.raft.snapshots import SnapshotFile, load_engine, snapshot_chunks, verify_snapshot
+from shoal.node.state import PartitionEngine
+
+INDEX, TERM = 40, 3
+LEADER_PATH, FOLLOWER_PATH = "/leader/p0.snap", "/follower/p0.snap"
+#: Chunk and window sizes for these tests: a ~30 kB file travels in a few dozen chunks.
+CHUNK_BYTES, WINDOW_BYTES = 1024, 4 * 1024
+#: Deliveries a test allows before it calls a stream stuck.
+ROUNDS_MAX = 10_000
+UNLIMITED = 1e12
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "CHUNK_BYTES", CHUNK_BYTES)
+    monkeypatch.setattr(install, "WINDOW_BYTES", WINDOW_BYTES)
+
+
+def engine_with(jobs: int) -> PartitionEngine:
+    engine = PartitionEngine(0)
+    for k in range(jobs):
+        engine.apply({"cmd": "PUSH", "queue": "q", "data": k.to_bytes(4, "big") * 8}, 1_000 + k)
+    return engine
+
+
+def leader_snapshot(io: SimIO, engine: PartitionEngine) -> SnapshotFile:
+    members = Membership.of(["a", "b", "c"])
+    write_snapshot(io, LEADER_PATH, INDEX, TERM, snapshot_chunks(engine, INDEX, TERM, members))
+    return verify_snapshot(io, LEADER_PATH)
+
+
+class Link:
+    """The leader's sender and the follower's receiver, with the messages between them.
+
+    The follower side does what its replica does with a complete file: check its envelope,
+    rename it into place and acknowledge the stream as complete (``install=False`` stops at
+    the complete file).
+    """
+
+    def __init__(self, io: SimIO, snap: SnapshotFile, term: int = TERM, rates: list[ByteRate] | None = None,
+                 install: bool = True) -> None:
+        self.io = io
+        self.install = install
+        self.snap = snap
+        self.now = 0.0
+        self.to_follower: list[Message] = []
+        self.to_leader: list[SnapshotChunkAck] = []
+        self.receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+        self.follower_term = term
+        self.received: Received | None = None
+        self.sender = self.new_sender(term, rates)
+
+    def new_sender(self, term: int = TERM, rates: list[ByteRate] | None = None) -> SnapshotSender:
+        """A new stream of the same file (the leader retries after a broken one)."""
+        self.sender = SnapshotSender("b", self.snap, term, self.io, self._send,
+                                     rates if rates is not None else [ByteRate(UNLIMITED)], self.now)
+        return self.sender
+
+    def _send(self, peer: str, message: Message) -> bool:
+        self.to_follower.append(message)
+        return True
+
+    def follower_step(self) -> None:
+        """The follower takes every chunk in flight and answers each."""
+        chunks, self.to_follower = self.to_follower, []
+        for chunk in chunks:
+            assert isinstance(chunk, SnapshotChunk)
+            ack, received = self.receiver.on_chunk(chunk, self.follower_term)
+            if received is None:
+                self.to_leader.append(ack)
+                continue
+            self.received = received
+            if self.install:
+                self.receiver.finish(received)
+                self.receiver.install()
+                self.to_leader.append(SnapshotChunkAck(self.follower_term, received.index, received.size, COMPLETE))
+
+    def leader_step(self) -> list[int]:
+        """The leader takes every ack in flight and sends what the window allows; the statuses."""
+        acks, self.to_leader = self.to_leader, []
+        statuses = [self.sender.on_ack(ack, self.now) for ack in acks]
+        self.sender.pump(self.now)
+        return statuses
+
+    def run(self, chunks_max: int | None = None, until: int | None = None) -> list[int]:
+        """Exchange until the stream ends, ``chunks_max`` chunks reached the follower or an ack
+        of status ``until`` reached the leader; the statuses of the acks."""
+        statuses: list[int] = []
+        delivered = 0
+        self.sender.pump(self.now)
+        for _ in range(ROUNDS_MAX):
+            if chunks_max is not None and delivered + len(self.to_follower) > chunks_max:
+                self.to_follower = self.to_follower[:chunks_max - delivered]
+            delivered += len(self.to_follower)
+            self.follower_step()
+            statuses += self.leader_step()
+            if self.sender.done or (chunks_max is not None and delivered >= chunks_max) \
+                    or until in statuses or not (self.to_follower or self.to_leader):
+                return statuses
+        raise AssertionError("the stream did not end")
+
+
+def test_a_snapshot_streams_whole_and_installs_as_the_leaders_file() -> None:
+    io = SimIO()
+    engine = engine_with(400)
+    snap = leader_snapshot(io, engine)
+    assert snap.size > 20 * CHUNK_BYTES
+    link = Link(io, snap)
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE and link.sender.done
+    received = link.received
+    assert received is not None
+    assert (received.index, received.term, received.size, received.file_crc) == (INDEX, TERM, snap.size, snap.file_crc)
+    installed = verify_snapshot(io, FOLLOWER_PATH)
+    assert (installed.size, installed.file_crc, installed.index) == (snap.size, snap.file_crc, INDEX)
+    assert load_engine(io, FOLLOWER_PATH)[0].digest() == engine.digest()
+    assert link.sender.bytes_sent == snap.size  # every byte once
+    assert not io.exists(FOLLOWER_PATH + ".recv.tmp")
+
+
+def test_the_window_bounds_unacknowledged_bytes() -> None:
+    io = SimIO()
+    link = Link(io, leader_snapshot(io, engine_with(400)))
+    link.sender.pump(link.now)  # the offer (an empty chunk asking where to start)
+    link.follower_step()
+    link.leader_step()  # the answer: start at 0; the window fills
+    assert sum(len(m.data) for m in link.to_follower if isinstance(m, SnapshotChunk)) == WINDOW_BYTES
+    link.sender.pump(link.now)
+    assert sum(len(m.data) for m in link.to_follower if isinstance(m, SnapshotChunk)) == WINDOW_BYTES
+
+
+def test_a_broken_stream_resumes_where_the_follower_stopped() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(400))
+    link = Link(io, snap)
+    link.run(chunks_max=12)  # the link breaks: what was in flight is lost
+    link.to_follower.clear()
+    link.to_leader.clear()
+    held = io.open(FOLLOWER_PATH + ".recv.tmp", create=False).size
+    assert 0 < held < snap.size
+    link.sender.close()  # the leader's stream timed out ...
+    second = link.new_sender()  # ... and it retries: a new stream of the same file
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE
+    assert second.bytes_sent == snap.size - held  # only what the follower lacked
+    assert link.received is not None and link.received.file_crc == snap.file_crc
+
+
+def test_a_chunk_from_an_older_term_is_refused() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+    data = io.read_all(LEADER_PATH)[:CHUNK_BYTES]
+    chunk = SnapshotChunk(TERM, INDEX, TERM, 0, snap.size, snap.file_crc, install.google_crc32c.value(data), data)
+    ack, received = receiver.on_chunk(chunk, current_term=TERM + 1)  # a deposed leader's stream
+    assert ack == SnapshotChunkAck(TERM + 1, INDEX, 0, NOT_WANTED) and received is None
+    assert not io.exists(FOLLOWER_PATH + ".recv.tmp")
+
+    link = Link(io, snap, term=TERM)
+    link.follower_term = TERM + 1
+    statuses = link.run()
+    assert statuses == [NOT_WANTED] and link.sender.done and link.received is None
+
+
+def test_a_file_that_fails_its_whole_crc_is_dropped_and_sent_again() -> None:
+    io = SimIO()
+    engine = engine_with(400)
+    snap = leader_snapshot(io, engine)
+    good = io.read_all(LEADER_PATH)
+    damaged = bytearray(good)
+    damaged[len(good) // 2] ^= 0x01  # the leader's file changed after it was verified
+    handle = io.open(LEADER_PATH, create=False)
+    handle.pwrite(0, bytes(damaged))
+    handle.close()
+    link = Link(io, snap)
+    statuses = link.run(until=START_OVER)
+    assert statuses[-1] == START_OVER  # every chunk passed its own CRC; the whole file did not
+    assert link.received is None and link.receiver.restarted == 1
+    assert not io.exists(FOLLOWER_PATH + ".recv.tmp")  # dropped, never renamed over anything
+    assert not io.exists(FOLLOWER_PATH)
+
+    handle = io.open(LEADER_PATH, create=False)
+    handle.pwrite(0, good)  # the leader sends a good copy: the stream starts over and completes
+    handle.close()
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE and link.received is not None
+    assert load_engine(io, FOLLOWER_PATH)[0].digest() == engine.digest()
+
+
+def test_a_chunk_that_fails_its_crc_or_does_not_follow_is_asked_for_again() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+    data = io.read_all(LEADER_PATH)
+    crc = install.google_crc32c.value
+
+    def chunk(offset: int, part: bytes, part_crc: int | None = None) -> SnapshotChunk:
+        return SnapshotChunk(TERM, INDEX, TERM, offset, snap.size, snap.file_crc,
+                             crc(part) if part_crc is None else part_crc, part)
+
+    first = data[:CHUNK_BYTES]
+    assert receiver.on_chunk(chunk(0, first), TERM)[0].next_offset == CHUNK_BYTES
+    later = data[2 * CHUNK_BYTES:3 * CHUNK_BYTES]
+    assert receiver.on_chunk(chunk(2 * CHUNK_BYTES, later), TERM)[0].next_offset == CHUNK_BYTES  # a gap
+    second = data[CHUNK_BYTES:2 * CHUNK_BYTES]
+    assert receiver.on_chunk(chunk(CHUNK_BYTES, second, crc(second) ^ 1), TERM)[0].next_offset == CHUNK_BYTES
+    assert receiver.on_chunk(chunk(CHUNK_BYTES, second), TERM)[0].next_offset == 2 * CHUNK_BYTES
+
+
+def test_a_chunk_of_another_snapshot_midway_starts_over() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+    data = io.read_all(LEADER_PATH)
+    crc = install.google_crc32c.value
+    receiver.on_chunk(SnapshotChunk(TERM, INDEX, TERM, 0, snap.size, snap.file_crc, crc(data[:100]), data[:100]),
+                      TERM)
+    other = SnapshotChunk(TERM, INDEX + 5, TERM, 100, snap.size, 1234, crc(data[100:200]), data[100:200])
+    ack, received = receiver.on_chunk(other, TERM)
+    assert (ack.index, ack.next_offset, ack.status) == (INDEX + 5, 0, START_OVER) and received is None
+
+
+def test_the_sender_rewinds_to_what_the_follower_asks_for() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(400))
+    link = Link(io, snap)
+    link.run(chunks_max=5)
+    sent_before = link.sender.bytes_sent
+    assert link.sender.on_ack(SnapshotChunkAck(TERM, INDEX, 2 * CHUNK_BYTES), link.now) == GO_ON
+    link.to_follower.clear()
+    link.sender.pump(link.now)
+    first = link.to_follower[0]
+    assert isinstance(first, SnapshotChunk) and first.offset == 2 * CHUNK_BYTES  # resent from there
+    assert link.sender.bytes_sent > sent_before
+    assert link.sender.on_ack(SnapshotChunkAck(TERM, INDEX + 1, 0, COMPLETE), link.now) == GO_ON  # another snapshot's
+
+
+def test_the_byte_rate_bounds_a_stream_over_time() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(400))
+    rate_bytes_per_s = 8 * CHUNK_BYTES
+    rate = ByteRate(rate_bytes_per_s, burst_bytes=2 * CHUNK_BYTES)
+    link = Link(io, snap, rates=[rate])
+    link.sender.pump(link.now)
+    link.follower_step()
+    link.leader_step()
+    waits = 0
+    for _ in range(ROUNDS_MAX):
+        link.follower_step()
+        link.leader_step()
+        wait = link.sender.pump(link.now)
+        # Never more than the burst plus what the rate allowed since the start.
+        assert link.sender.bytes_sent <= rate_bytes_per_s * link.now + 2 * CHUNK_BYTES + CHUNK_BYTES
+        if link.sender.done:
+            break
+        if wait:
+            waits += 1
+            link.now += wait
+        elif not link.to_follower and not link.to_leader:
+            link.now += 0.01
+    assert link.sender.done and link.received is not None
+    assert waits > 0
+    assert link.now >= (snap.size - 2 * CHUNK_BYTES) / rate_bytes_per_s  # it really took that long
+
+
+def test_byte_rate_takes_tokens_and_says_how_long_to_wait() -> None:
+    rate = ByteRate(1000, burst_bytes=500)
+    assert rate.take(500, 0.0) == 0.0  # the burst
+    assert rate.take(100, 0.0) == pytest.approx(0.1)  # nothing taken: wait 100 bytes' worth
+    assert rate.take(100, 0.1) == 0.0
+    assert rate.take(2000, 10.0) == 0.0  # more than the burst passes once the bucket is full
+    rate.rate = 0
+    assert rate.take(10, 10.0) == 1.0  # no rate: look again later
+
+
+def test_a_stream_without_progress_times_out() -> None:
+    io = SimIO()
+    link = Link(io, leader_snapshot(io, engine_with(50)))
+    link.sender.pump(0.0)
+    assert not link.sender.timed_out(install.ACK_TIMEOUT_S)
+    assert link.sender.timed_out(install.ACK_TIMEOUT_S + 0.1)
+    link.sender.close()
+    assert not link.sender.timed_out(1e9)
+
+
+def test_finish_refuses_a_file_that_ends_at_another_entry() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    link = Link(io, snap, install=False)
+    link.run()
+    assert link.received is not None
+    wrong = Received(link.received.tmp_path, INDEX + 1, TERM, snap.size, snap.file_crc)
+    with pytest.raises(SnapshotCorrupt, match="leader announced 41/3"):
+        link.receiver.finish(wrong)
