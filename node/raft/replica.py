@@ -281,11 +281,19 @@ class PartitionReplica:
             meta_state = RaftMeta(self._io, os.path.join(journal_dir, "meta")).state
         except (MetaCorrupt, OSError):
             meta_state = None
+        # Through the node's I/O layer, file by file (it has no directory rename): a simulated
+        # disk must see the move too, or the damaged journal is opened again.
+        io = self._io
         stamp = time.strftime("%Y%m%dT%H%M%S")
-        for path in (journal_dir, self.snapshot_path):
-            if os.path.exists(path):
-                os.rename(path, f"{path}.damaged-{stamp}")
-        self._io.fsync_dir(os.path.dirname(journal_dir) or ".")
+        aside = f"{journal_dir}.damaged-{stamp}"
+        io.makedirs(aside)
+        for name in io.listdir(journal_dir):
+            io.rename(os.path.join(journal_dir, name), os.path.join(aside, name))
+        if io.exists(self.snapshot_path):
+            io.rename(self.snapshot_path, f"{self.snapshot_path}.damaged-{stamp}")
+        io.fsync_dir(aside)
+        io.fsync_dir(journal_dir)
+        io.fsync_dir(os.path.dirname(journal_dir) or ".")
         if meta_state is not None:
             # The vote must survive: this replica may have voted in the current term already.
             from .meta import RaftMeta
