@@ -637,6 +637,10 @@ class PartitionReplica:
         core.compacted(snap.index, snap.term)
         retain = min(SNAPSHOT_RETAIN_ENTRIES_MAX, self.settings.entries_min // 2)
         drop_below = snap.index + 1 - retain
+        for sender in self._senders.values():
+            # A follower being sent an older snapshot goes on by log from that snapshot's entry:
+            # dropping it would send it a new snapshot each time, for ever on a busy partition.
+            drop_below = min(drop_below, sender.index)
         if drop_below > self.journal.first_index:
             self.journal.delete_to(drop_below)
 
