@@ -784,6 +784,9 @@ class PartitionReplica:
                 self._process()
                 return
             index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
+            # A local snapshot may have started while the file was being synced: it must not be
+            # renamed over the one installed now (nor loaded in its place).
+            self.snapshots.cancel()
             self._receiver.install()
         except (OSError, SnapshotCorrupt) as exc:
             log.error("partition %d: the received snapshot %d does not check out: %s; asking again",
