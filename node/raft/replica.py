@@ -500,24 +500,28 @@ class PartitionReplica:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
                 continue
             now_ms, commands = decode_batch(payload)
-            results = self._apply_batch(now_ms, commands)
             proposal = pending.pop(index, None)
+            # A deposed leader may apply its own entry, committed by its successor, before it
+            # hears it lost: its proposer still waits for the replies.
+            results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term)
             if proposal is not None:
                 if proposal.term == term:
                     self.after_tick(proposal.callback, results, 0)
                 else:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
 
-    def _apply_batch(self, now_ms: int, commands: list[Command]) -> BatchResult:
-        """Apply a committed batch; each command is atomic, errors are per command."""
+    def _apply_batch(self, now_ms: int, commands: list[Command], answered: bool = False) -> BatchResult:
+        """Apply a committed batch; each command is atomic, errors are per command. Replies are
+        built on the leader and wherever a proposer waits for them (``answered``)."""
         results: BatchResult = []
         apply = self.engine.apply
         leader = self.core.is_leader
+        replies = leader or answered
         record = leader and self.record_events
         events = self.events
         for cmd in commands:
             try:
-                applied = apply(cmd, now_ms, replies=leader, events=record)
+                applied = apply(cmd, now_ms, replies=replies, events=record)
                 results.append(applied.result)
                 if applied.events:
                     events.extend(applied.events)
