@@ -573,16 +573,16 @@ class PartitionReplica:
         The class is read from the applied state, which is only trusted once it holds every
         committed entry: a new leader before its first commit, or with committed entries not yet
         applied, writes everything in the fsync class (a committed ``UpdateQueue`` may have made
-        the queue durable). A command naming no queue (acks by job id) counts as fsync class; the
-        leader's timer tick as disk class (nothing is acknowledged on its strength alone).
+        the queue durable). A command naming no queue (acks by job id, the leader's timer tick)
+        counts as fsync class: an entry a majority acknowledged must survive a node's power cut
+        even when nobody waits for it, or a replica that applied it can be left holding it
+        alone while the others commit another entry at its index.
         """
         core = self.core
         if not core.read_ready or core.applied < core.commit or self._loading:
             return False
         queues = self.engine.queues
         for cmd in commands:
-            if type(cmd) is dict and cmd["cmd"] == "_Tick":
-                continue
             q = queues.get(command_queue(cmd))  # type: ignore[arg-type]
             if q is None or q.opts.get("durable", True):
                 return False
