@@ -41,7 +41,7 @@ class MetaState:
 
     term: int = 0
     voted_for: str | None = None
-    commit_index: int = 1
+    commit_index: int = 0
 
 
 class RaftMeta:

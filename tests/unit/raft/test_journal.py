@@ -312,3 +312,15 @@ def test_the_unsynced_bound_of_a_segment_holds_across_a_reopen_with_another_sett
     j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000_000)
     fill(j, 4, 30)  # still bounded by the 1,000 bytes its segment's header promises
     assert j.synced_index >= 22
+
+
+def test_the_commit_hint_is_nothing_until_something_committed() -> None:
+    # A new leader's first entry is not committed until a majority holds it: a replica restarted
+    # on a journal holding only that entry must not apply it on the strength of a default hint.
+    io = SimIO()
+    journal = Journal(io, "/d/p0.raft")
+    assert journal.getRaftCommitIndex() == 0
+    journal.append(1, 1, b"\x02", check_space=False)
+    journal.setCurrentTerm(1, "a")  # a vote stores the hint beside term and vote
+    journal.close()
+    assert Journal(io, "/d/p0.raft").getRaftCommitIndex() == 0
