@@ -170,7 +170,9 @@ class RaftCore:
         """``membership`` is as of ``applied`` (the snapshot's, or the group's initial one);
         ``pending_changes`` are the config entries of the log after ``applied`` (index, change).
         ``recovering``: this replica lost its log (damage repaired by discarding it) and neither
-        votes nor campaigns until it matches a leader again.
+        votes nor campaigns until it holds every committed entry again: until its log matches a
+        leader's through that leader's commit index, at an entry of the leader's own term (only
+        then does the leader's commit index cover every entry committed in earlier terms).
         """
         self.id = node_id
         self.params = params or RaftParams()
@@ -185,7 +187,6 @@ class RaftCore:
         self.commit = min(self.commit, max(self.log.last_index, snapshot[0]))
         self.applied = snapshot[0] if applied is None else applied
         self.recovering = recovering
-        self._recover_until = 0
         #: Config entries in the log above the applied index, oldest first: (index, change).
         self._pending_changes: list[tuple[int, ConfigChange]] = list(pending_changes or [])
         self.progress: dict[str, Progress] = {}
@@ -795,7 +796,7 @@ class RaftCore:
             new_commit = min(msg.commit, match)
             if new_commit > commit:
                 self.commit = new_commit
-        if self.recovering and match >= self._recover_until:
+        if self.recovering and msg.commit <= match and log.term(msg.commit) == self.term:
             self.recovering = False
         self._send(sender, AppendResponse(self.term, match))
 
@@ -813,6 +814,10 @@ class RaftCore:
         self._heard_from_leader(sender, now)
         if msg.commit > self.commit:
             self.commit = min(msg.commit, self.log.last_index)
+        if self.recovering and self.log.term(msg.commit) == self.term:
+            # The leader knows this log matches its own through msg.commit (a heartbeat's commit
+            # is at most the follower's match), an entry of its term: every commit is here.
+            self.recovering = False
         self._send(sender, HeartbeatResponse(self.term))
 
     def _heard_from_leader(self, sender: str, now: float) -> None:
@@ -821,8 +826,6 @@ class RaftCore:
         self.leader = sender
         self._heard_leader_at = now
         self._reset_election_deadline(now)
-        if self.recovering and not self._recover_until:
-            self._recover_until = max(self.commit, 1)
 
     def _handle_snapshot(self, sender: str, msg: InstallSnapshot, now: float) -> None:
         self._heard_from_leader(sender, now)
@@ -847,8 +850,6 @@ class RaftCore:
         self.membership = membership
         self._pending_changes = []
         self._persisted = index
-        if self.recovering:
-            self.recovering = False
         self._send(sender, AppendResponse(self.term, index))
 
     # --- membership -----------------------------------------------------------------------------
