@@ -685,6 +685,10 @@ class RaftCore:
             elif msg.index != pr.next - 1:
                 return  # an answer to an earlier probe
             else:
+                if msg.index <= pr.match:
+                    # The follower no longer holds an entry it acknowledged: it discarded a damaged
+                    # log (repair) and must be probed below, down to a snapshot if need be.
+                    pr.match = min(pr.match, msg.hint_index)
                 probe, _ = self.log.find_conflict_by_term(min(msg.index, msg.hint_index), msg.hint_term)
                 pr.next = max(min(msg.index, probe + 1), pr.match + 1)
             pr.state = PROBE
