@@ -785,6 +785,11 @@ class PartitionReplica:
             if term < core.term or not core.wants_snapshot(received.index, received.term):
                 self._receiver.abort()
                 self._transport.send(peer, SnapshotChunkAck(core.term, received.index, 0, NOT_WANTED))
+                if term == core.term:
+                    # The log holds the snapshot already (an install whose answer was lost): the
+                    # core tells the leader how far it matches, or the leader sends it again.
+                    core.step(peer, InstallSnapshot(term, peer, received.index, received.term, [[], []]),
+                              self._clock())
                 self._process()
                 return
             index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
