@@ -46,7 +46,7 @@ CHAOS_S = 10.0
 #: Seeds of ``-m soak``.
 SOAK_SEEDS = range(1000, 4000)
 SOAK_CHAOS_S = 30.0
-_FILE = "tests/unit/raft/test_simulation.py"
+_FILE = "tests/unit/raft/test_replica_simulation.py"
 
 #: Seeds that failed on a defect the simulation found, with their chaos period, each fixed
 #: by its own commit (the seeds fail again if the fix is taken out):
