@@ -34,7 +34,8 @@ from .loop import Process, SimLoop
 
 __all__ = ["Fabric", "NodeNetwork", "NetFaults", "LINK_BUFFER_BYTES_MAX"]
 
-#: Bytes one link may hold in flight; beyond, ``send`` refuses (the real link's full buffer).
+#: Bytes one link may hold in flight; beyond, ``send`` refuses (the real link's full buffer;
+#: a message is taken whatever its size while the buffer is below this).
 LINK_BUFFER_BYTES_MAX = 512 * 1024
 #: A link that can come back does so after a reconnect delay in this range (seconds).
 RECONNECT_MIN_S = 0.05
@@ -117,11 +118,11 @@ class NodeNetwork:
     def send(self, peer_id: str, partition: int, message: Any) -> bool:
         if peer_id not in self.links or not self.process.alive:
             return False
-        data = _encode((partition, message))
         queued = self._out_bytes.get(peer_id, 0)
-        if self.fabric.in_flight_bytes(self.node_id, peer_id) + queued + len(data) > LINK_BUFFER_BYTES_MAX:
-            self.dropped += 1
+        if self.fabric.in_flight_bytes(self.node_id, peer_id) + queued > LINK_BUFFER_BYTES_MAX:
+            self.dropped += 1  # as the real link: refused once its buffer is over the limit
             return False
+        data = _encode((partition, message))
         self.fabric.note_send(self.node_id, len(data))
         out = self._out.get(peer_id)
         if out is None:
