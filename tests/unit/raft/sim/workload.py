@@ -94,7 +94,6 @@ class Workload:
         self.pending: set[str] = set()
         #: Commands proposed whose answer (or timeout) has not come yet.
         self.inflight = 0
-        self.ops = 0
 
     def start(self, at: float) -> None:
         for c in range(self.clients):
@@ -106,7 +105,6 @@ class Workload:
         now = self.loop.time()
         if now >= self.stop_at:
             return
-        self.ops += 1
         rng = self.rng
         kind = rng.random()
         leases = self._leases[client]
