@@ -12,7 +12,8 @@ Two implementations share one small interface:
   (optionally keeping a torn prefix of an unsynced appended tail, and any mix
   of old, new and torn sectors of bytes rewritten in place, as a real disk
   may); :meth:`SimIO.fill_disk` and a capacity make writes fail with
-  ``ENOSPC``.
+  ``ENOSPC``; :meth:`SimIO.flip_bits` and :meth:`SimIO.cut_file` damage the
+  medium itself (synced bytes included).
 
 Free space. Writes that pass ``check_space=True`` (journal appends of client
 data) are refused with :class:`NoSpace` once free space falls below
@@ -549,6 +550,30 @@ class SimIO(FileIO):
             inode.data = bytearray(kept)
             inode.synced = kept
         self.log.append("power_cut")
+
+    def flip_bits(self, path: str, offset: int, mask: int = 0x01) -> None:
+        """Damage the medium: XOR the byte at ``offset`` of ``path`` with ``mask``, synced or not."""
+        for inode in self._inodes_of(path):
+            if offset < len(inode.data):
+                inode.data[offset] ^= mask
+            if offset < len(inode.synced):
+                synced = bytearray(inode.synced)
+                synced[offset] ^= mask
+                inode.synced = bytes(synced)
+        self.log.append(f"flip_bits {path} {offset} {mask:#x}")
+
+    def cut_file(self, path: str, size: int) -> None:
+        """Damage the medium: ``path`` loses everything from ``size`` on, synced or not."""
+        for inode in self._inodes_of(path):
+            del inode.data[size:]
+            inode.synced = inode.synced[:size]
+        self.log.append(f"cut_file {path} {size}")
+
+    def _inodes_of(self, path: str) -> list[_Inode]:
+        found = [i for i in (self._names.get(path), self._durable_names.get(path)) if i is not None]
+        if not found:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return list({id(i): i for i in found}.values())
 
 
 SECTOR_BYTES = 512

@@ -178,7 +178,9 @@ class RaftCore:
         """``membership`` is as of ``applied`` (the snapshot's, or the group's initial one);
         ``pending_changes`` are the config entries of the log after ``applied`` (index, change).
         ``recovering``: this replica lost its log (damage repaired by discarding it) and neither
-        votes nor campaigns until it matches a leader again.
+        votes nor campaigns until it holds every committed entry again: until its log matches a
+        leader's through that leader's commit index, at an entry of the leader's own term (only
+        then does the leader's commit index cover every entry committed in earlier terms).
         """
         self.id = node_id
         self.params = params or RaftParams()
@@ -195,7 +197,6 @@ class RaftCore:
         self.commit = min(self.commit, max(self.log.last_index, snapshot[0]))
         self.applied = snapshot[0] if applied is None else applied
         self.recovering = recovering
-        self._recover_until = 0
         #: Config entries in the log above the applied index, oldest first: (index, change).
         self._pending_changes: list[tuple[int, ConfigChange]] = list(pending_changes or [])
         self.progress: dict[str, Progress] = {}
@@ -811,7 +812,7 @@ class RaftCore:
     def _broadcast_heartbeat(self) -> None:
         commit = self.commit
         for peer, pr in self.progress.items():
-            self._send(peer, Heartbeat(self.term, min(pr.match, commit)))
+            self._send(peer, Heartbeat(self.term, min(pr.match, commit), commit))
 
     def _maybe_commit(self) -> bool:
         """Advance the commit index to what a majority of voters holds, of the current term (§5.4.2)."""
@@ -838,10 +839,6 @@ class RaftCore:
 
     def _handle_append(self, sender: str, msg: AppendEntries, now: float) -> None:
         self._heard_from_leader(sender, now)
-        if self.recovering:
-            # It may have acknowledged, before losing them, entries the leader has committed
-            # since: it votes again once it holds everything the leader says is committed.
-            self._recover_until = max(self._recover_until, msg.commit)
         log = self.log
         prev = msg.prev_index
         entries = msg.entries
@@ -877,7 +874,7 @@ class RaftCore:
             new_commit = min(msg.commit, match)
             if new_commit > commit:
                 self.commit = new_commit
-        if self.recovering and match >= self._recover_until:
+        if self.recovering and msg.commit <= match and log.term(msg.commit) == self.term:
             self.recovering = False
         self._send(sender, AppendResponse(self.term, match))
 
@@ -895,6 +892,10 @@ class RaftCore:
         self._heard_from_leader(sender, now)
         if msg.commit > self.commit:
             self.commit = min(msg.commit, self.log.last_index)
+        if self.recovering and msg.commit >= msg.leader_commit > 0 and self.log.term(msg.commit) == self.term:
+            # The leader knows this log matches its own through its whole commit index, at an
+            # entry of its own term (so it covers every earlier term's commits): all of them are here.
+            self.recovering = False
         self._send(sender, HeartbeatResponse(self.term))
 
     def _heard_from_leader(self, sender: str, now: float) -> None:
@@ -927,7 +928,7 @@ class RaftCore:
         self.membership = membership
         self.config_index = index
         self._pending_changes = []
-        self._persisted = index  # still recovering until an append proves the leader's commit index
+        self._persisted = index  # still recovering until an append or heartbeat proves the leader's commit
         self._send(sender, AppendResponse(self.term, index))
 
     # --- membership -----------------------------------------------------------------------------

@@ -403,7 +403,7 @@ class Journal:
         io.makedirs(directory)
         self.meta = RaftMeta(io, os.path.join(directory, "meta"))
         self._recover()
-        self._commit_index = max(1, min(self.meta.state.commit_index, max(self._last_index, 1)))
+        self._commit_index = min(self.meta.state.commit_index, self._last_index)
         self._commit_stored = self.meta.state.commit_index
         #: onOneSecondTimer calls between two stores of the commit hint.
         self.commit_hint_period_s = COMMIT_HINT_PERIOD_S
@@ -1079,8 +1079,8 @@ class Journal:
         self._commit_index = raftCommitIndex
 
     def getRaftCommitIndex(self) -> int:  # noqa: N802
-        """pysyncobj: the commit index, never past the journal's end."""
-        return max(1, min(self._commit_index, max(self._last_index, 1)))
+        """The commit index hint, never past the journal's end (0: nothing known committed)."""
+        return max(0, min(self._commit_index, self._last_index))
 
     def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:  # noqa: N802
         """pysyncobj: make term and vote durable before returning (Raft §5.1)."""

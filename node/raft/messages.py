@@ -94,9 +94,12 @@ class VoteResponse(_Msg, tag=4, frozen=True, gc=False):
 
 class Heartbeat(_Msg, tag=5, frozen=True, gc=False):
     """The leader is alive. ``commit`` is at most what this follower is known to match, so a
-    heartbeat never commits an entry that was not checked against the leader's log."""
+    heartbeat never commits an entry that was not checked against the leader's log;
+    ``leader_commit`` is the leader's own commit index (a recovering follower that matches
+    through it holds every committed entry)."""
 
     commit: int
+    leader_commit: int = 0
 
 
 class HeartbeatResponse(_Msg, tag=6, frozen=True, gc=False):

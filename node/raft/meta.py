@@ -47,7 +47,7 @@ class MetaState:
 
     term: int = 0
     voted_for: str | None = None
-    commit_index: int = 1
+    commit_index: int = 0
     #: The group's first membership as this replica was created with it ([[voters], [learners]]),
     #: None until the replica records it.
     initial: tuple[tuple[str, ...], tuple[str, ...]] | None = None

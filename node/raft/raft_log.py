@@ -110,7 +110,10 @@ class RaftLog:
         """Last index of the part of storage still in the log."""
         if self.reset_to is not None:
             return self.snap_index
-        last = self.storage.last_index
+        storage = self.storage
+        # An empty storage holds nothing past the snapshot, whatever index it would take next
+        # (the journal, emptied after an install, still names the end of the log it dropped).
+        last = storage.last_index if storage.first_index <= storage.last_index else 0
         if self.truncate_from is not None:
             last = min(last, self.truncate_from - 1)
         return max(last, self.snap_index)

@@ -570,24 +570,28 @@ class PartitionReplica:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
                 continue
             now_ms, commands = decode_batch(payload)
-            results = self._apply_batch(now_ms, commands)
             proposal = pending.pop(index, None)
+            # A deposed leader may apply its own entry, committed by its successor, before it
+            # hears it lost: its proposer still waits for the replies.
+            results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term)
             if proposal is not None:
                 if proposal.term == term:
                     self.after_tick(proposal.callback, results, 0)
                 else:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
 
-    def _apply_batch(self, now_ms: int, commands: list[Command]) -> BatchResult:
-        """Apply a committed batch; each command is atomic, errors are per command."""
+    def _apply_batch(self, now_ms: int, commands: list[Command], answered: bool = False) -> BatchResult:
+        """Apply a committed batch; each command is atomic, errors are per command. Replies are
+        built on the leader and wherever a proposer waits for them (``answered``)."""
         results: BatchResult = []
         apply = self.engine.apply
         leader = self.core.is_leader
+        replies = leader or answered
         record = leader and self.record_events
         events = self.events
         for cmd in commands:
             try:
-                applied = apply(cmd, now_ms, replies=leader, events=record)
+                applied = apply(cmd, now_ms, replies=replies, events=record)
                 results.append(applied.result)
                 if applied.events:
                     events.extend(applied.events)
@@ -666,16 +670,16 @@ class PartitionReplica:
         The class is read from the applied state, which is only trusted once it holds every
         committed entry: a new leader before its first commit, or with committed entries not yet
         applied, writes everything in the fsync class (a committed ``UpdateQueue`` may have made
-        the queue durable). A command naming no queue (acks by job id) counts as fsync class; the
-        leader's timer tick as disk class (nothing is acknowledged on its strength alone).
+        the queue durable). A command naming no queue (acks by job id, the leader's timer tick)
+        counts as fsync class: an entry a majority acknowledged must survive a node's power cut
+        even when nobody waits for it, or a replica that applied it can be left holding it
+        alone while the others commit another entry at its index.
         """
         core = self.core
         if not core.read_ready or core.applied < core.commit or self._loading:
             return False
         queues = self.engine.queues
         for cmd in commands:
-            if type(cmd) is dict and cmd["cmd"] == "_Tick":
-                continue
             q = queues.get(command_queue(cmd))  # type: ignore[arg-type]
             if q is None or q.opts.get("durable", True):
                 return False
@@ -891,9 +895,17 @@ class PartitionReplica:
             if term < core.term or not core.wants_snapshot(received.index, received.term):
                 self._receiver.abort()
                 self._send_to(peer, SnapshotChunkAck(core.term, received.index, 0, NOT_WANTED))
+                if term == core.term:
+                    # The log holds the snapshot already (an install whose answer was lost): the
+                    # core tells the leader how far it matches, or the leader sends it again.
+                    core.step(peer, InstallSnapshot(term, peer, received.index, received.term, [[], []]),
+                              self._clock())
                 self._process()
                 return
             index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
+            # A local snapshot may have started while the file was being synced: it must not be
+            # renamed over the one installed now (nor loaded in its place).
+            self.snapshots.cancel()
             self._receiver.install()
         except (OSError, SnapshotCorrupt) as exc:
             log.error("partition %d: the received snapshot %d does not check out: %s; asking again",

@@ -76,11 +76,18 @@ class TickScheduler:
         self._heap: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_slot: int | None = None
+        #: The slot :meth:`_fire` is running (None outside it).
+        self._firing: int | None = None
         self.fired = 0
 
     def call_later(self, delay_s: float, item: Ticking) -> None:
         """Tick ``item`` in ``delay_s`` (rounded up to a slot); an earlier booking stands."""
         slot = math.ceil((self.loop.time() + delay_s) / self.slot_s)
+        if self._firing is not None and slot <= self._firing:
+            # Booked by a tick of the slot running now: the loop's clock has not reached the
+            # deadline yet (the timer fired a hair early, or the slot's start rounds below it),
+            # so ticking it again in this slot would spin until it does.
+            slot = self._firing + 1
         current = item.timer_slot
         if current is not None and current <= slot:
             return
@@ -115,15 +122,19 @@ class TickScheduler:
         # The loop's timers have millisecond resolution: a timer may fire a hair early.
         now_slot = math.floor((self.loop.time() + _EARLY_S) / self.slot_s)
         heap = self._heap
-        while heap and heap[0] <= now_slot:
-            slot = heapq.heappop(heap)
-            for item in self._slots.pop(slot, ()):
-                if item.timer_slot == slot:
-                    item.timer_slot = None
-                    self.fired += 1
-                    try:
-                        item.on_timer()
-                    except Exception:  # one group's bug must not stop every other group's timer
-                        log.exception("raft timer callback failed")
+        self._firing = now_slot
+        try:
+            while heap and heap[0] <= now_slot:
+                slot = heapq.heappop(heap)
+                for item in self._slots.pop(slot, ()):
+                    if item.timer_slot == slot:
+                        item.timer_slot = None
+                        self.fired += 1
+                        try:
+                            item.on_timer()
+                        except Exception:  # one group's bug must not stop every other group's timer
+                            log.exception("raft timer callback failed")
+        finally:
+            self._firing = None
         if heap:
             self._arm(heap[0])

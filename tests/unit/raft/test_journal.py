@@ -557,3 +557,13 @@ def test_an_emptied_journal_takes_any_next_entry_without_breaking_recovery() -> 
     j.sync()
     io.power_cut()
     assert list(Journal(io, "/j")) == [(b"x", 2, 1)]
+def test_the_commit_hint_is_nothing_until_something_committed() -> None:
+    # A new leader's first entry is not committed until a majority holds it: a replica restarted
+    # on a journal holding only that entry must not apply it on the strength of a default hint.
+    io = SimIO()
+    journal = Journal(io, "/d/p0.raft")
+    assert journal.getRaftCommitIndex() == 0
+    journal.append(1, 1, b"\x02", check_space=False)
+    journal.setCurrentTerm(1, "a")  # a vote stores the hint beside term and vote
+    journal.close()
+    assert Journal(io, "/d/p0.raft").getRaftCommitIndex() == 0

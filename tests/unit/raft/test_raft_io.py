@@ -52,6 +52,25 @@ def test_sim_rename_and_unlink_revert_without_a_directory_fsync() -> None:
     assert io.read_all("/d/m") == b"old"
 
 
+def test_sim_damage_reaches_synced_bytes_and_outlives_a_power_cut() -> None:
+    io = SimIO()
+    f = io.open("/d/a")
+    io.fsync_dir("/d")
+    f.append(b"abcdef")
+    f.datasync()
+    f.append(b"ghij")  # not synced
+    io.flip_bits("/d/a", 1, 0x20)
+    io.cut_file("/d/a", 8)
+    assert io.read_all("/d/a") == b"aBcdefgh"
+    io.power_cut()
+    assert io.read_all("/d/a") == b"aBcdef"
+    io.cut_file("/d/a", 3)
+    io.power_cut()
+    assert io.read_all("/d/a") == b"aBc"
+    with pytest.raises(FileNotFoundError):
+        io.flip_bits("/d/missing", 0)
+
+
 def test_append_on_a_full_disk_is_all_or_nothing_and_works_after_space_returns() -> None:
     io = SimIO(capacity_bytes=100)
     f = io.open("/d/a")

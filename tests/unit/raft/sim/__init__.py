@@ -1,0 +1,1 @@
+"""A seeded simulation of whole replicas of one partition (see :mod:`.cluster`)."""

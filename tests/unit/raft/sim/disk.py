@@ -1,0 +1,136 @@
+"""Disks of simulated nodes: a snapshotter without fork, and damage to journal and snapshot files.
+
+:class:`SimSnapshotter` has :class:`~shoal.node.raft.snapshots.ForkSnapshotter`'s interface
+(``start``/``poll``/``cancel``/``in_progress``/``stats``/``on_slot``/``waiting``). Where the
+real one forks a child that writes the engine as it was at the fork, this one serialises
+the engine at :meth:`~SimSnapshotter.start` (the same instant) and writes the file through
+:func:`~shoal.node.raft.snapshot_file.write_snapshot` on the node's
+:class:`~shoal.node.raft._io.SimIO` when a drawn duration has passed, so a snapshot can
+be cancelled, overtaken by one from the leader, or lost to a crash while it "runs".
+
+:func:`damage` picks a journal segment or the snapshot of a stopped node and flips bits in
+it or cuts it short (:meth:`SimIO.flip_bits`, :meth:`SimIO.cut_file`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+from shoal.node.raft._io import SimIO
+from shoal.node.raft.journal import SEGMENT_HEADER_BYTES
+from shoal.node.raft.membership import Membership
+from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
+from shoal.node.raft.snapshots import SnapshotFile, SnapshotSettings, snapshot_chunks, verify_snapshot
+from shoal.node.state import PartitionEngine
+
+__all__ = ["SimSnapshotter", "damage", "Damage"]
+
+#: How long a simulated snapshot child runs (seconds).
+SNAPSHOT_DURATION_MIN_S = 0.01
+SNAPSHOT_DURATION_MAX_S = 0.5
+RETRY_S = 1.0
+
+
+class SimSnapshotter:
+    """Writes one partition's snapshots on the simulated disk (see the module docstring)."""
+
+    def __init__(self, path: str, partition: int, io: Any, settings: SnapshotSettings,
+                 clock: Callable[[], float], rng: random.Random) -> None:
+        self.path = path
+        self.partition = partition
+        self._io = io
+        self.settings = settings
+        self._clock = clock
+        self._rng = rng
+        self._job: tuple[int, int, list[bytes], float] | None = None
+        self._retry_at = 0.0
+        self.on_slot: Callable[[], None] | None = None
+        self.waiting = False
+        self.written = 0
+        self.failed = 0
+
+    @property
+    def in_progress(self) -> bool:
+        return self._job is not None
+
+    def stats(self) -> dict[str, object]:
+        return {"written": self.written, "failed": self.failed, "inProgress": self.in_progress}
+
+    def start(self, engine: PartitionEngine, index: int, term: int, membership: Membership) -> bool:
+        if self._job is not None or self._clock() < self._retry_at:
+            return False
+        chunks = list(snapshot_chunks(engine, index, term, membership))
+        done_at = self._clock() + self._rng.uniform(SNAPSHOT_DURATION_MIN_S, SNAPSHOT_DURATION_MAX_S)
+        self._job = (index, term, chunks, done_at)
+        return True
+
+    def poll(self) -> SnapshotFile | None:
+        job = self._job
+        if job is None or self._clock() < job[3]:
+            return None
+        self._job = None
+        index, term, chunks, _ = job
+        try:
+            write_snapshot(self._io, self.path, index, term, chunks)
+            snap = verify_snapshot(self._io, self.path)
+        except (OSError, SnapshotCorrupt):
+            self.failed += 1
+            self._retry_at = self._clock() + RETRY_S
+            return None
+        self.written += 1
+        return snap
+
+    def cancel(self) -> None:
+        self._job = None
+
+
+class Damage:
+    """What :func:`damage` did, for the run's trace and the refusal check."""
+
+    def __init__(self, path: str, kind: str, offset: int) -> None:
+        self.path = path
+        self.kind = kind
+        self.offset = offset
+
+    def __repr__(self) -> str:
+        return f"{self.kind} {self.path} at {self.offset}"
+
+
+def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *, last_segment: bool = False) -> Damage | None:
+    """Flip bits in, or cut short, one sealed journal segment or the snapshot of a stopped node.
+
+    Only damage a replica can tell from a power cut's is chosen: the snapshot, or a journal
+    segment past its header (a segment header torn by a power cut is rewritten, by design).
+    The last segment only with ``last_segment``: its synced records can be told from a torn
+    tail only once the journal records how far it synced (``SimConfig.damage_last_segment``).
+    """
+    journal_dir = os.path.join(data_dir, f"p{partition}.raft")
+    segments = sorted(os.path.join(journal_dir, n) for n in io.listdir(journal_dir) if n.endswith(".wal"))
+    if not last_segment:
+        segments = segments[:-1]
+    snapshot = os.path.join(data_dir, f"p{partition}.snap")
+    candidates = [p for p in segments if _size(io, p) > SEGMENT_HEADER_BYTES]
+    if io.exists(snapshot):
+        candidates.append(snapshot)
+    if not candidates:
+        return None
+    path = rng.choice(candidates)
+    size = _size(io, path)
+    low = SEGMENT_HEADER_BYTES if path.endswith(".wal") else 0
+    offset = rng.randrange(low, size)
+    if rng.random() < 0.7:
+        io.flip_bits(path, offset, 1 << rng.randrange(8))
+        return Damage(path, "flip", offset)
+    io.cut_file(path, offset)
+    return Damage(path, "cut", offset)
+
+
+def _size(io: SimIO, path: str) -> int:
+    handle = io.open(path, create=False)
+    try:
+        return handle.size
+    finally:
+        handle.close()
