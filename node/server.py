@@ -224,7 +224,7 @@ class Node:
 
     def target(self, p: int) -> list[str]:
         """Partition ``p``'s target replicas (member ids, preferred leader first), from the registry."""
-        return self.cluster_map.registry.placement().get(p, []) if self.cluster_map else []
+        return self.cluster_map.placement().get(p, []) if self.cluster_map else []
 
     def _peer_addresses(self) -> dict[str, tuple[str, int]]:
         """Raft addresses of every live node but this one; the cluster file's routes win (chaos proxies)."""

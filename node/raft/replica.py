@@ -228,6 +228,10 @@ class PartitionReplica:
         self._leader_unsynced = False
         self._loading = False
         self._backlog: list[Any] = []
+        #: A follower's committed entries, applied once the frame that committed them is answered.
+        self._deferred: list[Any] = []
+        #: The index of the last entry the engine applied (the core hands entries out before).
+        self._engine_index = 0
         self._snapshot_due = self._clock() + self.settings.interval_s
         self._hint_due = self._clock() + COMMIT_HINT_PERIOD_S
         self._last_snapshot_index = 0
@@ -453,6 +457,7 @@ class PartitionReplica:
         if rd.hard_state is not None:
             journal.setCurrentTerm(rd.hard_state.term, rd.hard_state.vote)
         if rd.snapshot is not None:
+            self._deferred = []  # all below the snapshot: the state comes from it
             journal.clear()
             self._start_load(self.snapshot_path)
         elif rd.truncate_from is not None:
@@ -491,8 +496,17 @@ class PartitionReplica:
         if rd.committed:
             if self._loading:
                 self._backlog.extend(rd.committed)
-            else:
+            elif core.is_leader:
+                if self._deferred:
+                    self._apply_deferred()  # entries it committed as a follower come first
                 self._apply(rd.committed)
+            else:
+                # A follower's answer leaves at the end of this frame, before its applies: nothing
+                # waits for a follower's apply (replies and reads come from the leader), while the
+                # leader waits for its answer.
+                if not self._deferred:
+                    self.loop.call_soon(self._apply_deferred)
+                self._deferred.extend(rd.committed)
         for peer, index, term in rd.snapshot_requests:
             self._start_sender(peer, index, term)
 
@@ -561,7 +575,16 @@ class PartitionReplica:
 
     # --- applying --------------------------------------------------------------------------------
 
+    def _apply_deferred(self) -> None:
+        entries, self._deferred = self._deferred, []
+        if entries and not self._closed:
+            if self._loading:
+                self._backlog.extend(entries)
+            else:
+                self._apply(entries)
+
     def _apply(self, entries: list[Any]) -> None:
+        self._engine_index = entries[-1][1]
         pending = self._pending
         for payload, index, term in entries:
             if payload[:1] != _DATA_BYTE:
@@ -711,7 +734,8 @@ class PartitionReplica:
         core = self.core
         due = core.applied - self._last_snapshot_index >= self.settings.entries_min or (
             now >= self._snapshot_due and core.applied > self._last_snapshot_index)
-        if due and not self.snapshots.in_progress and not self._loading and not self._receiving():
+        if due and not self.snapshots.in_progress and not self._loading and not self._receiving() \
+                and not self._deferred:
             index = core.applied
             term = core.log.term(index)
             if term is not None and index > 0:
@@ -961,7 +985,10 @@ class PartitionReplica:
         return self.core.commit
 
     def applied_index(self) -> int:
-        return self.core.applied if not self._loading else self._last_snapshot_index
+        """The index of the last entry the engine holds."""
+        if self._loading:
+            return self._last_snapshot_index
+        return max(self._engine_index, self._last_snapshot_index) if self._deferred else self.core.applied
 
     @property
     def elections(self) -> int:
