@@ -74,7 +74,7 @@ def _digest(token: bytes) -> bytes:
 
 
 def _durability(node: Any) -> dict[str, Any]:
-    """The durability classes of the queues this node holds (seed 004: fsync is ``durable: true``)."""
+    """The durability classes of the queues this node holds (the fsync class is ``durable: true``)."""
     classes = {"fsync": 0, "disk": 0}
     for replica in node.replicas.values():
         for q in replica.view.queue_figures():

@@ -2,7 +2,7 @@
 
 Theory of operation: every hosted partition keeps its own :class:`~.journal.Journal`
 (a directory ``p<N>.raft`` in the node's data directory). Appends only write; syncs
-are the node's business, in two durability classes (seed 004):
+are the node's business, in two durability classes:
 
 - **fsync class** (``durable: true``, the default): a follower's journal that took
   such an entry is fdatasync'ed by :meth:`NodeStorage.barrier`, which runs before any

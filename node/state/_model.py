@@ -18,7 +18,7 @@ __all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_
 DEFAULTS: dict[str, Any] = {
     "ttr": 30_000, "ttl": 0, "capacity": 0, "maxDeliveries": 10, "attempts": 1, "backoff": 1_000,
     "historyMax": 10_000, "historyAgeMs": 24 * 3600 * 1000,
-    "durable": True,  # True: the fsync durability class; False: the disk class (seed 004)
+    "durable": True,  # True: the fsync durability class (synced before acknowledged); False: the disk class
 }
 #: tarantool's queue types as presets: which job options each honours.
 QUEUE_PRESETS: dict[str, dict[str, bool]] = {

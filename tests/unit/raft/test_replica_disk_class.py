@@ -1,0 +1,55 @@
+"""Which durability class a leader writes an entry in, decided from what is committed (finding 5).
+
+A queue's class is its ``durable`` option, which a replicated ``CreateQueue``/``UpdateQueue``
+sets. A new leader's applied state may not hold a committed ``UpdateQueue`` that made the queue
+durable yet: until it has committed an entry of its own term and applied everything committed,
+every entry it writes is of the fsync class, whatever its applied state says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.node.raft.core import LEADER
+from shoal.node.state import PushRun
+
+from test_replica_log_matching import Follower
+
+
+@pytest.fixture()
+def replica(tmp_path: Path) -> Iterator[Follower]:
+    f = Follower(str(tmp_path))
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def lead(core: object, *, commit: int, applied: int, term_start: int) -> None:
+    """Put the core in the leader's seat with the given marks (the rule reads only these)."""
+    core.state = LEADER  # type: ignore[attr-defined]
+    core.commit, core.applied, core._term_start_index = commit, applied, term_start  # type: ignore[attr-defined]
+
+
+def test_the_disk_class_is_trusted_only_once_the_applied_state_holds_every_commit(replica: Follower) -> None:
+    r = replica.replica
+    r.engine.apply({"cmd": "CreateQueue", "queue": "lazy", "options": {"durable": False}}, 1000)
+    push = [PushRun("lazy", [b"\x01"])]
+    core = r.core
+
+    # A new leader that has not committed an entry of its term: its applied state may lack a
+    # committed UpdateQueue {durable: true}, so the entry is of the fsync class.
+    lead(core, commit=5, applied=5, term_start=6)
+    assert r._disk_class(push) is False  # noqa: SLF001
+
+    # Its term's first entry committed, but committed entries still wait to be applied.
+    lead(core, commit=8, applied=7, term_start=6)
+    assert r._disk_class(push) is False  # noqa: SLF001
+
+    # Everything committed is applied, in its own term: the applied state decides.
+    lead(core, commit=8, applied=8, term_start=6)
+    assert r._disk_class(push) is True  # noqa: SLF001
+    assert r._disk_class([PushRun("durable-or-unknown", [b"\x01"])]) is False  # noqa: SLF001
