@@ -27,7 +27,8 @@ DATA_FORMATS_IN = ("value", "json", "msgpack")
 DATA_FORMATS_OUT = ("msgpack", "json", "string")
 QUEUE_TYPES = ("jobs", "log")
 DEDUPE_MODES = ("idempotencyKey", "customId")
-_STATES = ("waiting", "delayed", "active", "completed", "failed")
+#: The states a read can list; a waiting job with a priority is ``prioritized`` (as bunqueue names it).
+STATES = ("waiting", "prioritized", "delayed", "active", "completed", "failed")
 
 _BATCH_SIZE_DEFAULT = 2000
 _IN_FLIGHT_DEFAULT = 8
@@ -263,9 +264,9 @@ def _states(options: Mapping[str, str]) -> tuple[str, ...]:
     if raw is None:
         return ()
     states = tuple(dict.fromkeys(s.strip().lower() for s in raw.split(",") if s.strip()))
-    bad = [s for s in states if s not in _STATES]
+    bad = [s for s in states if s not in STATES]
     if bad:
-        raise OptionError(f"option state: {bad[0]!r} is not one of {', '.join(_STATES)}")
+        raise OptionError(f"option state: {bad[0]!r} is not one of {', '.join(STATES)}")
     return states
 
 

@@ -28,7 +28,7 @@ from shoal.cluster.jobid import parse_job_id
 
 from ._cluster import Layout, connected, wire_names
 from ._convert import job_columns, log_columns, to_record_batch
-from ._options import EARLIEST, LATEST, Offsets, OptionError, ReadOptions
+from ._options import EARLIEST, LATEST, STATES, Offsets, OptionError, ReadOptions
 
 __all__ = ["QueuePartition", "ShoalBatchReader", "ShoalPushdownReader", "read_log_range", "DataLoss", "log_ends",
            "resolve_offsets", "legacy_offsets", "log_firsts"]
@@ -40,7 +40,6 @@ Positions = dict[str, dict[str, int]]
 class DataLoss(RuntimeError):
     """Records between a read's offsets were truncated before they were read (``failOnDataLoss=true``)."""
 
-_STATES = ("waiting", "delayed", "active", "completed", "failed")
 _PAGES_SLACK = 16
 
 
@@ -249,7 +248,7 @@ class ShoalPushdownReader(ShoalBatchReader):
             if values is None or self.options.queue_type == "log":
                 yield f
                 continue
-            wanted = tuple(v for v in dict.fromkeys(values) if v in _STATES)
-            current = self.states or _STATES
+            wanted = tuple(v for v in dict.fromkeys(values) if v in STATES)
+            current = self.states or STATES
             narrowed = tuple(s for s in current if s in wanted)
             self.states = narrowed or ("__none__",)  # no state can match: read nothing
