@@ -273,6 +273,12 @@ class Dispatcher:
         if cmd in LEASE_COMMANDS:
             self._pull(conn, frame, p)
             return
+        if cmd == "JobHeartbeatB" and replica.read_ready():
+            # A worker's heartbeat right after its pull renews nothing yet: no entry, no fsync.
+            fresh = replica.view.fresh_heartbeat(frame, self.clock.now_ms())
+            if fresh is not None:
+                conn.reply(req_id, fresh)
+                return
         self._write(conn, frame, p)
 
     def _locate_then_route(self, conn: Replier, frame: dict[str, Any], job_id: str) -> None:

@@ -65,6 +65,11 @@ class PartitionView:
             raise ValueError(f"{cmd.get('cmd')!r} is not a read-only command")
         return self._engine().apply(cmd, now_ms, events=False).result
 
+    def fresh_heartbeat(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
+        """The reply to a ``JobHeartbeatB`` that would only move fresh leases a little, from the
+        applied state; None when it must go through Raft (``PartitionEngine.fresh_heartbeat``)."""
+        return self._engine().fresh_heartbeat(cmd, now_ms)
+
     def has_ready(self, queue: str) -> bool:
         """True when a pull on ``queue`` would get a job now."""
         return self._engine().has_ready(queue)

@@ -11,10 +11,15 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._commands import AckRun
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
-from ._store import Store
+from ._store import Store, shoal_seq
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, FAILED, check_transition
 
-__all__ = ["AckOps"]
+__all__ = ["AckOps", "HEARTBEAT_WRITE_MIN_MS"]
+
+#: A batched heartbeat that would move every lease it names by less than this (or by less than a
+#: tenth of the lease, when that is shorter) changes nothing worth a log entry: the leader answers
+#: it from its state. A worker sends one right after each pull, when every lease is fresh.
+HEARTBEAT_WRITE_MIN_MS = 1_000
 
 
 class AckOps(Store):
@@ -246,6 +251,43 @@ class AckOps(Store):
                 continue
             job.lease_deadline_ms = self.now_ms + (ttr_ms or job.ttr_ms)
             heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
+            count += 1
+        return {"count": count, "data": {"ok": True, "count": count}}
+
+    def fresh_heartbeat(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
+        """The reply to the ``JobHeartbeatB`` ``cmd`` when applying it at ``now_ms`` would only move
+        fresh leases by a little (:data:`HEARTBEAT_WRITE_MIN_MS`): each job it names that is active
+        under the token given is leased to within that margin of what the heartbeat would set (the
+        others the command skips). None when it must be written: a lease would move, or a job is
+        named by a custom id. Reads only: nothing is materialized."""
+        ids = cmd["ids"]
+        tokens = cmd.get("tokens") or [None] * len(ids)
+        if len(tokens) != len(ids):
+            return None
+        ttr_ms = cmd.get("ttr")
+        partition = self.partition
+        jobs = self.jobs
+        segments = self.segments
+        count = 0
+        for job_id, token in zip(ids, tokens):
+            seq = shoal_seq(job_id, partition) if type(job_id) is str else None
+            if seq is None:
+                return None
+            job = jobs.get(seq) if seq > 0 else None
+            if job is not None:
+                if job.state != ACTIVE or (token is not None and str(token) != job.token):
+                    continue
+                lease_ms, deadline = ttr_ms or job.ttr_ms, job.lease_deadline_ms
+            else:
+                seg = segments.find(seq) if segments and seq > 0 else None
+                if seg is None:
+                    continue
+                i = seq - seg.first
+                if seg.states[i] != SLOT_ACTIVE or (token is not None and str(token) != f"{partition}.{seg.lease_nos[i]}"):
+                    continue
+                lease_ms, deadline = ttr_ms or seg.ttr_ms, seg.deadlines[i]
+            if not lease_ms or now_ms + lease_ms - deadline > min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10):
+                return None
             count += 1
         return {"count": count, "data": {"ok": True, "count": count}}
 

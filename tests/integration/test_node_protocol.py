@@ -328,3 +328,21 @@ def test_a_detached_lease_outlives_its_connection(cluster: LocalCluster) -> None
         assert c.call({"cmd": "Count", "queue": "detached", "state": "waiting"})["count"] == 1
         job = kept["jobs"][0]
         assert c.call({"cmd": "ACK", "id": job["id"], "token": kept["tokens"][0]})["ok"]
+
+
+def test_a_heartbeat_right_after_a_pull_is_answered_and_one_asking_more_renews(cluster: LocalCluster) -> None:
+    """bunqueue's worker heartbeats each batch it pulls: those leases are fresh, so the leader
+    answers from its state (the deadline stays); a heartbeat asking for a longer lease renews."""
+    with leader_conn(cluster, "hb") as c:
+        c.call({"cmd": "PUSHB", "queue": "hb", "jobs": [{"data": i} for i in range(3)]})
+        got = c.call({"cmd": "PULLB", "queue": "hb", "count": 3})
+        ids, tokens = [j["id"] for j in got["jobs"]], got["tokens"]
+        leased = [j["leaseDeadline"] for j in got["jobs"]]
+        fresh = c.call({"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens})
+        assert fresh["ok"] and fresh["count"] == 3 and fresh["data"] == {"ok": True, "count": 3}
+        wrong = c.call({"cmd": "JobHeartbeatB", "ids": ids, "tokens": ["0.999999", *tokens[1:]]})
+        assert wrong["ok"] and wrong["count"] == 2, "a job leased to another token is skipped"
+        longer = c.call({"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens, "ttr": 600_000})
+        assert longer["count"] == 3
+        after = [c.call({"cmd": "GetJob", "id": i})["job"]["leaseDeadline"] for i in ids]
+        assert all(a >= lease + 500_000 for a, lease in zip(after, leased)), (leased, after)

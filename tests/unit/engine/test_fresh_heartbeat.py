@@ -1,0 +1,70 @@
+"""A batched heartbeat that would only move fresh leases a little is answered from the state
+(``PartitionEngine.fresh_heartbeat``): the same reply the command would give, and no change."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.cluster.codec import raw_of
+from shoal.node.state import PartitionEngine
+from shoal.node.state._ack import HEARTBEAT_WRITE_MIN_MS
+
+T0 = 1_000
+
+
+def _pulled(segment: bool) -> tuple[PartitionEngine, list[str], list[str]]:
+    """An engine with three jobs leased at ``T0`` (from a PUSHB's segment, or pushed one by one)."""
+    e = PartitionEngine(0)
+    if segment:
+        e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(3)]}, T0)
+    else:
+        for i in range(3):
+            e.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(i), "priority": i + 1}, T0)
+    got = e.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0).result
+    return e, [j["id"] for j in got["jobs"]], got["tokens"]
+
+
+def test_right_after_the_pull_the_heartbeat_is_answered_without_a_write() -> None:
+    for segment in (True, False):
+        e, ids, tokens = _pulled(segment)
+        cmd = {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens}
+        assert e.fresh_heartbeat(cmd, T0 + 5) == {"count": 3, "data": {"ok": True, "count": 3}}
+        assert e.fresh_heartbeat({"cmd": "JobHeartbeatB", "ids": ids}, T0 + 5) is not None  # no locks
+
+
+def test_a_heartbeat_that_renews_goes_through_the_log() -> None:
+    for segment in (True, False):
+        e, ids, tokens = _pulled(segment)
+        cmd = {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens}
+        assert e.fresh_heartbeat(cmd, T0 + HEARTBEAT_WRITE_MIN_MS + 1) is None, "the lease would move: written"
+        assert e.fresh_heartbeat({**cmd, "ttr": 600_000}, T0) is None, "a longer lease asked for"
+        assert e.fresh_heartbeat({**cmd, "ids": ["job-a", *ids[1:]]}, T0) is None, "a custom id: written"
+
+
+def test_jobs_the_command_would_skip_are_left_out_of_the_count() -> None:
+    for segment in (True, False):
+        e, ids, tokens = _pulled(segment)
+        cmd = {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens}
+        e.apply({"cmd": "ACK", "id": ids[0]}, T0)  # acked while the heartbeat was on its way
+        for skipped in ({"tokens": ["0.99", *tokens[1:]]}, {"ids": ["0-99", *ids[1:]]}, {"ids": ["1-1", *ids[1:]]}, {}):
+            expect = e.apply({**cmd, **skipped}, T0).result
+            assert e.fresh_heartbeat({**cmd, **skipped}, T0) == expect == {"count": 2, "data": {"ok": True, "count": 2}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(segment=st.booleans(), later=st.integers(0, 3 * HEARTBEAT_WRITE_MIN_MS), ttr=st.sampled_from([None, 2_000, 30_000]),
+       acked=st.booleans())
+def test_a_fresh_answer_is_what_applying_would_answer(segment: bool, later: int, ttr: int | None, acked: bool) -> None:
+    e, ids, tokens = _pulled(segment)
+    if acked:
+        e.apply({"cmd": "ACK", "id": ids[1]}, T0)
+        if segment:
+            ids[2] = "0-77"  # a job that does not exist: skipped
+    cmd = {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens, **({"ttr": ttr} if ttr else {})}
+    digest = e.digest()
+    fresh = e.fresh_heartbeat(cmd, T0 + later)
+    assert e.digest() == digest, "answering from the state changed it"
+    applied = e.apply(cmd, T0 + later).result
+    if fresh is not None:
+        assert fresh == applied
