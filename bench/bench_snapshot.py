@@ -258,6 +258,9 @@ def main() -> None:
         counted = time.perf_counter() - t0
         print(f"restart ({args.jobs} jobs in the snapshot + {args.tail} in the journal after it): "
               f"nodes ready {ready:.1f} s, all {total} jobs counted on the leader {counted:.1f} s")
+        wait_all_applied(cluster)
+        rss = ", ".join(f"{n} {rss_mib(pid):.0f} MiB" for n, pid in cluster.pids.items())
+        print(f"after the restart, every replica applied everything: RSS {rss}")
 
 
 if __name__ == "__main__":
