@@ -13,7 +13,9 @@ processes):
    (SIGCONT) until it has caught up: its applied index reaches the leader's commit index;
 4. printed: catch-up time, the leader's Ping p50/p99/p99.9/max during it, the bytes the leader's
    Raft port sent meanwhile and in snapshot streams, and the elections on any node from the
-   resume on (0: the stopped follower's return deposed nobody).
+   resume on, with how many of them were leadership transfers a leader asked for (the balancer
+   hands a partition back to its preferred replica once that one holds every committed entry);
+   elections beyond those mean the stopped follower's return deposed someone.
 
 Every loop is bounded by a count and a time limit; the nodes are stopped by pid at the end.
 """
@@ -110,7 +112,7 @@ def main() -> None:
         assert leader is not None
         follower = next(n for n in cluster.node_ids if n != leader)
         laddr, faddr = cluster.address_of(leader), cluster.address_of(follower)
-        stopped_elections = local(faddr, p)["raft"]["elections"]
+        stopped_elections = _elections(local(faddr, p))
         os.kill(cluster.pids[follower], signal.SIGSTOP)
         try:
             seconds = push(laddr, args.jobs, args.per_entry, b"x" * args.data_bytes)
@@ -124,7 +126,7 @@ def main() -> None:
               f"({args.jobs / seconds:,.0f} jobs/s); leader {leader} commit index {commit}, "
               f"snapshot at {view['replicas'][str(p)]['raft']['snapshot']}")
         others = [n for n in cluster.node_ids if n != follower]
-        elections0 = sum(local(cluster.address_of(n), p)["raft"]["elections"] for n in others)
+        elections0 = _sum(_elections(local(cluster.address_of(n), p)) for n in others)
         pinger = Pinger(laddr)
         pinger.start()
         profiler = Profiler(cluster, args.profile, "catchup", args.profile_seconds).__enter__()
@@ -149,8 +151,8 @@ def main() -> None:
         view = local(laddr, p)
         sent = view["raft"].get("bytesSent", 0) - sent0
         snap_sent = view["replicas"][str(p)]["raft"].get("snapshotBytesSent", 0)
-        elections = sum(local(cluster.address_of(n), p)["raft"]["elections"] for n in cluster.node_ids) \
-            - elections0 - stopped_elections
+        now_elections = _sum(_elections(local(cluster.address_of(n), p)) for n in cluster.node_ids)
+        elections, transfers = (now_elections[k] - elections0[k] - stopped_elections[k] for k in (0, 1))
         during = [lat for t, lat in pinger.samples if t0 <= t <= t1]
         if caught is None:
             print(f"follower {follower} did NOT catch up within {CATCHUP_WAIT_S:.0f} s")
@@ -159,12 +161,39 @@ def main() -> None:
         print(f"leader Ping during catch-up: {percentiles(during)}")
         print(f"leader Ping in the second before (the machine's own noise): "
               f"{percentiles([lat for t, lat in pinger.samples if t < t0])}")
-        for line in cluster.log_file(leader).read_text(errors="replace").splitlines():
-            if f"partition {p}:" in line and ("snapshot" in line and ("sending" in line or "delivered" in line
-                                                                       or "retrying" in line)):
-                print("  leader log:", line.split(" ", 2)[2][:200])
+        resumed_at = time.time() - (time.perf_counter() - t0)
+        for who, node in (("leader", leader), ("follower", follower)):
+            for line in cluster.log_file(node).read_text(errors="replace").splitlines():
+                if f"partition {p}:" in line and "snapshot" in line:
+                    when = _log_time(line)
+                    at = f"{when - resumed_at:+7.2f} s" if when is not None else "        "
+                    print(f"  {at} {who} log:", line.split(" ", 2)[2][:200])
         print(f"leader Raft port sent {sent / 1e6:.1f} MB meanwhile; snapshot streams sent {snap_sent / 1e6:.1f} MB "
-              f"in all; elections from the follower's resume on (every node, every partition): {elections}")
+              f"in all; elections from the follower's resume on (every node, every partition): {elections}, "
+              f"of which leadership transfers a leader asked for (the balancer handing a partition back "
+              f"to its preferred replica): {transfers}")
+
+
+def _log_time(line: str) -> float | None:
+    """The wall time of a node log line (``%(asctime)s``: local time, milliseconds after a comma)."""
+    try:
+        stamp, millis = line[:23].split(",")
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+    except ValueError:
+        return None
+
+
+def _elections(stats: dict[str, Any]) -> tuple[int, int]:
+    """A node's campaigns, and those of them that were requested leadership transfers."""
+    raft = stats["raft"]
+    return int(raft["elections"]), int(raft.get("transferElections", 0))
+
+
+def _sum(pairs: Any) -> tuple[int, int]:
+    elections = transfers = 0
+    for e, t in pairs:
+        elections, transfers = elections + e, transfers + t
+    return elections, transfers
 
 
 if __name__ == "__main__":

@@ -546,7 +546,7 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-        self.pid_file(node_id).unlink(missing_ok=True)
+        self._forget_pid(node_id, proc.pid)
         return proc.returncode
 
     def restart(self, node_id: str) -> int:
@@ -568,7 +568,15 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-            self.pid_file(node_id).unlink(missing_ok=True)
+            self._forget_pid(node_id, proc.pid)
+
+    def _forget_pid(self, node_id: str, pid: int) -> None:
+        """Remove ``node_id``'s pid file if it still names ``pid`` (another process, such as
+        ``shoal cluster replace-node``, may have started the node again since)."""
+        path = self.pid_file(node_id)
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text().strip()) == pid:
+                path.unlink()
 
     def __enter__(self) -> "LocalCluster":
         try:

@@ -330,9 +330,10 @@ class Node:
                            "appliedIndex": replica.applied_index(), "digest": digest,
                            "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
                            "pendingCommands": self.group_commits[p].pending, "elections": replica.elections,
-                           "raft": replica.status()}
+                           "transferElections": replica.transfer_elections, "raft": replica.status()}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in self.replicas.values()),
+                "transferElections": sum(r.transfer_elections for r in self.replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
                 "peerIncarnations": {p: net.peer_incarnation(p) for p in net.connected_peers()} if net else {},
                 "handshakesRefused": net.refused_count if net else 0,

@@ -222,8 +222,10 @@ class RaftCore:
         self._pending_snapshot: tuple[int, int] | None = None
         #: Whether every unstable entry a follower holds is of the disk class (None: none held).
         self._unstable_lazy: bool | None = None
-        #: Counters for metrics: campaigns started (real ones, not pre-votes).
+        #: Counters for metrics: campaigns started (real ones, not pre-votes), and those of them a
+        #: leader asked for (leadership transfers).
         self.elections = 0
+        self.transfer_elections = 0
         self._reset_election_deadline(now)
 
     # --- queries -----------------------------------------------------------------------------------
@@ -577,6 +579,7 @@ class RaftCore:
             self.term += 1
             self.vote = self.id
             self.elections += 1
+            self.transfer_elections += transfer
             term = self.term
         self.leader = None
         self.votes = {self.id: True}

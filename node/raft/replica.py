@@ -821,7 +821,12 @@ class PartitionReplica:
         if old is not None:
             old.close()
         now = self._clock()
-        rates = [ByteRate(RATE_BYTES_PER_S), *self._shared_rates]
+        # A replica being added (a learner) is a move: it also waits on the node's share of the
+        # cluster's move rate. A voter that fell behind is the group's redundancy coming back: only
+        # the stream's own limit holds it, which keeps the leader's loop serving.
+        rates = [ByteRate(RATE_BYTES_PER_S)]
+        if peer not in self.core.membership.voters:
+            rates += self._shared_rates
         sender = SnapshotSender(peer, snap, self.core.term, self._io, self._send_chunk, rates, now)
         if not sender.opened_whole():
             # A newer snapshot was renamed over the file before this replica heard of it (the
@@ -994,6 +999,11 @@ class PartitionReplica:
     def elections(self) -> int:
         """Campaigns this replica started, for metrics and /stats."""
         return self.core.elections
+
+    @property
+    def transfer_elections(self) -> int:
+        """Of :attr:`elections`, the campaigns a leader asked for (leadership transfers)."""
+        return self.core.transfer_elections
 
     def has_quorum(self) -> bool:
         """True when this replica reaches a majority of its group over the links (itself included)."""

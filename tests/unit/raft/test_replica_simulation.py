@@ -121,7 +121,7 @@ def test_regression(name: str) -> None:
     pytest.fail(f"{name}: seed {seed} (chaos {chaos_s} s): {failure}", pytrace=False)
 
 
-@pytest.mark.parametrize("seed", [2, 3, 6, 17])
+@pytest.mark.parametrize("seed", [2, 4, 6, 17])
 def test_a_lost_install_answer_costs_one_more_stream(seed: int) -> None:
     """The frame with a follower's answers to an installed snapshot (COMPLETE and its match) is
     lost once the faults stop, on a partition that then writes nothing new: the leader streams
@@ -202,7 +202,7 @@ def test_finding_1_a_spinning_snapshot_stream_is_caught(seed: int) -> None:
     assert "one loop callback sent" in _caught(seed, spinning_snapshot_sender())
 
 
-@pytest.mark.parametrize("seed", [0, 3, 14])
+@pytest.mark.parametrize("seed", [0, 14, 20])
 def test_finding_2_commit_over_unchecked_entries_on_a_snapshot_is_caught(seed: int) -> None:
     assert "applied a different entry" in _caught(seed, commit_on_snapshot_chunk())
 
