@@ -30,7 +30,7 @@ __all__ = ["NodeEntry", "Registry", "Settings", "RegistryError", "member_id", "n
 
 ACTIVE, LEAVING, REMOVED = "active", "leaving", "removed"
 STATES = (ACTIVE, LEAVING, REMOVED)
-#: Default cluster-wide byte rate of snapshot streams to new and lagging replicas, split evenly
+#: Default cluster-wide byte rate of snapshot streams to new replicas (learners), split evenly
 #: over the active nodes (``PUT /admin/settings moveRateBytesPerS`` changes it while moves run).
 #: Chosen from ``bench/bench_elastic.py`` (docs/benchmarks.md, "Adding and removing a node under
 #: load"): the highest rate measured at which a loaded cluster kept at least 80 % of the write rate
