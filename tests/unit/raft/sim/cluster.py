@@ -69,11 +69,10 @@ class SimConfig:
     partition_weight: float = 1.0
     damage_weight: float = 0.5
     rate_bytes_per_s: float = 128 * 1024
-    #: Damage may hit the last journal segment too. Off: the journal tells damaged synced records
-    #: there from a torn tail only once it records how far it synced (issue 29, finding 6); until
-    #: then it cuts them as a torn tail, silently, and with this on seed 297 (10 s of chaos)
-    #: elects a leader without a committed entry.
-    damage_last_segment: bool = False
+    #: Damage may hit the last journal segment too: the journal tells damaged synced records
+    #: there from a torn tail by the synced mark it records (off, the simulation skips that
+    #: segment, as a journal without the mark needs).
+    damage_last_segment: bool = True
 
     @classmethod
     def draw(cls, rng: random.Random, chaos_s: float) -> "SimConfig":

@@ -104,8 +104,8 @@ def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *, last
 
     Only damage a replica can tell from a power cut's is chosen: the snapshot, or a journal
     segment past its header (a segment header torn by a power cut is rewritten, by design).
-    The last segment only with ``last_segment``: its synced records can be told from a torn
-    tail only once the journal records how far it synced (``SimConfig.damage_last_segment``).
+    The last segment only with ``last_segment``: its synced records are told from a torn tail
+    by the synced mark the journal records (``SimConfig.damage_last_segment``).
     """
     journal_dir = os.path.join(data_dir, f"p{partition}.raft")
     segments = sorted(os.path.join(journal_dir, n) for n in io.listdir(journal_dir) if n.endswith(".wal"))
