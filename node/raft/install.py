@@ -90,6 +90,7 @@ class SnapshotSender:
         self.offered = False
         self.resumed = False
         self.done = False
+        self._resent_from = -1
 
     @property
     def index(self) -> int:
@@ -144,6 +145,7 @@ class SnapshotSender:
         self.last_progress = now
         if ack.status == START_OVER:
             self.acked = self.sent = 0
+            self._resent_from = -1
             self.offered = self.resumed = False
             return START_OVER
         offset = min(max(0, ack.next_offset), self.snapshot.size)
@@ -152,8 +154,12 @@ class SnapshotSender:
             self.acked = self.sent = offset
         elif offset > self.acked:
             self.acked = offset
-        elif offset < self.sent:
-            self.sent = offset  # a chunk was refused (it did not follow): send again from there
+        elif offset == self.acked < self.sent and self._resent_from != offset:
+            # A chunk was refused (it did not follow): send again from there, once per position
+            # (the chunks in flight behind it are refused with the same offset). An offset below
+            # what was acknowledged is a stale answer: the follower's copy never shrinks within
+            # a stream (it starts over instead).
+            self.sent = self._resent_from = offset
         return GO_ON
 
     def timed_out(self, now: float) -> bool:

@@ -239,19 +239,35 @@ def test_a_chunk_of_another_snapshot_midway_starts_over() -> None:
     assert (ack.index, ack.next_offset, ack.status) == (INDEX + 5, 0, START_OVER) and received is None
 
 
-def test_the_sender_rewinds_to_what_the_follower_asks_for() -> None:
+def test_the_sender_resends_a_refused_chunk_once_and_ignores_stale_answers() -> None:
     io = SimIO()
     snap = leader_snapshot(io, engine_with(400))
     link = Link(io, snap)
-    link.run(chunks_max=5)
-    sent_before = link.sender.bytes_sent
-    assert link.sender.on_ack(SnapshotChunkAck(TERM, INDEX, 2 * CHUNK_BYTES), link.now) == GO_ON
-    link.to_follower.clear()
     link.sender.pump(link.now)
+    link.follower_step()
+    link.leader_step()  # the offer answered, the first window sent
+    link.follower_step()
+    link.leader_step()  # the first window acknowledged, the second sent
+    sender = link.sender
+    assert sender.sent > sender.acked > 0
+    acked, sent_before = sender.acked, sender.bytes_sent
+    # The follower refused the chunk at ``acked`` (it did not follow): resent from there, once,
+    # though every chunk in flight behind it is refused with the same offset.
+    for _ in range(3):
+        assert sender.on_ack(SnapshotChunkAck(TERM, INDEX, acked), link.now) == GO_ON
+    link.to_follower.clear()
+    sender.pump(link.now)
     first = link.to_follower[0]
-    assert isinstance(first, SnapshotChunk) and first.offset == 2 * CHUNK_BYTES  # resent from there
-    assert link.sender.bytes_sent > sent_before
-    assert link.sender.on_ack(SnapshotChunkAck(TERM, INDEX + 1, 0, COMPLETE), link.now) == GO_ON  # another snapshot's
+    assert isinstance(first, SnapshotChunk) and first.offset == acked  # resent from there
+    assert sender.bytes_sent > sent_before
+    resent = sender.sent
+    for _ in range(3):
+        sender.on_ack(SnapshotChunkAck(TERM, INDEX, acked), link.now)
+    assert sender.sent == resent, "a refusal at the same position rewinds once"
+    # An answer below what the follower acknowledged is stale (reordered or duplicated): ignored.
+    sender.on_ack(SnapshotChunkAck(TERM, INDEX, max(0, acked - CHUNK_BYTES)), link.now)
+    assert sender.acked == acked and sender.sent == resent
+    assert sender.on_ack(SnapshotChunkAck(TERM, INDEX + 1, 0, COMPLETE), link.now) == GO_ON  # another snapshot's
 
 
 def test_the_byte_rate_bounds_a_stream_over_time() -> None:
