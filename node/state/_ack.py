@@ -257,8 +257,8 @@ class AckOps(Store):
     def fresh_heartbeat(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
         """The reply to the ``JobHeartbeatB`` ``cmd`` when applying it at ``now_ms`` would only move
         fresh leases by a little (:data:`HEARTBEAT_WRITE_MIN_MS`): each job it names that is active
-        under the token given is leased to within that margin of what the heartbeat would set (the
-        others the command skips). None when it must be written: a lease would move, or a job is
+        under the token given is leased to within that margin of what the heartbeat would set,
+        later or earlier (the others the command skips). None when it must be written: a lease would move, or a job is
         named by a custom id. Reads only: nothing is materialized."""
         ids = cmd["ids"]
         tokens = cmd.get("tokens") or [None] * len(ids)
@@ -286,7 +286,7 @@ class AckOps(Store):
                 if seg.states[i] != SLOT_ACTIVE or (token is not None and str(token) != f"{partition}.{seg.lease_nos[i]}"):
                     continue
                 lease_ms, deadline = ttr_ms or seg.ttr_ms, seg.deadlines[i]
-            if not lease_ms or now_ms + lease_ms - deadline > min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10):
+            if not lease_ms or abs(now_ms + lease_ms - deadline) > min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10):
                 return None
             count += 1
         return {"count": count, "data": {"ok": True, "count": count}}

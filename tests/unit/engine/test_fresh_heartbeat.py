@@ -39,6 +39,7 @@ def test_a_heartbeat_that_renews_goes_through_the_log() -> None:
         cmd = {"cmd": "JobHeartbeatB", "ids": ids, "tokens": tokens}
         assert e.fresh_heartbeat(cmd, T0 + HEARTBEAT_WRITE_MIN_MS + 1) is None, "the lease would move: written"
         assert e.fresh_heartbeat({**cmd, "ttr": 600_000}, T0) is None, "a longer lease asked for"
+        assert e.fresh_heartbeat({**cmd, "ttr": 2_000}, T0) is None, "a shorter lease asked for"
         assert e.fresh_heartbeat({**cmd, "ids": ["job-a", *ids[1:]]}, T0) is None, "a custom id: written"
 
 
@@ -65,6 +66,15 @@ def test_a_fresh_answer_is_what_applying_would_answer(segment: bool, later: int,
     digest = e.digest()
     fresh = e.fresh_heartbeat(cmd, T0 + later)
     assert e.digest() == digest, "answering from the state changed it"
+    before = _deadlines(e, ids)
     applied = e.apply(cmd, T0 + later).result
     if fresh is not None:
         assert fresh == applied
+        # and the leases the command renewed moved by no more than the margin
+        moved = [abs(a - b) for a, b in zip(_deadlines(e, ids), before) if a is not None and b is not None]
+        assert all(m <= HEARTBEAT_WRITE_MIN_MS for m in moved), moved
+
+
+def _deadlines(e: PartitionEngine, ids: list[str]) -> list[float | None]:
+    jobs = [e.apply({"cmd": "GetJob", "id": i}, T0).result["job"] for i in ids]
+    return [j["leaseDeadline"] if j and j["state"] == "active" else None for j in jobs]
