@@ -102,6 +102,8 @@ def main() -> None:
                         help="py-spy collapsed stacks of every node for --profile-seconds from the resume")
     parser.add_argument("--profile-seconds", type=float, default=6.0)
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the stopped follower is resumed and every node stopped by pid.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = partition_for(QUEUE, PARTITIONS)
     env = {"SHOAL_SNAPSHOT_ENTRIES_MIN": str(args.snapshot_entries)}
     with tempfile.TemporaryDirectory(prefix="shoal-catchup-") as data_dir, \
