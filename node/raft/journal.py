@@ -890,8 +890,11 @@ class Journal:
             del self._run_index[:pos]
             del self._run_term[:pos]
         # What was read may still sit only in the page cache (the process died,
-        # the machine did not): make it durable before anyone counts on it.
+        # the machine did not): make it durable before anyone counts on it. That
+        # includes the directory entries of the segments found: a segment created
+        # just before the crash is only named in a directory that was never synced.
         self._data_dirty = True
+        self._dir_dirty = True
         if mark is None:
             self.sync()
             self._create_mark(SyncMark(self._last_index, tail.first_index, tail.size))
