@@ -27,7 +27,6 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from shoal.cluster.partitioning import partition_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_node import Profiler  # noqa: E402 (bench/ is this script's directory)
-from bench_snapshot import Conn, percentiles  # noqa: E402
+from bench_snapshot import Conn, Pinger, percentiles  # noqa: E402
 
 QUEUE = "catchup"
 PARTITIONS = 4
@@ -54,25 +53,6 @@ def local(address: str, partition: int) -> dict[str, Any]:
         return conn.call({"cmd": "Stats", "local": True, "partition": partition})
     finally:
         conn.close()
-
-
-class Pinger(threading.Thread):
-    """A Ping every PING_INTERVAL_S on its own connection, recording (send time, latency)."""
-
-    def __init__(self, address: str) -> None:
-        super().__init__(daemon=True)
-        self.conn = Conn(address)
-        self.samples: list[tuple[float, float]] = []
-        self.stop_flag = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_flag.is_set() and len(self.samples) < PINGS_MAX:
-            t0 = time.perf_counter()
-            self.conn.call({"cmd": "Ping"})
-            t1 = time.perf_counter()
-            self.samples.append((t0, t1 - t0))
-            time.sleep(max(0.0, PING_INTERVAL_S - (t1 - t0)))
-        self.conn.close()
 
 
 def push(address: str, jobs: int, per_entry: int, data: bytes) -> float:
@@ -129,7 +109,7 @@ def main() -> None:
               f"snapshot at {view['replicas'][str(p)]['raft']['snapshot']}")
         others = [n for n in cluster.node_ids if n != follower]
         elections0 = _sum(_elections(local(cluster.address_of(n), p)) for n in others)
-        pinger = Pinger(laddr)
+        pinger = Pinger(laddr, PING_INTERVAL_S, PINGS_MAX)
         pinger.start()
         profiler = Profiler(cluster, args.profile, "catchup", args.profile_seconds).__enter__()
         time.sleep(BASELINE_S)

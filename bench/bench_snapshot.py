@@ -132,21 +132,24 @@ def elections(cluster: LocalCluster) -> int:
 
 
 class Pinger(threading.Thread):
-    """Ping back to back on its own connection, recording (send time, latency)."""
+    """A Ping every ``interval_s`` on its own connection (at most ``pings_max``), recording
+    (send time, latency)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, interval_s: float = PING_INTERVAL_S, pings_max: int = PINGS_MAX) -> None:
         super().__init__(daemon=True)
         self.conn = Conn(address)
+        self.interval_s = interval_s
+        self.pings_max = pings_max
         self.samples: list[tuple[float, float]] = []
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
-        while not self.stop_flag.is_set() and len(self.samples) < PINGS_MAX:
+        while not self.stop_flag.is_set() and len(self.samples) < self.pings_max:
             t0 = time.perf_counter()
             self.conn.call({"cmd": "Ping"})
             t1 = time.perf_counter()
             self.samples.append((t0, t1 - t0))
-            time.sleep(max(0.0, PING_INTERVAL_S - (t1 - t0)))
+            time.sleep(max(0.0, self.interval_s - (t1 - t0)))
         self.conn.close()
 
 
