@@ -730,14 +730,20 @@ class RaftCore:
         pr.inflight.clear()
         self._snap_requests.append((peer, log.snap_index, log.snap_term))
 
-    def _handle_append_response(self, sender: str, msg: AppendResponse, now: float) -> None:
-        if self.state != LEADER or msg.term != self.term:
-            return
+    def _heard_from(self, sender: str, term: int, now: float) -> Progress | None:
+        """A follower's answer in this leader's term: its progress, marked active; else None."""
+        if self.state != LEADER or term != self.term:
+            return None
         pr = self.progress.get(sender)
+        if pr is not None:
+            pr.recent_active = True
+            pr.last_heard = now
+        return pr
+
+    def _handle_append_response(self, sender: str, msg: AppendResponse, now: float) -> None:
+        pr = self._heard_from(sender, msg.term, now)
         if pr is None:
             return
-        pr.recent_active = True
-        pr.last_heard = now
         if msg.reject:
             if msg.lost and msg.hint_index < pr.match:
                 # The follower lost entries it had acknowledged (a damaged log it discarded): what
@@ -796,13 +802,9 @@ class RaftCore:
         self._send_append(sender, pr)
 
     def _handle_heartbeat_response(self, sender: str, msg: HeartbeatResponse, now: float) -> None:
-        if self.state != LEADER or msg.term != self.term:
-            return
-        pr = self.progress.get(sender)
+        pr = self._heard_from(sender, msg.term, now)
         if pr is None:
             return
-        pr.recent_active = True
-        pr.last_heard = now
         if pr.state == PROBE:
             pr.paused = False
         elif pr.state == REPLICATE and len(pr.inflight) >= self.params.inflight_max:
