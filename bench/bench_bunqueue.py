@@ -11,10 +11,14 @@ Rounds are interleaved (each round runs every target once per workload, in a rot
 load on the machine hits every target alike; the table shows each cell's median of the rounds.
 Shoal runs with its defaults (the fsync durability class); on 3 nodes the client connects to the
 leader of the queue's partition (``--through-follower`` connects to a node that leads none, so
-every command is forwarded). bunqueue's server runs from the same npm package as the client, on
-loopback, with its per-client request limit raised out of the way.
+every command is forwarded). ``--disk-class`` creates each Shoal queue with ``durable: false``
+first (the disk class: entries reach the disk within ``sync_interval_ms`` instead of being
+fsynced before the answer), the closest Shoal has to bunqueue's in-memory server. bunqueue's
+server runs from the same npm package as the client, on loopback, with its per-client request
+limit raised out of the way.
 
     python bench/bench_bunqueue.py --rounds 5
+    python bench/bench_bunqueue.py --rounds 5 --workloads drain --disk-class
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
@@ -119,8 +124,29 @@ def queue_led_by(cluster: LocalCluster, node: str | None, tag: str, led: bool = 
     raise RuntimeError("no queue name fits")
 
 
-def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str) -> dict[str, Any]:
-    env = {**os.environ, "BQ_HOST": "127.0.0.1", "BQ_PORT": str(port), "BQ_QUEUE": queue, "BQ_WORKLOAD": workload}
+def create_disk_class_queue(port: int, queue: str) -> None:
+    """Create ``queue`` with ``durable: false`` through Shoal's own protocol."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(encode({"cmd": "CreateQueue", "queue": queue, "options": {"durable": False}, "reqId": 1}))
+        decoder = FrameDecoder(requests=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            reply = next(decoder, None)
+            if reply is not None:
+                if not reply.get("ok"):
+                    raise RuntimeError(f"CreateQueue {queue}: {reply}")
+                return
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            decoder.feed(data)
+    raise RuntimeError(f"CreateQueue {queue}: no answer")
+
+
+def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str,
+                 keep_queue: bool = False) -> dict[str, Any]:
+    env = {**os.environ, "BQ_HOST": "127.0.0.1", "BQ_PORT": str(port), "BQ_QUEUE": queue, "BQ_WORKLOAD": workload,
+           "BQ_KEEP_QUEUE": "1" if keep_queue else "0"}
     done = subprocess.run([str(root / "node_modules" / ".bin" / "bun"), "bench_bunqueue.ts"], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -136,6 +162,8 @@ def main() -> None:
     parser.add_argument("--targets", default=",".join(TARGETS))
     parser.add_argument("--through-follower", action="store_true",
                         help="on 3 nodes, connect to a node that leads none of the queue's partition")
+    parser.add_argument("--disk-class", action="store_true",
+                        help="create each Shoal queue with durable: false (synced within sync_interval_ms)")
     args = parser.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
     targets = [t for t in args.targets.split(",") if t]
@@ -174,9 +202,12 @@ def main() -> None:
                         queue = queue_led_by(server, node if len(server.node_ids) > 1 else None, tag,
                                              led=not args.through_follower)
                         port = int(server.address_of(node).rsplit(":", 1)[1])
+                        if args.disk_class:
+                            create_disk_class_queue(port, queue)
                     else:
                         queue, port = f"bench-{tag}", server.port
-                    got = run_workload(root, workdir, port, queue, workload)
+                    got = run_workload(root, workdir, port, queue, workload,
+                                       keep_queue=args.disk_class and isinstance(server, LocalCluster))
                     results.setdefault((workload, target), []).append(got["rate"])
                     print(json.dumps({"round": r, "target": target, **got}), flush=True)
     print()

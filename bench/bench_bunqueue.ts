@@ -15,7 +15,8 @@ const LANES = 400; // 4 connections x 100 in flight
 const payload = { to: 'user@example.com', subject: 'benchmark', n: 0 };
 
 const queue = new Queue(name, { connection, autoBatch: { enabled: false } });
-await queue.obliterateAsync();
+// BQ_KEEP_QUEUE=1: the queue was created fresh, with options, before this run (obliterating drops them)
+if (process.env.BQ_KEEP_QUEUE !== '1') await queue.obliterateAsync();
 
 async function lanes(total: number, width: number, one: (i: number) => Promise<unknown>): Promise<void> {
   let next = 0;
