@@ -161,15 +161,19 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
     partition = ev.get("partition")
     if type(job_id) is not str or type(partition) is not int:
         return []
-    replica = replicas.get(partition)
-    info = replica.view.event_job(job_id) if replica is not None else None
-    wire_id, result, error = info if info is not None else (job_id, None, None)
+    state, prev = ev.get("state"), ev.get("prev")
+    wire_id, result, error = job_id, None, None
+    if state in _NEEDS_JOB or prev == "active":
+        # Only these frames carry a result or an error; the id is already the wire id.
+        replica = replicas.get(partition)
+        info = replica.view.event_job(job_id) if replica is not None else None
+        if info is not None:
+            wire_id, result, error = info
     base = {"queue": ev.get("queue"), "jobId": wire_id, "timestamp": float(now_ms)}
     if ev.get("event") == "progress":
         progress = ev.get("progress")
         return [_frame({**base, "eventType": "progress", "progress": progress,
                         "data": {"progress": progress, "message": None}})]
-    state, prev = ev.get("state"), ev.get("prev")
     if prev is None:  # a new job
         kind = "delayed" if state == "delayed" else "waiting-children" if state == "waiting-children" else "pushed"
         return [_frame({**base, "eventType": kind})]
@@ -189,6 +193,10 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
         return [_frame({**base, "eventType": "failed", "error": error, "terminal": False}),
                 _frame({**base, "eventType": "retried", "prev": "failed"})]
     return []
+
+
+#: Job states whose event frame carries the job's result or error.
+_NEEDS_JOB = frozenset({"completed", "failed", "cancelled"})
 
 
 def _frame(event: dict[str, Any]) -> dict[str, Any]:

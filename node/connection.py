@@ -538,7 +538,7 @@ class ClientConnection(asyncio.Protocol):
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.dispatcher.writes.add(self)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -36,6 +36,7 @@ from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Re
 from .pushes import check_block, check_queue, each_result, session_pull
 from .relay import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
+from .writes import PendingWrites
 
 if TYPE_CHECKING:
     from .relay import Relay
@@ -104,6 +105,8 @@ class Dispatcher:
         self.flows = flows
         self._flow_commands = flows.commands
         self.loop = loop
+        #: Connections with output to write (see :class:`~.writes.PendingWrites`).
+        self.writes = PendingWrites(loop)
         self.clock = clock
         self.directory = directory
         self.info = info
@@ -768,13 +771,19 @@ class Dispatcher:
     def _publish_bunqueue(self, events: list[dict[str, Any]]) -> None:
         """bunqueue's events of the queues someone subscribed to, here or at a peer."""
         relay = self.relay
+        replicas, now_ms = self.directory.replicas, self.clock.now_ms()
+        # queue -> (its local subscribers, whether a peer subscribed to it): once per batch
+        targets: dict[Any, tuple[Any, bool]] = {}
         for ev in events:
             queue = ev.get("queue")
-            local = self.event_subscribers.get(queue)  # type: ignore[arg-type]
-            remote = relay is not None and relay.wants_events(queue)  # type: ignore[arg-type]
+            target = targets.get(queue)
+            if target is None:
+                target = targets[queue] = (self.event_subscribers.get(queue),  # type: ignore[arg-type]
+                                           relay is not None and relay.wants_events(queue))  # type: ignore[arg-type]
+            local, remote = target
             if not local and not remote:
                 continue
-            for frame in events_of(ev, self.directory.replicas, self.clock.now_ms()):
+            for frame in events_of(ev, replicas, now_ms):
                 body = encode_event(frame)
                 if local:
                     for conn in list(local):

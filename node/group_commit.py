@@ -47,8 +47,11 @@ class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
-                 inflight_max: int = 3, batch_commands_max: int = 2048) -> None:
+                 inflight_max: int = 3, batch_commands_max: int = 2048,
+                 after_answers: Callable[[], None] | None = None) -> None:
         self.replica = replica
+        #: Called once an entry's answers are handed out (the node writes them at once).
+        self.after_answers = after_answers
         self.loop = loop
         #: Stamps each entry (the engines' ``now_ms``): the node's one clock, never decreasing.
         self.clock = clock
@@ -144,6 +147,8 @@ class GroupCommit:
                 cb(err)
         else:
             fan_out(cbs, results, entry.sizes)
+        if self.after_answers is not None:
+            self.after_answers()
         if self._cmds and not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._flush)

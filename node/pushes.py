@@ -33,7 +33,7 @@ from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ProtocolError
 
 from .state import AckRun, Command, PushBatch, PushRun, SessionPull
-from .state._segments import ack_run_of, split_plain
+from .state._segments import ack_run_of, plain_ack, split_plain
 
 __all__ = ["take_block", "check_block", "each_result", "encode_replies", "replicated_form", "fan_out",
            "commands_in", "session_pull", "PushRun", "PushBatch", "AckRun", "SessionPull", "Command"]
@@ -235,7 +235,7 @@ def _compact(cmd: Command, partition: int) -> Command:
             data = item.get("data")
             if type(data) is Raw:
                 item["data"] = data.packed
-    elif name == "ACKB" and not cmd.get("results"):
+    elif name == "ACKB" and plain_ack(cmd):
         run = ack_run_of(partition, cmd["ids"], cmd.get("tokens"))
         if run is not None:
             return AckRun(*run)

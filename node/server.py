@@ -256,7 +256,8 @@ class Node:
         replica.on_applied = self._applied
         replica.on_leadership_lost = self._leadership_lost
         self.replicas[p] = replica
-        self.group_commits[p] = GroupCommit(replica, self.loop, self.clock)
+        self.group_commits[p] = GroupCommit(replica, self.loop, self.clock,
+                                            after_answers=self.dispatcher.writes.write_now)
         if start:
             replica.start()
         return replica

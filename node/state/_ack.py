@@ -10,7 +10,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun
 from ._model import Job, Queue, pack
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of, plain_ack
 from ._store import Store, shoal_seq
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, FAILED, check_transition
 
@@ -47,7 +47,7 @@ class AckOps(Store):
         return self._ack_ids(_ack_of_run(self.partition, run))
 
     def _op_ACKB(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        if not cmd.get("results") and not cmd.get("removeOnCompletes") and self.segments:
+        if self.segments and plain_ack(cmd):
             run = ack_run_of(self.partition, cmd["ids"], cmd.get("tokens"))
             done = self._ack_run(*run) if run is not None else 0
             if done:

@@ -52,6 +52,16 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
             [item.get("name") for item in items] if named else None)
 
 
+def plain_ack(cmd: dict[str, Any]) -> bool:
+    """True when an ACKB stores nothing beyond the completion: no result (bunqueue's client sends
+    ``null`` for each job whose processor returned nothing) and no removeOnComplete."""
+    results = cmd.get("results")
+    if results and results.count(None) != len(results):
+        return False
+    removes = cmd.get("removeOnCompletes")
+    return not removes or not any(removes)
+
+
 def ack_run_of(partition: int, ids: list[Any], tokens: list[Any] | None) -> tuple[int, int, int] | None:
     """``(first seq, count, first lease number or -1)`` when an ACKB names ``partition``'s jobs
     ``first .. first+count-1`` in that order and ``tokens`` (if given) are their consecutive

@@ -40,12 +40,17 @@ def test_plain_batches_and_consecutive_acks_take_their_compact_forms() -> None:
     run = {"cmd": "ACKB", "ids": ["4-10", "4-11", "4-12"], "tokens": ["4.3", "4.4", "4.5"]}
     scattered = {"cmd": "ACKB", "ids": ["4-10", "4-12"]}
     with_results = {"cmd": "ACKB", "ids": ["4-10", "4-11"], "results": [Raw(b"\x01"), None]}
-    out, sizes = replicated_form([plain, mixed, run, scattered, with_results], 4)
+    # bunqueue's worker sends a null result per job whose processor returned nothing
+    null_results = {"cmd": "ACKB", "ids": ["4-20", "4-21"], "tokens": ["4.7", "4.8"], "results": [None, None]}
+    removing = {"cmd": "ACKB", "ids": ["4-30", "4-31"], "removeOnCompletes": [True, False]}
+    out, sizes = replicated_form([plain, mixed, run, scattered, with_results, null_results, removing], 4)
     assert sizes is None
     assert out[0] == PushBatch("q", [b"\x01", b"\x02"], [None, "k"])
     assert out[1] is mixed and mixed["jobs"][0]["data"] == b"\x01"  # type: ignore[index]
     assert out[2] == AckRun(10, 3, 3)
     assert out[3] is scattered and out[4] is with_results
+    assert out[5] == AckRun(20, 2, 7)
+    assert out[6] is removing  # its removeOnComplete is kept
 
 
 def test_results_fan_back_out_to_every_submitted_command() -> None:

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.state import AckRun, Command, PartitionEngine, SessionPull
-from shoal.node.state._segments import ack_run_of
+from shoal.node.state._segments import ack_run_of, plain_ack
 
 TTR_MS = 1_000
 MAX_DELIVERIES = 2
@@ -182,7 +182,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
             cmd["results"] = results
         # The engine under test gets what a leader replicates (node.pushes.replicated_form): a
         # consecutive batch as its compact run; the reference gets the batch as sent.
-        run = ack_run_of(0, cmd["ids"], tokens) if results is None else None
+        run = ack_run_of(0, cmd["ids"], tokens) if plain_ack(cmd) else None
         sent: Command = AckRun(*run) if run is not None else cmd
         jobs = self.model.jobs
         ok = len(set(seqs)) == len(seqs) and all(

@@ -1,0 +1,43 @@
+"""Output written together: the connections holding replies or events not yet written."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+__all__ = ["PendingWrites", "Writer"]
+
+
+class Writer(Protocol):
+    """A connection that writes what it holds on ``_flush``."""
+
+    def _flush(self) -> None: ...
+
+
+class PendingWrites:
+    """Connections holding output, written at the end of the loop iteration, or at once by
+    :meth:`write_now` once a Raft entry's answers are out: sooner than the next iteration,
+    which first polls and reads every socket again."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._writers: list[Writer] = []
+        self._scheduled = False
+
+    def add(self, writer: Writer) -> None:
+        """``writer`` holds output (it adds itself once until its ``_flush``)."""
+        self._writers.append(writer)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        self.write_now()
+
+    def write_now(self) -> None:
+        """Write every pending writer's output now."""
+        while self._writers:
+            writers, self._writers = self._writers, []
+            for writer in writers:
+                writer._flush()
