@@ -265,6 +265,10 @@ class AckOps(Store):
         if len(tokens) != len(ids):
             return None
         ttr_ms = cmd.get("ttr")
+        if self.segments:
+            fresh = self._fresh_run(ids, cmd.get("tokens"), ttr_ms, now_ms)
+            if fresh is not None:
+                return {"count": fresh, "data": {"ok": True, "count": fresh}}
         partition = self.partition
         jobs = self.jobs
         segments = self.segments
@@ -290,6 +294,33 @@ class AckOps(Store):
                 return None
             count += 1
         return {"count": count, "data": {"ok": True, "count": count}}
+
+    def _fresh_run(self, ids: list[Any], tokens: list[Any] | None, ttr_ms: int | None, now_ms: int) -> int | None:
+        """:meth:`fresh_heartbeat` of the jobs a worker holds when they are one segment's
+        consecutive leased slots under consecutive tokens (what consecutive pulls gave it):
+        their count when every lease is fresh, else None (the job-by-job check decides)."""
+        run = ack_run_of(self.partition, ids, tokens)
+        if run is None:
+            return None
+        first, k, lease = run
+        seg = self.segments.find(first)
+        if seg is None:
+            return None
+        i = first - seg.first
+        end = i + k
+        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
+            return None
+        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
+            return None
+        lease_ms = ttr_ms or seg.ttr_ms
+        if not lease_ms:
+            return None
+        deadlines = seg.deadlines[i:end]
+        target, margin = now_ms + lease_ms, min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10)
+        # |target - d| <= margin for every d: the slice's lowest and highest decide
+        if target - min(deadlines) > margin or max(deadlines) - target > margin:
+            return None
+        return k
 
     def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])

@@ -78,3 +78,21 @@ def test_a_fresh_answer_is_what_applying_would_answer(segment: bool, later: int,
 def _deadlines(e: PartitionEngine, ids: list[str]) -> list[float | None]:
     jobs = [e.apply({"cmd": "GetJob", "id": i}, T0).result["job"] for i in ids]
     return [j["leaseDeadline"] if j and j["state"] == "active" else None for j in jobs]
+
+
+def test_jobs_of_two_pulls_are_fresh_only_while_both_leases_are() -> None:
+    """A worker holding two pulls' jobs heartbeats them as one run of ids and tokens: the answer
+    comes from the state only while the older lease is fresh too."""
+    e = PartitionEngine(0)
+    e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(6)]}, T0)
+    first = e.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0).result
+    gap = HEARTBEAT_WRITE_MIN_MS // 2
+    second = e.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0 + gap).result
+    cmd = {"cmd": "JobHeartbeatB", "ids": [j["id"] for j in first["jobs"] + second["jobs"]],
+           "tokens": first["tokens"] + second["tokens"]}
+    assert e.fresh_heartbeat(cmd, T0 + gap) == e.apply(cmd, T0 + gap).result == {"count": 6, "data": {"ok": True, "count": 6}}
+    e2 = PartitionEngine(0)
+    e2.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(6)]}, T0)
+    e2.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0)
+    e2.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0 + 2 * HEARTBEAT_WRITE_MIN_MS)
+    assert e2.fresh_heartbeat(cmd, T0 + 2 * HEARTBEAT_WRITE_MIN_MS) is None, "the first pull's leases would move"
