@@ -1191,6 +1191,11 @@ class SyncBatcher:
         """Journals waiting for a sync."""
         return len(self._dirty)
 
+    def unsynced(self) -> int:
+        """Journals holding written data that no sync has covered yet, whatever their class."""
+        marked = {**self._dirty, **self._lazy, **self._leader}
+        return sum(1 for journal in marked.values() if journal.dirty)
+
     def sync_all(self) -> dict[Journal, int]:
         """Sync each dirty journal once; map each to its new durable index."""
         dirty, self._dirty = self._dirty, {}

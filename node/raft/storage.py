@@ -166,7 +166,8 @@ class NodeStorage:
         return {"spaceLow": low, "noSpacePartitions": sorted(self.no_space),
                 "diskFreeMinBytes": self.io.disk_free_min_bytes,
                 "syncIntervalMs": self.sync_interval_ms,
-                "barrierSyncs": self.barrier_syncs, "lazySyncs": self.lazy_syncs}
+                "barrierSyncs": self.barrier_syncs, "lazySyncs": self.lazy_syncs,
+                "unsyncedJournals": self.batcher.unsynced()}
 
 
 def _fail_stop(exc: BaseException) -> None:
