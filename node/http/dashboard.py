@@ -93,6 +93,9 @@ OVERVIEW_SPARK_SAMPLES = 120     # the overview's small charts: the last two min
 RATE_WINDOW_SAMPLES = 5          # rates are averaged over the last five seconds
 OVERVIEW_QUEUES_MAX = 500
 PEER_TIMEOUT_S = 2.0
+#: A relayed action waits for the other node to carry it out (stopping a simulation cancels its
+#: workers and closes its client), which on a busy machine takes longer than a read of its view.
+PEER_ACTION_TIMEOUT_S = 30.0
 OVERVIEW_SHARED_S = 0.25
 STREAM_INTERVAL_MS = (500, 10_000)
 TIMELINE_ACTIVE_S = 30.0
@@ -339,8 +342,8 @@ class Dashboard:
             return None
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    async def _peer_call(self, node_id: str, method: str, path: str,
-                         authorization: str | None) -> tuple[int, dict[str, Any]]:
+    async def _peer_call(self, node_id: str, method: str, path: str, authorization: str | None,
+                         timeout_s: float = PEER_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
         """``method path`` on another node's HTTP port with the caller's Authorization."""
         base = self._peer_url(node_id)
         if base is None:
@@ -349,7 +352,7 @@ class Dashboard:
         if authorization:
             headers["Authorization"] = authorization
         async with self.api.forwarder.session().request(
-                method, base + path, headers=headers, timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as resp:
+                method, base + path, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             return resp.status, await resp.json()
 
     async def _peer_view(self, node_id: str, authorization: str | None) -> dict[str, Any]:
@@ -621,7 +624,7 @@ class Dashboard:
                 return error_response("INVALID", f"node: {other!r} is not a node of this cluster")
             try:
                 status, body = await self._peer_call(other, "DELETE", "/simulation",
-                                                     request.headers.get("Authorization"))
+                                                     request.headers.get("Authorization"), PEER_ACTION_TIMEOUT_S)
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
                 return error_response("NOT_LEADER", f"node {other} did not answer: {type(exc).__name__}", 503)
             return json_response(body, status)
