@@ -38,9 +38,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_snapshot import Conn  # noqa: E402 (bench/ is this script's directory)
 
 BUN_VERSION = "1.4.5"
 BUNQUEUE_VERSION = "2.9.5"
@@ -126,21 +128,13 @@ def queue_led_by(cluster: LocalCluster, node: str | None, tag: str, led: bool = 
 
 def create_disk_class_queue(port: int, queue: str) -> None:
     """Create ``queue`` with ``durable: false`` through Shoal's own protocol."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(encode({"cmd": "CreateQueue", "queue": queue, "options": {"durable": False}, "reqId": 1}))
-        decoder = FrameDecoder(requests=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            reply = next(decoder, None)
-            if reply is not None:
-                if not reply.get("ok"):
-                    raise RuntimeError(f"CreateQueue {queue}: {reply}")
-                return
-            data = sock.recv(1 << 16)
-            if not data:
-                break
-            decoder.feed(data)
-    raise RuntimeError(f"CreateQueue {queue}: no answer")
+    conn = Conn(f"127.0.0.1:{port}")
+    try:
+        reply = conn.call({"cmd": "CreateQueue", "queue": queue, "options": {"durable": False}})
+    finally:
+        conn.close()
+    if not reply.get("ok"):
+        raise RuntimeError(f"CreateQueue {queue}: {reply}")
 
 
 def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str,

@@ -122,20 +122,29 @@ class AckOps(Store):
         one by one. Returns 0, having changed nothing, when the jobs are not that run
         (the general path then handles the batch, errors included).
         """
-        seg = self.segments.find(first)
-        if seg is None:
+        found = self._leased_run(first, k, lease)
+        if found is None:
             return 0
-        i = first - seg.first
-        end = i + k
-        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
-            return 0
-        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
-            return 0
+        seg, i = found
         q = self.queues[seg.queue]
         self._complete_slots(q, seg, i, k)
         if len(q.history) > q.opts["historyMax"]:
             self._trim_history(q)
         return k
+
+    def _leased_run(self, first: int, k: int, lease: int) -> tuple[Segment, int] | None:
+        """The segment and slot of ``first`` when ``first .. first+k-1`` are one segment's
+        active slots leased under the numbers from ``lease`` on (-1: not checked), else None."""
+        seg = self.segments.find(first)
+        if seg is None:
+            return None
+        i = first - seg.first
+        end = i + k
+        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
+            return None
+        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
+            return None
+        return seg, i
 
     def _complete_slots(self, q: Queue, seg: Segment, i: int, k: int) -> None:
         """ACKB's completion of leased slots ``i .. i+k-1`` of ``seg``, without a result: the
@@ -302,20 +311,15 @@ class AckOps(Store):
         run = ack_run_of(self.partition, ids, tokens)
         if run is None:
             return None
-        first, k, lease = run
-        seg = self.segments.find(first)
-        if seg is None:
+        found = self._leased_run(*run)
+        if found is None:
             return None
-        i = first - seg.first
-        end = i + k
-        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
-            return None
-        if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
-            return None
+        seg, i = found
+        k = run[1]
         lease_ms = ttr_ms or seg.ttr_ms
         if not lease_ms:
             return None
-        deadlines = seg.deadlines[i:end]
+        deadlines = seg.deadlines[i:i + k]
         target, margin = now_ms + lease_ms, min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10)
         # |target - d| <= margin for every d: the slice's lowest and highest decide
         if target - min(deadlines) > margin or max(deadlines) - target > margin:
