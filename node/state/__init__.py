@@ -38,7 +38,9 @@ its lowest untaken job; a pull leases a segment's consecutive jobs as one run, a
 ``ACKB`` of that run completes it slice by slice. A segment's job becomes a ``Job``
 object ("materialized") when a command names it. Materializing changes the
 representation, never the state: snapshots, digests and listings see every job in seq
-order either way.
+order either way. A restore keeps runs of plain waiting jobs (consecutive seqs of one queue,
+pushed together) as segments again, except where only the per-job path makes them (a log
+queue's records, jobs a flow or a dedupe entry names).
 
 Every command is atomic: it checks everything that can fail before it changes
 anything, so a refused command leaves no trace.

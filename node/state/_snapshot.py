@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -11,7 +12,8 @@ from typing import Any, Self
 
 import msgpack
 
-from ._model import SNAPSHOT_VERSION, Job, Queue
+from ._model import SNAPSHOT_VERSION, Job, Queue, slot_job
+from ._segments import Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
@@ -19,6 +21,34 @@ __all__ = ["SnapshotOps"]
 
 #: Bytes the streaming restore reads from its chunks at a time.
 _READ_BYTES = 1 << 20
+#: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``finished_ms`` as a
+#: plain push leaves them: nothing leased, grouped, named by id, tagged, finished or logged.
+_PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
+#: Most slots one restored segment holds (a plain PUSHB's segment is one batch).
+_RUN_SLOTS_MAX = 10_000
+
+
+def _plain_waiting(t: list[Any]) -> bool:
+    """True when job tuple ``t`` is what a segment's waiting slot gives (:func:`~._model.slot_job`):
+    priority 0, never attempted, due at creation, no TTL, only ``name`` beside its data."""
+    return (t[3] == 0 and t[4] == WAITING and t[5] == 0 and t[9] == t[8] and t[10] == 0
+            and tuple(t[12:24]) == _PLAIN_TAIL and (len(t) < 26 or t[25] is None)
+            and type(t[2]) is bytes and (len(t) < 25 or t[24] is None or type(t[24]) is str))
+
+
+def _run_segment(run: list[list[Any]]) -> Segment:
+    """The segment holding ``run``: consecutive plain waiting jobs sharing queue, creation time
+    and the queue defaults they were pushed under."""
+    head = run[0]
+    names = [t[24] if len(t) > 24 else None for t in run]
+    return Segment(head[0], [t[2] for t in run], head[1], head[8], head[6], head[7], head[11],
+                   names if any(n is not None for n in names) else None)
+
+
+def _continues(run: list[list[Any]], t: list[Any]) -> bool:
+    last = run[-1]
+    return (t[0] == last[0] + 1 and t[1] == last[1] and t[8] == last[8] and t[6] == last[6]
+            and t[7] == last[7] and t[11] == last[11] and len(run) < _RUN_SLOTS_MAX)
 
 
 class _ChunkReader:
@@ -103,13 +133,44 @@ class SnapshotOps(Store):
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
+        # Runs of plain waiting jobs (what bulk pushes leave) come back as segments, as they
+        # were held before the snapshot, rather than one Job object each.
+        segments: list[Segment] = []
+        run: list[list[Any]] = []
         job_count = unpacker.read_array_header()
         for _ in range(job_count):
-            job = Job.from_tuple(unpacker.unpack())
+            t = unpacker.unpack()
+            if _plain_waiting(t):
+                if run and not _continues(run, t):
+                    eng._keep_run(run, segments)
+                    run = []
+                run.append(t)
+                continue
+            if run:
+                eng._keep_run(run, segments)
+                run = []
+            job = Job.from_tuple(t)
             if job.logs is not None:
                 job.logs = [(stamp, line) for stamp, line in job.logs]
             eng.jobs[job.seq] = job
-        queues, sessions, idem_order, idem, crons = (unpacker.unpack() for _ in range(5))
+        if run:
+            eng._keep_run(run, segments)
+        queues, sessions = unpacker.unpack(), unpacker.unpack()
+        # The idempotency window can hold an entry per recent job: read entry by entry (not as
+        # one list of lists), one str per queue name and key shared by the order and the map,
+        # as the engine that wrote them held them.
+        strs: dict[str, str] = {}
+        share = strs.setdefault
+        order: deque[tuple[int, tuple[str, str]]] = deque()
+        for _ in range(unpacker.read_array_header()):
+            t, (q_name, key) = unpacker.unpack()
+            order.append((t, (share(q_name, q_name), share(key, key))))
+        idem: dict[tuple[str, str], tuple[str, int]] = {}
+        for _ in range(unpacker.read_array_header()):
+            q_name, key, job_id, expires = unpacker.unpack()
+            idem[(share(q_name, q_name), share(key, key))] = (job_id, expires)
+        del strs
+        crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}
         limits = extras.get("limits", {})
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
@@ -122,15 +183,18 @@ class SnapshotOps(Store):
             q.dlq = dict.fromkeys(dlq)
             if q.limiter is not None and name in limits:
                 q.limiter.load(limits[name])
-        for job in eng.jobs.values():
-            eng._index(job)
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
-        eng.idempotency_order = deque((t, (k[0], k[1])) for t, k in idem_order)
-        eng.idempotency = {(q, k): (job_id, expires) for q, k, job_id, expires in idem}
+        eng.idempotency_order = order
+        eng.idempotency = idem
         eng.crons = crons
         if "flows" in extras:
             eng.restore_flows(extras["flows"])
         eng.load_dedupe(extras.get("dedupe", []))  # type: ignore[attr-defined]  # DedupeOps
+        named = sorted(eng._seqs_named_elsewhere()) if segments else []
+        for seg in segments:
+            eng._place_run(seg, named)
+        for job in eng.jobs.values():
+            eng._index(job)
         return eng
 
     def flow_state(self) -> list[object]:
@@ -138,6 +202,39 @@ class SnapshotOps(Store):
 
     def restore_flows(self, state: list[object]) -> None:
         raise NotImplementedError  # ``_flows.FlowOps``
+
+    def _keep_run(self, run: list[list[Any]], segments: list[Segment]) -> None:
+        """A run of restored plain waiting jobs: one segment, or a job when it is alone."""
+        if len(run) == 1:
+            self.jobs[run[0][0]] = Job.from_tuple(run[0])
+        else:
+            segments.append(_run_segment(run))
+
+    def _place_run(self, seg: Segment, named: list[int]) -> None:
+        """Keep a restored run as a segment: one ready-heap entry at its first slot, its counts.
+
+        Where the per-job path alone made such jobs, they stay jobs (indexed with the rest):
+        a log queue's records, and jobs a flow or a dedupe entry names (their code reads
+        them as jobs). ``named``: those seqs, ascending."""
+        q = self.queues[seg.queue]
+        n = len(seg.datas)
+        k = bisect_left(named, seg.first)
+        if q.type == "log" or (k < len(named) and named[k] < seg.first + n):
+            for i in range(n):
+                job = slot_job(seg, i, self.partition)
+                self.jobs[job.seq] = job
+            self._jobs_unordered = True
+            return
+        self.segments.add(seg)
+        heapq.heappush(q.ready, (0, seg.first))
+        q.counts[WAITING] += n
+        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+
+    def _seqs_named_elsewhere(self) -> list[int]:
+        """Seqs of jobs that flows or dedupe entries name."""
+        named = [*self.flow_parents, *self.flow_children, *self.flow_outbox]
+        named.extend(entry[1] for entry in self.dedupe.values())  # type: ignore[attr-defined]  # DedupeOps
+        return named
 
     def _index(self, job: Job) -> None:
         """Rebuild a restored job's place in the indexes."""
