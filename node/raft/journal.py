@@ -5,13 +5,21 @@ Theory of operation
 The log is a run of entries ``(index, term, payload)`` with contiguous
 indexes and non-decreasing terms. It lives in a directory of segment files
 named ``<first index, 20 digits>.wal``; each starts with a 20-byte header
-(magic, format version, the unsynced-bytes bound, their CRC32C) followed by records::
+(magic, format version, the unsynced-bytes bound, their CRC32C) followed by
+records of two kinds, little-endian::
 
-    length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
+    entry:  length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
+    mark:   0xFFFFFFFF | crc32c u32 | "SHOALMRK" | offset u64 | index u64
 
-little-endian, the CRC32C covering ``length, term, index`` and the payload.
-Records are appended with ordinary writes; a segment is sealed (fdatasync'ed)
-when it reaches ``segment_bytes`` and the next one is started.
+An entry's CRC32C covers ``length, term, index`` and the payload. A mark record
+says that the bytes of its segment before ``offset`` (its own position) and the
+entries up to ``index`` were durable when it was written (see *The synced mark*);
+its CRC32C covers its fields and the segment's first index. No payload is
+0xFFFFFFFF bytes long, so the kinds cannot be confused. Records are appended
+with ordinary writes; a segment is sealed (fdatasync'ed) when it reaches
+``segment_bytes`` and the next one is started. Segments of format version 3
+may hold mark records; version-2 segments (entries only) are read, and a
+version-2 last segment is sealed at the first append rather than continued.
 
 Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
 own only when sealing a segment, or when more than ``unsynced_bytes_max``
@@ -31,37 +39,70 @@ kept until all of it is covered.
 Recovery at open scans the segments from the first needed one. Only the
 unsynced tail can be torn by a power cut, and it lies in the last segment,
 beyond the last synced offset, and spans at most ``unsynced_bytes_max`` bytes
-(recorded in each segment's header) or one record. The journal records the
-synced offset in ``synced`` (see *The synced mark* below). A record that fails
-its checks there — beyond the mark and close enough to the end — is a torn
-tail: the segment is cut at it and the cut (file, offset, bytes) is logged. A
-failing record anywhere else — in a sealed segment, in the synced part of the
-last one, or further from its end than a torn write can reach — a journal that
-ends before the mark, and segments that do not follow each other raise
-:class:`JournalCorrupt` naming the file and offset. What recovery found is then
-synced, since after a crash of the process alone it may still be only in the
-page cache.
+(recorded in each segment's header) or one record (with the mark record
+written ahead of it). How far the last segment is synced is told by the synced
+mark (see *The synced mark* below). A record that fails its checks beyond it
+and close enough to the end is a torn tail: the segment is cut at it and the
+cut (file, offset, bytes) is logged. A failing record anywhere else — in a
+sealed segment, in the synced part of the last one, or further from its end
+than a torn write can reach — a journal that ends before the mark, and
+segments that do not follow each other raise :class:`JournalCorrupt` naming
+the file and offset. What recovery found is then synced, since after a crash
+of the process alone it may still be only in the page cache.
 
 The synced mark
 ---------------
-``synced`` holds ``(segment, offset, index)``: the bytes of segment ``segment``
-before ``offset``, and the entries up to ``index``, are on stable storage. It is
-a lower bound, never more than the truth, and costs no fsync on the hot path:
-after each successful :meth:`Journal.sync` the new mark is written in place with
-a plain ``pwrite`` (no sync), so whatever of it reaches the disk was written
-after the data it names was durable. Every operation that makes the durable log
-shorter — a suffix deletion into synced entries, :meth:`Journal.clear` — first
-rewrites the mark durably (temp file, fsync, rename, directory fsync), so a mark
-on disk never names bytes that are gone. A torn-tail cut at recovery needs no
-rewrite: it only ever cuts beyond the mark. The file holds two copies of the
-mark, each with its own CRC32C, in different 4 KiB blocks, and plain writes
-alternate between them: a power cut can tear only the copy being written, and
-recovery takes the higher of the copies whose checksums hold. If neither holds (or the
+How far the log is durable is recorded in two places, neither costing an fsync
+on the hot path; recovery takes the last segment as synced up to the higher of
+the two. Both are lower bounds, never more than the truth.
+
+*Mark records in the segment.* The first append to the active segment after a
+completed fdatasync of it writes a mark record naming its own offset ahead of
+the entry, in the same write call: everything before that offset was durable
+by then. The next fdatasync makes the record durable along with the entries
+after it. Since it names only bytes an earlier, completed sync made durable,
+it is true whatever a power cut does to the write carrying it (a disk may keep
+any part of an unfinished sync's writes). A mark record counts only at the
+offset and in the segment it names (its checksum covers both), so a copy of one
+inside a payload counts for nothing. The scan checks mark records with the
+entries. At a bad record in the last segment, the records after it cannot be
+walked (its length may be what is damaged), so the rest of the segment is
+searched for the mark records' magic: a whole mark record past the bad record
+proves that the bad record was synced, and the journal is refused. Reads skip
+mark records. A suffix deletion cuts at an entry's offset: the mark records
+past the cut go with it, and one before the cut names only bytes before
+itself, which stay.
+
+*The* ``synced`` *file* holds ``(segment, offset, index)``: the bytes of
+segment ``segment`` before ``offset``, and the entries up to ``index``, are on
+stable storage. After each successful :meth:`Journal.sync` it is written in
+place with a plain ``pwrite`` (no sync), so whatever of it reaches the disk was
+written after the data it names was durable. Every operation that makes the
+durable log shorter — a suffix deletion into synced entries,
+:meth:`Journal.clear` — first rewrites it in place and fdatasyncs it, so it
+never names bytes that are gone; a torn-tail cut at recovery needs no rewrite,
+as it only ever cuts beyond the mark. The file holds two copies of the mark,
+each with its own CRC32C, in different 4 KiB blocks, and plain writes alternate
+between them: a power cut can tear only the copy being written, and recovery
+takes the higher of the copies whose checksums hold. If neither holds (or the
 file is missing beside existing segments), nothing is assumed unsynced and any
-bad record is refused. The mark may lag the truth by the writes a power cut
-lost (the kernel writes them back within seconds); damage in that window, close
-to the end of the last segment, is still taken for a torn tail. A clean
-:meth:`Journal.close` makes the mark durable.
+bad record is refused. A clean :meth:`Journal.close` makes it durable. Only
+this file tells a last segment that lost a synced tail (mark records in the
+lost bytes are lost with them) from one that was never written further.
+
+What neither covers. The mark record vouching for a synced batch is written
+only with the first append after the batch's sync, and is durable only once
+the sync after that completes (or the kernel writes it back). So after a power
+cut the bytes past the newest mark record on disk (or the segment header) —
+the last batch synced, at most ``unsynced_bytes_max`` bytes or one record with
+its mark record, then the unsynced tail — are vouched for by the ``synced``
+file alone, whose plain write after that sync may have been lost as well. If
+it was, damage in that batch is taken for a torn tail and cut where it lies
+within ``unsynced_bytes_max`` of the segment's end or in its last record;
+further from the end it is refused. Likewise a last segment that lost a synced
+tail past the offset the durable ``synced`` file names is taken for one that
+was never written further. Closing that window needs the mark made durable by
+an fsync of its own after each sync of the data.
 
 The directory also holds ``meta`` (term, vote, commit hint: :mod:`.meta`),
 ``start`` (the durable first index after a prefix drop) and ``synced``.
@@ -71,7 +112,7 @@ A damaged journal directory can be moved aside with
 fresh copy of the log from its leader.
 
 Memory does not grow with the payloads: the journal keeps one 8-byte offset per
-record (``array('q')`` per segment), the term changes, and a bounded cache of
+entry (``array('q')`` per segment), the term changes, and a bounded cache of
 the newest entries; older entries are read back from disk.
 
 The class also implements the raft-log interface pysyncobj 0.3.17 uses for its
@@ -112,6 +153,7 @@ __all__ = [
     "read_sync_mark",
     "SEGMENT_BYTES",
     "RECORD_HEADER_BYTES",
+    "MARK_RECORD_BYTES",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,7 +162,10 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 COMMIT_HINT_PERIOD_S = 10
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
-_SEGMENT_VERSION = 2
+#: Version 3 segments may hold mark records; version 2 (entry records only) is still read.
+_SEGMENT_VERSION = 3
+_SEGMENT_VERSIONS_READ = (2, 3)
+_MARKS_SINCE_VERSION = 3
 #: magic, version, the unsynced-bytes bound, CRC32C of the three: a header torn by a power cut
 #: (it is unsynced until the segment's first sync) is told from one that states a wrong bound.
 _SEGMENT_HEADER = struct.Struct("<8sIII")
@@ -193,6 +238,16 @@ def read_sync_mark(io: FileIO, directory: str) -> SyncMark | None:
 
 _RECORD = struct.Struct("<IIQQ")
 RECORD_HEADER_BYTES = _RECORD.size
+#: A mark record has this where an entry record has its payload length: no payload is that long.
+_MARK_LENGTH = 0xFFFFFFFF
+_MARK_RECORD_MAGIC = b"SHOALMRK"
+#: The length sentinel, CRC32C, magic, the record's own offset (everything before it was synced
+#: when it was written) and the index of the last entry before it.
+_MARK_RECORD = struct.Struct("<II8sQQ")
+MARK_RECORD_BYTES = _MARK_RECORD.size
+#: What a mark record's CRC32C covers: its fields and the first index of its segment, so that
+#: a copy of one anywhere else (another offset, another segment, inside a payload) is not valid.
+_MARK_RECORD_CRC = struct.Struct("<I8sQQQ")
 _CRC_FIELDS = struct.Struct("<IQQ")
 _START = struct.Struct("<8sQI")
 _START_MAGIC = b"SHOALSTA"
@@ -240,6 +295,25 @@ def encode_record(index: int, term: int, payload: bytes) -> bytes:
     return _RECORD.pack(n, _crc(n, term, index, payload), term, index) + payload
 
 
+def _mark_record(segment: int, offset: int, index: int) -> bytes:
+    """A mark record written at ``offset`` of segment ``segment``, after entry ``index``."""
+    crc = google_crc32c.value(_MARK_RECORD_CRC.pack(_MARK_LENGTH, _MARK_RECORD_MAGIC, offset, index, segment))
+    return _MARK_RECORD.pack(_MARK_LENGTH, crc, _MARK_RECORD_MAGIC, offset, index)
+
+
+def _mark_record_index(buf: bytes | memoryview, at: int, offset: int, segment: int) -> int | None:
+    """The entry index named by a whole, valid mark record at ``buf[at:]`` that sits at file
+    offset ``offset`` of segment ``segment``; None if there is no such record there."""
+    if at < 0 or at + MARK_RECORD_BYTES > len(buf):
+        return None
+    sentinel, crc, magic, named, index = _MARK_RECORD.unpack_from(buf, at)
+    if sentinel != _MARK_LENGTH or magic != _MARK_RECORD_MAGIC or named != offset:
+        return None
+    if google_crc32c.value(_MARK_RECORD_CRC.pack(sentinel, magic, named, index, segment)) != crc:
+        return None
+    return index
+
+
 def _segment_name(first_index: int) -> str:
     return f"{first_index:020d}{_SUFFIX}"
 
@@ -251,6 +325,12 @@ class _Segment:
     offsets: array = field(default_factory=lambda: array("q"))
     size: int = SEGMENT_HEADER_BYTES
     unsynced_max: int = UNSYNCED_BYTES_MAX  # as recorded in its header: recovery relies on it
+    version: int = _SEGMENT_VERSION
+    #: Bytes a completed fdatasync of this segment made durable (0: none yet).
+    synced_size: int = 0
+    #: Offset of its newest mark record (the header's end if it has none): the bytes before
+    #: it are vouched for in the segment itself.
+    marked: int = SEGMENT_HEADER_BYTES
 
     @property
     def next_index(self) -> int:
@@ -466,15 +546,26 @@ class Journal:
             self._restart_at(index, term)
         record = encode_record(index, term, payload)
         seg = self._segments[-1]
-        if len(seg.offsets) and seg.size + len(record) > self.segment_bytes:
+        # A version-2 segment cannot hold mark records: it is sealed and a current one started.
+        if len(seg.offsets) and (seg.size + len(record) > self.segment_bytes or seg.version < _MARKS_SINCE_VERSION):
             seg = self._roll(index)
         elif self._unsynced_bytes and self._unsynced_bytes + len(record) > seg.unsynced_max:
             self.sync()
         assert self._active is not None
-        offset = self._active.append(record, check_space=check_space)
+        if seg.marked < seg.synced_size == seg.size and seg.version >= _MARKS_SINCE_VERSION:
+            # The first write after a sync of this segment carries a mark record vouching for
+            # the synced bytes before it, in the same write call; the next fdatasync makes it
+            # durable with the entry. It names only bytes a completed sync made durable, so it
+            # is true whatever a power cut does to this write.
+            record = _mark_record(seg.first_index, seg.size, index - 1) + record
+            at = self._active.append(record, check_space=check_space)
+            seg.marked = at
+            offset = at + MARK_RECORD_BYTES
+        else:
+            at = offset = self._active.append(record, check_space=check_space)
         self._unsynced_bytes += len(record)
         seg.offsets.append(offset)
-        seg.size = offset + len(record)
+        seg.size = at + len(record)
         self._last_index = index
         if not self._run_term or self._run_term[-1] != term:
             self._run_index.append(index)
@@ -526,7 +617,10 @@ class Journal:
         # so after a power cut only the last segment can have a torn tail.
         assert self._active is not None
         old = self._active
+        sealed = self._segments[-1]
+        size = sealed.size
         self._datasync(old)
+        sealed.synced_size = size
         if not self._dir_dirty:
             self._synced_index = self._last_index
             self._note_synced()
@@ -630,7 +724,10 @@ class Journal:
     def _sync_active(self) -> None:
         """fdatasync the active segment: everything written to it is durable."""
         assert self._active is not None
+        seg = self._segments[-1]
+        size = seg.size  # taken first: a mark record must never vouch for a byte written after it
         self._datasync(self._active)
+        seg.synced_size = size
         self._data_dirty = False
         self._unsynced_bytes = 0
 
@@ -673,6 +770,8 @@ class Journal:
         cut = seg.offsets[keep] if keep < len(seg.offsets) else seg.size
         del seg.offsets[keep:]
         seg.size = cut
+        if seg.marked >= cut:  # its newest mark record goes with the cut: the next write names the cut anew
+            seg.marked = SEGMENT_HEADER_BYTES
         assert self._active is not None
         self._active.truncate(cut)
         self._sync_active()
@@ -826,13 +925,23 @@ class Journal:
             view = memoryview(raw)
             pos = 0
             while pos < len(view):
+                if pos + RECORD_HEADER_BYTES > len(view):
+                    raise JournalCorrupt(seg.path, lo + pos, "record cut short on read")
                 length, crc, term, idx = _RECORD.unpack_from(view, pos)
+                if length == _MARK_LENGTH:  # a mark record between two entries: nothing to read
+                    if _mark_record_index(view, pos, lo + pos, seg.first_index) != index - 1:
+                        raise JournalCorrupt(seg.path, lo + pos, "mark record fails its check on read")
+                    pos += MARK_RECORD_BYTES
+                    continue
                 payload = bytes(view[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length])
                 if idx != index or len(payload) != length or _crc(length, term, idx, payload) != crc:
                     raise JournalCorrupt(seg.path, lo + pos, "record fails its check on read")
                 yield payload, idx, term
                 pos += RECORD_HEADER_BYTES + length
                 index += 1
+            if index != seg.first_index + b:
+                raise JournalCorrupt(seg.path, hi, f"records end at index {index - 1} on read, "
+                                     f"before {seg.first_index + b - 1}")
             k += 1
 
     # ------------------------------------------------------------------ recovery
@@ -931,7 +1040,7 @@ class Journal:
             seg = _Segment(path, first, unsynced_max=self.unsynced_bytes_max)
             header = handle.pread(0, SEGMENT_HEADER_BYTES)
             fields = _segment_header_fields(header)
-            if fields is None or fields[:2] != (_SEGMENT_MAGIC, _SEGMENT_VERSION):
+            if fields is None:
                 if not is_last or synced_end != 0:
                     raise JournalCorrupt(path, 0, "bad segment header" + self._not_torn_because(is_last, synced_end))
                 log.warning("journal %s: torn segment header (%d bytes), rewriting it", path, size)
@@ -939,7 +1048,15 @@ class Journal:
                 handle.append(_segment_header(self.unsynced_bytes_max))
                 handle.datasync()
                 return seg
-            unsynced_max = seg.unsynced_max = fields[2]
+            magic, version, unsynced_max = fields
+            if magic != _SEGMENT_MAGIC or version not in _SEGMENT_VERSIONS_READ:
+                # A whole header (its checksum holds) is no torn write: never rewrite it.
+                raise JournalCorrupt(path, 0, f"segment header of an unknown format (magic {magic!r}, version "
+                                     f"{version}; this build reads {_SEGMENT_MAGIC!r} versions "
+                                     f"{', '.join(map(str, _SEGMENT_VERSIONS_READ))})")
+            seg.unsynced_max = unsynced_max
+            seg.version = version
+            marks = version >= _MARKS_SINCE_VERSION
             offset = SEGMENT_HEADER_BYTES
             index = first
             chunk_bytes = 4 * 1024 * 1024
@@ -958,6 +1075,16 @@ class Journal:
                         problem = "incomplete record header"
                         break
                 length, crc, term, idx = _RECORD.unpack_from(buf, rel)
+                if length == _MARK_LENGTH and marks:
+                    if rel + MARK_RECORD_BYTES > len(buf):
+                        buf = handle.pread(offset, chunk_bytes)
+                        buf_at, rel = offset, 0
+                    if _mark_record_index(buf, rel, offset, first) != index - 1:
+                        problem = "mark record fails its checks"
+                        break
+                    seg.marked = offset
+                    offset += MARK_RECORD_BYTES
+                    continue
                 if length > PAYLOAD_BYTES_MAX:
                     problem = f"record length {length} beyond the limit"
                     break
@@ -989,10 +1116,16 @@ class Journal:
             if problem:
                 if not is_last or synced_end is None or offset < synced_end:
                     raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
-                if not self._may_be_torn(handle, offset, size, unsynced_max):
+                if not self._may_be_torn(handle, offset, size, unsynced_max, marks):
                     raise JournalCorrupt(
                         path, offset, f"{problem}, {size - offset} bytes before the end: more than the "
                         f"{unsynced_max} bytes that can be unsynced, so not a torn write"
+                    )
+                vouched = self._mark_record_after(handle, offset, size, first) if marks else None
+                if vouched is not None:
+                    raise JournalCorrupt(
+                        path, offset, f"{problem} in synced data (the mark record at offset {vouched} says "
+                        "the bytes before it were synced)"
                     )
                 log.warning(
                     "journal %s: torn tail cut at offset %d (%d bytes dropped: %s)",
@@ -1016,19 +1149,45 @@ class Journal:
         return f" in synced data (the segment is synced up to offset {synced_end})"
 
     @staticmethod
-    def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int) -> bool:
+    def _mark_record_after(handle: FileHandle, offset: int, size: int, segment: int) -> int | None:
+        """The offset of a valid mark record past ``offset`` in the segment, if there is one.
+
+        The records after a bad one cannot be walked (its length may be what is damaged), so
+        the bytes are searched for the mark records' magic; only a record whose checksum holds
+        and that names its own offset counts.
+        """
+        step = 4 * 1024 * 1024
+        base = offset + 1
+        while base + MARK_RECORD_BYTES <= size:
+            buf = handle.pread(base, step + MARK_RECORD_BYTES - 1)
+            magic_at = 8  # the magic follows the length sentinel and the CRC
+            found = buf.find(_MARK_RECORD_MAGIC, magic_at)
+            while 0 <= found and found - magic_at < step:
+                at = found - magic_at
+                if _mark_record_index(buf, at, base + at, segment) is not None:
+                    return base + at
+                found = buf.find(_MARK_RECORD_MAGIC, found + 1)
+            base += step
+        return None
+
+    @staticmethod
+    def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool) -> bool:
         """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
 
         Only the unsynced tail can be torn, and it is at most ``unsynced_max``
         bytes or a single record (an append larger than the bound syncs what
-        came before it), in which case the bad record reaches the end of file.
+        came before it, and writes the record after a mark record), in which
+        case the bad record reaches the end of file.
         """
         if size - offset <= unsynced_max:
             return True
-        header = handle.pread(offset, RECORD_HEADER_BYTES)
+        header = handle.pread(offset, MARK_RECORD_BYTES + RECORD_HEADER_BYTES)
+        if marks and len(header) >= RECORD_HEADER_BYTES and _RECORD.unpack_from(header)[0] == _MARK_LENGTH:
+            offset += MARK_RECORD_BYTES
+            header = header[MARK_RECORD_BYTES:]
         if len(header) < RECORD_HEADER_BYTES:
             return True
-        length = _RECORD.unpack(header)[0]
+        length = _RECORD.unpack_from(header)[0]
         return length <= PAYLOAD_BYTES_MAX and offset + RECORD_HEADER_BYTES + length >= size
 
     # ------------------------------------------------------------------ pysyncobj's raft-log interface

@@ -10,6 +10,7 @@ import pytest
 
 from shoal.node.raft._io import RealIO, SimIO
 from shoal.node.raft.journal import (
+    MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     Journal,
@@ -309,8 +310,10 @@ def test_with_a_lagging_mark_damage_beyond_the_unsynced_bound_from_the_end_is_st
 
 def test_appends_sync_on_their_own_past_the_unsynced_bound(tmp_path) -> None:
     j = Journal(real(), str(tmp_path), unsynced_bytes_max=1_000)
-    fill(j, 1, 20)  # 124 bytes each after a 16-byte segment header: synced before 8 and before 16
-    assert j.syncs == 2 and j.synced_index == 15
+    # 124 bytes each after a 20-byte segment header, and a 32-byte mark record ahead of the first
+    # entry after each sync: synced before 8 and before 15
+    fill(j, 1, 20)
+    assert j.syncs == 2 and j.synced_index == 14
     j.append(21, 1, b"b" * 5_000)  # one record larger than the bound
     j.append(22, 1, b"c")
     assert j.synced_index == 21
@@ -449,7 +452,8 @@ def test_without_a_readable_mark_every_record_counts_as_synced(caplog) -> None:
         with pytest.raises(JournalCorrupt, match="synced mark /j/synced is unreadable") as err:
             Journal(io, "/j")
     assert "the synced mark /j/synced is missing" in caplog.text
-    assert err.value.offset == SEGMENT_HEADER_BYTES + 10 * (RECORD_HEADER_BYTES + 100)
+    # entry 11, the first after a sync, follows a mark record
+    assert err.value.offset == SEGMENT_HEADER_BYTES + 10 * (RECORD_HEADER_BYTES + 100) + MARK_RECORD_BYTES
     h.truncate(err.value.offset)  # an operator cuts it by hand: the mark is written anew
     j = Journal(io, "/j")
     assert j.last_index == 10 and read_sync_mark(io, "/j").index == 10

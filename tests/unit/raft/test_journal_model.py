@@ -7,9 +7,10 @@
    prefix deletes, suffix deletes and power cuts, recovery yields a prefix of
    the log as it was at the cut that holds every synced entry and nothing
    deleted.
-3. Damage: a byte flipped in any record the surviving synced mark covers is
-   refused with its file and offset, after a process crash and after any
-   power cut, never cut as a torn tail.
+3. Damage: a byte flipped in any record the surviving synced mark covers (the
+   ``synced`` file, or a mark record in the last segment) is refused with its
+   file and offset, after a process crash and after any power cut, never cut
+   as a torn tail.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import random
 import struct
 
+import google_crc32c
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import (
+    MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     Journal,
@@ -304,8 +307,8 @@ def test_a_cut_at_every_io_step_of_an_operation_leaves_the_log_before_or_after_i
 
 
 def _records(io: SimIO, directory: str) -> list[tuple[str, int, int]]:
-    """``(segment path, offset, index)`` of every intact record recovery reads, in log order
-    (segments wholly below the durable start are leftovers it removes unread)."""
+    """``(segment path, offset, index)`` of every intact entry record recovery reads, in log
+    order (segments wholly below the durable start are leftovers it removes unread)."""
     start = struct.unpack_from("<8sQ", io.read_all(f"{directory}/start"))[1] if io.exists(f"{directory}/start") else 0
     names = sorted(n for n in io.listdir(directory) if n.endswith(".wal"))
     while len(names) > 1 and int(names[1][:-4]) <= start:
@@ -317,12 +320,36 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int]]:
         offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
         while offset + RECORD_HEADER_BYTES <= len(raw):
             length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)
+            if length == 0xFFFFFFFF:  # a mark record
+                offset += MARK_RECORD_BYTES
+                continue
             end = offset + RECORD_HEADER_BYTES + length
             if idx != index or end > len(raw):
                 break
             out.append((path, offset, index))
             offset, index = end, index + 1
     return out
+
+
+def _vouched_end(io: SimIO, path: str) -> int:
+    """The offset of the last whole mark record the records of segment ``path`` lead to (0: none)."""
+    raw = io.read_all(path)
+    first = int(path.rsplit("/", 1)[1][:-4])
+    offset, found = SEGMENT_HEADER_BYTES, 0
+    while offset + RECORD_HEADER_BYTES <= len(raw):
+        length = struct.unpack_from("<I", raw, offset)[0]
+        if length != 0xFFFFFFFF:
+            offset += RECORD_HEADER_BYTES + length
+            continue
+        if offset + MARK_RECORD_BYTES > len(raw):
+            break
+        _, crc, magic, named, index = struct.unpack_from("<II8sQQ", raw, offset)
+        body = struct.pack("<I8sQQQ", 0xFFFFFFFF, magic, named, index, first)
+        if magic != b"SHOALMRK" or named != offset or google_crc32c.value(body) != crc:
+            break
+        found = offset
+        offset += MARK_RECORD_BYTES
+    return found
 
 
 def _flip(io: SimIO, path: str, at: int, bit: int) -> None:
@@ -372,9 +399,10 @@ class _Log:
 @settings(max_examples=200, deadline=None)
 @given(OPS_WITH_MID_CUTS, st.integers(0, 2**32))
 def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refused(ops, seed) -> None:
-    """Power cuts anywhere, torn writes of the log and of the mark: whatever mark survives, a
-    byte flipped in a record it covers is refused by file and offset, never cut as a torn tail;
-    and recovery never returns fewer entries than the surviving mark names."""
+    """Power cuts anywhere, torn writes of the log and of the mark: whatever marks survive (the
+    ``synced`` file, mark records in the last segment), a byte flipped in a record they cover is
+    refused by file and offset, never cut as a torn tail; and recovery never returns fewer
+    entries than the surviving ``synced`` file names."""
     io = SimIO()
     j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
     log = _Log()
@@ -402,7 +430,10 @@ def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refus
     io.power_cut(random.Random(seed))
     mark = read_sync_mark(io, "/j")
     assert mark is not None, "a power cut left neither copy of the mark readable"
-    covered = [r for r in _records(io, "/j") if r[2] <= mark.index]
+    records = _records(io, "/j")
+    last = records[-1][0] if records else ""
+    vouched = _vouched_end(io, last) if last else 0
+    covered = [r for r in records if r[2] <= mark.index or (r[0] == last and r[1] < vouched)]
     rng = random.Random(seed)
     if covered:
         path, offset, index = rng.choice(covered)
