@@ -63,6 +63,8 @@ _CONFIG_BYTE = bytes([ENTRY_CONFIG])
 FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER = "follower", "pre-candidate", "candidate", "leader"
 #: A follower's replication state on the leader.
 PROBE, REPLICATE, SNAPSHOT = "probe", "replicate", "snapshot"
+#: The leader's record of disk-class entry indexes is first trimmed past this size.
+LAZY_TRIM_MIN = 4096
 
 
 class NotLeader(Exception):
@@ -216,6 +218,8 @@ class RaftCore:
         self._term_start_index = 0
         #: Index of the newest config entry not yet applied (0: none), on the leader.
         self._lazy_indexes: set[int] = set()
+        #: Size of ``_lazy_indexes`` past which :meth:`advance` trims it.
+        self._lazy_trim_at = LAZY_TRIM_MIN
         self._msgs: list[tuple[str, Message]] = []
         self._snap_requests: list[tuple[str, int, int]] = []
         self._hard_state = (term, vote)
@@ -540,11 +544,19 @@ class RaftCore:
 
     def advance(self, rd: Ready) -> None:
         """The replica has done what ``rd`` asked (the core counted it done in :meth:`ready`;
-        this only trims the leader's record of disk-class entries)."""
+        this only trims the leader's record of disk-class entries).
+
+        The record keeps what some follower may still be sent as entries: above the lowest
+        match, and in the log (below its first index a follower gets the snapshot). It is
+        trimmed once it has doubled since the last trim, so a follower whose match stays put
+        (stopped, cut off) costs amortized constant work per entry, not a pass over the
+        record on every entry."""
         lazy = self._lazy_indexes
-        if len(lazy) > 4096 and self.state == LEADER:
+        if len(lazy) > self._lazy_trim_at and self.state == LEADER:
             low = min((pr.match for pr in self.progress.values()), default=self.commit)
+            low = max(low, self.log.first_index - 1)
             self._lazy_indexes = {i for i in lazy if i > low}
+            self._lazy_trim_at = max(LAZY_TRIM_MIN, 2 * len(self._lazy_indexes))
 
     def storage_failed(self, last_stored: int, now: float) -> None:
         """Appending failed (the disk is full): storage ends at ``last_stored``.
@@ -666,6 +678,7 @@ class RaftCore:
         self._heartbeat_due = now + self.params.heartbeat_s
         self._quorum_check_due = now + self.params.check_quorum_s
         self._lazy_indexes = set()
+        self._lazy_trim_at = LAZY_TRIM_MIN
         # The no-op entry commits every earlier entry once it commits (§5.4.2).
         index = last + 1
         self._term_start_index = index
