@@ -218,6 +218,8 @@ class PartitionReplica:
         self.snapshots.on_slot = self.snapshot_now
         self._receiver = SnapshotReceiver(self.snapshot_path, self._io, partition)
         self._senders: dict[str, SnapshotSender] = {}
+        #: Peers due a snapshot whose stream found the file replaced by a newer one not yet reaped.
+        self._awaiting_next: set[str] = set()
         #: Byte rates every snapshot stream of this replica obeys (per stream, plus any shared ones).
         self._shared_rates = snapshot_rates or []
         self._pending: dict[int, _Proposal] = {}
@@ -726,6 +728,8 @@ class PartitionReplica:
         snap = self.snapshots.poll()
         if snap is not None:
             self._snapshot_written(snap)
+        elif self._awaiting_next and not self.snapshots.in_progress:
+            self._release_awaiting()  # the child that replaced the file failed: ask again
         if now >= self._hint_due:
             # Only a hint (a restarted replica applies what it knew committed without waiting for a
             # leader): stored every few seconds, each store being two fsyncs.
@@ -751,6 +755,13 @@ class PartitionReplica:
             else:
                 self._pump(sender, now)
 
+    def _release_awaiting(self) -> None:
+        """Peers that waited for a newer snapshot are probed again: their next answer asks for it."""
+        if self._awaiting_next:
+            waiting, self._awaiting_next = self._awaiting_next, set()
+            for peer in waiting:
+                self.core.snapshot_done(peer, False, self._clock())
+
     def _receiving(self) -> bool:
         return self._receiver.active
 
@@ -760,6 +771,7 @@ class PartitionReplica:
         self._last_snapshot_index = snap.index
         core = self.core
         core.compacted(snap.index, snap.term)
+        self._release_awaiting()
         retain = min(SNAPSHOT_RETAIN_ENTRIES_MAX, self.settings.entries_min // 2)
         drop_below = snap.index + 1 - retain
         # A follower being sent an older snapshot continues from the journal once it has it: keep
@@ -832,9 +844,13 @@ class PartitionReplica:
             # A newer snapshot was renamed over the file before this replica heard of it (the
             # child is not reaped yet): what the path holds now is not the verified file.
             sender.close()
-            log.info("partition %d: snapshot %d was replaced on disk; %s is sent the next one", self.partition,
-                     index, peer)
-            self.core.snapshot_done(peer, False, now)
+            # The peer waits, still marked as wanting a snapshot, until the newer one is known
+            # (``_snapshot_written``): asking again at once would find the same file, on every
+            # answer the peer sends meanwhile.
+            if peer not in self._awaiting_next:
+                self._awaiting_next.add(peer)
+                log.info("partition %d: snapshot %d was replaced on disk; %s is sent the next one",
+                         self.partition, index, peer)
             return
         self._senders[peer] = sender
         log.info("partition %d: sending snapshot %d (%d bytes) to %s", self.partition, index, snap.size, peer)
