@@ -1,14 +1,16 @@
 """A follower far behind the leader's journal catches up by snapshot while the leader keeps serving.
 
-    python bench/bench_catchup.py [--jobs 300000] [--per-entry 100] [--data-bytes 200]
+    python bench/bench_catchup.py [--jobs 300000] [--per-entry 100] [--window 1] [--data-bytes 200]
 
 Against a local 3-node cluster with 4 partitions and a snapshot every 1,000 entries (real node
 processes):
 
 1. one follower of the benchmark queue's partition is stopped (SIGSTOP);
 2. ``--jobs`` jobs of ``--data-bytes`` bytes go to that partition as PUSHB frames of
-   ``--per-entry`` jobs, one frame in flight (so one frame is one log entry): the leader takes
-   snapshots and compacts its journal far past the stopped follower's log;
+   ``--per-entry`` jobs, one frame in flight (so one frame is one log entry), or ``--window``
+   frames in flight (frames that reach the leader in one loop iteration share an entry; the
+   number of entries is printed): the leader takes snapshots and compacts its journal far past
+   the stopped follower's log;
 3. a connection pings the leader every 5 ms from three seconds before the follower resumes
    (SIGCONT) until it has caught up: its applied index reaches the leader's commit index;
 4. printed: catch-up time, the leader's Ping p50/p99/p99.9/max during it, the bytes the leader's
@@ -55,20 +57,30 @@ def local(address: str, partition: int) -> dict[str, Any]:
         conn.close()
 
 
-def push(address: str, jobs: int, per_entry: int, data: bytes) -> float:
+def push(address: str, jobs: int, per_entry: int, data: bytes, window: int = 1) -> float:
+    """Push ``jobs`` jobs as PUSHB frames of ``per_entry`` with ``window`` frames in flight."""
     conn = Conn(address, timeout_s=120.0)
     t0 = time.perf_counter()
     try:
-        done = 0
-        while done < jobs:
-            n = min(per_entry, jobs - done)
-            reply = conn.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": [{"data": data}] * n})
-            if not reply.get("ok"):
-                raise RuntimeError(f"PUSHB refused: {reply}")
-            done += n
+        if window <= 1:
+            done = 0
+            while done < jobs:
+                n = min(per_entry, jobs - done)
+                _check(conn.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": [{"data": data}] * n}))
+                done += n
+        else:
+            sizes = [min(per_entry, jobs - at) for at in range(0, jobs, per_entry)]
+            frames = ({"cmd": "PUSHB", "queue": QUEUE, "jobs": [{"data": data}] * n} for n in sizes)
+            for reply in conn.pipeline(frames, window):
+                _check(reply)
     finally:
         conn.close()
     return time.perf_counter() - t0
+
+
+def _check(reply: dict[str, Any]) -> None:
+    if not reply.get("ok"):
+        raise RuntimeError(f"PUSHB refused: {reply}")
 
 
 def main() -> None:
@@ -76,7 +88,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=300_000)
     parser.add_argument("--per-entry", type=int, default=100)
+    parser.add_argument("--window", type=int, default=1, help="PUSHB frames in flight (1: one entry per frame)")
     parser.add_argument("--data-bytes", type=int, default=200)
+    parser.add_argument("--disk-class", action="store_true",
+                        help="create the queue with durable: false (entries commit without waiting for fsync)")
     parser.add_argument("--snapshot-entries", type=int, default=1_000)
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="py-spy collapsed stacks of every node for --profile-seconds from the resume")
@@ -95,9 +110,11 @@ def main() -> None:
         follower = next(n for n in cluster.node_ids if n != leader)
         laddr, faddr = cluster.address_of(leader), cluster.address_of(follower)
         stopped_elections = _elections(local(faddr, p))
+        if args.disk_class:
+            _check(Conn(laddr).call({"cmd": "CreateQueue", "queue": QUEUE, "options": {"durable": False}}))
         os.kill(cluster.pids[follower], signal.SIGSTOP)
         try:
-            seconds = push(laddr, args.jobs, args.per_entry, b"x" * args.data_bytes)
+            seconds = push(laddr, args.jobs, args.per_entry, b"x" * args.data_bytes, args.window)
         except BaseException:
             os.kill(cluster.pids[follower], signal.SIGCONT)
             raise

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from shoal.client import AsyncClient
@@ -71,6 +72,34 @@ class Conn:
             if not data:
                 raise ConnectionError("closed by node")
             self.decoder.feed(data)
+
+    def pipeline(self, frames: Iterator[dict[str, Any]], window: int) -> Iterator[dict[str, Any]]:
+        """Send ``frames`` with at most ``window`` unanswered; yield the replies as they come."""
+        in_flight = 0
+        pending = iter(frames)
+        exhausted = False
+        while True:
+            while not exhausted and in_flight < window:
+                frame = next(pending, None)
+                if frame is None:
+                    exhausted = True
+                    break
+                self.sock.sendall(encode({**frame, "reqId": self.next_id}))
+                self.next_id += 1
+                in_flight += 1
+            if in_flight == 0:
+                return
+            reply = next(self.decoder, None)
+            if reply is None:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    raise ConnectionError("closed by node")
+                self.decoder.feed(data)
+                continue
+            if "reqId" not in reply:  # an event (topology), not an answer
+                continue
+            in_flight -= 1
+            yield reply
 
     def close(self) -> None:
         self.sock.close()
