@@ -44,7 +44,7 @@ from typing import Any
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.registry import node_of_member
 
-from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name, command_queue
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name
 from ._io import NoSpace
 from .core import LEADER, NotLeader, ProposalRefused, RaftCore, RaftParams, Ready
 from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
@@ -695,19 +695,26 @@ class PartitionReplica:
         The class is read from the applied state, which is only trusted once it holds every
         committed entry: a new leader before its first commit, or with committed entries not yet
         applied, writes everything in the fsync class (a committed ``UpdateQueue`` may have made
-        the queue durable). A command naming no queue (acks by job id, the leader's timer tick)
-        counts as fsync class: an entry a majority acknowledged must survive a node's power cut
-        even when nobody waits for it, or a replica that applied it can be left holding it
-        alone while the others commit another entry at its index.
+        the queue durable). A command naming jobs rather than a queue (an ACKB, a FAIL) has the
+        class of their queues. A command whose queues are not known (the leader's timer tick,
+        a job named by a custom id or already gone) counts as fsync class: an entry a majority
+        acknowledged must survive a node's power cut even when nobody waits for it, or a
+        replica that applied it can be left holding it alone while the others commit another
+        entry at its index.
         """
         core = self.core
         if not core.read_ready or core.applied < core.commit or self._loading:
             return False
-        queues = self.engine.queues
+        engine = self.engine
+        queues = engine.queues
         for cmd in commands:
-            q = queues.get(command_queue(cmd))  # type: ignore[arg-type]
-            if q is None or q.opts.get("durable", True):
+            names = engine.written_queues(cmd)
+            if not names:
                 return False
+            for name in names:
+                q = queues.get(name)
+                if q is None or q.opts.get("durable", True):
+                    return False
         return True
 
     def propose_change(self, change: ConfigChange) -> int:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ._commands import AckRun, Command, command_queue
 from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
@@ -93,6 +94,49 @@ class Store:
             if seq is not None and seq in self.jobs:
                 return seq
         return None
+
+    def written_queues(self, cmd: Command) -> list[str] | None:
+        """The queues ``cmd`` writes to: the one it names, or those of the jobs it names by
+        Shoal's own id (an ACK, ACKB, FAIL, ...). None when that is not known without applying
+        it: a job named by a custom id or gone, a command naming neither (the timer tick).
+        Reads only; the caller may stop at the first queue that decides for it."""
+        name = command_queue(cmd)
+        if name is not None:
+            return [name]
+        if type(cmd) is AckRun:
+            first, last = cmd.first, cmd.first + cmd.count - 1
+            seg = self.segments.find(first) if self.segments else None
+            if seg is not None and last < seg.first + len(seg.datas):
+                return [seg.queue]  # one pull's run: one segment
+            seqs: Iterable[int] = range(first, last + 1)
+        elif type(cmd) is dict and ("ids" in cmd or "id" in cmd):
+            ids = cmd.get("ids")
+            if ids is None:
+                ids = [cmd["id"]]
+            if type(ids) is not list:
+                return None
+            seqs = []
+            for job_id in ids:
+                seq = shoal_seq(job_id, self.partition) if type(job_id) is str else None
+                if seq is None or seq <= 0:
+                    return None
+                seqs.append(seq)
+        else:
+            return None
+        queues: list[str] = []
+        jobs, segments = self.jobs, self.segments
+        for seq in seqs:
+            job = jobs.get(seq)
+            if job is not None:
+                name = job.queue
+            else:
+                seg = segments.find(seq) if segments else None
+                if seg is None:
+                    return None
+                name = seg.queue
+            if not queues or queues[-1] != name:
+                queues.append(name)
+        return queues
 
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""

@@ -53,3 +53,34 @@ def test_the_disk_class_is_trusted_only_once_the_applied_state_holds_every_commi
     lead(core, commit=8, applied=8, term_start=6)
     assert r._disk_class(push) is True  # noqa: SLF001
     assert r._disk_class([PushRun("durable-or-unknown", [b"\x01"])]) is False  # noqa: SLF001
+
+
+def test_commands_naming_jobs_take_the_class_of_the_jobs_queues(replica: Follower) -> None:
+    """An ACKB (or FAIL, ...) names jobs, not a queue: it is of the disk class when every job it
+    names is in a ``durable: false`` queue, and of the fsync class otherwise or when unknown."""
+    from shoal.node.pushes import replicated_form
+
+    r = replica.replica
+    engine = r.engine
+    engine.apply({"cmd": "CreateQueue", "queue": "lazy", "options": {"durable": False}}, 1000)
+    engine.apply({"cmd": "CreateQueue", "queue": "safe"}, 1000)
+    for queue in ("lazy", "safe"):
+        (batch,), _ = replicated_form([{"cmd": "PUSHB", "queue": queue, "jobs": [{"data": b"\x01"}] * 5}], 0)
+        engine.apply(batch, 1000)
+    pulled = {q: engine.apply({"cmd": "PULLB", "queue": q, "count": 5}, 1001).result for q in ("lazy", "safe")}
+    lead(r.core, commit=1, applied=1, term_start=1)
+
+    def ackb(*queues: str) -> list:
+        ids = [j["id"] for q in queues for j in pulled[q]["jobs"]]
+        tokens = [t for q in queues for t in pulled[q]["tokens"]]
+        return replicated_form([{"cmd": "ACKB", "ids": ids, "tokens": tokens}], 0)[0]
+
+    assert type(ackb("lazy")[0]).__name__ == "AckRun"  # one pull's run, checked by its segment
+    assert r._disk_class(ackb("lazy")) is True  # noqa: SLF001
+    assert r._disk_class(ackb("safe")) is False  # noqa: SLF001
+    assert r._disk_class(ackb("lazy", "safe")) is False  # noqa: SLF001
+    lazy_id = pulled["lazy"]["jobs"][0]["id"]
+    assert r._disk_class([{"cmd": "FAIL", "id": lazy_id, "error": "e"}]) is True  # noqa: SLF001
+    assert r._disk_class([{"cmd": "ACK", "id": "0-999"}]) is False  # noqa: SLF001 (gone: not known)
+    assert r._disk_class([{"cmd": "ACK", "id": "my-custom-id"}]) is False  # noqa: SLF001
+    assert r._disk_class([{"cmd": "_Tick"}]) is False  # noqa: SLF001
