@@ -86,6 +86,24 @@ class _JobFrame(TypedDict, total=False):
 _decoder = msgspec.msgpack.Decoder(_JobFrame)
 
 
+class _DataOnly(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A PUSHB item carrying only ``data`` (the bulk-ingest case)."""
+
+    data: msgspec.Raw
+
+
+class _PlainBulkFrame(TypedDict, total=False):
+    cmd: str
+    reqId: int | str  # noqa: N815 (wire name)
+    queue: str
+    jobs: list[_DataOnly]
+
+
+#: Tried first: a bulk frame of data-only items decodes in half the time of the general schema,
+#: whose items have a field per option to check; any other frame fails it within a microsecond.
+_plain_bulk_decoder = msgspec.msgpack.Decoder(_PlainBulkFrame)
+
+
 class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fields=True, gc=False):
     """A PUSH with only ``queue``, ``data`` and maybe ``reqId``, ``idempotencyKey`` and ``name``
     (bunqueue's job name: its client's ``add`` sends ``{cmd, queue, name, data, reqId}``).
@@ -162,6 +180,15 @@ def decode_job_frame(payload: bytes, raw: type) -> dict[str, Any] | None:
 
     None means "not a plain, well-typed PUSH/PUSHB frame": decode it the exact way.
     """
+    try:
+        bulk: dict[str, Any] = _plain_bulk_decoder.decode(payload)  # type: ignore[assignment]
+    except (msgspec.MsgspecError, RecursionError):
+        pass
+    else:
+        jobs = bulk.get("jobs")
+        if jobs is not None and len(bulk) == map_len(payload):
+            bulk["jobs"] = [{"data": raw(bytes(item.data))} for item in jobs]
+            return bulk
     try:
         frame: dict[str, Any] = _decoder.decode(payload)  # type: ignore[assignment]
     except (msgspec.MsgspecError, RecursionError):

@@ -276,3 +276,31 @@ def test_mapping_and_tuple_values_encode() -> None:
     from types import MappingProxyType
     frame = {"a": OrderedDict(x=raw_of(1)), "b": MappingProxyType({"y": (1, raw_of("z"))}), "c": (1, 2)}
     assert decode_response(encode_body(frame)) == {"a": {"x": 1}, "b": {"y": [1, "z"]}, "c": [1, 2]}
+
+
+_item_options = st.fixed_dictionaries({}, optional={
+    "priority": st.integers(-5, 5), "delay": st.integers(0, 10), "name": st.text(max_size=4),
+    "idempotencyKey": st.text(max_size=4), "removeOnComplete": st.booleans(), "unknownField": st.integers(-9, 9)})
+
+
+@given(st.lists(st.tuples(msgpack_values, _item_options, st.booleans()), max_size=6),
+       st.fixed_dictionaries({}, optional={"reqId": st.integers(0, 9), "extra": st.integers(-9, 9), "data": st.integers(-9, 9)}))
+def test_fast_job_frame_decode_equals_the_exact_walk(items: list[tuple[Any, dict[str, Any], bool]],
+                                                     top: dict[str, Any]) -> None:
+    """Bulk frames of data-only items take a decoder of their own: it gives what the exact walk
+    gives for every frame it accepts, and leaves every other frame to the general decoders."""
+    from shoal.cluster import codec
+
+    jobs = [({"data": data} if has_data else {}) | options for data, options, has_data in items]
+    payload = msgpack.packb({"cmd": "PUSHB", "queue": "q", "jobs": jobs, **top})
+    fast = codec.decode_job_frame(payload, Raw)
+    if fast is None:
+        return  # walked exactly by the caller
+    unpacker = codec.new_unpacker(len(payload))
+    original = codec.decode_job_frame
+    try:
+        codec.decode_job_frame = lambda payload, raw: None  # force the exact walk
+        exact = codec._decode_raw_map(payload, unpacker)
+    finally:
+        codec.decode_job_frame = original
+    assert fast == exact
