@@ -86,6 +86,27 @@ def flip(path: str, at: int, mask: int = 0x01) -> None:
         f.write(bytes([byte ^ mask]))
 
 
+#: The first segment of a journal in ``/j`` on the simulated disk.
+SIM_SEGMENT = f"/j/{1:020d}.wal"
+
+
+def sim_flip(io: SimIO, path: str, at: int, mask: int = 0x01) -> None:
+    """Flip bits ``mask`` of the byte at ``at`` of ``path`` on the simulated disk."""
+    h = io.open(path, create=False)
+    h.pwrite(at, bytes([h.pread(at, 1)[0] ^ mask]))
+
+
+def sim_three_synced_batches_cut() -> SimIO:
+    """On the simulated disk: entries 1-10, 11-20 and 21-30, each batch synced, then a power cut."""
+    io = SimIO()
+    j = Journal(io, "/j")
+    for first in (1, 11, 21):
+        fill(j, first, first + 9)
+        j.sync()
+    io.power_cut()
+    return io
+
+
 def three_synced_batches(directory: str) -> bytes:
     """Entries 1-10, 11-20 and 21-30, each batch synced; returns the ``synced`` file as it was
     after the first sync (a copy whose later plain writes a power cut could have lost)."""
@@ -158,18 +179,12 @@ def test_a_flipped_byte_in_synced_records_near_the_end_is_refused_though_the_syn
 def test_damage_anywhere_in_a_vouched_record_after_a_power_cut_is_refused(where) -> None:
     """On the simulated disk a power cut loses every plain write of the ``synced`` file since the
     journal was created; only the mark records in the segment tell what was synced."""
-    io = SimIO()
-    j = Journal(io, "/j")
-    for first in (1, 11, 21):
-        fill(j, first, first + 9)
-        j.sync()
-    io.power_cut()
+    io = sim_three_synced_batches_cut()
     assert read_sync_mark(io, "/j").index == 0
-    path = f"/j/{1:020d}.wal"
+    path = SIM_SEGMENT
     offset = entry_offset(io.read_all(path), 12)
     at = offset + {"length": 1, "crc": 4, "term": 9, "index": 17, "payload": RECORD_HEADER_BYTES + 50}[where]
-    h = io.open(path, create=False)
-    h.pwrite(at, bytes([h.pread(at, 1)[0] ^ 0x10]))
+    sim_flip(io, path, at, 0x10)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert (err.value.path, err.value.offset) == (path, offset)
@@ -177,17 +192,10 @@ def test_damage_anywhere_in_a_vouched_record_after_a_power_cut_is_refused(where)
 
 
 def test_a_damaged_mark_record_in_synced_data_is_refused_by_its_offset() -> None:
-    io = SimIO()
-    j = Journal(io, "/j")
-    for first in (1, 11, 21):
-        fill(j, first, first + 9)
-        j.sync()
-    io.power_cut()
-    path = f"/j/{1:020d}.wal"
-    raw = io.read_all(path)
-    mark_at = entry_offset(raw, 11) - MARK_RECORD_BYTES
-    h = io.open(path, create=False)
-    h.pwrite(mark_at + 20, bytes([raw[mark_at + 20] ^ 0x04]))  # in the offset it names
+    io = sim_three_synced_batches_cut()
+    path = SIM_SEGMENT
+    mark_at = entry_offset(io.read_all(path), 11) - MARK_RECORD_BYTES
+    sim_flip(io, path, mark_at + 20, 0x04)  # in the offset it names
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert (err.value.path, err.value.offset) == (path, mark_at)
@@ -215,16 +223,9 @@ def test_damage_in_the_last_batch_synced_before_a_power_cut_is_the_window_left()
     """Documented in the module docstring: the mark record naming the end of the last sync was
     never written and the ``synced`` file's plain write was lost, so nothing on disk tells the
     damaged record from a torn write."""
-    io = SimIO()
-    j = Journal(io, "/j")
-    for first in (1, 11, 21):
-        fill(j, first, first + 9)
-        j.sync()
-    io.power_cut()
-    path = f"/j/{1:020d}.wal"
-    offset = entry_offset(io.read_all(path), 25)
-    h = io.open(path, create=False)
-    h.pwrite(offset + 40, bytes([h.pread(offset + 40, 1)[0] ^ 0x01]))
+    io = sim_three_synced_batches_cut()
+    offset = entry_offset(io.read_all(SIM_SEGMENT), 25)
+    sim_flip(io, SIM_SEGMENT, offset + 40)
     assert Journal(io, "/j").last_index == 24
 
 
@@ -270,8 +271,7 @@ def test_after_any_power_cut_damage_before_a_whole_mark_record_is_refused(batche
     offset = rng.choice(covered)
     end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
     at = rng.randrange(offset, end)
-    h = io.open(path, create=False)
-    h.pwrite(at, bytes([raw[at] ^ (1 << rng.randrange(8))]))
+    sim_flip(io, path, at, 1 << rng.randrange(8))
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j", **options)
     assert (err.value.path, err.value.offset) == (path, offset), str(err.value)
@@ -313,7 +313,7 @@ def test_garbage_after_the_last_sync_is_a_torn_tail(garbage) -> None:
         fill(j, first, first + 9)
         j.sync()
     fill(j, 21, 25)  # never synced
-    path = f"/j/{1:020d}.wal"
+    path = SIM_SEGMENT
     h = io.open(path, create=False)
     mark_at = entry_offset(io.read_all(path), 21) - MARK_RECORD_BYTES
     size = h.size
@@ -397,58 +397,15 @@ def test_after_a_suffix_delete_the_next_mark_record_names_the_cut() -> None:
     j.sync()
     fill(j, 13, 14, term=2)
     j.sync()
-    raw = io.read_all(f"/j/{1:020d}.wal")
+    raw = io.read_all(SIM_SEGMENT)
     marks = [(o, i) for kind, o, i in layout(raw) if kind == "mark"]
     assert marks == [(entry_offset(raw, 8) - MARK_RECORD_BYTES, 7), (entry_offset(raw, 13) - MARK_RECORD_BYTES, 12)]
     io.power_cut()
     offset = entry_offset(raw, 10)
-    h = io.open(f"/j/{1:020d}.wal", create=False)
-    h.pwrite(offset + 30, bytes([raw[offset + 30] ^ 0x02]))
+    sim_flip(io, SIM_SEGMENT, offset + 30, 0x02)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert err.value.offset == offset
-
-
-OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("add"), st.integers(1, 8), st.integers(0, 1), st.integers(0, 200)),
-        st.tuples(st.just("sync")),
-        st.tuples(st.just("delete_from"), st.integers(0, 40)),
-        st.tuples(st.just("delete_to"), st.integers(0, 40)),
-    ),
-    max_size=40,
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(OPS)
-def test_with_syncs_between_appends_the_log_reads_and_reopens_as_a_list(ops) -> None:
-    io = SimIO()
-    j = Journal(io, "/j", segment_bytes=900, cache_entries_max=3, unsynced_bytes_max=500)
-    model: list[tuple[bytes, int, int]] = []
-    first, term = 1, 1
-    for op in ops:
-        if op[0] == "add":
-            term += op[2]
-            for _ in range(op[1]):
-                idx = model[-1][1] + 1 if model else first
-                entry = (bytes([idx % 251]) * op[3], idx, term)
-                j.append(idx, term, entry[0])
-                model.append(entry)
-        elif op[0] == "sync":
-            j.sync()
-        elif op[0] == "delete_from" and model:
-            index = first + op[1] % (len(model) + 1)
-            j.delete_from(index)
-            del model[index - first:]
-        elif op[0] == "delete_to" and model:
-            index = first + op[1] % len(model)
-            j.delete_to(index)
-            del model[: index - first]
-            first = index
-        assert j.entries(first, first + len(model)) == model
-    j = Journal(io, "/j", segment_bytes=900, cache_entries_max=3, unsynced_bytes_max=500)  # the process died
-    assert list(j) == model
 
 
 # --- segments of format version 2 ---------------------------------------------------------------

@@ -53,7 +53,10 @@ def _payload(index: int, term: int, size: int) -> bytes:
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_the_log_the_core_reads_matches_a_list(ops) -> None:
-    j = Journal(SimIO(), "/j", segment_bytes=600, cache_entries_max=5)
+    """Reads match the model after every step, mark records between the entries once synced,
+    and a journal reopened after the process died holds the same list."""
+    io = SimIO()
+    j = Journal(io, "/j", segment_bytes=600, cache_entries_max=5, unsynced_bytes_max=500)
     model: list[tuple[bytes, int, int]] = []
     first = 1  # the model's first index
     for op in ops:
@@ -65,6 +68,8 @@ def test_the_log_the_core_reads_matches_a_list(ops) -> None:
                 entry = (_payload(idx, term, size), idx, term)
                 j.append(idx, term, entry[0])
                 model.append(entry)
+        elif op[0] == "sync":
+            j.sync()
         elif op[0] == "delete_from" and model:
             index = first + op[1] % (len(model) + 1)
             j.delete_from(index)
@@ -88,6 +93,8 @@ def test_the_log_the_core_reads_matches_a_list(ops) -> None:
             assert [j.term_at(i) for i in (first, first + n // 2, last)] == \
                 [model[0][2], model[n // 2][2], model[-1][2]]
         assert j.term_at(last + 1) is None and j.term_at(first - 1) is None
+    j = Journal(io, "/j", segment_bytes=600, cache_entries_max=5, unsynced_bytes_max=500)  # the process died
+    assert list(j) == model
 
 
 @settings(max_examples=300, deadline=None)
