@@ -705,17 +705,8 @@ class PartitionReplica:
         core = self.core
         if not core.read_ready or core.applied < core.commit or self._loading:
             return False
-        engine = self.engine
-        queues = engine.queues
-        for cmd in commands:
-            names = engine.written_queues(cmd)
-            if not names:
-                return False
-            for name in names:
-                q = queues.get(name)
-                if q is None or q.opts.get("durable", True):
-                    return False
-        return True
+        disk_class = self.engine.disk_class
+        return all(disk_class(cmd) for cmd in commands)
 
     def propose_change(self, change: ConfigChange) -> int:
         """Propose a single-server membership change (:mod:`.membership`); its log index."""

@@ -202,11 +202,8 @@ class PushOps(Store):
             opts = q.opts
             # A copy: the segment marks taken slots in its list, and a command may be applied
             # twice (the same dict on two engines in tests).
-            self.segments.add(Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"], opts["ttr"],
-                                      list(names) if names is not None and any(names) else None))
-            heapq.heappush(q.ready, (0, first))
-            q.counts[WAITING] += n
-            q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+            self._hold_segment(q, Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"],
+                                          opts["ttr"], list(names) if names is not None and any(names) else None))
             q.totals["enqueued"] += n
             if per_item:
                 q.calls["PUSH"] = q.calls.get("PUSH", 0) + n  # as n accepted PUSH commands count

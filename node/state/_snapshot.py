@@ -225,10 +225,7 @@ class SnapshotOps(Store):
                 self.jobs[job.seq] = job
             self._jobs_unordered = True
             return
-        self.segments.add(seg)
-        heapq.heappush(q.ready, (0, seg.first))
-        q.counts[WAITING] += n
-        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+        self._hold_segment(q, seg)
 
     def _seqs_named_elsewhere(self) -> list[int]:
         """Seqs of jobs that flows or dedupe entries name."""

@@ -12,7 +12,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
 from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, SegmentStore
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
 
 #: The wire's job name when none was given (bunqueue's default).
@@ -95,48 +95,59 @@ class Store:
                 return seq
         return None
 
-    def written_queues(self, cmd: Command) -> list[str] | None:
-        """The queues ``cmd`` writes to: the one it names, or those of the jobs it names by
-        Shoal's own id (an ACK, ACKB, FAIL, ...). None when that is not known without applying
-        it: a job named by a custom id or gone, a command naming neither (the timer tick).
-        Reads only; the caller may stop at the first queue that decides for it."""
+    def disk_class(self, cmd: Command) -> bool:
+        """True when every queue ``cmd`` writes to exists and is of the disk class (``durable:
+        false``): the queue it names, or the queues of the jobs it names by Shoal's own id (an
+        ACK, ACKB, FAIL, ...). False at the first one of the fsync class, or one not known
+        without applying the command (a job named by a custom id or gone; a command naming
+        neither, as the timer tick). Reads only."""
         name = command_queue(cmd)
         if name is not None:
-            return [name]
+            return self._lazy_queue(name)
         if type(cmd) is AckRun:
             first, last = cmd.first, cmd.first + cmd.count - 1
             seg = self.segments.find(first) if self.segments else None
             if seg is not None and last < seg.first + len(seg.datas):
-                return [seg.queue]  # one pull's run: one segment
-            seqs: Iterable[int] = range(first, last + 1)
+                return self._lazy_queue(seg.queue)  # one pull's run: one segment
+            seqs: Iterable[int | None] = range(first, last + 1)
         elif type(cmd) is dict and ("ids" in cmd or "id" in cmd):
-            ids = cmd.get("ids")
-            if ids is None:
-                ids = [cmd["id"]]
+            ids = cmd["ids"] if "ids" in cmd else [cmd["id"]]
             if type(ids) is not list:
-                return None
-            seqs = []
-            for job_id in ids:
-                seq = shoal_seq(job_id, self.partition) if type(job_id) is str else None
-                if seq is None or seq <= 0:
-                    return None
-                seqs.append(seq)
+                return False
+            partition = self.partition
+            seqs = (shoal_seq(i, partition) if type(i) is str else None for i in ids)
         else:
-            return None
-        queues: list[str] = []
+            return False
         jobs, segments = self.jobs, self.segments
+        checked = None
         for seq in seqs:
+            if seq is None or seq <= 0:
+                return False
             job = jobs.get(seq)
             if job is not None:
                 name = job.queue
             else:
                 seg = segments.find(seq) if segments else None
                 if seg is None:
-                    return None
+                    return False
                 name = seg.queue
-            if not queues or queues[-1] != name:
-                queues.append(name)
-        return queues
+            if name != checked:
+                if not self._lazy_queue(name):
+                    return False
+                checked = name
+        return True
+
+    def _lazy_queue(self, name: str) -> bool:
+        q = self.queues.get(name)
+        return q is not None and not q.opts.get("durable", True)
+
+    def _hold_segment(self, q: Queue, seg: Segment) -> None:
+        """Take ``seg``'s waiting jobs into ``q``: one ready-heap entry at its first slot, the counts."""
+        n = len(seg.datas)
+        self.segments.add(seg)
+        heapq.heappush(q.ready, (0, seg.first))
+        q.counts[WAITING] += n
+        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
 
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""
