@@ -617,14 +617,10 @@ class Journal:
         # so after a power cut only the last segment can have a torn tail.
         assert self._active is not None
         old = self._active
-        sealed = self._segments[-1]
-        size = sealed.size
-        self._datasync(old)
-        sealed.synced_size = size
+        self._sync_active()
         if not self._dir_dirty:
             self._synced_index = self._last_index
             self._note_synced()
-        self._data_dirty = False
         try:
             return self._new_segment(next_index)
         except NoSpace:
