@@ -1,9 +1,9 @@
 """The leader's record of disk-class entries stays cheap while a follower is down.
 
 The record tells which AppendEntries may go out marked lazy (followers answer without a
-sync). A stopped follower's match never moves, so a trim bounded only by the lowest match
-kept everything and ran over the whole record on every entry: a disk-class partition with
-one follower down slowed from thousands of entries a second to a few hundred.
+sync). A stopped follower's match never moves: a trim bounded only by the lowest match would
+keep every entry and pass over the whole record on every entry, quadratic in the entries a
+disk-class partition takes while one follower is down.
 """
 
 from __future__ import annotations
