@@ -155,7 +155,6 @@ Message = Union[AppendEntries, AppendResponse, RequestVote, VoteResponse, Heartb
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
-_converter_type = Message
 
 
 def encode_message(message: Message) -> bytes:
@@ -168,12 +167,4 @@ def decode_message(data: bytes | msgspec.Raw) -> Message:
     try:
         return _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MessageError(f"not a Raft message: {exc}") from exc
-
-
-def from_wire(obj: object) -> Message:
-    """A message from its already-decoded MessagePack form (a list whose first item is the tag)."""
-    try:
-        return msgspec.convert(obj, _converter_type)
-    except msgspec.ValidationError as exc:
         raise MessageError(f"not a Raft message: {exc}") from exc

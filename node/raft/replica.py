@@ -52,7 +52,7 @@ from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, Snap
 from .journal import QUARANTINE_INFIX, Journal, JournalCorrupt, SyncFailed
 from .membership import ConfigChange, Membership, decode_change
 from .messages import (ENTRY_CONFIG, ENTRY_DATA, AppendEntries, AppendResponse, InstallSnapshot, Message, MessageError, SnapshotChunk,
-                       SnapshotChunkAck, from_wire)
+                       SnapshotChunkAck)
 from .meta import MetaCorrupt
 from .scheduler import TickScheduler
 from .snapshot_file import SnapshotCorrupt
@@ -352,8 +352,9 @@ class PartitionReplica:
 
     # --- driving the core ----------------------------------------------------------------------
 
-    def _deliver(self, node: str, raw: Any) -> None:
-        """A message for this partition from ``node`` (already authenticated by the link)."""
+    def _deliver(self, node: str, msg: Message | MessageError) -> None:
+        """A message for this partition from ``node`` (authenticated and decoded by the link:
+        :func:`~.transport.decode_frame`, which gives the error for one that is not a message)."""
         if self._closed:
             return
         peer = self._senders_by_node.get(node, _UNKNOWN)
@@ -361,10 +362,8 @@ class PartitionReplica:
             peer = self._senders_by_node[node] = self._member_of(node)
         if peer is None:
             return  # an incarnation of the node that is no member id of this cluster
-        try:
-            msg = from_wire(raw)
-        except MessageError as exc:
-            log.warning("partition %d: unreadable message from %s: %s", self.partition, peer, exc)
+        if isinstance(msg, MessageError):
+            log.warning("partition %d: unreadable message from %s: %s", self.partition, peer, msg)
             return
         if isinstance(msg, SnapshotChunk):
             self._on_chunk(peer, msg)

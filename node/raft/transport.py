@@ -36,16 +36,17 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
 from ._frames import FrameError, FrameOpener, FrameSealer, array_header
 from .handshake import (Established, Handshake, HandshakeFailed, PeerPolicy, RejectReason, Role, SendBytes,
                         accept_any_incarnation)
+from .messages import Message, MessageError, decode_message
 
 __all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "ENTRY_BYTES_MAX",
-           "SEND_BUFFER_BYTES_MAX"]
+           "SEND_BUFFER_BYTES_MAX", "decode_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,28 @@ PeerAddress = tuple[str, int]
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
+_decode_items = msgspec.msgpack.Decoder(list[tuple[Union[int, str], msgspec.Raw]]).decode
+
+
+def decode_frame(payload: bytes | memoryview) -> list[tuple[int | str, Any]]:
+    """A frame's ``(partition, message)`` and ``(channel, value)`` pairs, decoded.
+
+    A partition's message is decoded straight into its :class:`~.messages.Message` struct (or
+    is the :class:`~.messages.MessageError` saying why it is none, so one bad message costs
+    only itself); a channel's value is plain MessagePack. Every item is decoded before this
+    returns, so nothing keeps a view of ``payload``. A payload that is no list of such pairs
+    raises (the link is then closed).
+    """
+    out: list[tuple[int | str, Any]] = []
+    for key, raw in _decode_items(payload):
+        if type(key) is int:
+            try:
+                out.append((key, decode_message(raw)))
+            except MessageError as exc:
+                out.append((key, exc))
+        else:
+            out.append((key, _decode(raw)))
+    return out
 
 
 class _Link(asyncio.Protocol):
@@ -197,7 +220,7 @@ class _Link(asyncio.Protocol):
         self.peer_id = event.peer_id
         self.peer_incarnation = event.peer_incarnation
         self._sealer = FrameSealer(event.send_key)
-        self._opener = FrameOpener(event.recv_key, FRAME_BYTES_MAX, _decode)
+        self._opener = FrameOpener(event.recv_key, FRAME_BYTES_MAX, decode_frame)
         self.established = True
         self.network.link_established(self)
         if event.rest:
@@ -545,26 +568,23 @@ class RaftNetwork:
         self._flush_scheduled = False
         self.flush_queued()
 
-    def deliver(self, peer: str, items: Any) -> None:
-        """Hand one frame's ``[[partition, message], ...]`` to the partitions."""
-        if type(items) is not list:
-            log.warning("raft frame from %s is not a list of (partition, message) pairs; ignored", peer)
-            return
+    def deliver(self, peer: str, items: list[tuple[int | str, Any]]) -> None:
+        """Hand one frame's pairs (:func:`decode_frame`) to the partitions and channels."""
         partitions = self._partitions
-        for item in items:
-            transport = partitions.get(item[0]) if type(item) is list and len(item) == 2 and type(item[0]) is int else None
-            if transport is not None:
-                transport.on_message(peer, item[1])
-            elif type(item) is list and len(item) == 2 and type(item[0]) is int:
-                if self.on_unknown_partition is not None:
-                    self.on_unknown_partition(peer, item[0], item[1])
-            elif type(item) is list and len(item) == 2 and type(item[0]) is str:
-                channel = self._channels.get(item[0])
+        for key, value in items:
+            if type(key) is int:
+                transport = partitions.get(key)
+                if transport is not None:
+                    transport.on_message(peer, value)
+                elif self.on_unknown_partition is not None:
+                    self.on_unknown_partition(peer, key, value)
+            else:
+                channel = self._channels.get(key)
                 if channel is not None:
                     try:
-                        channel[0](peer, item[1])
+                        channel[0](peer, value)
                     except Exception:  # a channel's fault must not cost the frame's Raft messages
-                        log.exception("raft link %s: channel %r failed on a message", peer, item[0])
+                        log.exception("raft link %s: channel %r failed on a message", peer, key)
 
     def connected_peers(self) -> list[str]:
         return sorted(self.links)

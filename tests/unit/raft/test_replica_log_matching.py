@@ -21,11 +21,12 @@ from shoal.node.raft.messages import (NOOP_PAYLOAD, AppendEntries, AppendRespons
                                       RequestVote, VoteResponse, encode_message)
 from shoal.node.raft.meta import RaftMeta
 from shoal.node.raft.replica import PartitionReplica
+from shoal.node.raft.transport import decode_frame
 
 
-def wire(message: Message) -> object:
-    """``message`` as the network hands it to the replica: encoded, then decoded without a type."""
-    return msgspec.msgpack.decode(encode_message(message))
+def wire(message: Message) -> Message:
+    """``message`` as the link hands it to the replica: encoded, then decoded as a frame item is."""
+    return decode_frame(msgspec.msgpack.encode([(0, msgspec.Raw(encode_message(message)))]))[0][1]
 
 
 def on_disk(meta_path: str) -> tuple[int, str | None]:

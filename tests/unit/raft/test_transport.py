@@ -13,11 +13,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 
-from shoal.node.raft.transport import PartitionTransport, RaftNetwork
+from shoal.node.raft.messages import AppendEntries, AppendResponse, Heartbeat, MessageError, TimeoutNow
+from shoal.node.raft.transport import PartitionTransport, RaftNetwork, decode_frame
 
 WAIT_S = 5.0
+
+
+def numbered(i: int) -> Heartbeat:
+    """A Raft message told apart by ``i`` (its ``commit``)."""
+    return Heartbeat(1, i)
 
 
 def free_ports(n: int) -> list[int]:
@@ -81,13 +88,13 @@ def test_messages_queued_in_one_callback_leave_in_one_frame() -> None:
             a, b = _Partition(n2, 0, "n1"), _Partition(n2, 1, "n1")
             got0, got1 = _Partition(n1, 0, "n2"), _Partition(n1, 1, "n2")
             before = n2.frames_sent
-            a.transport.send("n1", {"type": "hb", "i": 1})
-            b.transport.send("n1", {"type": "hb", "i": 2})
-            a.transport.send("n1", {"type": "hb", "i": 3})
+            a.transport.send("n1", numbered(1))
+            b.transport.send("n1", numbered(2))
+            a.transport.send("n1", numbered(3))
             assert n2.frames_sent == before  # nothing written yet: the loop's turn has not ended
             await _until(lambda: len(got0.received) == 2 and len(got1.received) == 1)
             assert n2.frames_sent == before + 1
-            assert [m["i"] for m in got0.received] == [1, 3] and got1.received[0]["i"] == 2
+            assert [m.commit for m in got0.received] == [1, 3] and got1.received[0].commit == 2
 
     asyncio.run(main())
 
@@ -105,16 +112,16 @@ def test_a_flush_writes_now_and_answers_leave_with_the_received_frame() -> None:
                 # Scheduled before the answer is sent: it runs ahead of any flush the send
                 # itself might schedule, so it sees only what the receiving callback wrote.
                 asyncio.get_running_loop().call_soon(lambda: written_in_callback.append(n1.frames_sent - before))
-                answers.transport.send(peer, {"type": "ack", "i": message["i"]})
+                answers.transport.send(peer, AppendResponse(1, message.commit))
 
             answers.on_receive = answer
             before = n2.frames_sent
             sender.transport.hold()  # as a proposal does
-            sender.transport.send("n1", {"type": "append", "i": 7})
+            sender.transport.send("n1", numbered(7))
             sender.transport.release()
             assert n2.frames_sent == before + 1  # a proposal's entry is written at once
             await _until(lambda: len(sender.received) == 1)
-            assert sender.received[0] == {"type": "ack", "i": 7}
+            assert sender.received[0] == AppendResponse(1, 7)
             await _until(lambda: bool(written_in_callback))
             assert written_in_callback == [1]
 
@@ -127,11 +134,11 @@ def test_every_message_arrives_in_order(count: int) -> None:
         async with _pair() as (n1, n2):
             sender, receiver = _Partition(n1, 3, "n2"), _Partition(n2, 3, "n1")
             for i in range(count):
-                sender.transport.send("n2", {"i": i, "data": b"x" * 1000})
+                sender.transport.send("n2", AppendEntries(1, i, 1, 0, [(b"x" * 1000, i + 1, 1)]))
                 if i % 7 == 0:
                     n1.flush_queued()
             await _until(lambda: len(receiver.received) == count)
-            assert [m["i"] for m in receiver.received] == list(range(count))
+            assert [m.prev_index for m in receiver.received] == list(range(count))
 
     asyncio.run(main())
 
@@ -145,24 +152,24 @@ def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() ->
 
             def tick() -> None:
                 order.append("tick")
-                receiver.transport.send("n2", {"type": "from-tick"})
+                receiver.transport.send("n2", TimeoutNow(1))
 
             def on_message(peer: str, message: Any) -> None:
-                order.append(f"message {message['i']}")
+                order.append(f"message {message.commit}")
                 assert receiver.transport.defer_tick(tick)  # inside the frame: deferred, not run
-                receiver.transport.send(peer, {"type": "ack", "i": message["i"]})
+                receiver.transport.send(peer, AppendResponse(1, message.commit))
                 assert order[-1] != "tick"
 
             receiver.on_receive = on_message
             before = n1.frames_sent
             sender.transport.hold()
-            sender.transport.send("n1", {"type": "append", "i": 1})
-            sender.transport.send("n1", {"type": "append", "i": 2})
+            sender.transport.send("n1", numbered(1))
+            sender.transport.send("n1", numbered(2))
             sender.transport.release()
             await _until(lambda: len(sender.received) == 4)
             # Both messages of the frame first, then each deferred tick, then one write of everything.
             assert order == ["message 1", "message 2", "tick", "tick"]
-            assert [m["type"] for m in sender.received] == ["ack", "ack", "from-tick", "from-tick"]
+            assert [type(m) for m in sender.received] == [AppendResponse, AppendResponse, TimeoutNow, TimeoutNow]
             assert n1.frames_sent == before + 1
             assert not receiver.transport.defer_tick(tick)  # outside a frame nothing holds
 
@@ -175,15 +182,15 @@ def test_hold_writes_at_release_without_a_callback_of_its_own() -> None:
             sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
             before = n2.frames_sent
             sender.transport.hold()
-            sender.transport.send("n1", {"i": 1})
+            sender.transport.send("n1", numbered(1))
             sender.transport.hold()  # nested: only the outermost release writes
-            sender.transport.send("n1", {"i": 2})
+            sender.transport.send("n1", numbered(2))
             sender.transport.release()
             assert n2.frames_sent == before
             sender.transport.release()
             assert n2.frames_sent == before + 1 and n2.holding == 0
             await _until(lambda: len(receiver.received) == 2)
-            assert [m["i"] for m in receiver.received] == [1, 2]
+            assert [m.commit for m in receiver.received] == [1, 2]
 
     asyncio.run(main())
 
@@ -197,13 +204,28 @@ def test_links_are_reported_by_peer_id_and_every_linked_peer_is_heard() -> None:
             assert ours.links == ["up n2"] and "n2" in ours.transport.connected
             assert "n2" in other.transport.connected  # links are the node's, shared by its partitions
             sender = _Partition(n2, 5, "n1")
-            sender.transport.send("n1", {"i": 1})  # partition 5 on n1 expected n9, hears n2 all the same
-            _Partition(n2, 6, "n1").transport.send("n1", {"i": 2})
+            sender.transport.send("n1", numbered(1))  # partition 5 on n1 expected n9, hears n2 all the same
+            _Partition(n2, 6, "n1").transport.send("n1", numbered(2))
             await _until(lambda: len(ours.received) == 1 and len(other.received) == 1)
-            assert ours.received == [{"i": 2}] and other.received == [{"i": 1}]
-            assert not sender.transport.send("n9", {"i": 3})  # no link to it: refused, not queued
+            assert ours.received == [numbered(2)] and other.received == [numbered(1)]
+            assert not sender.transport.send("n9", numbered(3))  # no link to it: refused, not queued
             n2.close()
             await _until(lambda: ours.links[-1:] == ["down n2"])
             assert "n2" not in ours.transport.connected
 
     asyncio.run(main())
+
+
+def test_a_frame_decodes_into_raft_messages_and_plain_channel_values() -> None:
+    """Partition items become Message structs; one that is no Raft message becomes its own
+    MessageError and costs nothing else of the frame; channel items stay plain MessagePack."""
+    enc = msgspec.msgpack.encode
+    frame = enc([(0, msgspec.Raw(enc(numbered(4)))), (1, msgspec.Raw(enc({"not": "raft"}))),
+                 ("registry", msgspec.Raw(enc({"epoch": 3}))), (2, msgspec.Raw(enc(AppendResponse(2, 9))))])
+    items = decode_frame(frame)
+    assert [key for key, _ in items] == [0, 1, "registry", 2]
+    assert items[0][1] == numbered(4) and items[3][1] == AppendResponse(2, 9)
+    assert isinstance(items[1][1], MessageError)
+    assert items[2][1] == {"epoch": 3}
+    with pytest.raises(msgspec.ValidationError):
+        decode_frame(enc({"not": "a list of pairs"}))

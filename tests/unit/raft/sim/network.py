@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from shoal.node.raft._frames import array_header
-from shoal.node.raft.transport import FRAME_SPLIT_BYTES, PartitionTransport
+from shoal.node.raft.transport import FRAME_SPLIT_BYTES, PartitionTransport, decode_frame
 
 from .loop import Process, SimLoop
 
@@ -191,13 +191,13 @@ class NodeNetwork:
 
     def receive(self, peer: str, frame: bytes) -> None:
         """One frame from ``peer``: its messages to the partitions, inside one hold."""
-        items = _decode(frame)
+        items = decode_frame(frame)
         self.hold()
         try:
-            for item in items:
-                transport = self._partitions.get(item[0])
+            for key, message in items:
+                transport = self._partitions.get(key)
                 if transport is not None and peer in transport.peers:
-                    transport.on_message(peer, item[1])
+                    transport.on_message(peer, message)
         finally:
             self.release()
 
