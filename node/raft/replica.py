@@ -504,8 +504,9 @@ class PartitionReplica:
             else:
                 # A follower's answer leaves at the end of this frame, before its applies: nothing
                 # waits for a follower's apply (replies and reads come from the leader), while the
-                # leader waits for its answer.
-                if not self._deferred:
+                # leader waits for its answer. The applies run right after the frame's write, in
+                # the same callback, or in a callback of their own when nothing holds.
+                if not self._deferred and not self._transport.after_write(self._apply_deferred):
                     self.loop.call_soon(self._apply_deferred)
                 self._deferred.extend(rd.committed)
         for peer, index, term in rd.snapshot_requests:

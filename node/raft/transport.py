@@ -313,6 +313,7 @@ class RaftNetwork:
         #: proposal): what it queues needs no flush callback of its own.
         self.holding = 0
         self._deferred_ticks: list[Callable[[], None]] = []
+        self._after_write: list[Callable[[], None]] = []
         self._server: asyncio.AbstractServer | None = None
         self._dialers: dict[str, asyncio.Task[None]] = {}
         self._refusals: dict[str, float] = {}
@@ -544,12 +545,24 @@ class RaftNetwork:
                     self.loop.call_soon(tick)
         if not self.holding:
             self.flush_queued()
+            if self._after_write:
+                done, self._after_write = self._after_write, []
+                for work in done:
+                    work()
 
     def defer_tick(self, tick: Callable[[], None]) -> bool:
         """Run ``tick`` at the end of the current :meth:`hold`; False when nothing holds."""
         if not self.holding:
             return False
         self._deferred_ticks.append(tick)
+        return True
+
+    def after_write(self, work: Callable[[], None]) -> bool:
+        """Run ``work`` once the current :meth:`hold` has written what it queued (a follower's
+        applies, after its answers have left); False when nothing holds."""
+        if not self.holding:
+            return False
+        self._after_write.append(work)
         return True
 
     def flush_queued(self) -> None:
@@ -636,6 +649,11 @@ class PartitionTransport:
     def defer_tick(self, tick: Callable[[], None]) -> bool:
         """Run ``tick`` when the network's current hold ends; False when nothing holds."""
         return self.network.defer_tick(tick)
+
+    def after_write(self, work: Callable[[], None]) -> bool:
+        """Run ``work`` once the network's current hold has written its frames; False when
+        nothing holds."""
+        return self.network.after_write(work)
 
     def peer_connected(self, peer: str) -> None:
         self._on_connected(peer)

@@ -176,6 +176,36 @@ def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() ->
     asyncio.run(main())
 
 
+def test_work_after_write_runs_once_the_frames_answers_have_left() -> None:
+    """A follower's applies wait for nothing but its answers: work asked for while a received
+    frame is handled runs right after that frame's answers are written, in the same callback."""
+    async def main() -> None:
+        async with _pair() as (n1, n2):
+            sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
+            seen: list[tuple[str, int]] = []
+            before = n1.frames_sent
+
+            def work() -> None:
+                seen.append(("work", n1.frames_sent - before))
+
+            def on_message(peer: str, message: Any) -> None:
+                receiver.transport.send(peer, AppendResponse(1, message.commit))
+                assert receiver.transport.after_write(work)
+                seen.append(("message", n1.frames_sent - before))
+
+            receiver.on_receive = on_message
+            sender.transport.hold()
+            sender.transport.send("n1", numbered(1))
+            sender.transport.send("n1", numbered(2))
+            sender.transport.release()
+            await _until(lambda: len(seen) == 4)
+            # Both messages handled with nothing written, then one write, then both works.
+            assert seen == [("message", 0), ("message", 0), ("work", 1), ("work", 1)]
+            assert not receiver.transport.after_write(work)  # outside a frame nothing holds
+
+    asyncio.run(main())
+
+
 def test_hold_writes_at_release_without_a_callback_of_its_own() -> None:
     async def main() -> None:
         async with _pair() as (n1, n2):

@@ -80,6 +80,7 @@ class NodeNetwork:
         self._flush_scheduled = False
         self.holding = 0
         self._deferred_ticks: list[Callable[[], None]] = []
+        self._after_write: list[Callable[[], None]] = []
         self.before_flush: Callable[[], None] | None = None
         self.after_flush: Callable[[], None] | None = None
         self.frames_sent = 0
@@ -180,11 +181,21 @@ class NodeNetwork:
                     self.process.call_soon(tick)
         if not self.holding:
             self.flush_queued()
+            if self._after_write:
+                done, self._after_write = self._after_write, []
+                for work in done:
+                    work()
 
     def defer_tick(self, tick: Callable[[], None]) -> bool:
         if not self.holding:
             return False
         self._deferred_ticks.append(tick)
+        return True
+
+    def after_write(self, work: Callable[[], None]) -> bool:
+        if not self.holding:
+            return False
+        self._after_write.append(work)
         return True
 
     # --- receiving ----------------------------------------------------------------------------------
