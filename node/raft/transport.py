@@ -43,7 +43,7 @@ import msgspec
 from ._frames import FrameError, FrameOpener, FrameSealer, array_header
 from .handshake import (Established, Handshake, HandshakeFailed, PeerPolicy, RejectReason, Role, SendBytes,
                         accept_any_incarnation)
-from .messages import Message, MessageError, decode_message
+from .messages import MessageError, decode_message
 
 __all__ = ["RaftNetwork", "PartitionTransport", "PeerAddress", "FRAME_BYTES_MAX", "ENTRY_BYTES_MAX",
            "SEND_BUFFER_BYTES_MAX", "decode_frame"]
