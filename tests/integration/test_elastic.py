@@ -213,10 +213,10 @@ def test_add_then_remove_a_node_under_writes(tmp_path: Path) -> None:
             config = load_config(data / "cluster.toml", env={})
             assert [n.id for n in config.nodes] == ["n1", "n2", "n3", "n4"]
             assert config.bootstrap_nodes == ("n1", "n2", "n3")
-            shape = admin_of(cluster, "n2").shape()
+            admin = admin_of(cluster, "n2")
+            shape = wait_for("settled with n4", lambda: (found := admin.shape()).settled() and found)
             replicas, leads = held(shape, "n4")
             assert replicas >= 4 and leads >= 1, (replicas, leads)
-            assert shape.settled()
             status = shoal("cluster", "status", "--data", str(data))
             assert status.returncode == 0 and "n4: active" in status.stdout and "moves: none" in status.stdout
 
@@ -295,10 +295,13 @@ def test_a_wiped_node_is_refused_until_replaced_and_then_joins_as_a_new_member(t
                          "--timeout", "180")
         assert replaced.returncode == 0, replaced.stderr
         member = f"n3/{new}"
-        shape = AdminClient(url, "t0k").shape()
-        assert shape.registry.nodes["n3"].incarnation == new and shape.settled()
-        leaders = members_of_leaders(cluster, ["n1", "n2", "n3"])
-        assert len(leaders) == 4
+        admin = AdminClient(url, "t0k")
+        # The command returns once the cluster settled; the balancer may then hand a leadership
+        # back, leaving a partition without a known leader for a moment.
+        wait_for("settled on n3's new member", lambda: (shape := admin.shape()).registry.nodes["n3"].incarnation == new
+                 and shape.settled())
+        leaders = wait_for("every partition's leader", lambda: (
+            found if len(found := members_of_leaders(cluster, ["n1", "n2", "n3"])) == 4 else None))
         for p, raft in leaders.items():
             assert "n3" not in raft["voters"] + raft["learners"], (p, raft)
             assert member in raft["voters"], (p, raft)
@@ -370,8 +373,9 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
                    for n in cluster.node_ids) == len(pending)
         balanced = shoal("cluster", "rebalance", "--url", url, "--timeout", "180")
         assert balanced.returncode == 0, balanced.stderr
-        shape = AdminClient(url).shape()
-        assert shape.settled() and shape.leaders_balanced() and held(shape, "n5")[0] >= 1
+        admin = AdminClient(url)
+        wait_for("settled and balanced with n5", lambda: (shape := admin.shape()).settled()
+                 and shape.leaders_balanced() and held(shape, "n5")[0] >= 1)
         assert sum(metric(cluster, n, "shoal_moves_started_total") for n in cluster.node_ids) >= len(pending)
         assert sum(metric(cluster, n, "shoal_moves_finished_total") for n in cluster.node_ids) >= len(pending)
         auto = shoal("cluster", "settings", "--data", str(data), "--rebalance-auto")
@@ -389,8 +393,8 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
         for rf in (5, 3):
             changed = shoal("cluster", "settings", "--data", str(data), "--replication", str(rf), "--timeout", "180")
             assert changed.returncode == 0, changed.stderr
-            leaders = members_of_leaders(cluster, cluster.node_ids)
-            assert len(leaders) == 4
+            leaders = wait_for("every partition's leader", lambda: (
+                found if len(found := members_of_leaders(cluster, cluster.node_ids)) == 4 else None))
             for p, raft in leaders.items():
                 assert len(raft["voters"]) == rf and not raft["learners"], (p, raft)
             shape = admin_of(cluster, "n1").shape()
