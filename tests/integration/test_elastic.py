@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -255,6 +256,20 @@ def test_add_then_remove_a_node_under_writes(tmp_path: Path) -> None:
         stop_every_node(data)
 
 
+def read_until(proc: subprocess.Popen[str], text: str, timeout_s: float) -> str:
+    """Lines of ``proc``'s stdout up to the first holding ``text`` (or its end, or the deadline)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline and not any(text in line for line in lines):
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+    return "".join(lines)
+
+
 def members_of_leaders(cluster: LocalCluster, nodes: list[str]) -> dict[int, dict[str, Any]]:
     """Every partition's Raft status (voters, learners as member ids) as its leader reports it."""
     out: dict[int, dict[str, Any]] = {}
@@ -443,9 +458,13 @@ def test_a_snapshot_move_shows_bytes_rate_and_eta_and_its_rate_changes_while_it_
             assert move["etaS"] >= (move["bytesTotal"] - move["bytesSent"]) / (1024 * 1024), move
             status = shoal("cluster", "status", "--data", str(data))
             assert status.returncode == 0 and "catching up" in status.stdout and "ETA" in status.stdout
+            # The command's own progress names the stream's time left while it is slow (its polls
+            # run on their own clock): read its lines until it has, then speed the stream up.
+            shown = read_until(grow, "ETA", 60.0)
             fast = shoal("cluster", "settings", "--data", str(data), "--move-rate", "256MiB")
             assert fast.returncode == 0, fast.stderr
             out, _ = grow.communicate(timeout=CLI_TIMEOUT_S)
+            out = shown + out
         finally:
             if grow.poll() is None:
                 grow.kill()

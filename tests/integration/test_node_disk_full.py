@@ -119,8 +119,12 @@ def test_a_full_disk_refuses_new_data_serves_the_rest_and_recovers(tmp_path: Pat
                 await q.ack(more[0])
                 assert await q.get_job(held[0].id) is not None
 
-                status, body = ready(cluster, cluster.node_ids[0])
-                assert status == 503 and body["diskSpaceLow"] and "disk_free_min_bytes" in body["reason"]
+                # Each node notices the low space on its own watch; the refusal came from the leader.
+                async def not_ready() -> bool:
+                    status, body = ready(cluster, cluster.node_ids[0])
+                    return status == 503 and body["diskSpaceLow"] and "disk_free_min_bytes" in body["reason"]
+
+                assert await until(not_ready), "/ready did not report the low disk space"
                 assert "shoal_disk_space_low 1.0" in metrics(cluster, cluster.node_ids[0])
 
                 # Every last byte taken: ENOSPC on the journals themselves.
