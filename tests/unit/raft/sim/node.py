@@ -18,7 +18,7 @@ from typing import Any
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.install import ByteRate
-from shoal.node.raft.journal import Journal
+from shoal.node.raft.journal import Journal, quarantine_journal
 from shoal.node.raft.replica import PartitionReplica, ReplicaDamaged
 from shoal.node.raft.scheduler import TickScheduler
 from shoal.node.raft.snapshots import SnapshotSettings
@@ -48,6 +48,11 @@ class SimStorage(NodeStorage):
         return Journal(self.io, os.path.join(self.data_dir, f"p{partition}.raft"), batcher=self.batcher,
                        segment_bytes=SEGMENT_BYTES, unsynced_bytes_max=UNSYNCED_BYTES_MAX,
                        cache_entries_max=CACHE_ENTRIES_MAX)
+
+    def quarantine_journal(self, partition: int) -> str:
+        # The aside directory is named by a wall clock: a fixed one keeps a seed's run (and its
+        # log) the same from one replay to the next, however long the replays take.
+        return quarantine_journal(self.io, self.journal_dir(partition), clock=lambda: 0.0)
 
 
 class SimReplica(PartitionReplica):
