@@ -504,8 +504,9 @@ class PartitionReplica:
             else:
                 # A follower's answer leaves at the end of this frame, before its applies: nothing
                 # waits for a follower's apply (replies and reads come from the leader), while the
-                # leader waits for its answer. The applies run right after the frame's write, in
-                # the same callback, or in a callback of their own when nothing holds.
+                # leader waits for its answer. The applies run once the outermost hold (the
+                # received frame's, or _process's own) has written, in the same callback; the
+                # call_soon only guards a caller outside any hold, which _process never is.
                 if not self._deferred and not self._transport.after_write(self._apply_deferred):
                     self.loop.call_soon(self._apply_deferred)
                 self._deferred.extend(rd.committed)
