@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from shoal.cluster.codec import Raw, encode_body
 from shoal.cluster.commands import normalize
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from .ports import Replier
     from .raft import PartitionReplica
 
-__all__ = ["push_flow_graph", "events_of", "encode_event"]
+__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames"]
 
 #: A child's failure policy from bunqueue's flags (the first flag set wins; default ``fail``).
 _ON_FAILURE = (("ignoreDependencyOnFailure", "ignore"), ("continueParentOnFailure", "ignore"),
@@ -162,6 +164,10 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
     if type(job_id) is not str or type(partition) is not int:
         return []
     state, prev = ev.get("state"), ev.get("prev")
+    if state == "removed" and prev in _ENDED:
+        # A finished job leaving the history (trimmed, cleaned, removeOnComplete): bunqueue's
+        # server names only the removal of a job that had not run to its end.
+        return []
     wire_id, result, error = job_id, None, None
     if state in _NEEDS_JOB or prev == "active":
         # Only these frames carry a result or an error; the id is already the wire id.
@@ -197,6 +203,8 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
 
 #: Job states whose event frame carries the job's result or error.
 _NEEDS_JOB = frozenset({"completed", "failed", "cancelled"})
+#: States of a job that ran to its end; its later removal sends bunqueue's subscribers nothing.
+_ENDED = _NEEDS_JOB
 
 
 def _frame(event: dict[str, Any]) -> dict[str, Any]:
@@ -207,3 +215,52 @@ def encode_event(frame: dict[str, Any]) -> bytes:
     """The length-prefixed bytes of one event frame (encoded once for every subscriber)."""
     body = encode_body(frame)
     return len(body).to_bytes(4, "big") + body
+
+
+class EventFrames:
+    """The length-prefixed bytes of bunqueue's event frames for one batch of the node's job
+    events, all stamped ``now_ms``: what :func:`events_of` and :func:`encode_event` give.
+
+    A worker's drain makes two frames a job, a pull and a completion without a result, which
+    differ only by queue, kind and job id: those are the batch's encoded template for the
+    queue and kind, up to the job id (which the template puts last), and the encoded id.
+    """
+
+    __slots__ = ("_replicas", "_now_ms", "_heads")
+
+    def __init__(self, replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> None:
+        self._replicas = replicas
+        self._now_ms = now_ms
+        self._heads: dict[tuple[Any, str], bytes] = {}
+
+    def of(self, ev: Mapping[str, Any]) -> list[bytes]:
+        """The frames of one job event ``ev`` (none for moves bunqueue does not name)."""
+        job_id, state = ev.get("id"), ev.get("state")
+        if type(job_id) is str and ev.get("event") == "job" and type(ev.get("partition")) is int:
+            if state == "active" and ev.get("prev") is not None:
+                return [self._templated(ev.get("queue"), "pulled", job_id)]
+            if state == "completed" and ev.get("prev") is not None:
+                replica = self._replicas.get(ev["partition"])
+                info = replica.view.event_job(job_id) if replica is not None else None
+                if info is None:
+                    return [self._templated(ev.get("queue"), "completed", job_id)]
+                if info[1] is None:
+                    return [self._templated(ev.get("queue"), "completed", info[0])]
+        return [encode_event(frame) for frame in events_of(ev, self._replicas, self._now_ms)]
+
+    def _templated(self, queue: Any, kind: str, wire_id: str) -> bytes:
+        head = self._heads.get((queue, kind))
+        if head is None:
+            event: dict[str, Any] = {"queue": queue, "timestamp": float(self._now_ms), "eventType": kind}
+            if kind == "completed":
+                event["data"] = None
+            event["jobId"] = ""
+            template = encode_body(_frame(event))
+            head = self._heads[(queue, kind)] = template[:-len(_EMPTY_STR)]
+        body = head + _encode_str(wire_id)
+        return len(body).to_bytes(4, "big") + body
+
+
+_encode_str = msgspec.msgpack.Encoder().encode
+#: The encoded empty string that ends an event template (the job id's place).
+_EMPTY_STR = _encode_str("")

@@ -25,13 +25,13 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.codec import PlainPush, Raw, decode_response
 from shoal.cluster.commands import COMMANDS, normalize, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .bunqueue import encode_event, events_of, push_flow_graph
+from .bunqueue import EventFrames, push_flow_graph
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .relay import JobLocator
@@ -771,7 +771,7 @@ class Dispatcher:
     def _publish_bunqueue(self, events: list[dict[str, Any]]) -> None:
         """bunqueue's events of the queues someone subscribed to, here or at a peer."""
         relay = self.relay
-        replicas, now_ms = self.directory.replicas, self.clock.now_ms()
+        frames = EventFrames(self.directory.replicas, self.clock.now_ms())
         # queue -> (its local subscribers, whether a peer subscribed to it): once per batch
         targets: dict[Any, tuple[Any, bool]] = {}
         for ev in events:
@@ -783,15 +783,14 @@ class Dispatcher:
             local, remote = target
             if not local and not remote:
                 continue
-            for frame in events_of(ev, replicas, now_ms):
-                body = encode_event(frame)
+            for body in frames.of(ev):
                 if local:
                     for conn in list(local):
                         send = getattr(conn, "send_encoded", None)
                         if send is not None:
                             send(body)
                         else:
-                            conn.send_frame(frame)
+                            conn.send_frame(decode_response(body[4:]))
                 if remote:
                     assert relay is not None
                     relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc, arg-type]
