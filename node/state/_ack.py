@@ -9,6 +9,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun
+from ._decimal import decimals_after, joined_decimal_run
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of, plain_ack
 from ._store import Store, shoal_seq
@@ -275,7 +276,7 @@ class AckOps(Store):
             return None
         ttr_ms = cmd.get("ttr")
         if self.segments:
-            fresh = self._fresh_run(ids, cmd.get("tokens"), ttr_ms, now_ms)
+            fresh = self._fresh_runs(ids, cmd.get("tokens"), ttr_ms, now_ms)
             if fresh is not None:
                 return {"count": fresh, "data": {"ok": True, "count": fresh}}
         partition = self.partition
@@ -304,26 +305,47 @@ class AckOps(Store):
             count += 1
         return {"count": count, "data": {"ok": True, "count": count}}
 
-    def _fresh_run(self, ids: list[Any], tokens: list[Any] | None, ttr_ms: int | None, now_ms: int) -> int | None:
-        """:meth:`fresh_heartbeat` of the jobs a worker holds when they are one segment's
-        consecutive leased slots under consecutive tokens (what consecutive pulls gave it):
-        their count when every lease is fresh, else None (the job-by-job check decides)."""
-        run = ack_run_of(self.partition, ids, tokens)
-        if run is None:
+    def _fresh_runs(self, ids: list[Any], tokens: list[Any] | None, ttr_ms: int | None, now_ms: int) -> int | None:
+        """:meth:`fresh_heartbeat` of the jobs a worker holds when they are runs of segments'
+        leased slots, each run under consecutive tokens (what its pulls gave it, less what it
+        acked): their count when every lease is fresh, else None (the job-by-job check decides)."""
+        seqs = decimals_after(f"{self.partition}-", ids)
+        if seqs is None:
             return None
-        found = self._leased_run(*run)
-        if found is None:
-            return None
-        seg, i = found
-        k = run[1]
-        lease_ms = ttr_ms or seg.ttr_ms
-        if not lease_ms:
-            return None
-        deadlines = seg.deadlines[i:i + k]
-        target, margin = now_ms + lease_ms, min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10)
-        # |target - d| <= margin for every d: the slice's lowest and highest decide
-        if target - min(deadlines) > margin or max(deadlines) - target > margin:
-            return None
+        find, lease_prefix, k = self.segments.find, f"{self.partition}.", len(seqs)
+        start = 0
+        while start < k:
+            first = seqs[start]
+            seg = find(first)
+            if seg is None:
+                return None
+            i = first - seg.first
+            limit = min(k, start + len(seg.datas) - i)  # a run ends where its segment does
+            end = start + 1
+            while end < limit and seqs[end] == first + end - start:
+                end += 1
+            n = end - start
+            if seg.states.count(SLOT_ACTIVE, i, i + n) != n:
+                return None
+            if tokens is not None:
+                lease = seg.lease_nos[i]
+                if seg.lease_nos[i:i + n] != list(range(lease, lease + n)):
+                    return None
+                try:
+                    named = "\n".join(tokens[start:end])
+                except TypeError:
+                    return None
+                if named != joined_decimal_run(lease_prefix, lease, n):
+                    return None
+            lease_ms = ttr_ms or seg.ttr_ms
+            if not lease_ms:
+                return None
+            deadlines = seg.deadlines[i:i + n]
+            target, margin = now_ms + lease_ms, min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10)
+            # |target - d| <= margin for every d: the slice's lowest and highest decide
+            if target - min(deadlines) > margin or max(deadlines) - target > margin:
+                return None
+            start = end
         return k
 
     def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:

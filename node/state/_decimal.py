@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["decimal_run", "joined_decimal_run"]
+__all__ = ["decimal_run", "joined_decimal_run", "decimals_after"]
 
 _SUFFIXES = tuple(f"{i:03d}" for i in range(1000))
 
@@ -50,3 +50,25 @@ def joined_decimal_run(prefix: str, first: int, count: int, sep: str = "\n") -> 
             stem = prefix + str(high)
             parts.append(stem + (sep + stem).join(_SUFFIXES[low:low + take]))
     return sep.join(parts)
+
+
+def decimals_after(prefix: str, texts: list[object]) -> list[int] | None:
+    """The numbers when every text is ``prefix`` and then 1 to 19 ASCII digits (what ``int``
+    reads from them); None for anything else. Checked on the joined texts, so the work per
+    item runs in C."""
+    if not texts:
+        return None
+    try:
+        joined = "\n" + "\n".join(texts)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    marked = "\n" + prefix
+    if joined.count("\n") != len(texts) or joined.count(marked) != len(texts):
+        return None
+    digits = joined.replace(marked, "\n")[1:]
+    if not digits.replace("\n", "").isdigit() or not digits.isascii():
+        return None
+    parts = digits.split("\n")
+    if not 0 < min(map(len, parts)) <= max(map(len, parts)) <= 19:
+        return None
+    return list(map(int, parts))

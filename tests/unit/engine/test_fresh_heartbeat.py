@@ -96,3 +96,41 @@ def test_jobs_of_two_pulls_are_fresh_only_while_both_leases_are() -> None:
     e2.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0)
     e2.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0 + 2 * HEARTBEAT_WRITE_MIN_MS)
     assert e2.fresh_heartbeat(cmd, T0 + 2 * HEARTBEAT_WRITE_MIN_MS) is None, "the first pull's leases would move"
+
+
+@settings(max_examples=80, deadline=None)
+@given(kept=st.lists(st.booleans(), min_size=12, max_size=12), shuffle=st.randoms(use_true_random=False),
+       in_order=st.booleans(), later=st.integers(0, 2 * HEARTBEAT_WRITE_MIN_MS))
+def test_a_worker_holding_what_is_left_of_several_pulls_gets_what_applying_would_answer(
+        kept: list[bool], shuffle: object, in_order: bool, later: int) -> None:
+    """Jobs of four pulls over two PUSHBs' segments, some acked: runs of ids and tokens with
+    gaps, answered from the state exactly as applying the heartbeat would answer."""
+    e = PartitionEngine(0)
+    for size in (7, 5):
+        e.apply({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(size)]}, T0)
+    ids: list[str] = []
+    tokens: list[str] = []
+    for n in range(4):
+        got = e.apply({"cmd": "PULLB", "queue": "q", "count": 3}, T0 + n).result
+        ids += [j["id"] for j in got["jobs"]]
+        tokens += got["tokens"]
+    for job_id, token, keep in zip(list(ids), list(tokens), kept):
+        if not keep:
+            e.apply({"cmd": "ACK", "id": job_id, "token": token}, T0)
+            ids.remove(job_id)
+            tokens.remove(token)
+    if not ids:
+        return
+    held = list(zip(ids, tokens))
+    if not in_order:
+        shuffle.shuffle(held)  # type: ignore[attr-defined]
+    cmd = {"cmd": "JobHeartbeatB", "ids": [i for i, _ in held], "tokens": [t for _, t in held]}
+    runs = e._fresh_runs(cmd["ids"], cmd["tokens"], None, T0 + later)
+    fresh = e.fresh_heartbeat(cmd, T0 + later)
+    if later <= HEARTBEAT_WRITE_MIN_MS - 3:
+        assert fresh is not None, "every lease is fresh"
+        if in_order:
+            assert runs == len(ids), "the runs of the pulls are checked as runs"
+    applied = e.apply(cmd, T0 + later).result
+    if fresh is not None:
+        assert fresh == applied
