@@ -11,7 +11,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._commands import AckRun
 from ._decimal import decimals_after, joined_decimal_run
 from ._model import Job, Queue, pack
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, Segment, ack_run_of, plain_ack
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, Segment, ack_run_of, plain_ack
 from ._store import Store, shoal_seq
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, FAILED, check_transition
 
@@ -307,13 +307,14 @@ class AckOps(Store):
 
     def _fresh_runs(self, ids: list[Any], tokens: list[Any] | None, ttr_ms: int | None, now_ms: int) -> int | None:
         """:meth:`fresh_heartbeat` of the jobs a worker holds when they are runs of segments'
-        leased slots, each run under consecutive tokens (what its pulls gave it, less what it
-        acked): their count when every lease is fresh, else None (the job-by-job check decides)."""
+        slots, each run under consecutive tokens (what its pulls gave it, less what it acked): the
+        count of those still leased when each of their leases is fresh, else None (the job-by-job
+        check decides)."""
         seqs = decimals_after(f"{self.partition}-", ids)
         if seqs is None:
             return None
         find, lease_prefix, k = self.segments.find, f"{self.partition}.", len(seqs)
-        start = 0
+        start = count = 0
         while start < k:
             first = seqs[start]
             seg = find(first)
@@ -325,8 +326,12 @@ class AckOps(Store):
             while end < limit and seqs[end] == first + end - start:
                 end += 1
             n = end - start
-            if seg.states.count(SLOT_ACTIVE, i, i + n) != n:
-                return None
+            if seg.states.count(SLOT_GONE, i, i + n):
+                return None  # a job made an object of its own: the job-by-job check finds it
+            active = seg.states.count(SLOT_ACTIVE, i, i + n)
+            if not active:
+                start = end
+                continue
             if tokens is not None:
                 lease = seg.lease_nos[i]
                 if seg.lease_nos[i:i + n] != list(range(lease, lease + n)):
@@ -341,12 +346,15 @@ class AckOps(Store):
             if not lease_ms:
                 return None
             deadlines = seg.deadlines[i:i + n]
+            if active < n:  # acked (or let go) since the worker sent this: skipped, as applying would
+                deadlines = [d for d, state in zip(deadlines, seg.states[i:i + n]) if state == SLOT_ACTIVE]
             target, margin = now_ms + lease_ms, min(HEARTBEAT_WRITE_MIN_MS, lease_ms // 10)
-            # |target - d| <= margin for every d: the slice's lowest and highest decide
-            if target - min(deadlines) > margin or max(deadlines) - target > margin:
+            # |target - d| <= margin for every d: the lowest and highest decide
+            if deadlines and (target - min(deadlines) > margin or max(deadlines) - target > margin):
                 return None
+            count += active
             start = end
-        return k
+        return count
 
     def _op_ReleaseAll(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
