@@ -231,11 +231,14 @@ class EventFrames:
     def __init__(self, replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> None:
         self._replicas = replicas
         self._now_ms = now_ms
-        self._heads: dict[tuple[Any, str], bytes] = {}
+        self._heads: dict[tuple[Any, str, int], bytes] = {}
 
     def of(self, ev: Mapping[str, Any]) -> list[bytes]:
         """The frames of one job event ``ev`` (none for moves bunqueue does not name)."""
-        job_id, state = ev.get("id"), ev.get("state")
+        state = ev.get("state")
+        if state == "removed" and ev.get("prev") in _ENDED:
+            return []  # the history trimmed (as events_of says), the common case first
+        job_id = ev.get("id")
         if type(job_id) is str and ev.get("event") == "job" and type(ev.get("partition")) is int:
             if state == "active" and ev.get("prev") is not None:
                 return [self._templated(ev.get("queue"), "pulled", job_id)]
@@ -249,16 +252,18 @@ class EventFrames:
         return [encode_event(frame) for frame in events_of(ev, self._replicas, self._now_ms)]
 
     def _templated(self, queue: Any, kind: str, wire_id: str) -> bytes:
-        head = self._heads.get((queue, kind))
+        packed_id = _encode_str(wire_id)
+        # the length prefix depends on the id's length only: one head per length seen
+        key = (queue, kind, len(packed_id))
+        head = self._heads.get(key)
         if head is None:
             event: dict[str, Any] = {"queue": queue, "timestamp": float(self._now_ms), "eventType": kind}
             if kind == "completed":
                 event["data"] = None
             event["jobId"] = ""
-            template = encode_body(_frame(event))
-            head = self._heads[(queue, kind)] = template[:-len(_EMPTY_STR)]
-        body = head + _encode_str(wire_id)
-        return len(body).to_bytes(4, "big") + body
+            body = encode_body(_frame(event))[:-len(_EMPTY_STR)]
+            head = self._heads[key] = (len(body) + len(packed_id)).to_bytes(4, "big") + body
+        return head + packed_id
 
 
 _encode_str = msgspec.msgpack.Encoder().encode

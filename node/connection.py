@@ -528,7 +528,7 @@ class ClientConnection(asyncio.Protocol):
         self._schedule_flush()
 
     def send_encoded(self, data: bytes) -> None:
-        """Queue a frame encoded once for many connections (an event): length-prefixed bytes."""
+        """Queue frames encoded once for many connections (events): one or more length-prefixed frames."""
         if self.closed:
             return
         self._out.append(data)

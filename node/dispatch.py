@@ -772,28 +772,36 @@ class Dispatcher:
         """bunqueue's events of the queues someone subscribed to, here or at a peer."""
         relay = self.relay
         frames = EventFrames(self.directory.replicas, self.clock.now_ms())
-        # queue -> (its local subscribers, whether a peer subscribed to it): once per batch
-        targets: dict[Any, tuple[Any, bool]] = {}
+        # per local subscriber, its frames of the batch in order: written at once
+        pending: dict[Any, list[bytes]] = {}
+        # queue -> (its local subscribers' lists, whether a peer subscribed to it): once per batch
+        targets: dict[Any, tuple[list[list[bytes]], bool]] = {}
         for ev in events:
             queue = ev.get("queue")
             target = targets.get(queue)
             if target is None:
-                target = targets[queue] = (self.event_subscribers.get(queue),  # type: ignore[arg-type]
+                local = self.event_subscribers.get(queue)  # type: ignore[arg-type]
+                target = targets[queue] = ([pending.setdefault(conn, []) for conn in local or ()],
                                            relay is not None and relay.wants_events(queue))  # type: ignore[arg-type]
-            local, remote = target
-            if not local and not remote:
+            lists, remote = target
+            if not lists and not remote:
                 continue
-            for body in frames.of(ev):
-                if local:
-                    for conn in list(local):
-                        send = getattr(conn, "send_encoded", None)
-                        if send is not None:
-                            send(body)
-                        else:
-                            conn.send_frame(decode_response(body[4:]))
-                if remote:
-                    assert relay is not None
+            bodies = frames.of(ev)
+            for out in lists:
+                out += bodies
+            if remote:
+                assert relay is not None
+                for body in bodies:
                     relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc, arg-type]
+        for conn, bodies in pending.items():
+            if not bodies:
+                continue
+            send = getattr(conn, "send_encoded", None)
+            if send is not None:
+                send(b"".join(bodies))
+            else:
+                for body in bodies:
+                    conn.send_frame(decode_response(body[4:]))
 
 
 def _ignore(_: Any) -> None:
