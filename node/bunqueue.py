@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -25,9 +25,9 @@ from shoal.cluster.flow import FLOW_JOBS_MAX
 
 if TYPE_CHECKING:
     from .ports import Replier
-    from .raft import PartitionReplica
+    from .state import Event
 
-__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames"]
+__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames", "EventJobs"]
 
 #: A child's failure policy from bunqueue's flags (the first flag set wins; default ``fail``).
 _ON_FAILURE = (("ignoreDependencyOnFailure", "ignore"), ("continueParentOnFailure", "ignore"),
@@ -157,7 +157,7 @@ class _Answer:
 
 # --- events --------------------------------------------------------------------------------------
 
-def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> list[dict[str, Any]]:
+def events_of(ev: Mapping[str, Any], view: "EventJobs | None", now_ms: int) -> list[dict[str, Any]]:
     """bunqueue's event frames for one of the node's job events (none for moves it does not name)."""
     job_id = ev.get("id")
     partition = ev.get("partition")
@@ -171,8 +171,7 @@ def events_of(ev: Mapping[str, Any], replicas: Mapping[int, "PartitionReplica"],
     wire_id, result, error = job_id, None, None
     if state in _NEEDS_JOB or prev == "active":
         # Only these frames carry a result or an error; the id is already the wire id.
-        replica = replicas.get(partition)
-        info = replica.view.event_job(job_id) if replica is not None else None
+        info = view.event_job(job_id) if view is not None else None
         if info is not None:
             wire_id, result, error = info
     base = {"queue": ev.get("queue"), "jobId": wire_id, "timestamp": float(now_ms)}
@@ -217,39 +216,52 @@ def encode_event(frame: dict[str, Any]) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
+class EventJobs(Protocol):
+    """What an event frame needs of a partition's applied state (``PartitionView``'s methods)."""
+
+    def event_job(self, job_id: str) -> tuple[str, Any, Any] | None: ...
+
+    def event_job_at(self, seq: int) -> tuple[str, Any, Any] | None: ...
+
+    def event_dicts(self, partition: int, events: Sequence[Event]) -> list[dict[str, Any]]: ...
+
+
 class EventFrames:
-    """The length-prefixed bytes of bunqueue's event frames for one batch of the node's job
-    events, all stamped ``now_ms``: what :func:`events_of` and :func:`encode_event` give.
+    """The length-prefixed bytes of bunqueue's event frames for the job events one partition's
+    engine recorded in a batch, all stamped ``now_ms``: what :func:`events_of` and
+    :func:`encode_event` give for each event as the node publishes it.
 
     A worker's drain makes two frames a job, a pull and a completion without a result, which
-    differ only by queue, kind and job id: those are the batch's encoded template for the
-    queue and kind, up to the job id (which the template puts last), and the encoded id.
+    differ only by queue, kind and job id: those are made straight from the engine's event
+    tuple, as the batch's encoded template for the queue and kind, up to the job id (which the
+    template puts last), and the encoded id. Any other event goes through :func:`events_of`.
     """
 
-    __slots__ = ("_replicas", "_now_ms", "_heads")
+    __slots__ = ("_view", "_partition", "_now_ms", "_heads")
 
-    def __init__(self, replicas: Mapping[int, "PartitionReplica"], now_ms: int) -> None:
-        self._replicas = replicas
+    def __init__(self, view: EventJobs, partition: int, now_ms: int) -> None:
+        self._view = view
+        self._partition = partition
         self._now_ms = now_ms
         self._heads: dict[tuple[Any, str, int], bytes] = {}
 
-    def of(self, ev: Mapping[str, Any]) -> list[bytes]:
-        """The frames of one job event ``ev`` (none for moves bunqueue does not name)."""
-        state = ev.get("state")
-        if state == "removed" and ev.get("prev") in _ENDED:
-            return []  # the history trimmed (as events_of says), the common case first
-        job_id = ev.get("id")
-        if type(job_id) is str and ev.get("event") == "job" and type(ev.get("partition")) is int:
-            if state == "active" and ev.get("prev") is not None:
-                return [self._templated(ev.get("queue"), "pulled", job_id)]
-            if state == "completed" and ev.get("prev") is not None:
-                replica = self._replicas.get(ev["partition"])
-                info = replica.view.event_job(job_id) if replica is not None else None
-                if info is None:
-                    return [self._templated(ev.get("queue"), "completed", job_id)]
+    def of(self, ev: Event) -> list[bytes]:
+        """The frames of one of the engine's job events (none for moves bunqueue does not name)."""
+        queue, seq, state, prev = ev
+        if prev is not None:
+            if state == "removed" and prev in _ENDED:
+                return []  # the history trimmed (as events_of says), the common case first
+            if state == "active" or state == "completed":
+                info = self._view.event_job_at(seq)
+                if info is None:  # a segment's plain job: Shoal's own id, no result
+                    return [self._templated(queue, "pulled" if state == "active" else "completed",
+                                            f"{self._partition}-{seq}")]
+                if state == "active":
+                    return [self._templated(queue, "pulled", info[0])]
                 if info[1] is None:
-                    return [self._templated(ev.get("queue"), "completed", info[0])]
-        return [encode_event(frame) for frame in events_of(ev, self._replicas, self._now_ms)]
+                    return [self._templated(queue, "completed", info[0])]
+        as_published = self._view.event_dicts(self._partition, [ev])[0]
+        return [encode_event(frame) for frame in events_of(as_published, self._view, self._now_ms)]
 
     def _templated(self, queue: Any, kind: str, wire_id: str) -> bytes:
         packed_id = _encode_str(wire_id)

@@ -39,10 +39,13 @@ from .sessions import SESSION_CHARS_MAX, SessionTable
 from .writes import PendingWrites
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from collections.abc import Sequence
 
-if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
+
+    from .bunqueue import EventJobs
+    from .relay import Relay
+    from .state import Event
 
 __all__ = ["Dispatcher"]
 
@@ -753,36 +756,36 @@ class Dispatcher:
         return bool(self.subscribers or self.event_subscribers
                     or (self.relay is not None and self.relay.peer_subscriptions))
 
-    def publish(self, events: list[dict[str, Any]]) -> None:
-        """Send job events to subscribed connections (and the node's other listeners)."""
-        for listener in self.info.event_listeners:
-            listener(events)
+    def publish(self, partition: int, events: Sequence[Event], view: EventJobs) -> None:
+        """Send the job events one partition's engine recorded to subscribed connections (and
+        the node's other listeners); ``view`` is that partition's applied state."""
+        if self.info.event_listeners or self.subscribers:
+            published = view.event_dicts(partition, events)
+            for listener in self.info.event_listeners:
+                listener(published)
+            for conn in list(self.subscribers):
+                subs = conn.subscriptions or set()
+                for ev in published:
+                    if "" in subs or ev.get("queue") in subs:
+                        conn.send_frame(ev)
         if self.event_subscribers or (self.relay is not None and self.relay.peer_subscriptions):
-            self._publish_bunqueue(events)
-        if not self.subscribers:
-            return
-        for conn in list(self.subscribers):
-            subs = conn.subscriptions or set()
-            for ev in events:
-                if "" in subs or ev.get("queue") in subs:
-                    conn.send_frame(ev)
+            self._publish_bunqueue(partition, events, view)
 
-
-    def _publish_bunqueue(self, events: list[dict[str, Any]]) -> None:
+    def _publish_bunqueue(self, partition: int, events: Sequence[Event], view: EventJobs) -> None:
         """bunqueue's events of the queues someone subscribed to, here or at a peer."""
         relay = self.relay
-        frames = EventFrames(self.directory.replicas, self.clock.now_ms())
+        frames = EventFrames(view, partition, self.clock.now_ms())
         # per local subscriber, its frames of the batch in order: written at once
         pending: dict[Any, list[bytes]] = {}
         # queue -> (its local subscribers' lists, whether a peer subscribed to it): once per batch
-        targets: dict[Any, tuple[list[list[bytes]], bool]] = {}
+        targets: dict[str, tuple[list[list[bytes]], bool]] = {}
         for ev in events:
-            queue = ev.get("queue")
+            queue = ev[0]
             target = targets.get(queue)
             if target is None:
-                local = self.event_subscribers.get(queue)  # type: ignore[arg-type]
+                local = self.event_subscribers.get(queue)
                 target = targets[queue] = ([pending.setdefault(conn, []) for conn in local or ()],
-                                           relay is not None and relay.wants_events(queue))  # type: ignore[arg-type]
+                                           relay is not None and relay.wants_events(queue))
             lists, remote = target
             if not lists and not remote:
                 continue
@@ -792,7 +795,7 @@ class Dispatcher:
             if remote:
                 assert relay is not None
                 for body in bodies:
-                    relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc, arg-type]
+                    relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc]
         for conn, bodies in pending.items():
             if not bodies:
                 continue

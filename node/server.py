@@ -362,7 +362,7 @@ class Node:
         replica.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
         events = replica.take_events()
         if events and wanted:
-            self.dispatcher.publish(replica.view.event_dicts(p, events))
+            self.dispatcher.publish(p, events, replica.view)
         self.dispatcher.on_applied(p)
 
     def events_wanted(self) -> None:

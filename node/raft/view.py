@@ -105,6 +105,11 @@ class PartitionView:
         """A job's wire id, result and error for an event frame (None when the job is gone)."""
         return self._engine().event_job(job_id)
 
+    def event_job_at(self, seq: int) -> tuple[str, Any, Any] | None:
+        """:meth:`event_job` by the job's number, for an event the engine recorded: None for a
+        segment's plain job (Shoal's own id, no result or error) or a job that is gone."""
+        return self._engine().event_job_at(seq)
+
     def event_dicts(self, partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
         """``events`` as the node publishes them, a job with a custom id named by it."""
         return event_dicts(partition, events, self._engine())

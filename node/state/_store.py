@@ -263,6 +263,14 @@ class Store:
             return None
         return self._wire_id(job), job.result, job.error
 
+    def event_job_at(self, seq: int) -> tuple[str, bytes | None, str | None] | None:
+        """:meth:`event_job` of the job numbered ``seq`` (None when it is a segment's plain job,
+        named by Shoal's own id, without result or error, or gone)."""
+        job = self.jobs.get(seq)
+        if job is None:
+            return None
+        return self._wire_id(job), job.result, job.error
+
     def _wire_id(self, job: Job) -> str:
         """``job``'s id on the wire: its custom id when it has one (bunqueue's ``jobId``, a
         flow's own ids), else Shoal's own id."""

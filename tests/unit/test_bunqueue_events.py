@@ -1,12 +1,16 @@
-"""bunqueue's event frames for the node's job events (``node.bunqueue.events_of``)."""
+"""bunqueue's event frames for the node's job events (``node.bunqueue``: ``events_of`` and the
+batch encoder ``EventFrames``), from a real engine's recorded events."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
-from shoal.cluster.codec import Raw, decode_response
+from shoal.cluster.codec import Raw, decode_response, raw_of
 from shoal.node.bunqueue import EventFrames, encode_event, events_of
+from shoal.node.raft.view import PartitionView
+from shoal.node.state import Event, PartitionEngine, SessionPull
+
+T0 = 1_000
 
 
 class Jobs:
@@ -22,8 +26,7 @@ class Jobs:
 
 
 def frames(ev: dict[str, Any], jobs: Jobs) -> list[dict[str, Any]]:
-    return [f["event"] for f in events_of({"event": "job", "queue": "q", "partition": 0, **ev},
-                                          {0: SimpleNamespace(view=jobs)}, 1_000)]
+    return [f["event"] for f in events_of({"event": "job", "queue": "q", "partition": 0, **ev}, jobs, T0)]
 
 
 def test_a_pull_names_the_job_without_looking_it_up() -> None:
@@ -54,25 +57,50 @@ def test_only_a_job_removed_before_it_ended_is_announced() -> None:
     assert jobs.lookups == 0
 
 
-def test_a_batchs_frames_are_the_bytes_of_the_event_dicts() -> None:
-    jobs = Jobs({"0-1": ("0-1", b"\x2a", None), "0-2": ("0-2", None, "boom"), "0-3": ("invoice-3", None, None)})
-    replicas = {0: SimpleNamespace(view=jobs)}
-    batch = EventFrames(replicas, 1_000)
-    events = [{"id": "0-7", "state": "active", "prev": "waiting"},   # templated
-              {"id": "0-8", "state": "active", "prev": "delayed", "queue": "other"},
-              {"id": "0-3", "state": "completed", "prev": "active"},  # templated, by its wire id
-              {"id": "0-9", "state": "completed", "prev": "active"},  # templated, not found
-              {"id": "0-1", "state": "completed", "prev": "active"},  # with a result
-              {"id": "0-2", "state": "waiting", "prev": "active"},
-              {"id": "0-4", "state": "waiting", "prev": None},
-              {"id": "0-5", "state": "removed", "prev": "completed"},
-              {"id": "0-6", "state": "active", "prev": "waiting", "partition": "0"}]
+def _recorded(engine: PartitionEngine, cmd: Any) -> list[Event]:
+    return list(engine.apply(cmd, T0).events)
+
+
+def test_a_batchs_frames_are_the_frames_of_the_events_as_published() -> None:
+    """Every kind of move a worker causes, on segment jobs and on jobs held as objects (a custom
+    id, a result, an error): the batch encoder's bytes decode to what events_of makes of the
+    event as the node publishes it."""
+    engine = PartitionEngine(0)
+    view = PartitionView(lambda: engine)
+    events: list[Event] = []
+    # a history of one finished job: the acks trim it (removed after completed)
+    engine.apply({"cmd": "CreateQueue", "queue": "q", "options": {"historyMax": 1}}, T0)
+    events += _recorded(engine, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(4)]})
+    events += _recorded(engine, {"cmd": "PUSH", "queue": "q", "data": raw_of(9), "customId": "invoice-9",
+                                 "attempts": 2, "backoff": 0})
+    events += _recorded(engine, {"cmd": "PUSH", "queue": "other", "data": raw_of(8), "priority": 3})
+    pulled = engine.apply(SessionPull({"cmd": "PULLB", "queue": "q", "count": 5}, "s"), T0)
+    events += list(pulled.events)
+    ids = [j["id"] for j in pulled.result["jobs"]]
+    events += _recorded(engine, {"cmd": "ACKB", "ids": ids[:2], "tokens": pulled.result["tokens"][:2]})
+    events += _recorded(engine, {"cmd": "ACK", "id": ids[2], "result": raw_of({"total": 7})})
+    custom = [i for i in ids if not i.startswith("0-")] or ["invoice-9"]
+    events += _recorded(engine, {"cmd": "FAIL", "id": custom[0], "error": "boom"})
+    events += _recorded(engine, {"cmd": "Cancel", "id": ids[3]})
+    waiting = engine.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(7)}, T0)
+    events += list(waiting.events)
+    events += _recorded(engine, {"cmd": "Cancel", "id": waiting.result["id"]})  # before it ran
+    assert {(state, prev) for _, _, state, prev in events} >= {
+        ("waiting", None), ("active", "waiting"), ("completed", "active"), ("removed", "completed"),
+        ("waiting", "active"), ("removed", "waiting")}
+    batch = EventFrames(view, 0, T0)
     for ev in events:
-        ev = {"event": "job", "queue": "q", "partition": 0, **ev}
-        expected = [encode_event(f) for f in events_of(ev, replicas, 1_000)]
+        expected = [decode_response(encode_event(f)[4:]) for f in events_of(view.event_dicts(0, [ev])[0], view, T0)]
         got = batch.of(ev)
-        assert got == expected or [decode_response(b[4:]) for b in got] == [decode_response(b[4:]) for b in expected], ev
+        assert [decode_response(b[4:]) for b in got] == expected, ev
         assert all(int.from_bytes(b[:4], "big") == len(b) - 4 for b in got)
-    long_id = "x" * 300  # a custom id past msgpack's short strings
-    ev = {"event": "job", "queue": "q", "partition": 0, "id": long_id, "state": "active", "prev": "waiting"}
-    assert decode_response(batch.of(ev)[0][4:])["event"]["jobId"] == long_id
+
+
+def test_a_long_custom_id_keeps_its_frame_whole() -> None:
+    engine = PartitionEngine(0)
+    long_id = "x" * 300  # past MessagePack's short strings: another length prefix
+    engine.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(1), "customId": long_id}, T0)
+    pulled = engine.apply({"cmd": "PULL", "queue": "q"}, T0)
+    (frame,) = EventFrames(PartitionView(lambda: engine), 0, T0).of(list(pulled.events)[0])
+    assert decode_response(frame[4:])["event"] == {"queue": "q", "jobId": long_id, "timestamp": 1000.0,
+                                                   "eventType": "pulled"}
