@@ -73,6 +73,18 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
+def eventually(check: Any, what: str, timeout_s: float = 30.0, poll_s: float = 0.05) -> Any:
+    """``check()``'s first true value, polled until ``timeout_s`` (a condition a node reaches
+    in its own time: a loaded machine only makes it later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(poll_s)
+
+
 def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Every running node's local Stats of ``queue``'s partition, once all have applied the
     same index and hashed it (or the timeout passed): compare their ``digest`` to check the replicas

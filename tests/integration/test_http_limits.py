@@ -131,9 +131,10 @@ def test_each_request_on_a_kept_alive_connection_gets_its_own_header_deadline(no
         time.sleep(HEADER_TIMEOUT_S / 2)  # the second request starts half-way through the first's deadline
         started = time.monotonic()
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: shoal\r\n")
-        answer = read_until_closed(sock, HEADER_TIMEOUT_S + 3.0)
+        answer = read_until_closed(sock, HEADER_TIMEOUT_S + 30.0)
         assert answer.startswith(b"HTTP/1.1 408"), answer
-        assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < HEADER_TIMEOUT_S + 2.0
+        # the deadline ran from the second request's start (a loaded machine only answers later)
+        assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < HEADER_TIMEOUT_S + 30.0
     finally:
         sock.close()
 
@@ -194,14 +195,21 @@ def test_a_connection_flood_past_the_limit_is_refused(node: LocalCluster) -> Non
         extra = 4
         for _ in range(CONNECTIONS_MAX - 1 + extra):  # `kept` holds one slot
             flood.append(socket.create_connection(_address(node), timeout=5))
-        time.sleep(0.5)  # the node accepts them
-        answers = []
-        for sock in flood:
-            sock.settimeout(0.05)
-            try:
-                answers.append(sock.recv(65536))
-            except TimeoutError:
-                answers.append(None)
+        # The node answers the connections past its limit as it accepts them: read until the
+        # expected refusals came (a loaded machine only makes them later), then once more.
+        answers: list[bytes | None] = [None] * len(flood)
+        deadline = time.monotonic() + 20.0
+        for last_pass in (False, True):
+            while True:
+                for i, sock in enumerate(flood):
+                    if answers[i] is None:
+                        sock.settimeout(0.01)
+                        try:
+                            answers[i] = sock.recv(65536)
+                        except TimeoutError:
+                            pass
+                if last_pass or sum(a is not None for a in answers) >= extra or time.monotonic() > deadline:
+                    break
         refused = [a for a in answers if a is not None]
         assert len(refused) == extra, answers
         assert answers[:CONNECTIONS_MAX - 1] == [None] * (CONNECTIONS_MAX - 1)  # first come, first served

@@ -14,7 +14,7 @@ from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from conftest import replica_views
+from conftest import eventually, replica_views
 from rawproto import RawConn, Router
 
 pytestmark = pytest.mark.integration
@@ -78,13 +78,12 @@ def test_pull_without_job_and_without_timeout_answers_null(cluster: LocalCluster
 
 def test_long_poll_pull_is_woken_by_a_push(cluster: LocalCluster) -> None:
     with leader_conn(cluster, "lp") as puller, leader_conn(cluster, "lp") as pusher:
-        req = puller.send({"cmd": "PULL", "queue": "lp", "timeout": 5000})
-        time.sleep(0.3)
-        t0 = time.monotonic()
+        # A poll that expired would answer job null: the job in the answer is the push waking it.
+        req = puller.send({"cmd": "PULL", "queue": "lp", "timeout": 60_000})
+        time.sleep(0.3)  # parked by now, on a machine that is not overloaded
         pushed = pusher.call({"cmd": "PUSH", "queue": "lp", "data": 7})
-        r = puller.wait_reply(req, 5)
+        r = puller.wait_reply(req, 60)
         assert r["ok"] and r["job"]["id"] == pushed["id"]
-        assert time.monotonic() - t0 < 2.0
 
 
 def test_long_poll_times_out_with_null(cluster: LocalCluster) -> None:
@@ -92,7 +91,7 @@ def test_long_poll_times_out_with_null(cluster: LocalCluster) -> None:
         t0 = time.monotonic()
         r = c.call({"cmd": "PULLB", "queue": "lp-timeout", "count": 5, "timeout": 300})
         assert r["ok"] and r["jobs"] == []
-        assert 0.25 <= time.monotonic() - t0 < 3
+        assert 0.25 <= time.monotonic() - t0 < 30  # it waited, and then answered (a loaded machine answers later)
 
 
 def test_not_leader_carries_a_leader_hint(cluster: LocalCluster) -> None:
@@ -322,8 +321,10 @@ def test_a_detached_lease_outlives_its_connection(cluster: LocalCluster) -> None
         bound = c.call({"cmd": "PULLB", "queue": "detached", "count": 1, "ttr": 60_000})
         assert kept["ok"] and bound["ok"] and kept["jobs"] and bound["jobs"]
         assert c.call({"cmd": "PULL", "queue": "x", "detach": "yes"})["code"] == "INVALID"
-    time.sleep(1.0)  # the session (grace 0) has ended and its release has been applied
     with leader_conn(cluster, "detached") as c:
+        # the session (grace 0) ends with the connection, and its release is applied
+        eventually(lambda: c.call({"cmd": "Count", "queue": "detached", "state": "waiting"})["count"] == 1,
+                   "the session's lease to be released")
         assert c.call({"cmd": "Count", "queue": "detached", "state": "active"})["count"] == 1
         assert c.call({"cmd": "Count", "queue": "detached", "state": "waiting"})["count"] == 1
         job = kept["jobs"][0]
