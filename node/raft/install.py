@@ -45,6 +45,9 @@ CHUNK_BYTES = 1024 * 1024
 WINDOW_BYTES = 4 * CHUNK_BYTES
 #: A stream whose follower acknowledged nothing for this long is given up (the leader retries).
 ACK_TIMEOUT_S = 10.0
+#: An offer unanswered for this long is sent again, until ACK_TIMEOUT_S: a node joining the group
+#: drops what comes before it knows it is a member, and the offer is a few bytes.
+OFFER_RESEND_S = 1.0
 #: Default per-follower rate of snapshot bytes.
 RATE_BYTES_PER_S = 64 * 1024 * 1024
 #: Ack statuses (:class:`~.messages.SnapshotChunkAck`).
@@ -91,6 +94,7 @@ class SnapshotSender:
         self.resumed = False
         self.done = False
         self._resent_from = -1
+        self._offered_at = now
 
     @property
     def index(self) -> int:
@@ -113,12 +117,15 @@ class SnapshotSender:
             return None
         if not self.offered:
             self.offered = True
-            self.last_progress = now
+            self.last_progress = self._offered_at = now
             self._send(self.peer, self._chunk(0, b""))
             return None
         size = self.snapshot.size
-        if not self.resumed:
-            return None  # waiting for the answer to the offer
+        if not self.resumed:  # waiting for the answer to the offer
+            if now - self._offered_at >= OFFER_RESEND_S:
+                self._offered_at = now
+                self._send(self.peer, self._chunk(0, b""))
+            return None
         while self.sent < size and self.sent - self.acked < WINDOW_BYTES:
             nbytes = min(CHUNK_BYTES, size - self.sent)
             wait = max((rate.take(nbytes, now) for rate in self._rates), default=0.0)

@@ -108,6 +108,10 @@ CAMPAIGN_RETRY_MAX_S = 0.6
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
 #: The most entries the journal keeps past a snapshot for a follower still receiving an older one.
 STREAM_HOLD_ENTRIES_MAX = 1_000_000
+#: How long the journal keeps, for a follower that was just sent a snapshot, the entries it needs
+#: next (a newer snapshot taken meanwhile would otherwise cut them, and the follower is sent
+#: that one, and so on while the writes go on).
+CATCH_UP_HOLD_S = 60.0
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -218,6 +222,8 @@ class PartitionReplica:
         self.snapshots.on_slot = self.snapshot_now
         self._receiver = SnapshotReceiver(self.snapshot_path, self._io, partition)
         self._senders: dict[str, SnapshotSender] = {}
+        #: Peers a stream delivered a snapshot to: (its index, until when the journal waits for them).
+        self._delivered: dict[str, tuple[int, float]] = {}
         #: Peers due a snapshot whose stream found the file replaced by a newer one not yet reaped.
         self._awaiting_next: set[str] = set()
         #: Byte rates every snapshot stream of this replica obeys (per stream, plus any shared ones).
@@ -779,6 +785,16 @@ class PartitionReplica:
         for sender in self._senders.values():
             if snap.index - sender.index <= STREAM_HOLD_ENTRIES_MAX:
                 drop_below = min(drop_below, sender.index)  # its term too: the next append's prev
+        # The same for a follower that has its snapshot and now catches up by log: from where it is.
+        now = self._clock()
+        for peer, (index, until) in list(self._delivered.items()):
+            pr = core.progress.get(peer)
+            if pr is None or now > until or pr.match >= snap.index:
+                del self._delivered[peer]  # no longer followed, given up on, or past this snapshot
+                continue
+            need = max(index, pr.match)
+            if snap.index - need <= STREAM_HOLD_ENTRIES_MAX:
+                drop_below = min(drop_below, need)
         if drop_below > self.journal.first_index:
             self.journal.delete_to(drop_below)
 
@@ -892,6 +908,7 @@ class PartitionReplica:
             if ok:
                 log.info("partition %d: snapshot %d delivered to %s (%d bytes sent)", self.partition,
                          sender.index, peer, sender.bytes_sent)
+                self._delivered[peer] = (sender.index, self._clock() + CATCH_UP_HOLD_S)
         self.core.snapshot_done(peer, ok, self._clock())  # on success too: the follower's answer may be lost
         self._process()
 

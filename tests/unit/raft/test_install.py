@@ -318,6 +318,30 @@ def test_a_stream_without_progress_times_out() -> None:
     assert not link.sender.timed_out(1e9)
 
 
+def test_an_unanswered_offer_is_sent_again_until_the_stream_times_out() -> None:
+    """The follower dropped the offer (a joining node that did not host the group yet): the
+    leader offers again every OFFER_RESEND_S instead of waiting out ACK_TIMEOUT_S, and the
+    stream goes on from the answer to whichever offer arrived."""
+    io = SimIO()
+    link = Link(io, leader_snapshot(io, engine_with(50)))
+    link.sender.pump(0.0)
+    assert len(link.to_follower) == 1
+    link.to_follower.clear()  # lost
+    link.sender.pump(install.OFFER_RESEND_S / 2)
+    assert link.to_follower == [], "not yet"
+    link.now = install.OFFER_RESEND_S
+    link.sender.pump(link.now)
+    assert [len(m.data) for m in link.to_follower if isinstance(m, SnapshotChunk)] == [0], "offered again"
+    assert not link.sender.timed_out(link.now)
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE and link.sender.done
+    assert link.received is not None and link.received.file_crc == link.snap.file_crc
+    # Unanswered every time, the stream still ends at the timeout (the leader starts another).
+    lost = Link(io, leader_snapshot(io, engine_with(50)))
+    lost.sender.pump(0.0)
+    assert lost.sender.timed_out(install.ACK_TIMEOUT_S + 0.1)
+
+
 def test_finish_refuses_a_file_that_ends_at_another_entry() -> None:
     io = SimIO()
     snap = leader_snapshot(io, engine_with(50))
