@@ -100,8 +100,12 @@ class FileHandle(ABC):
         All or nothing: on ``ENOSPC`` (or a refused free-space check) the file
         is truncated back to where it was and :class:`NoSpace` is raised.
         """
+        return self.put(self.size, data, check_space=check_space)
+
+    def put(self, offset: int, data: bytes | memoryview, *, check_space: bool = False) -> int:
+        """:meth:`append` at ``offset``, the end or before it (over zeros written ahead of the
+        data): all or nothing, a failed write cuts the file back to ``offset``."""
         io = self._io
-        offset = self.size
         nbytes = len(data)
         if check_space:
             io.check_space(nbytes)

@@ -79,7 +79,8 @@ class NodeStorage:
         """Open (recovering) or create partition ``partition``'s journal; a damaged one raises
         :class:`~.journal.JournalCorrupt` naming file and offset."""
         return Journal(self.io, self.journal_dir(partition), batcher=self.batcher,
-                       cache_entries_max=JOURNAL_CACHE_ENTRIES, cache_bytes_max=JOURNAL_CACHE_BYTES)
+                       cache_entries_max=JOURNAL_CACHE_ENTRIES, cache_bytes_max=JOURNAL_CACHE_BYTES,
+                       zeros_ahead=True)
 
     def quarantine_journal(self, partition: int) -> str:
         """Move partition ``partition``'s (closed, damaged) journal aside, keeping term and vote,

@@ -13,6 +13,7 @@ from shoal.node.raft.journal import (
     MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
+    ZEROS_AHEAD_BYTES,
     Journal,
     JournalCorrupt,
     SyncBatcher,
@@ -571,3 +572,108 @@ def test_the_commit_hint_is_nothing_until_something_committed() -> None:
     journal.setCurrentTerm(1, "a")  # a vote stores the hint beside term and vote
     journal.close()
     assert Journal(io, "/d/p0.raft").getRaftCommitIndex() == 0
+
+
+def test_zeros_ahead_keep_the_active_file_longer_than_its_records(tmp_path) -> None:
+    """``zeros_ahead``: the active segment reaches ZEROS_AHEAD_BYTES past its records, in zeros
+    the records are written over; entries read back whole, and a clean close cuts the zeros."""
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    fill(j, 1, 50)
+    j.sync()
+    (name,) = segment_files(tmp_path)
+    path = tmp_path / name
+    end = j._segments[-1].size  # noqa: SLF001
+    assert end < path.stat().st_size <= end + ZEROS_AHEAD_BYTES + RECORD_HEADER_BYTES + 100
+    assert not any(path.read_bytes()[end:])
+    assert [e[0] for e in j.entries(1, 51)] == [payload(i) for i in range(1, 51)]
+    fill(j, 51, 60)  # over the zeros: the file does not grow
+    size = path.stat().st_size
+    j.sync()
+    assert path.stat().st_size == size
+    j.close()
+    assert path.stat().st_size == j._segments[-1].size  # noqa: SLF001
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    assert (j.first_index, j.last_index) == (1, 60)
+
+
+def test_after_a_crash_the_zeros_ahead_are_cut_as_zeros(tmp_path, caplog) -> None:
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    fill(j, 1, 30)
+    j.sync()
+    end = j._segments[-1].size  # noqa: SLF001
+    crash(j)
+    (name,) = segment_files(tmp_path)
+    path = tmp_path / name
+    assert path.stat().st_size > end
+    with caplog.at_level(logging.INFO, logger="shoal.node.raft.journal"):
+        j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    assert j.last_index == 30 and path.stat().st_size == end
+    assert "zeros written ahead of the records cut at offset" in caplog.text
+    assert "torn tail" not in caplog.text
+    fill(j, 31, 40)
+    j.sync()
+    j.close()
+    assert Journal(real(), str(tmp_path)).last_index == 40
+
+
+def test_an_unsynced_torn_record_before_the_zeros_ahead_is_a_torn_tail(tmp_path, caplog) -> None:
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    fill(j, 1, 20)
+    j.sync()
+    fill(j, 21, 22)  # never synced
+    end = j._segments[-1].size  # noqa: SLF001
+    crash(j)
+    path = tmp_path / segment_files(tmp_path)[0]
+    with open(path, "r+b") as f:  # the last record's payload half lost: zeros where it was
+        f.seek(end - 50)
+        f.write(bytes(50))
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    assert j.last_index == 21
+    assert "torn tail cut at offset" in caplog.text
+
+
+def test_synced_records_lost_to_zeros_are_refused(tmp_path) -> None:
+    """Zeros where the synced mark says records were synced are damage, not zeros ahead."""
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    fill(j, 1, 20)
+    j.sync()
+    offset = j._segments[-1].offsets[15]  # noqa: SLF001
+    crash(j)
+    path = tmp_path / segment_files(tmp_path)[0]
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(path.stat().st_size - offset))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(real(), str(tmp_path), zeros_ahead=True)
+    assert err.value.offset == offset
+
+
+def test_a_sealed_segment_ends_with_its_last_record(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), zeros_ahead=True, segment_bytes=4_000)
+    fill(j, 1, 100)
+    j.sync()
+    names = segment_files(tmp_path)
+    assert len(names) > 2
+    sealed = j._segments[:-1]  # noqa: SLF001
+    for seg in sealed:
+        assert os.path.getsize(seg.path) == seg.size
+    assert os.path.getsize(j._segments[-1].path) > j._segments[-1].size  # noqa: SLF001
+    crash(j)
+    j = Journal(real(), str(tmp_path), zeros_ahead=True, segment_bytes=4_000)
+    assert (j.first_index, j.last_index) == (1, 100)
+
+
+def test_a_suffix_delete_cuts_the_zeros_ahead_and_appends_bring_them_back(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    fill(j, 1, 30)
+    j.sync()
+    j.delete_from(21)
+    path = j._segments[-1].path  # noqa: SLF001
+    assert os.path.getsize(path) == j._segments[-1].size  # noqa: SLF001
+    fill(j, 21, 25, term=2)
+    j.sync()
+    assert os.path.getsize(path) > j._segments[-1].size  # noqa: SLF001
+    crash(j)
+    j = Journal(real(), str(tmp_path), zeros_ahead=True)
+    assert j.last_index == 25 and j.entries(25, 26)[0][2] == 2

@@ -47,7 +47,7 @@ class SimStorage(NodeStorage):
     def open_journal(self, partition: int) -> Journal:
         return Journal(self.io, os.path.join(self.data_dir, f"p{partition}.raft"), batcher=self.batcher,
                        segment_bytes=SEGMENT_BYTES, unsynced_bytes_max=UNSYNCED_BYTES_MAX,
-                       cache_entries_max=CACHE_ENTRIES_MAX)
+                       cache_entries_max=CACHE_ENTRIES_MAX, zeros_ahead=True)
 
     def quarantine_journal(self, partition: int) -> str:
         # The aside directory is named by a wall clock: a fixed one keeps a seed's run (and its
