@@ -110,9 +110,8 @@ With ``zeros_ahead`` (the node's journals), the active segment's file is kept
 up to :data:`ZEROS_AHEAD_BYTES` longer than its records, in zeros written
 before the records that go over them. The fdatasync after a record then finds
 the file's size and blocks as the last extension left them, and skips the
-file-system journal commit a growing file costs (an ``fdatasync`` of such a
-write takes about three quarters of one that grows the file on ext4 here).
-Only one sync in so many pays for an extension. A sealed segment, and the
+file-system journal commit a growing file costs. Only one sync in so many
+pays for an extension. A sealed segment, and the
 active one at a clean close, are cut to their last record. At recovery the
 zeros are a bad record (length 0, a checksum that does not hold) beyond the
 synced mark and within the tail a power cut may leave: they are cut like a
@@ -1156,8 +1155,8 @@ class Journal:
             if problem:
                 if not is_last or synced_end is None or offset < synced_end:
                     raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
-                if not self._may_be_torn(handle, offset, size - self._zeros_at_end(handle, offset, size),
-                                         unsynced_max, marks):
+                zeros = self._zeros_at_end(handle, offset, size)
+                if not self._may_be_torn(handle, offset, size - zeros, unsynced_max, marks):
                     raise JournalCorrupt(
                         path, offset, f"{problem}, {size - offset} bytes before the end: more than the "
                         f"{unsynced_max} bytes that can be unsynced, so not a torn write"
@@ -1168,7 +1167,7 @@ class Journal:
                         path, offset, f"{problem} in synced data (the mark record at offset {vouched} says "
                         "the bytes before it were synced)"
                     )
-                if size - offset <= ZEROS_AHEAD_BYTES and handle.pread(offset, size - offset).count(0) == size - offset:
+                if zeros == size - offset:
                     log.info("journal %s: the %d bytes of zeros written ahead of the records cut at offset %d",
                              path, size - offset, offset)
                 else:
