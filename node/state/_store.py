@@ -258,10 +258,7 @@ class Store:
         seq = shoal_seq(job_id, self.partition)
         if seq is None:
             seq = self._custom_seq(job_id)
-        job = self.jobs.get(seq) if seq is not None and seq > 0 else None
-        if job is None:
-            return None
-        return self._wire_id(job), job.result, job.error
+        return self.event_job_at(seq) if seq is not None and seq > 0 else None
 
     def event_job_at(self, seq: int) -> tuple[str, bytes | None, str | None] | None:
         """:meth:`event_job` of the job numbered ``seq`` (None when it is a segment's plain job,
