@@ -48,8 +48,12 @@ class GroupCommit:
 
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
                  inflight_max: int = 3, batch_commands_max: int = 2048,
-                 after_answers: Callable[[], None] | None = None) -> None:
+                 after_answers: Callable[[], None] | None = None,
+                 before_output: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.replica = replica
+        #: Hands the node a call proposing this iteration's batch before the iteration's output
+        #: is written (``PendingWrites.propose_first``).
+        self.before_output = before_output
         #: Called once an entry's answers are handed out (the node writes them at once).
         self.after_answers = after_answers
         self.loop = loop
@@ -80,7 +84,13 @@ class GroupCommit:
         if not self._scheduled and self._inflight < self.inflight_max:
             # Defer to the end of this loop iteration so a burst of frames shares one entry.
             self._scheduled = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._flush_due)
+            if self.before_output is not None:
+                self.before_output(self._flush_due)
+
+    def _flush_due(self) -> None:
+        if self._scheduled:  # not yet flushed by the writes (propose_first)
+            self._flush()
 
     def fail_all(self, error: CommandError) -> None:
         """Reject everything not yet proposed (leadership lost, shutdown)."""
@@ -102,14 +112,14 @@ class GroupCommit:
             self._inflight += 1
             self.proposed_batches += 1
             self.proposed_commands += sum(map(commands_in, cmds))
-            after_tick = self.replica.after_tick
             cmds, sizes = replicated_form(cmds, self.replica.partition)
             entry = _Entry(cbs, sizes)
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:
-                # Called while the replica applies committed entries: answer once it has finished.
-                after_tick(self._complete, entry, results, reason)
+                # The replica calls this once the applies it ran are over: the answers leave now,
+                # before the loop polls again or publishes the entry's events.
+                self._complete(entry, results, reason)
 
             try:
                 self.replica.propose(self.clock.now_ms(), cmds, done)

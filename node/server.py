@@ -257,7 +257,8 @@ class Node:
         replica.on_leadership_lost = self._leadership_lost
         self.replicas[p] = replica
         self.group_commits[p] = GroupCommit(replica, self.loop, self.clock,
-                                            after_answers=self.dispatcher.writes.write_now)
+                                            after_answers=lambda: self._answered(p),
+                                            before_output=self.dispatcher.writes.propose_first)
         if start:
             replica.start()
         return replica
@@ -353,7 +354,21 @@ class Node:
         # Called while the replica applies committed entries; wake waiters once, afterwards.
         if not self._applied_flags.get(p):
             self._applied_flags[p] = True
-            self.loop.call_soon(self._on_applied, p)
+            self.loop.call_soon(self._on_applied_soon, p)
+
+    def _answered(self, p: int) -> None:
+        """Partition ``p``'s group commit handed out an entry's answers: they are written at once,
+        then what the applies owe to others (events, woken long polls), while the clients read
+        their answers rather than after the loop polled and handled what came meanwhile."""
+        writes = self.dispatcher.writes
+        writes.write_now()
+        if self._applied_flags.get(p):
+            self._on_applied(p)
+            writes.write_now()
+
+    def _on_applied_soon(self, p: int) -> None:
+        if self._applied_flags.get(p):  # not yet done right after the answers (_answered)
+            self._on_applied(p)
 
     def _on_applied(self, p: int) -> None:
         self._applied_flags[p] = False
