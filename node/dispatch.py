@@ -31,7 +31,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .bunqueue import EventFrames, push_flow_graph
+from .bunqueue import EventFrames, push_flow_graph, split_frames
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .relay import JobLocator
@@ -779,32 +779,31 @@ class Dispatcher:
         pending: dict[Any, list[bytes]] = {}
         # queue -> (its local subscribers' lists, whether a peer subscribed to it): once per batch
         targets: dict[str, tuple[list[list[bytes]], bool]] = {}
-        for ev in events:
-            queue = ev[0]
+
+        def wanted(queue: str) -> bool:
             target = targets.get(queue)
             if target is None:
                 local = self.event_subscribers.get(queue)
                 target = targets[queue] = ([pending.setdefault(conn, []) for conn in local or ()],
                                            relay is not None and relay.wants_events(queue))
-            lists, remote = target
-            if not lists and not remote:
-                continue
-            bodies = frames.of(ev)
+            return bool(target[0]) or target[1]
+
+        for queue, data in frames.chunks(events, wanted):
+            lists, remote = targets[queue]
             for out in lists:
-                out += bodies
+                out.append(data)
             if remote:
                 assert relay is not None
-                for body in bodies:
-                    relay.publish_to_peers(queue, lambda body=body: body)  # type: ignore[misc]
-        for conn, bodies in pending.items():
-            if not bodies:
+                relay.publish_to_peers(queue, lambda data=data: data)  # type: ignore[misc]
+        for conn, chunks in pending.items():
+            if not chunks:
                 continue
             send = getattr(conn, "send_encoded", None)
             if send is not None:
-                send(b"".join(bodies))
+                send(b"".join(chunks))
             else:
-                for body in bodies:
-                    conn.send_frame(decode_response(body[4:]))
+                for body in split_frames(b"".join(chunks)):
+                    conn.send_frame(decode_response(body))
 
 
 def _ignore(_: Any) -> None:

@@ -20,7 +20,7 @@ Messages (MessagePack arrays on the link):
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
 - ``["x", session]`` the client's session ended at the forwarding node;
 - ``["s", queue]`` / ``["u", queue]`` subscribe / unsubscribe to bunqueue's events of
-  ``queue``; ``["e", queue, body]`` one encoded event frame.
+  ``queue``; ``["e", queue, body]`` encoded event frames (one or more).
 
 A forwarded command that meets ``NOT_LEADER``/``NO_LEADER`` (the leader moved: it was
 not proposed) is sent again to the new leader until its deadline, so a failover is
@@ -42,6 +42,8 @@ from shoal.cluster.codec import decode_request, decode_response, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
+
+from .bunqueue import split_frames
 
 if TYPE_CHECKING:
     from .ports import NodeInfo, Replier
@@ -405,17 +407,18 @@ class Relay:
             self._subscribed_at[queue] = leader
 
     def _event(self, queue: str, data: bytes) -> None:
-        """An event frame (length-prefixed bytes) for this node's subscribers of ``queue``."""
+        """Event frames (length-prefixed bytes, one or more) for this node's subscribers of ``queue``."""
         for conn in list(self._subscribers.get(queue, ())):
             send = getattr(conn, "send_encoded", None)
             if send is not None:
                 send(data)
             else:
-                conn.send_frame(decode_response(data[4:]))
+                for body in split_frames(data):
+                    conn.send_frame(decode_response(body))
 
     def publish_to_peers(self, queue: str, build: Callable[[], bytes]) -> None:
-        """At the leader: send ``queue``'s event (encoded once, by ``build``) to every peer that
-        subscribed to it for its clients."""
+        """At the leader: send ``queue``'s event frames (encoded once, by ``build``) to every peer
+        that subscribed to it for its clients."""
         body: bytes | None = None
         for peer, queues in self.peer_subscriptions.items():
             if queue in queues:

@@ -110,6 +110,10 @@ class PartitionView:
         segment's plain job (Shoal's own id, no result or error) or a job that is gone."""
         return self._engine().event_job_at(seq)
 
+    def event_jobs_plain(self, first: int, count: int) -> bool:
+        """True when :meth:`event_job_at` is None for each of ``first`` .. ``first + count - 1``."""
+        return self._engine().event_jobs_plain(first, count)
+
     def event_dicts(self, partition: int, events: Sequence[Event]) -> list[dict[str, Any]]:
         """``events`` as the node publishes them, a job with a custom id named by it."""
         return event_dicts(partition, events, self._engine())

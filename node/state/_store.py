@@ -268,6 +268,11 @@ class Store:
             return None
         return self._wire_id(job), job.result, job.error
 
+    def event_jobs_plain(self, first: int, count: int) -> bool:
+        """True when no job numbered ``first`` .. ``first + count - 1`` is held as an object
+        (:meth:`event_job_at` is None for each)."""
+        return self.jobs.keys().isdisjoint(range(first, first + count))
+
     def _wire_id(self, job: Job) -> str:
         """``job``'s id on the wire: its custom id when it has one (bunqueue's ``jobId``, a
         flow's own ids), else Shoal's own id."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.cluster.codec import Raw, decode_response, raw_of
-from shoal.node.bunqueue import EventFrames, encode_event, events_of
+from shoal.node.bunqueue import EventFrames, encode_event, events_of, split_frames
+from shoal.node.pushes import replicated_form
 from shoal.node.raft.view import PartitionView
 from shoal.node.state import Event, PartitionEngine, SessionPull
 
@@ -104,3 +105,40 @@ def test_a_long_custom_id_keeps_its_frame_whole() -> None:
     (frame,) = EventFrames(PartitionView(lambda: engine), 0, T0).of(list(pulled.events)[0])
     assert decode_response(frame[4:])["event"] == {"queue": "q", "jobId": long_id, "timestamp": 1000.0,
                                                    "eventType": "pulled"}
+
+
+def test_a_batchs_chunks_are_its_events_frames_in_order() -> None:
+    """Runs of pulls and acks of a segment's plain jobs come out in one piece each (a piece per
+    length of their ids: 999 to 1000), with the same bytes as the events' own frames; a run
+    through a job held as an object, event by event; a queue nobody wants gets nothing. Each
+    batch is published right after it is applied, as the node does."""
+    engine = PartitionEngine(0)
+    view = PartitionView(lambda: engine)
+    pieces: list[int] = []
+
+    def published(events: list[Event]) -> None:
+        batch = EventFrames(view, 0, T0)
+        chunks = list(batch.chunks(events, lambda queue: True))
+        expected = [(ev[0], b"".join(batch.of(ev))) for ev in events]
+        assert b"".join(data for _, data in chunks) == b"".join(data for _, data in expected)
+        for queue, data in chunks:
+            assert all(decode_response(body)["event"]["queue"] == queue for body in split_frames(data))
+        only_q = b"".join(data for _, data in batch.chunks(events, lambda queue: queue == "q"))
+        assert only_q == b"".join(data for queue, data in expected if queue == "q")
+        pieces.append(len(chunks))
+
+    (segment,), _ = replicated_form([{"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(1010)]}], 0)
+    published(_recorded(engine, segment))
+    published(_recorded(engine, {"cmd": "PUSH", "queue": "other", "data": raw_of(1)}))
+    pulled = engine.apply(SessionPull({"cmd": "PULLB", "queue": "q", "count": 1005}, "s"), T0)
+    ids, tokens = [j["id"] for j in pulled.result["jobs"]], pulled.result["tokens"]
+    published(list(pulled.events))
+    published(_recorded(engine, {"cmd": "ACKB", "ids": ids[990:1005], "tokens": tokens[990:1005]}))
+    published(_recorded(engine, {"cmd": "ACKB", "ids": ids[:500], "tokens": tokens[:500]}))
+    # an ack with a result (the job becomes an object), then a batch whose run goes through it
+    published(_recorded(engine, {"cmd": "ACK", "id": ids[500], "token": tokens[500], "result": raw_of(5)}))
+    published(_recorded(engine, {"cmd": "ACKB", "ids": ids[501:990], "tokens": tokens[501:990]})
+              + [("q", seq, "completed", "active") for seq in range(499, 504)])
+    published(list(engine.apply({"cmd": "PULL", "queue": "other"}, T0).events))
+    assert pieces[2:5] == [1, 1, 1]  # a pull's run (ids of 1 to 4 digits), an ack's: one piece each
+    assert pieces[6] == 1 + 5  # the ack's run, then the made-up run through the object, event by event
