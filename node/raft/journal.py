@@ -235,12 +235,19 @@ def _mark_file(mark: SyncMark) -> bytes:
 def read_sync_mark(io: FileIO, directory: str) -> SyncMark | None:
     """The synced mark of the journal in ``directory``: the higher of its readable copies,
     or None if the file is missing or neither copy's checksum holds."""
+    return _read_sync_mark_slot(io, directory)[0]
+
+
+def _read_sync_mark_slot(io: FileIO, directory: str) -> tuple[SyncMark | None, int]:
+    """:func:`read_sync_mark`, and which copy (0 or 1) holds it (the next plain write must
+    replace the other one: it may be the only copy a power cut left whole)."""
     path = os.path.join(directory, MARK_NAME)
     if not io.exists(path):
-        return None
+        return None, 0
     raw = io.read_all(path)
     best: SyncMark | None = None
-    for at in (0, _MARK_SLOT_BYTES):
+    best_slot = 0
+    for copy, at in enumerate((0, _MARK_SLOT_BYTES)):
         slot = raw[at : at + _MARK.size]
         if len(slot) != _MARK.size:
             continue
@@ -249,8 +256,8 @@ def read_sync_mark(io: FileIO, directory: str) -> SyncMark | None:
             continue
         mark = SyncMark(index, segment, offset)
         if best is None or mark > best:
-            best = mark
-    return best
+            best, best_slot = mark, copy
+    return best, best_slot
 
 
 _RECORD = struct.Struct("<IIQQ")
@@ -993,7 +1000,8 @@ class Journal:
         while len(segments) > 1 and segments[1][0] <= start:
             io.unlink(segments.pop(0)[1])
             self._dir_dirty = True
-        mark = read_sync_mark(io, self.directory)
+        mark, held_in = _read_sync_mark_slot(io, self.directory)
+        self._mark_slot = held_in ^ 1  # the next plain write spares the copy that holds the mark
         if not segments:
             if mark is not None and mark.segment:
                 raise JournalCorrupt(os.path.join(self.directory, _segment_name(mark.segment)), 0,

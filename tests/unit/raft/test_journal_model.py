@@ -405,6 +405,10 @@ class _Log:
 
 @settings(max_examples=200, deadline=None)
 @given(OPS_WITH_MID_CUTS, st.integers(0, 2**32))
+# Two plain writes of the mark, then a cut that tore one copy: recovery's own write of the mark
+# went to the one whole copy, and the next cut tore it too (recovery now writes the other).
+@example([(("add", 1, 0, 0), None, 0)] * 4 + [(("sync",), None, 0), (("add", 3, 0, 112), None, 0),
+                                             (("sync",), None, 0), (("add", 1, 0, 0), 1, 4461)], 92138572)
 def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refused(ops, seed) -> None:
     """Power cuts anywhere, torn writes of the log and of the mark: whatever marks survive (the
     ``synced`` file, mark records in the last segment), a byte flipped in a record they cover is
