@@ -518,11 +518,7 @@ class RaftCore:
             rd.snapshot = (log.snap_index, log.snap_term)
         else:
             rd.truncate_from = log.truncate_from
-        if self.commit > self.applied:
-            upto = min(self.commit, self.applied + committed_max)
-            rd.committed = log.entries(self.applied + 1, upto + 1)
-            if rd.committed:
-                self._applied_to(rd.committed[-1][1])
+        rd.committed = self.take_committed(committed_max)
         unstable = log.unstable
         if unstable:
             rd.entries = list(unstable)
@@ -541,6 +537,16 @@ class RaftCore:
         if self._snap_requests:
             rd.snapshot_requests, self._snap_requests = self._snap_requests, []
         return rd
+
+    def take_committed(self, committed_max: int = 1024) -> list[Entry]:
+        """The committed entries not yet handed out (at most ``committed_max``), counted applied:
+        :meth:`ready`'s, or a lone leader's right after its own sync committed them."""
+        if self.commit <= self.applied:
+            return []
+        entries = self.log.entries(self.applied + 1, min(self.commit, self.applied + committed_max) + 1)
+        if entries:
+            self._applied_to(entries[-1][1])
+        return entries
 
     def advance(self, rd: Ready) -> None:
         """The replica has done what ``rd`` asked (the core counted it done in :meth:`ready`;

@@ -492,6 +492,10 @@ class PartitionReplica:
                 if not core.progress:  # a lone replica counts only itself: sync now
                     self.storage.sync_all_now()
                     core.persisted(journal.last_index)
+                    # which committed them: applied in this pass rather than the next Ready's
+                    more = core.take_committed()
+                    if more:
+                        rd.committed = rd.committed + more if rd.committed else more
                 elif rd.lazy and not self._leader_unsynced:
                     core.persisted(journal.last_index)
                 else:

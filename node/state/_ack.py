@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun
-from ._decimal import decimals_after, joined_decimal_run
+from ._decimal import consecutive_decimals, decimals_after, joined_decimal_run
 from ._model import Job, Queue, pack
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_GONE, Segment, ack_run_of, plain_ack
 from ._store import Store, shoal_seq
@@ -310,7 +311,9 @@ class AckOps(Store):
         slots, each run under consecutive tokens (what its pulls gave it, less what it acked): the
         count of those still leased when each of their leases is fresh, else None (the job-by-job
         check decides)."""
-        seqs = decimals_after(f"{self.partition}-", ids)
+        prefix = f"{self.partition}-"
+        # the jobs of one worker's pulls in a row are consecutive: one comparison says so
+        seqs: Sequence[int] | None = consecutive_decimals(prefix, ids) or decimals_after(prefix, ids)
         if seqs is None:
             return None
         find, lease_prefix, k = self.segments.find, f"{self.partition}.", len(seqs)

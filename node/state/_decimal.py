@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["decimal_run", "joined_decimal_run", "decimals_after"]
+__all__ = ["decimal_run", "joined_decimal_run", "decimals_after", "consecutive_decimals"]
 
 _SUFFIXES = tuple(f"{i:03d}" for i in range(1000))
 
@@ -72,3 +72,27 @@ def decimals_after(prefix: str, texts: list[object]) -> list[int] | None:
     if not 0 < min(map(len, parts)) <= max(map(len, parts)) <= 19:
         return None
     return list(map(int, parts))
+
+
+def consecutive_decimals(prefix: str, texts: list[object]) -> range | None:
+    """``range(first, first + len(texts))`` when ``texts`` are :func:`decimal_run`'s (``prefix``,
+    then consecutive numbers); None for anything else (:func:`decimals_after` reads the rest).
+    One number parsed and one comparison in C, however many texts."""
+    if not texts:
+        return None
+    head = texts[0]
+    if type(head) is not str or not head.startswith(prefix):
+        return None
+    digits = head[len(prefix):]
+    if not 0 < len(digits) <= 19 or not digits.isascii() or not digits.isdigit():
+        return None
+    first = int(digits)
+    if first + len(texts) > 10**19:  # its last number would have 20 digits
+        return None
+    try:
+        joined = "\n".join(texts)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if joined != joined_decimal_run(prefix, first, len(texts)):
+        return None
+    return range(first, first + len(texts))
