@@ -85,7 +85,8 @@ class GroupCommit:
             # Defer to the end of this loop iteration so a burst of frames shares one entry.
             self._scheduled = True
             self.loop.call_soon(self._flush_due)
-            if self.before_output is not None:
+            if self.before_output is not None and self.replica.commits_alone():
+                # its answers can leave with the replies to the frames read with these
                 self.before_output(self._flush_due)
 
     def _flush_due(self) -> None:

@@ -20,10 +20,11 @@ class PendingWrites:
     :meth:`write_now` once a Raft entry's answers are out: sooner than the next iteration,
     which first polls and reads every socket again.
 
-    The iteration's batches of writes are proposed before its output is written
-    (:meth:`propose_first`): where a proposal commits at once (a lone replica syncs and applies
-    it in the call), its answers leave in the same write as the replies to the frames that
-    came with them, one send per connection rather than two.
+    A lone replica's batch of writes is proposed before the iteration's output is written
+    (:meth:`propose_first`): its proposal commits within the call (it syncs and applies it),
+    so its answers leave in the same write as the replies to the frames that came with them,
+    one send per connection rather than two. A replica with peers commits later: its batch
+    waits for the output, whose replies would otherwise wait for the leader's own sync.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -1010,6 +1010,11 @@ class PartitionReplica:
     def is_leader(self) -> bool:
         return self.core.state == LEADER
 
+    def commits_alone(self) -> bool:
+        """True while this replica leads with no peer: its own sync commits what it proposes,
+        within the proposal's call."""
+        return self.core.state == LEADER and not self.core.progress
+
     def leader_id(self) -> str | None:
         """The node id of the last known leader (this node's own id when it leads), or None."""
         leader = self.core.leader

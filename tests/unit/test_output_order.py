@@ -1,0 +1,87 @@
+"""Order of a loop iteration's output (node/writes.py, node/group_commit.py): a lone replica's
+batch is proposed before the iteration's replies are written, so its answers leave with them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shoal.node.group_commit import GroupCommit
+from shoal.node.writes import PendingWrites
+
+
+class Clock:
+    def now_ms(self) -> int:
+        return 1_000
+
+
+class Replica:
+    """A leader that commits a proposal within the call (alone) or later (with peers)."""
+
+    partition = 0
+
+    def __init__(self, alone: bool, log: list[str]) -> None:
+        self.alone, self.log = alone, log
+        self.later: list[Any] = []
+
+    def commits_alone(self) -> bool:
+        return self.alone
+
+    def is_leader(self) -> bool:
+        return True
+
+    def propose(self, now_ms: int, cmds: list[Any], callback: Any) -> None:
+        self.log.append("propose")
+        if self.alone:
+            callback([{"ok": True}] * len(cmds), 0)
+        else:
+            self.later.append((callback, len(cmds)))
+
+
+class Writer:
+    """A connection's output: queued, then written by one ``_flush`` (it adds itself once)."""
+
+    def __init__(self, log: list[str], writes: PendingWrites) -> None:
+        self.log, self.writes = log, writes
+        self.out: list[str] = []
+
+    def send(self, what: str) -> None:
+        if not self.out:
+            self.writes.add(self)
+        self.out.append(what)
+
+    def _flush(self) -> None:
+        self.log.append(f"write {'+'.join(self.out)}")
+        self.out = []
+
+
+def run_iteration(alone: bool) -> list[str]:
+    loop = asyncio.new_event_loop()
+    try:
+        log: list[str] = []
+        writes = PendingWrites(loop)
+        replica = Replica(alone, log)
+        writer = Writer(log, writes)
+        gc = GroupCommit(replica, loop, Clock(), after_answers=writes.write_now,  # type: ignore[arg-type]
+                         before_output=writes.propose_first)
+
+        def frames() -> None:  # one read: a fast reply, then a write
+            writer.send("fast")
+            gc.submit({"cmd": "ACK", "id": "0-1"}, lambda result: writer.send("answer"))
+
+        loop.call_soon(frames)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        for callback, n in replica.later:  # peers answered: the entry commits
+            callback([{"ok": True}] * n, 0)
+        return log
+    finally:
+        loop.close()
+
+
+def test_a_lone_replicas_answer_leaves_with_the_replies_read_with_it() -> None:
+    assert run_iteration(alone=True) == ["propose", "write fast+answer"]
+
+
+def test_a_replica_with_peers_writes_the_replies_before_it_proposes() -> None:
+    log = run_iteration(alone=False)
+    assert log[:2] == ["write fast", "propose"] and log[-1] == "write answer"
