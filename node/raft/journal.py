@@ -84,7 +84,8 @@ never names bytes that are gone; a torn-tail cut at recovery needs no rewrite,
 as it only ever cuts beyond the mark. The file holds two copies of the mark,
 each with its own CRC32C, in different 4 KiB blocks, and plain writes alternate
 between them: a power cut can tear only the copy being written, and recovery
-takes the higher of the copies whose checksums hold. If neither holds (or the
+takes the higher of the copies whose checksums hold (its first plain write then replaces the
+other one, which may be the torn one). If neither holds (or the
 file is missing beside existing segments), nothing is assumed unsynced and any
 bad record is refused. A clean :meth:`Journal.close` makes it durable. Only
 this file tells a last segment that lost a synced tail (mark records in the
