@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .ports import Replier
     from .state import Event
 
-__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames", "EventJobs", "split_frames"]
+__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames", "EventJobs"]
 
 #: A child's failure policy from bunqueue's flags (the first flag set wins; default ``fail``).
 _ON_FAILURE = (("ignoreDependencyOnFailure", "ignore"), ("continueParentOnFailure", "ignore"),
@@ -340,16 +340,6 @@ class EventFrames:
             body = encode_body(_frame(event))[:-len(_EMPTY_STR)]
             head = self._heads[key] = (len(body) + packed_len).to_bytes(4, "big") + body
         return head
-
-
-def split_frames(data: bytes) -> Iterator[bytes]:
-    """The bodies of the length-prefixed frames ``data`` holds (for a connection that takes
-    frames one by one rather than encoded bytes)."""
-    pos = 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos:pos + 4], "big")
-        yield data[pos + 4:pos + 4 + size]
-        pos += 4 + size
 
 
 _encode_str = msgspec.msgpack.Encoder().encode

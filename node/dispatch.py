@@ -25,13 +25,13 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw, decode_response
+from shoal.cluster.codec import FrameDecoder, PlainPush, Raw
 from shoal.cluster.commands import COMMANDS, normalize, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .bunqueue import EventFrames, push_flow_graph, split_frames
+from .bunqueue import EventFrames, push_flow_graph
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .relay import JobLocator
@@ -802,8 +802,8 @@ class Dispatcher:
             if send is not None:
                 send(b"".join(chunks))
             else:
-                for body in split_frames(b"".join(chunks)):
-                    conn.send_frame(decode_response(body))
+                for frame in FrameDecoder(requests=False).drain(b"".join(chunks)):
+                    conn.send_frame(frame)
 
 
 def _ignore(_: Any) -> None:

@@ -38,12 +38,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import decode_request, decode_response, encode_body
+from shoal.cluster.codec import FrameDecoder, decode_request, decode_response, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
-
-from .bunqueue import split_frames
 
 if TYPE_CHECKING:
     from .ports import NodeInfo, Replier
@@ -413,8 +411,8 @@ class Relay:
             if send is not None:
                 send(data)
             else:
-                for body in split_frames(data):
-                    conn.send_frame(decode_response(body))
+                for frame in FrameDecoder(requests=False).drain(data):
+                    conn.send_frame(frame)
 
     def publish_to_peers(self, queue: str, build: Callable[[], bytes]) -> None:
         """At the leader: send ``queue``'s event frames (encoded once, by ``build``) to every peer

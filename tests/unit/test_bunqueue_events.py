@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.cluster.codec import Raw, decode_response, raw_of
-from shoal.node.bunqueue import EventFrames, encode_event, events_of, split_frames
+from shoal.cluster.codec import FrameDecoder, Raw, decode_response, raw_of
+from shoal.node.bunqueue import EventFrames, encode_event, events_of
 from shoal.node.pushes import replicated_form
 from shoal.node.raft.view import PartitionView
 from shoal.node.state import Event, PartitionEngine, SessionPull
@@ -122,7 +122,7 @@ def test_a_batchs_chunks_are_its_events_frames_in_order() -> None:
         expected = [(ev[0], b"".join(batch.of(ev))) for ev in events]
         assert b"".join(data for _, data in chunks) == b"".join(data for _, data in expected)
         for queue, data in chunks:
-            assert all(decode_response(body)["event"]["queue"] == queue for body in split_frames(data))
+            assert all(frame["event"]["queue"] == queue for frame in FrameDecoder(requests=False).drain(data))
         only_q = b"".join(data for _, data in batch.chunks(events, lambda queue: queue == "q"))
         assert only_q == b"".join(data for queue, data in expected if queue == "q")
         pieces.append(len(chunks))
