@@ -16,9 +16,13 @@ import pytest
 from conftest import follower_url, http_url, leader_of
 from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.node.http.dashboard import PEER_ACTION_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 WAIT_S = 15.0
+#: How long a call waits for its answer: longer than a node waits for a peer it relays an
+#: action to, so a slow peer on a busy machine is answered for rather than timed out here.
+CALL_TIMEOUT_S = PEER_ACTION_TIMEOUT_S + 30
 
 
 def call(url: str, method: str = "GET", body: Any = None, token: str | None = None) -> tuple[int, Any]:
@@ -28,7 +32,7 @@ def call(url: str, method: str = "GET", body: Any = None, token: str | None = No
     req = urllib.request.Request(url, method=method, headers=headers,
                                  data=json.dumps(body).encode() if body is not None else None)
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=CALL_TIMEOUT_S) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
