@@ -250,8 +250,9 @@ class AsyncClient:
         await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         if time.monotonic() < deadline:
             try:
-                await asyncio.wait_for(self.refresh_topology(), max(0.001, deadline - time.monotonic()))
-            except (ShoalError, asyncio.TimeoutError):
+                async with asyncio.timeout(max(0.001, deadline - time.monotonic())):  # keeps a cancellation
+                    await self.refresh_topology()
+            except (ShoalError, TimeoutError):
                 pass
 
     async def fan_out(self, frame: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -163,7 +163,8 @@ class Connection:
             if deadline is not None:
                 budget = max(0.001, min(budget, deadline - time.monotonic()))
             try:
-                await asyncio.wait_for(self._open(), budget)
+                async with asyncio.timeout(budget):  # not wait_for: it can lose a cancellation
+                    await self._open()
             except AuthError:
                 self._teardown(ConnectionLost("authentication failed"))
                 self.state = ConnState.DISCONNECTED
@@ -257,8 +258,11 @@ class Connection:
             self._waiters.pop(req_id, None)
             raise CommandError(f"{frame.get('cmd')}: {exc}", exc.code.value) from exc
         try:
-            reply = await asyncio.wait_for(fut, max(timeout_s, 0.001))
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns a reply that came in the
+            # iteration its task was cancelled, and the cancellation is lost.
+            async with asyncio.timeout(max(timeout_s, 0.001)):
+                reply = await fut
+        except TimeoutError:
             self._waiters.pop(req_id, None)
             self._timeouts += 1
             self.errors += 1

@@ -291,3 +291,24 @@ def test_clients_on_one_loop_share_reference_counted_pools() -> None:
         assert pool.refs == 0 and all(c.state is ConnState.DISCONNECTED for c in pool.connections)
         await node.stop()
     run(main())
+
+
+def test_a_call_cancelled_in_the_iteration_its_reply_arrives_stays_cancelled() -> None:
+    """A stop that cancels a worker's task must stop it, even when the reply came just then."""
+    async def main() -> None:
+        node = await ScriptedNode().start()  # never answers the PULL: the test hands its reply in
+        conn = Connection(node.address, ConnectionOptions(ping_interval=0))
+        await conn.ensure_connected()
+        task = asyncio.ensure_future(conn.call({"cmd": "PULL", "queue": "q", "timeout": 9000}, 30.0))
+        for _ in range(2000):
+            if conn._waiters:
+                break
+            await asyncio.sleep(0.001)
+        req_id = next(iter(conn._waiters))
+        conn._on_frame(conn._protocol, {"ok": True, "job": None, "reqId": req_id})  # the reply comes in
+        task.cancel()  # and in the same iteration its caller is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await conn.close()
+        await node.stop()
+    run(main())
