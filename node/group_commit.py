@@ -20,7 +20,7 @@ from typing import Any
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from .clock import Clock
-from .pushes import Command, commands_in, fan_out, replicated_form
+from .pushes import Command, SessionPull, commands_in, fan_out, replicated_form
 from .raft import PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]
@@ -32,15 +32,32 @@ ReplyCallback = Callable[[Any], None]
 class _Entry:
     """One proposed entry's callbacks; ``settled`` once answered (by Raft or by abandonment).
 
-    ``sizes`` (from :func:`~.pushes.replicated_form`) maps the replicated commands back to the callbacks.
+    ``sizes`` (from :func:`~.pushes.replicated_form`) maps the replicated commands back to the
+    callbacks; ``takes`` pairs each take's result index with its callback's.
     """
 
-    __slots__ = ("cbs", "sizes", "settled")
+    __slots__ = ("cbs", "sizes", "takes", "settled")
 
-    def __init__(self, cbs: list[ReplyCallback], sizes: list[int] | None) -> None:
+    def __init__(self, cbs: list[ReplyCallback], sizes: list[int] | None, takes: list[tuple[int, int]]) -> None:
         self.cbs = cbs
         self.sizes = sizes
+        self.takes = takes
         self.settled = False
+
+
+def _takes(cmds: list[Command], sizes: list[int] | None) -> list[tuple[int, int]]:
+    """(result index, callback index) of each command of ``cmds`` that takes jobs (a PULL or PULLB)."""
+    out: list[tuple[int, int]] = []
+    k = 0
+    for i, cmd in enumerate(cmds):
+        if type(cmd) is SessionPull:
+            out.append((i, k))
+        k += 1 if sizes is None or sizes[i] == 0 else sizes[i]
+    return out
+
+
+def _answered_early(_: Any) -> None:
+    """Stands in for a callback answered before the entry's sync."""
 
 
 class GroupCommit:
@@ -49,8 +66,12 @@ class GroupCommit:
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
                  inflight_max: int = 3, batch_commands_max: int = 2048,
                  after_answers: Callable[[], None] | None = None,
-                 before_output: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 before_output: Callable[[Callable[[], None]], None] | None = None,
+                 early_answers: Callable[[], None] | None = None) -> None:
         self.replica = replica
+        #: Writes the answers handed out ahead of an entry's sync (takes, on a lone replica);
+        #: None: every answer waits for the entry to commit.
+        self.early_answers = early_answers
         #: Hands the node a call proposing this iteration's batch before the iteration's output
         #: is written (``PendingWrites.propose_first``).
         self.before_output = before_output
@@ -114,7 +135,7 @@ class GroupCommit:
             self.proposed_batches += 1
             self.proposed_commands += sum(map(commands_in, cmds))
             cmds, sizes = replicated_form(cmds, self.replica.partition)
-            entry = _Entry(cbs, sizes)
+            entry = _Entry(cbs, sizes, _takes(cmds, sizes) if self.early_answers is not None else [])
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:
@@ -122,8 +143,11 @@ class GroupCommit:
                 # before the loop polls again or publishes the entry's events.
                 self._complete(entry, results, reason)
 
+            def early(results: Any, entry: _Entry = entry) -> None:
+                self._answer_takes(entry, results)
+
             try:
-                self.replica.propose(self.clock.now_ms(), cmds, done)
+                self.replica.propose(self.clock.now_ms(), cmds, done, early if entry.takes else None)
             except Exception as exc:  # the replica refused synchronously (e.g. closed)
                 self._complete(entry, None, -1, exc)
 
@@ -143,6 +167,18 @@ class GroupCommit:
                 self._inflight -= 1
                 for cb in entry.cbs:
                     cb(err)
+
+    def _answer_takes(self, entry: _Entry, results: Any) -> None:
+        """A lone replica applied the entry and is about to sync it: its takes are answered now,
+        so their consumers work on the jobs while the disk syncs. Everything else the entry
+        answers waits for the sync (:meth:`_complete`)."""
+        if entry.settled or self.early_answers is None:
+            return
+        cbs = entry.cbs
+        for i, k in entry.takes:
+            cb, cbs[k] = cbs[k], _answered_early
+            cb(results[i])
+        self.early_answers()
 
     def _complete(self, entry: _Entry, results: Any, reason: int, exc: Exception | None = None) -> None:
         if entry.settled:

@@ -258,7 +258,8 @@ class Node:
         self.replicas[p] = replica
         self.group_commits[p] = GroupCommit(replica, self.loop, self.clock,
                                             after_answers=lambda: self._answered(p),
-                                            before_output=self.dispatcher.writes.propose_first)
+                                            before_output=self.dispatcher.writes.propose_first,
+                                            early_answers=self.dispatcher.writes.write_now)
         if start:
             replica.start()
         return replica

@@ -155,11 +155,13 @@ def decode_batch(payload: bytes) -> tuple[int, list[Command]]:
 
 
 class _Proposal:
-    __slots__ = ("term", "callback")
+    __slots__ = ("term", "callback", "early")
 
-    def __init__(self, term: int, callback: Callable[[BatchResult | None, int], None]) -> None:
+    def __init__(self, term: int, callback: Callable[[BatchResult | None, int], None],
+                 early: Callable[[BatchResult], None] | None = None) -> None:
         self.term = term
         self.callback = callback
+        self.early = early
 
 
 class PartitionReplica:
@@ -476,6 +478,7 @@ class PartitionReplica:
             leader = core.is_leader
             journal.lazy_appends = rd.lazy
             journal.leader_appends = leader
+            appended = False
             try:
                 for payload, index, term in rd.entries:
                     journal.append(index, term, payload, check_space=False)
@@ -484,18 +487,14 @@ class PartitionReplica:
                 core.storage_failed(journal.last_index, self._clock())
                 messages = [(p, m) for p, m in messages if not isinstance(m, AppendResponse)]
             else:
+                appended = True
                 self.storage.no_space.pop(self.partition, None)
             finally:
                 journal.lazy_appends = False
                 journal.leader_appends = False
             if leader:
                 if not core.progress:  # a lone replica counts only itself: sync now
-                    self.storage.sync_all_now()
-                    core.persisted(journal.last_index)
-                    # which committed them: applied in this pass rather than the next Ready's
-                    more = core.take_committed()
-                    if more:
-                        rd.committed = rd.committed + more if rd.committed else more
+                    self._sync_lone(rd, appended)
                 elif rd.lazy and not self._leader_unsynced:
                     core.persisted(journal.last_index)
                 else:
@@ -522,6 +521,53 @@ class PartitionReplica:
                 self._deferred.extend(rd.committed)
         for peer, index, term in rd.snapshot_requests:
             self._start_sender(peer, index, term)
+
+    def _sync_lone(self, rd: Ready, appended: bool) -> None:
+        """A lone leader syncs what it appended, which commits it: its entries are applied in
+        this pass rather than the next Ready's. Entries whose proposers take jobs are applied
+        just before the sync instead (:meth:`_apply_ahead`)."""
+        core = self.core
+        ahead = self._apply_ahead(rd) if appended and not rd.lazy else 0
+        self.storage.sync_all_now()
+        core.persisted(self.journal.last_index)
+        more = core.take_committed(1024 + ahead)
+        if ahead:
+            first, last = rd.entries[0][1], rd.entries[-1][1]
+            if len(more) < ahead or more[0][1] != first or more[ahead - 1][1] != last:
+                # a majority of one: the sync commits what was appended, or the node stopped
+                raise SyncFailed(f"partition {self.partition}: entries {first}..{last} were applied "
+                                 f"ahead of a sync that did not commit them")
+            more = more[ahead:]
+        if more:
+            rd.committed = rd.committed + more if rd.committed else more
+
+    def _apply_ahead(self, rd: Ready) -> int:
+        """Apply a lone voter's appended entries before its sync when a proposer of one of them
+        answers early (a take's jobs); how many were applied (0: none, applied once committed).
+
+        The sync that follows commits exactly these entries, and only the proposers' ``early``
+        callbacks run before it: every other answer and event of the entries waits in the tail
+        of this Ready's handling, and a failed sync stops the node first. What an early answer
+        shows is written to the journal (a process kill keeps it); only a power cut can undo
+        it, and that ends every session, whose taken jobs go back to their queues anyway.
+        Only data entries following everything applied qualify.
+        """
+        core = self.core
+        entries = rd.entries
+        if (rd.committed or self._loading or self._deferred or core.commit != core.applied
+                or core.applied != entries[0][1] - 1 or core.membership.voters != (self.member,)):
+            return 0
+        pending = self._pending
+        early = False
+        for payload, index, _ in entries:
+            if payload[:1] != _DATA_BYTE:
+                return 0
+            proposal = pending.get(index)
+            early = early or (proposal is not None and proposal.early is not None)
+        if not early:
+            return 0
+        self._apply(entries, ahead=True)
+        return len(entries)
 
     def _leader_synced(self, index: int) -> None:
         """The node's storage synced this (leader's) journal after sending: the core counts it."""
@@ -596,7 +642,9 @@ class PartitionReplica:
             else:
                 self._apply(entries)
 
-    def _apply(self, entries: list[Any]) -> None:
+    def _apply(self, entries: list[Any], ahead: bool = False) -> None:
+        """Apply committed entries (``ahead``: appended, about to be committed by a lone
+        voter's sync, see :meth:`_apply_ahead`); proposers get their results in the tail."""
         self._engine_index = entries[-1][1]
         pending = self._pending
         for payload, index, term in entries:
@@ -612,6 +660,11 @@ class PartitionReplica:
             results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term)
             if proposal is not None:
                 if proposal.term == term:
+                    if ahead and proposal.early is not None:
+                        try:
+                            proposal.early(results)
+                        except Exception:  # a caller's bug must not stop the sync that follows
+                            log.exception("partition %d: early answers failed", self.partition)
                     self.after_tick(proposal.callback, results, 0)
                 else:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
@@ -645,9 +698,15 @@ class PartitionReplica:
     # --- proposing -------------------------------------------------------------------------------
 
     def propose(self, now_ms: int, commands: list[Command],
-                callback: Callable[[BatchResult | None, int], None]) -> None:
+                callback: Callable[[BatchResult | None, int], None],
+                early: Callable[[BatchResult], None] | None = None) -> None:
         """Replicate ``commands`` (in their replicated form, :mod:`shoal.node.pushes`) as one log
-        entry; ``callback(results, fail_reason)`` runs on the loop."""
+        entry; ``callback(results, fail_reason)`` runs on the loop.
+
+        ``early(results)``: a lone voter applies the entry before its sync and calls this
+        first, then the sync, then ``callback`` (for the answers that may leave before the
+        entry is durable: jobs taken, see :meth:`_apply_ahead`). Otherwise it is not called.
+        """
         if self.storage.space_low():
             refused = {k for k, cmd in enumerate(commands) if command_name(cmd) in SPACE_TAKING_COMMANDS}
             if refused:
@@ -673,7 +732,7 @@ class PartitionReplica:
         except ProposalRefused:
             self.loop.call_soon(callback, None, FAIL_REFUSED)
             return
-        self._pending[index] = _Proposal(core.term, callback)
+        self._pending[index] = _Proposal(core.term, callback, early)
         self._process()
 
     def _propose_split(self, now_ms: int, commands: list[Command],

@@ -1,5 +1,6 @@
 """Order of a loop iteration's output (node/writes.py, node/group_commit.py): a lone replica's
-batch is proposed before the iteration's replies are written, so its answers leave with them."""
+batch is proposed before the iteration's replies are written, so its answers leave with them;
+a take's answer leaves before the entry's sync, everything else after it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from typing import Any
 
 from shoal.node.group_commit import GroupCommit
+from shoal.node.pushes import session_pull
 from shoal.node.writes import PendingWrites
 
 
@@ -30,10 +32,14 @@ class Replica:
     def is_leader(self) -> bool:
         return True
 
-    def propose(self, now_ms: int, cmds: list[Any], callback: Any) -> None:
+    def propose(self, now_ms: int, cmds: list[Any], callback: Any, early: Any = None) -> None:
         self.log.append("propose")
-        if self.alone:
-            callback([{"ok": True}] * len(cmds), 0)
+        if self.alone:  # as PartitionReplica: applied, early answers, sync, then the answers
+            results = [{"ok": True}] * len(cmds)
+            if early is not None:
+                early(results)
+            self.log.append("sync")
+            callback(results, 0)
         else:
             self.later.append((callback, len(cmds)))
 
@@ -55,7 +61,7 @@ class Writer:
         self.out = []
 
 
-def run_iteration(alone: bool) -> list[str]:
+def run_iteration(alone: bool, take: bool = False) -> list[str]:
     loop = asyncio.new_event_loop()
     try:
         log: list[str] = []
@@ -63,11 +69,14 @@ def run_iteration(alone: bool) -> list[str]:
         replica = Replica(alone, log)
         writer = Writer(log, writes)
         gc = GroupCommit(replica, loop, Clock(), after_answers=writes.write_now,  # type: ignore[arg-type]
-                         before_output=writes.propose_first)
+                         before_output=writes.propose_first, early_answers=writes.write_now)
 
-        def frames() -> None:  # one read: a fast reply, then a write
+        def frames() -> None:  # one read: a fast reply, then a write (and a take)
             writer.send("fast")
             gc.submit({"cmd": "ACK", "id": "0-1"}, lambda result: writer.send("answer"))
+            if take:
+                gc.submit(session_pull({"cmd": "PULLB", "queue": "q", "count": 10}, "s", 0),
+                          lambda result: writer.send("jobs"))
 
         loop.call_soon(frames)
         loop.run_until_complete(asyncio.sleep(0.01))
@@ -79,7 +88,11 @@ def run_iteration(alone: bool) -> list[str]:
 
 
 def test_a_lone_replicas_answer_leaves_with_the_replies_read_with_it() -> None:
-    assert run_iteration(alone=True) == ["propose", "write fast+answer"]
+    assert run_iteration(alone=True) == ["propose", "sync", "write fast+answer"]
+
+
+def test_a_lone_replicas_take_leaves_before_the_sync_and_the_rest_after() -> None:
+    assert run_iteration(alone=True, take=True) == ["propose", "write fast+jobs", "sync", "write answer"]
 
 
 def test_a_replica_with_peers_writes_the_replies_before_it_proposes() -> None:
