@@ -46,11 +46,13 @@ class _Entry:
 
 
 def _takes(cmds: list[Command], sizes: list[int] | None) -> list[tuple[int, int]]:
-    """(result index, callback index) of each command of ``cmds`` that takes jobs (a PULL or PULLB)."""
+    """(result index, callback index) of each command of ``cmds`` that takes jobs for a session
+    (a PULL or PULLB whose leases go back when the connection's session ends; a detached one's
+    outlive it)."""
     out: list[tuple[int, int]] = []
     k = 0
     for i, cmd in enumerate(cmds):
-        if type(cmd) is SessionPull:
+        if type(cmd) is SessionPull and cmd.session is not None:
             out.append((i, k))
         k += 1 if sizes is None or sizes[i] == 0 else sizes[i]
     return out
