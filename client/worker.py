@@ -204,8 +204,9 @@ class Worker:
             except ShoalError as exc:
                 log.warning("worker %s slot %d: pull failed: %s", self.queue.name, index, exc)
                 try:
-                    await asyncio.wait_for(self._stopping.wait(), _PULL_ERROR_PAUSE_S)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(_PULL_ERROR_PAUSE_S):  # not wait_for: it can lose a cancellation
+                        await self._stopping.wait()
+                except TimeoutError:
                     pass
                 continue
             if job is not None:

@@ -194,7 +194,8 @@ class FlowService:
         if replica is not None and replica.is_leader():
             future: asyncio.Future[Any] = self.node.loop.create_future()
             self.node.group_commits[p].submit(cmd, lambda r: future.done() or future.set_result(r))
-            result = await asyncio.wait_for(future, PEER_TIMEOUT_S)
+            async with asyncio.timeout(PEER_TIMEOUT_S):  # not wait_for: it can lose a cancellation
+                result = await future
             if isinstance(result, CommandError):
                 raise result
             return result
@@ -294,8 +295,8 @@ class _PeerLink:
         async with self._connecting:
             if self._writer is not None:
                 return self._writer
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=self.tls), PEER_TIMEOUT_S)
+            async with asyncio.timeout(PEER_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls)
             self._writer = writer
             self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
             if self.tokens:
@@ -327,7 +328,8 @@ class _PeerLink:
         self._pending[req_id] = future
         self._writer.write(encode({**frame, "reqId": req_id}))
         try:
-            reply = await asyncio.wait_for(future, PEER_TIMEOUT_S)
+            async with asyncio.timeout(PEER_TIMEOUT_S):
+                reply = await future
         finally:
             self._pending.pop(req_id, None)
         if not reply.get("ok"):

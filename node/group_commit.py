@@ -137,7 +137,9 @@ class GroupCommit:
             self.proposed_batches += 1
             self.proposed_commands += sum(map(commands_in, cmds))
             cmds, sizes = replicated_form(cmds, self.replica.partition)
-            entry = _Entry(cbs, sizes, _takes(cmds, sizes) if self.early_answers is not None else [])
+            # only a lone replica answers takes ahead of the sync (PartitionReplica._apply_ahead)
+            answers_early = self.early_answers is not None and self.replica.commits_alone()
+            entry = _Entry(cbs, sizes, _takes(cmds, sizes) if answers_early else [])
             self._entries.add(entry)
 
             def done(results: Any, reason: int, entry: _Entry = entry) -> None:

@@ -116,8 +116,9 @@ class StreamHandlers:
             await response.write(f"retry: {RETRY_MS}\n: connected to {self.node.node_id}\n\n".encode())
             while not self.node.stopping:
                 try:
-                    ev = await asyncio.wait_for(buffer.get(), HEARTBEAT_S)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(HEARTBEAT_S):  # not wait_for: it can lose a cancellation
+                        ev = await buffer.get()
+                except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue
                 if lost[0]:
@@ -206,8 +207,9 @@ class StreamHandlers:
                 if len(held) >= limit:
                     changed.clear()
                     try:
-                        await asyncio.wait_for(changed.wait(), HEARTBEAT_S / 3)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(HEARTBEAT_S / 3):
+                            await changed.wait()
+                    except TimeoutError:
                         pass
                     reply = {"ok": True}
                     continue

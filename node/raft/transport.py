@@ -421,8 +421,9 @@ class RaftNetwork:
                 tls = {"ssl": self.tls[1], "server_hostname": host, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT_S}
             link = _Link(self, Role.DIALER, peer)
             try:
-                await asyncio.wait_for(self.loop.create_connection(lambda: link, host, port, **tls),
-                                       CONNECT_TIMEOUT_S + (HANDSHAKE_TIMEOUT_S if tls else 0.0))
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can lose a cancellation (a stop)
+                async with asyncio.timeout(CONNECT_TIMEOUT_S + (HANDSHAKE_TIMEOUT_S if tls else 0.0)):
+                    await self.loop.create_connection(lambda: link, host, port, **tls)
                 await link.closed
                 if link.established:
                     delay = RETRY_MIN_S
