@@ -17,10 +17,12 @@ on the machine's disk) and prints, for entries of ~7 KB (a 50-push batch of
   (``sync_all_threads``) — and, for comparison, the same entries appended to
   one node-wide journal with one sync per round: entries/s and round latency
   p50/p99 (what a reply waits);
-- ``mark``: what recording the synced mark costs the sync path: 8 journals,
-  one ~7 KB entry each per round, synced together on threads, with the mark
-  written after each sync and (for comparison) with its write switched off,
-  the two interleaved in ``--blocks`` blocks so load hits both alike;
+- ``mark``: what making the synced mark durable costs the sync path (its
+  write and fdatasync after each sync of the data): one journal synced on the
+  calling thread, and ``--partitions`` journals synced together on threads,
+  one ~7 KB entry each per round, with the mark and (for comparison) with it
+  switched off, the two interleaved in ``--blocks`` blocks so load hits both
+  alike;
 - ``recovery``: time to open a journal of ``--recovery-records`` records of
   ``--recovery-payload`` bytes, and of ``--recovery-bytes`` bytes of ~7 KB
   records, with the memory the open journal holds. ``--drop-caches`` (root)
@@ -126,38 +128,51 @@ def batched(root: str, entries: int, partitions: int, blocks: int = 5) -> None:
 
 
 def mark(root: str, entries: int, partitions: int, blocks: int) -> None:
-    print(f"\n== mark: {partitions} journals, one 7 KB entry each per round, synced on threads; with the"
-          f" synced mark written after each sync and without (interleaved in {blocks} blocks)")
+    for count in (1, partitions):
+        how = "on the calling thread" if count == 1 else "together on threads"
+        print(f"\n== mark: {count} journal(s), one 7 KB entry each per round, synced {how}; with the synced"
+              f" mark made durable after each sync and without (interleaved in {blocks} blocks)")
+        mark_rounds(os.path.join(root, f"mark-{count}"), entries, count, blocks)
+
+
+def mark_rounds(root: str, entries: int, partitions: int, blocks: int) -> None:
     rounds = max(1, entries // partitions // blocks)
     payload = os.urandom(50 * 140)
     modes = ("with mark", "without mark")
     lat: dict[str, list[float]] = {m: [] for m in modes}
     busy = dict.fromkeys(modes, 0.0)
+    cpu = dict.fromkeys(modes, 0.0)  # this process's CPU time (user + system, every thread)
     with ThreadPoolExecutor(partitions) as pool:
         batchers = {m: SyncBatcher() for m in modes}
-        journals = {m: [Journal(RealIO(disk_free_min_bytes=0), os.path.join(root, "mark", m.replace(" ", "-"), f"p{k}"),
+        journals = {m: [Journal(RealIO(disk_free_min_bytes=0), os.path.join(root, m.replace(" ", "-"), f"p{k}"),
                                 batcher=batchers[m]) for k in range(partitions)] for m in modes}
         for j in journals["without mark"]:
-            j._mark_ready = False  # the journal's switch for the mark's plain write after each sync
+            j._mark_ready = False  # the journal's switch for the mark's write and fdatasync after each sync
         done = 0
         for _ in range(blocks):
             for mode in modes:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for r in range(rounds):
                     s = time.perf_counter()
                     for j in journals[mode]:
                         j.append(done + r + 1, 1, payload)
-                    batchers[mode].sync_all_threads(pool)
+                    if partitions == 1:
+                        batchers[mode].sync_all()
+                    else:
+                        batchers[mode].sync_all_threads(pool)
                     lat[mode].append(time.perf_counter() - s)
                 busy[mode] += time.perf_counter() - t0
+                cpu[mode] += time.process_time() - c0
             done += rounds
         for mode in modes:
+            syncs = sum(j.syncs for j in journals[mode])
             for j in journals[mode]:
                 j.close()
             n = done * partitions
             print(f"{mode:>14}: {n / busy[mode]:8.0f} entries/s  round p50 {pct(lat[mode], 0.5) * 1e3:.3f} ms"
-                  f"  p99 {pct(lat[mode], 0.99) * 1e3:.3f} ms  ({done} rounds)")
-    shutil.rmtree(os.path.join(root, "mark"))
+                  f"  p99 {pct(lat[mode], 0.99) * 1e3:.3f} ms  cpu {cpu[mode] / done * 1e6:.0f} us/round"
+                  f"  ({done} rounds, {syncs} fdatasyncs)")
+    shutil.rmtree(root)
 
 
 def drop_caches() -> None:

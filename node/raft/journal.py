@@ -24,10 +24,12 @@ version-2 last segment is sealed at the first append rather than continued.
 Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
 own only when sealing a segment, or when more than ``unsynced_bytes_max``
 would be left unsynced). :meth:`Journal.sync` fdatasyncs what was written (and
-fsyncs the directory if segments were created) and returns the highest
-durable index; a failed sync raises :class:`SyncFailed` and the journal
-refuses all further use until reopened. :class:`SyncBatcher` lets the node sync
-every journal written in one loop iteration once, after all of them wrote.
+fsyncs the directory if segments were created), makes the synced mark naming it
+durable, and returns the highest durable index; a failed sync (of the log or
+of its mark) raises :class:`SyncFailed` and the journal refuses all further use
+until reopened.
+:class:`SyncBatcher` lets the node sync every journal written in one loop
+iteration once, after all of them wrote.
 Deleting a suffix (a follower's log conflicts with its leader) is made durable
 before it returns, whole segments first, so every state a power cut can leave
 is a prefix of the log and entries appended afterwards can never be followed by
@@ -52,19 +54,47 @@ of the process alone it may still be only in the page cache.
 
 The synced mark
 ---------------
-How far the log is durable is recorded in two places, neither costing an fsync
-on the hot path; recovery takes the last segment as synced up to the higher of
-the two. Both are lower bounds, never more than the truth.
+The ``synced`` file holds ``(segment, offset, index)``: the bytes of segment
+``segment`` before ``offset``, and the entries up to ``index``, are on stable
+storage. It is durable before the entries it names count as durable: every
+sync (:meth:`Journal.sync`, and the syncs of sealing, of an append over the
+unsynced bound, of a suffix deletion and of recovery) fdatasyncs the segment,
+fsyncs the directory if it names a new segment, then rewrites the mark in place
+and fdatasyncs it, and only then reports the new durable index. The replica
+acknowledges fsync-class entries, and counts its own copy of them toward the
+commit, only from that report (disk-class entries are acknowledged on append,
+before any sync; the mark covers them from the sync that reports them on); so
+after any power cut the file names every entry ever reported durable, and no
+byte that was not durable when it was written. Damage before
+the offset it names is refused; past it lies the unsynced tail, cut where it is
+torn. The second fdatasync rewrites one block of a file whose size does not
+change, so it needs no file-system journal commit: a write and a cache flush.
+The node issues the syncs of the journals written in one loop iteration from
+several threads, each journal's mark right after its own data.
 
-*Mark records in the segment.* The first append to the active segment after a
-completed fdatasync of it writes a mark record naming its own offset ahead of
-the entry, in the same write call: everything before that offset was durable
-by then. The next fdatasync makes the record durable along with the entries
-after it. Since it names only bytes an earlier, completed sync made durable,
-it is true whatever a power cut does to the write carrying it (a disk may keep
-any part of an unfinished sync's writes). A mark record counts only at the
-offset and in the segment it names (its checksum covers both), so a copy of one
-inside a payload counts for nothing. The scan checks mark records with the
+The file holds two copies of the mark, each with its own CRC32C, in different
+4 KiB blocks, and each write replaces the older copy: a power cut during a
+write can tear only that copy, and the other still names the sync before.
+Recovery takes the higher of the copies whose checksums hold (its own first
+write then replaces the other one, which may be the torn one). Every operation
+that makes the durable log shorter — a suffix deletion into synced entries,
+:meth:`Journal.clear` — first rewrites both copies and fdatasyncs them, so the
+mark never names bytes that are gone; a torn-tail cut at recovery needs no
+rewrite, as it only ever cuts beyond the mark. If neither copy holds (or the
+file is missing beside existing segments), nothing is assumed unsynced and any
+bad record is refused. Only this file tells a last segment that lost a synced
+tail from one that was never written further.
+
+*Mark records in the segment* are a second witness, kept in the segment
+itself. The first append to the active segment after a completed fdatasync of
+it writes a mark record naming its own offset ahead of the entry, in the same
+write call (no write call or sync of its own): everything before that offset
+was durable by then. The next fdatasync makes the record durable along with the
+entries after it. Since it names only bytes an earlier, completed sync made
+durable, it is true whatever a power cut does to the write carrying it (a disk
+may keep any part of an unfinished sync's writes). A mark record counts only at
+the offset and in the segment it names (its checksum covers both), so a copy of
+one inside a payload counts for nothing. The scan checks mark records with the
 entries. At a bad record in the last segment, the records after it cannot be
 walked (its length may be what is damaged), so the rest of the segment is
 searched for the mark records' magic: a whole mark record past the bad record
@@ -73,37 +103,15 @@ mark records. A suffix deletion cuts at an entry's offset: the mark records
 past the cut go with it, and one before the cut names only bytes before
 itself, which stay.
 
-*The* ``synced`` *file* holds ``(segment, offset, index)``: the bytes of
-segment ``segment`` before ``offset``, and the entries up to ``index``, are on
-stable storage. After each successful :meth:`Journal.sync` it is written in
-place with a plain ``pwrite`` (no sync), so whatever of it reaches the disk was
-written after the data it names was durable. Every operation that makes the
-durable log shorter — a suffix deletion into synced entries,
-:meth:`Journal.clear` — first rewrites it in place and fdatasyncs it, so it
-never names bytes that are gone; a torn-tail cut at recovery needs no rewrite,
-as it only ever cuts beyond the mark. The file holds two copies of the mark,
-each with its own CRC32C, in different 4 KiB blocks, and plain writes alternate
-between them: a power cut can tear only the copy being written, and recovery
-takes the higher of the copies whose checksums hold (its first plain write then replaces the
-other one, which may be the torn one). If neither holds (or the
-file is missing beside existing segments), nothing is assumed unsynced and any
-bad record is refused. A clean :meth:`Journal.close` makes it durable. Only
-this file tells a last segment that lost a synced tail (mark records in the
-lost bytes are lost with them) from one that was never written further.
-
-What neither covers. The mark record vouching for a synced batch is written
-only with the first append after the batch's sync, and is durable only once
-the sync after that completes (or the kernel writes it back). So after a power
-cut the bytes past the newest mark record on disk (or the segment header) —
-the last batch synced, at most ``unsynced_bytes_max`` bytes or one record with
-its mark record, then the unsynced tail — are vouched for by the ``synced``
-file alone, whose plain write after that sync may have been lost as well. If
-it was, damage in that batch is taken for a torn tail and cut where it lies
-within ``unsynced_bytes_max`` of the segment's end or in its last record;
-further from the end it is refused. Likewise a last segment that lost a synced
-tail past the offset the durable ``synced`` file names is taken for one that
-was never written further. Closing that window needs the mark made durable by
-an fsync of its own after each sync of the data.
+What is left is damage to the ``synced`` file itself. A power cut never tears
+a copy that was synced, but if the medium damages the newer copy, recovery
+takes the older one, which names the sync before: the mark records still vouch
+for every byte before the newest of them, so only the last synced batch, when
+nothing was appended after it, falls under the unsynced-tail rules (damage
+within ``unsynced_bytes_max`` of the segment's end, or in its last record, is
+taken for a torn tail and cut; further from the end it is refused), and a last
+segment cut short past the older copy's offset passes for one never written
+further.
 
 Zeros ahead
 -----------
@@ -301,7 +309,8 @@ class JournalCorrupt(Exception):
 
 
 class SyncFailed(OSError):
-    """An fdatasync/fsync of the journal failed; the journal refuses all further use.
+    """An fdatasync/fsync of the journal, or the write of its synced mark, failed; the journal
+    refuses all further use.
 
     After a failed fsync Linux may have dropped the dirty pages and a retry can
     report success without writing them, so nothing written since the last good
@@ -448,8 +457,8 @@ class Journal:
     recovery tell a torn tail from a damaged record (see :meth:`_scan`).
     ``sync_every_append`` makes every append durable before it returns: with
     pysyncobj unchanged this alone gives the fsync class (the leader's ``add``
-    precedes its commit count, a follower's precedes its answer), at one
-    fdatasync per entry instead of one per journal per loop iteration.
+    precedes its commit count, a follower's precedes its answer), at one sync
+    per entry instead of one per journal per loop iteration.
     ``batcher``, if given, is told each time this journal writes.
     """
 
@@ -503,8 +512,8 @@ class Journal:
         self._mark_path = os.path.join(directory, MARK_NAME)
         self._mark_handle: FileHandle | None = None
         self._mark_slot = 0
-        self._mark_write_failed = False
         self._mark_ready = False
+        #: fdatasyncs issued: the log's, and the synced mark's after each of them.
         self.syncs = 0
         self.disk_reads = 0
         _finish_quarantine(io, directory)
@@ -532,6 +541,12 @@ class Journal:
     def synced_index(self) -> int:
         """Highest index known to be on stable storage."""
         return self._synced_index
+
+    @property
+    def synced_mark(self) -> SyncMark:
+        """How far the journal is durable, as its syncs reported it: the mark its ``synced``
+        file holds on stable storage (see *The synced mark*)."""
+        return self._mark
 
     @property
     def dirty(self) -> bool:
@@ -669,8 +684,8 @@ class Journal:
         self._trim_zeros_ahead()  # a sealed segment ends with its last record
         self._sync_active()
         if not self._dir_dirty:
-            self._synced_index = self._last_index
             self._note_synced()
+            self._synced_index = self._last_index
         try:
             return self._new_segment(next_index)
         except NoSpace:
@@ -713,12 +728,12 @@ class Journal:
         if self._data_dirty and self._active is not None:
             self._sync_active()
         self._sync_dir_if_dirty()
+        self._note_synced()  # before the entries count as durable: see *The synced mark*
         self._synced_index = max(self._synced_index, target)
-        self._note_synced()
         return self._synced_index
 
     def _note_synced(self) -> None:
-        """Everything written is durable: record it in the mark if it moved."""
+        """Everything written is durable: make the mark say so, durably, if it moved."""
         if self._segments and self._mark_ready:
             seg = self._segments[-1]
             mark = SyncMark(self._last_index, seg.first_index, seg.size)
@@ -726,20 +741,21 @@ class Journal:
                 self._write_mark(mark)
 
     def _write_mark(self, mark: SyncMark) -> None:
-        """Record ``mark`` with a plain write (no sync) over the older of the two copies."""
+        """Make ``mark`` durable over the older of the two copies before returning.
+
+        A power cut during the write can tear only that copy; the other still holds the mark
+        of the sync before, a lower bound. A failure poisons the journal as a failed data sync
+        does: the entries just synced must not be reported durable while no durable mark names
+        them (recovery could then take damage among them for a torn tail).
+        """
         try:
             if self._mark_handle is None:
                 self._mark_handle = self._io.open(self._mark_path, create=False)
             self._mark_handle.pwrite(self._mark_slot * _MARK_SLOT_BYTES, _mark_slot(mark))
         except OSError as exc:
-            # A mark that lags is safe (it only lets damage near the end pass for a torn
-            # tail); the copy that failed is the one retried, so the other stays whole.
-            if not self._mark_write_failed:
-                log.warning("journal %s: writing the synced mark failed (%s); it lags until a write succeeds",
-                            self.directory, exc)
-                self._mark_write_failed = True
-            return
-        self._mark_write_failed = False
+            self._failed = f"{self.directory}: writing the synced mark failed ({exc}); reopen the journal"
+            raise SyncFailed(self._failed) from exc
+        self._datasync(self._mark_handle)
         self._mark_slot ^= 1
         self._mark = mark
 
@@ -824,8 +840,8 @@ class Journal:
         self._sync_dir_if_dirty()
         removed = self._last_index - index + 1
         self._last_index = index - 1
-        self._synced_index = self._last_index  # all of what is left was just synced
         self._note_synced()
+        self._synced_index = self._last_index  # all of what is left was just synced
         pos = bisect.bisect_left(self._run_index, index)
         del self._run_index[pos:]
         del self._run_term[pos:]
@@ -896,11 +912,8 @@ class Journal:
         try:
             if self._active is not None and self._failed is None:
                 self._trim_zeros_ahead()
-                self.sync()
+                self.sync()  # the mark is durable and exact from here on
                 self.store_commit_hint()
-                if self._mark_ready and self._segments:  # exact after a clean stop, whatever a power cut does
-                    seg = self._segments[-1]
-                    self._store_mark(SyncMark(self._last_index, seg.first_index, seg.size))
         finally:
             for handle in (self._active, self._mark_handle):
                 if handle is not None:

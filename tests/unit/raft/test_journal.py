@@ -203,7 +203,7 @@ def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
     before = [j.syncs for j in journals]
     done = batcher.sync_all()
     assert {j.directory: idx for j, idx in done.items()} == {journals[0].directory: 20, journals[1].directory: 20}
-    assert [j.syncs - b for j, b in zip(journals, before)] == [1, 1, 0]
+    assert [j.syncs - b for j, b in zip(journals, before)] == [2, 2, 0]  # its data, then its mark
     assert batcher.pending == 0 and batcher.sync_all() == {}
     from concurrent.futures import ThreadPoolExecutor
 
@@ -212,24 +212,31 @@ def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
         assert list(batcher.sync_all_threads(pool).values()) == [5]
 
 
-def test_sync_really_reaches_fdatasync_and_recording_the_mark_costs_no_sync(tmp_path, monkeypatch) -> None:
+def test_sync_makes_the_data_then_the_mark_durable_before_it_returns(tmp_path, monkeypatch) -> None:
     calls: list[str] = []
     real_fdatasync, real_fsync = os.fdatasync, os.fsync
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+
+    def named(kind: str, fd: int) -> str:
+        return f"{kind} {os.path.basename(os.readlink(f'/proc/self/fd/{fd}'))}"
+
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append(named("fdatasync", fd)), real_fdatasync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(named("fsync", fd)), real_fsync(fd))[1])
     j = Journal(real(), str(tmp_path))
     calls.clear()  # a new journal writes its mark file durably, once
     fill(j, 1, 10)
     assert calls == []  # append is write-only
-    j.sync()
-    assert calls == ["fdatasync", "fsync"]  # the data, and the directory for the new segment
+    assert j.sync() == 10
+    segment = f"{1:020d}.wal"
+    # the data, the directory naming the new segment, then the mark naming both
+    assert calls == [f"fdatasync {segment}", f"fsync {tmp_path.name}", "fdatasync synced"]
     assert read_sync_mark(real(), str(tmp_path)) == SyncMark(10, 1, j._segments[-1].size)
+    calls.clear()
     fill(j, 11, 20)
-    j.sync()  # the hot path: one fdatasync, the mark a plain write
-    assert calls == ["fdatasync", "fsync", "fdatasync"]
+    assert j.sync() == 20  # the hot path: the data's fdatasync and the mark's
+    assert calls == [f"fdatasync {segment}", "fdatasync synced"]
     assert read_sync_mark(real(), str(tmp_path)).index == 20
     j.sync()  # nothing new: no sync call
-    assert len(calls) == 3
+    assert len(calls) == 2
 
 
 def test_clear_then_add_at_any_index(tmp_path) -> None:
@@ -291,13 +298,23 @@ def test_a_missing_last_segment_that_was_synced_is_refused(tmp_path) -> None:
     assert err.value.path == str(last)
 
 
+def _roll_back(io: SimIO, path: str, content: bytes) -> None:
+    """Put ``content`` back in ``path``, durably (a file restored from an older copy)."""
+    h = io.open(path, create=False)
+    h.pwrite(0, content)
+    h.datasync()
+
+
 def test_with_a_lagging_mark_damage_beyond_the_unsynced_bound_from_the_end_is_still_refused() -> None:
-    """The mark's plain writes were lost in a power cut; the bound on unsynced bytes still holds."""
+    """The synced file lags (put back as it was before the first sync): the bound on unsynced
+    bytes still holds."""
     io = SimIO()
     j = Journal(io, "/j", unsynced_bytes_max=1_000)
+    stale = io.read_all("/j/synced")
     fill(j, 1, 40)
     j.sync()
-    io.power_cut()  # no torn writes: the mark reverts to its last durable state (nothing synced)
+    io.power_cut()
+    _roll_back(io, "/j/synced", stale)
     (name,) = [n for n in io.listdir("/j") if n.endswith(".wal")]
     path = f"/j/{name}"
     h = io.open(path, create=False)
@@ -314,7 +331,7 @@ def test_appends_sync_on_their_own_past_the_unsynced_bound(tmp_path) -> None:
     # 124 bytes each after a 20-byte segment header, and a 32-byte mark record ahead of the first
     # entry after each sync: synced before 8 and before 15
     fill(j, 1, 20)
-    assert j.syncs == 2 and j.synced_index == 14
+    assert j.syncs == 4 and j.synced_index == 14  # each sync: the data's fdatasync and the mark's
     j.append(21, 1, b"b" * 5_000)  # one record larger than the bound
     j.append(22, 1, b"c")
     assert j.synced_index == 21
@@ -403,7 +420,7 @@ def test_a_suffix_delete_lowers_the_mark_durably_so_a_later_torn_tail_is_still_c
     j.delete_from(51)
     assert read_sync_mark(io, "/j") == SyncMark(50, 1, SEGMENT_HEADER_BYTES + 50 * (RECORD_HEADER_BYTES + 100))
     fill(j, 51, 60, term=2)  # never synced
-    io.power_cut()  # the mark's plain writes since the delete are lost too
+    io.power_cut()
     j = Journal(io, "/j")
     assert j.last_index == 50
     fill(j, 51, 60, term=2)
@@ -460,24 +477,109 @@ def test_without_a_readable_mark_every_record_counts_as_synced(caplog) -> None:
     assert j.last_index == 10 and read_sync_mark(io, "/j").index == 10
 
 
-def test_a_failed_mark_write_is_retried_on_the_same_copy(caplog) -> None:
+@pytest.mark.parametrize("failing", ["pwrite", "datasync"])
+def test_a_failed_mark_write_fails_the_sync_and_poisons_the_journal(failing) -> None:
+    """Entries synced without a durable mark naming them are not reported durable: the sync
+    fails as a failed fdatasync does, and the reopened journal writes the mark anew."""
     import errno
+
+    from shoal.node.raft.journal import SyncFailed
 
     io = SimIO()
     j = Journal(io, "/j")
     fill(j, 1, 10)
     j.sync()
     fill(j, 11, 20)
-    real_pwrite = j._mark_handle.pwrite
-    j._mark_handle.pwrite = lambda at, data: (_ for _ in ()).throw(OSError(errno.EIO, "EIO"))
-    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
-        assert j.sync() == 20  # the data is durable; the mark lags
-    assert "writing the synced mark failed" in caplog.text
+
+    def fail(*args: object) -> None:
+        raise OSError(errno.EIO, "EIO")
+
+    setattr(j._mark_handle, failing, fail)
+    with pytest.raises(SyncFailed, match="synced" if failing == "pwrite" else "fdatasync of /j/synced"):
+        j.sync()
+    assert j.synced_index == 10
+    with pytest.raises(SyncFailed):
+        j.append(21, 1, b"x")
+    j.close()
+    io.power_cut()
     assert read_sync_mark(io, "/j").index == 10
-    j._mark_handle.pwrite = real_pwrite
-    fill(j, 21, 22)
+    j = Journal(io, "/j")  # entries 11-20 were synced: recovery finds them and marks them
+    assert j.last_index == 20 and read_sync_mark(io, "/j").index == 20
+
+
+# --- damage in the last synced batch, and the unsynced tail, after a power cut -----------------
+
+
+SIM_SEGMENT = f"/j/{1:020d}.wal"
+
+
+@pytest.mark.parametrize("zeros_ahead", [False, True])
+@pytest.mark.parametrize("batches", [1, 3])
+@pytest.mark.parametrize("damage", ["payload of its last entry", "header of its first entry", "cut short"])
+def test_damage_in_the_last_synced_batch_after_a_power_cut_is_refused(zeros_ahead, batches, damage) -> None:
+    """The batch a sync returned is vouched for by the durable mark alone (no append wrote a
+    mark record after it): damage in it is refused by file and offset, never cut as a torn tail."""
+    io = SimIO()
+    j = Journal(io, "/j", zeros_ahead=zeros_ahead)
+    for k in range(batches):
+        fill(j, 10 * k + 1, 10 * k + 10)
+        assert j.sync() == 10 * k + 10
+    last = 10 * batches
+    offsets = list(j._segments[-1].offsets)
+    end = j._segments[-1].size
+    io.power_cut()  # every write not synced is lost
+    if damage == "payload of its last entry":
+        offset = offsets[last - 1]
+        io.flip_bits(SIM_SEGMENT, offset + RECORD_HEADER_BYTES + 60, 0x08)
+    elif damage == "header of its first entry":
+        offset = offsets[last - 10]
+        io.flip_bits(SIM_SEGMENT, offset + 9, 0x40)  # the term
+    else:
+        offset = offsets[last - 3]
+        io.cut_file(SIM_SEGMENT, offset + 50)
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(io, "/j", zeros_ahead=zeros_ahead)
+    assert (err.value.path, err.value.offset) == (SIM_SEGMENT, offset), str(err.value)
+    assert "in synced data" in str(err.value)
+    assert read_sync_mark(io, "/j") == SyncMark(last, 1, end)
+
+
+@pytest.mark.parametrize("zeros_ahead", [False, True])
+@pytest.mark.parametrize("torn", ["inside the mark record", "inside the first entry", "inside a later entry",
+                                  "a flipped byte in a later entry", "zeros where the entries were"])
+def test_an_unsynced_torn_tail_after_a_power_cut_is_still_cut(zeros_ahead, torn, caplog) -> None:
+    """The converse: the bytes past the durable mark were never reported synced, and whatever a
+    power cut left of them is cut where it fails, not refused."""
+    io = SimIO()
+    j = Journal(io, "/j", zeros_ahead=zeros_ahead)
+    fill(j, 1, 10)
     j.sync()
-    assert read_sync_mark(io, "/j").index == 22
+    fill(j, 11, 15)  # never synced: a mark record ahead of entry 11, then the entries
+    seg = j._segments[-1]
+    synced_end, offsets, size = seg.synced_size, list(seg.offsets), seg.size
+    written = io.read_all(SIM_SEGMENT)[:size]
+    io.power_cut()
+    kept, flip, keep_index = {
+        "inside the mark record": (synced_end + 10, None, 10),
+        "inside the first entry": (offsets[10] + 30, None, 10),
+        "inside a later entry": (offsets[13] + 30, None, 13),
+        "a flipped byte in a later entry": (size, offsets[12] + 40, 12),
+        "zeros where the entries were": (size, None, 10),
+    }[torn]
+    tail = bytearray(written[synced_end:kept])
+    if flip is not None:
+        tail[flip - synced_end] ^= 0x01
+    if torn.startswith("zeros"):
+        tail = bytearray(len(tail))
+    h = io.open(SIM_SEGMENT, create=False)
+    h.truncate(synced_end)
+    h.append(bytes(tail))
+    h.datasync()
+    with caplog.at_level(logging.INFO, logger="shoal.node.raft.journal"):
+        j = Journal(io, "/j", zeros_ahead=zeros_ahead)
+    assert j.last_index == keep_index
+    assert [e[1] for e in j.entries(1, 20)] == list(range(1, keep_index + 1))
+    assert "cut at offset" in caplog.text
 
 
 # --- moving a damaged journal aside -----------------------------------------------------------

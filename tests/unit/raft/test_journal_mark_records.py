@@ -1,6 +1,7 @@
 """Mark records in journal segments: damage to synced records near the end of the last segment
-is refused even when the ``synced`` file lags, a torn tail is still cut, and the log reads,
-deletes and reopens the same with mark records between its entries."""
+is refused even when the ``synced`` file lags (put back as it was earlier, as damage to its
+copies can leave it), a torn tail is still cut, and the log reads, deletes and reopens the same
+with mark records between its entries."""
 
 from __future__ import annotations
 
@@ -97,19 +98,25 @@ def sim_flip(io: SimIO, path: str, at: int, mask: int = 0x01) -> None:
 
 
 def sim_three_synced_batches_cut() -> SimIO:
-    """On the simulated disk: entries 1-10, 11-20 and 21-30, each batch synced, then a power cut."""
+    """On the simulated disk: entries 1-10, 11-20 and 21-30, each batch synced, then a power cut,
+    and the ``synced`` file put back as it was before the first sync: only the mark records in
+    the segment tell what was synced."""
     io = SimIO()
     j = Journal(io, "/j")
+    stale = io.read_all("/j/synced")
     for first in (1, 11, 21):
         fill(j, first, first + 9)
         j.sync()
     io.power_cut()
+    h = io.open("/j/synced", create=False)
+    h.pwrite(0, stale)
+    h.datasync()
     return io
 
 
 def three_synced_batches(directory: str) -> bytes:
     """Entries 1-10, 11-20 and 21-30, each batch synced; returns the ``synced`` file as it was
-    after the first sync (a copy whose later plain writes a power cut could have lost)."""
+    after the first sync (to put back: a ``synced`` file that lags)."""
     j = Journal(real(), directory)
     fill(j, 1, 10)
     j.sync()
@@ -135,7 +142,7 @@ def test_the_first_entry_after_each_sync_carries_a_mark_record_naming_its_own_of
         assert struct.unpack_from("<Q", raw, offset + 16)[0] == offset  # the offset it names is its own
 
 
-def test_the_mark_record_costs_no_write_call_and_no_sync(tmp_path, monkeypatch) -> None:
+def test_the_mark_record_costs_no_write_call_and_no_sync_of_its_own(tmp_path, monkeypatch) -> None:
     j = Journal(real(), str(tmp_path))
     fill(j, 1, 10)
     j.sync()
@@ -145,9 +152,9 @@ def test_the_mark_record_costs_no_write_call_and_no_sync(tmp_path, monkeypatch) 
     monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
     fill(j, 11, 20)
     j.sync()
-    # one write per entry (the first with the mark record ahead of it), one fdatasync, and the
-    # ``synced`` file's plain write
-    assert calls == ["pwrite"] * 10 + ["fdatasync", "pwrite"]
+    # one write per entry (the first with the mark record ahead of it), the segment's fdatasync,
+    # then the ``synced`` file's write and fdatasync
+    assert calls == ["pwrite"] * 10 + ["fdatasync", "pwrite", "fdatasync"]
     j.close()
 
 
@@ -155,8 +162,8 @@ def test_the_mark_record_costs_no_write_call_and_no_sync(tmp_path, monkeypatch) 
 
 
 def test_a_flipped_byte_in_synced_records_near_the_end_is_refused_though_the_synced_file_lags(tmp_path) -> None:
-    """Entry 15 was synced by the second sync; the ``synced`` file's plain writes after it were
-    lost (an old copy is put back), but the mark record written with entry 21 vouches for it."""
+    """Entry 15 was synced by the second sync; the ``synced`` file lags (an old copy is put back),
+    but the mark record written with entry 21 vouches for it."""
     d = str(tmp_path)
     stale = three_synced_batches(d)
     with open(os.path.join(d, "synced"), "wb") as f:
@@ -177,8 +184,8 @@ def test_a_flipped_byte_in_synced_records_near_the_end_is_refused_though_the_syn
 
 @pytest.mark.parametrize("where", ["length", "crc", "term", "index", "payload"])
 def test_damage_anywhere_in_a_vouched_record_after_a_power_cut_is_refused(where) -> None:
-    """On the simulated disk a power cut loses every plain write of the ``synced`` file since the
-    journal was created; only the mark records in the segment tell what was synced."""
+    """The ``synced`` file put back as it was before the first sync: only the mark records in the
+    segment tell what was synced."""
     io = sim_three_synced_batches_cut()
     assert read_sync_mark(io, "/j").index == 0
     path = SIM_SEGMENT
@@ -219,10 +226,10 @@ def test_a_process_crash_keeps_the_mark_record_written_with_the_next_append(tmp_
     assert (err.value.path, err.value.offset) == (path, offset)
 
 
-def test_damage_in_the_last_batch_synced_before_a_power_cut_is_the_window_left() -> None:
-    """Documented in the module docstring: the mark record naming the end of the last sync was
-    never written and the ``synced`` file's plain write was lost, so nothing on disk tells the
-    damaged record from a torn write."""
+def test_with_the_synced_file_lagging_damage_in_the_last_synced_batch_passes_for_a_torn_tail() -> None:
+    """What the module docstring leaves (*What is left*): with the ``synced`` file put back to an
+    older mark, and no append after the last sync to write a mark record naming its end, nothing
+    on disk tells the damaged record from a torn write."""
     io = sim_three_synced_batches_cut()
     offset = entry_offset(io.read_all(SIM_SEGMENT), 25)
     sim_flip(io, SIM_SEGMENT, offset + 40)
@@ -288,7 +295,7 @@ def test_a_torn_unsynced_batch_is_cut_where_it_is_torn(tmp_path, torn_at) -> Non
     fill(j, 31, 35)  # never synced
     crash(j)
     with open(os.path.join(d, "synced"), "wb") as f:
-        f.write(stale)  # the plain writes lost too
+        f.write(stale)  # the ``synced`` file lagging too
     path = segment(d)
     raw = open(path, "rb").read()
     mark_at = entry_offset(raw, 31) - MARK_RECORD_BYTES

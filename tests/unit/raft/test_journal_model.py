@@ -7,10 +7,10 @@
    prefix deletes, suffix deletes and power cuts, recovery yields a prefix of
    the log as it was at the cut that holds every synced entry and nothing
    deleted.
-3. Damage: a byte flipped in any record the surviving synced mark covers (the
-   ``synced`` file, or a mark record in the last segment) is refused with its
-   file and offset, after a process crash and after any power cut, never cut
-   as a torn tail.
+3. Damage: a byte flipped in any record the journal reported synced (the
+   entries up to its ``synced_index``, and the mark records among them) is
+   refused with its file and offset, after a process crash and after power cuts
+   at any I/O step, never cut as a torn tail.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 import struct
 
-import google_crc32c
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -313,9 +312,11 @@ def test_a_cut_at_every_io_step_of_an_operation_leaves_the_log_before_or_after_i
 # --- damage in synced records is refused, never cut as a torn tail ----------------------------
 
 
-def _records(io: SimIO, directory: str) -> list[tuple[str, int, int]]:
-    """``(segment path, offset, index)`` of every intact entry record recovery reads, in log
-    order (segments wholly below the durable start are leftovers it removes unread)."""
+def _records(io: SimIO, directory: str) -> list[tuple[str, int, int, int]]:
+    """``(segment path, offset, end, index)`` of every intact record recovery reads, in log
+    order (segments wholly below the durable start are leftovers it removes unread): entries
+    with their index, and mark records with the index of the entry they precede (the sync of
+    that entry made them durable)."""
     start = struct.unpack_from("<8sQ", io.read_all(f"{directory}/start"))[1] if io.exists(f"{directory}/start") else 0
     names = sorted(n for n in io.listdir(directory) if n.endswith(".wal"))
     while len(names) > 1 and int(names[1][:-4]) <= start:
@@ -325,38 +326,20 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int]]:
         path = f"{directory}/{name}"
         raw = io.read_all(path)
         offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
+        marks = []
         while offset + RECORD_HEADER_BYTES <= len(raw):
             length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)
-            if length == 0xFFFFFFFF:  # a mark record
+            if length == 0xFFFFFFFF:
+                marks.append(offset)
                 offset += MARK_RECORD_BYTES
                 continue
             end = offset + RECORD_HEADER_BYTES + length
             if idx != index or end > len(raw):
                 break
-            out.append((path, offset, index))
-            offset, index = end, index + 1
+            out.extend((path, at, at + MARK_RECORD_BYTES, index) for at in marks)
+            out.append((path, offset, end, index))
+            offset, index, marks = end, index + 1, []
     return out
-
-
-def _vouched_end(io: SimIO, path: str) -> int:
-    """The offset of the last whole mark record the records of segment ``path`` lead to (0: none)."""
-    raw = io.read_all(path)
-    first = int(path.rsplit("/", 1)[1][:-4])
-    offset, found = SEGMENT_HEADER_BYTES, 0
-    while offset + RECORD_HEADER_BYTES <= len(raw):
-        length = struct.unpack_from("<I", raw, offset)[0]
-        if length != 0xFFFFFFFF:
-            offset += RECORD_HEADER_BYTES + length
-            continue
-        if offset + MARK_RECORD_BYTES > len(raw):
-            break
-        _, crc, magic, named, index = struct.unpack_from("<II8sQQ", raw, offset)
-        body = struct.pack("<I8sQQQ", 0xFFFFFFFF, magic, named, index, first)
-        if magic != b"SHOALMRK" or named != offset or google_crc32c.value(body) != crc:
-            break
-        found = offset
-        offset += MARK_RECORD_BYTES
-    return found
 
 
 def _flip(io: SimIO, path: str, at: int, bit: int) -> None:
@@ -403,20 +386,23 @@ class _Log:
         self.entries, self.first = list(j), j.first_index
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(OPS_WITH_MID_CUTS, st.integers(0, 2**32))
-# Two plain writes of the mark, then a cut that tore one copy: recovery's own write of the mark
-# went to the one whole copy, and the next cut tore it too (recovery now writes the other).
+# Two writes of the mark, then a cut that tore one copy: recovery's own write of the mark went
+# to the one whole copy, and the next cut tore it too (recovery now writes the other).
 @example([(("add", 1, 0, 0), None, 0)] * 4 + [(("sync",), None, 0), (("add", 3, 0, 112), None, 0),
                                              (("sync",), None, 0), (("add", 1, 0, 0), 1, 4461)], 92138572)
-def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refused(ops, seed) -> None:
-    """Power cuts anywhere, torn writes of the log and of the mark: whatever marks survive (the
-    ``synced`` file, mark records in the last segment), a byte flipped in a record they cover is
-    refused by file and offset, never cut as a torn tail; and recovery never returns fewer
-    entries than the surviving ``synced`` file names."""
+# The last batch a sync returned, with no append after it to write a mark record naming its end.
+@example([(("add", 3, 0, 50), None, 0), (("sync",), None, 0)], 0)
+def test_after_any_power_cut_a_flipped_byte_in_anything_reported_synced_is_refused(ops, seed) -> None:
+    """Power cuts at any I/O step, torn writes of the log and of the mark: a byte flipped in any
+    record the journal reported synced (its ``synced_index`` after each operation, lowered as a
+    deletion begins) is refused by file and offset, never cut as a torn tail, and no entry it
+    reported synced is lost."""
     io = SimIO()
     j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
     log = _Log()
+    reported = 0  # entries up to here were reported synced, and are owed
     for op, cut_at, op_seed in ops:
         steps = [0]
 
@@ -425,9 +411,14 @@ def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refus
             if steps[0] == cut_at:
                 raise _Cut(what)
 
+        if op[0] == "delete_from" and log.entries:  # what it deletes is owed no more once it begins
+            reported = min(reported, log.first + op[1] % (len(log.entries) + 1) - 1)
+        elif op[0] == "clear":
+            reported = 0
         io.step_hook = hook if cut_at is not None else None
         try:
             log.run(j, op)
+            reported = j.synced_index
             continue
         except _Cut:
             pass
@@ -436,27 +427,26 @@ def test_after_any_power_cut_a_flipped_byte_in_a_record_the_mark_covers_is_refus
         j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
         mark = read_sync_mark(io, "/j")
         assert mark is not None and j.last_index >= mark.index
+        if reported >= log.first:  # (a clear leaves the index it had synced below the log)
+            assert j.last_index >= reported, f"entry {reported} was reported synced and is lost"
         log.recovered(j)
+        reported = j.synced_index
     io.step_hook = None
     io.power_cut(random.Random(seed))
     mark = read_sync_mark(io, "/j")
     assert mark is not None, "a power cut left neither copy of the mark readable"
-    records = _records(io, "/j")
-    last = records[-1][0] if records else ""
-    vouched = _vouched_end(io, last) if last else 0
-    covered = [r for r in records if r[2] <= mark.index or (r[0] == last and r[1] < vouched)]
-    rng = random.Random(seed)
-    if covered:
-        path, offset, index = rng.choice(covered)
-        raw = io.read_all(path)
-        end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
-        _flip(io, path, rng.randrange(offset, end), rng.randrange(8))
-        with pytest.raises(JournalCorrupt) as err:
-            Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
-        assert (err.value.path, err.value.offset) == (path, offset), str(err.value)
-    else:
+    owed = [r for r in _records(io, "/j") if log.first <= r[3] <= reported]
+    assert [r[3] for r in owed][-1:] == ([reported] if reported >= log.first else []), "a synced record is lost"
+    if not owed:
         j = Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
         assert j.last_index >= mark.index
+        return
+    rng = random.Random(seed)
+    path, offset, end, _ = rng.choice(owed)
+    _flip(io, path, rng.randrange(offset, end), rng.randrange(8))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)
+    assert (err.value.path, err.value.offset) == (path, offset), str(err.value)
 
 
 @settings(max_examples=200, deadline=None)
@@ -470,13 +460,11 @@ def test_after_a_process_crash_every_synced_record_is_covered_by_the_mark(ops, s
     for op in ops:
         if op[0] != "cut":
             log.run(j, op)
-    synced = [r for r in _records(io, "/j") if log.first <= r[2] <= j.synced_index]
+    synced = [r for r in _records(io, "/j") if log.first <= r[3] <= j.synced_index]
     if not synced:
         return
     rng = random.Random(seed)
-    path, offset, index = rng.choice(synced)
-    raw = io.read_all(path)
-    end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
+    path, offset, end, _ = rng.choice(synced)
     _flip(io, path, rng.randrange(offset, end), rng.randrange(8))
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j", segment_bytes=700, cache_entries_max=4, unsynced_bytes_max=400)

@@ -44,8 +44,8 @@ def test_deferred_io_keeps_unsynced_bytes_in_the_process_until_a_kill(tmp_path) 
 
 
 def test_under_deferred_io_the_mark_survives_a_kill_and_synced_damage_is_refused(tmp_path) -> None:
-    # The mark is a plain write after each sync: a SIGKILL (the test mode's power cut) keeps it,
-    # as a real crash of the process keeps the page cache.
+    # The mark is rewritten in place and synced after each sync: a SIGKILL (the test mode's power
+    # cut) keeps it, as a power cut keeps a synced write.
     code = textwrap.dedent(f"""
         import os, signal
         from shoal.node.raft.storage import DeferredIO
