@@ -10,11 +10,12 @@ the same registry. One change at a time (Raft's single-server changes, :mod:`.ra
 2. a target member the group lacks joins as a learner (it catches up by snapshot and log, at
    the node's share of the cluster's move rate);
 3. a voter the target does not name and the leader has not heard from lately (a dead node)
-   is removed;
-4. a learner the target names that holds every committed entry is promoted to voter;
+   is removed, once a majority of the voters left is caught up;
+4. a learner the target names that is caught up (replicating, within
+   :data:`PROMOTE_LAG_MAX` entries of the commit index) is promoted to voter;
 5. a voter the target does not name is removed once every target member votes (a new replica
-   counts only once caught up); the leader itself first hands leadership to a caught-up voter
-   of the target.
+   counts only once caught up) and a majority of the voters left is caught up; the leader
+   itself first hands leadership to a caught-up voter of the target.
 
 A change is proposed only when the previous one is applied and the leader has committed an
 entry of its term (the core refuses otherwise), so a membership is never changed by a
@@ -40,8 +41,9 @@ from .raft.membership import ConfigChange
 
 if TYPE_CHECKING:
     from .raft import PartitionReplica
+    from .raft.core import RaftCore
 
-__all__ = ["MoveService", "RECONCILE_INTERVAL_S", "DEAD_AFTER_S"]
+__all__ = ["MoveService", "plan_change", "HAND_OVER", "RECONCILE_INTERVAL_S", "DEAD_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ RECONCILE_INTERVAL_S = 0.5
 #: A voter the leader has not heard from for this long counts as dead (removed first when it
 #: leaves the target, so the group never waits for it).
 DEAD_AFTER_S = 5.0
+#: A learner is promoted once it replicates within this many entries of the commit index (under
+#: steady writes a leader that commits alone is always a round trip ahead of it).
+PROMOTE_LAG_MAX = 100
 
 
 class MoveService:
@@ -130,40 +135,15 @@ class MoveService:
             return False
         if not auto and not self._must_move(voters | learners, wanted):
             return False
-        if core.change_pending or not core.read_ready:
-            return True
         now = time.monotonic()
-        progress = core.progress
-        change: ConfigChange | None = None
-        for m in sorted(learners - wanted):
-            change = ConfigChange("remove", m)
-            break
+        change = plan_change(core, replica.member, target, now)
         if change is None:
-            for m in target:
-                if m not in voters and m not in learners:
-                    change = ConfigChange("add_learner", m)
-                    break
-        if change is None:
-            for m in sorted(voters - wanted):
-                pr = progress.get(m)
-                if m != replica.member and (pr is None or now - pr.last_heard > DEAD_AFTER_S):
-                    change = ConfigChange("remove", m)
-                    break
-        if change is None:
-            for m in target:
-                pr = progress.get(m)
-                if m in learners and pr is not None and pr.state == REPLICATE and pr.match >= core.commit:
-                    change = ConfigChange("promote", m)
-                    break
-        if change is None and wanted <= voters:
-            extra = sorted(voters - wanted)
-            if extra:
-                if replica.member in extra:
-                    replica.transfer_leadership(next((m for m in target if m in voters), None))
-                    return True
-                change = ConfigChange("remove", extra[0])
-        if change is None:
-            return True  # waiting for a learner to catch up
+            return True  # a change pending, or waiting for a learner to catch up
+        if change == HAND_OVER:
+            # Any live, caught-up voter of the target will do: the first one may be down.
+            replica.transfer_leadership(among=[m for m in target if m in voters])
+            return True
+        assert isinstance(change, ConfigChange)
         try:
             replica.propose_change(change)
         except ProposalRefused as exc:
@@ -246,3 +226,62 @@ class MoveService:
                     entry["state"] = "removing"
                 out.append(entry)
         return out
+
+
+#: :func:`plan_change`'s answer when the leader must hand leadership over before the next change.
+HAND_OVER = "hand over"
+
+
+def plan_change(core: "RaftCore", member: str, target: list[str], now: float) -> "ConfigChange | str | None":
+    """The next single-server change that moves the group ``core`` leads toward ``target`` (its
+    member ids, preferred leader first), in the order of the module docstring: a
+    :class:`ConfigChange` to propose, :data:`HAND_OVER` when this leader (``member``) is the voter
+    to remove next, or None while nothing can be done (a change pending, no entry of its term
+    committed yet, a learner still catching up, or the group on target). Pure: the node's moves
+    and the seeded simulation decide alike (``now`` is the leader's clock)."""
+    members = core.membership
+    voters, learners = set(members.voters), set(members.learners)
+    wanted = set(target)
+    if (voters == wanted and not learners) or core.change_pending or not core.read_ready:
+        return None
+    progress = core.progress
+    for m in sorted(learners - wanted):
+        return ConfigChange("remove", m)
+    for m in target:
+        if m not in voters and m not in learners:
+            return ConfigChange("add_learner", m)
+    for m in sorted(voters - wanted):
+        pr = progress.get(m)
+        if m != member and (pr is None or now - pr.last_heard > DEAD_AFTER_S) \
+                and _caught_up_majority(core, member, voters - {m}, now):
+            return ConfigChange("remove", m)
+    for m in target:
+        pr = progress.get(m)
+        if m in learners and pr is not None and pr.state == REPLICATE and pr.match + PROMOTE_LAG_MAX >= core.commit:
+            return ConfigChange("promote", m)
+    if wanted <= voters:
+        extra = sorted(voters - wanted)
+        if extra:
+            if member in extra:
+                return HAND_OVER
+            if _caught_up_majority(core, member, voters - {extra[0]}, now):
+                return ConfigChange("remove", extra[0])
+    return None
+
+
+def _caught_up_majority(core: "RaftCore", member: str, voters: set[str], now: float) -> bool:
+    """Would a majority of ``voters`` (the leader ``member`` among them) hold the log and answer?
+
+    A voter is removed only then: the group left could otherwise need a voter that is down or
+    still being brought back (a repaired replica neither votes nor campaigns until it holds every
+    committed entry), and, losing its leader, elect nobody."""
+    progress = core.progress
+    caught_up = 0
+    for v in voters:
+        pr = progress.get(v)
+        # Answered in this term (replicating, not merely given a new leader's grace period),
+        # lately, and near the commit index.
+        if v == member or (pr is not None and pr.state == REPLICATE and pr.match + PROMOTE_LAG_MAX >= core.commit
+                           and now - pr.answered_at <= DEAD_AFTER_S):
+            caught_up += 1
+    return caught_up >= len(voters) // 2 + 1

@@ -65,6 +65,8 @@ FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER = "follower", "pre-candidate", "candi
 PROBE, REPLICATE, SNAPSHOT = "probe", "replicate", "snapshot"
 #: The leader's record of disk-class entry indexes is first trimmed past this size.
 LAZY_TRIM_MIN = 4096
+#: Heartbeat rounds whose send time a leader remembers (for its read lease).
+ROUNDS_KEPT = 64
 
 
 class NotLeader(Exception):
@@ -95,8 +97,16 @@ class RaftParams:
     #: After a commit the leader waits this long for a new entry to carry the commit index
     #: before it announces it on its own.
     commit_announce_s: float = 0.002
+    #: How much two replicas' clocks may disagree on the length of an interval (a rate, 0.2: 20 %).
+    #: A leader's read lease lasts the minimum election timeout less this share.
+    clock_drift_max: float = 0.2
     #: A transfer that has not happened after this long is given up.
     transfer_timeout_s: float = 1.6
+    #: Only a voter that answered within this long is a transfer's target.
+    transfer_heard_s: float = 0.5
+    #: After a failed transfer its target is refused for this long, doubling per failure up to the max.
+    transfer_backoff_min_s: float = 2.0
+    transfer_backoff_max_s: float = 30.0
     #: 0: every new entry goes to every follower at once. Above 0: while other entries are in
     #: flight, a new entry goes at once only to as many followers as the commit needs (those that
     #: answered within ``fast_follower_s``, in :attr:`RaftCore.peer_order`); the others get what
@@ -135,13 +145,20 @@ class Ready:
     snapshot_requests: list[tuple[str, int, int]] = field(default_factory=list)
     #: The commit index as of this Ready.
     commit: int = 0
+    #: The durable index as of this Ready: committed entries on stable storage on a majority.
+    #: A follower applies only up to it, and it bounds what a snapshot or the stored commit hint
+    #: may cover (committed disk-class entries beyond it may still be lost to power cuts).
+    durable: int = 0
+    #: The state machine must go back to the snapshot (the log's base): entries it applied ahead
+    #: of the durable index were cut. The committed entries of this and later Readys follow it.
+    rollback: bool = False
 
 
 class Progress:
     """The leader's view of one follower (match/next index, replication state, activity)."""
 
     __slots__ = ("match", "next", "state", "inflight", "paused", "pending_snapshot", "recent_active",
-                 "last_heard", "learner", "lazy")
+                 "last_heard", "answered_at", "learner", "lazy", "acked_round", "synced")
 
     def __init__(self, next_index: int, learner: bool) -> None:
         self.match = 0
@@ -153,9 +170,15 @@ class Progress:
         self.pending_snapshot = 0
         self.recent_active = False
         self.last_heard = float("-inf")
+        #: When the follower last answered this leader (last_heard also counts a new leader's start).
+        self.answered_at = float("-inf")
         self.learner = learner
         #: New entries wait for the next lazy send (see RaftParams.lazy_send_s).
         self.lazy = False
+        #: The newest heartbeat round of this leader's term the follower answered.
+        self.acked_round = 0
+        #: How far the follower's log is on stable storage, as it last said.
+        self.synced = 0
 
     def to_probe(self) -> None:
         self.state = PROBE
@@ -175,10 +198,11 @@ class RaftCore:
                  params: RaftParams | None = None, rng: random.Random | None = None,
                  term: int = 0, vote: str | None = None, commit: int = 0,
                  snapshot: tuple[int, int] = (0, 0), applied: int | None = None,
-                 pending_changes: list[tuple[int, ConfigChange]] | None = None,
+                 log_configs: list[tuple[int, ConfigChange]] | None = None,
                  recovering: bool = False, now: float = 0.0) -> None:
-        """``membership`` is as of ``applied`` (the snapshot's, or the group's initial one);
-        ``pending_changes`` are the config entries of the log after ``applied`` (index, change).
+        """``membership`` is the snapshot's (or the group's initial one, at index 0);
+        ``log_configs`` are the config entries of the log after the snapshot (index, change): the
+        newest of them is in effect at once (thesis §4.1), whatever the commit index.
         ``recovering``: this replica lost its log (damage repaired by discarding it) and neither
         votes nor campaigns until it holds every committed entry again: until its log matches a
         leader's through that leader's commit index, at an entry of the leader's own term (only
@@ -188,9 +212,12 @@ class RaftCore:
         self.params = params or RaftParams()
         self.rng = rng or random.Random()
         self.log = RaftLog(storage, snapshot[0], snapshot[1])
-        self.membership = membership
-        #: The log index of the entry ``membership`` comes from (the snapshot's, or 0: the first one).
-        self.config_index = snapshot[0]
+        #: The configurations the log holds, oldest first: (index, membership). The first is the
+        #: snapshot's (or the group's first, at index 0), the others come from config entries. The
+        #: newest is in effect as soon as it is in the log, committed or not, and a cut of the log
+        #: takes it back with the entry (thesis §4.1): a restarted replica thus uses the newest
+        #: configuration it holds, not the one of a stale commit index.
+        self._configs: list[tuple[int, Membership]] = [(snapshot[0], membership)]
         self.term = term
         self.vote = vote
         self.state = FOLLOWER
@@ -198,14 +225,31 @@ class RaftCore:
         self.commit = max(commit, snapshot[0])
         self.commit = min(self.commit, max(self.log.last_index, snapshot[0]))
         self.applied = snapshot[0] if applied is None else applied
+        #: The highest index on stable storage on a majority, of which this member knows (never
+        #: above the commit index; equal to it for the fsync class). Nothing at or below it is
+        #: ever cut. A restart begins from the stored commit hint, which never exceeds it.
+        self.durable = self.commit
+        #: How far this member's own log is on stable storage (recovery synced what it found).
+        self._synced = self.log.last_index
+        #: Entries applied ahead of the durable index were cut (see Ready.rollback).
+        self._rollback = False
         self.recovering = recovering
-        #: Config entries in the log above the applied index, oldest first: (index, change).
-        self._pending_changes: list[tuple[int, ConfigChange]] = list(pending_changes or [])
         self.progress: dict[str, Progress] = {}
         self.votes: dict[str, bool] = {}
         self.lead_transferee: str | None = None
         self._transfer_deadline = 0.0
-        self._heard_leader_at = float("-inf")
+        # A restarted member acts as if it had just heard a leader: a leader may hold a read lease
+        # on the strength of its answers from before the restart (see _in_lease).
+        self._heard_leader_at = now if term > 0 else float("-inf")
+        #: The leader's heartbeat rounds in its term: the newest, (round, sent at) of recent ones,
+        #: the newest a majority answered, and until when that round's lease lasts.
+        self._round = 0
+        self._rounds_sent: deque[tuple[int, float]] = deque(maxlen=ROUNDS_KEPT)
+        self._confirmed_round = 0
+        self._lease_until = float("-inf")
+        #: This leader sent a TimeoutNow in its term: a transfer vote overrides the followers'
+        #: leases, so its own read lease no longer holds (reads go through ReadIndex).
+        self._lease_void = False
         self._election_deadline = 0.0
         self._heartbeat_due = 0.0
         self._quorum_check_due = 0.0
@@ -230,6 +274,18 @@ class RaftCore:
         #: leader asked for (leadership transfers).
         self.elections = 0
         self.transfer_elections = 0
+        #: Messages from another leader of this core's own term while it led (never, if safe).
+        self.foreign_leader_messages = 0
+        #: Leadership transfers given up (their target did not take over in time).
+        self.transfers_failed = 0
+        #: Set by the replica while its state machine loads a snapshot: it neither campaigns nor
+        #: obeys TimeoutNow, since as leader it could serve nothing until the load ends.
+        self.loading = False
+        #: target -> (no transfer to it before this time, the backoff that set it): transfers that failed.
+        self._transfer_backoff: dict[str, tuple[float, float]] = {}
+        for index, change in log_configs or []:
+            if index > snapshot[0]:
+                self._add_config(index, change)
         self._reset_election_deadline(now)
 
     # --- queries -----------------------------------------------------------------------------------
@@ -249,9 +305,26 @@ class RaftCore:
         return self.state == LEADER and self.commit >= self._term_start_index > 0
 
     @property
+    def membership(self) -> Membership:
+        """The configuration in effect: the newest one in the log (thesis §4.1)."""
+        return self._configs[-1][1]
+
+    @property
+    def config_index(self) -> int:
+        """The log index of the entry :attr:`membership` comes from (the snapshot's, or 0)."""
+        return self._configs[-1][0]
+
+    def membership_at(self, index: int) -> Membership:
+        """The configuration as of log index ``index`` (what a snapshot ending there records)."""
+        for at, membership in reversed(self._configs):
+            if at <= index:
+                return membership
+        raise ValueError(f"no configuration known at index {index} (the oldest is at {self._configs[0][0]})")
+
+    @property
     def change_pending(self) -> bool:
-        """A membership change is in the log and not yet applied."""
-        return bool(self._pending_changes)
+        """A membership change is in the log and not yet committed (the next one must wait)."""
+        return self._configs[-1][0] > self.commit
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has work next (the replica books its timer for it)."""
@@ -278,7 +351,7 @@ class RaftCore:
     def wants_snapshot(self, index: int, term: int) -> bool:
         """Would an :class:`~.messages.InstallSnapshot` at ``(index, term)`` replace this log?
         (Asked before a received file replaces the local snapshot.)"""
-        return index > self.commit and not self.log.match_term(index, term)
+        return index > self.durable and not self.log.match_term(index, term)
 
     def peer_unreachable(self, peer: str) -> None:
         """A message to ``peer`` could not be sent (no link, or its buffer is full): the leader
@@ -319,12 +392,16 @@ class RaftCore:
                     self._become_follower(self.term, None, now)
                     return
             if self.lead_transferee is not None and now >= self._transfer_deadline:
-                self.lead_transferee = None
                 if not self.membership.is_voter(self.id):
-                    self._hand_over(now)
+                    self._become_follower(self.term, None, now)  # its hand-over failed: the voters elect
+                    return
+                self._transfer_failed(now)
+            if self.lead_transferee is None and not self.membership.is_voter(self.id) \
+                    and self.commit >= self.config_index:
+                self._hand_over(now)
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self.params.heartbeat_s
-                self._broadcast_heartbeat()
+                self._broadcast_heartbeat(now)
             if self._lazy_due is not None and now >= self._lazy_due:
                 self._lazy_due = None
                 for peer, pr in self.progress.items():
@@ -356,6 +433,13 @@ class RaftCore:
                 self._become_follower(term, sender, now)
             else:
                 self._become_follower(term, None, now)  # an answer from a newer term
+        elif term == self.term and self.state == LEADER and isinstance(msg, (AppendEntries, Heartbeat,
+                                                                            InstallSnapshot)):
+            # Another leader of this very term: impossible while elections are safe (one vote per
+            # term). Obeying it would let two logs claim one term; the message is refused, and
+            # counted so a simulation or an operator sees it.
+            self.foreign_leader_messages += 1
+            return
         elif term < self.term:
             if isinstance(msg, (AppendEntries, Heartbeat)):
                 # A deposed leader: the answer carries the term that makes it step down (§5.1).
@@ -377,16 +461,70 @@ class RaftCore:
         elif isinstance(msg, VoteResponse):
             self._handle_vote_response(sender, msg, now)
         elif isinstance(msg, TimeoutNow):
-            if self.membership.is_voter(self.id) and not self.recovering and self.state != LEADER:
+            if self._can_campaign():
                 self._campaign(now, pre=False, transfer=True)
         elif isinstance(msg, InstallSnapshot):
             self._handle_snapshot(sender, msg, now)
 
     def _in_lease(self, now: float) -> bool:
-        """A leader is known and was heard from within the minimum election timeout."""
+        """A leader was heard from within the minimum election timeout (or this member restarted
+        that recently): candidates other than a transfer's are ignored (§T4.2.3).
+
+        This is what a leader's read lease rests on: a member that answered its heartbeat round
+        sent at ``t`` votes for nobody else before ``t`` plus the minimum election timeout on its
+        own clock, restarted or not.
+        """
         if self.state == LEADER:
             return True
-        return self.leader is not None and now - self._heard_leader_at < self.params.election_min_s
+        return now - self._heard_leader_at < self.params.election_min_s
+
+    # --- reads (§T6.4) ---------------------------------------------------------------------------
+
+    @property
+    def lease_s(self) -> float:
+        """How long after sending a heartbeat round a majority answered the leader may serve reads
+        on that round alone: the minimum election timeout less the clock drift bound."""
+        p = self.params
+        return p.election_min_s * (1.0 - p.clock_drift_max)
+
+    def lease_valid(self, now: float) -> bool:
+        """This leader may answer a read from its state now, without a round of messages: a
+        majority answered a heartbeat round sent less than :attr:`lease_s` ago, so no other leader
+        can have been elected since (none of them votes for another before its lease ends), and
+        it has committed an entry of its term (its state holds every earlier commit once applied).
+        """
+        return (self.state == LEADER and not self._lease_void and now < self._lease_until
+                and self.read_ready and self.membership.is_voter(self.id))
+
+    def read_index(self, now: float) -> int:
+        """Start a heartbeat round now and return its number: once :meth:`confirmed` says a
+        majority answered it, this core still led when the round left, so a read that arrived
+        before this call may be answered from the state applied up to the commit index of then
+        (ReadIndex, §T6.4). Raises :class:`NotLeader`."""
+        if self.state != LEADER:
+            raise NotLeader(self.leader)
+        self._heartbeat_due = now + self.params.heartbeat_s
+        self._broadcast_heartbeat(now)
+        return self._round
+
+    def confirmed(self, round_: int) -> bool:
+        """A majority of voters answered heartbeat round ``round_`` (or a later one) of this term."""
+        return self.state == LEADER and self._confirmed_round >= round_ and self.read_ready
+
+    def _update_lease(self) -> None:
+        voters = self.membership.voters
+        progress = self.progress
+        rounds = sorted((self._round if v == self.id else (progress[v].acked_round if v in progress else 0)
+                         for v in voters), reverse=True)
+        if not rounds:
+            return
+        q = rounds[self.membership.quorum() - 1]
+        if q > self._confirmed_round:
+            self._confirmed_round = q
+            for r, sent in self._rounds_sent:
+                if r == q:
+                    self._lease_until = max(self._lease_until, sent + self.lease_s)
+                    break
 
     def propose(self, payload: bytes, now: float, *, lazy: bool = False) -> int:
         """Append ``payload`` as a new entry on the leader; return its index.
@@ -398,6 +536,8 @@ class RaftCore:
             raise NotLeader(self.leader)
         if self.lead_transferee is not None:
             raise ProposalRefused(f"leadership is being transferred to {self.lead_transferee}")
+        if not self.membership.is_voter(self.id):
+            raise ProposalRefused("this leader is leaving its group")
         index = self.log.last_index + 1
         self.log.unstable.append((payload, index, self.term))
         if lazy:
@@ -439,8 +579,10 @@ class RaftCore:
             raise NotLeader(self.leader)
         if not self.read_ready:
             raise ProposalRefused("the leader has not committed an entry of its term yet")
-        if self._pending_changes:
-            raise ProposalRefused(f"a membership change is pending at index {self._pending_changes[0][0]}")
+        if self.change_pending:
+            raise ProposalRefused(f"a membership change is pending at index {self.config_index}")
+        if self.lead_transferee is not None:
+            raise ProposalRefused(f"leadership is being transferred to {self.lead_transferee}")
         try:
             change = ConfigChange(change.kind, change.node, self.membership.apply(change))
         except ConfigError as exc:
@@ -449,30 +591,59 @@ class RaftCore:
             raise ProposalRefused("the leader cannot remove or demote itself; transfer leadership first")
         index = self.log.last_index + 1
         self.log.append([(encode_change(change), index, self.term)])
-        self._pending_changes.append((index, change))
+        self._add_config(index, change)
+        self._membership_changed()
         self._broadcast_append()
         return index
 
     def transfer_leadership(self, target: str, now: float) -> None:
-        """Hand leadership to voter ``target`` once it has the whole log (§T3.10)."""
+        """Hand leadership to voter ``target`` once it has the whole log (§T3.10).
+
+        Bounded: proposals wait while a transfer runs, so it is given up after
+        :attr:`RaftParams.transfer_timeout_s` and never extended (asking again for the same
+        target changes nothing; another target is refused meanwhile). Only a voter that
+        answered within :attr:`RaftParams.transfer_heard_s` is a target (a paused or cut-off
+        node keeps its TCP link up but answers nothing), and a target whose transfer failed is
+        refused for a backoff that doubles with each failure. Raises :class:`ProposalRefused`.
+        """
         if self.state != LEADER or target == self.id:
             return
+        if self.lead_transferee is not None:
+            if self.lead_transferee == target:
+                return
+            raise ProposalRefused(f"a transfer to {self.lead_transferee} is under way")
         if not self.membership.is_voter(target) or target not in self.progress:
             raise ProposalRefused(f"{target} is not a voter of this group")
+        pr = self.progress[target]
+        if now - pr.answered_at > self.params.transfer_heard_s:
+            raise ProposalRefused(f"{target} has not answered for {now - pr.answered_at:.1f} s")
+        backoff = self._transfer_backoff.get(target)
+        if backoff is not None and now < backoff[0]:
+            raise ProposalRefused(f"a transfer to {target} failed lately; not before {backoff[0] - now:.1f} s")
         self.lead_transferee = target
         self._transfer_deadline = now + self.params.transfer_timeout_s
-        pr = self.progress[target]
         if pr.match == self.log.last_index:
-            self._send(target, TimeoutNow(self.term))
+            self._send_timeout_now(target)
         else:
             self._send_append(target, pr)
 
-    def persisted(self, index: int) -> None:
-        """The replica's own log is durable up to ``index`` (the leader counts itself to there)."""
+    def persisted(self, index: int, synced: bool = True) -> None:
+        """The replica's own log counts toward the commit up to ``index``: synced there, or (not
+        ``synced``) appended there with nothing after the durable index but disk-class entries."""
         if index > self._persisted:
             self._persisted = index
             if self.state == LEADER:
                 self._maybe_commit()
+        if synced:
+            self.synced_to(index)
+
+    def synced_to(self, index: int) -> None:
+        """The replica's own log is on stable storage up to ``index`` (its syncs say so)."""
+        index = min(index, self.log.last_index)
+        if index > self._synced:
+            self._synced = index
+            if self.state == LEADER:
+                self._maybe_durable()
 
     def snapshot_done(self, peer: str, ok: bool, now: float) -> None:
         """The leader's snapshot stream to ``peer`` ended: the peer is probed again.
@@ -498,19 +669,40 @@ class RaftCore:
         if index > self.applied:
             raise ValueError(f"snapshot at {index} beyond the applied index {self.applied}")
         self.log.compacted(index, term)
+        configs = self._configs
+        keep = max(k for k, (at, _) in enumerate(configs) if at <= index)
+        del configs[:keep]
+
+    def _transfer_failed(self, now: float) -> None:
+        """The transfer under way timed out: proposals resume, and its target waits a backoff."""
+        target = self.lead_transferee
+        self.lead_transferee = None
+        if target is None:
+            return
+        last = self._transfer_backoff.get(target)
+        p = self.params
+        backoff = min(p.transfer_backoff_max_s, 2 * last[1]) if last is not None else p.transfer_backoff_min_s
+        self._transfer_backoff[target] = (now + backoff, backoff)
+        self.transfers_failed += 1
 
     # --- Ready -----------------------------------------------------------------------------------------
 
     def has_ready(self) -> bool:
         log = self.log
         return bool(self._msgs or log.unstable or log.truncate_from is not None or log.reset_to is not None
-                    or self.commit > self.applied or self._snap_requests
+                    or self._apply_limit() > self.applied or self._snap_requests or self._rollback
                     or self._hard_state[0] != self.term or self._hard_state[1] != self.vote)
 
     def ready(self, committed_max: int = 1024) -> Ready:
         """Collect the work left by the last inputs (see :class:`Ready`); the core counts it done."""
         log = self.log
-        rd = Ready(commit=self.commit)
+        # Before the entries handed out below leave the unstable tail (storage holds them only
+        # once the replica appended them).
+        assert self.applied <= self.commit <= max(log.last_index, log.snap_index), \
+            f"applied {self.applied}, commit {self.commit}, log ends at {log.last_index}"
+        assert self.durable <= self.commit, f"durable {self.durable} beyond the commit index {self.commit}"
+        rd = Ready(commit=self.commit, durable=self.durable, rollback=self._rollback)
+        self._rollback = False
         if self._hard_state[0] != self.term or self._hard_state[1] != self.vote:
             rd.hard_state = HardState(self.term, self.vote)
             self._hard_state = (self.term, self.vote)
@@ -533,6 +725,8 @@ class RaftCore:
         self._unstable_lazy = None
         if self.state != LEADER:
             self._persisted = log.last_index  # a follower's appends are durable before its answers leave
+            if rd.entries and not rd.lazy:
+                self._synced = max(self._synced, log.last_index)
         rd.messages, self._msgs = self._msgs, []
         if self._snap_requests:
             rd.snapshot_requests, self._snap_requests = self._snap_requests, []
@@ -541,12 +735,18 @@ class RaftCore:
     def take_committed(self, committed_max: int = 1024) -> list[Entry]:
         """The committed entries not yet handed out (at most ``committed_max``), counted applied:
         :meth:`ready`'s, or a lone leader's right after its own sync committed them."""
-        if self.commit <= self.applied:
+        limit = self._apply_limit()
+        if limit <= self.applied:
             return []
-        entries = self.log.entries(self.applied + 1, min(self.commit, self.applied + committed_max) + 1)
+        entries = self.log.entries(self.applied + 1, min(limit, self.applied + committed_max) + 1)
         if entries:
             self._applied_to(entries[-1][1])
         return entries
+
+    def _apply_limit(self) -> int:
+        """How far entries are handed out to be applied: the leader's commit index (a disk-class
+        entry answers its client once a majority appended it), a follower's durable index."""
+        return self.commit if self.state == LEADER else min(self.commit, self.durable)
 
     def advance(self, rd: Ready) -> None:
         """The replica has done what ``rd`` asked (the core counted it done in :meth:`ready`;
@@ -575,6 +775,7 @@ class RaftCore:
             log.truncate_from = last_stored + 1 if log.truncate_from is None else min(log.truncate_from, last_stored + 1)
             log.unstable = []
             self._persisted = min(self._persisted, last_stored)
+            self._synced = min(self._synced, last_stored)
             self._changes_cut_from(last_stored + 1)
         if self.state == LEADER:
             self._become_follower(self.term, None, now)
@@ -586,7 +787,19 @@ class RaftCore:
         self._election_deadline = now + p.election_min_s + self.rng.random() * (p.election_max_s - p.election_min_s)
 
     def _can_campaign(self) -> bool:
-        return self.membership.is_voter(self.id) and not self.recovering and self.state != LEADER
+        return (self.membership.is_voter(self.id) or self._removal_pending()) and not self.recovering \
+            and not self.loading and self.state != LEADER
+
+    def _removal_pending(self) -> bool:
+        """The newest configuration, not yet committed, removed or demoted this voter.
+
+        Such a node still campaigns and may lead (thesis §4.2.2: a leader manages a configuration
+        it is no voter of until that commits): the others may lack the entry while its log is
+        ahead of theirs, and only it can then be elected.
+        """
+        configs = self._configs
+        return (len(configs) > 1 and configs[-1][0] > self.commit and configs[-2][1].is_voter(self.id)
+                and not configs[-1][1].is_voter(self.id))
 
     def _campaign(self, now: float, pre: bool, transfer: bool = False) -> None:
         if pre:
@@ -622,11 +835,14 @@ class RaftCore:
         return refused > len(self.membership.voters) - self.membership.quorum()
 
     def _handle_vote(self, sender: str, msg: RequestVote, now: float) -> None:
-        # A node that is no voter of its own configuration still votes (thesis §4.1: requests are
-        # handled without consulting one's own configuration): the others take a change when
-        # they apply it, so theirs may still count this node, and a group that needs its vote
-        # (its leader just applied its own removal) could otherwise elect nobody.
-        if not self.membership.is_voter(sender) or self.recovering:
+        # A vote request is answered without consulting this node's configuration (thesis §4.1),
+        # neither its own place in it nor the candidate's: the candidate counts the votes of its
+        # own configuration, which may be one change ahead of or behind this one (a candidate
+        # holding its own uncommitted removal, or this node lacking the entry that promoted the
+        # candidate), and refusing it can leave the group unable to elect anyone. A removed
+        # node cannot win: a majority of its configuration holds the entries it lacks, and the
+        # lease keeps it from disrupting a group that hears its leader.
+        if self.recovering:
             self._send(sender, VoteResponse(self.term, False, pre=msg.pre))
             return
         up_to_date = self.log.is_up_to_date(msg.last_index, msg.last_term)
@@ -660,6 +876,7 @@ class RaftCore:
             self._become_follower(self.term, None, now)
 
     def _become_follower(self, term: int, leader: str | None, now: float) -> None:
+        assert term >= self.term, f"term {term} below the current {self.term}"
         if term > self.term:
             self.term = term
             self.vote = None
@@ -675,6 +892,11 @@ class RaftCore:
         self.state = LEADER
         self.leader = self.id
         self.lead_transferee = None
+        self._transfer_backoff = {}
+        self._round = self._confirmed_round = 0
+        self._rounds_sent.clear()
+        self._lease_until = float("-inf")
+        self._lease_void = False
         last = self.log.last_index
         self.progress = {peer: Progress(last + 1, not self.membership.is_voter(peer))
                          for peer in self.membership.members if peer != self.id}
@@ -730,7 +952,7 @@ class RaftCore:
             pr.lazy = False
         lazy = bool(entries) and bool(self._lazy_indexes) and all(e[1] in self._lazy_indexes for e in entries)
         commit = self.commit
-        self._send(peer, AppendEntries(self.term, prev, prev_term, commit, entries, lazy))
+        self._send(peer, AppendEntries(self.term, prev, prev_term, commit, entries, lazy, self.durable))
         self._sent_since_commit = True
         if entries:
             sent_last = entries[-1][1]
@@ -756,7 +978,7 @@ class RaftCore:
         pr = self.progress.get(sender)
         if pr is not None:
             pr.recent_active = True
-            pr.last_heard = now
+            pr.last_heard = pr.answered_at = now
         return pr
 
     def _handle_append_response(self, sender: str, msg: AppendResponse, now: float) -> None:
@@ -797,10 +1019,13 @@ class RaftCore:
             self._send_append(sender, pr)
             return
         index = msg.index
+        assert index <= self.log.last_index, f"{sender} matches {index}, beyond this leader's log {self.log.last_index}"
         if index > pr.match:
             pr.match = index
         if index + 1 > pr.next:
             pr.next = index + 1
+        if msg.synced > pr.synced:
+            pr.synced = msg.synced
         if pr.state == PROBE:
             pr.state = REPLICATE
             pr.paused = False
@@ -814,16 +1039,24 @@ class RaftCore:
         inflight = pr.inflight
         while inflight and inflight[0] <= index:
             inflight.popleft()
-        if self._maybe_commit():
+        if self._maybe_commit() | (self.durable < self.commit and self._maybe_durable()):
             self._announce_commit(now)
         if self.lead_transferee == sender and pr.match == self.log.last_index:
-            self._send(sender, TimeoutNow(self.term))
+            self._send_timeout_now(sender)
         self._send_append(sender, pr)
 
     def _handle_heartbeat_response(self, sender: str, msg: HeartbeatResponse, now: float) -> None:
         pr = self._heard_from(sender, msg.term, now)
         if pr is None:
             return
+        if msg.round > pr.acked_round:
+            pr.acked_round = msg.round
+            if not pr.learner:
+                self._update_lease()
+        if msg.synced > pr.synced:
+            pr.synced = min(msg.synced, pr.match)
+            if self._maybe_durable():
+                self._announce_commit(now)
         if pr.state == PROBE:
             pr.paused = False
         elif pr.state == REPLICATE and len(pr.inflight) >= self.params.inflight_max:
@@ -833,10 +1066,15 @@ class RaftCore:
             # it must answer (its last message was lost, and nothing newer reveals the gap).
             self._send_append(sender, pr, force=True)
 
-    def _broadcast_heartbeat(self) -> None:
+    def _broadcast_heartbeat(self, now: float) -> None:
+        self._round += 1
+        self._rounds_sent.append((self._round, now))
         commit = self.commit
+        round_ = self._round
+        durable = self.durable
         for peer, pr in self.progress.items():
-            self._send(peer, Heartbeat(self.term, min(pr.match, commit), commit))
+            self._send(peer, Heartbeat(self.term, min(pr.match, commit), commit, round_, min(pr.match, durable)))
+        self._update_lease()  # a lone voter is its own majority
 
     def _maybe_commit(self) -> bool:
         """Advance the commit index to what a majority of voters holds, of the current term (§5.4.2)."""
@@ -848,10 +1086,35 @@ class RaftCore:
         matches.sort(reverse=True)
         candidate = matches[self.membership.quorum() - 1]
         if candidate > self.commit and self.log.term(candidate) == self.term:
+            assert candidate <= self.log.last_index, f"commit {candidate} beyond the log's end {self.log.last_index}"
+            pending = self.change_pending
             self.commit = candidate
             self._sent_since_commit = False
+            if pending and not self.change_pending:
+                self._membership_changed()  # the change committed: members it removed are dropped
             return True
         return False
+
+    def _maybe_durable(self) -> bool:
+        """Advance the durable index to what a majority of voters holds on stable storage, of the
+        current term (§5.4.2), within the commit index."""
+        voters = self.membership.voters
+        progress = self.progress
+        synced = sorted((self._synced if v == self.id else (min(progress[v].synced, progress[v].match)
+                                                            if v in progress else 0) for v in voters), reverse=True)
+        if not synced:
+            return False
+        candidate = min(synced[self.membership.quorum() - 1], self.commit)
+        if candidate > self.durable and self.log.term(candidate) == self.term:
+            self._durable_to(candidate)
+            return True
+        return False
+
+    def _durable_to(self, index: int) -> None:
+        if index > self.durable:
+            self.durable = index
+            if self.commit < index:
+                self.commit = index  # durable on a majority: committed, whichever leader said it
 
     def _announce_commit(self, now: float) -> None:
         """Followers learn a new commit index from the next AppendEntries; if none leaves within
@@ -871,11 +1134,14 @@ class RaftCore:
                 self._send(sender, AppendResponse(self.term, prev, reject=True, hint_index=log.last_index,
                                                   hint_term=log.last_term))
                 return
-        commit = self.commit
-        if prev < commit:
-            # Entries up to the commit index are committed, so they match every leader's log (§5.4).
-            entries = entries[commit - prev:]
-            prev = commit
+        durable = self.durable
+        if prev < durable:
+            # Entries up to the durable index are on stable storage on a majority, so they are in
+            # every later leader's log (§5.4). Committed disk-class entries past it are not: a
+            # power cut may lose them where they were not synced, and a new leader may hold
+            # another entry at their index, so they are checked like any other.
+            entries = entries[durable - prev:]
+            prev = durable
         elif not log.match_term(prev, msg.prev_term):
             hint_index, hint_term = log.find_conflict_by_term(min(prev, log.last_index), msg.prev_term)
             self._send(sender, AppendResponse(self.term, prev, reject=True, hint_index=hint_index,
@@ -886,21 +1152,45 @@ class RaftCore:
             if conflict:
                 new = entries[conflict - prev - 1:]
                 if conflict <= log.last_index:
+                    self._cut_from(conflict)
                     log.truncate_and_append(new)
-                    self._changes_cut_from(conflict)
                 else:
                     log.unstable.extend(new)
                 self._note_changes(new)
                 lazy = self._unstable_lazy
                 self._unstable_lazy = msg.lazy if lazy is None else (lazy and msg.lazy)
         match = prev + len(entries)
-        if msg.commit > commit:
+        if msg.commit > self.commit:
             new_commit = min(msg.commit, match)
-            if new_commit > commit:
+            if new_commit > self.commit:
                 self.commit = new_commit
+        if msg.durable > self.durable:
+            self._durable_to(min(msg.durable, match))
         if self.recovering and msg.commit <= match and log.term(msg.commit) == self.term:
             self.recovering = False
-        self._send(sender, AppendResponse(self.term, match))
+        if entries and not self._unstable_lazy:
+            # What this message appended is fsync class (or follows such entries in this Ready):
+            # the journal is synced, through its end, before this answer leaves.
+            self._synced = max(self._synced, log.last_index)
+        self._send(sender, AppendResponse(self.term, match, synced=min(self._synced, match)))
+
+    def _cut_from(self, index: int) -> None:
+        """Entries from ``index`` on conflict with the leader's and leave the log.
+
+        Only entries past the durable index are cut. Those a leader applied before they were
+        durable (committed disk-class entries) may be among them: the state machine is then
+        taken back to the snapshot and the entries up to the durable index applied again
+        (:attr:`Ready.rollback`), so no replica keeps the effect of an entry no leader holds.
+        """
+        assert index > self.durable, f"a cut at {index}, at or below the durable index {self.durable}"
+        self._changes_cut_from(index)
+        self._synced = min(self._synced, index - 1)
+        self._persisted = min(self._persisted, index - 1)
+        if self.commit >= index:
+            self.commit = index - 1  # committed there only in the disk class, and lost since
+        if self.applied >= index:
+            self.applied = self.log.snap_index
+            self._rollback = True
 
     def _find_conflict(self, entries: list[Entry]) -> int:
         """Index of the first entry that is new or conflicts (0: the log already holds them all)."""
@@ -916,11 +1206,13 @@ class RaftCore:
         self._heard_from_leader(sender, now)
         if msg.commit > self.commit:
             self.commit = min(msg.commit, self.log.last_index)
+        if msg.durable > self.durable:
+            self._durable_to(min(msg.durable, self.log.last_index))
         if self.recovering and msg.commit >= msg.leader_commit > 0 and self.log.term(msg.commit) == self.term:
             # The leader knows this log matches its own through its whole commit index, at an
             # entry of its own term (so it covers every earlier term's commits): all of them are here.
             self.recovering = False
-        self._send(sender, HeartbeatResponse(self.term))
+        self._send(sender, HeartbeatResponse(self.term, msg.round, self._synced))
 
     def _heard_from_leader(self, sender: str, now: float) -> None:
         if self.state != FOLLOWER:
@@ -933,96 +1225,113 @@ class RaftCore:
         self._heard_from_leader(sender, now)
         index, term = msg.index, msg.snap_term
         log = self.log
-        if index <= self.commit:
-            self._send(sender, AppendResponse(self.term, self.commit))
+        if index <= self.durable:
+            self._send(sender, AppendResponse(self.term, self.durable, synced=self.durable))
             return
         if log.match_term(index, term):
-            # The log already holds the snapshot's last entry: only the commit index moves.
-            self.commit = index
-            self._send(sender, AppendResponse(self.term, index))
+            # The log already holds the snapshot's last entry: only the commit and durable indexes
+            # move (a leader's snapshot never covers more than its durable index).
+            self.commit = max(self.commit, index)
+            self._durable_to(index)
+            self._send(sender, AppendResponse(self.term, index, synced=min(self._synced, index)))
             return
         try:
             membership = Membership.from_wire(msg.config)
         except ConfigError:
-            self._send(sender, AppendResponse(self.term, self.commit))
+            self._send(sender, AppendResponse(self.term, self.durable, synced=self.durable))
             return
         log.restore(index, term)
-        self.commit = index
-        self.applied = index
-        self.membership = membership
-        self.config_index = index
-        self._pending_changes = []
-        self._persisted = index  # still recovering until an append or heartbeat proves the leader's commit
-        self._send(sender, AppendResponse(self.term, index))
+        self.commit = self.applied = index
+        self._durable_to(index)
+        self._rollback = False  # the state machine is loaded from the snapshot anyway
+        self._configs = [(index, membership)]
+        self._persisted = self._synced = index  # recovering until an append or heartbeat proves the leader's commit
+        self._send(sender, AppendResponse(self.term, index, synced=index))
 
     # --- membership -----------------------------------------------------------------------------
+
+    def _add_config(self, index: int, change: ConfigChange) -> None:
+        """A config entry at ``index`` is in the log: its configuration is in effect from now on.
+
+        A configuration differs from the one before it by one member at most (single-server
+        changes, thesis §4.1): that is what makes every majority of the old one meet every
+        majority of the new one.
+        """
+        before = self._configs[-1]
+        assert index > before[0], f"config entry {index} does not follow the one at {before[0]}"
+        after = change.result if change.result is not None else before[1].apply(change)
+        changed = set(before[1].voters) ^ set(after.voters)
+        # (A joiner starts knowing no configuration: its first config entry tells it the whole one.)
+        assert len(changed) <= 1 or not before[1].voters, f"config entry {index} changes voters {sorted(changed)} at once"
+        self._configs.append((index, after))
 
     def _note_changes(self, entries: list[Entry]) -> None:
         for payload, index, _ in entries:
             if payload[:1] == _CONFIG_BYTE:
                 try:
-                    self._pending_changes.append((index, decode_change(payload)))
+                    change = decode_change(payload)
                 except ConfigError:
-                    pass  # a malformed change is applied as a no-op (the leader never writes one)
+                    continue  # a malformed change is a no-op (the leader never writes one)
+                self._add_config(index, change)
 
     def _changes_cut_from(self, index: int) -> None:
-        self._pending_changes = [(i, c) for i, c in self._pending_changes if i < index]
+        """Entries from ``index`` on left the log: so do the configurations they carried."""
+        configs = self._configs
+        while len(configs) > 1 and configs[-1][0] >= index:
+            configs.pop()
+        assert configs[-1][0] < index, f"a cut at {index} reaches the snapshot's configuration"
 
     def _applied_to(self, index: int) -> None:
-        """The entries up to ``index`` are handed out for applying: config entries take effect."""
+        """The entries up to ``index`` are handed out for applying."""
+        assert index <= self._apply_limit(), f"applying {index} beyond {self._apply_limit()}"
         self.applied = index
-        changes = self._pending_changes
-        while changes and changes[0][0] <= index:
-            at, change = changes.pop(0)
-            if change.result is not None:
-                self.membership = change.result
-            else:
-                try:
-                    self.membership = self.membership.apply(change)
-                except ConfigError:
-                    continue
-            self.config_index = at
-            self._membership_changed()
 
     def _membership_changed(self) -> None:
-        members = self.membership.members
-        if self.state == LEADER:
-            last = self.log.last_index
-            for peer in members:
-                if peer != self.id and peer not in self.progress:
-                    pr = self.progress[peer] = Progress(last + 1, not self.membership.is_voter(peer))
-                    pr.last_heard = float("-inf")
-            for peer in list(self.progress):
-                if peer not in members:
-                    del self.progress[peer]
-                else:
-                    self.progress[peer].learner = not self.membership.is_voter(peer)
-            if not self.membership.is_voter(self.id):
-                self._hand_over(float("-inf"))  # no clock here: the next tick sets the deadline
-                return
-            self._maybe_commit()
-            self._broadcast_append()
+        """The leader's configuration changed (its own config entry): followers and quorum follow."""
+        if self.state != LEADER:
+            return
+        membership = self.membership
+        last = self.log.last_index
+        for peer in membership.members:
+            if peer != self.id and peer not in self.progress:
+                self.progress[peer] = Progress(last + 1, not membership.is_voter(peer))
+        # A member the change removed still gets the log until the change commits, so it learns
+        # of its removal (it counts for nothing meanwhile).
+        kept = set(self._configs[-2][1].members) if self.change_pending and len(self._configs) > 1 else set()
+        for peer in list(self.progress):
+            if peer not in membership.members and peer not in kept:
+                del self.progress[peer]
+            else:
+                self.progress[peer].learner = not membership.is_voter(peer)
+        self._maybe_commit()
 
     def _hand_over(self, now: float) -> None:
-        """This leader is no voter any more (it applied its own removal or demotion): it hands
-        leadership to the voter holding the most of its log, and steps down only if there is none.
-
-        Stepping down at once (thesis §4.2.2) can strand the group: the others take the new
-        configuration when they apply it, so until they learn the commit they may need this
-        node's vote, which a newer entry of its own makes it refuse, while it may not campaign.
-        Meanwhile it replicates and commits with the voters' acknowledgements and takes no
-        proposals (a transfer is under way); a transfer that times out is tried again.
-        """
+        """This leader is no voter of its committed configuration (it was elected holding its own
+        removal): it tells the voter holding the most of its log to campaign at once (§T3.10), and
+        steps down if that has not happened within the transfer timeout."""
         voters = [(pr.match, peer) for peer, pr in self.progress.items() if not pr.learner]
         if not voters:
             self._become_follower(self.term, None, now)
             return
-        self.transfer_leadership(max(voters)[1], now)
+        target = max(voters)[1]
+        self.lead_transferee = target
+        self._transfer_deadline = now + self.params.transfer_timeout_s
+        pr = self.progress[target]
+        if pr.match == self.log.last_index:
+            self._send_timeout_now(target)
+        else:
+            self._send_append(target, pr)
 
     # --- sending -------------------------------------------------------------------------------
 
     def _send(self, peer: str, msg: Message) -> None:
         self._msgs.append((peer, msg))
+
+    def _send_timeout_now(self, target: str) -> None:
+        """Tell ``target`` to campaign now. Its transfer vote is granted during the others' leases,
+        so from here on this leader's read lease does not hold in this term."""
+        self._lease_void = True
+        self._send(target, TimeoutNow(self.term))
 
     def __repr__(self) -> str:
         return f"RaftCore({self.id} {self.state} term={self.term} commit={self.commit} last={self.log.last_index})"

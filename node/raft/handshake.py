@@ -51,9 +51,10 @@ __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "Handsh
            "HANDSHAKE_FRAME_BYTES_MAX", "NONCE_BYTES", "INCARNATION_BYTES_MAX", "RejectReason", "PeerPolicy",
            "accept_any_incarnation", "expect_incarnations"]
 
-#: Names the link's version: 3 = incarnations in the handshake and the listener's WELCOME
-#: (2 had neither; 1 MACed every frame with HMAC-SHA256).
-MAGIC = b"SHR3"
+#: Names the link's version: 4 = Raft messages with the durable index, heartbeat rounds and synced
+#: indexes (3 had incarnations in the handshake and the listener's WELCOME; 2 had neither; 1
+#: MACed every frame with HMAC-SHA256).
+MAGIC = b"SHR4"
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 #: The largest handshake frame either side accepts (ids, incarnations and the cluster id are short).

@@ -48,13 +48,16 @@ class _Msg(msgspec.Struct, array_like=True, tag_field="t", frozen=True, gc=False
 class AppendEntries(_Msg, tag=1, frozen=True, gc=False):
     """Entries ``prev_index + 1 …`` from the leader (none: a probe). ``commit`` is the leader's
     commit index; a follower commits at most up to the last entry this message proved matching.
-    ``lazy``: every entry is of the disk durability class (the follower need not sync first)."""
+    ``lazy``: every entry is of the disk durability class (the follower need not sync first).
+    ``durable``: the leader's durable index (entries on stable storage on a majority), which a
+    follower applies up to and never cuts below."""
 
     prev_index: int
     prev_term: int
     commit: int
     entries: list[tuple[bytes, int, int]]
     lazy: bool = False
+    durable: int = 0
 
 
 class AppendResponse(_Msg, tag=2, frozen=True, gc=False):
@@ -65,6 +68,7 @@ class AppendResponse(_Msg, tag=2, frozen=True, gc=False):
     at or below it, so the leader skips a whole conflicting term at once. ``lost``: the
     follower discarded a damaged log (it is recovering), so entries it acknowledged before
     may be gone: the leader takes ``hint_index`` as its match index even below the old one.
+    ``synced``: how far the follower's log is on stable storage as this answer leaves.
     """
 
     index: int
@@ -72,6 +76,7 @@ class AppendResponse(_Msg, tag=2, frozen=True, gc=False):
     hint_index: int = 0
     hint_term: int = 0
     lost: bool = False
+    synced: int = 0
 
 
 class RequestVote(_Msg, tag=3, frozen=True, gc=False):
@@ -96,14 +101,22 @@ class Heartbeat(_Msg, tag=5, frozen=True, gc=False):
     """The leader is alive. ``commit`` is at most what this follower is known to match, so a
     heartbeat never commits an entry that was not checked against the leader's log;
     ``leader_commit`` is the leader's own commit index (a recovering follower that matches
-    through it holds every committed entry)."""
+    through it holds every committed entry); ``round`` numbers the leader's heartbeat rounds
+    of its term (the answer names it: the leader's read lease and ReadIndex count them);
+    ``durable`` the leader's durable index, at most what this follower is known to match."""
 
     commit: int
     leader_commit: int = 0
+    round: int = 0
+    durable: int = 0
 
 
 class HeartbeatResponse(_Msg, tag=6, frozen=True, gc=False):
-    """Answer to :class:`Heartbeat`: the follower counts this leader in its term."""
+    """Answer to :class:`Heartbeat`: the follower counts this leader in its term, as of the
+    heartbeat round ``round``; its log is on stable storage up to ``synced``."""
+
+    round: int = 0
+    synced: int = 0
 
 
 class TimeoutNow(_Msg, tag=7, frozen=True, gc=False):

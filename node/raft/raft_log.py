@@ -218,11 +218,15 @@ class RaftLog:
     def append(self, entries: list[Entry]) -> None:
         """Append entries following :attr:`last_index`."""
         if entries:
+            assert entries[0][1] == self.last_index + 1 and entries[-1][1] == entries[0][1] + len(entries) - 1, \
+                f"entries {entries[0][1]}..{entries[-1][1]} do not follow {self.last_index}"
             self.unstable.extend(entries)
 
     def truncate_and_append(self, entries: list[Entry]) -> None:
         """Append ``entries``, first cutting every entry from ``entries[0]``'s index on (a §5.3 conflict)."""
         first = entries[0][1]
+        assert first <= self.last_index + 1 and entries[-1][1] == first + len(entries) - 1, \
+            f"entries {first}..{entries[-1][1]} leave a gap after {self.last_index}"
         unstable = self.unstable
         if unstable and first >= unstable[0][1]:
             del unstable[first - unstable[0][1]:]

@@ -31,6 +31,7 @@ votes nor campaigns until a leader has brought it back in line, by log or snapsh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pickle
@@ -95,6 +96,9 @@ LAZY_SEND_S = 0.005
 FAST_FOLLOWER_S = 0.01
 #: A leader that has not heard from a majority for this long steps down.
 CHECK_QUORUM_S = 2.0
+#: A leadership transfer goes only to a voter that answered within this long (a paused node
+#: keeps its links up and answers nothing).
+TRANSFER_HEARD_S = 0.5
 TIMING_GROUPS_BASE = 256
 #: At start the preferred replica (first in placement) campaigns after this; the others only
 #: after a full election timeout more, so leaders start where the balancer wants them.
@@ -112,6 +116,12 @@ STREAM_HOLD_ENTRIES_MAX = 1_000_000
 #: next (a newer snapshot taken meanwhile would otherwise cut them, and the follower is sent
 #: that one, and so on while the writes go on).
 CATCH_UP_HOLD_S = 60.0
+#: Reads that may wait for a ReadIndex round at once (OVERLOADED beyond), and how long one waits
+#: before it is answered NO_LEADER (a leader that hears no majority steps down sooner).
+READ_WAITERS_MAX = 10_000
+READ_CONFIRM_TIMEOUT_S = 3.0
+#: A written snapshot waits under the snapshot's name plus this until it may replace it.
+NEXT_SUFFIX = ".next"
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -132,7 +142,8 @@ def raft_params(scale: float = 1.0) -> RaftParams:
     """The core's settings for a node hosting groups at timing ``scale``."""
     return RaftParams(heartbeat_s=HEARTBEAT_S * scale, election_min_s=ELECTION_TIMEOUT_MIN_S * scale,
                       election_max_s=ELECTION_TIMEOUT_MAX_S * scale, check_quorum_s=CHECK_QUORUM_S * scale,
-                      transfer_timeout_s=ELECTION_TIMEOUT_MAX_S * scale, lazy_send_s=LAZY_SEND_S,
+                      transfer_timeout_s=ELECTION_TIMEOUT_MAX_S * scale,
+                      transfer_heard_s=TRANSFER_HEARD_S * scale, lazy_send_s=LAZY_SEND_S,
                       fast_follower_s=FAST_FOLLOWER_S)
 
 
@@ -220,7 +231,9 @@ class PartitionReplica:
         self._io = self.storage.io
         self.settings = snapshot_settings or SnapshotSettings.from_env()
         self.snapshot_path = os.path.join(data_dir, f"p{partition}.snap")
-        self.snapshots = snapshotter(self.snapshot_path, partition, self._io, self.settings)
+        # Snapshots are written beside the current one and replace it once the durable index
+        # reaches them (_snapshot_written).
+        self.snapshots = snapshotter(self.snapshot_path + NEXT_SUFFIX, partition, self._io, self.settings)
         self.snapshots.on_slot = self.snapshot_now
         self._receiver = SnapshotReceiver(self.snapshot_path, self._io, partition)
         self._senders: dict[str, SnapshotSender] = {}
@@ -231,6 +244,12 @@ class PartitionReplica:
         #: Byte rates every snapshot stream of this replica obeys (per stream, plus any shared ones).
         self._shared_rates = snapshot_rates or []
         self._pending: dict[int, _Proposal] = {}
+        #: The journal's synced index when _count_synced last looked.
+        self._synced_seen = -1
+        #: Reads waiting for a ReadIndex round: not yet in one, and (round, started at, callbacks).
+        self._read_waiters: list[Callable[[bool], None]] = []
+        self._read_rounds: deque[tuple[int, float, list[Callable[[bool], None]]]] = deque()
+        self._read_round_booked = False
         self._tick_tail: list[tuple[Callable[..., None], tuple[Any, ...]]] | None = None
         self._processing = False
         self._again = False
@@ -250,6 +269,11 @@ class PartitionReplica:
         self._elections_logged = 0
         self.damage: str | None = None
         self.installs = 0
+        #: Times the state machine was taken back to its snapshot (see _roll_back).
+        self.rollbacks = 0
+        #: A snapshot written, waiting for the durable index to reach it before it replaces the
+        #: current one (see _snapshot_written).
+        self._next_snapshot: SnapshotFile | None = None
         self._snapshot_bytes_sent = 0
         self.member = member or self.node_id
         self._member_of = member_of or _same_id
@@ -259,7 +283,11 @@ class PartitionReplica:
         self._senders_by_node: dict[str, str | None] = {}
         if membership is None:
             membership = Membership.of([self.member, *peers])
-        self.core, self.journal = self._recover(data_dir, membership, repair and bool(peers or membership.members))
+        # Damage can be repaired from another replica unless this one was its group's only member
+        # from the start (a joiner, which starts knowing no membership, was added by a leader).
+        alone = not peers and tuple(membership.members) == (self.member,)
+        self.core, self.journal = self._recover(data_dir, membership, repair and not alone)
+        self.core.loading = self._loading
         self._transport = PartitionTransport(network, partition, [node_of_member(m) for m in peers], self._deliver,
                                              self._peer_up, self._peer_down)
         self.storage.on_leader_synced(self.journal, self._leader_synced)
@@ -273,6 +301,8 @@ class PartitionReplica:
         """Open journal, term/vote and snapshot; on damage, refuse or (``repair``) start empty and recovering."""
         snap: SnapshotFile | None = None
         journal: Journal | None = None
+        if self._io.exists(self.snapshot_path + NEXT_SUFFIX):
+            self._io.unlink(self.snapshot_path + NEXT_SUFFIX)  # written, never installed: not needed
         try:
             journal = self.storage.open_journal(self.partition)
             if self._io.exists(self.snapshot_path):
@@ -318,7 +348,7 @@ class PartitionReplica:
         params = raft_params(self._scale)
         core = RaftCore(self.member, membership, journal, params=params, rng=self._rng,
                         term=meta.term, vote=meta.voted_for, commit=journal.getRaftCommitIndex(),
-                        snapshot=snap_point, pending_changes=changes, recovering=meta.recovering,
+                        snapshot=snap_point, log_configs=changes, recovering=meta.recovering,
                         now=self._clock())
         if meta.recovering and self.damage is None:
             self.damage = "an earlier start discarded damaged files; catching up from the leader"
@@ -379,6 +409,7 @@ class PartitionReplica:
         if isinstance(msg, SnapshotChunkAck):
             self._on_chunk_ack(peer, msg)
             return
+        self._count_synced()
         self.core.step(peer, msg, self._clock())
         self._process()
 
@@ -428,9 +459,16 @@ class PartitionReplica:
         core = self.core
         if core.election_due(now) and not self.scheduler.campaigns.admit(now):
             core.schedule_election(now + self._rng.uniform(CAMPAIGN_RETRY_MIN_S, CAMPAIGN_RETRY_MAX_S))
+        if self._leader_unsynced:
+            # A leader's entry is synced right after the frame carrying it is written; when no
+            # frame could be written (no link), the tick syncs it, or the leader never counts it.
+            self.storage.after_send()
+        self._count_synced()
         core.tick(now)
         self._background(now)
         self._process()
+        if self._read_rounds:
+            self._check_reads()
 
     def _process(self) -> None:
         """Handle every Ready the core has (re-entrant calls fold into the running one)."""
@@ -462,7 +500,11 @@ class PartitionReplica:
     def _handle(self, rd: Ready) -> None:
         core = self.core
         journal = self.journal
-        journal.setRaftCommitIndex(rd.commit)
+        # The stored hint never passes the durable index: a restarted replica trusts it as
+        # committed, and committed disk-class entries past it may be lost to a power cut.
+        journal.setRaftCommitIndex(min(rd.commit, rd.durable))
+        if rd.rollback:
+            self._roll_back()
         if rd.hard_state is not None:
             journal.setCurrentTerm(rd.hard_state.term, rd.hard_state.vote)
         if rd.snapshot is not None:
@@ -496,7 +538,7 @@ class PartitionReplica:
                 if not core.progress:  # a lone replica counts only itself: sync now
                     self._sync_lone(rd, appended)
                 elif rd.lazy and not self._leader_unsynced:
-                    core.persisted(journal.last_index)
+                    core.persisted(journal.last_index, synced=False)
                 else:
                     self._leader_unsynced = True
         send = self._send_to
@@ -522,6 +564,26 @@ class PartitionReplica:
         for peer, index, term in rd.snapshot_requests:
             self._start_sender(peer, index, term)
 
+    def _roll_back(self) -> None:
+        """Entries this replica applied ahead of the durable index (committed disk-class entries,
+        as a leader) were cut by its new leader: the engine goes back to the snapshot, the only
+        state it held that no cut can reach (snapshots never pass the durable index), and the
+        core hands out the entries after it again."""
+        log.warning("partition %d: entries applied ahead of the durable index %d were cut by the leader; "
+                    "reloading the state machine from snapshot %d", self.partition, self.core.durable,
+                    self._last_snapshot_index)
+        self._deferred = []
+        self._backlog = []
+        self._drop_next_snapshot()
+        self.rollbacks += 1
+        if self._loading:
+            return  # the load under way is of the snapshot file: the entries handed out follow it
+        if self._snapshot_file is not None:
+            self._start_load(self.snapshot_path)
+        else:
+            self.engine = PartitionEngine(self.partition)
+            self._engine_index = 0
+
     def _sync_lone(self, rd: Ready, appended: bool) -> None:
         """A lone leader syncs what it appended, which commits it: its entries are applied in
         this pass rather than the next Ready's. Entries whose proposers take jobs are applied
@@ -529,7 +591,9 @@ class PartitionReplica:
         core = self.core
         ahead = self._apply_ahead(rd) if appended and not rd.lazy else 0
         self.storage.sync_all_now()
-        core.persisted(self.journal.last_index)
+        journal = self.journal
+        core.persisted(journal.last_index, synced=False)  # disk-class entries count once appended
+        core.synced_to(journal.synced_index)
         more = core.take_committed(1024 + ahead)
         if ahead:
             first, last = rd.entries[0][1], rd.entries[-1][1]
@@ -569,6 +633,22 @@ class PartitionReplica:
         self._apply(entries, ahead=True)
         return len(entries)
 
+    def _count_synced(self) -> None:
+        """What the journal's syncs made durable counts, whichever sync it was: a follower's next
+        answer says how far, and a leader counts it toward the commit (the node's periodic sync
+        of disk-class entries may also sync a leader's fsync-class ones before its own)."""
+        journal = self.journal
+        core = self.core
+        index = journal.synced_index
+        if index == self._synced_seen and not self._leader_unsynced:
+            return  # nothing synced since the last look (the common case: once per message)
+        self._synced_seen = index
+        core.synced_to(index)
+        if core.is_leader and not self._closed:
+            core.persisted(index)
+            if index >= journal.last_index:
+                self._leader_unsynced = False
+
     def _leader_synced(self, index: int) -> None:
         """The node's storage synced this (leader's) journal after sending: the core counts it."""
         self._leader_unsynced = False
@@ -578,8 +658,17 @@ class PartitionReplica:
                 self._process()
 
     def _after_process(self) -> None:
-        """Leadership changes and the next timer booking."""
+        """Leadership changes, confirmed reads, streams to members no longer in the group, and the
+        next timer booking."""
         core = self.core
+        if self._read_rounds:
+            self._check_reads()
+        if self._senders and core.is_leader:
+            for peer in [p for p in self._senders if p not in core.progress]:
+                sender = self._senders.pop(peer)  # removed from the group: its stream ends
+                sender.close()
+                self._snapshot_bytes_sent += sender.bytes_sent
+                self._delivered.pop(peer, None)
         if not core.recovering and self.journal.meta.state.recovering:
             self._recovered()
         if core.elections != self._elections_logged:
@@ -595,6 +684,7 @@ class PartitionReplica:
         self._book_next_tick()
 
     def _leadership_lost(self) -> None:
+        self._fail_reads()
         pending, self._pending = self._pending, {}
         for proposal in pending.values():
             self.after_tick(proposal.callback, None, FAIL_LOST)
@@ -657,7 +747,7 @@ class PartitionReplica:
             proposal = pending.pop(index, None)
             # A deposed leader may apply its own entry, committed by its successor, before it
             # hears it lost: its proposer still waits for the replies.
-            results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term)
+            results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term, term)
             if proposal is not None:
                 if proposal.term == term:
                     if ahead and proposal.early is not None:
@@ -669,11 +759,14 @@ class PartitionReplica:
                 else:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
 
-    def _apply_batch(self, now_ms: int, commands: list[Command], answered: bool = False) -> BatchResult:
-        """Apply a committed batch; each command is atomic, errors are per command. Replies are
-        built on the leader and wherever a proposer waits for them (``answered``)."""
+    def _apply_batch(self, now_ms: int, commands: list[Command], answered: bool = False,
+                     term: int = 0) -> BatchResult:
+        """Apply a committed batch (of an entry of ``term``); each command is atomic, errors are per
+        command. Replies are built on the leader and wherever a proposer waits for them (``answered``)."""
         results: BatchResult = []
-        apply = self.engine.apply
+        engine = self.engine
+        engine.enter_term(term)
+        apply = engine.apply
         leader = self.core.is_leader
         replies = leader or answered
         record = leader and self.record_events
@@ -798,6 +891,9 @@ class PartitionReplica:
             self._snapshot_written(snap)
         elif self._awaiting_next and not self.snapshots.in_progress:
             self._release_awaiting()  # the child that replaced the file failed: ask again
+        waiting = self._next_snapshot
+        if waiting is not None and waiting.index <= self.core.durable:
+            self._install_snapshot(waiting)
         if now >= self._hint_due:
             # Only a hint (a restarted replica applies what it knew committed without waiting for a
             # leader): stored every few seconds, each store being two fsyncs.
@@ -807,11 +903,11 @@ class PartitionReplica:
         due = core.applied - self._last_snapshot_index >= self.settings.entries_min or (
             now >= self._snapshot_due and core.applied > self._last_snapshot_index)
         if due and not self.snapshots.in_progress and not self._loading and not self._receiving() \
-                and not self._deferred:
+                and not self._deferred and self._next_snapshot is None:
             index = core.applied
             term = core.log.term(index)
             if term is not None and index > 0:
-                if self.snapshots.start(self.engine, index, term, core.membership):
+                if self.snapshots.start(self.engine, index, term, core.membership_at(index)):
                     self._snapshot_due = now + self.settings.interval_s
         elif now >= self._snapshot_due:
             self._snapshot_due = now + self.settings.interval_s
@@ -834,7 +930,25 @@ class PartitionReplica:
         return self._receiver.active
 
     def _snapshot_written(self, snap: SnapshotFile) -> None:
-        """A child's snapshot is durable and verified: the journal may drop the prefix it covers."""
+        """A child's snapshot is durable and verified beside the current one. It replaces it once
+        the durable index reaches it: a leader applies committed disk-class entries before they are
+        durable, and a snapshot holding one a power cut then loses could not be taken back."""
+        if snap.index > self.core.durable:
+            self._next_snapshot = snap
+            return
+        self._install_snapshot(snap)
+
+    def _drop_next_snapshot(self) -> None:
+        waiting, self._next_snapshot = self._next_snapshot, None
+        if waiting is not None:
+            self._io.unlink(waiting.path)
+
+    def _install_snapshot(self, snap: SnapshotFile) -> None:
+        """Make a written snapshot the replica's snapshot: the journal may drop the prefix it covers."""
+        self._next_snapshot = None
+        self._io.rename(snap.path, self.snapshot_path)
+        self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
+        snap = dataclasses.replace(snap, path=self.snapshot_path)
         self._snapshot_file = snap
         self._last_snapshot_index = snap.index
         core = self.core
@@ -864,11 +978,13 @@ class PartitionReplica:
     def _start_load(self, path: str) -> None:
         """Load the engine from ``path`` in the loader thread; committed entries wait for it."""
         self._loading = True
+        if hasattr(self, "core"):
+            self.core.loading = True  # neither campaigns nor obeys TimeoutNow until the load ends
         started = self._clock()
         loop = self.loop
 
         def done(engine: PartitionEngine | None, error: BaseException | None) -> None:
-            self._loading = False
+            self._loading = self.core.loading = False
             if self._closed:
                 return
             if error is not None or engine is None:
@@ -997,6 +1113,7 @@ class PartitionReplica:
             self._send_to(peer, ack)
             return
         self.snapshots.cancel()  # a local snapshot must not be renamed over the one arriving
+        self._drop_next_snapshot()
         loop = self.loop
 
         def finish() -> None:
@@ -1051,6 +1168,58 @@ class PartitionReplica:
     def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """Answer a read-only command from the applied state."""
         return self.engine.apply(cmd, now_ms, events=False).result
+
+    def lease_held(self) -> bool:
+        """This leader may answer a read from its applied state right now (its read lease holds,
+        :meth:`~.core.RaftCore.lease_valid`, and the state holds every commit)."""
+        return self.core.lease_valid(self._clock()) and self.read_ready()
+
+    def confirm_reads(self, callback: Callable[[bool], None]) -> None:
+        """``callback(True)`` once a majority has answered a heartbeat round this leader sent after
+        this call (ReadIndex: a read that arrived before it may then be answered from the applied
+        state), ``callback(False)`` if that cannot be (leadership lost, no majority in time).
+
+        Reads that arrive in one loop iteration share one round. Raises ``CommandError``
+        ``OVERLOADED`` when :data:`READ_WAITERS_MAX` reads wait already."""
+        if self._closed or not self.core.is_leader:
+            self.loop.call_soon(callback, False)
+            return
+        if len(self._read_waiters) + sum(len(w) for _, _, w in self._read_rounds) >= READ_WAITERS_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"{READ_WAITERS_MAX} reads of partition {self.partition} wait "
+                                                     "for the leader to confirm its leadership; retry")
+        self._read_waiters.append(callback)
+        if not self._read_round_booked:
+            self._read_round_booked = True
+            self.loop.call_soon(self._start_read_round)
+
+    def _start_read_round(self) -> None:
+        self._read_round_booked = False
+        waiters, self._read_waiters = self._read_waiters, []
+        if not waiters:
+            return
+        core = self.core
+        if self._closed or not core.is_leader:
+            _call_reads(waiters, False)
+            return
+        self._read_rounds.append((core.read_index(self._clock()), self._clock(), waiters))
+        self._process()
+
+    def _check_reads(self) -> None:
+        """Answer the reads whose round a majority confirmed; give up those waiting too long."""
+        core = self.core
+        rounds = self._read_rounds
+        while rounds and core.confirmed(rounds[0][0]):
+            _call_reads(rounds.popleft()[2], True)
+        now = self._clock()
+        while rounds and now - rounds[0][1] > READ_CONFIRM_TIMEOUT_S:
+            _call_reads(rounds.popleft()[2], False)
+
+    def _fail_reads(self) -> None:
+        waiters, self._read_waiters = self._read_waiters, []
+        rounds, self._read_rounds = self._read_rounds, deque()
+        for _, _, callbacks in rounds:
+            waiters.extend(callbacks)
+        _call_reads(waiters, False)
 
     def take_events(self) -> list[Event]:
         """The job events applied since the last call, oldest first."""
@@ -1116,28 +1285,34 @@ class PartitionReplica:
         node = self._route(member)
         return node is not None and node in self._transport.connected
 
-    def transfer_leadership(self, node_id: str | None = None) -> None:
-        """Ask ``node_id`` (None: the most caught-up follower) to take over; best effort.
+    def transfer_leadership(self, node_id: str | None = None, *, among: list[str] | None = None) -> bool:
+        """Ask ``node_id`` (None: the most caught-up eligible follower, of ``among`` if given) to
+        take over; best effort. True when a transfer to it is under way.
 
-        Refused quietly unless this replica leads and the target is a connected voter that
-        holds every committed entry (proposals pause while a transfer runs, so it must be quick).
+        Only a connected voter that holds every committed entry is eligible (proposals pause
+        while a transfer runs, so it must be quick); the core also wants it heard from lately
+        and not refused by a recent failed transfer, and never extends a transfer under way.
         """
         core = self.core
         if not core.is_leader:
-            return
-        caught_up = [(pr.match, p) for p, pr in core.progress.items()
-                     if core.membership.is_voter(p) and self.peer_connected(p) and pr.match >= core.commit]
+            return False
+        now = self._clock()
+        heard_s = core.params.transfer_heard_s
+        eligible = [(pr.match, p) for p, pr in core.progress.items()
+                    if core.membership.is_voter(p) and self.peer_connected(p) and pr.match >= core.commit
+                    and now - pr.answered_at <= heard_s and (among is None or p in among)]
         if node_id is None:
-            if not caught_up:
-                return
-            node_id = max(caught_up)[1]
-        elif node_id not in {p for _, p in caught_up}:
-            return
+            if not eligible:
+                return False
+            node_id = max(eligible)[1]
+        elif node_id not in {p for _, p in eligible}:
+            return False
         try:
-            core.transfer_leadership(node_id, self._clock())
+            core.transfer_leadership(node_id, now)
         except ProposalRefused:
-            return
+            return False
         self._process()
+        return core.lead_transferee == node_id
 
     def status(self) -> dict[str, Any]:
         """The core's summary plus what the replica adds (loading, damage, snapshot streams)."""
@@ -1152,6 +1327,7 @@ class PartitionReplica:
         if self._closed:
             return
         self._closed = True
+        self._fail_reads()
         self.scheduler.cancel(self)
         self.snapshots.cancel()
         for sender in self._senders.values():
@@ -1203,6 +1379,14 @@ def _without_refused(commands: list[Command], refused: set[int],
 
 
 _UNKNOWN: Any = object()
+
+
+def _call_reads(callbacks: list[Callable[[bool], None]], ok: bool) -> None:
+    for callback in callbacks:
+        try:
+            callback(ok)
+        except Exception:  # one read's bug must not cost the others their answers
+            log.exception("answering a confirmed read failed")
 
 
 def _same_id(node: str) -> str:

@@ -15,11 +15,27 @@ from ._segments import Segment
 from ._store import DEFAULT_NAME, Store
 from ._transitions import ACTIVE, WAITING, check_transition
 
-__all__ = ["PullOps"]
+__all__ = ["PullOps", "TERM_LEASE_BITS"]
+
+#: Lease numbers (the tokens' digits) of Raft term ``t`` start at ``t << TERM_LEASE_BITS``.
+TERM_LEASE_BITS = 32
 
 
 class PullOps(Store):
     """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
+
+    def enter_term(self, term: int) -> None:
+        """The commands applied next come from a log entry of Raft term ``term``.
+
+        Lease numbers go on from at least ``term << TERM_LEASE_BITS``: a take answered before its
+        entry was durable (a lone replica) and lost to a power cut is followed, after the restart,
+        by takes of a later term, whose tokens can then never repeat the lost one's (the holder of
+        that token could otherwise complete the job under the new lease). Every replica applies
+        the same entries with the same terms, so they number leases alike.
+        """
+        floor = term << TERM_LEASE_BITS
+        if self.lease_seq < floor:
+            self.lease_seq = floor
 
     def _lease(self, q: Queue, job: Job, ttr_ms: int | None, session: str | None) -> str:
         self.lease_seq += 1

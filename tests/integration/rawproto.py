@@ -125,8 +125,13 @@ class Router:
         node = self.topology.leader_of(partition) if self.topology else None
         return f"{node.host}:{node.port}" if node else None
 
-    def call(self, frame: dict[str, Any], partition: int | None = None, timeout_s: float = 20.0) -> dict[str, Any]:
-        """Send to the leader of the frame's partition; retry on routing errors and dead nodes."""
+    def call(self, frame: dict[str, Any], partition: int | None = None, timeout_s: float = 20.0,
+             attempt_s: float = 1.0) -> dict[str, Any]:
+        """Send to the leader of the frame's partition; retry on routing errors and dead nodes.
+
+        Each attempt waits ``attempt_s`` at most (a paused leader accepts TCP but never answers);
+        a command that must not be repeated on a new connection (an ACK of a lease the dropped
+        connection's session held) is given a longer one."""
         deadline = time.monotonic() + timeout_s
         last: Any = None
         while time.monotonic() < deadline:
@@ -140,7 +145,7 @@ class Router:
                 continue
             try:
                 # A short attempt timeout: a paused (SIGSTOP) leader accepts TCP but never answers.
-                reply = self._conn(address).call(frame, timeout_s=max(0.2, min(1.0, deadline - time.monotonic())))
+                reply = self._conn(address).call(frame, timeout_s=max(0.2, min(attempt_s, deadline - time.monotonic())))
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = exc
                 self.conns.pop(address, None)
@@ -154,3 +159,14 @@ class Router:
                 continue
             return reply
         raise TimeoutError(f"no successful reply within {timeout_s}s (last: {last})")
+
+
+def leader_seen_by(address: str, partition: int = 0) -> str | None:
+    """The leader of ``partition`` in the topology the node at ``address`` answers Hello with
+    (None when it knows none, or cannot be reached)."""
+    try:
+        with RawConn(address, timeout_s=2.0) as conn:
+            topo = Topology.from_wire(conn.hello["topology"])  # type: ignore[index]
+    except OSError:
+        return None
+    return topo.partition_map[partition].leader

@@ -13,21 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from rawproto import RawConn, Router
+from rawproto import RawConn, Router, leader_seen_by
 
 from shoal.chaos.proxied_cluster import ProxiedCluster
-from shoal.cluster.topology import Topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 QUEUE = "deposed"
 ANSWER_AFTER_HEAL_MAX_S = 3.0  # the 100 ms topology poll or the step-down callback, with margin
-
-
-def leader_seen_by(address: str) -> str | None:
-    with RawConn(address, timeout_s=2.0) as conn:
-        topo = Topology.from_wire(conn.hello["topology"])  # type: ignore[index]
-    return topo.partition_map[0].leader
 
 
 def test_isolated_leader_answers_its_pending_push_soon_after_the_heal(tmp_path: Path) -> None:

@@ -101,7 +101,11 @@ def test_sigkill_every_node_then_restart_loses_nothing(fresh_cluster: LocalClust
     acked, _ = push_stream(router, 500, -1, lambda: None)
     # Take some leases and complete some jobs too: they must survive as completed.
     r = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 100})
-    router.call({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]})
+    # One long attempt: a retry on a new connection would come after the old one's session gave
+    # the leases back (a loaded machine can take over a second to answer).
+    acked_b = router.call({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]},
+                          attempt_s=15.0)
+    assert acked_b.get("ok"), acked_b
     done = {j["id"] for j in r["jobs"]}
     router.close()
     for node_id in fresh_cluster.node_ids:

@@ -94,7 +94,8 @@ def test_failed_snapshot_is_logged_retried_and_keeps_the_journal(tmp_path: Path)
     with LocalCluster(nodes=1, partitions=1, replication=1, data_dir=tmp_path / "c",
                       base_port=free_base_port(1, 1), extra_env=SNAPSHOT_ENV, node_command=NODE_COMMAND) as cluster:
         node = cluster.node_ids[0]
-        blocker = cluster.config.node_data_dir(node) / "p0.snap.tmp"
+        # A snapshot is written beside the current one (p0.snap.next) before it replaces it.
+        blocker = cluster.config.node_data_dir(node) / "p0.snap.next.tmp"
         cluster.wait_ready()
         os.mkdir(blocker)  # the child cannot create its temp file: every snapshot write fails
         router = Router(cluster.addresses)

@@ -64,6 +64,8 @@ class SimNode:
     up: bool = True
     #: Starts of this node (0 for the first): a restart is a new core with what was stored.
     incarnation: int = 0
+    #: The last index of its storage that a power cut keeps (disk-class entries wait for a sync).
+    synced: int = 0
 
 
 def _payload_text(payload: bytes) -> str:
@@ -132,7 +134,7 @@ class Cluster:
 
     def _new_node(self, node_id: str, membership: Membership, storage: MemoryStorage | None = None,
                   hard_state: tuple[int, str | None] = (0, None), snapshot: Any = None,
-                  pending_changes: list[tuple[int, ConfigChange]] | None = None,
+                  log_configs: list[tuple[int, ConfigChange]] | None = None,
                   recovering: bool = False) -> SimNode:
         storage = storage or MemoryStorage()
         rng = random.Random(f"{self.seed}/{node_id}")
@@ -144,7 +146,7 @@ class Cluster:
             applied = list(snapshot[2])
             membership = snapshot[3]
         core = RaftCore(node_id, membership, storage, params=self.params, rng=rng, term=hard_state[0],
-                        vote=hard_state[1], snapshot=snap, pending_changes=pending_changes, recovering=recovering,
+                        vote=hard_state[1], snapshot=snap, log_configs=log_configs, recovering=recovering,
                         now=self.now)
         return SimNode(node_id, core, storage, bootstrap, hard_state, applied, snapshot)
 
@@ -189,10 +191,20 @@ class Cluster:
             self.on_output(f"{node.id} installed snapshot {index}/{term}")
         elif rd.truncate_from is not None:
             node.storage.delete_from(rd.truncate_from)
+            node.synced = min(node.synced, rd.truncate_from - 1)
+        if rd.snapshot is not None:
+            node.synced = rd.snapshot[0]
+        if rd.rollback:
+            node.applied = list(node.snapshot[2]) if node.snapshot else []
+            self.on_output(f"{node.id} takes its state machine back to its snapshot "
+                           f"({node.snapshot[0] if node.snapshot else 0})")
         if rd.entries:
             node.storage.append(rd.entries)
+            last = rd.entries[-1][1]
+            if not rd.lazy:
+                node.synced = last  # synced before anything of this Ready leaves
             if core.is_leader:
-                core.persisted(rd.entries[-1][1])
+                core.persisted(last, synced=not rd.lazy)
         for to, msg in rd.messages:
             self._check_durable(node, to, msg)
             self._send(node, to, msg)
@@ -334,9 +346,9 @@ class Cluster:
         self._note_state(node, before)
         self.process(node)
 
-    def propose(self, node_id: str, text: str) -> int:
+    def propose(self, node_id: str, text: str, lazy: bool = False) -> int:
         node = self.nodes[node_id]
-        index = node.core.propose(b"\0" + text.encode(), self.now)
+        index = node.core.propose(b"\0" + text.encode(), self.now, lazy=lazy)
         self.process(node)
         return index
 
@@ -346,8 +358,9 @@ class Cluster:
         core = node.core
         index = core.applied
         term = core.log.term(index) or 0
-        node.snapshot = (index, term, list(node.applied), core.membership)
-        state = (list(node.applied), core.membership)
+        membership = core.membership_at(index)
+        node.snapshot = (index, term, list(node.applied), membership)
+        state = (list(node.applied), membership)
         known = self.snapshots.setdefault((index, term), state)
         if known != state:
             raise AssertionError(f"{node_id}'s snapshot at {index}/{term} differs from another node's: "
@@ -356,10 +369,20 @@ class Cluster:
         node.storage.delete_to(index + 1)
         return index, term
 
-    def crash(self, node_id: str) -> None:
-        """Stop ``node_id``: its in-memory state is gone, its storage stays."""
+    def sync(self, node_id: str) -> None:
+        """``node_id``'s periodic sync: its disk-class entries are on stable storage now."""
+        node = self.nodes[node_id]
+        node.synced = node.storage.last_index
+        node.core.synced_to(node.synced)
+        self.process(node)
+
+    def crash(self, node_id: str, power_cut: bool = False) -> None:
+        """Stop ``node_id``: its in-memory state is gone, its storage stays (with ``power_cut``,
+        without the entries no sync made durable)."""
         node = self.nodes[node_id]
         node.up = False
+        if power_cut and node.storage.last_index > node.synced:
+            node.storage.delete_from(node.synced + 1)
         # Messages to it are lost (a stream to it breaks); so are its own snapshot streams.
         lost = [m for m in self.in_flight if m[1] == node_id]
         self.in_flight = [m for m in self.in_flight

@@ -19,6 +19,7 @@ import pytest
 from shoal.node.pushes import session_pull
 from shoal.node.raft import RaftNetwork, TickScheduler
 from shoal.node.raft.replica import PartitionReplica
+from shoal.node.raft.storage import NodeStorage
 
 WAIT_S_MAX = 10.0
 
@@ -26,12 +27,12 @@ WAIT_S_MAX = 10.0
 class Lone:
     """A partition replica with no peers, leading once it campaigned."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, storage: NodeStorage | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.network = RaftNetwork(self.loop, "a", "test", b"k", ("127.0.0.1", 0), {}, set())
         self.scheduler = TickScheduler(self.loop)
         self.replica = PartitionReplica(0, self.network, [], data_dir=data_dir, loop=self.loop,
-                                        scheduler=self.scheduler)
+                                        scheduler=self.scheduler, storage=storage, preferred=True)
         self.log: list[Any] = []
         storage = self.replica.storage
         sync = storage.sync_all_now

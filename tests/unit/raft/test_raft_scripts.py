@@ -23,13 +23,17 @@ Commands::
     reorder                 reverse the order of the messages in flight
     duplicate               send every message in flight twice
     send A B KIND FIELDS    put a hand-made message from A to B in flight (see ``craft``)
-    propose N TEXT          N proposes an entry (its output: the index, or the refusal)
+    propose N TEXT [class=disk]  N proposes an entry (its output: the index, or the refusal); a
+                            disk-class entry counts once appended, before any sync
     change N KIND NODE      N proposes a membership change (add_learner, promote, demote, remove)
     transfer N TARGET       N hands leadership to TARGET
     cut A B / heal [A B]    drop messages between A and B (both ways) / stop dropping
     isolate N               cut N from everyone
-    crash N / restart N     N stops (its storage stays) / starts from its storage
+    crash N [power] / restart N   N stops (its storage stays; a power cut loses what no sync made
+                            durable) / starts from its storage
+    sync N                  N's periodic sync makes its disk-class entries durable
     restart N lost          N starts with its log and snapshot discarded (the replica's repair): recovering
+    loading N on|off        N's state machine is (no longer) loading a snapshot
     add-node N              a new, empty node that knows no membership yet
     snapshot N              N snapshots its applied state and drops that log prefix
     snapshot-failed N PEER  N's snapshot stream to PEER broke (its InstallSnapshot in flight or held is lost)
@@ -160,7 +164,7 @@ class Runner:
             c.in_flight.append((pos[0], pos[1], craft(pos[2], pos[3:], kw)))
         elif name == "propose":
             try:
-                out.append(f"index {c.propose(pos[0], ' '.join(pos[1:]))}")
+                out.append(f"index {c.propose(pos[0], ' '.join(pos[1:]), lazy=kw.get('class') == 'disk')}")
             except (NotLeader, ProposalRefused) as exc:
                 out.append(f"refused: {exc}")
         elif name == "change":
@@ -185,11 +189,15 @@ class Runner:
         elif name == "isolate":
             c.cut |= {p for other in c.nodes if other != pos[0] for p in ((pos[0], other), (other, pos[0]))}
         elif name == "crash":
-            c.crash(pos[0])
+            c.crash(pos[0], power_cut="power" in pos[1:])
+        elif name == "sync":
+            c.sync(pos[0])
         elif name == "restart":
             c.restart(pos[0], lose_log="lost" in pos[1:])
         elif name == "add-node":
             c.add_node(pos[0])
+        elif name == "loading":
+            c.nodes[pos[0]].core.loading = pos[1] == "on"
         elif name == "snapshot":
             index, term = c.take_snapshot(pos[0])
             out.append(f"snapshot {index}/{term}; log {storage_span(c.nodes[pos[0]].storage)}")
@@ -235,6 +243,8 @@ class Runner:
         line = (f"{node_id}: {s['state']}{recovering} term={s['term']} vote={node.core.vote} leader={s['leader']} "
                 f"commit={s['commit']} applied={s['applied']} log={storage_span(node.storage)} "
                 f"snap={s['snapshot']} voters={','.join(s['voters'])}")
+        if node.core.durable != s["commit"]:
+            line += f" durable={node.core.durable}"
         if s["learners"]:
             line += f" learners={','.join(s['learners'])}"
         if s.get("progress"):

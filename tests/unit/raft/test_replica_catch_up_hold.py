@@ -47,8 +47,11 @@ def leader(tmp_path: Path) -> Iterator[Follower]:
 
 
 def _snapshot_at(f: Follower, index: int, tmp_path: Path) -> None:
+    """A snapshot at ``index`` written (a stand-in file) and, within the durable index, installed."""
     r = f.replica
-    r._snapshot_written(SnapshotFile(str(tmp_path / f"s{index}"), index, 1, r.core.membership, 64, 0))  # noqa: SLF001
+    path = tmp_path / f"s{index}"
+    path.write_bytes(b"\0" * 64)
+    r._snapshot_written(SnapshotFile(str(path), index, 1, r.core.membership, 64, 0))  # noqa: SLF001
 
 
 def test_a_snapshot_taken_right_after_a_delivery_keeps_what_the_follower_needs(leader: Follower, tmp_path: Path) -> None:

@@ -61,10 +61,12 @@ class Follower:
         return [m for _, m in self.sent]
 
     def append(self, term: int, prev: tuple[int, int], entries: list[tuple[int, int]], commit: int,
-               payload: bytes = NOOP_PAYLOAD) -> AppendResponse:
-        """Deliver AppendEntries from ``b`` (entries as (index, term)); its one answer."""
+               payload: bytes = NOOP_PAYLOAD, durable: int | None = None) -> AppendResponse:
+        """Deliver AppendEntries from ``b`` (entries as (index, term)); its one answer. The
+        leader's durable index is its commit index unless given (the fsync class)."""
         answers = self.deliver("b", AppendEntries(term, prev[0], prev[1], commit,
-                                                  [(payload, i, t) for i, t in entries]))
+                                                  [(payload, i, t) for i, t in entries],
+                                                  durable=commit if durable is None else durable))
         assert len(answers) == 1 and isinstance(answers[0], AppendResponse), answers
         return answers[0]
 
