@@ -4,9 +4,12 @@
   Prometheus) are answered here;
 - everything else is validated with the shared schema, routed to its
   partition (queue name, job id, or ``partition`` field), refused with
-  ``NOT_LEADER``/``NO_LEADER`` when this node does not lead it, then
+  ``NOT_LEADER``/``NO_LEADER`` when this node does not lead it (forwarded to the leader, for
+  a client that does not route: :mod:`.relay`), then
   - reads run against the leader's applied state;
   - writes go through the partition's group commit (one Raft entry per batch);
+- a write refused unproposed because this node stopped leading meanwhile (a leadership
+  transfer) goes to the relay too, for a client that does not route;
 - a ``PULL``/``PULLB`` with a timeout and nothing ready parks on the leader
   and is woken when the partition applies something that makes its queue
   ready; a ``PUSH`` refused with ``QUEUE_FULL`` waits the same way up to its
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
 
     from .bunqueue import EventJobs
+    from .pushes import PushRun
+    from .raft import PartitionReplica
     from .relay import Relay
     from .state import Event
 
@@ -272,20 +277,45 @@ class Dispatcher:
             if not replica.read_ready():
                 raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
                                                         "entry yet; retry")
-            started = time.perf_counter()
-            conn.reply(req_id, replica.view.read(frame, self.clock.now_ms()))
-            self.metrics.observe(cmd, time.perf_counter() - started)
+            if replica.lease_held():
+                self._read(conn, frame, replica)
+            else:
+                # No read lease (a new leader, a transfer in this term, a stalled loop): the read
+                # waits for a majority to answer a round sent after it arrived (ReadIndex).
+                replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, p, forwards, ok))
             return
         if cmd in LEASE_COMMANDS:
             self._pull(conn, frame, p)
             return
-        if cmd == "JobHeartbeatB" and replica.read_ready():
+        if cmd == "JobHeartbeatB" and replica.lease_held():
             # A worker's heartbeat right after its pull renews nothing yet: no entry, no fsync.
             fresh = replica.view.fresh_heartbeat(frame, self.clock.now_ms())
             if fresh is not None:
                 conn.reply(req_id, fresh)
                 return
         self._write(conn, frame, p)
+
+    def _read(self, conn: Replier, frame: dict[str, Any], replica: "PartitionReplica") -> None:
+        """Answer a read from ``replica``'s applied state (its leadership is confirmed)."""
+        started = time.perf_counter()
+        conn.reply(frame.get("reqId"), replica.view.read(frame, self.clock.now_ms()))
+        self.metrics.observe(frame["cmd"], time.perf_counter() - started)
+
+    def _read_confirmed(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool, ok: bool) -> None:
+        """A read waited for its ReadIndex round: answer it, or route it anew if leadership moved."""
+        if conn.closed:
+            return
+        replica = self.directory.replicas.get(p)
+        try:
+            if ok and replica is not None and replica.is_leader() and replica.read_ready():
+                self._read(conn, frame, replica)
+            elif replica is not None and replica.is_leader():
+                raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s leader could not confirm its "
+                                                        "leadership in time; retry")
+            else:
+                self._route(conn, frame, p, forwards)
+        except CommandError as exc:
+            conn.reply_error(frame.get("reqId"), exc)
 
     def _locate_then_route(self, conn: Replier, frame: dict[str, Any], job_id: str) -> None:
         """Find the partition of a custom job id (asking every partition), then answer the command."""
@@ -400,9 +430,36 @@ class Dispatcher:
 
         def done(result: Any) -> None:
             # The engine's per-push outcomes, or one error for the whole entry (e.g. NOT_LEADER).
-            conn.reply_many(req_ids, each_result(result, n), "PUSH", time.perf_counter() - started)
+            results = each_result(result, n)
+            if _not_proposed(results[0]) and self._forwards(conn):
+                self._forward_run(conn, run, req_ids, results, p)
+                return
+            conn.reply_many(req_ids, results, "PUSH", time.perf_counter() - started)
 
         self.directory.group_commits[p].submit(run, done)
+
+    def _forwards(self, conn: Replier) -> bool:
+        """Does this node forward ``conn``'s commands (a client that does not route for itself)?"""
+        return self.relay is not None and getattr(conn, "wants_forwarding", False) and not conn.closed
+
+    def _forward_run(self, conn: Replier, run: PushRun, req_ids: list[Any], results: list[Any], p: int) -> None:
+        """A block of pushes refused here unproposed (this node stopped leading ``p``): the relay
+        takes each to the new leader, as it would have had this node not led ``p``."""
+        relay = self.relay
+        assert relay is not None
+        for i, (req_id, result) in enumerate(zip(req_ids, results)):
+            if not _not_proposed(result):
+                conn.reply_many([req_id], [result], "PUSH", 0.0)
+                continue
+            frame: dict[str, Any] = {"cmd": "PUSH", "queue": run.queue, "data": Raw(run.datas[i]), "reqId": req_id}
+            if run.keys is not None and run.keys[i] is not None:
+                frame["idempotencyKey"] = run.keys[i]
+            if run.names is not None and run.names[i] is not None:
+                frame["name"] = run.names[i]
+            try:
+                relay.forward(conn, frame, p, away=True)
+            except CommandError as exc:
+                conn.reply_error(req_id, exc)
 
     def _forward_pushes(self, conn: Replier, frames: list[PlainPush], p: int) -> None:
         """Plain PUSHes for a partition led elsewhere, each forwarded to its leader."""
@@ -426,6 +483,15 @@ class Dispatcher:
             observe(frame["cmd"], time.perf_counter() - started)
             if type(result) is dict and frame["cmd"] in NEW_JOB_COMMANDS:
                 self._learn_added(frame, result, p)
+            if _not_proposed(result) and self._forwards(conn):
+                # This node stopped leading before proposing it: the relay takes it to the new
+                # leader (the entry's job data lost its Raw wrapper on the way: restored).
+                _rewrap_data(frame)
+                try:
+                    self.relay.forward(conn, frame, p, away=True)  # type: ignore[union-attr]
+                except CommandError as exc:
+                    conn.reply_error(req_id, exc)
+                return
             if isinstance(result, CommandError):
                 if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
                         and frame.get("waitMs") and not conn.closed):
@@ -559,9 +625,7 @@ class Dispatcher:
         led = [p for p, r in sorted(replicas.items()) if r.is_leader()]
         cmd = frame["cmd"]
         if read_only:
-            now = self.clock.now_ms()
-            parts = {p: replicas[p].view.read(frame, now) for p in led}
-            conn.reply(req_id, _merge(cmd, parts, frame.get("limit")))
+            self._fan_out_read(conn, frame, led)
             return
         results: dict[int, Any] = {}
         if not led:
@@ -582,6 +646,34 @@ class Dispatcher:
         for p in led:
             self.directory.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
 
+    def _fan_out_read(self, conn: Replier, frame: dict[str, Any], led: list[int]) -> None:
+        """A read over the partitions this node leads, each answered once its leadership is sure
+        (read lease, else a ReadIndex round); a partition whose leadership is lost meanwhile is
+        left out, as one led elsewhere is."""
+        replicas = self.directory.replicas
+        waiting = [p for p in led if not replicas[p].lease_held()]
+        confirmed: dict[int, bool] = {p: True for p in led if p not in waiting}
+
+        def answer() -> None:
+            if conn.closed:
+                return
+            now = self.clock.now_ms()
+            parts = {p: replicas[p].view.read(frame, now) for p in led
+                     if confirmed.get(p) and replicas[p].is_leader() and replicas[p].read_ready()}
+            conn.reply(frame.get("reqId"), _merge(frame["cmd"], parts, frame.get("limit")))
+
+        if not waiting:
+            answer()
+            return
+
+        def one(p: int, ok: bool) -> None:
+            confirmed[p] = ok
+            if len(confirmed) == len(led):
+                answer()
+
+        for p in waiting:
+            replicas[p].confirm_reads(lambda ok, p=p: one(p, ok))
+
     def _fan_out_cluster(self, conn: Replier, frame: dict[str, Any], read_only: bool) -> None:
         """A partition-routed command without ``partition`` for a client that does not route for
         itself: every partition answers (here or at its leader) and the replies are merged."""
@@ -596,6 +688,12 @@ class Dispatcher:
             replica = self.directory.replicas.get(p)
             if replica is not None and replica.is_leader():
                 if read_only:
+                    if not replica.lease_held():
+                        sure: asyncio.Future[bool] = self.loop.create_future()
+                        replica.confirm_reads(lambda ok: sure.done() or sure.set_result(ok))
+                        if not await sure or not replica.is_leader():
+                            raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s leadership could not be "
+                                                                    "confirmed; retry")
                     return replica.read(part, self.clock.now_ms())
                 future: asyncio.Future[Any] = self.loop.create_future()
                 self.directory.group_commits[p].submit(part, lambda r: future.done() or future.set_result(r))
@@ -808,6 +906,24 @@ class Dispatcher:
 
 def _ignore(_: Any) -> None:
     pass
+
+
+#: Refusals of a command this node never proposed because it does not (or no longer) lead its partition.
+_NOT_PROPOSED = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NO_LEADER})
+
+
+def _not_proposed(result: Any) -> bool:
+    return isinstance(result, CommandError) and result.code in _NOT_PROPOSED
+
+
+def _rewrap_data(frame: dict[str, Any]) -> None:
+    """Job data as the connection decoded it (``Raw``), after group commit unwrapped it to bytes."""
+    data = frame.get("data")
+    if type(data) is bytes:
+        frame["data"] = Raw(data)
+    for item in frame.get("jobs") or ():
+        if type(item) is dict and type(item.get("data")) is bytes:
+            item["data"] = Raw(item["data"])
 
 
 def _digest(token: str) -> bytes:

@@ -15,7 +15,8 @@ idempotency key) back to back; this module decides, at every step, how they trav
 - the results come back per client command (:func:`fan_out`, :func:`each_result`).
 
 The typed commands are defined with the engine (:mod:`shoal.node.state._commands`),
-which applies them; nothing is added to a client's command on its way.
+which applies them; nothing is added to a client's command on its way (but for the
+idempotency key a forwarding node gives an add that has none, :mod:`.relay`).
 """
 
 from __future__ import annotations

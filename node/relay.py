@@ -20,14 +20,33 @@ Messages (MessagePack arrays on the link):
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
 - ``["x", session]`` the client's session ended at the forwarding node;
 - ``["s", queue]`` / ``["u", queue]`` subscribe / unsubscribe to bunqueue's events of
-  ``queue``; ``["e", queue, body]`` encoded event frames (one or more).
+  ``queue``; ``["e", queue, body]`` encoded event frames (one or more);
+- ``["w", aid, sessions, False]`` a partition leader's session audit asks which of
+  ``sessions`` this node holds; ``["w", aid, held, True]`` the answer (:mod:`.audits`).
 
 A forwarded command that meets ``NOT_LEADER``/``NO_LEADER`` (the leader moved: it was
 not proposed) is sent again to the new leader until its deadline, so a failover is
-invisible to the client; a lost link answers commands that are safe to repeat the same
-way, and the others ``TIMEOUT`` (their outcome is unknown). Limits: at most
-:data:`FORWARDED_MAX` commands in flight from a node and :data:`SERVED_MAX` served
-for its peers (``OVERLOADED`` beyond), every forwarded command has a deadline.
+invisible to the client; a lost link, or a ``TIMEOUT`` answer (the leader lost its
+leadership with the command in flight), sends commands that are safe to repeat again the
+same way, and answers the others ``TIMEOUT`` (their outcome is unknown).
+
+A leader can also freeze (a paused process, a stalled host) with its link up: nothing
+answers, and no link is lost. So the forwarding node follows its own view of the
+partition's leader (its replica of the partition, its topology): when that names
+another node while a command safe to repeat waits at the old one, the command is sent to
+the new leader, and the old one's answer, if it ever comes, is ignored. An add is made
+safe to repeat before its first send: a ``PUSH``, and each ``PUSHB`` job, that carries
+neither ``idempotencyKey`` nor ``customId`` gets a key naming this node, its process and
+the request (:data:`~.state._model.FORWARDED_KEY_PREFIX`), and every later send of it the
+same key in the form of a copy sent again (:data:`~.state._model.FORWARDED_AGAIN_PREFIX`), so
+the new leader answers an add the frozen one had replicated with the job it made. The engine
+records first sends cheaply and looks up only copies sent again (``node/state/_forwarded.py``),
+for :data:`~.state._model.FORWARDED_KEY_WINDOW_MS`: longer than any copy can come (the
+forwarding deadline plus a margin), shorter than the idempotency window.
+
+Limits: at most :data:`FORWARDED_MAX` commands in flight from a node and
+:data:`SERVED_MAX` served for its peers (``OVERLOADED`` beyond), every forwarded command
+has a deadline.
 """
 
 from __future__ import annotations
@@ -35,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +62,10 @@ from shoal.cluster.codec import FrameDecoder, decode_request, decode_response, e
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
+
+from .audits import AUDIT_ANSWER_TIMEOUT_S, AUDIT_INTERVAL_S, AUDIT_SESSIONS_MAX, SCAN_SESSIONS_MAX, SessionAudit
+from .sessions import KEPT_SESSION_PREFIX, SESSION_CHARS_MAX
+from .state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS
 
 if TYPE_CHECKING:
     from .ports import NodeInfo, Replier
@@ -65,7 +89,17 @@ SWEEP_INTERVAL_S = 0.25
 SUBSCRIBED_QUEUES_MAX = 10_000
 #: Custom job ids a node remembers the partition of.
 LOCATED_MAX = 200_000
+#: How often the same nodes' silence in session audits is logged again.
+AUDIT_SILENT_LOG_S = 60.0
+#: Characters of a node id in the idempotency keys the node attaches (the key's limit is 256).
+_KEY_NODE_CHARS_MAX = 64
 _RETRY_CODES = frozenset({ErrorCode.NOT_LEADER.value, ErrorCode.NO_LEADER.value, ErrorCode.SHUTTING_DOWN.value})
+#: Answered by a leader that lost its leadership with the command in flight: its outcome is
+#: unknown, so only a command safe to repeat goes again.
+_UNKNOWN_OUTCOME = ErrorCode.TIMEOUT.value
+# A re-send of a keyed add leaves before its deadline; the engine must still know the key when
+# it applies it (a margin for the new leader's queue and the leaders' clocks).
+assert FORWARD_TIMEOUT_S * 1000 + 15_000 <= FORWARDED_KEY_WINDOW_MS
 
 
 class JobLocator:
@@ -97,10 +131,17 @@ class JobLocator:
 class _Pending:
     """A command forwarded for a client, until its reply reaches the client."""
 
-    __slots__ = ("conn", "req_id", "body", "p", "retry_safe", "deadline", "peer", "future", "cmd")
+    __slots__ = ("conn", "req_id", "body", "p", "retry_safe", "deadline", "peer", "future", "cmd", "away", "keyed",
+                 "sent")
 
     def __init__(self, conn: Replier | None, req_id: Any, body: bytes, p: int, retry_safe: bool,
                  deadline: float, cmd: str, future: asyncio.Future[Any] | None = None) -> None:
+        #: Refused here unproposed: not run here again until the leader was looked up once more.
+        self.away = False
+        #: Carries keys this node gave it, in their first-send form (see ``Relay._sent_again``).
+        self.keyed = False
+        #: Dispatched before: any later dispatch may repeat an add that took effect.
+        self.sent = False
         self.conn = conn
         self.req_id = req_id
         self.body = body
@@ -188,7 +229,21 @@ class Relay:
         self.peer_subscriptions: dict[str, set[str]] = {}
         self.forwarded = 0
         self.retried = 0
+        self.followed = 0
+        # Keys of the adds this process forwards: node, process (random) and request number.
+        origin = f"{info.node_id[:_KEY_NODE_CHARS_MAX]}.{secrets.token_hex(6)}:"
+        self._key_prefix = FORWARDED_KEY_PREFIX + origin
+        self._again_prefix = FORWARDED_AGAIN_PREFIX + origin
         self._task: asyncio.Task[None] | None = None
+        sessions = getattr(dispatcher, "sessions", None)
+        if sessions is not None:
+            sessions.gone = self._session_gone
+        self.audit = SessionAudit(getattr(getattr(dispatcher, "config", None), "session_grace_ms", 0))
+        self._audit_next = 0.0
+        self._audit_silent: tuple[str, ...] = ()
+        self._audit_silent_next = 0.0
+        self.sessions_adopted = 0
+        self.sessions_released = 0
 
     # --- wiring ------------------------------------------------------------------------------------
 
@@ -211,27 +266,68 @@ class Relay:
 
     # --- forwarding a client's command ---------------------------------------------------------------
 
-    def forward(self, conn: "Replier", frame: dict[str, Any], p: int) -> None:
+    def forward(self, conn: "Replier", frame: dict[str, Any], p: int, away: bool = False) -> None:
         """Send ``frame`` (for partition ``p``, led elsewhere) to its leader; its reply goes to
-        ``conn`` when it comes. Raises ``CommandError`` when it cannot be sent at all."""
+        ``conn`` when it comes. Raises ``CommandError`` when it cannot be sent at all.
+
+        ``away``: this node refused it unproposed as it stopped leading ``p`` (a leadership
+        transfer): it goes to the next leader, and runs here only if this node still leads
+        ``p`` a retry later."""
         if len(self._pending) >= FORWARDED_MAX:
             raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
                                                      "retry, or connect to the partition's leader")
         cmd = frame["cmd"]
         spec = COMMANDS.get(cmd)
+        rid = next(self._rids)
+        keyed = (cmd == "PUSH" or cmd == "PUSHB") and self._key_adds(frame, rid)
         try:
             body = encode_body(frame)
         except ProtocolError as exc:
             raise CommandError(ErrorCode.INVALID, str(exc)) from exc
         wait_s = (frame.get("timeout") or 0) / 1000 if cmd in ("PULL", "PULLB") else 0.0
-        rid = next(self._rids)
         pending = _Pending(conn, frame.get("reqId"), body, p, _safe_to_repeat(frame, spec),
                            self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
+        pending.away = away
+        pending.keyed = keyed
         self._pending[rid] = pending
         self._by_conn.setdefault(conn.conn_id, set()).add(rid)
         self.forwarded += 1
         self._learn_request(frame, p)
         self._dispatch(rid, pending)
+
+    def _key_adds(self, frame: dict[str, Any], rid: int) -> bool:
+        """Give a forwarded add without a key or custom id this node's key for request ``rid``,
+        so that sending it again (to a new leader) can never add it twice. True when it carries
+        such a key in its first-send form (given now, or before: refused here, forwarded anew)."""
+        own = self._key_prefix
+        if frame["cmd"] == "PUSH":
+            key = frame.get("idempotencyKey")
+            if key is None and frame.get("customId") is None:
+                frame["idempotencyKey"] = f"{own}{rid:x}"
+                return True
+            return type(key) is str and key.startswith(own)
+        prefix = f"{own}{rid:x}."
+        keyed = False
+        for i, job in enumerate(frame["jobs"]):
+            key = job.get("idempotencyKey")
+            if key is None and job.get("customId") is None:
+                job["idempotencyKey"] = f"{prefix}{i:x}"
+                keyed = True
+            elif type(key) is str and key.startswith(own):
+                keyed = True
+        return keyed
+
+    def _sent_again(self, body: bytes) -> bytes:
+        """``body`` with the keys this node gave it in the form of a copy sent again: the engine
+        looks such a key up (a first send it only records, as no earlier copy can exist)."""
+        frame = decode_request(body, raw_data=True)
+        first, again = self._key_prefix, self._again_prefix
+        items = frame["jobs"] if frame["cmd"] == "PUSHB" else [frame]
+        for item in items:
+            key = item.get("idempotencyKey")
+            if type(key) is str and key.startswith(first):
+                item["idempotencyKey"] = again + key[len(first):]
+        return encode_body(frame)
 
     async def call(self, p: int, frame: dict[str, Any], timeout_s: float = FORWARD_TIMEOUT_S) -> dict[str, Any]:
         """Send a command of this node's own (``Locate``, a fan-out's part) to ``p``'s leader
@@ -252,13 +348,19 @@ class Relay:
 
     def _dispatch(self, rid: int, pending: _Pending) -> None:
         """Send ``pending`` to its partition's leader now, or fail it when it cannot be."""
+        if not pending.sent:
+            pending.sent = True
+        elif pending.keyed:
+            pending.body = self._sent_again(pending.body)
+            pending.keyed = False
         leader = self._leader_of(pending.p)
         me = self.info.node_id
         if leader is None or leader == me:
             # No leader known yet, or this node became it: wait a moment (or answer locally).
-            if leader == me and pending.conn is not None and not pending.conn.closed:
+            if leader == me and pending.conn is not None and not pending.conn.closed and not pending.away:
                 self._answer_here(rid, pending)
                 return
+            pending.away = False
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"partition {pending.p} has no leader yet"))
             return
         session = getattr(pending.conn, "session", None) if pending.conn is not None else None
@@ -325,8 +427,8 @@ class Relay:
         pending = self._pending.get(rid)
         if pending is None or pending.peer != peer:
             return  # answered already (a deadline, a retry sent elsewhere)
-        if code in _RETRY_CODES:
-            self._retry_later(rid, _error_of(body))  # not proposed there: the new leader takes it
+        if code in _RETRY_CODES or (code == _UNKNOWN_OUTCOME and pending.retry_safe):
+            self._retry_later(rid, _error_of(body))  # not proposed there, or safe to repeat: the new leader takes it
             return
         self._forget(rid)
         if type(ids) is list:
@@ -457,6 +559,12 @@ class Relay:
                 self.peer_subscriptions.get(peer, set()).discard(message[1])
             elif kind == "e":
                 self._event(message[1], message[2])
+            elif kind == "w":
+                _, aid, sessions, is_answer = message
+                if is_answer is True:
+                    self._audit_answered(peer, aid, sessions)
+                else:
+                    self._audit_asked(peer, aid, sessions)
             else:
                 log.warning("relay message of unknown kind %r from %s; ignored", kind, peer)
         except (ValueError, TypeError, KeyError, ProtocolError) as exc:
@@ -514,6 +622,7 @@ class Relay:
             self._served.pop(key).closed = True
         for key in [k for k in self._remote_sessions if k[0] == peer]:
             self.dispatcher.sessions.detach(key[1], self._remote_sessions.pop(key))
+        self.dispatcher.sessions.unwatch_peer(peer)  # it ended what it adopted from here, as above
         self.peer_subscriptions.pop(peer, None)
         for queue in [q for q, where in self._subscribed_at.items() if where == peer]:
             del self._subscribed_at[queue]
@@ -531,17 +640,145 @@ class Relay:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                self._sweep(self.loop.time())
+                for queue in list(self._subscribers):
+                    self._place_subscription(queue)
+                self._audit_step(self.loop.time())
+            except Exception:  # the sweep must outlive a bug in one of its steps
+                log.exception("relay sweep failed")
+
+    def _sweep(self, now: float) -> None:
+        """Answer what is past its deadline; send what waits at a node that no longer leads its
+        partition (a frozen leader keeps its link up) to the new leader, when safe to repeat."""
+        leaders: dict[int, str | None] = {}
+        for rid, pending in list(self._pending.items()):
+            if pending.deadline <= now:
+                self._fail(rid, CommandError(ErrorCode.TIMEOUT, f"no answer from partition {pending.p}'s "
+                                                                "leader in time: the outcome is unknown"))
+                continue
+            old = pending.peer
+            if not old or not pending.retry_safe:
+                continue  # not sent yet (a retry is due), or it could take effect twice
+            p = pending.p
+            leader = leaders[p] if p in leaders else leaders.setdefault(p, self._leader_of(p))
+            if leader is None or leader == old:
+                continue
+            self._send(old, ["c", rid])  # the old leader drops the command if it still waits there
+            pending.peer = ""  # its answer from there, if any, is ignored from now on
+            self.followed += 1
+            log.debug("partition %d's leader is now %s: request %d goes there from %s", p, leader, rid, old)
+            self._dispatch(rid, pending)
+
+    # --- session audits (see audits.py) -------------------------------------------------------------
+
+    def _audit_step(self, now: float) -> None:
+        """Finish the round under way when due, and begin one every AUDIT_INTERVAL_S."""
+        now_ms = int(now * 1000)
+        audit = self.audit
+        if audit.round is not None:
+            if audit.due(now_ms, int(AUDIT_ANSWER_TIMEOUT_S * 1000)):
+                self._audit_finish(now_ms)
+            return
+        if now < self._audit_next:
+            return
+        self._audit_next = now + AUDIT_INTERVAL_S
+        candidates = self._audit_candidates()
+        me = self.info.node_id
+        nodes = [n for n in self.info.topology.nodes if n != me]
+        rnd = audit.begin(now_ms, candidates, nodes)
+        if rnd is None:
+            return
+        sessions = rnd.sessions
+        for node in nodes:
+            if not self._send(node, ["w", rnd.aid, sessions, False]):
+                log.debug("session audit %d: no link to %s", rnd.aid, node)
+        if rnd.complete:  # no other node to ask
+            self._audit_finish(now_ms)
+
+    def _audit_candidates(self) -> dict[int, list[str]]:
+        """Per partition led here (and caught up): the sessions holding leases that this node does
+        not account for; one held by a client connection here is accounted for on the spot."""
+        table = self.dispatcher.sessions
+        out: dict[int, list[str]] = {}
+        for p, replica in self.dispatcher.directory.replicas.items():
+            if not replica.is_leader() or not replica.read_ready():
+                continue
+            found = []
+            for session in replica.view.lease_sessions(SCAN_SESSIONS_MAX):
+                if not session or session.startswith(KEPT_SESSION_PREFIX) or table.accounts(session, p):
+                    continue
+                if table.held_here(session):
+                    table.used_partition(session, p)
+                    self.sessions_adopted += 1
+                    continue
+                found.append(session)
+            if found:
+                out[p] = found
+        return out
+
+    def _audit_asked(self, peer: str, aid: Any, sessions: Any) -> None:
+        """A leader's audit asks which of ``sessions`` this node holds: answer, and watch those."""
+        if type(aid) is not int or type(sessions) is not list or len(sessions) > AUDIT_SESSIONS_MAX:
+            log.warning("malformed session audit from %s; ignored", peer)
+            return
+        table = self.dispatcher.sessions
+        held = [s for s in sessions
+                if type(s) is str and len(s) <= SESSION_CHARS_MAX and table.held_here(s) and table.watch(s, peer)]
+        self._send(peer, ["w", aid, held, True])
+
+    def _audit_answered(self, peer: str, aid: Any, held: Any) -> None:
+        if self.audit.answer(peer, aid, held):
+            self._audit_finish(int(self.loop.time() * 1000))
+
+    def _audit_finish(self, now_ms: int) -> None:
+        """Act on a finished round: adopt what a node holds, release what none holds."""
+        aid = self.audit.round.aid if self.audit.round is not None else 0
+        verdict = self.audit.finish(now_ms)
+        table = self.dispatcher.sessions
+        replicas = self.dispatcher.directory.replicas
+        for p, session, node in verdict.adopt:
+            replica = replicas.get(p)
+            if replica is None or not replica.is_leader():
+                continue
+            key = (node, session)
+            if key not in self._remote_sessions:
+                self._remote_sessions[key] = next(self._session_ids)
+                table.attach(session, self._remote_sessions[key])
+            table.used_partition(session, p)
+            self.sessions_adopted += 1
+        released = 0
+        for p, session in verdict.release:
+            replica = replicas.get(p)
+            # Still led here, still unaccounted for, still holding leases (not released meanwhile).
+            if replica is None or not replica.is_leader() or table.accounts(session, p) \
+                    or table.held_here(session) or not replica.view.holds_leases(session):
+                continue
+            # a session id is a bearer secret (Identify takes it over): only its head is logged
+            log.info("partition %d: session %s… holds leases and no node holds it; released", p, session[:6])
+            table.release(session, {p})
+            released += 1
+        self.sessions_released += released
+        if verdict.silent:
             now = self.loop.time()
-            for rid, pending in list(self._pending.items()):
-                if pending.deadline <= now:
-                    self._fail(rid, CommandError(ErrorCode.TIMEOUT, f"no answer from partition {pending.p}'s "
-                                                                    "leader in time: the outcome is unknown"))
-            for queue in list(self._subscribers):
-                self._place_subscription(queue)
+            if verdict.silent != self._audit_silent or now >= self._audit_silent_next:  # not every round
+                self._audit_silent, self._audit_silent_next = verdict.silent, now + AUDIT_SILENT_LOG_S
+                log.info("session audit %d: no answer from %s; %d sessions adopted, the ones no node that "
+                         "answered holds are kept until an audit every node answers", aid,
+                         ", ".join(verdict.silent), len(verdict.adopt))
+        elif verdict.adopt or released or verdict.waiting:
+            log.info("session audit %d: %d adopted (held by other nodes), %d released, %d within their grace",
+                     aid, len(verdict.adopt), released, verdict.waiting)
+
+    def _session_gone(self, session: str, peers: set[str]) -> None:
+        """``session``'s last client connection here is gone: tell the leaders that adopted it."""
+        for peer in peers:
+            self._send(peer, ["x", session])
 
     def stats(self) -> dict[str, int]:
         return {"forwarding": len(self._pending), "serving": len(self._served), "forwarded": self.forwarded,
-                "retried": self.retried}
+                "retried": self.retried, "followed": self.followed, "sessionsAdopted": self.sessions_adopted,
+                "sessionsReleased": self.sessions_released}
 
 
 def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:

@@ -143,7 +143,7 @@ class HttpApi(StreamHandlers):
 
     async def command(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Run one command on a connection of its own; the reply frame."""
-        conn = HttpConnection(self.node.dispatcher, self.node.metrics)
+        conn = HttpConnection(self.node.dispatcher, self.node.metrics, kept_leases=True)
         try:
             reply = await conn.call(frame)
         except BaseException:

@@ -38,10 +38,11 @@ class HttpConnection:
 
     def __init__(self, dispatcher: "Dispatcher", metrics: "NodeMetrics", *, authed: bool = True,
                  protocol_version: int = 2,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None, kept_leases: bool = False) -> None:
+        """``kept_leases``: a REST request, whose pulled leases live to their ttr (see :meth:`close`)."""
         self.dispatcher = dispatcher
         self.conn_id = next(_ids)
-        self.session = dispatcher.sessions.new_session_id()
+        self.session = dispatcher.sessions.new_session_id(kept=kept_leases)
         # REST authenticates each request in a middleware before it gets here; a WebSocket
         # opened without a header starts unauthenticated and sends Auth like a binary client.
         self.authed = authed

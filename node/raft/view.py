@@ -93,6 +93,14 @@ class PartitionView:
             for name, q in self._engine().queues.items()
         )
 
+    def lease_sessions(self, limit: int) -> tuple[str, ...]:
+        """At most ``limit`` of the sessions that hold leases here (for the leader's session audit)."""
+        return tuple(islice((s for s, seqs in self._engine().sessions.items() if seqs), limit))
+
+    def holds_leases(self, session: str) -> bool:
+        """True when ``session`` holds a lease here."""
+        return bool(self._engine().sessions.get(session))
+
     def has_flow_reports(self) -> bool:
         """True when finished child jobs here have reports their parents have not acknowledged."""
         return bool(self._engine().flow_outbox)

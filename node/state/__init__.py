@@ -48,7 +48,8 @@ anything, so a refused command leaves no trace.
 Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_model`` (Job, Queue, defaults, presets), ``_store`` (lookup, materializing, listings),
 ``_ready`` (what a pull takes next), ``_moves`` (state moves, removal, history trimming),
-``_push``, ``_dedupe`` (dedupe and debounce of adds), ``_pull``, ``_limits`` (rate limits and
+``_push``, ``_dedupe`` (dedupe and debounce of adds), ``_forwarded`` (the keys of adds
+forwarded by another node), ``_pull``, ``_limits`` (rate limits and
 concurrency), ``_ack`` (ack/fail/retry and leases), ``_cancel`` (cancelling a running job),
 ``_timers`` (expiry, cron, ``_Tick``), ``_control`` (per-job and per-queue commands, log
 queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
@@ -57,10 +58,11 @@ state diagram), ``_commands`` (the typed compact commands the node replicates) a
 """
 
 from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue
+from ._pull import TERM_LEASE_BITS
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
            "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
-           "SessionPull", "command_name", "command_queue"]
+           "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS"]

@@ -13,6 +13,7 @@ from ._cancel import CancelOps
 from ._commands import AckRun, PushBatch, PushRun, SessionPull, TypedCommand
 from ._control import ControlOps
 from ._flows import FlowOps
+from ._forwarded import FORWARDED_PURGE_LATE_MS, ForwardedKeys
 from ._dedupe import DedupeOps
 from ._model import Event
 from ._moves import Moves
@@ -37,8 +38,8 @@ class Applied(NamedTuple):
     events: Sequence[Event]
 
 
-class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, ControlOps, FlowOps, ReadOps,
-                      SnapshotOps, Moves, ReadyIndex):
+class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, CancelOps, TimerOps, ControlOps, FlowOps,
+                      ReadOps, SnapshotOps, Moves, ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
     def __init__(self, partition: int) -> None:
@@ -94,9 +95,12 @@ class PartitionEngine(PushOps, DedupeOps, PullOps, AckOps, CancelOps, TimerOps, 
 
     def next_due_ms(self) -> int | None:
         """Earliest time a delayed job, lease, TTL or cron becomes due."""
-        if not (self.queues or self.delayed or self.leases or self.ttls or self.crons or self.idempotency_order):
+        if not (self.queues or self.delayed or self.leases or self.ttls or self.crons or self.idempotency_order
+                or self.forwarded):
             return None  # the node's tick loop asks every led partition several times a second
         due = [h[0][0] for h in (self.delayed, self.leases, self.ttls) if h]
+        if self.forwarded:  # dropped in passing: at most one tick a second for them, never one per entry
+            due.append(self.forwarded[0][0] + FORWARDED_PURGE_LATE_MS)
         due += [c["nextRunAt"] for c in self.crons.values()]
         if self.idempotency_order:
             due.append(self.idempotency_order[0][0])

@@ -31,6 +31,12 @@ QUEUE_PRESETS: dict[str, dict[str, bool]] = {
     "log":        {"priority": False, "delay": False, "ttl": False, "ttr": False, "group": False, "capacity": True},
 }
 IDEMPOTENCY_WINDOW_MS = 120_000
+#: The idempotency keys a forwarding node gives the adds it forwards without one
+#: (``shoal.node.relay``) begin with the first (its first send) or the second (sent again);
+#: the engine keeps them FORWARDED_KEY_WINDOW_MS, in records of their own (``_forwarded``).
+FORWARDED_KEY_PREFIX = "~fwd:"
+FORWARDED_AGAIN_PREFIX = "~fwr:"
+FORWARDED_KEY_WINDOW_MS = 45_000
 JOB_LOGS_MAX = 100
 EVENTS_MAX = 10_000
 PAGE_DEFAULT = 100

@@ -11,6 +11,7 @@ from shoal.cluster.jobid import format_job_id
 
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
 from ._commands import PushBatch, PushRun
+from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._segments import Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
@@ -49,9 +50,14 @@ class PushOps(Store):
         same custom id), or None."""
         key = options.get("idempotencyKey")
         if key is not None:
-            entry = self.idempotency.get((q.name, key))
-            if entry is not None and entry[1] > self.now_ms:
-                return self._wire_id_of(entry[0])
+            if key.startswith(FORWARDED_FORMS):
+                earlier = self._forwarded_duplicate(key)  # type: ignore[attr-defined]  # ForwardedKeys
+                if earlier is not None:
+                    return self._wire_id_of(earlier)
+            else:
+                entry = self.idempotency.get((q.name, key))
+                if entry is not None and entry[1] > self.now_ms:
+                    return self._wire_id_of(entry[0])
         custom = options.get("customId")
         if custom is not None:
             seq = q.custom_ids.get(custom)
@@ -94,7 +100,9 @@ class PushOps(Store):
             if meta:
                 job.meta = meta
             key = get("idempotencyKey")
-            if key is not None:
+            if key is not None and key.startswith(FORWARDED_FORMS):
+                self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
+            elif key is not None:
                 expires = now + IDEMPOTENCY_WINDOW_MS
                 self.idempotency[(name, key)] = (format_job_id(self.partition, seq), expires)
                 self.idempotency_order.append((expires, (name, key)))
@@ -150,6 +158,9 @@ class PushOps(Store):
                 room = capacity - (counts[WAITING] + counts[DELAYED] + counts[ACTIVE])
         plan: list[Any] | None = None
         fresh = datas
+        first_sends = None
+        if keys is not None and room is None and first_sends_only(keys):
+            first_sends, keys = keys, None  # a forwarding node's first sends: recorded, never looked up
         if keys is not None or room is not None:
             plan = [None] * len(datas)
             idem = self.idempotency
@@ -157,10 +168,17 @@ class PushOps(Store):
             for i in range(len(datas)):
                 key = keys[i] if keys is not None else None
                 if key is not None:
-                    entry = idem.get((name, key))
-                    if entry is not None and entry[1] > now:
-                        plan[i] = entry[0]
-                        continue
+                    if key.startswith(FORWARDED_FORMS):
+                        earlier_id = self._forwarded_duplicate(key)  # type: ignore[attr-defined]
+                        if earlier_id is not None:
+                            plan[i] = earlier_id
+                            continue
+                        key = first_form(key)  # copies of one add in this batch find each other
+                    else:
+                        entry = idem.get((name, key))
+                        if entry is not None and entry[1] > now:
+                            plan[i] = entry[0]
+                            continue
                     earlier = first_in_batch.get(key)
                     if earlier is not None:
                         plan[i] = earlier
@@ -181,23 +199,33 @@ class PushOps(Store):
         first = self.seq + 1
         self.seq += n
         ids: list[Any] = []
+        if first_sends is not None and n:
+            self._note_forwarded(first, first_sends)  # type: ignore[attr-defined]  # ForwardedKeys
         if plan is not None:
             seq = first
             expires = now + IDEMPOTENCY_WINDOW_MS
             order = self.idempotency_order
+            forwarded_seqs: list[int] = []
+            forwarded_keys: list[str] = []
             for i, step in enumerate(plan):
                 if step is None:
                     job_id = prefix + str(seq)
-                    seq += 1
                     key = keys[i] if keys is not None else None
                     if key is not None:
-                        self.idempotency[(name, key)] = (job_id, expires)
-                        order.append((expires, (name, key)))
+                        if key.startswith(FORWARDED_FORMS):
+                            forwarded_seqs.append(seq)
+                            forwarded_keys.append(first_form(key))
+                        else:
+                            self.idempotency[(name, key)] = (job_id, expires)
+                            order.append((expires, (name, key)))
+                    seq += 1
                     ids.append(job_id)
                 elif step is _FULL:
                     ids.append(None)
                 else:
                     ids.append(ids[step] if type(step) is int else self._wire_id_of(step))
+            if forwarded_keys:
+                self._note_forwarded(forwarded_seqs, forwarded_keys)  # type: ignore[attr-defined]
         if n:
             opts = q.opts
             # A copy: the segment marks taken slots in its list, and a command may be applied

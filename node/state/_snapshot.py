@@ -100,6 +100,8 @@ class SnapshotOps(Store):
             more["limits"] = limits
         if self.dedupe:  # type: ignore[attr-defined]  # DedupeOps
             more["dedupe"] = self.dedupe_state()  # type: ignore[attr-defined]
+        if self.forwarded:  # type: ignore[attr-defined]  # ForwardedKeys
+            more["forwarded"] = self.forwarded_state()  # type: ignore[attr-defined]
         extras = [more] if more else []
         # A packed array is its header followed by its packed items, so packing the job list
         # piecewise gives the same bytes as packing it whole.
@@ -190,6 +192,7 @@ class SnapshotOps(Store):
         if "flows" in extras:
             eng.restore_flows(extras["flows"])
         eng.load_dedupe(extras.get("dedupe", []))  # type: ignore[attr-defined]  # DedupeOps
+        eng.load_forwarded(extras.get("forwarded", []))  # type: ignore[attr-defined]  # ForwardedKeys
         named = sorted(eng._seqs_named_elsewhere()) if segments else []
         for seg in segments:
             eng._place_run(seg, named)

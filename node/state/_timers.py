@@ -110,6 +110,7 @@ class TimerOps(Store):
             entry = self.idempotency.get(key)
             if entry is not None and entry[1] <= self.now_ms:
                 del self.idempotency[key]
+        self._purge_forwarded()  # type: ignore[attr-defined]  # ForwardedKeys
 
     def _op_Tick(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self._expire()

@@ -69,7 +69,7 @@ def test_the_check_catches_bad_imports() -> None:
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
     ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity", "cluster_map", "moves"})),
-    ("dispatch", frozenset({"dispatch", "ports", "sessions", "metrics", "relay", "bunqueue", "writes"})),
+    ("dispatch", frozenset({"dispatch", "ports", "sessions", "audits", "metrics", "relay", "bunqueue", "writes"})),
     ("view", frozenset({"view"})),
     ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
     ("server", frozenset({"server", "cli", "pod", "__main__", "__init__"})),
