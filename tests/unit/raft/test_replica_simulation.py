@@ -1,16 +1,21 @@
 """A seeded simulation of whole replicas, TigerBeetle-VOPR style (the package ``sim`` beside this file).
 
-Each seed runs one partition's replica group — 3 nodes, sometimes 5 — in one process,
+Each seed runs one partition's replica group — 3 nodes, sometimes 5, or a group that
+grows and shrinks between 1, 3 and 5 voters of a pool of nodes — in one process,
 from one ``random.Random(seed)``: the real :class:`~shoal.node.raft.replica.PartitionReplica`
 driving the real Raft core, journal (on :class:`~shoal.node.raft._io.SimIO`), engine,
 snapshots and snapshot streaming, on a simulated event loop (``sim.loop``) and network
 (``sim.network``: real MessagePack frames, lost, duplicated, reordered, delayed, cut by
 partitions), with crashes that lose unsynced writes, damaged journal and snapshot files
-(``sim.disk``), clients that push, pull and ack (``sim.workload``), and checkers
-(``sim.checkers``): no acknowledged push lost, no job acked complete delivered again,
-equal digests at equal applied indexes, one leader per term, applied entries that agree,
-bounded work per loop callback, and, once the faults stop, a group that settles within
-a bounded virtual time with every replica whole and in line. ``sim.cluster`` runs a seed.
+(``sim.disk``), and, drawn per seed (``sim.cluster.Features``), membership changes by the
+node's own planner, the balancer's transfers, paused nodes, drifting clocks, a disk-class
+queue and reads; clients that push, pull, ack and read (``sim.workload``), and checkers
+(``sim.checkers``): no acknowledged push lost (a disk-class one only to a power cut), no job
+acked complete delivered again, no token handed out twice, every read reflecting the writes
+acknowledged before it, equal digests at equal applied indexes, one leader per term and none
+while loading, applied entries that agree, bounded work per loop callback, and, once the
+faults stop, a group that settles on its target within a bounded virtual time with every
+replica whole and in line. ``sim.cluster`` runs a seed.
 
 The test command runs :data:`DEFAULT_SEEDS`; ``-m soak`` runs :data:`SOAK_SEEDS`, with a
 longer chaos period. A failing seed prints the command that replays it (the run is the
@@ -29,11 +34,16 @@ seed (the tests below name the seeds):
    for other pushes (seeds 41, 50, 96).
 
 ``SimConfig.damage_last_segment`` (on by default) lets damage reach the last journal segment
-too, where the journal tells damaged synced records from a torn tail by its synced mark (finding
-6): the ``synced`` file, written without a sync, and the mark records in the segment. The damage
-stays in the bytes a durable mark vouches for. Past them is the window the journal documents
-(*The synced mark* in its module docstring), where damage after a power cut passes for a torn
-tail: let in there, it loses a committed entry in soak seed 1761.
+too, in every byte the journal reported synced before the node stopped (its synced mark as it
+ran, not as the disk holds it): the journal must refuse it, telling damaged synced records from
+a torn tail by its ``synced`` file, made durable before a sync reports (finding 6; *The synced
+mark* in its module docstring). A journal whose mark could lag behind its report after a power
+cut fails soak seed 1761: a flip in its last synced batch is cut as a torn tail, and a committed
+entry is lost.
+
+Issue 41's findings 1-5 and 7, re-created the same way, are each caught by the seeds of
+:data:`ISSUE_41_CAUGHT` (finding 2, a paused transfer target, by a scene of its own), and
+every one of those seeds passes without its defect.
 
 The regression seeds of the defects the simulation found are listed in :data:`REGRESSIONS`;
 defects that need a scene of their own (a lost answer, a repair under a steady leader) have
@@ -46,8 +56,12 @@ from typing import Any
 
 import pytest
 from sim.checkers import Violation
-from sim.cluster import SimRun, run_seed
-from sim.defects import commit_on_snapshot_chunk, spinning_snapshot_sender, swallowed_snapshot_damage
+from sim.cluster import Features, SimConfig, SimRun, run_seed
+
+from shoal.node.raft.core import RaftCore
+from sim.defects import (commit_on_snapshot_chunk, configs_of_the_commit_hint, disk_class_as_durable,
+                         extended_transfers, loading_replicas_lead, reads_without_lease, repeated_tokens,
+                         spinning_snapshot_sender, swallowed_snapshot_damage)
 
 #: Seeds of the test command, and their chaos period (virtual seconds).
 DEFAULT_SEEDS = range(200)
@@ -58,7 +72,8 @@ SOAK_CHAOS_S = 30.0
 _FILE = "tests/unit/raft/test_replica_simulation.py"
 
 #: Seeds that failed on a defect the simulation found, with their chaos period, each fixed
-#: by its own commit (the seeds fail again if the fix is taken out):
+#: by its own commit (the seeds fail again if the fix is taken out), run without the features
+#: drawn since (the classic runs they were found in):
 REGRESSIONS = {
     # replica._quarantine moved damaged files with os.rename, past the node's I/O layer: on
     # the simulated disk the damaged journal was opened again and the replica did not start.
@@ -125,7 +140,7 @@ def test_soak_seed(seed: int) -> None:
 def test_regression(name: str) -> None:
     seed, chaos_s = REGRESSIONS[name]
     try:
-        run_seed(seed, chaos_s=chaos_s)
+        run_seed(seed, chaos_s=chaos_s, features=Features.none())  # the classic run they were found in
         return
     except Violation as exc:
         failure = str(exc)
@@ -138,7 +153,7 @@ def test_a_lost_install_answer_costs_one_more_stream(seed: int) -> None:
     lost once the faults stop, on a partition that then writes nothing new: the leader streams
     the snapshot once more, learns the follower holds it, and the follower — a repaired one in
     seed 17 — votes again, from the leader's heartbeats."""
-    run = SimRun(seed, chaos_s=CHAOS_S, quiet_after_heal=True)
+    run = SimRun(seed, chaos_s=CHAOS_S, quiet_after_heal=True, features=Features.none())
     follower: list[str] = []
     offers = 0
 
@@ -163,14 +178,20 @@ def test_a_follower_repaired_under_a_steady_leader_is_caught_up(seed: int) -> No
     discards its log and starts over while the same leader goes on, on a partition that then
     writes nothing new. The leader must probe it below the entries it had acknowledged (its
     match index) rather than go on sending what follows them."""
-    run = SimRun(seed, chaos_s=CHAOS_S, quiet_after_heal=True)
+    run = SimRun(seed, chaos_s=CHAOS_S, quiet_after_heal=True, features=Features.none())
     struck: list[str] = []
 
-    def strike() -> None:
-        leader = next(r for r in run._replicas() if r.is_leader())  # noqa: SLF001 (a test's nemesis)
+    def strike(tries: int = 200) -> None:
+        leader = next((r for r in run._replicas() if r.is_leader()), None)  # noqa: SLF001 (a test's nemesis)
+        if leader is None:  # an election is under way: strike once it is over (bounded)
+            assert tries > 0, "no leader within 10 s of the healing"
+            run.loop.call_later(0.05, strike, tries - 1)
+            return
         node = next(n for n in run.nodes.values() if n.up and n.id != leader.node_id)
         node.crash(power_cut=False)
         node.io.flip_bits(f"{node.data_dir}/p0.snap", 40)  # the healing restarts it, with repair on
+        if run.healed_at:
+            run._restart(node.id, True)  # noqa: SLF001 (struck after the healing: restarted here)
         struck.append(node.id)
 
     run.loop.call_at(run.loop.time() + CHAOS_S - 0.001, strike)
@@ -188,20 +209,20 @@ def test_a_seed_replays_the_same_run() -> None:
 
 def test_runs_exercise_every_fault() -> None:
     """The default seeds do what they are for: snapshots streamed and installed, damage refused
-    and repaired, leaders moving (counted over a sample of them)."""
-    installs = refusals = callbacks = 0
-    for seed in range(12):
-        run = run_seed(seed, chaos_s=CHAOS_S)
-        summary = run.summary()
-        installs += summary["installs"]
-        refusals += summary["refusals"]
-        callbacks += summary["callbacks"]
-        assert summary["pushes"] > 0 and summary["acks"] > 0
-    assert installs > 0 and refusals > 0 and callbacks > 10_000
+    and repaired, leaders moving, membership changes, paused nodes, reads (counted over a
+    sample of them)."""
+    totals: dict[str, int] = {}
+    for seed in range(40):
+        summary = run_seed(seed, chaos_s=CHAOS_S).summary()
+        for key in ("installs", "refusals", "callbacks", "membership_changes", "pauses", "reads", "acks"):
+            totals[key] = totals.get(key, 0) + summary[key]
+        assert summary["pushes"] > 0
+    assert totals["acks"] > 0 and totals["installs"] > 0 and totals["refusals"] > 0 and totals["callbacks"] > 10_000, totals
+    assert totals["membership_changes"] > 0 and totals["pauses"] > 0 and totals["reads"] > 0, totals
 
 
 def _caught(seed: int, defect: object) -> str:
-    run = SimRun(seed, chaos_s=CHAOS_S)
+    run = SimRun(seed, chaos_s=CHAOS_S, features=Features.none())  # issue 29's were found in classic runs
     with pytest.raises(Violation) as caught:
         with defect:  # type: ignore[attr-defined]
             run.run()
@@ -221,3 +242,90 @@ def test_finding_2_commit_over_unchecked_entries_on_a_snapshot_is_caught(seed: i
 @pytest.mark.parametrize("seed, sign", [(41, "holds digest"), (50, "holds digest"), (96, "holds digest")])
 def test_finding_3_a_damaged_snapshot_loaded_as_empty_is_caught(seed: int, sign: str) -> None:
     assert sign in _caught(seed, swallowed_snapshot_damage())
+
+
+# --- issue 41 -----------------------------------------------------------------------------------
+
+
+def _paused_transfer_target_run() -> tuple[SimRun, list[float]]:
+    """Three nodes, the balancer on, no random faults. The preferred replica n0 is crashed and
+    restarted, so another node leads and the balancer hands leadership back to n0; n0 is
+    paused (SIGSTOP: links up, nothing read or answered) right as that transfer starts, for
+    20 s. Returns the run and when the pause began."""
+    config = SimConfig(nodes=3, chaos_s=40.0, crash_weight=0.0, partition_weight=0.0, damage_weight=0.0,
+                       clients=2)
+    run = SimRun(3, config=config, features=Features(balancer=True))
+    paused: list[float] = []
+    n0 = run.nodes["n0"]
+
+    def crash_n0() -> None:
+        n0.crash(power_cut=False)
+        run.loop.call_later(2.0, run._restart, "n0", True)  # noqa: SLF001 (the test's own nemesis)
+
+    transfer = RaftCore.transfer_leadership
+
+    def transfer_then_freeze(core: RaftCore, target: str, now: float) -> None:
+        transfer(core, target, now)
+        if core.lead_transferee == "n0" and not paused:
+            n0.pause(20.0)  # before the TimeoutNow leaves: n0 reads it only once it resumes
+            paused.append(run.loop.time())
+
+    run.loop.call_at(run.loop.time() + 2.0, crash_n0)
+    RaftCore.transfer_leadership = transfer_then_freeze  # type: ignore[method-assign]
+    try:
+        run.run()
+    finally:
+        RaftCore.transfer_leadership = transfer  # type: ignore[method-assign]
+    return run, paused
+
+
+def _write_gap_s(run: SimRun, since: float, until: float) -> float:
+    """The longest time in [since, until] with no push acknowledged."""
+    acked = sorted(p.acked_at for p in run.workload.records.pushes.values()
+                   if p.acked_at is not None and since <= p.acked_at <= until)
+    marks = [since, *acked, until]
+    return max(b - a for a, b in zip(marks, marks[1:]))
+
+
+def test_finding_41_2_a_paused_transfer_target_stalls_writes_for_one_transfer_timeout_at_most() -> None:
+    """The leader starts handing leadership to n0, then n0 freezes with its links up. The transfer
+    is given up after its timeout and never extended, and n0 is no target while it answers
+    nothing: writes stall for about one transfer timeout (1.6 s), not for the whole pause."""
+    run, paused = _paused_transfer_target_run()
+    assert paused, "the balancer never started a transfer to n0"
+    assert _write_gap_s(run, paused[0], paused[0] + 20.0) < 5.0
+
+
+def test_finding_41_2_is_caught_when_transfers_are_extended() -> None:
+    with extended_transfers():
+        run, paused = _paused_transfer_target_run()
+    assert paused and _write_gap_s(run, paused[0], paused[0] + 20.0) > 15.0
+
+
+#: Issue 41's findings, each caught by seed against its defect re-introduced (``sim.defects``):
+#: finding -> (defect, seeds with their chaos period, what the checkers say). Every seed passes
+#: without its defect.
+ISSUE_41_CAUGHT = {
+    # A restarted replica counts the voters of its stale commit hint: two replicas apply
+    # different entries at one index (1252), the group is left unable to elect anyone (59), or
+    # the config-entry invariant fails where the wrong configuration is used (223).
+    1: (configs_of_the_commit_hint, [(1252, SOAK_CHAOS_S), (59, CHAOS_S), (223, CHAOS_S)],
+        ("applied a different entry", "did not settle", "changes voters")),
+    3: (reads_without_lease, [(58, CHAOS_S), (143, CHAOS_S), (268, CHAOS_S)], ("a stale read",)),
+    4: (disk_class_as_durable, [(231, CHAOS_S), (375, CHAOS_S)], ("applied a different entry",)),
+    5: (repeated_tokens, [(177, CHAOS_S), (366, CHAOS_S)], ("which an earlier take handed out",)),
+    7: (loading_replicas_lead, [(75, CHAOS_S), (411, CHAOS_S)], ("while it loads its snapshot",)),
+}
+_ISSUE_41_CASES = [(finding, seed, chaos_s) for finding, (_, seeds, _) in sorted(ISSUE_41_CAUGHT.items())
+                   for seed, chaos_s in seeds]
+
+
+@pytest.mark.parametrize("finding, seed, chaos_s", _ISSUE_41_CASES)
+def test_issue_41_finding_is_caught_by_seed(finding: int, seed: int, chaos_s: float) -> None:
+    defect, _, signs = ISSUE_41_CAUGHT[finding]
+    run_seed(seed, chaos_s=chaos_s)  # passes as the code is
+    with pytest.raises((Violation, AssertionError)) as caught:
+        with defect():
+            run_seed(seed, chaos_s=chaos_s)
+    message = str(caught.value).splitlines()[0]
+    assert any(sign in message for sign in signs), message

@@ -4,14 +4,22 @@ While it runs (a failure stops the run at once, with the virtual time):
 
 - **one leader per term**: no two replicas lead in the same term;
 - **applied entries agree** (state machine safety): no two replicas apply different
-  entries at the same index;
-- **equal states at equal indexes**: replicas that applied up to the same index hold
-  the same engine :meth:`~shoal.node.state.PartitionEngine.digest` (sampled);
+  entries at the same index. A leader applies committed disk-class entries before they are
+  durable (on stable storage on a majority): such an apply is *tentative* until the
+  replica's durable index passes it, and is dropped if the replica takes its state machine
+  back to its snapshot (a power cut lost the entries and a new leader wrote others there);
+  every apply at or below the durable index must agree;
+- **equal states at equal indexes**: replicas that applied up to the same index, nothing
+  of it tentative, hold the same engine :meth:`~shoal.node.state.PartitionEngine.digest`
+  (sampled);
 - **bounded work**: no single loop callback makes a node send more than
   :data:`CALLBACK_MESSAGES_MAX` messages or :data:`CALLBACK_BYTES_MAX` bytes (a leader
   that spins while streaming a snapshot floods its links and stalls every partition);
+- **a leader in one place**: no leader ever obeys another leader of its own term (it counts
+  such messages), and none leads while it loads its snapshot (it could serve nothing);
 - the workload's own checks (:mod:`.workload`): an idempotency key always maps to one
-  job id, and a job whose ACK was acknowledged is never delivered again.
+  job id, a job whose ACK was acknowledged is never delivered again, no take's token
+  repeats an earlier one, and a read reflects every write acknowledged before it began.
 
 After the faults stop (:meth:`Checkers.settled`): a leader exists, every replica runs
 (none refused or stopped), none is loading, recovering, or behind the leader's commit
@@ -23,7 +31,7 @@ acknowledged push is on the leader in a state that fits what was acknowledged of
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.cluster.errors import CommandError
@@ -51,6 +59,8 @@ class Checkers:
     def __init__(self) -> None:
         self.leaders: dict[int, str] = {}
         self.applied: dict[int, tuple[int, int, str]] = {}
+        #: node -> index -> (term, crc) of entries it applied ahead of its durable index.
+        self.tentative: dict[str, dict[int, tuple[int, int]]] = {}
         self.digests: dict[int, tuple[str, str]] = {}
         self.callback_msgs_max = 0
         self.callback_bytes_max = 0
@@ -82,25 +92,51 @@ class Checkers:
                 leader = self.leaders.setdefault(term, replica.node_id)
                 if leader != replica.node_id:
                     self.fail(f"two leaders in term {term}: {leader} and {replica.node_id}")
+            if replica.core.foreign_leader_messages:
+                self.fail(f"{replica.node_id} led term {replica.term()} and heard from another leader of it")
+            if replica.is_leader() and replica.status()["loading"]:
+                self.fail(f"{replica.node_id} leads term {replica.term()} while it loads its snapshot")
+            tentative = self.tentative.get(replica.node_id)
+            if tentative:
+                self._confirm_durable(replica.node_id, tentative, replica.core.durable)
 
-    def on_entries(self, node: str, entries: list[Any]) -> None:
-        """``node`` applies ``entries``: each must be what every other replica applied at its index."""
-        applied = self.applied
+    def on_entries(self, node: str, entries: list[Any], durable: int) -> None:
+        """``node`` applies ``entries`` (its durable index ``durable``): each must be what every
+        other replica applied at its index, once it is durable."""
         for payload, index, term in entries:
             crc = zlib.crc32(payload)
-            seen = applied.get(index)
-            if seen is None:
-                applied[index] = (term, crc, node)
-            elif seen[:2] != (term, crc):
-                self.fail(f"{node} applies entry {index} of term {term}, but {seen[2]} applied a different entry "
-                          f"of term {seen[0]} there")
+            if index <= durable:
+                self._applied(node, index, term, crc)
+            else:
+                self.tentative.setdefault(node, {})[index] = (term, crc)
+
+    def _applied(self, node: str, index: int, term: int, crc: int) -> None:
+        seen = self.applied.get(index)
+        if seen is None:
+            self.applied[index] = (term, crc, node)
+        elif seen[:2] != (term, crc):
+            self.fail(f"{node} applies entry {index} of term {term}, but {seen[2]} applied a different entry "
+                      f"of term {seen[0]} there")
+
+    def _confirm_durable(self, node: str, tentative: dict[int, tuple[int, int]], durable: int) -> None:
+        for index in sorted(i for i in tentative if i <= durable):
+            term, crc = tentative.pop(index)
+            self._applied(node, index, term, crc)
+
+    def rolled_back(self, node: str) -> None:
+        """``node`` took its state machine back to its snapshot: its tentative applies are void."""
+        self.tentative.pop(node, None)
+
+    def restarted(self, node: str) -> None:
+        """``node``'s process started again: what it applied tentatively died with the old one."""
+        self.tentative.pop(node, None)
 
     def sample_digests(self, replicas: Iterable[PartitionReplica]) -> None:
         """Replicas at the same applied index must hold the same state (a digest is computed only
         where there is one to compare it with: two replicas at one index, or one seen before)."""
         by_index: dict[int, list[PartitionReplica]] = {}
         for replica in replicas:
-            if not replica.status()["loading"]:
+            if not replica.status()["loading"] and replica.applied_index() <= replica.core.durable:
                 by_index.setdefault(replica.applied_index(), []).append(replica)
         for index, group in sorted(by_index.items()):
             seen = self.digests.get(index)
@@ -146,8 +182,10 @@ class Checkers:
             return f"{inflight} client commands not answered yet"
         return None
 
-    def settled(self, replicas: dict[str, PartitionReplica], records: Records, now_ms: int) -> None:
-        """The checks once the group has settled (see the module docstring)."""
+    def settled(self, replicas: dict[str, PartitionReplica], records: Records, now_ms: int,
+                maybe_lost: Callable[[float | None, bool], bool] = lambda _at, _disk: False) -> None:
+        """The checks once the group has settled (see the module docstring). ``maybe_lost(acked
+        at, disk class)``: an acknowledged write that a power cut may have lost (a disk-class one)."""
         leader = next(r for r in replicas.values() if r.is_leader())
         digest = leader.engine.digest()
         for node, replica in sorted(replicas.items()):
@@ -157,14 +195,19 @@ class Checkers:
         for key, push in sorted(records.pushes.items()):
             if push.job_id is None:
                 self.fail(f"push {key} was never acknowledged")
+            lost_ok = maybe_lost(push.acked_at, push.disk)
             try:
                 job = leader.read({"cmd": "GetJob", "id": push.job_id}, now_ms)["job"]
             except CommandError as exc:
-                self.fail(f"acknowledged push {key} (job {push.job_id}) is lost: {exc}")
+                if not lost_ok:
+                    self.fail(f"acknowledged push {key} (job {push.job_id}) is lost: {exc}")
                 continue
             if job["data"].packed != push.data:
-                self.fail(f"job {push.job_id} holds other data than push {key} sent")
-            if push.job_id in records.completed and job["state"] != "completed":
+                if not lost_ok:
+                    self.fail(f"job {push.job_id} holds other data than push {key} sent")
+                continue
+            done_at = records.completed.get(push.job_id)
+            if done_at is not None and job["state"] != "completed" and not maybe_lost(done_at, push.disk):
                 self.fail(f"job {push.job_id} was acked complete but is {job['state']}")
             if job["state"] == "completed" and push.job_id not in records.completed \
                     and push.job_id not in records.ack_unknown:

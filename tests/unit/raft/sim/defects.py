@@ -1,4 +1,5 @@
-"""The defects of issue 29's findings 1-3, re-created on the real replica for the simulation to catch.
+"""Defects the simulation must catch, re-created on the real code: issue 29's findings 1-3 and
+issue 41's findings 1-5 and 7.
 
 Each is a context manager that patches the real code with the old behaviour for the
 duration of a run (and restores it), so a test can show that the simulation's checkers
@@ -21,6 +22,21 @@ fail on that defect, by seed:
    start-up check leaves out the content checksum (the whole-file checksum the leader
    streams is computed over the damaged bytes, so followers accept them) and a failed
    load leaves the empty engine in place.
+
+Issue 41's, each the behaviour before its fix:
+
+- :func:`configs_of_the_commit_hint` (finding 1): a restarted replica's configuration is the
+  one its commit hint (stored every few seconds) covers, not the newest of its log;
+- :func:`extended_transfers` (finding 2): asking again for a transfer under way moves its
+  deadline, any voter is a target (a paused one too), and a failed one is retried at once;
+- :func:`reads_without_lease` (finding 3): a leader answers reads from its applied state
+  whenever it has applied an entry of its term, with no lease and no ReadIndex round;
+- :func:`disk_class_as_durable` (finding 4): a committed disk-class entry counts as durable
+  at once (followers apply it and never cut it, snapshots and hints cover it);
+- :func:`repeated_tokens` (finding 5): lease tokens restart from the same numbers after a
+  restart that lost a take;
+- :func:`loading_replicas_lead` (finding 7): a replica loading its snapshot campaigns and
+  obeys TimeoutNow.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ from typing import Any
 import google_crc32c
 
 from shoal.node.raft import replica as replica_module
+from shoal.node.raft.core import LEADER, ProposalRefused, RaftCore
+from shoal.node.state._pull import PullOps
 from shoal.node.raft.install import SnapshotSender
 from shoal.node.raft.messages import SnapshotChunk
 from shoal.node.raft.replica import PartitionReplica
@@ -39,7 +57,9 @@ from shoal.node.raft.snapshot_file import SnapshotCorrupt
 from shoal.node.raft.snapshots import SnapshotFile, read_snapshot_meta
 from shoal.node.state import PartitionEngine
 
-__all__ = ["spinning_snapshot_sender", "commit_on_snapshot_chunk", "swallowed_snapshot_damage", "SPIN_MESSAGES"]
+__all__ = ["spinning_snapshot_sender", "commit_on_snapshot_chunk", "swallowed_snapshot_damage", "SPIN_MESSAGES",
+           "configs_of_the_commit_hint", "extended_transfers", "reads_without_lease", "disk_class_as_durable",
+           "repeated_tokens", "loading_replicas_lead", "ISSUE_41"]
 
 #: Empty messages one pump of the spinning sender adds (far fewer than pysyncobj's ~100,000).
 SPIN_MESSAGES = 1000
@@ -77,6 +97,7 @@ def commit_on_snapshot_chunk() -> contextlib.AbstractContextManager[None]:
         core = self.core
         if chunk.term >= core.term and not chunk.data:
             core.commit = max(core.commit, min(chunk.index, core.log.last_index))
+            core.durable = max(core.durable, core.commit)  # pysyncobj knew no other bound
         real(self, peer, chunk)
         self._process()
 
@@ -103,3 +124,120 @@ def swallowed_snapshot_damage() -> Iterator[None]:
     with _patched(replica_module, "verify_snapshot", verify_envelope), \
             _patched(replica_module, "load_engine", load_or_empty):
         yield
+
+
+def configs_of_the_commit_hint() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 1: a restarted replica takes only the config entries its (stale)
+    commit hint covers; those after it took effect only when applied, as before the fix."""
+    real = RaftCore.__init__
+
+    def init(self: RaftCore, *args: Any, **kwargs: Any) -> None:
+        commit = kwargs.get("commit", 0)
+        kwargs["log_configs"] = [(i, c) for i, c in kwargs.get("log_configs") or [] if i <= commit]
+        real(self, *args, **kwargs)
+
+    return _patched(RaftCore, "__init__", init)
+
+
+def extended_transfers() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 2: every request moves a transfer's deadline, to any voter, at once."""
+
+    def transfer(self: RaftCore, target: str, now: float) -> None:
+        if self.state != LEADER or target == self.id:
+            return
+        if not self.membership.is_voter(target) or target not in self.progress:
+            raise ProposalRefused(f"{target} is not a voter of this group")
+        self.lead_transferee = target
+        self._transfer_deadline = now + self.params.transfer_timeout_s
+        pr = self.progress[target]
+        if pr.match == self.log.last_index:
+            self._send_timeout_now(target)
+        else:
+            self._send_append(target, pr)
+
+    def failed(self: RaftCore, now: float) -> None:
+        self.lead_transferee = None
+
+    def replica_transfer(self: PartitionReplica, node_id: str | None = None, *,
+                         among: list[str] | None = None) -> bool:
+        core = self.core
+        if not core.is_leader:
+            return False
+        caught_up = [(pr.match, p) for p, pr in core.progress.items()
+                     if core.membership.is_voter(p) and self.peer_connected(p) and pr.match >= core.commit]
+        if node_id is None and among:
+            node_id = among[0]  # the move step's first target voter, live or not
+        if node_id is None:
+            if not caught_up:
+                return False
+            node_id = max(caught_up)[1]
+        elif node_id not in {p for _, p in caught_up}:
+            return False
+        try:
+            core.transfer_leadership(node_id, self._clock())
+        except ProposalRefused:
+            return False
+        self._process()
+        return True
+
+    @contextlib.contextmanager
+    def all_three() -> Iterator[None]:
+        with _patched(RaftCore, "transfer_leadership", transfer), _patched(RaftCore, "_transfer_failed", failed), \
+                _patched(PartitionReplica, "transfer_leadership", replica_transfer):
+            yield
+
+    return all_three()
+
+
+def reads_without_lease() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 3: reads served from the applied state of any leader that applied its term's first entry."""
+    return _patched(PartitionReplica, "lease_held", lambda self: self.read_ready())
+
+
+def disk_class_as_durable() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 4: the commit index is taken for the durable index, disk class or not."""
+    real_step, real_persisted, real_tick = RaftCore.step, RaftCore.persisted, RaftCore.tick
+
+    def durable_is_commit(self: RaftCore) -> None:
+        if self.durable < self.commit:
+            self.durable = self.commit
+
+    def step(self: RaftCore, *args: Any, **kwargs: Any) -> None:
+        real_step(self, *args, **kwargs)
+        durable_is_commit(self)
+
+    def persisted(self: RaftCore, *args: Any, **kwargs: Any) -> None:
+        real_persisted(self, *args, **kwargs)
+        durable_is_commit(self)
+
+    def tick(self: RaftCore, *args: Any, **kwargs: Any) -> None:
+        real_tick(self, *args, **kwargs)
+        durable_is_commit(self)
+
+    @contextlib.contextmanager
+    def all_three() -> Iterator[None]:
+        with _patched(RaftCore, "step", step), _patched(RaftCore, "persisted", persisted), \
+                _patched(RaftCore, "tick", tick):
+            yield
+
+    return all_three()
+
+
+def repeated_tokens() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 5: lease numbers ignore the term of the entry that takes the job."""
+    return _patched(PullOps, "enter_term", lambda self, term: None)
+
+
+def loading_replicas_lead() -> contextlib.AbstractContextManager[None]:
+    """Issue 41, finding 7: a replica loading its snapshot campaigns and obeys TimeoutNow."""
+
+    def can_campaign(self: RaftCore) -> bool:
+        return (self.membership.is_voter(self.id) or self._removal_pending()) and not self.recovering \
+            and self.state != LEADER
+
+    return _patched(RaftCore, "_can_campaign", can_campaign)
+
+
+#: Issue 41's defects by finding number.
+ISSUE_41 = {1: configs_of_the_commit_hint, 2: extended_transfers, 3: reads_without_lease, 4: disk_class_as_durable,
+            5: repeated_tokens, 7: loading_replicas_lead}

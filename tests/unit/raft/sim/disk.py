@@ -16,18 +16,11 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 from collections.abc import Callable
 from typing import Any
 
 from shoal.node.raft._io import SimIO
-from shoal.node.raft.journal import (
-    MARK_RECORD_BYTES,
-    RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
-    _mark_record_index,
-    read_sync_mark,
-)
+from shoal.node.raft.journal import SEGMENT_HEADER_BYTES, SyncMark
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
 from shoal.node.raft.snapshots import SnapshotFile, SnapshotSettings, snapshot_chunks, verify_snapshot
@@ -106,67 +99,52 @@ class Damage:
         return f"{self.kind} {self.path} at {self.offset}"
 
 
-def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *, last_segment: bool = False) -> Damage | None:
+def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *,
+           synced: SyncMark | None = None) -> Damage | None:
     """Flip bits in, or cut short, one journal segment or the snapshot of a stopped node.
 
     Only damage a replica can tell from a power cut's is chosen: the snapshot, or a journal
     segment past its header (a segment header torn by a power cut is rewritten, by design).
-    The last segment only with ``last_segment``, and only in its bytes a durable synced mark
-    vouches for (see :func:`_vouched`): past them, damage is a torn tail to the journal by design.
+    The last segment only with ``synced``, the journal's synced mark as its syncs reported it
+    before the node stopped, and only in the bytes that mark names (see :func:`_reported`):
+    the journal must refuse damage to any of them. Past them is the unsynced tail, where
+    damage is a torn tail to the journal by design.
     """
     journal_dir = os.path.join(data_dir, f"p{partition}.raft")
     segments = sorted(os.path.join(journal_dir, n) for n in io.listdir(journal_dir) if n.endswith(".wal"))
-    #: path -> the end of the bytes that may be flipped, and of those that may be cut away
-    reach = {p: (_size(io, p), _size(io, p)) for p in segments[:-1]}
-    if last_segment and segments:
-        reach[segments[-1]] = _vouched(io, journal_dir, segments[-1])
+    #: path -> the end of the bytes that may be flipped or cut away
+    reach = {p: _size(io, p) for p in segments[:-1]}
+    if synced is not None and segments:
+        reach[segments[-1]] = _reported(io, segments[-1], synced)
     snapshot = os.path.join(data_dir, f"p{partition}.snap")
-    candidates = [p for p in reach if reach[p][0] > SEGMENT_HEADER_BYTES]
+    candidates = [p for p in reach if reach[p] > SEGMENT_HEADER_BYTES]
     if io.exists(snapshot):
         candidates.append(snapshot)
-        reach[snapshot] = (_size(io, snapshot), _size(io, snapshot))
+        reach[snapshot] = _size(io, snapshot)
     if not candidates:
         return None
     path = rng.choice(candidates)
-    flip_end, cut_end = reach[path]
     low = SEGMENT_HEADER_BYTES if path.endswith(".wal") else 0
-    offset = rng.randrange(low, flip_end)
-    if rng.random() < 0.7 or offset >= cut_end:
+    offset = rng.randrange(low, reach[path])
+    if rng.random() < 0.7:
         io.flip_bits(path, offset, 1 << rng.randrange(8))
         return Damage(path, "flip", offset)
     io.cut_file(path, offset)
     return Damage(path, "cut", offset)
 
 
-def _vouched(io: SimIO, journal_dir: str, path: str) -> tuple[int, int]:
-    """How much of the last segment ``path`` a durable synced mark vouches for, as
-    ``(flips, cuts)``: damage in the bytes before these offsets must be refused.
+def _reported(io: SimIO, path: str, synced: SyncMark) -> int:
+    """The end of the bytes of the last segment ``path`` that ``synced`` reported durable.
 
-    The journal tells damage from a torn tail by the offset its ``synced`` file names and by the
-    whole mark records in the segment; what a power cut left of both is on the disk now. A cut
-    removes the mark records past it, so only the ``synced`` file vouches against cuts. The
-    bytes past both are the window the journal documents (the last batch synced before a power
-    cut that also lost both marks' writes): damage there passes for a torn tail by design.
+    Taken from the journal as it ran, not from the disk: a mark that did not reach stable
+    storage before a power cut would let recovery take damage to reported bytes for a torn
+    tail, and the run's checkers see what that costs.
     """
-    size = _size(io, path)
-    mark = read_sync_mark(io, journal_dir)
-    if mark is None:  # recovery then counts every byte as synced
-        return size, size
     first = int(os.path.basename(path)[:-4])
-    synced = min(mark.offset, size) if mark.segment == first else SEGMENT_HEADER_BYTES
-    raw = io.read_all(path)
-    newest = SEGMENT_HEADER_BYTES
-    offset = SEGMENT_HEADER_BYTES
-    while offset + RECORD_HEADER_BYTES <= len(raw):  # the records as recovery walks them, to the first bad one
-        length = struct.unpack_from("<I", raw, offset)[0]
-        if length != 0xFFFFFFFF:
-            offset += RECORD_HEADER_BYTES + length
-            continue
-        if _mark_record_index(raw, offset, offset, first) is None:
-            break
-        newest = offset
-        offset += MARK_RECORD_BYTES
-    return max(synced, newest), synced
+    if synced.segment == first:
+        return min(synced.offset, _size(io, path))
+    # A mark naming a later segment: that one is gone, and all of this one was synced.
+    return _size(io, path) if synced.segment > first else SEGMENT_HEADER_BYTES
 
 
 def _size(io: SimIO, path: str) -> int:

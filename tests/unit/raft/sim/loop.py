@@ -11,6 +11,11 @@ A simulated node's process is a :class:`Process`: the loop it sees tags every
 callback it books with it, and when the process dies (a crash) none of them runs
 again, as none of a killed process's would. The loop knows which process the running
 callback belongs to, which the network uses to bound the work of one callback.
+
+A process may be *paused* (SIGSTOP, a frozen VM): its callbacks due meanwhile run only
+once it resumes, in their order, while its links stay up. Its clock may *drift*: it runs
+at ``rate`` times the loop's (the same for every run of one node, as the machine's
+monotonic clock), so its timers fire early or late against the others'.
 """
 
 from __future__ import annotations
@@ -89,7 +94,14 @@ class SimLoop:
         heap = self._heap
         while heap and heap[0][0] <= deadline:
             when, _, handle = heapq.heappop(heap)
-            if handle._cancelled or (handle.process is not None and not handle.process.alive):
+            process = handle.process
+            if handle._cancelled or (process is not None and not process.alive):
+                continue
+            if process is not None and process.paused_until > when:
+                # Stopped: runs once it resumes (booked again now, so the order of its callbacks holds).
+                self._order += 1
+                handle.when = process.paused_until
+                heapq.heappush(heap, (handle.when, self._order, handle))
                 continue
             self._now = when
             self.callbacks += 1
@@ -111,25 +123,40 @@ class SimLoop:
 
 
 class Process:
-    """One run of a simulated node: the loop as it sees it (every booking tagged with it)."""
+    """One run of a simulated node: the loop as it sees it (every booking tagged with it).
 
-    def __init__(self, loop: SimLoop, name: str) -> None:
+    Its clock reads ``origin + (t - origin) * rate`` at the loop's time ``t`` (a drifting
+    clock when ``rate`` is not 1); times it books are converted back to the loop's.
+    """
+
+    def __init__(self, loop: SimLoop, name: str, rate: float = 1.0, origin: float = 1000.0) -> None:
         self._loop = loop
         self.name = name
         self.alive = True
+        self.rate = rate
+        self.origin = origin
+        #: The loop's time until which the process is stopped (its callbacks wait).
+        self.paused_until = float("-inf")
 
     def kill(self) -> None:
         """The process dies: none of its booked callbacks runs."""
         self.alive = False
 
+    def pause(self, until: float) -> None:
+        """Stop the process until the loop's time ``until`` (SIGSTOP, then SIGCONT)."""
+        self.paused_until = max(self.paused_until, until)
+
     def time(self) -> float:
-        return self._loop.time()
+        return self.origin + (self._loop.time() - self.origin) * self.rate
+
+    def _loop_time(self, local: float) -> float:
+        return self.origin + (local - self.origin) / self.rate
 
     def call_at(self, when: float, fn: Callable[..., Any], *args: Any) -> Handle:
-        return self._loop.call_at(when, fn, *args, process=self)
+        return self._loop.call_at(self._loop_time(when), fn, *args, process=self)
 
     def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> Handle:
-        return self._loop.call_at(self._loop.time() + max(0.0, delay), fn, *args, process=self)
+        return self._loop.call_at(self._loop.time() + max(0.0, delay) / self.rate, fn, *args, process=self)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> Handle:
         return self._loop.call_at(self._loop.time(), fn, *args, process=self)

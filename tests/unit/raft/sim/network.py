@@ -207,7 +207,7 @@ class NodeNetwork:
         try:
             for key, message in items:
                 transport = self._partitions.get(key)
-                if transport is not None and peer in transport.peers:
+                if transport is not None:  # any linked node is heard, as on the real network
                     transport.on_message(peer, message)
         finally:
             self.release()
@@ -330,10 +330,15 @@ class Fabric:
 
     def _arrive(self, src: str, dst: str, frame: bytes, epoch: int) -> None:
         key = (src, dst)
-        self._in_flight[key] -= len(frame)
         net = self._nets.get(dst)
         if net is None or self._epoch.get(frozenset(key), 0) != epoch or src not in net.links:
+            self._in_flight[key] -= len(frame)
             return  # the connection it travelled on broke
+        if net.process.paused_until > self.loop.time():
+            # A stopped process reads nothing; its socket keeps the frame (in order) for later.
+            self.loop.call_at(net.process.paused_until, self._arrive, src, dst, frame, epoch)
+            return
+        self._in_flight[key] -= len(frame)
         loop = self.loop
         loop.current = net.process  # the receiving node's callback from here on
         net.receive(src, frame)

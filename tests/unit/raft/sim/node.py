@@ -6,7 +6,14 @@ process; everything else — the replica, its journal, its
 network and executor — belongs to one :class:`~.loop.Process` and is built again
 at each start, from what the disk holds, as a restarted node builds it. A crash kills
 the process (none of its callbacks runs again) and may cut the power (unsynced writes
-are lost, appended tails torn).
+are lost, appended tails torn). A pause stops the process (its links stay up) and
+resumes it later; its clock may drift (:class:`~.loop.Process`).
+
+A node is an original member of its group (the bootstrap membership) or a *joiner*,
+which starts with no membership and learns it from the leader that adds it, as a node
+the cluster's moves add does. A node removed from the group has its files deleted, and
+joins later, if ever, as a new member (member id ``node/incarnation``), as a wiped node
+rejoins a real cluster: a member never votes twice in one term under one id.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.install import ByteRate
 from shoal.node.raft.journal import Journal, quarantine_journal
+from shoal.node.raft.membership import Membership
 from shoal.node.raft.replica import PartitionReplica, ReplicaDamaged
 from shoal.node.raft.scheduler import TickScheduler
 from shoal.node.raft.snapshots import SnapshotSettings
@@ -56,15 +64,24 @@ class SimStorage(NodeStorage):
 
 
 class SimReplica(PartitionReplica):
-    """The real replica, with one observation point: the entries it applies, for the checkers."""
+    """The real replica, with observation points for the checkers: the entries it applies (and
+    the durable index then: a leader applies committed disk-class entries before they are
+    durable), and the state machine taken back to its snapshot."""
 
-    on_entries: Callable[[str, list[Any]], None] | None = None
+    on_entries: Callable[[str, list[Any], int], None] | None = None
+    on_rollback: Callable[[str, int], None] | None = None
 
-    def _apply(self, entries: list[Any]) -> None:
+    def _apply(self, entries: list[Any], ahead: bool = False) -> None:
         hook = self.on_entries
         if hook is not None:
-            hook(self.node_id, entries)
-        super()._apply(entries)
+            hook(self.node_id, entries, self.core.durable)
+        super()._apply(entries, ahead)
+
+    def _roll_back(self) -> None:
+        hook = self.on_rollback
+        if hook is not None:
+            hook(self.node_id, self.core.log.snap_index)
+        super()._roll_back()
 
 
 class SimNode:
@@ -72,10 +89,19 @@ class SimNode:
 
     def __init__(self, node_id: str, members: list[str], loop: SimLoop, fabric: Fabric, rng: random.Random,
                  settings: SnapshotSettings, rate_bytes_per_s: float, burst_bytes: int,
-                 replica_class: type[PartitionReplica] = SimReplica) -> None:
+                 replica_class: type[PartitionReplica] = SimReplica, *, bootstrap: bool = True,
+                 group: Callable[[], list[str]] | None = None, member_of: Callable[[str], str | None] | None = None,
+                 clock_rate: float = 1.0) -> None:
+        """``members``: the bootstrap group (node ids, preferred first); ``bootstrap``: this node is
+        one of them (else a joiner). ``group()`` names the group's target members now (member ids,
+        preferred first) and ``member_of(node id)`` the member a node's link speaks for."""
         self.id = node_id
-        self.peers = [m for m in members if m != node_id]
-        self.preferred = members[0] == node_id
+        self.member = node_id
+        self.bootstrap = list(members) if bootstrap else None
+        self._group = group or (lambda: list(members))
+        self._member_of = member_of
+        self.clock_rate = clock_rate
+        self.incarnation = 0
         self.loop = loop
         self.fabric = fabric
         self.rng = rng
@@ -102,7 +128,7 @@ class SimNode:
         """Run the node's process again from its disk; the refusal if the replica will not start."""
         assert self.process is None, f"{self.id} is running"
         self.runs += 1
-        process = Process(self.loop, f"{self.id}#{self.runs}")
+        process = Process(self.loop, f"{self.id}#{self.runs}", rate=self.clock_rate)
         net = NodeNetwork(self.fabric, process, self.id)
         storage = SimStorage(self.io, self.data_dir, on_sync_failed=lambda exc: self._fail_stop(process, exc))
         net.before_flush = storage.barrier
@@ -113,13 +139,17 @@ class SimNode:
         def snapshotter(path: str, partition: int, io: Any, settings: SnapshotSettings) -> SimSnapshotter:
             return SimSnapshotter(path, partition, io, settings, clock, rng)
 
+        group = self._group()
+        peers = [m for m in group if m != self.member]
+        membership = Membership.of(self.bootstrap) if self.bootstrap is not None else Membership.of([])
         try:
             replica = self.replica_class(
-                PARTITION, net, self.peers, data_dir=self.data_dir, loop=process,  # type: ignore[arg-type]
-                scheduler=TickScheduler(process), preferred=self.preferred, storage=storage,  # type: ignore[arg-type]
-                repair=repair, snapshot_settings=self.settings,
+                PARTITION, net, peers, data_dir=self.data_dir, loop=process,  # type: ignore[arg-type]
+                scheduler=TickScheduler(process), preferred=bool(group) and group[0] == self.member,  # type: ignore[arg-type]
+                storage=storage, repair=repair, snapshot_settings=self.settings,
                 snapshot_rates=[ByteRate(self.rate_bytes_per_s, self.burst_bytes)], clock=clock, rng=rng,
-                executor=SimExecutor(process, rng), snapshotter=snapshotter)
+                executor=SimExecutor(process, rng), snapshotter=snapshotter, member=self.member,
+                membership=membership, member_of=self._member_of)
         except ReplicaDamaged as exc:
             process.kill()
             return exc
@@ -130,6 +160,28 @@ class SimNode:
         replica.start()
         process.call_later(LAZY_SYNC_S, self._lazy_sync, process)
         return None
+
+    def pause(self, seconds: float) -> None:
+        """Stop the running process for ``seconds`` of the loop's time (SIGSTOP, then SIGCONT)."""
+        if self.process is not None:
+            self.process.pause(self.loop.time() + seconds)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.paused_until = float("-inf")
+
+    @property
+    def paused(self) -> bool:
+        return self.process is not None and self.process.paused_until > self.loop.time()
+
+    def wipe(self) -> None:
+        """The node (stopped) was removed from the group: its files are gone, and it joins again,
+        if ever, as a new member."""
+        assert self.process is None, f"{self.id} is running"
+        self.io = SimIO()
+        self.incarnation += 1
+        self.member = f"{self.id}/{self.incarnation}"
+        self.bootstrap = None
 
     def crash(self, power_cut: bool, torn: bool = True) -> None:
         """The process dies; with ``power_cut`` everything not synced is lost (tails torn if ``torn``)."""

@@ -11,6 +11,18 @@ idempotency keys, so a push is retried until it is acknowledged.
 What the clients learn is recorded for the checkers (:mod:`.checkers`): every
 acknowledged push (its key, id and data), every delivery of a job, and every job whose
 ACK was acknowledged (completed, so never to be delivered again).
+
+Queue ``q2`` is of the disk class (``durable: false``) when the run says so: its adds and
+acks are acknowledged once a majority appended them, so a power cut after the
+acknowledgement may lose them (never more: a job kept is the job pushed). Takes are answered
+as the node answers them, before the entry is durable on a lone voter. Every token a take
+hands out must be new: a repeated one would let a consumer whose take was lost complete a
+job leased to another.
+
+Clients also read (``GetJob``) as the node's dispatcher does: from the applied state of a
+replica that says it leads, at once while its read lease holds, else after a ReadIndex
+round. A read must reflect every write acknowledged before it began: a job whose push was
+acknowledged is found, and one whose ACK was acknowledged is completed.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ __all__ = ["Workload", "PushRecord", "CLIENT_TIMEOUT_S"]
 #: A client that hears nothing for this long takes the outcome as unknown (a dead connection).
 CLIENT_TIMEOUT_S = 3.0
 QUEUES = ("q1", "q2")
+#: The queue that is of the disk class in runs that have one.
+DISK_QUEUE = "q2"
 #: Lease of a pulled job: short enough that lost acks make jobs come back within a run.
 TTR_MS = (1_500, 6_000)
 
@@ -50,6 +64,8 @@ class PushRecord:
     job_id: str | None = None
     attempts: int = 0
     acked_at: float | None = None
+    #: Pushed to the disk-class queue.
+    disk: bool = False
 
 
 @dataclass
@@ -73,19 +89,32 @@ class Records:
     deliveries: int = 0
     pulls_ok: int = 0
     acks_ok: int = 0
+    reads_ok: int = 0
+    #: Every token a take handed out.
+    tokens: set[str] = field(default_factory=set)
+    #: job id -> the disk-class queue's job (its writes may be lost to a power cut).
+    disk_jobs: set[str] = field(default_factory=set)
 
 
 class Workload:
     """The simulated clients (see the module docstring)."""
 
     def __init__(self, loop: SimLoop, rng: random.Random, leaders: Callable[[], list[PartitionReplica]],
-                 fail: Callable[[str], None], clients: int = 3, data_bytes: tuple[int, int] = (20, 300)) -> None:
+                 fail: Callable[[str], None], clients: int = 3, data_bytes: tuple[int, int] = (20, 300),
+                 disk_class: bool = False, reads: float = 0.0,
+                 power_cut_at: Callable[[], float] | None = None) -> None:
+        """``disk_class``: queue ``q2`` is of the disk class; ``reads``: the share of operations
+        that are reads; ``power_cut_at()``: when the last power cut of any node happened."""
         self.loop = loop
         self.rng = rng
         self._leaders = leaders
         self._fail = fail
         self.clients = clients
         self.data_bytes = data_bytes
+        self.disk_class = disk_class
+        self.reads = reads
+        self._power_cut_at = power_cut_at or (lambda: float("-inf"))
+        self._disk_queue_ready = not disk_class
         self.records = Records()
         self.stop_at = float("inf")
         self._next_key = 0
@@ -96,8 +125,26 @@ class Workload:
         self.inflight = 0
 
     def start(self, at: float) -> None:
+        if self.disk_class:
+            self.loop.call_at(at, self._create_disk_queue)
         for c in range(self.clients):
             self.loop.call_at(at + self.rng.uniform(0.0, 0.2), self._next_op, c)
+
+    def maybe_lost(self, acked_at: float | None, disk: bool) -> bool:
+        """A write acknowledged at ``acked_at`` may be gone: of the disk class, with a power cut since."""
+        return disk and acked_at is not None and self._power_cut_at() >= acked_at
+
+    def _create_disk_queue(self, attempt: int = 1) -> None:
+        frame = {"cmd": "CreateQueue", "queue": DISK_QUEUE, "options": {"durable": False}}
+
+        def answer(results: list[Any]) -> None:
+            result = results[0]
+            if isinstance(result, dict) or (isinstance(result, CommandError) and result.code.value == "INVALID"):
+                self._disk_queue_ready = True  # created (INVALID: it exists already, from a retry)
+            elif self.loop.time() < self.stop_at:
+                self.loop.call_later(retry_pause_s(attempt, self.rng.random()), self._create_disk_queue, attempt + 1)
+
+        self._send([frame], [dict(frame)], None, answer)
 
     # --- choosing operations --------------------------------------------------------------------
 
@@ -108,7 +155,9 @@ class Workload:
         rng = self.rng
         kind = rng.random()
         leases = self._leases[client]
-        if kind < 0.2 and leases:
+        if self.reads and rng.random() < self.reads:
+            self._read(client)
+        elif kind < 0.2 and leases:
             self._ack(client, leases.pop(rng.randrange(len(leases))))
         elif kind < 0.4:
             self._pull(client)
@@ -120,7 +169,9 @@ class Workload:
         self._next_key += 1
         key = f"k{self._next_key}"
         size = self.rng.randint(*self.data_bytes)
-        record = PushRecord(key, self.rng.choice(QUEUES), raw_of(key + "." * size).packed)
+        queues = QUEUES if self._disk_queue_ready else QUEUES[:1]
+        queue = self.rng.choice(queues)
+        record = PushRecord(key, queue, raw_of(key + "." * size).packed, disk=self.disk_class and queue == DISK_QUEUE)
         self.records.pushes[key] = record
         self.pending.add(key)
         return record
@@ -128,9 +179,10 @@ class Workload:
     # --- sending ------------------------------------------------------------------------------------
 
     def _send(self, frames: list[dict[str, Any]], cmds: list[Any], sizes: list[int] | None,
-              answer: Callable[[list[Any]], None]) -> None:
+              answer: Callable[[list[Any]], None], early: bool = False) -> None:
         """Propose ``cmds`` on a replica that says it leads; ``answer`` gets one result per frame
-        (a reply dict or a CommandError, ``TIMEOUT`` when nothing came back in time)."""
+        (a reply dict or a CommandError, ``TIMEOUT`` when nothing came back in time). ``early``:
+        the batch takes jobs, answered before the entry is durable where the node does so."""
         leaders = self._leaders()
         if not leaders:
             answer([fail_reason_error(FAIL_NO_LEADER)] * len(frames))
@@ -164,7 +216,8 @@ class Workload:
 
         timer = self.loop.call_later(CLIENT_TIMEOUT_S, timed_out)
         now_ms = int(self.loop.time() * 1000)
-        replica.propose(now_ms, cmds, done)
+        answers_early = early and replica.commits_alone()
+        replica.propose(now_ms, cmds, done, (lambda results: done(results, 0)) if answers_early else None)
 
     def _retry(self, error: CommandError, frame: dict[str, Any]) -> bool:
         """The real client's decision on the node's ``error`` for ``frame``."""
@@ -200,11 +253,16 @@ class Workload:
         if not isinstance(job_id, str):
             self._fail(f"push {record.key}: reply without an id: {reply!r}")
             return
-        if record.job_id is not None and record.job_id != job_id:
+        if record.job_id is not None and record.job_id != job_id \
+                and not self.maybe_lost(record.acked_at, record.disk):
             self._fail(f"push {record.key} acknowledged twice with different ids: {record.job_id}, {job_id}")
         other = self.records.job_keys.get(job_id)
         if other is not None and other != record.key:
-            self._fail(f"job {job_id} acknowledged for two pushes: {other} and {record.key}")
+            earlier = self.records.pushes[other]
+            if not self.maybe_lost(earlier.acked_at, earlier.disk):
+                self._fail(f"job {job_id} acknowledged for two pushes: {other} and {record.key}")
+        if record.disk:
+            self.records.disk_jobs.add(job_id)
         record.job_id = job_id
         if record.acked_at is None:
             record.acked_at = self.loop.time()
@@ -226,18 +284,21 @@ class Workload:
             elif isinstance(result, CommandError) and self._retry(result, frame) and self.loop.time() < self.stop_at:
                 self.loop.call_later(retry_pause_s(attempt, rng.random()), self._pull, client, attempt + 1)
 
-        self._send([frame], [SessionPull(frame, f"c{client}")], None, answer)
+        self._send([frame], [SessionPull(frame, f"c{client}")], None, answer, early=True)
 
     def _pulled(self, client: int, reply: dict[str, Any], sent_at: float) -> None:
         records = self.records
         records.pulls_ok += 1
         ids = [job["id"] for job in reply.get("jobs", [])]
-        for job_id in ids:
+        for job_id, token in zip(ids, reply.get("tokens", [])):
             records.deliveries += 1
             done_at = records.completed.get(job_id)
-            if done_at is not None and done_at <= sent_at:
+            if done_at is not None and done_at <= sent_at and not self.maybe_lost(done_at, job_id in records.disk_jobs):
                 self._fail(f"job {job_id} delivered again at {self.loop.time():.3f} after its ACK was "
                            f"acknowledged at {done_at:.3f}")
+            if token in records.tokens:
+                self._fail(f"job {job_id} delivered with token {token}, which an earlier take handed out")
+            records.tokens.add(token)
         if ids:
             self._leases[client].append(Lease(ids, list(reply["tokens"]), self.loop.time()))
 
@@ -262,3 +323,50 @@ class Workload:
 
         self._send([frame], cmds, sizes, answer)
 
+    # --- reads ----------------------------------------------------------------------------------------
+
+    def _read(self, client: int) -> None:
+        """``GetJob`` of an acknowledged push's job, answered as the node's dispatcher answers it."""
+        acked = [r for r in self.records.pushes.values() if r.job_id is not None]
+        if not acked:
+            return
+        record = self.rng.choice(acked)
+        leaders = [r for r in self._leaders() if r.read_ready()]
+        if not leaders:
+            return
+        replica = self.rng.choice(leaders)
+        began = self.loop.time()
+        job_id = record.job_id
+        assert job_id is not None
+
+        def serve(ok: bool) -> None:
+            if not ok or not replica.is_leader() or not replica.read_ready():
+                return  # refused (NO_LEADER): the client would retry elsewhere
+            try:
+                job = replica.read({"cmd": "GetJob", "id": job_id}, int(self.loop.time() * 1000)).get("job")
+            except CommandError:
+                job = None
+            self._check_read(record, job_id, job, began, replica.node_id)
+
+        if replica.lease_held():
+            serve(True)
+        else:
+            replica.confirm_reads(serve)
+
+    def _check_read(self, record: PushRecord, job_id: str, job: dict[str, Any] | None, began: float,
+                    node: str) -> None:
+        records = self.records
+        records.reads_ok += 1
+        if record.acked_at is None or record.acked_at >= began or record.job_id != job_id:
+            return
+        if self.maybe_lost(record.acked_at, record.disk):
+            return
+        if job is None:
+            self._fail(f"{node} read job {job_id} as missing at {began:.3f}, though its push was acknowledged "
+                       f"at {record.acked_at:.3f} (a stale read)")
+            return
+        done_at = records.completed.get(job_id)
+        if done_at is not None and done_at < began and job["state"] != "completed" \
+                and not self.maybe_lost(done_at, record.disk):
+            self._fail(f"{node} read job {job_id} as {job['state']} at {began:.3f}, though its ACK was "
+                       f"acknowledged at {done_at:.3f} (a stale read)")
