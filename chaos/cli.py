@@ -117,7 +117,9 @@ def run_command(scenario: str, duration: float, nodes: int, partitions: int, see
 
     Scenarios: leader-kill, leader-pause, partition-leader, majority-minority, flapping,
     slow-network, full-restart, bridge, one-way, reset-peer; membership changes under load:
-    add-node, remove-leader-node (4 nodes), replace-wiped-node, membership-cut.
+    add-node, remove-leader-node (4 nodes), replace-wiped-node, membership-cut; real operations:
+    pause-leader, pause-transfer-target, rolling-restart-during-rebalance,
+    membership-change-under-partition. Reads are checked too: none may go back in time.
     """
     import random
     import time

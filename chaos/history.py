@@ -3,7 +3,9 @@
 Every client operation is recorded twice: ``invoke`` when it starts, then ``ok``
 (it happened), ``fail`` (it certainly did not) or ``info`` (unknown: a timeout or
 a lost connection after retries). Entries are plain tuples, appended from one
-event loop; times are seconds since the run started.
+event loop; times are seconds since the run started. A process has at most one
+operation in flight, so an operation's completion is its process's next entry of
+the same ``f``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,18 @@ INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 
 
 class Op(NamedTuple):
-    """One history entry. ``value``: push → the pushed value; pull → (job id, value, token);
-    ack → (job id, token)."""
+    """One history entry. ``value`` by ``f``:
+
+    - ``push``: the pushed value; on ``ok``, (value, job id);
+    - ``pull``: None; on ``ok``, (job id, value, token), or None when no job came;
+    - ``ack``: (job id, token);
+    - ``read``: (kind, where, arg); on ``ok``, (kind, where, arg, result). ``kind`` is ``job``
+      (GetJob), ``state`` (GetState), ``counts`` (GetJobCounts) or ``count`` (Count); ``where``
+      is the node id a read was sent to directly (that node answers or forwards it), or
+      ``client`` for the routing client; ``arg`` is the job id or the queue. ``result``: the
+      job's state, or None when the job was not found (``job``, ``state``); the counts by
+      state (``counts``); the number (``count``).
+    """
 
     time: float
     process: str
@@ -32,12 +44,17 @@ class Op(NamedTuple):
 
 @dataclass
 class Fault:
-    """A fault window: injected at ``start``, healed at ``end`` (seconds since the run began)."""
+    """A fault window: injected at ``start``, healed at ``end`` (seconds since the run began).
+
+    ``serving``: a majority of every group stays up and connected during this fault, so writes
+    must be back before it is healed (within the checker's recovery bound).
+    """
 
     name: str
     start: float
     end: float | None = None
     detail: str = ""
+    serving: bool = False
 
 
 @dataclass
@@ -54,8 +71,8 @@ class History:
     def add(self, process: str, type: str, f: str, value: Any) -> None:
         self.ops.append(Op(self.now(), process, type, f, value))
 
-    def fault(self, name: str, detail: str = "") -> Fault:
-        fault = Fault(name, self.now(), None, detail)
+    def fault(self, name: str, detail: str = "", serving: bool = False) -> Fault:
+        fault = Fault(name, self.now(), None, detail, serving)
         self.faults.append(fault)
         return fault
 
@@ -69,7 +86,7 @@ class History:
                 out.write(json.dumps(op._asdict()) + "\n")
             for fault in self.faults:
                 out.write(json.dumps({"fault": fault.name, "start": fault.start, "end": fault.end,
-                                      "detail": fault.detail}) + "\n")
+                                      "detail": fault.detail, "serving": fault.serving}) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "History":
@@ -78,7 +95,8 @@ class History:
             for line in f:
                 d = json.loads(line)
                 if "fault" in d:
-                    history.faults.append(Fault(d["fault"], d["start"], d["end"], d.get("detail", "")))
+                    history.faults.append(Fault(d["fault"], d["start"], d["end"], d.get("detail", ""),
+                                                bool(d.get("serving", False))))
                 else:
                     value = d["value"]
                     history.ops.append(Op(d["time"], d["process"], d["type"], d["f"],

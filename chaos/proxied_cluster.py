@@ -20,10 +20,14 @@ a running node's HTTP admin API (:meth:`ProxiedCluster.admin`) before it starts.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,8 +36,9 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from shoal.cluster.admin_client import AdminClient, ClusterShape
+from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.config import ClusterConfig, NodeSpec
-from shoal.cluster.launcher import (LocalCluster, _port_free, free_base_port, new_secret, port_layout,
+from shoal.cluster.launcher import (LocalCluster, _port_free, free_base_port, hello, new_secret, port_layout,
                                    write_cluster_file)
 
 __all__ = ["ProxiedCluster", "ProxyServerProcess"]
@@ -41,6 +46,8 @@ __all__ = ["ProxiedCluster", "ProxyServerProcess"]
 PROXY_PORT_OFFSET = 10   # proxies listen on base+10 .. base+99: below the Raft ports (base+100+i)
 PROXY_PORTS_MAX = 90
 START_TIMEOUT_S = 10.0
+ASK_TIMEOUT_S = 1.0
+RECV_BYTES = 1 << 16
 
 
 class ProxyServerProcess:
@@ -276,6 +283,55 @@ class ProxiedCluster:
         if leader is None:
             raise TimeoutError(f"partition {partition} has no leader")
         return leader
+
+    def ask(self, node: str, frame: dict[str, Any], timeout_s: float = ASK_TIMEOUT_S) -> dict[str, Any]:
+        """One command to ``node``'s client port (through its proxy) on a fresh connection; its reply.
+        OSError or TimeoutError when the node does not answer in time (a paused node)."""
+        assert self.config is not None
+        n = self.config.node(node)
+        with socket.create_connection((n.host, n.port), timeout=timeout_s) as sock:
+            sock.sendall(encode({**frame, "reqId": 1}))
+            decoder = FrameDecoder(requests=False)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                data = sock.recv(RECV_BYTES)
+                if not data:
+                    raise ConnectionError(f"{node} closed the connection")
+                decoder.feed(data)
+                for reply in decoder:
+                    if reply.get("reqId") == 1:
+                        return reply
+        raise TimeoutError(f"{node} did not answer {frame.get('cmd')} in {timeout_s} s")
+
+    def raft_status(self, node: str, partition: int) -> dict[str, Any] | None:
+        """``node``'s Raft status of ``partition`` (``Stats {local}``: state, term, commit, last, and the
+        followers' progress when it leads), or None when it does not host it."""
+        reply = self.ask(node, {"cmd": "Stats", "local": True, "partition": partition})
+        replica = (reply.get("replicas") or {}).get(str(partition))
+        return replica.get("raft") if isinstance(replica, dict) else None
+
+    def readiness(self, node: str) -> dict[str, Any]:
+        """``node``'s ``/ready`` body (``ready``, and why not), or ``{"ready": False, "error": …}``."""
+        assert self.config is not None
+        n = self.config.node(node)
+        try:
+            with urllib.request.urlopen(f"http://{n.host}:{n.http_port}/ready", timeout=ASK_TIMEOUT_S) as r:
+                return dict(json.loads(r.read()))
+        except urllib.error.HTTPError as exc:
+            try:
+                return dict(json.loads(exc.read()))
+            except ValueError:
+                return {"ready": False, "error": f"HTTP {exc.code}"}
+        except (OSError, ValueError) as exc:
+            return {"ready": False, "error": str(exc)}
+
+    def claim(self, node: str, partition: int) -> tuple[str | None, int]:
+        """(leader, term) of ``partition`` as ``node`` sees it (its ``Hello`` topology)."""
+        assert self.config is not None
+        n = self.config.node(node)
+        info = hello(n.host, n.port, ASK_TIMEOUT_S)["topology"]["partitionMap"][partition]
+        return info.get("leader"), int(info.get("term") or 0)
 
     # --- faults on links -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 __all__ = ["write_report", "plot_timeline"]
 
 BUCKET_S = 0.5
+LABEL_CHARS_MAX = 40
 
 
 def write_report(report: "RunReport", out_dir: Path) -> list[Path]:
@@ -27,7 +28,7 @@ def write_report(report: "RunReport", out_dir: Path) -> list[Path]:
         "delivered": r.delivered, "redelivered": r.redelivered, "acked": r.acked,
         "lost": r.lost, "duplicated": r.duplicated, "unexpected": r.unexpected,
         "stale_acks": r.stale_acks, "double_acks": r.double_acks, "recovery": r.recovery,
-        "problems": r.problems(),
+        "reads": r.reads, "stale_reads": r.stale_reads, "problems": r.problems(),
     }, indent=2, default=str) + "\n")
     history = out_dir / "history.jsonl"
     report.history.save(history)
@@ -60,7 +61,9 @@ def plot_timeline(report: "RunReport", path: Path) -> None:
     for i, fault in enumerate(report.history.faults):
         ax.axvspan(fault.start, fault.end if fault.end is not None else end, color="tab:orange", alpha=0.2,
                    label="fault" if i == 0 else None)
-        ax.text(fault.start, ax.get_ylim()[1] * 0.95, f"{fault.name} {fault.detail}", fontsize=7, va="top")
+        label = f"{fault.name} {fault.detail}"
+        # A step may say much in its detail (history.jsonl has it whole): the plot takes a line.
+        ax.text(fault.start, ax.get_ylim()[1] * 0.95, label[:LABEL_CHARS_MAX], fontsize=7, va="top")
     ax.set_xlabel("seconds")
     ax.set_ylabel("operations per second")
     verdict = "valid" if report.valid else "INVALID"

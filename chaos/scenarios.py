@@ -3,7 +3,8 @@
 A scenario's schedule is a list of (start fraction, end fraction, nemesis) over the
 run's producing time; the target of each fault is the leader of the workload
 queue's partition at the moment the fault starts. After the last fault is healed
-the producers stop, the consumers drain the queue, and the checker runs.
+the producers stop, the consumers drain the queue, and the checker runs (readers
+read all along, through the client and from each node directly).
 
 Membership scenarios (:mod:`.membership`) change the cluster's nodes under the same load: a
 step's heal waits until the cluster reached its new shape, so producers go on until the
@@ -24,7 +25,7 @@ from shoal.cluster.partitioning import partition_for
 from .checker import RECOVERY_MAX_S, Result, check
 from .history import History
 from .membership import MEMBERSHIP, SETTLE_TIMEOUT_S
-from .nemesis import NEMESES, Heal, Nemesis
+from .nemesis import NEMESES, Heal, Nemesis, Stage
 from .proxied_cluster import ProxiedCluster
 from .workload import Workload, WorkloadConfig
 
@@ -47,6 +48,12 @@ SCENARIOS: dict[str, list[tuple[float, float, str]]] = {
     "remove-leader-node": [(0.2, 0.5, "remove-busiest")],
     "replace-wiped-node": [(0.25, 0.5, "replace-wiped")],
     "membership-cut": [(0.1, 0.35, "add-node-cut"), (0.5, 0.75, "decommission-isolated")],
+    # Real operations: a paused leader, a paused transfer target, restarts during moves, a change
+    # while the leader is cut off (each step sets its own length where it needs one).
+    "pause-leader": [(0.3, 0.65, "pause-leader")],
+    "pause-transfer-target": [(0.15, 0.5, "pause-transfer-target")],
+    "rolling-restart-during-rebalance": [(0.15, 0.5, "rolling-restart-join")],
+    "membership-change-under-partition": [(0.15, 0.5, "join-under-partition")],
 }
 #: Scenarios that need more nodes than the default three (so a removal keeps RF 3).
 SCENARIO_NODES = {"remove-leader-node": 4}
@@ -84,6 +91,8 @@ class RunReport:
             f"  deliveries: {r.delivered} ({r.redelivered} redeliveries), acks accepted: {r.acked}",
             f"  lost: {len(r.lost)}  duplicated: {len(r.duplicated)}  unexpected: {len(r.unexpected)}  "
             f"stale acks accepted: {len(r.stale_acks)}  double acks: {len(r.double_acks)}",
+            f"  reads answered: {sum(r.reads.values())} ({', '.join(f'{w} {n}' for w, n in sorted(r.reads.items()))})"
+            f"  stale reads: {len(r.stale_reads)}",
         ]
         for rec in r.recovery:
             lines.append(f"  fault {rec['fault']} at {rec['start']}s, healed {rec['end']}s: "
@@ -99,17 +108,18 @@ def _s(v: float | None) -> str:
     return "none" if v is None else f"{v:.2f} s"
 
 
-async def _schedule(cluster: ProxiedCluster, history: History, steps: list[tuple[float, float, str]],
-                    produce_s: float, partition: int, errors: list[str]) -> None:
+async def _schedule(stage: Stage, steps: list[tuple[float, float, str]], produce_s: float,
+                    errors: list[str]) -> None:
     """Run the fault schedule: inject at start, heal at end (blocking calls in a thread). A step that
     raises is recorded in ``errors`` and ends the schedule (the cluster is healed afterwards)."""
+    cluster, history = stage.cluster, stage.history
     for start, end, name in steps:
         await asyncio.sleep(max(0.0, start * produce_s - history.now()))
         # A step that starts late (the previous heal waited for a membership change) keeps its length.
         heal_at = max(end * produce_s, history.now() + (end - start) * produce_s)
         try:
-            target = await asyncio.to_thread(cluster.leader_of, partition)
-            heal: Heal = await asyncio.to_thread(ACTIONS[name], cluster, history, target)
+            target = await asyncio.to_thread(cluster.leader_of, stage.partition)
+            heal: Heal = await asyncio.to_thread(ACTIONS[name], stage, target)
             await asyncio.sleep(max(0.0, heal_at - history.now()))
             await asyncio.to_thread(heal)
         except Exception as exc:  # reported as a broken run, with what was running
@@ -140,8 +150,10 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
             partition = partition_for(config.queue, partitions)
 
             async def main() -> None:
-                work = Workload(cluster.addresses, history, config)
-                faults = asyncio.create_task(_schedule(cluster, history, steps, duration_s, partition, errors))
+                nodes = dict(zip(cluster.node_ids, cluster.addresses))
+                work = Workload(cluster.addresses, history, config, nodes=nodes)
+                stage = Stage(cluster, history, partition, work)
+                faults = asyncio.create_task(_schedule(stage, steps, duration_s, errors))
                 try:
                     await work.run(produce_s, until=faults, overrun_s=OVERRUN_S)
                 finally:
