@@ -509,6 +509,7 @@ class PartitionReplica:
             journal.setCurrentTerm(rd.hard_state.term, rd.hard_state.vote)
         if rd.snapshot is not None:
             self._deferred = []  # all below the snapshot: the state comes from it
+            self._drop_next_snapshot()
             journal.clear()
             self._start_load(self.snapshot_path)
         elif rd.truncate_from is not None:
@@ -946,6 +947,9 @@ class PartitionReplica:
     def _install_snapshot(self, snap: SnapshotFile) -> None:
         """Make a written snapshot the replica's snapshot: the journal may drop the prefix it covers."""
         self._next_snapshot = None
+        if snap.index <= self._last_snapshot_index or snap.index < self.core.log.snap_index:
+            self._io.unlink(snap.path)  # overtaken (a newer one was installed from the leader)
+            return
         self._io.rename(snap.path, self.snapshot_path)
         self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
         snap = dataclasses.replace(snap, path=self.snapshot_path)
@@ -1145,8 +1149,9 @@ class PartitionReplica:
                 return
             index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
             # A local snapshot may have started while the file was being synced: it must not be
-            # renamed over the one installed now (nor loaded in its place).
+            # renamed over the one installed now (nor loaded in its place), nor one written meanwhile.
             self.snapshots.cancel()
+            self._drop_next_snapshot()
             self._receiver.install()
         except (OSError, SnapshotCorrupt) as exc:
             log.error("partition %d: the received snapshot %d does not check out: %s; asking again",
