@@ -8,23 +8,72 @@ for delete and reset, 200 otherwise; errors are ``{"error", "status"}`` with
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from shoal.chaos.errors import BadRequest, ChaosProxyError
+from shoal.chaos.errors import BadRequest, ChaosProxyError, PopulateError
+from shoal.chaos.toxics import ToxicSpec
 
-if TYPE_CHECKING:
-    from shoal.chaos.proxy import ProxyServer
-
-__all__ = ["build_app", "API_VERSION"]
+__all__ = ["build_app", "API_VERSION", "ApiProxy", "ApiServer"]
 
 #: The Toxiproxy API level served, with build metadata naming this server.
 API_VERSION = "2.12.0+shoal"
 REQUEST_BYTES_MAX = 1024 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiProxy(Protocol):
+    """What the API serves of one proxy (:class:`~shoal.chaos.proxy.Proxy`)."""
+
+    @property
+    def toxics(self) -> list[ToxicSpec]:
+        """The toxics in the order they were added."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON object for this proxy, toxics included."""
+
+    def add_toxic(self, spec: ToxicSpec | Mapping[str, Any]) -> ToxicSpec:
+        """Add a toxic."""
+
+    def get_toxic(self, name: str) -> ToxicSpec:
+        """The toxic called ``name``."""
+
+    def update_toxic(self, name: str, body: Mapping[str, Any]) -> ToxicSpec:
+        """Change a toxic's ``toxicity``/``attributes``."""
+
+    def remove_toxic(self, name: str) -> None:
+        """Remove the toxic called ``name``."""
+
+
+class ApiServer(Protocol):
+    """What the API drives of the proxy server (:class:`~shoal.chaos.proxy.ProxyServer`): the server
+    builds this app over itself, so the API knows it only through this."""
+
+    @property
+    def proxies(self) -> Mapping[str, ApiProxy]:
+        """Every proxy by name."""
+
+    def proxy(self, name: str) -> ApiProxy:
+        """The proxy called ``name``."""
+
+    async def create_proxy(self, name: str, upstream: str, listen: str = ..., enabled: bool = ...) -> ApiProxy:
+        """Create (and unless ``enabled=False`` start) a proxy."""
+
+    async def update_proxy(self, name: str, *, listen: str | None = None, upstream: str | None = None,
+                           enabled: bool | None = None) -> ApiProxy:
+        """Change a proxy's fields."""
+
+    async def delete_proxy(self, name: str) -> None:
+        """Stop and forget a proxy."""
+
+    async def populate(self, specs: Any) -> Sequence[ApiProxy]:
+        """Create or replace proxies from a list of specs."""
+
+    async def reset(self) -> None:
+        """Enable every proxy and remove every toxic."""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -53,7 +102,7 @@ async def _body(request: web.Request) -> Any:
         raise BadRequest(f"bad request body: {exc}") from exc
 
 
-def build_app(server: ProxyServer) -> web.Application:
+def build_app(server: ApiServer) -> web.Application:
     """An aiohttp application serving ``server``'s proxies."""
 
     async def version(request: web.Request) -> web.Response:
@@ -72,8 +121,6 @@ def build_app(server: ProxyServer) -> web.Application:
         return web.json_response(proxy.to_json(), status=201)
 
     async def populate(request: web.Request) -> web.Response:
-        from shoal.chaos.proxy import PopulateError
-
         body = await _body(request)
         # Toxiproxy's clients send either a bare list or {"proxies": [...]}.
         if isinstance(body, dict) and "proxies" in body:

@@ -7,10 +7,14 @@ exceptions::
     ChaosProxyError (500)
     ├── BadRequest (400)      malformed body, missing field, invalid toxic
     ├── NotFound (404)        ProxyNotFound, ToxicNotFound
-    └── AlreadyExists (409)   ProxyExists, ToxicExists
+    ├── AlreadyExists (409)   ProxyExists, ToxicExists
+    └── PopulateError         the status of the error that stopped a populate
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 __all__ = [
     "ChaosProxyError",
@@ -21,6 +25,8 @@ __all__ = [
     "ToxicNotFound",
     "ProxyExists",
     "ToxicExists",
+    "PopulateError",
+    "ShownProxy",
 ]
 
 
@@ -70,3 +76,19 @@ class ToxicExists(AlreadyExists):
     def __init__(self, name: str = "") -> None:
         super().__init__("toxic already exists")
         self.name = name
+
+
+class ShownProxy(Protocol):
+    """What :class:`PopulateError` needs of a proxy (:class:`~shoal.chaos.proxy.Proxy`): its API JSON."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's JSON object for the proxy."""
+
+
+class PopulateError(ChaosProxyError):
+    """``populate`` failed part-way; ``proxies`` are those created or kept."""
+
+    def __init__(self, cause: ChaosProxyError, proxies: Sequence[ShownProxy]) -> None:
+        super().__init__(str(cause))
+        self.status = cause.status
+        self.proxies = list(proxies)

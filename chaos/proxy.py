@@ -31,7 +31,8 @@ from aiohttp import web
 
 from shoal.chaos._api import build_app
 from shoal.chaos._link import CHUNK_BYTES, Connection
-from shoal.chaos.errors import BadRequest, ChaosProxyError, ProxyExists, ProxyNotFound, ToxicExists, ToxicNotFound
+from shoal.chaos.errors import (BadRequest, ChaosProxyError, PopulateError, ProxyExists, ProxyNotFound, ToxicExists,
+                                ToxicNotFound)
 from shoal.chaos.toxics import ToxicSpec
 
 __all__ = ["Proxy", "ProxyServer", "PopulateError", "DEFAULT_API_PORT", "parse_address", "format_address"]
@@ -70,15 +71,6 @@ def format_address(host: str, port: int) -> str:
         if ipaddress.ip_address(host).version == 6:
             return f"[{host}]:{port}"
     return f"{host}:{port}"
-
-
-class PopulateError(ChaosProxyError):
-    """``populate`` failed part-way; ``proxies`` are those created or kept."""
-
-    def __init__(self, cause: ChaosProxyError, proxies: list[Proxy]) -> None:
-        super().__init__(str(cause))
-        self.status = cause.status
-        self.proxies = proxies
 
 
 

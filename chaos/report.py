@@ -3,19 +3,63 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .scenarios import RunReport
+from .checker import Result
+from .history import History
 
-__all__ = ["write_report", "plot_timeline"]
+__all__ = ["RunReport", "write_report", "plot_timeline"]
 
 BUCKET_S = 0.5
 LABEL_CHARS_MAX = 40
 
 
-def write_report(report: "RunReport", out_dir: Path) -> list[Path]:
+@dataclass
+class RunReport:
+    """The outcome of one scenario run."""
+
+    scenario: str
+    seed: int
+    nodes: int
+    duration_s: float
+    result: Result
+    history: History
+    out_dir: Path | None = None
+    files: list[Path] = field(default_factory=list)
+    #: Steps that failed (a membership change that did not settle, a fault that could not start).
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return self.result.valid and not self.errors
+
+    def summary(self) -> str:
+        r = self.result
+        lines = [
+            f"scenario {self.scenario} (nodes {self.nodes}, seed {self.seed}, {self.duration_s:.0f} s of load)",
+            f"  pushes: {r.attempted} attempted, {r.acknowledged} acknowledged, {r.indeterminate} unknown outcome",
+            f"  deliveries: {r.delivered} ({r.redelivered} redeliveries), acks accepted: {r.acked}",
+            f"  lost: {len(r.lost)}  duplicated: {len(r.duplicated)}  unexpected: {len(r.unexpected)}  "
+            f"stale acks accepted: {len(r.stale_acks)}  double acks: {len(r.double_acks)}",
+            f"  reads answered: {sum(r.reads.values())} ({', '.join(f'{w} {n}' for w, n in sorted(r.reads.items()))})"
+            f"  stale reads: {len(r.stale_reads)}",
+        ]
+        for rec in r.recovery:
+            lines.append(f"  fault {rec['fault']} at {rec['start']}s, healed {rec['end']}s: "
+                         f"first write {_s(rec['after_fault_s'])} after the fault, "
+                         f"{_s(rec['after_heal_s'])} after healing")
+        for error in self.errors:
+            lines.append(f"  step failed: {error}")
+        lines.append("  VALID" if self.valid else "  INVALID: " + "; ".join(r.problems() + self.errors))
+        return "\n".join(lines)
+
+
+def _s(v: float | None) -> str:
+    return "none" if v is None else f"{v:.2f} s"
+
+
+def write_report(report: RunReport, out_dir: Path) -> list[Path]:
     """Write ``summary.txt``, ``result.json``, ``history.jsonl`` and ``timeline.png`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = out_dir / "summary.txt"
@@ -39,7 +83,7 @@ def write_report(report: "RunReport", out_dir: Path) -> list[Path]:
     return report.files
 
 
-def plot_timeline(report: "RunReport", path: Path) -> None:
+def plot_timeline(report: RunReport, path: Path) -> None:
     """Throughput of successful pushes and acks per second, with fault windows shaded."""
     import matplotlib
     matplotlib.use("Agg")  # no display; must precede pyplot

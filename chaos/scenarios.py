@@ -16,17 +16,17 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shoal.cluster.partitioning import partition_for
 
-from .checker import RECOVERY_MAX_S, Result, check
+from .checker import RECOVERY_MAX_S, check
 from .history import History
 from .membership import MEMBERSHIP, SETTLE_TIMEOUT_S
 from .nemesis import NEMESES, Heal, Nemesis, Stage
 from .proxied_cluster import ProxiedCluster
+from .report import RunReport, write_report
 from .workload import Workload, WorkloadConfig
 
 __all__ = ["SCENARIOS", "RunReport", "run_scenario"]
@@ -62,50 +62,6 @@ ACTIONS: dict[str, Nemesis] = {**NEMESES, **MEMBERSHIP}
 SETTLE_S = 1.0  # producing time after the last heal, so recovery is visible before the drain
 #: How long producers may go on past the planned time while the schedule finishes.
 OVERRUN_S = 4 * SETTLE_TIMEOUT_S
-
-
-@dataclass
-class RunReport:
-    """The outcome of one scenario run."""
-
-    scenario: str
-    seed: int
-    nodes: int
-    duration_s: float
-    result: Result
-    history: History
-    out_dir: Path | None = None
-    files: list[Path] = field(default_factory=list)
-    #: Steps that failed (a membership change that did not settle, a fault that could not start).
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def valid(self) -> bool:
-        return self.result.valid and not self.errors
-
-    def summary(self) -> str:
-        r = self.result
-        lines = [
-            f"scenario {self.scenario} (nodes {self.nodes}, seed {self.seed}, {self.duration_s:.0f} s of load)",
-            f"  pushes: {r.attempted} attempted, {r.acknowledged} acknowledged, {r.indeterminate} unknown outcome",
-            f"  deliveries: {r.delivered} ({r.redelivered} redeliveries), acks accepted: {r.acked}",
-            f"  lost: {len(r.lost)}  duplicated: {len(r.duplicated)}  unexpected: {len(r.unexpected)}  "
-            f"stale acks accepted: {len(r.stale_acks)}  double acks: {len(r.double_acks)}",
-            f"  reads answered: {sum(r.reads.values())} ({', '.join(f'{w} {n}' for w, n in sorted(r.reads.items()))})"
-            f"  stale reads: {len(r.stale_reads)}",
-        ]
-        for rec in r.recovery:
-            lines.append(f"  fault {rec['fault']} at {rec['start']}s, healed {rec['end']}s: "
-                         f"first write {_s(rec['after_fault_s'])} after the fault, "
-                         f"{_s(rec['after_heal_s'])} after healing")
-        for error in self.errors:
-            lines.append(f"  step failed: {error}")
-        lines.append("  VALID" if self.valid else "  INVALID: " + "; ".join(r.problems() + self.errors))
-        return "\n".join(lines)
-
-
-def _s(v: float | None) -> str:
-    return "none" if v is None else f"{v:.2f} s"
 
 
 async def _schedule(stage: Stage, steps: list[tuple[float, float, str]], produce_s: float,
@@ -169,7 +125,6 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
     result = check(history, recovery_max_s)
     report = RunReport(name, seed, nodes, duration_s, result, history, errors=errors)
     if out_dir is not None:
-        from .report import write_report
         write_report(report, Path(out_dir))
     return report
 

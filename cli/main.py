@@ -1,8 +1,9 @@
-"""``shoal`` — one console command; each package contributes its subcommands.
+"""``shoal`` — one console command, with a subcommand for each part of the project.
 
-Subcommands are imported lazily from the registry below, so ``shoal --help``
-stays fast and ``shoal.cluster`` never has to import ``shoal.node`` or
-``shoal.chaos`` (imports point from node and chaos to cluster, never back).
+Every click command of the project lives in this package, one module per subcommand, over the
+library code of the other packages (which never import click). Subcommands are imported lazily
+from the registry below, so ``shoal --help`` stays fast and one subcommand that cannot load
+leaves the others working.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ __all__ = ["main", "SUBCOMMANDS"]
 
 #: name -> "module:attribute" of a click command or group.
 SUBCOMMANDS: dict[str, str] = {
-    "node": "shoal.node.cli:node_command",
-    "cluster": "shoal.cluster.launcher:cluster_group",
-    "chaos": "shoal.chaos.cli:chaos",
-    "pod": "shoal.node.pod:pod_group",
+    "node": "shoal.cli.node:node_command",
+    "cluster": "shoal.cli.cluster:cluster_group",
+    "chaos": "shoal.cli.chaos:chaos",
+    "pod": "shoal.cli.pod:pod_group",
 }
 
 

@@ -17,7 +17,7 @@ import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shoal.cluster.topology import Topology
 
@@ -27,10 +27,8 @@ from ._pool import SHARED_POOLS as _SHARED_POOLS
 from ._pool import Pool, acquire, release
 from .exceptions import AuthError, ClientClosed, CommandError, ConnectionLost, NoLeader, ProtocolError, ShoalError
 from .options import ConnectionOptions
-
-if TYPE_CHECKING:
-    from .queue import AsyncQueue
-    from .tube import AsyncTube
+from .queue import AsyncQueue
+from .tube import AsyncTube
 
 __all__ = ["AsyncClient", "PROCESS_SESSION"]
 
@@ -308,16 +306,14 @@ class AsyncClient:
 
     # --- high-level handles ---------------------------------------------------------------------
 
-    def queue(self, name: str, *, shards: int | None = None) -> "AsyncQueue":
+    def queue(self, name: str, *, shards: int | None = None) -> AsyncQueue:
         """A handle on queue ``name``; ``shards=k`` if it was created with ``k`` shards."""
-        from .queue import AsyncQueue
         if shards is not None:
             self._shards[name] = shards
         return AsyncQueue(self, name, shards=self._shards.get(name))
 
-    def tube(self, name: str) -> "AsyncTube":
+    def tube(self, name: str) -> AsyncTube:
         """A tarantool-style handle on queue ``name``."""
-        from .tube import AsyncTube
         return AsyncTube(self, name)
 
     async def ping(self) -> dict[str, Any]:

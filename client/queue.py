@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Protocol
 
 from shoal.cluster.errors import CommandError as WireCommandError
 
@@ -21,10 +21,7 @@ from ._loop import SyncHandle, blocking, blocking_iter
 from .exceptions import InvalidCommand
 from .job import Job
 
-if TYPE_CHECKING:
-    from ._async import AsyncClient
-
-__all__ = ["AsyncQueue", "Queue", "job_fields"]
+__all__ = ["AsyncQueue", "Queue", "QueueClient", "job_fields"]
 
 _BATCH_JOBS_MAX = 10_000
 _SHARD_POLL_SLICE_S = 0.25
@@ -84,10 +81,31 @@ def queue_options(options: dict[str, Any]) -> dict[str, Any]:
     return wire
 
 
-class AsyncQueue:
-    """One queue of an :class:`AsyncClient` (get it with ``client.queue(name)``)."""
+class QueueClient(Protocol):
+    """What a queue handle (and a tube) uses of its :class:`~shoal.client.AsyncClient`: the client
+    makes the handles, so they know it only through this."""
 
-    def __init__(self, client: "AsyncClient", name: str, *, shards: int | None = None) -> None:
+    #: Queue name -> its shard count, as the client remembers it for later handles.
+    _shards: dict[str, int]
+
+    @property
+    def new_idempotency_key(self) -> Callable[[], str]:
+        """A fresh idempotency key for one add, each call."""
+
+    async def call(self, frame: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Send one command to the right node; its ``ok`` reply."""
+
+    async def get_children_values(self, job_id: str) -> dict[str, Any]:
+        """A flow parent's children's results."""
+
+    def _events(self, queues: set[str] | None, max_buffered: int) -> AsyncIterator[dict[str, Any]]:
+        """Job events of ``queues`` (None: every queue) as they happen."""
+
+
+class AsyncQueue:
+    """One queue of an :class:`~shoal.client.AsyncClient` (get it with ``client.queue(name)``)."""
+
+    def __init__(self, client: QueueClient, name: str, *, shards: int | None = None) -> None:
         self.client = client
         self.name = name
         self._shards = ShardPicker(name, shards)

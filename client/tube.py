@@ -21,14 +21,11 @@ tarantool              Shoal command              notes
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._loop import SyncHandle, blocking
 from .job import Job
-from .queue import AsyncQueue
-
-if TYPE_CHECKING:
-    from ._async import AsyncClient
+from .queue import AsyncQueue, QueueClient
 
 __all__ = ["AsyncTube", "Tube", "TASK_STATES"]
 
@@ -40,7 +37,7 @@ TASK_STATES = {"waiting": "ready", "delayed": "delayed", "active": "taken", "com
 class AsyncTube:
     """A tarantool-style tube (get it with ``client.tube(name)``)."""
 
-    def __init__(self, client: "AsyncClient", name: str) -> None:
+    def __init__(self, client: QueueClient, name: str) -> None:
         self.client = client
         self.name = name
         self.queue = AsyncQueue(client, name)

@@ -2,8 +2,8 @@
 
 ``PushFlow {parent: {queue, data, ...job options}, children: [{queue, data, ...job options,
 children?, onFailure?}, ...], idempotencyKey?}``. Node and client share this module: the
-node checks a tree with :func:`check_parent` / :func:`check_children` (through the command
-schema) and creates it level by level from :func:`flatten`, whose order is also the order
+node checks a tree with the checkers of :func:`parent_checker` / :func:`children_checker`
+(which the command schema builds from PUSH's job options) and creates it level by level from :func:`flatten`, whose order is also the order
 of the ids in the reply (depth first, the parent first).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from . import _fields as F
 from . import limits as L
 
-__all__ = ["ON_FAILURE", "FLOW_JOBS_MAX", "FLOW_DEPTH_MAX", "FlowNode", "check_parent", "check_children",
+__all__ = ["ON_FAILURE", "FLOW_JOBS_MAX", "FLOW_DEPTH_MAX", "FlowNode", "parent_checker", "children_checker",
            "flatten", "item_key", "FLOW_KEY_CHARS_MAX"]
 
 #: A child's failure policy (``onFailure``); the first is the default.
@@ -45,41 +45,54 @@ class FlowNode:
     on_failure: str
 
 
-def _job_checks() -> dict[str, F.Checker]:
-    from .commands import JOB_OPTION_FIELDS  # the PUSH options, one source of truth
-    return {"queue": F.queue, "data": F.data, **JOB_OPTION_FIELDS}
+def _job_checks(job_options: Mapping[str, F.Checker]) -> dict[str, F.Checker]:
+    return {"queue": F.queue, "data": F.data, **job_options}
 
 
-def check_parent(field: str, v: Any) -> None:
-    """``parent``: a job (``queue``, ``data`` and PUSH's job options); no ``delay``."""
-    F.fields_map(field, v, _job_checks(), "job field", required=("queue", "data"))
-    if v.get("delay"):
-        raise F.bad(f"{field}.delay", "a parent waits for its children; it takes no delay")
+def parent_checker(job_options: Mapping[str, F.Checker]) -> F.Checker:
+    """The checker of ``parent``: a job (``queue``, ``data`` and ``job_options``); no ``delay``.
+
+    ``job_options`` is PUSH's (:data:`~shoal.cluster.commands.JOB_OPTION_FIELDS`), handed in by
+    the command schema so a flow's jobs take exactly what a PUSH takes.
+    """
+    checks = _job_checks(job_options)
+
+    def check_parent(field: str, v: Any) -> None:
+        F.fields_map(field, v, checks, "job field", required=("queue", "data"))
+        if v.get("delay"):
+            raise F.bad(f"{field}.delay", "a parent waits for its children; it takes no delay")
+
+    return check_parent
 
 
-def check_children(field: str, v: Any) -> None:
-    """``children``: a non-empty list of jobs, each with optional ``children`` and ``onFailure``."""
-    checks = {**_job_checks(), "children": lambda _f, _v: None, "onFailure": _one_of_policy}
-    total = [1]
+def children_checker(job_options: Mapping[str, F.Checker]) -> F.Checker:
+    """The checker of ``children``: a non-empty list of jobs (``queue``, ``data`` and
+    ``job_options``), each with optional ``children`` and ``onFailure``."""
+    checks = {**_job_checks(job_options), "children": lambda _f, _v: None, "onFailure": _one_of_policy}
 
-    def walk(name: str, items: Any, depth: int) -> None:
-        if type(items) is not list or not items:
-            raise F.bad(name, "must be a non-empty list of jobs")
-        if depth > FLOW_DEPTH_MAX:
-            raise F.bad(name, f"a flow is at most {FLOW_DEPTH_MAX} levels deep")
-        for i, item in enumerate(items):
-            total[0] += 1
-            if total[0] > FLOW_JOBS_MAX:
-                raise F.bad(field, f"a flow holds at most {FLOW_JOBS_MAX} jobs")
-            where = f"{name}[{i}]"
-            F.fields_map(where, item, checks, "job field", required=("queue", "data"))
-            sub = item.get("children")
-            if sub is not None:
-                if item.get("delay"):
-                    raise F.bad(f"{where}.delay", "a parent waits for its children; it takes no delay")
-                walk(f"{where}.children", sub, depth + 1)
+    def check_children(field: str, v: Any) -> None:
+        total = [1]
 
-    walk(field, v, 1)
+        def walk(name: str, items: Any, depth: int) -> None:
+            if type(items) is not list or not items:
+                raise F.bad(name, "must be a non-empty list of jobs")
+            if depth > FLOW_DEPTH_MAX:
+                raise F.bad(name, f"a flow is at most {FLOW_DEPTH_MAX} levels deep")
+            for i, item in enumerate(items):
+                total[0] += 1
+                if total[0] > FLOW_JOBS_MAX:
+                    raise F.bad(field, f"a flow holds at most {FLOW_JOBS_MAX} jobs")
+                where = f"{name}[{i}]"
+                F.fields_map(where, item, checks, "job field", required=("queue", "data"))
+                sub = item.get("children")
+                if sub is not None:
+                    if item.get("delay"):
+                        raise F.bad(f"{where}.delay", "a parent waits for its children; it takes no delay")
+                    walk(f"{where}.children", sub, depth + 1)
+
+        walk(field, v, 1)
+
+    return check_children
 
 
 def flatten(parent: Mapping[str, Any], children: list[Mapping[str, Any]]) -> list[FlowNode]:

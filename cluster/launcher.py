@@ -1,4 +1,5 @@
-"""Local clusters: ``shoal cluster up`` and the :class:`LocalCluster` API behind it.
+"""Local clusters: the :class:`LocalCluster` API behind ``shoal cluster up`` and ``down``
+(:mod:`shoal.cli.cluster`).
 
 A local cluster is N node processes on loopback started from one data
 directory that holds ``cluster.toml``, one pid file and one log file per node
@@ -36,20 +37,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import click
-
 from .codec import FrameDecoder, encode
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
-from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings, parse_tls
+from .guard import LIMITS_ENV_VARS, TLS_ENV_VARS, TlsSettings
 from .topology import Topology
 
-__all__ = ["LocalCluster", "free_base_port", "cluster_group", "port_layout", "write_cluster_file",
-           "new_secret", "new_cluster_id", "busy_ports", "check_ports_free", "PortInUse", "ForeignNode"]
+__all__ = ["LocalCluster", "free_base_port", "port_layout", "write_cluster_file", "new_secret", "new_cluster_id",
+           "busy_ports", "check_ports_free", "PortInUse", "ForeignNode", "settings_from_env", "stop_detached",
+           "NODES_MAX", "READY_TIMEOUT_S", "STOP_TIMEOUT_S"]
 
 NODES_MAX = 32
 READY_TIMEOUT_S = 60.0
@@ -589,130 +588,7 @@ class LocalCluster:
         self.stop()
 
 
-# --- CLI --------------------------------------------------------------------------------------------
-
-
-class _ClusterGroup(click.Group):
-    """``up`` and ``down`` live here; the commands that change a running cluster's shape in
-    :mod:`.operator` (imported when listed or used: it imports this module)."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        from .operator import COMMANDS
-        return sorted({*super().list_commands(ctx), *COMMANDS})
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        from . import operator
-        attr = operator.COMMANDS.get(name)
-        return getattr(operator, attr) if attr else super().get_command(ctx, name)
-
-
-@click.group("cluster", cls=_ClusterGroup)
-def cluster_group() -> None:
-    """Run a local cluster of node processes, and grow, shrink or rebalance a running cluster
-    (local with --data, remote with --url)."""
-
-
-@cluster_group.command("up")
-@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, NODES_MAX))
-@click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 1024))
-@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
-@click.option("--base-port", default=6789, show_default=True, type=click.IntRange(1024, 65000))
-@click.option("--replication", default=3, show_default=True, type=click.IntRange(1, 7),
-              help="Replicas per partition (capped at the node count).")
-@click.option("--secret", default=None, envvar="SHOAL_CLUSTER_SECRET",
-              help="Cluster secret for the Raft links (default: SHOAL_CLUSTER_SECRET, else a random one; "
-                   "written to cluster.toml with mode 0600).")
-@click.option("--detach", is_flag=True, help="Return once ready and leave the nodes running "
-                                             "(stop them with `shoal cluster down`).")
-@click.option("--token", "tokens", multiple=True, metavar="TOKEN",
-              help="Client token the nodes require (repeatable). Default: SHOAL_AUTH_TOKENS, else none.")
-def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, replication: int, secret: str | None,
-               detach: bool, tokens: tuple[str, ...]) -> None:
-    """Start N local nodes and wait until every partition has a leader and every node is ready.
-
-    Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
-    again on the same --data to bring the same cluster back with its data.
-    Fails at once, naming the port, when a port a node needs is taken; a node
-    counts as ready only once it answers with this cluster's id and the pid
-    started for it.
-    """
-    tokens, node_env = _security_from_env(tokens, os.environ)
-    try:
-        # TLS goes into cluster.toml, so the launcher's own readiness checks speak it too.
-        tls = parse_tls({}, os.environ)
-        cluster = LocalCluster(nodes, partitions, data_dir, base_port, replication, tokens=tokens,
-                               secret=secret or "", extra_env=node_env, tls=tls)
-    except (ConfigError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    if tokens and cluster.config.tokens != tokens:  # an existing cluster.toml: the flags win
-        cluster.config = replace(cluster.config, tokens=tokens)
-        cluster.config_path.write_text(cluster.config.to_toml())
-        click.echo(f"{cluster.config_path}: client tokens replaced", err=True)
-    if not cluster.config.tokens:
-        click.echo("warning: no client tokens: every local process can use this cluster "
-                   "(secure it with --token)", err=True)
-    if cluster.config_path.exists() and (len(cluster.config.nodes), cluster.config.partitions) != (nodes, partitions):
-        click.echo(f"reusing {cluster.config_path}: {len(cluster.config.nodes)} nodes, "
-                   f"{cluster.config.partitions} partitions (flags ignored)", err=True)
-    stop_requested = False
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        cluster.start(wait=False)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not stop_requested:
-            try:
-                cluster.wait_ready(min(1.0, max(0.1, deadline - time.monotonic())))
-                break
-            except TimeoutError:
-                if time.monotonic() >= deadline:
-                    raise
-        # Ready means settled: leaders on their preferred replicas, so no leadership moves
-        # (and no TIMEOUT of an in-flight write) follow the "ready" line.
-        while not stop_requested and time.monotonic() < deadline:
-            if cluster.wait_balanced(min(1.0, max(0.1, deadline - time.monotonic()))):
-                break
-        else:
-            if not stop_requested:
-                raise TimeoutError(f"leaders did not settle on their preferred replicas within {READY_TIMEOUT_S}s")
-    except (RuntimeError, TimeoutError) as exc:
-        cluster.stop()
-        raise click.ClickException(str(exc)) from exc
-    except BaseException:
-        cluster.stop()  # whatever went wrong, no node is left running behind the command
-        raise
-    if stop_requested:
-        cluster.stop()
-        return
-    click.echo(f"Shoal cluster ready: {len(cluster.node_ids)} nodes, {cluster.config.partitions} partitions, "
-               f"cluster id {cluster.config.cluster_id}, data in {cluster.data_dir}")
-    for n in cluster.config.nodes:
-        click.echo(f"  {n.id}: client {n.host}:{n.port}  http http://{n.host}:{n.http_port}  "
-                   f"pid {cluster.pid(n.id)}")
-    token_hint = ", token=..." if cluster.config.tokens else ""
-    click.echo(f"Connect with: Client({cluster.addresses!r}{token_hint})")
-    if detach:
-        click.echo("Detached; stop with: shoal cluster down --data " + str(cluster.data_dir))
-        return
-    click.echo("Press Ctrl-C to stop.")
-    while not stop_requested:
-        time.sleep(0.2)
-        dead = [nid for nid, p in cluster.procs.items() if p.poll() is not None]
-        for nid in dead:
-            click.echo(f"node {nid} exited with code {cluster.procs[nid].returncode}; "
-                       f"see {cluster.log_file(nid)}", err=True)
-            cluster.procs.pop(nid)
-        if not cluster.procs:
-            raise click.ClickException("every node has exited")
-    click.echo("stopping...")
-    cluster.stop()
-    click.echo("stopped")
-
+# --- what a local cluster passes to its nodes; stopping a detached one --------------------------------
 
 #: ``SHOAL_*`` variables ``shoal cluster up`` passes to its nodes: limits apply to every node
 #: alike. SHOAL_AUTH_TOKENS and SHOAL_TLS_* go into the cluster file; SHOAL_CLUSTER_SECRET is the
@@ -725,12 +601,13 @@ _HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TL
 _NOT_NODE_SETTINGS = frozenset({"SHOAL_NO_SPARK"})
 
 
-def _security_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The tokens to use and the variables to pass to the nodes; ClickException for the rest."""
+def settings_from_env(tokens: tuple[str, ...], env: Mapping[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The client tokens of a local cluster (``tokens``, else ``SHOAL_AUTH_TOKENS``) and the variables of
+    ``env`` to pass to its nodes; :class:`~.config.ConfigError` naming every other ``SHOAL_*`` setting."""
     refused = sorted(k for k, v in env.items() if k.startswith("SHOAL_") and v and not k.startswith("SHOAL_TEST_")
                      and k not in _PASSED_TO_NODES and k not in _HANDLED_ELSEWHERE and k not in _NOT_NODE_SETTINGS)
     if refused:
-        raise click.ClickException(
+        raise ConfigError(
             f"{', '.join(refused)} set, but `shoal cluster up` lays its nodes out itself (flags and "
             "<data>/cluster.toml) and would not apply them: unset them, or edit cluster.toml")
     if not tokens and env.get("SHOAL_AUTH_TOKENS"):
@@ -746,12 +623,11 @@ def _pids_in(data_dir: Path) -> Iterator[tuple[str, int, Path]]:
             continue
 
 
-@cluster_group.command("down")
-@click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False))
-def cluster_down(data_dir: str) -> None:
-    """Stop the nodes of a detached local cluster (SIGTERM, then SIGKILL)."""
+def stop_detached(data_dir: Path, say: Callable[[str], None]) -> int:
+    """Stop the nodes of a detached local cluster by its pid files (SIGTERM, then SIGKILL after
+    :data:`STOP_TIMEOUT_S`), saying each one; how many were running."""
     stopped = 0
-    for node_id, pid, pid_file in _pids_in(Path(data_dir)):
+    for node_id, pid, pid_file in _pids_in(data_dir):
         if _is_our_node(pid):
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -760,6 +636,6 @@ def cluster_down(data_dir: str) -> None:
             if _is_our_node(pid):
                 os.kill(pid, signal.SIGKILL)
             stopped += 1
-            click.echo(f"stopped {node_id} (pid {pid})")
+            say(f"stopped {node_id} (pid {pid})")
         pid_file.unlink(missing_ok=True)
-    click.echo(f"{stopped} node(s) stopped")
+    return stopped

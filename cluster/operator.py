@@ -1,15 +1,17 @@
-"""``shoal cluster add-node | remove-node | replace-node | rebalance | settings | status``.
+"""Changing a running cluster's shape: what ``shoal cluster add-node | remove-node | replace-node |
+rebalance | settings | status`` do (the commands are :mod:`shoal.cli.cluster`'s).
 
-Theory of operation. Every command talks to one node's HTTP admin API
+Theory of operation. Every change talks to one node's HTTP admin API
 (:mod:`.admin_client`): it asks for a change, which the node registry spreads by gossip and
 the partitions' leaders carry out one membership change at a time, then polls
 ``GET /admin/cluster?all=1`` until the cluster has the asked-for shape. While it waits it
-prints a line whenever something changed (:class:`ProgressPrinter`); ``--timeout`` bounds the
-wait. It exits 0 only once the shape is reached, else non-zero saying what was not in place.
+says a line whenever something changed (:class:`ProgressPrinter`); a deadline bounds the
+wait. It returns only once the shape is reached, else raises :class:`OperatorError` saying
+what was not in place.
 
-Two forms of every command:
+Two forms of every change (:func:`connect` finds the cluster):
 
-- local (``--data DIR``, a cluster of ``shoal cluster up``): the command also does what an
+- local (``--data DIR``, a cluster of ``shoal cluster up``): the change also does what an
   operator does by hand elsewhere. It picks the next node id and ports, writes the node into
   ``cluster.toml`` (keeping ``[cluster] bootstrap``, the nodes the cluster was created with,
   which every node needs to know its partitions' first memberships), starts and stops node
@@ -31,18 +33,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import click
-
 from .admin_client import AdminClient, AdminError, ClusterShape
 from .config import ClusterConfig, ConfigError, NodeSpec, load_config
 from .launcher import (PORT_RELEASE_WAIT_S, STOP_TIMEOUT_S, ForeignNode, LocalCluster, PortInUse, _is_our_node,
                        _PASSED_TO_NODES, _pids_in, _port_free, check_ports_free, node_health, write_cluster_file)
 from .registry import ACTIVE, REMOVED, Registry, node_of_member
 
-__all__ = ["add_node", "remove_node", "replace_node", "rebalance", "settings", "status", "ProgressPrinter",
-           "parse_bytes", "format_bytes", "format_move", "next_node_id", "next_ports", "with_node", "without_node",
-           "unsettled", "COMMANDS", "TIMEOUT_S", "HEARTBEAT_S"]
+__all__ = ["add_node", "remove_node", "replace_node", "rebalance", "settings", "status", "connect", "Where",
+           "OperatorError", "ProgressPrinter", "parse_bytes", "format_bytes", "format_move", "next_node_id",
+           "next_ports", "with_node", "without_node", "unsettled", "balance_gaps", "holdings", "Say", "TIMEOUT_S",
+           "HEARTBEAT_S"]
 
+#: Where the steps of a change say what they did and what they wait for (``click.echo`` for the commands).
+Say = Callable[[str], None]
 #: Default bound of every command's wait.
 TIMEOUT_S = 600.0
 #: While moves run and nothing else changes, how often their bytes, rate and time left are printed.
@@ -278,6 +281,10 @@ def _bootstrap_of(config: ClusterConfig, registry: Registry) -> tuple[str, ...]:
 
 # --- where the cluster is --------------------------------------------------------------------------
 
+class OperatorError(Exception):
+    """A change the command cannot make or finish; the message says what was not in place and what to do."""
+
+
 @dataclass
 class Where:
     """The admin API to use, and for the local form the cluster's directory and file."""
@@ -308,12 +315,12 @@ def _running_pids(data_dir: Path) -> dict[str, int]:
 def _local_config(data_dir: Path) -> ClusterConfig:
     path = data_dir / "cluster.toml"
     if not path.exists():
-        raise click.ClickException(f"no cluster at {data_dir} (no cluster.toml); start one with "
-                                   f"`shoal cluster up --data {data_dir}`, or use --url for a remote cluster")
+        raise OperatorError(f"no cluster at {data_dir} (no cluster.toml); start one with "
+                            f"`shoal cluster up --data {data_dir}`, or use --url for a remote cluster")
     try:
         return load_config(path, env={})
     except ConfigError as exc:
-        raise click.ClickException(f"{path}: {exc}") from exc
+        raise OperatorError(f"{path}: {exc}") from exc
 
 
 def _local_admin(data_dir: Path, config: ClusterConfig, token: str | None,
@@ -346,8 +353,10 @@ def _remote_admin(url: str, token: str | None, ca: str | None, cert: str | None,
     return AdminClient(url, token, ctx)
 
 
-def _connect(data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None, key: str | None,
-             exclude: Iterable[str] = ()) -> Where:
+def connect(data_dir: str, url: str | None, token: str | None = None, ca: str | None = None,
+            cert: str | None = None, key: str | None = None, exclude: Iterable[str] = ()) -> Where:
+    """The cluster at ``url`` (any node's HTTP address, with ``token`` and the TLS files), else the
+    local cluster of ``shoal cluster up`` at ``data_dir`` through a running node other than ``exclude``."""
     if url:
         return Where(_remote_admin(url, token, ca, cert, key))
     path = Path(data_dir).absolute()
@@ -355,32 +364,9 @@ def _connect(data_dir: str, url: str | None, token: str | None, ca: str | None, 
     admin = _local_admin(path, config, token, exclude)
     if admin is None:
         others = f" (other than {', '.join(exclude)})" if exclude else ""
-        raise click.ClickException(f"no node of the cluster at {path}{others} answers its admin API: is it running? "
-                                   f"(`shoal cluster up --data {path}`)")
+        raise OperatorError(f"no node of the cluster at {path}{others} answers its admin API: is it running? "
+                            f"(`shoal cluster up --data {path}`)")
     return Where(admin, path, config)
-
-
-def _options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The options every operator command takes: where the cluster is, how to authenticate, how long to wait."""
-    for option in reversed((
-        click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False),
-                     help="A local cluster's directory (of `shoal cluster up`)."),
-        click.option("--url", default=None, envvar="SHOAL_ADMIN_URL", metavar="URL",
-                     help="Any node's HTTP address (http[s]://host:port) for a remote cluster "
-                          "(default: $SHOAL_ADMIN_URL); without it the local cluster at --data."),
-        click.option("--token", default=None, envvar="SHOAL_TOKEN",
-                     help="A client token of the cluster (default: $SHOAL_TOKEN; locally, the cluster file's first)."),
-        click.option("--ca", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="With an https --url: the CA certificate to trust (default: the system's)."),
-        click.option("--cert", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="With an https --url: a client certificate to present (nodes with client_certs)."),
-        click.option("--key", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="The key of --cert."),
-        click.option("--timeout", "timeout_s", default=TIMEOUT_S, show_default=True, type=click.FloatRange(1, 86_400),
-                     help="Seconds to wait for the cluster to reach the asked-for shape."),
-    )):
-        command = option(command)
-    return command
 
 
 def _call(action: Callable[[], Any]) -> Any:
@@ -388,21 +374,20 @@ def _call(action: Callable[[], Any]) -> Any:
         return action()
     except AdminError as exc:
         if not exc.status:
-            raise click.ClickException(f"cannot reach the admin API: {exc}") from exc
-        raise click.ClickException(f"the admin API refused (HTTP {exc.status} {exc.code}): {exc}") from exc
+            raise OperatorError(f"cannot reach the admin API: {exc}") from exc
+        raise OperatorError(f"the admin API refused (HTTP {exc.status} {exc.code}): {exc}") from exc
 
 
-def _wait(where: Where, done: Callable[[ClusterShape], bool], timeout_s: float, what: str,
-          printer: ProgressPrinter | None = None,
+def _wait(where: Where, done: Callable[[ClusterShape], bool], timeout_s: float, what: str, say: Say,
           gaps: Callable[[ClusterShape], list[str]] = unsettled) -> ClusterShape:
-    """Poll until ``done``, printing progress; ClickException naming what was not in place on timeout."""
-    printer = printer or ProgressPrinter(click.echo)
+    """Poll until ``done``, saying progress; :class:`OperatorError` naming what was not in place on timeout."""
+    printer = ProgressPrinter(say)
     try:
         return where.admin.wait(done, timeout_s, POLL_S, printer)
     except TimeoutError as exc:
         shape = printer.last
         detail = "; ".join(gaps(shape)) if shape is not None else "no node answered the admin API"
-        raise click.ClickException(f"{what} did not happen within {timeout_s:.0f} s: {detail or 'see above'}") from exc
+        raise OperatorError(f"{what} did not happen within {timeout_s:.0f} s: {detail or 'see above'}") from exc
 
 
 def _settled_and_balanced(shape: ClusterShape) -> bool:
@@ -428,17 +413,17 @@ def _stop_pid(node_id: str, pid: int, pid_file: Path | None) -> None:
         while _is_our_node(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
     if _is_our_node(pid):
-        raise click.ClickException(f"{node_id} (pid {pid}) did not exit")
+        raise OperatorError(f"{node_id} (pid {pid}) did not exit")
     if pid_file is not None:
         pid_file.unlink(missing_ok=True)
 
 
-def _stop_local(where: Where, node_id: str) -> int | None:
+def _stop_local(where: Where, node_id: str, say: Say) -> int | None:
     """Stop ``node_id``'s process of the local cluster when it runs; its pid, or None."""
     assert where.data_dir is not None
     for found, pid, pid_file in _pids_in(where.data_dir):
         if found == node_id and _is_our_node(pid):
-            click.echo(f"stopping {node_id} (pid {pid})")
+            say(f"stopping {node_id} (pid {pid})")
             _stop_pid(node_id, pid, pid_file)
             return pid
     return None
@@ -449,57 +434,40 @@ def _launcher(where: Where) -> LocalCluster:
     return LocalCluster(data_dir=where.data_dir or ".", extra_env=env)
 
 
-def _start_local(where: Where, node_id: str, deadline: float) -> tuple[LocalCluster, int]:
+def _start_local(where: Where, node_id: str, deadline: float, say: Say) -> tuple[LocalCluster, int]:
     """Start ``node_id`` from the cluster file and wait until its ports answer as this cluster's node."""
     cluster = _launcher(where)
     try:
         check_ports_free(cluster.config, [node_id], PORT_RELEASE_WAIT_S)
         pid = cluster.start_node(node_id)
     except (PortInUse, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"started {node_id} (pid {pid}, log {cluster.log_file(node_id)})")
+        raise OperatorError(str(exc)) from exc
+    say(f"started {node_id} (pid {pid}, log {cluster.log_file(node_id)})")
     while True:
         if cluster.procs[node_id].poll() is not None:
-            raise click.ClickException(cluster.exit_report(node_id))
+            raise OperatorError(cluster.exit_report(node_id))
         try:
             if cluster.confirm_own(node_id):
                 return cluster, pid
         except ForeignNode as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise OperatorError(str(exc)) from exc
         if time.monotonic() >= deadline:
-            raise click.ClickException(f"{node_id} (pid {pid}) did not answer in time (log {cluster.log_file(node_id)})")
+            raise OperatorError(f"{node_id} (pid {pid}) did not answer in time (log {cluster.log_file(node_id)})")
         time.sleep(0.2)
 
 
-# --- commands --------------------------------------------------------------------------------------
+# --- the changes -----------------------------------------------------------------------------------
 
-@click.command("add-node")
-@_options
-@click.option("--id", "node_id", default=None, help="The new node's id (local default: the next n<k>).")
-@click.option("--host", default=None, help="The host clients and peers reach it at (local default: the first node's).")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Client port (local default: the next free).")
-@click.option("--http-port", type=click.IntRange(1, 65535), default=None, help="HTTP port.")
-@click.option("--raft-port", type=click.IntRange(1, 65535), default=None, help="Raft port.")
-@click.option("--wait/--no-wait", default=True, show_default=True,
-              help="Wait until the node joined and the cluster settled, or return once it is registered.")
-def add_node(data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None, key: str | None,
-             timeout_s: float, node_id: str | None, host: str | None, port: int | None, http_port: int | None,
-             raft_port: int | None, wait: bool) -> None:
-    """Add a node to the cluster and wait until it holds and leads its share of partitions.
 
-    Locally: picks the next id and free ports, writes the node into cluster.toml, registers
-    it, starts its process and waits. With --url: registers the node you describe (--id,
-    --host, --port, --http-port, --raft-port); start its process yourself (before or after).
-    With rebalance_auto off, it waits only until the node joined: `shoal cluster rebalance`
-    then moves replicas onto it.
+def add_node(where: Where, node_id: str | None, host: str | None, port: int | None, http_port: int | None,
+             raft_port: int | None, *, wait: bool, deadline: float, say: Say) -> None:
+    """Add a node and, with ``wait``, wait until it holds and leads its share of partitions (until
+    it joined, with rebalance_auto off).
+
+    Locally: picks the next id and free ports for what is not given, writes the node into
+    cluster.toml, registers it and starts its process. Remote: registers the node described (every
+    field given); its operator starts its process.
     """
-    if url:
-        missing = [flag for flag, value in (("--id", node_id), ("--host", host), ("--port", port),
-                                            ("--http-port", http_port), ("--raft-port", raft_port)) if value is None]
-        if missing:
-            raise click.UsageError(f"with --url, give the new node's {', '.join(missing)} (you start its process)")
-    deadline = time.monotonic() + timeout_s
-    where = _connect(data_dir, url, token, ca, cert, key)
     shape = _call(where.admin.shape)
     reg = shape.registry
     if where.local:
@@ -508,10 +476,10 @@ def add_node(data_dir: str, url: str | None, token: str | None, ca: str | None, 
         dirs = [p.name for p in where.data_dir.iterdir() if p.is_dir()]
         node_id = node_id or next_node_id([*reg.nodes, *(n.id for n in config.nodes), *dirs])
         if any(n.id == node_id for n in config.nodes):
-            raise click.ClickException(f"{node_id} is already in {where.config_path}")
+            raise OperatorError(f"{node_id} is already in {where.config_path}")
         if (where.data_dir / node_id).exists():
-            raise click.ClickException(f"{where.data_dir / node_id} exists: a node of that id ran here; "
-                                       "choose another --id or move that directory away")
+            raise OperatorError(f"{where.data_dir / node_id} exists: a node of that id ran here; "
+                                "choose another --id or move that directory away")
         first = config.nodes[0]
         taken = {p for n in reg.nodes.values() for p in (n.port, n.http_port, n.raft_port)}
         taken |= {p for n in config.nodes for p in (n.port, n.http_port, n.raft_port)}
@@ -519,13 +487,13 @@ def add_node(data_dir: str, url: str | None, token: str | None, ca: str | None, 
             try:
                 auto = next_ports(first, node_id, taken, lambda p: _port_free(p, host or first.host))
             except ValueError as exc:
-                raise click.ClickException(str(exc)) from exc
+                raise OperatorError(str(exc)) from exc
             port, http_port, raft_port = port or auto[0], http_port or auto[1], raft_port or auto[2]
         host = host or first.host
     assert node_id is not None and host is not None and port and http_port and raft_port
     old = reg.nodes.get(node_id)
     if old is not None and old.state != REMOVED:
-        raise click.ClickException(f"{node_id} is already a node of cluster {reg.cluster_id} ({old.state})")
+        raise OperatorError(f"{node_id} is already a node of cluster {reg.cluster_id} ({old.state})")
     spec = NodeSpec(node_id, host, port, http_port, raft_port)
     if where.local:
         assert where.config is not None
@@ -534,13 +502,13 @@ def add_node(data_dir: str, url: str | None, token: str | None, ca: str | None, 
             grown.validate()
             check_ports_free(grown, [node_id])
         except (ConfigError, PortInUse) as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise OperatorError(str(exc)) from exc
     _call(lambda: where.admin.add_node(node_id, host, port, http_port, raft_port))
-    click.echo(f"registered {node_id} (client {host}:{port}, http {http_port}, raft {raft_port}) "
-               f"in cluster {reg.cluster_id}")
+    say(f"registered {node_id} (client {host}:{port}, http {http_port}, raft {raft_port}) "
+        f"in cluster {reg.cluster_id}")
     if where.local:
         write_cluster_file(where.config_path, grown)
-        _start_local(where, node_id, deadline)
+        _start_local(where, node_id, deadline, say)
     if not wait:
         return
     auto = reg.settings.rebalance_auto
@@ -558,35 +526,26 @@ def add_node(data_dir: str, url: str | None, token: str | None, ca: str | None, 
                     f"reaching the others' Raft ports?)"]
         return _gaps_and_balance(s)
 
-    shape = _wait(where, done, max(1.0, deadline - time.monotonic()), f"{node_id} joining", gaps=gaps)
+    shape = _wait(where, done, max(1.0, deadline - time.monotonic()), f"{node_id} joining", say, gaps=gaps)
     held = [p["id"] for p in shape.topology["partitionMap"] if node_id in p["replicas"]]
     led = [p["id"] for p in shape.topology["partitionMap"] if p["leader"] == node_id]
-    click.echo(f"{node_id} joined: holds {len(held)} of {shape.registry.partitions} partitions, leads {len(led)}")
+    say(f"{node_id} joined: holds {len(held)} of {shape.registry.partitions} partitions, leads {len(led)}")
     if not auto:
-        click.echo("rebalance_auto is off: run `shoal cluster rebalance` to move replicas onto it")
+        say("rebalance_auto is off: run `shoal cluster rebalance` to move replicas onto it")
 
 
-@click.command("remove-node")
-@click.argument("node_id")
-@_options
-def remove_node(node_id: str, data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None,
-                key: str | None, timeout_s: float) -> None:
-    """Move every replica and leadership off NODE_ID, remove it from the cluster, then stop it.
-
-    Locally the node's process is stopped and the node dropped from cluster.toml (its data
-    directory stays). With --url, stop its process yourself once this returns.
-    """
-    deadline = time.monotonic() + timeout_s
-    where = _connect(data_dir, url, token, ca, cert, key, exclude=[node_id])
+def remove_node(where: Where, node_id: str, *, deadline: float, say: Say) -> None:
+    """Move every replica and leadership off ``node_id``, remove it from the cluster, then (locally)
+    stop its process and drop it from cluster.toml (its data directory stays)."""
     reg = _call(where.admin.shape).registry
     entry = reg.nodes.get(node_id)
     if entry is None:
-        raise click.ClickException(f"{node_id} is not a node of cluster {reg.cluster_id}")
+        raise OperatorError(f"{node_id} is not a node of cluster {reg.cluster_id}")
     if entry.state != REMOVED:
         _call(lambda: where.admin.decommission(node_id))
-        click.echo(f"decommissioning {node_id}: moving its replicas and leadership to the other nodes")
+        say(f"decommissioning {node_id}: moving its replicas and leadership to the other nodes")
         _wait(where, lambda s: not s.holds(node_id), max(1.0, deadline - time.monotonic()),
-              f"moving every replica off {node_id}",
+              f"moving every replica off {node_id}", say,
               gaps=lambda s: [f"{node_id} still holds: {'; '.join(unsettled(s)) or 'leadership'}"])
         while True:
             try:
@@ -595,148 +554,102 @@ def remove_node(node_id: str, data_dir: str, url: str | None, token: str | None,
             except AdminError as exc:
                 # A node that answers slower than the one polled may still list it for a moment.
                 if exc.code != "INVALID_STATE" or time.monotonic() >= deadline:
-                    raise click.ClickException(f"removing {node_id} refused: {exc}") from exc
+                    raise OperatorError(f"removing {node_id} refused: {exc}") from exc
                 time.sleep(POLL_S)
-        click.echo(f"{node_id} removed from cluster {reg.cluster_id}: no partition lists it")
+        say(f"{node_id} removed from cluster {reg.cluster_id}: no partition lists it")
     else:
-        click.echo(f"{node_id} was already removed from cluster {reg.cluster_id}")
+        say(f"{node_id} was already removed from cluster {reg.cluster_id}")
     if where.local:
         assert where.config is not None
-        pid = _stop_local(where, node_id)
+        pid = _stop_local(where, node_id, say)
         if any(n.id == node_id for n in where.config.nodes):
             write_cluster_file(where.config_path, without_node(where.config, node_id, _bootstrap_of(where.config, reg)))
         stopped = f"its process (pid {pid}) has exited" if pid else "it was not running"
-        click.echo(f"{node_id}: {stopped}; dropped from {where.config_path} "
-                   f"(its data stays in {where.config.node_data_dir(node_id)})")
+        say(f"{node_id}: {stopped}; dropped from {where.config_path} "
+            f"(its data stays in {where.config.node_data_dir(node_id)})")
     else:
-        click.echo(f"stop {node_id}'s process now; the cluster no longer accepts it on the Raft link")
+        say(f"stop {node_id}'s process now; the cluster no longer accepts it on the Raft link")
 
 
-@click.command("replace-node")
-@click.argument("node_id")
-@_options
-@click.option("--incarnation", default=None,
-              help="With --url: the incarnation the new node runs (its /health says), started with the old "
-                   "id and ports on an empty data directory.")
-def replace_node(node_id: str, data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None,
-                 key: str | None, timeout_s: float, incarnation: str | None) -> None:
-    """Rebuild a dead node's replicas on a fresh node of the same id and ports.
+def replace_node(where: Where, node_id: str, incarnation: str | None, *, deadline: float, say: Say) -> None:
+    """Rebuild a dead node's replicas on a fresh node of the same id and ports, which joins as a new
+    Raft member (``node_id/<incarnation>``).
 
-    The fresh node joins as a new Raft member (NODE_ID/<incarnation>): it never votes as the
-    node whose disk was lost. Locally: stops NODE_ID's process if it runs, moves its data
-    directory aside, starts a fresh process and replaces the old one with it. With --url: start
-    the fresh node yourself and pass its --incarnation (from its /health).
+    Locally: stops ``node_id``'s process if it runs, moves its data directory aside, starts a fresh
+    process and takes its incarnation. Remote: ``incarnation`` is the fresh node's, started by its
+    operator.
     """
-    if url and not incarnation:
-        raise click.UsageError("with --url, give the fresh node's --incarnation (its /health names it)")
-    deadline = time.monotonic() + timeout_s
-    where = _connect(data_dir, url, token, ca, cert, key, exclude=[node_id])
     reg = _call(where.admin.shape).registry
     entry = reg.nodes.get(node_id)
     if entry is None or entry.state == REMOVED:
-        raise click.ClickException(f"{node_id} is not a live node of cluster {reg.cluster_id}")
+        raise OperatorError(f"{node_id} is not a live node of cluster {reg.cluster_id}")
     if where.local:
         assert where.config is not None
         if not any(n.id == node_id for n in where.config.nodes):
-            raise click.ClickException(f"{node_id} is not in {where.config_path}")
-        _stop_local(where, node_id)
+            raise OperatorError(f"{node_id} is not in {where.config_path}")
+        _stop_local(where, node_id, say)
         data = where.config.node_data_dir(node_id)  # as the node resolves it (the launcher's directory)
         if data.exists():
             aside = data.with_name(f"{data.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             data.rename(aside)
-            click.echo(f"moved {node_id}'s data directory aside to {aside}")
-        cluster, pid = _start_local(where, node_id, deadline)
+            say(f"moved {node_id}'s data directory aside to {aside}")
+        cluster, pid = _start_local(where, node_id, deadline, say)
         spec = cluster.config.node(node_id)
         try:
             health = node_health(spec.host, spec.http_port, 2.0, cluster.config.tokens[0] if cluster.config.tokens
                                  else None, cluster.ssl_context)
         except (OSError, ForeignNode) as exc:
-            raise click.ClickException(f"{node_id}'s /health did not answer: {exc}") from exc
+            raise OperatorError(f"{node_id}'s /health did not answer: {exc}") from exc
         incarnation = str(health.get("incarnation") or "")
         if not incarnation:
-            raise click.ClickException(f"{node_id}'s /health names no incarnation")
-    assert incarnation is not None
-    _call(lambda: where.admin.replace(node_id, incarnation))
-    member = f"{node_id}/{incarnation}" if incarnation != entry.original else node_id
-    click.echo(f"{node_id} now runs incarnation {incarnation}: it joins as member {member}, "
-               f"its old replicas are replaced")
+            raise OperatorError(f"{node_id}'s /health names no incarnation")
+    if not incarnation:
+        raise OperatorError(f"the incarnation {node_id}'s fresh node runs is needed (its /health names it)")
+    fresh = incarnation
+    _call(lambda: where.admin.replace(node_id, fresh))
+    member = f"{node_id}/{fresh}" if fresh != entry.original else node_id
+    say(f"{node_id} now runs incarnation {fresh}: it joins as member {member}, its old replicas are replaced")
 
     def done(s: ClusterShape) -> bool:
         e = s.registry.nodes.get(node_id)
-        return e is not None and e.incarnation == incarnation and s.settled()
+        return e is not None and e.incarnation == fresh and s.settled()
 
-    _wait(where, done, max(1.0, deadline - time.monotonic()), f"rebuilding {node_id}'s replicas")
-    click.echo(f"{node_id} replaced: its replicas are rebuilt on member {member}")
+    _wait(where, done, max(1.0, deadline - time.monotonic()), f"rebuilding {node_id}'s replicas", say)
+    say(f"{node_id} replaced: its replicas are rebuilt on member {member}")
 
 
-@click.command("rebalance")
-@_options
-def rebalance(data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None, key: str | None,
-              timeout_s: float) -> None:
-    """Move replicas to their targets and leadership to each partition's preferred node; wait until done.
-
-    Needed only with rebalance_auto off (`shoal cluster settings --no-rebalance-auto`): with it on
-    (the default) replicas move by themselves after a node joins or leaves.
-    """
-    where = _connect(data_dir, url, token, ca, cert, key)
+def rebalance(where: Where, timeout_s: float, say: Say) -> None:
+    """Move replicas to their targets and leadership to each partition's preferred node; wait until done."""
     _call(where.admin.rebalance)
-    click.echo("rebalancing: replicas to their targets, leadership to preferred nodes")
-    shape = _wait(where, _settled_and_balanced, timeout_s, "rebalancing", gaps=_gaps_and_balance)
-    click.echo(f"balanced: {holdings(shape)}")
+    say("rebalancing: replicas to their targets, leadership to preferred nodes")
+    shape = _wait(where, _settled_and_balanced, timeout_s, "rebalancing", say, gaps=_gaps_and_balance)
+    say(f"balanced: {holdings(shape)}")
 
 
-@click.command("settings")
-@_options
-@click.option("--move-rate", default=None, metavar="SIZE",
-              help="Cluster-wide byte rate of moves (snapshots and catch-up to new replicas), e.g. 64MiB.")
-@click.option("--rebalance-auto/--no-rebalance-auto", default=None,
-              help="Move replicas by themselves after a node joins or leaves (default on).")
-@click.option("--replication", type=click.IntRange(1, 7), default=None,
-              help="Replicas per partition (capped at the active node count); waits until every partition has them.")
-def settings(data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None, key: str | None,
-             timeout_s: float, move_rate: str | None, rebalance_auto: bool | None, replication: int | None) -> None:
-    """Show the cluster's settings, or change them while the cluster runs (and moves run).
-
-    A new move rate applies to running moves at once. A new replication factor is reached one
-    membership change at a time per partition (also with rebalance_auto off: the command asks
-    for a rebalance); the command waits until every partition has it.
-    """
-    changes: dict[str, Any] = {}
-    if move_rate is not None:
-        try:
-            changes["moveRateBytesPerS"] = parse_bytes(move_rate)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--move-rate") from exc
-    if rebalance_auto is not None:
-        changes["rebalanceAuto"] = rebalance_auto
-    if replication is not None:
-        changes["replication"] = replication
-    where = _connect(data_dir, url, token, ca, cert, key)
+def settings(where: Where, changes: dict[str, Any], timeout_s: float, say: Say) -> None:
+    """Say the cluster's settings after applying ``changes`` (the admin API's names: ``moveRateBytesPerS``,
+    ``rebalanceAuto``, ``replication``); a new replication factor is waited for until every partition has it."""
     if changes:
         _call(lambda: where.admin.settings(**changes))
     shape = _call(where.admin.shape)
     s = shape.registry.settings
+    replication = changes.get("replication")
     if replication is not None and not s.rebalance_auto:
         _call(where.admin.rebalance)  # the operator asked for this shape: reach it now
-    click.echo(f"replication {s.replication} (now {shape.registry.rf()} per partition), rebalance_auto "
-               f"{'on' if s.rebalance_auto else 'off'}, move rate {format_bytes(s.move_rate_bytes_per_s)}/s")
+    say(f"replication {s.replication} (now {shape.registry.rf()} per partition), rebalance_auto "
+        f"{'on' if s.rebalance_auto else 'off'}, move rate {format_bytes(s.move_rate_bytes_per_s)}/s")
     if replication is not None:
-        shape = _wait(where, ClusterShape.settled, timeout_s, f"replication {replication}")
-        click.echo(f"every partition has {shape.registry.rf()} replicas: {holdings(shape)}")
+        shape = _wait(where, ClusterShape.settled, timeout_s, f"replication {replication}", say)
+        say(f"every partition has {shape.registry.rf()} replicas: {holdings(shape)}")
 
 
-@click.command("status")
-@_options
 def status(data_dir: str, url: str | None, token: str | None, ca: str | None, cert: str | None, key: str | None,
-           timeout_s: float) -> None:
-    """Show the cluster's nodes (state, incarnation), partitions and every move in progress.
-
-    Moves: partition, from → to, state, bytes sent of the total, rate and time left.
-    """
-    del timeout_s  # a status does not wait
+           say: Say) -> None:
+    """Say the cluster's nodes (state, incarnation), partitions and every move in progress; a local
+    cluster none of whose nodes answers is shown from its file."""
     if url:
-        where = _connect(data_dir, url, token, ca, cert, key)
-        _print_status(_call(where.admin.shape), {})
+        where = connect(data_dir, url, token, ca, cert, key)
+        _say_status(_call(where.admin.shape), {}, say)
         return
     path = Path(data_dir).absolute()
     config = _local_config(path)
@@ -747,43 +660,38 @@ def status(data_dir: str, url: str | None, token: str | None, ca: str | None, ce
         with contextlib.suppress(AdminError):
             shape = admin.shape()
     if shape is None:
-        click.echo(f"cluster {config.cluster_id}: no node answers (data in {path})")
+        say(f"cluster {config.cluster_id}: no node answers (data in {path})")
         for n in config.nodes:
-            click.echo(f"  {n.id}: down  client {n.host}:{n.port}  http {n.http_port}")
+            say(f"  {n.id}: down  client {n.host}:{n.port}  http {n.http_port}")
         return
-    _print_status(shape, pids)
+    _say_status(shape, pids, say)
 
 
-def _print_status(shape: ClusterShape, pids: dict[str, int]) -> None:
+def _say_status(shape: ClusterShape, pids: dict[str, int], say: Say) -> None:
     reg = shape.registry
     s = reg.settings
-    click.echo(f"cluster {reg.cluster_id}: {reg.partitions} partitions, replication {s.replication} "
-               f"({reg.rf()} per partition), rebalance_auto {'on' if s.rebalance_auto else 'off'}, "
-               f"move rate {format_bytes(s.move_rate_bytes_per_s)}/s")
+    say(f"cluster {reg.cluster_id}: {reg.partitions} partitions, replication {s.replication} "
+        f"({reg.rf()} per partition), rebalance_auto {'on' if s.rebalance_auto else 'off'}, "
+        f"move rate {format_bytes(s.move_rate_bytes_per_s)}/s")
     parts = shape.topology["partitionMap"]
-    click.echo("nodes:")
+    say("nodes:")
     for entry in sorted(reg.nodes.values(), key=lambda e: (e.ordinal, e.id)):
         held = sum(entry.id in p["replicas"] for p in parts)
         led = sum(p["leader"] == entry.id for p in parts)
         pid = f"  pid {pids[entry.id]}" if entry.id in pids else ""
-        click.echo(f"  {entry.id}: {entry.state:<8} incarnation {entry.incarnation or '-':<16} member "
-                   f"{entry.member():<20} client {entry.host}:{entry.port}  http {entry.http_port}  "
-                   f"replicas {held}  leads {led}{pid}")
-    click.echo("partitions:")
+        say(f"  {entry.id}: {entry.state:<8} incarnation {entry.incarnation or '-':<16} member "
+            f"{entry.member():<20} client {entry.host}:{entry.port}  http {entry.http_port}  "
+            f"replicas {held}  leads {led}{pid}")
+    say("partitions:")
     for p in parts:
         target = ",".join(node_of_member(m) for m in shape.placement.get(p["id"], []))
         members = shape.members(p["id"])
         learners = f"  learners {','.join(members[1])}" if members and members[1] else ""
-        click.echo(f"  p{p['id']}: leader {p['leader'] or '-'}  term {p['term']}  replicas "
-                   f"{','.join(p['replicas'])}  target {target}{learners}")
+        say(f"  p{p['id']}: leader {p['leader'] or '-'}  term {p['term']}  replicas "
+            f"{','.join(p['replicas'])}  target {target}{learners}")
     if shape.moves:
-        click.echo(f"moves ({len(shape.moves)}):")
+        say(f"moves ({len(shape.moves)}):")
         for m in shape.moves:
-            click.echo(f"  {format_move(m)}")
+            say(f"  {format_move(m)}")
     else:
-        click.echo("moves: none")
-
-
-#: ``shoal cluster`` subcommands this module adds (name -> attribute), for the launcher's group.
-COMMANDS: dict[str, str] = {"add-node": "add_node", "remove-node": "remove_node", "replace-node": "replace_node",
-                            "rebalance": "rebalance", "settings": "settings", "status": "status"}
+        say("moves: none")

@@ -1,5 +1,5 @@
-"""``python -m shoal.node`` = ``shoal node``."""
+"""``python -m shoal.node`` = ``shoal node`` (the command is :mod:`shoal.cli.node`'s)."""
 
-from .cli import node_command
+from shoal.cli.node import node_command
 
 node_command()  # pylint: disable=no-value-for-parameter

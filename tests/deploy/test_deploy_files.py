@@ -597,7 +597,7 @@ def test_a_new_pod_joins_and_a_scale_down_decommissions_highest_ordinal_first() 
     """An init container registers the pod (`shoal pod join`); a preStop hook (`shoal pod leave`)
     decommissions a pod a scale-down takes away, with the grace period to do it, a get-only Role on
     the StatefulSet for its replica count, and the volume deleted afterwards."""
-    from shoal.node.pod import join_command, leave_command
+    from shoal.cli.pod import join_command, leave_command
 
     values = chart_values()
     assert values["scaleDown"]["decommission"] is True and values["persistence"]["deleteOnScaleDown"] is True

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from rawproto import RawConn
-from shoal.cluster.launcher import cluster_group, free_base_port
+from shoal.cli.cluster import cluster_group
+from shoal.cluster.launcher import free_base_port
 
 pytestmark = pytest.mark.integration
 

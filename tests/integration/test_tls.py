@@ -101,7 +101,7 @@ def test_http_port_speaks_tls(tls_cluster: LocalCluster, pki: dict[str, str]) ->
 def test_cluster_up_takes_tls_from_the_environment(pki: dict[str, str], tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from shoal.cluster.launcher import cluster_group
+    from shoal.cli.cluster import cluster_group
 
     data, base = tmp_path / "up", free_base_port(1, 1)
     env = {"SHOAL_TLS_CERT": pki["cert"], "SHOAL_TLS_KEY": pki["key"]}

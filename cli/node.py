@@ -29,8 +29,9 @@ def node_command(config_path: str | None, node_id: str | None, log_level: str) -
         raise click.ClickException(str(exc)) from exc
     if not config.node_id:
         raise click.ClickException("no node id: pass --id or set SHOAL_NODE_ID")
-    from .identity import IdentityError
-    from .server import run_node  # keep `shoal --help` free of the node's imports (uvloop, the engine)
+    # Imported here: `shoal --help` stays free of the node's imports (uvloop, the engine).
+    from shoal.node.identity import IdentityError
+    from shoal.node.server import run_node
     try:
         code = run_node(config, config.node_id)
     except IdentityError as exc:

@@ -1,4 +1,4 @@
-"""``shoal chaos …`` — fault-injection commands."""
+"""``shoal chaos …`` — fault-injection commands over :mod:`shoal.chaos`."""
 
 from __future__ import annotations
 
