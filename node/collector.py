@@ -98,7 +98,7 @@ class NodeCollector(Collector):
         for p, replica in sorted(node.replicas.items()):
             if not replica.is_leader():
                 continue
-            for q in replica.view.queue_figures():
+            for q in replica.application.view.queue_figures():
                 for state, n in q.counts.items():
                     jobs.add_metric([q.name, state], n)
                 for kind, n in q.totals.items():

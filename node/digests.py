@@ -2,7 +2,7 @@
 
 A digest is the SHA-256 of a partition's state at an applied index, equal on
 replicas that applied the same entries, read through the replica's
-:class:`~.raft.view.PartitionView`. A small partition (at most
+:class:`~.partition.view.PartitionView`. A small partition (at most
 :data:`INLINE_JOBS_MAX` jobs, well under a millisecond per thousand jobs) is
 hashed on the spot. A larger one is hashed in a forked child, which calls
 ``view.digest()`` on its copy-on-write image of every large partition as it was
@@ -29,7 +29,7 @@ import msgpack
 from .raft.snapshots import become_background_child
 
 if TYPE_CHECKING:
-    from .raft.view import PartitionView
+    from .partition.view import PartitionView
 
 __all__ = ["ReplicaDigests", "INLINE_JOBS_MAX", "ENV_INLINE_JOBS_MAX", "RESULT_BYTES_MAX"]
 
@@ -43,8 +43,12 @@ ENV_INLINE_JOBS_MAX = "SHOAL_DIGEST_INLINE_JOBS_MAX"
 RESULT_BYTES_MAX = 1024 * 1024
 
 
-class _Replica(Protocol):
+class _Machine(Protocol):
     view: "PartitionView"
+
+
+class _Replica(Protocol):
+    application: _Machine
 
     def applied_index(self) -> int: ...
 
@@ -74,7 +78,7 @@ class ReplicaDigests:
 
         ``replicas`` are all the node's replicas: one child hashes every stale large one.
         """
-        view, index = replica.view, replica.applied_index()
+        view, index = replica.application.view, replica.applied_index()
         state = view.state_id()
         known = self._known.get(partition)
         if known is not None and known[0] == state and known[1] == index:
@@ -94,9 +98,10 @@ class ReplicaDigests:
         stale: dict[int, tuple[PartitionView, int, int]] = {}
         for p, r in replicas.items():
             known = self._known.get(p)
-            state, index = r.view.state_id(), r.applied_index()
-            if (known is None or known[0] != state or known[1] != index) and r.view.job_count() > self.inline_jobs_max:
-                stale[p] = (r.view, state, index)
+            view = r.application.view
+            state, index = view.state_id(), r.applied_index()
+            if (known is None or known[0] != state or known[1] != index) and view.job_count() > self.inline_jobs_max:
+                stale[p] = (view, state, index)
         if not stale:
             return
         read_fd, write_fd = os.pipe()

@@ -43,6 +43,7 @@ from .http import start_http
 from .metrics import NodeMetrics
 from .moves import MoveService
 from .cluster_map import ClusterMap
+from .partition import PartitionMachine
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
@@ -147,6 +148,7 @@ class Node:
                            lambda peer, message: network.send_channel(peer, RELAY_CHANNEL, message))
         network.register_channel(RELAY_CHANNEL, self.relay.on_message, self.relay.peer_lost)
         self.dispatcher.relay = self.relay
+        self.flows.serve_peers()
         self.relay.start()
         self.moves.registry_changed()  # the move rate's share from the registry as stored, not the default
         self.topology = Topology(config.cluster_id, config.partitions, self._topology_nodes(), tuple(
@@ -205,7 +207,6 @@ class Node:
             task.cancel()
         for conn in list(self.dispatcher.connections):
             conn.close()
-        await self.flows.close()
         if self.relay is not None:
             self.relay.close()
         if self.http_runner is not None:
@@ -248,7 +249,8 @@ class Node:
             boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
             membership = Membership.of(boot) if me in boot else Membership.of([])
         peers = [m for m in target if m != me]
-        replica = PartitionReplica(p, self.raft_network, peers, data_dir=str(self.data_dir), loop=self.loop,
+        replica = PartitionReplica(p, self.raft_network, peers, application=PartitionMachine(p),
+                                   data_dir=str(self.data_dir), loop=self.loop,
                                    scheduler=self.scheduler, preferred=bool(target) and target[0] == me,
                                    groups=self._hosted_hint, storage=self.storage, repair=self.config.repair_damaged,
                                    member=me, membership=membership, member_of=self._member_of,
@@ -375,17 +377,18 @@ class Node:
         self._applied_flags[p] = False
         replica = self.replicas[p]
         wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.wants_events())
-        replica.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
-        events = replica.take_events()
+        machine = replica.application
+        machine.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
+        events = machine.take_events()
         if events and wanted:
-            self.dispatcher.publish(p, events, replica.view)
+            self.dispatcher.publish(p, events, machine.view)
         self.dispatcher.on_applied(p)
 
     def events_wanted(self) -> None:
         """A listener or subscriber came: engines this node leads record job events from now on."""
         for replica in self.replicas.values():
             if replica.is_leader():
-                replica.record_events = True
+                replica.application.record_events = True
 
     # --- background loops ----------------------------------------------------------------------
 
@@ -397,7 +400,7 @@ class Node:
                 replica = self.replicas[p]
                 if p in self._tick_inflight or not replica.is_leader():
                     continue
-                view = replica.view
+                view = replica.application.view
                 due = view.next_due_ms()
                 # The idle tick trims histories by age; a partition without queues has nothing to
                 # trim, and with hundreds of partitions its Raft entry per second is most of a

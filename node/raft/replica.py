@@ -3,8 +3,8 @@
 Theory of operation: the leader's event loop hands whole batches of validated
 commands to :meth:`PartitionReplica.propose`; the core (:mod:`.core`) appends one
 log entry per batch (group commit) and, once a majority holds it, hands it back as
-committed; every replica then applies the batch to its
-:class:`~shoal.node.state.PartitionEngine`.
+committed; every replica then applies the batch through its application
+(:class:`~.application.Application`), the only part that knows what a command does.
 
 Everything runs on the node's event loop. Three inputs reach the core: a message
 from a peer (over the node's shared Raft links, :mod:`.transport`), a tick (booked on
@@ -19,7 +19,7 @@ to followers the core found behind the journal (:mod:`.install`).
 
 Snapshots (:mod:`.snapshots`) are written by a forked child; loading one (at start,
 or after installing the leader's) runs in a worker thread while the core keeps
-taking part in Raft; committed entries wait until the engine is loaded, and the
+taking part in Raft; committed entries wait until the state is loaded, and the
 replica neither campaigns nor serves reads meanwhile.
 
 Damage found at start (a journal record or a snapshot that fails its checks) is
@@ -34,19 +34,18 @@ import asyncio
 import dataclasses
 import logging
 import os
-import pickle
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.registry import node_of_member
 
-from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name
 from ._io import NoSpace
+from .application import Application
 from .core import LEADER, NotLeader, ProposalRefused, RaftCore, RaftParams, Ready
 from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
                       SnapshotSender, RATE_BYTES_PER_S)
@@ -57,14 +56,13 @@ from .messages import (ENTRY_CONFIG, ENTRY_DATA, AppendEntries, AppendResponse, 
 from .meta import MetaCorrupt
 from .scheduler import TickScheduler
 from .snapshot_file import SnapshotCorrupt
-from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_engine, read_snapshot_meta,
+from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_snapshot, read_snapshot_meta,
                         verify_snapshot)
 from .storage import NodeStorage
 from .transport import ENTRY_BYTES_MAX, PartitionTransport, RaftNetwork
-from .view import PartitionView
 from ._io import RealIO
 
-__all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "timing_scale", "ReplicaDamaged",
+__all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "timing_scale", "ReplicaDamaged", "ApplyFailed",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S", "FOLLOWER_APPLY_BATCH",
            "FAIL_NO_LEADER", "FAIL_LOST", "FAIL_NO_SPACE", "FAIL_REFUSED"]
 
@@ -77,9 +75,6 @@ FAIL_NO_LEADER = 1
 FAIL_LOST = 2
 FAIL_REFUSED = 3
 FAIL_NO_SPACE = -507
-#: Commands that bring new data into a partition: refused with NO_SPACE while free space is low.
-SPACE_TAKING_COMMANDS = frozenset({"PUSH", "PUSHB", "PushRun", "CreateQueue", "AddLog", "Progress", "Cron",
-                                   "RegisterWorker"})
 NO_SPACE_LOG_S = 10.0
 #: A follower normally applies every committed entry it is handed at once; readiness tolerates
 #: a commit-to-applied lag of this many entries before calling a replica behind.
@@ -127,10 +122,12 @@ COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
 BACKGROUND_POLL_S = 0.05
 #: Snapshot loads and fsyncs of received snapshot files run here, one at a time per node (a load
-#: holds a whole engine while it builds).
+#: holds a whole state while it builds).
 _BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="shoal-snapshot")
 #: Builds a replica's snapshot writer: (path, partition, io, settings).
 SnapshotterFactory = Callable[[str, int, Any, SnapshotSettings], Any]
+#: The application a replica drives.
+A = TypeVar("A", bound=Application)
 
 
 def timing_scale(groups: int) -> float:
@@ -151,18 +148,11 @@ class ReplicaDamaged(Exception):
     """A replica's files are damaged and repair is off (or impossible): the node refuses to start."""
 
 
+class ApplyFailed(Exception):
+    """A committed entry could not be applied: the replica stops rather than skip it."""
+
+
 _DATA_BYTE = bytes([ENTRY_DATA])
-
-
-def encode_batch(now_ms: int, commands: list[Command]) -> bytes:
-    """The payload of a data entry: the leader's clock stamp and the batch (pickled: peers are
-    authenticated before anything they send is read, :mod:`.handshake`)."""
-    return bytes([ENTRY_DATA]) + pickle.dumps((now_ms, commands), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode_batch(payload: bytes) -> tuple[int, list[Command]]:
-    now_ms, commands = pickle.loads(memoryview(payload)[1:])
-    return now_ms, commands
 
 
 class _Proposal:
@@ -175,16 +165,18 @@ class _Proposal:
         self.early = early
 
 
-class PartitionReplica:
-    """A partition's engine replicated by Shoal's Raft core; the node's view of one Raft group.
+class PartitionReplica(Generic[A]):
+    """A partition's application replicated by Shoal's Raft core; the node's view of one Raft group.
 
-    What the rest of the node uses: :meth:`propose`, :meth:`read`, :attr:`view`,
+    The replica orders opaque batches of commands and hands committed ones to its
+    :attr:`application` (:class:`~.application.Application`); it never reads a command or
+    the state. What the rest of the node uses: :meth:`propose`, :attr:`application`,
     :meth:`is_leader`, :meth:`leader_id`, :meth:`term`, :meth:`commit_index`,
     :meth:`applied_index`, :meth:`has_quorum`, :meth:`read_ready`, :meth:`transfer_leadership`,
     :meth:`peer_connected`, :attr:`elections`, :meth:`snapshot_now` and :meth:`close`.
     """
 
-    def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, data_dir: str,
+    def __init__(self, partition: int, network: RaftNetwork, peers: list[str], *, application: A, data_dir: str,
                  loop: asyncio.AbstractEventLoop, scheduler: TickScheduler, preferred: bool = False,
                  groups: int = 1, storage: NodeStorage | None = None, repair: bool = True,
                  snapshot_settings: SnapshotSettings | None = None,
@@ -193,7 +185,8 @@ class PartitionReplica:
                  snapshotter: SnapshotterFactory = ForkSnapshotter, member: str | None = None,
                  membership: Membership | None = None,
                  member_of: Callable[[str], str | None] | None = None) -> None:
-        """``peers`` are the other members in placement order (the fast path's preference).
+        """``peers`` are the other members in placement order (the fast path's preference);
+        ``application`` is the partition's state machine, empty (a snapshot and the log fill it).
 
         ``member`` is this replica's Raft member id (default: the node id) and ``membership``
         the group's first membership, used when the partition's files are new (default: this
@@ -212,14 +205,10 @@ class PartitionReplica:
         self.loop = loop
         self.scheduler = scheduler
         self.network = network
-        self.engine = PartitionEngine(partition)
-        self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
+        #: The state machine this replica applies committed entries to.
+        self.application: A = application
         #: Set by the node: called on the loop after every applied batch.
         self.on_applied: Callable[[int], None] | None = None
-        #: Set by the node: False while nobody listens to job events (the engine then skips them).
-        self.record_events = True
-        #: Job events of applied batches while leading, until the node takes them (bounded).
-        self.events: deque[Event] = deque(maxlen=EVENTS_MAX)
         #: Set by the node: called on the loop when this replica stops leading its partition.
         self.on_leadership_lost: Callable[[int], None] | None = None
         self.applied_batches = 0
@@ -259,8 +248,8 @@ class PartitionReplica:
         self._backlog: list[Any] = []
         #: A follower's committed entries, applied once the frame that committed them is answered.
         self._deferred: list[Any] = []
-        #: The index of the last entry the engine applied (the core hands entries out before).
-        self._engine_index = 0
+        #: The index of the last entry the application applied (the core hands entries out before).
+        self._state_index = 0
         self._snapshot_due = self._clock() + self.settings.interval_s
         self._hint_due = self._clock() + COMMIT_HINT_PERIOD_S
         self._last_snapshot_index = 0
@@ -347,7 +336,7 @@ class PartitionReplica:
                 changes.append((index, decode_change(payload)))
         params = raft_params(self._scale)
         core = RaftCore(self.member, membership, journal, params=params, rng=self._rng,
-                        term=meta.term, vote=meta.voted_for, commit=journal.getRaftCommitIndex(),
+                        term=meta.term, vote=meta.voted_for, commit=journal.commit_hint,
                         snapshot=snap_point, log_configs=changes, recovering=meta.recovering,
                         now=self._clock())
         if meta.recovering and self.damage is None:
@@ -502,11 +491,11 @@ class PartitionReplica:
         journal = self.journal
         # The stored hint never passes the durable index: a restarted replica trusts it as
         # committed, and committed disk-class entries past it may be lost to a power cut.
-        journal.setRaftCommitIndex(min(rd.commit, rd.durable))
+        journal.set_commit_hint(min(rd.commit, rd.durable))
         if rd.rollback:
             self._roll_back()
         if rd.hard_state is not None:
-            journal.setCurrentTerm(rd.hard_state.term, rd.hard_state.vote)
+            journal.store_term_vote(rd.hard_state.term, rd.hard_state.vote)
         if rd.snapshot is not None:
             self._deferred = []  # all below the snapshot: the state comes from it
             self._drop_next_snapshot()
@@ -567,7 +556,7 @@ class PartitionReplica:
 
     def _roll_back(self) -> None:
         """Entries this replica applied ahead of the durable index (committed disk-class entries,
-        as a leader) were cut by its new leader: the engine goes back to the snapshot, the only
+        as a leader) were cut by its new leader: the state machine goes back to the snapshot, the only
         state it held that no cut can reach (snapshots never pass the durable index), and the
         core hands out the entries after it again."""
         log.warning("partition %d: entries applied ahead of the durable index %d were cut by the leader; "
@@ -582,8 +571,8 @@ class PartitionReplica:
         if self._snapshot_file is not None:
             self._start_load(self.snapshot_path)
         else:
-            self.engine = PartitionEngine(self.partition)
-            self._engine_index = 0
+            self.application.reset()
+            self._state_index = 0
 
     def _sync_lone(self, rd: Ready, appended: bool) -> None:
         """A lone leader syncs what it appended, which commits it: its entries are applied in
@@ -608,14 +597,16 @@ class PartitionReplica:
 
     def _apply_ahead(self, rd: Ready) -> int:
         """Apply a lone voter's appended entries before its sync when a proposer of one of them
-        answers early (a take's jobs); how many were applied (0: none, applied once committed).
+        answers early (a take's jobs, for Shoal's queues); how many were applied (0: none, applied
+        once committed).
 
         The sync that follows commits exactly these entries, and only the proposers' ``early``
         callbacks run before it: every other answer and event of the entries waits in the tail
         of this Ready's handling, and a failed sync stops the node first. What an early answer
         shows is written to the journal (a process kill keeps it); only a power cut can undo
-        it, and that ends every session, whose taken jobs go back to their queues anyway.
-        Only data entries following everything applied qualify.
+        it, and the application's early answers must tolerate that (a take's session ends with
+        the power cut, and its jobs go back to their queues). Only data entries following
+        everything applied qualify.
         """
         core = self.core
         entries = rd.entries
@@ -736,7 +727,7 @@ class PartitionReplica:
     def _apply(self, entries: list[Any], ahead: bool = False) -> None:
         """Apply committed entries (``ahead``: appended, about to be committed by a lone
         voter's sync, see :meth:`_apply_ahead`); proposers get their results in the tail."""
-        self._engine_index = entries[-1][1]
+        self._state_index = entries[-1][1]
         pending = self._pending
         for payload, index, term in entries:
             if payload[:1] != _DATA_BYTE:
@@ -744,11 +735,18 @@ class PartitionReplica:
                 if proposal is not None:  # a config change or no-op took the index of a lost proposal
                     self.after_tick(proposal.callback, None, FAIL_LOST)
                 continue
-            now_ms, commands = decode_batch(payload)
             proposal = pending.pop(index, None)
             # A deposed leader may apply its own entry, committed by its successor, before it
             # hears it lost: its proposer still waits for the replies.
-            results = self._apply_batch(now_ms, commands, proposal is not None and proposal.term == term, term)
+            try:
+                results = self._apply_batch(payload, proposal is not None and proposal.term == term, term)
+            except Exception as exc:
+                # Skipping it would leave this state apart from the group's for good.
+                failed = ApplyFailed(f"partition {self.partition}: entry {index} (term {term}) could not be "
+                                     f"applied: {type(exc).__name__}: {exc}")
+                log.critical("%s", failed)
+                self.storage.apply_failed(failed)
+                raise failed from exc
             if proposal is not None:
                 if proposal.term == term:
                     if ahead and proposal.early is not None:
@@ -760,29 +758,11 @@ class PartitionReplica:
                 else:
                     self.after_tick(proposal.callback, None, FAIL_LOST)
 
-    def _apply_batch(self, now_ms: int, commands: list[Command], answered: bool = False,
-                     term: int = 0) -> BatchResult:
-        """Apply a committed batch (of an entry of ``term``); each command is atomic, errors are per
-        command. Replies are built on the leader and wherever a proposer waits for them (``answered``)."""
-        results: BatchResult = []
-        engine = self.engine
-        engine.enter_term(term)
-        apply = engine.apply
+    def _apply_batch(self, payload: bytes, answered: bool = False, term: int = 0) -> BatchResult:
+        """Apply a committed data entry (of ``term``) through the application. Replies are built
+        on the leader and wherever a proposer waits for them (``answered``)."""
         leader = self.core.is_leader
-        replies = leader or answered
-        record = leader and self.record_events
-        events = self.events
-        for cmd in commands:
-            try:
-                applied = apply(cmd, now_ms, replies=replies, events=record)
-                results.append(applied.result)
-                if applied.events:
-                    events.extend(applied.events)
-            except CommandError as exc:
-                results.append(exc)
-            except Exception as exc:  # an engine bug must not kill the replica or diverge silently
-                log.exception("partition %d: engine failed on %s", self.partition, command_name(cmd))
-                results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        results = self.application.apply(payload, term, leading=leader, replies=leader or answered)
         self.applied_batches += 1
         hook = self.on_applied
         if hook is not None:
@@ -791,18 +771,20 @@ class PartitionReplica:
 
     # --- proposing -------------------------------------------------------------------------------
 
-    def propose(self, now_ms: int, commands: list[Command],
+    def propose(self, now_ms: int, commands: list[Any],
                 callback: Callable[[BatchResult | None, int], None],
                 early: Callable[[BatchResult], None] | None = None) -> None:
-        """Replicate ``commands`` (in their replicated form, :mod:`shoal.node.pushes`) as one log
-        entry; ``callback(results, fail_reason)`` runs on the loop.
+        """Replicate ``commands`` as one log entry (its payload written by
+        :meth:`~.application.Application.encode`, stamped ``now_ms``); ``callback(results,
+        fail_reason)`` runs on the loop.
 
         ``early(results)``: a lone voter applies the entry before its sync and calls this
         first, then the sync, then ``callback`` (for the answers that may leave before the
         entry is durable: jobs taken, see :meth:`_apply_ahead`). Otherwise it is not called.
         """
         if self.storage.space_low():
-            refused = {k for k, cmd in enumerate(commands) if command_name(cmd) in SPACE_TAKING_COMMANDS}
+            takes_space = self.application.takes_space
+            refused = {k for k, cmd in enumerate(commands) if takes_space(cmd)}
             if refused:
                 self.storage.no_space[self.partition] = "free space below disk_free_min_bytes"
                 commands, callback = _without_refused(commands, refused, callback, self.loop)
@@ -814,7 +796,13 @@ class PartitionReplica:
         if self._loading:
             self.loop.call_soon(callback, None, FAIL_NO_LEADER)
             return
-        payload = encode_batch(now_ms, commands)
+        try:
+            payload = self.application.encode(now_ms, commands)
+        except Exception as exc:  # a value the log cannot hold (the command checks keep them out)
+            commands, callback = self._without_unwritable(now_ms, commands, callback, exc)
+            if not commands:
+                return
+            payload = self.application.encode(now_ms, commands)
         if len(payload) > ENTRY_BYTES_MAX:
             self._propose_split(now_ms, commands, callback, len(payload))
             return
@@ -829,7 +817,24 @@ class PartitionReplica:
         self._pending[index] = _Proposal(core.term, callback, early)
         self._process()
 
-    def _propose_split(self, now_ms: int, commands: list[Command],
+    def _without_unwritable(self, now_ms: int, commands: list[Any],
+                            callback: Callable[[BatchResult | None, int], None], exc: Exception,
+                            ) -> tuple[list[Any], Callable[[BatchResult | None, int], None]]:
+        """The batch without the commands the application cannot encode, each answered ``INVALID``
+        in its place (found one by one: rare, and the others of the batch go on)."""
+        bad = set()
+        for k, cmd in enumerate(commands):
+            try:
+                self.application.encode(now_ms, [cmd])
+            except Exception:
+                bad.add(k)
+        if not bad:
+            bad = set(range(len(commands)))
+        log.warning("partition %d: %d commands could not be written to the log: %s", self.partition, len(bad), exc)
+        err = CommandError(ErrorCode.INVALID, f"the command holds a value the log cannot store: {exc}")
+        return _without_refused(commands, bad, callback, self.loop, err)
+
+    def _propose_split(self, now_ms: int, commands: list[Any],
                        callback: Callable[[BatchResult | None, int], None], nbytes: int) -> None:
         """A batch too large for one entry goes as two (each command stays whole and atomic)."""
         if len(commands) == 1:
@@ -853,24 +858,22 @@ class PartitionReplica:
         self.propose(now_ms, commands[:half], lambda r, e: part_done(0, r, e))
         self.propose(now_ms, commands[half:], lambda r, e: part_done(1, r, e))
 
-    def _disk_class(self, commands: list[Command]) -> bool:
-        """True when every command of the batch writes to an existing ``durable: false`` queue.
+    def _disk_class(self, commands: list[Any]) -> bool:
+        """True when the batch may be written in the disk class
+        (:meth:`~.application.Application.disk_class`).
 
         The class is read from the applied state, which is only trusted once it holds every
         committed entry: a new leader before its first commit, or with committed entries not yet
-        applied, writes everything in the fsync class (a committed ``UpdateQueue`` may have made
-        the queue durable). A command naming jobs rather than a queue (an ACKB, a FAIL) has the
-        class of their queues. A command whose queues are not known (the leader's timer tick,
-        a job named by a custom id or already gone) counts as fsync class: an entry a majority
-        acknowledged must survive a node's power cut even when nobody waits for it, or a
-        replica that applied it can be left holding it alone while the others commit another
-        entry at its index.
+        applied, writes everything in the fsync class (a committed entry may have changed the
+        class the application would give). Whatever the application cannot place counts as
+        fsync class: an entry a majority acknowledged must survive a node's power cut even when
+        nobody waits for it, or a replica that applied it can be left holding it alone while
+        the others commit another entry at its index.
         """
         core = self.core
         if not core.read_ready or core.applied < core.commit or self._loading:
             return False
-        disk_class = self.engine.disk_class
-        return all(disk_class(cmd) for cmd in commands)
+        return self.application.disk_class(commands)
 
     def propose_change(self, change: ConfigChange) -> int:
         """Propose a single-server membership change (:mod:`.membership`); its log index."""
@@ -908,7 +911,7 @@ class PartitionReplica:
             index = core.applied
             term = core.log.term(index)
             if term is not None and index > 0:
-                if self.snapshots.start(self.engine, index, term, core.membership_at(index)):
+                if self.snapshots.start(self.application.snapshot_chunks, index, term, core.membership_at(index)):
                     self._snapshot_due = now + self.settings.interval_s
         elif now >= self._snapshot_due:
             self._snapshot_due = now + self.settings.interval_s
@@ -980,26 +983,27 @@ class PartitionReplica:
             self.journal.delete_to(drop_below)
 
     def _start_load(self, path: str) -> None:
-        """Load the engine from ``path`` in the loader thread; committed entries wait for it."""
+        """Load the application's state from ``path`` in the loader thread; committed entries wait for it."""
         self._loading = True
         if hasattr(self, "core"):
             self.core.loading = True  # neither campaigns nor obeys TimeoutNow until the load ends
         started = self._clock()
         loop = self.loop
+        application = self.application
 
-        def done(engine: PartitionEngine | None, error: BaseException | None) -> None:
+        def done(state: object, error: BaseException | None) -> None:
             self._loading = self.core.loading = False
             if self._closed:
                 return
-            if error is not None or engine is None:
+            if error is not None or state is None:
                 # The file verified before it was loaded: a failure here is the machine's (memory, I/O).
                 log.critical("partition %d: loading snapshot %s failed: %s; stopping the node", self.partition,
                              path, error)
                 self.storage.sync_failed(SyncFailed(f"snapshot load failed: {error}"))
                 return
-            self.engine = engine
-            log.info("partition %d: loaded snapshot at entry %d (%d jobs) in %.2f s", self.partition,
-                     self._last_snapshot_index, engine.job_count(), self._clock() - started)
+            application.install(state)
+            log.info("partition %d: loaded snapshot at entry %d (%s) in %.2f s", self.partition,
+                     self._last_snapshot_index, application.describe(), self._clock() - started)
             backlog, self._backlog = self._backlog, []
             backlog = [e for e in backlog if e[1] > self._last_snapshot_index]
             if backlog:
@@ -1010,11 +1014,11 @@ class PartitionReplica:
 
         def load() -> None:
             try:
-                engine = load_engine(self._io, path)[0]
+                state = load_snapshot(self._io, path, application.load_snapshot)[0]
             except BaseException as exc:  # handed to the loop, which decides
                 loop.call_soon_threadsafe(done, None, exc)
                 return
-            loop.call_soon_threadsafe(done, engine, None)
+            loop.call_soon_threadsafe(done, state, None)
 
         self._executor.submit(load)
 
@@ -1170,10 +1174,6 @@ class PartitionReplica:
 
     # --- reads and state ---------------------------------------------------------------------------
 
-    def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
-        """Answer a read-only command from the applied state."""
-        return self.engine.apply(cmd, now_ms, events=False).result
-
     def lease_held(self) -> bool:
         """This leader may answer a read from its applied state right now (its read lease holds,
         :meth:`~.core.RaftCore.lease_valid`, and the state holds every commit)."""
@@ -1226,19 +1226,10 @@ class PartitionReplica:
             waiters.extend(callbacks)
         _call_reads(waiters, False)
 
-    def take_events(self) -> list[Event]:
-        """The job events applied since the last call, oldest first."""
-        out = list(self.events)
-        self.events.clear()
-        return out
-
     def read_ready(self) -> bool:
-        """True once this leader has applied an entry of its own term (Raft §8) and its engine is loaded."""
+        """True once this leader has applied an entry of its own term (Raft §8) and its state is loaded."""
         core = self.core
         return core.read_ready and core.applied >= core.commit and not self._loading
-
-    def has_ready(self, queue: str) -> bool:
-        return self.engine.has_ready(queue)
 
     def is_leader(self) -> bool:
         return self.core.state == LEADER
@@ -1264,10 +1255,10 @@ class PartitionReplica:
         return self.core.commit
 
     def applied_index(self) -> int:
-        """The index of the last entry the engine holds."""
+        """The index of the last entry the application's state holds."""
         if self._loading:
             return self._last_snapshot_index
-        return max(self._engine_index, self._last_snapshot_index) if self._deferred else self.core.applied
+        return max(self._state_index, self._last_snapshot_index) if self._deferred else self.core.applied
 
     @property
     def elections(self) -> int:
@@ -1363,13 +1354,16 @@ class PartitionReplica:
             log.warning("partition %d: %s", self.partition, why)
 
 
-def _without_refused(commands: list[Command], refused: set[int],
+_NO_SPACE_ERROR = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused "
+                                                    "until space is freed; pulls, acks and reads still work")
+
+
+def _without_refused(commands: list[Any], refused: set[int],
                      callback: Callable[[BatchResult | None, int], None],
-                     loop: asyncio.AbstractEventLoop) -> tuple[list[Command], Callable[[BatchResult | None, int], None]]:
-    """Drop the ``refused`` commands (no room for new data) from a batch; the callback answers
-    them with ``NO_SPACE`` in their places and passes the others' results through."""
-    err = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused until "
-                                           "space is freed; pulls, acks and reads still work")
+                     loop: asyncio.AbstractEventLoop, err: CommandError = _NO_SPACE_ERROR,
+                     ) -> tuple[list[Any], Callable[[BatchResult | None, int], None]]:
+    """Drop the ``refused`` commands (no room for new data, by default) from a batch; the callback
+    answers them with ``err`` in their places and passes the others' results through."""
     kept = [cmd for k, cmd in enumerate(commands) if k not in refused]
     n = len(commands)
     if not kept:

@@ -3,8 +3,9 @@
 Theory of operation. The replica decides when to snapshot (every
 :attr:`SnapshotSettings.entries_min` applied entries or :attr:`SnapshotSettings.interval_s`
 seconds) and calls :meth:`ForkSnapshotter.start`, which forks: the child holds a
-copy-on-write image of the engine exactly at the applied index, serialises it in
-bounded chunks and writes it with :func:`~.snapshot_file.write_snapshot` (temp
+copy-on-write image of the application's state exactly at the applied index, takes
+its content in bounded chunks (:meth:`~.application.Application.snapshot_chunks`)
+and writes it with :func:`~.snapshot_file.write_snapshot` (temp
 file, fsync, rename, directory fsync), then exits 0. The parent returns at once and
 :meth:`ForkSnapshotter.poll` reaps the child without blocking. A child that runs
 longer than :attr:`SnapshotSettings.child_time_limit_s` is killed. Only when the
@@ -19,14 +20,15 @@ The same file is what a leader streams to a follower that lags behind its journa
 (:attr:`SnapshotFile.file_crc`) travels with every chunk so the follower can check
 what it received before it replaces anything.
 
-Loading (:func:`load_engine`) streams the file into a new engine, checking the
-content CRC at the end before the engine is handed out; the replica runs it in a
-worker thread, so the event loop keeps serving the node's other partitions.
+Loading (:func:`load_snapshot`) streams the file into a new state built by the
+application, checking the content CRC at the end before the state is handed out; the
+replica runs it in a worker thread, so the event loop keeps serving the node's other
+partitions.
 
 Content layout (inside the :mod:`.snapshot_file` envelope)::
 
     u32 meta length | meta: MessagePack [2, last index, last term, membership [[voters], [learners]]]
-    engine snapshot (PartitionEngine.snapshot_chunks(), MessagePack)
+    the application's content (Application.snapshot_chunks())
 """
 
 from __future__ import annotations
@@ -38,20 +40,20 @@ import signal
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgpack
 
-from ..state import PartitionEngine
 from ._io import FileIO
 from .membership import ConfigError, Membership
 from .snapshot_file import (HEADER_BYTES, SnapshotChecker, SnapshotCorrupt, read_snapshot, read_snapshot_info,
                             write_snapshot)
 
-__all__ = ["ForkSnapshotter", "SnapshotSettings", "SnapshotFile", "verify_snapshot", "load_engine",
-           "snapshot_chunks", "read_snapshot_meta", "become_background_child", "RETRY_MIN_S", "RETRY_MAX_S",
-           "ENV_ENTRIES_MIN", "ENV_INTERVAL_S", "SNAPSHOT_JOBS_PER_CHUNK"]
+__all__ = ["ForkSnapshotter", "SnapshotSettings", "SnapshotFile", "verify_snapshot", "load_snapshot",
+           "snapshot_content", "read_snapshot_meta", "become_background_child", "RETRY_MIN_S", "RETRY_MAX_S",
+           "ENV_ENTRIES_MIN", "ENV_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,6 @@ CHILD_NICE = 10
 #: A failed snapshot is retried after this long, doubling per failure up to RETRY_MAX_S.
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
-#: The child packs and writes this many jobs at a time (~1.5 MB of ~117-byte jobs).
-SNAPSHOT_JOBS_PER_CHUNK = 10_000
 #: The child's error message is cut to this many bytes (one pipe buffer, so it never blocks).
 ERROR_BYTES_MAX = 4096
 #: Bytes read at a time when verifying or loading a file.
@@ -77,6 +77,8 @@ ENV_CHILD_LIMIT_S = "SHOAL_SNAPSHOT_CHILD_LIMIT_S"
 #: ~75 ms per GB here) and each child takes a core; partitions whose thresholds pass together
 #: take turns.
 SNAPSHOT_CHILDREN_MAX = 1
+
+_State = TypeVar("_State")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +114,12 @@ class SnapshotFile:
     file_crc: int
 
 
-def snapshot_chunks(engine: PartitionEngine, index: int, term: int, membership: Membership) -> Iterator[bytes]:
-    """The snapshot content of ``engine`` at entry ``(index, term)``, in chunks of bounded size."""
+def snapshot_content(index: int, term: int, membership: Membership, state: Iterable[bytes]) -> Iterator[bytes]:
+    """The snapshot content at entry ``(index, term)``: the metadata, then the application's
+    ``state`` chunks (:meth:`~.application.Application.snapshot_chunks`)."""
     meta = msgpack.packb([_META_VERSION, index, term, membership.to_wire()], use_bin_type=True)
     yield _META_LEN.pack(len(meta)) + meta
-    yield from engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
+    yield from state
 
 
 def _parse_meta(path: str, head: bytes) -> tuple[int, int, Membership, int]:
@@ -164,11 +167,13 @@ def read_snapshot_meta(io: FileIO, path: str) -> tuple[int, int, Membership]:
     return index, term, membership
 
 
-def load_engine(io: FileIO, path: str) -> tuple[PartitionEngine, int, int, Membership]:
-    """Stream ``path`` into a new engine: ``(engine, index, term, membership)``.
+def load_snapshot(io: FileIO, path: str,
+                  restore: Callable[[Iterator[bytes]], _State]) -> tuple[_State, int, int, Membership]:
+    """Stream ``path`` into ``restore`` (:meth:`~.application.Application.load_snapshot`):
+    ``(its state, index, term, membership)``.
 
-    The content CRC is checked before the engine is returned; on damage, or content the
-    engine cannot read, raises :class:`~.snapshot_file.SnapshotCorrupt`.
+    The content CRC is checked before the state is returned; on damage, or content
+    ``restore`` cannot read, raises :class:`~.snapshot_file.SnapshotCorrupt`.
     """
     chunks = read_snapshot(io, path, READ_BYTES)
     head = next(chunks, b"")
@@ -180,14 +185,15 @@ def load_engine(io: FileIO, path: str) -> tuple[PartitionEngine, int, int, Membe
         yield from chunks  # raises SnapshotCorrupt at the end if the CRC fails
 
     try:
-        engine = PartitionEngine.restore_chunks(rest())
+        state = restore(rest())
         for _ in chunks:  # the CRC is checked only once the iterator is exhausted
             pass
     except SnapshotCorrupt:
         raise
-    except Exception as exc:  # the engine refused the content: damaged in a way the CRC did not catch
-        raise SnapshotCorrupt(f"{path}: the engine cannot read the snapshot: {type(exc).__name__}: {exc}") from exc
-    return engine, index, term, membership
+    except Exception as exc:  # the application refused the content: damaged in a way the CRC did not catch
+        raise SnapshotCorrupt(f"{path}: the state machine cannot read the snapshot: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    return state, index, term, membership
 
 
 def become_background_child() -> None:
@@ -256,10 +262,10 @@ class ForkSnapshotter:
         """A child is writing a snapshot now."""
         return self._pid != 0
 
-    def start(self, engine: PartitionEngine, index: int, term: int, membership: Membership) -> bool:
-        """Fork a child writing ``engine`` as the snapshot at ``(index, term)``; False when not started
-        (one runs already, a retry backoff is on, or every child slot is taken: ``on_slot`` then
-        calls back once one frees)."""
+    def start(self, state: Callable[[], Iterable[bytes]], index: int, term: int, membership: Membership) -> bool:
+        """Fork a child writing ``state()`` (the application's content, called in the child) as the
+        snapshot at ``(index, term)``; False when not started (one runs already, a retry backoff
+        is on, or every child slot is taken: ``on_slot`` then calls back once one frees)."""
         if self._pid or self._clock() < self._retry_at:
             return False
         if _SLOTS.running >= _SLOTS.limit:
@@ -282,7 +288,7 @@ class ForkSnapshotter:
             return False
         if pid == 0:  # the child: never returns
             os.close(read_fd)
-            self._child(write_fd, engine, index, term, membership)
+            self._child(write_fd, state, index, term, membership)
         if gc_was_enabled:
             gc.enable()
         os.close(write_fd)
@@ -293,12 +299,12 @@ class ForkSnapshotter:
                  index, pid, self.last_fork_s * 1000)
         return True
 
-    def _child(self, error_fd: int, engine: PartitionEngine, index: int, term: int,
+    def _child(self, error_fd: int, state: Callable[[], Iterable[bytes]], index: int, term: int,
                membership: Membership) -> None:
         code = 1
         try:
             become_background_child()
-            write_snapshot(self._io, self.path, index, term, snapshot_chunks(engine, index, term, membership))
+            write_snapshot(self._io, self.path, index, term, snapshot_content(index, term, membership, state()))
             code = 0
         except BaseException as exc:  # reported to the parent, which logs it
             try:

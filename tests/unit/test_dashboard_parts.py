@@ -4,6 +4,7 @@ the leader's job timelines, the simulation's parameter checks. The sampler reads
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,18 +12,18 @@ import pytest
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
-from shoal.node.raft.view import PartitionView
+from shoal.node.partition import PartitionView
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
 
 
 class Replica:
-    """What the sampler uses of a replica: its read-only view of a real engine."""
+    """What the sampler uses of a replica: its application's read-only view of a real engine."""
 
     def __init__(self, partition: int) -> None:
         self.engine = PartitionEngine(partition)
         self.broken = False
-        self.view = PartitionView(self._engine)
+        self.application = SimpleNamespace(view=PartitionView(self._engine))
 
     def _engine(self) -> PartitionEngine:
         if self.broken:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import time
+from types import SimpleNamespace
 
 from shoal.node.digests import ReplicaDigests
-from shoal.node.raft.view import PartitionView
+from shoal.node.partition import PartitionView
 from shoal.node.state import PartitionEngine
+
+from waiting import eventually_async
 
 
 class FakeReplica:
     def __init__(self, jobs: int) -> None:
         self.engine = PartitionEngine(0)
-        self.view = PartitionView(lambda: self.engine)
+        self.application = SimpleNamespace(view=PartitionView(lambda: self.engine))
         self.index = 0
         self.push(jobs)
 
@@ -27,13 +29,11 @@ class FakeReplica:
 
 
 async def until_fresh(digests: ReplicaDigests, p: int, replica: FakeReplica, replicas: dict) -> tuple:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def fresh() -> tuple | None:
         digest, index = digests.get(p, replica, replicas)
-        if index == replica.applied_index() and digest is not None:
-            return digest, index
-        await asyncio.sleep(0.01)
-    raise AssertionError("digest child did not answer")
+        return (digest, index) if index == replica.applied_index() and digest is not None else None
+
+    return await eventually_async(fresh, "the digest child's answer at the applied index", 20, poll_s=0.01)
 
 
 def test_small_inline_large_in_a_child_with_the_index_it_is_of() -> None:
@@ -57,10 +57,8 @@ def test_small_inline_large_in_a_child_with_the_index_it_is_of() -> None:
             # A snapshot installed: a new state object, even at the same applied index, is hashed anew.
             large.engine = PartitionEngine.restore(large.engine.snapshot())
             large.engine.apply({"cmd": "PUSH", "queue": "q", "data": b"x"}, 9_000)
-            deadline = time.monotonic() + 20
-            while digests.get(1, large, replicas) != (large.engine.digest(), 2):
-                assert time.monotonic() < deadline, "the replaced state was never hashed"
-                await asyncio.sleep(0.01)
+            await eventually_async(lambda: digests.get(1, large, replicas) == (large.engine.digest(), 2),
+                                   "the replaced state hashed", 20, poll_s=0.01)
             assert digests.forks == 3
         finally:
             digests.close()

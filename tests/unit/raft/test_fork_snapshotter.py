@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +16,20 @@ from shoal.node.raft import snapshots
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
-from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, load_engine,
-                                       read_snapshot_meta, snapshot_chunks, verify_snapshot)
+from shoal.node.partition.machine import SNAPSHOT_JOBS_PER_CHUNK, load_engine, snapshot_chunks
+from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, read_snapshot_meta,
+                                       verify_snapshot)
 from shoal.node.state import PartitionEngine
 
 INDEX, TERM = 10, 3
 MEMBERS = Membership.of(["a", "b", "c"], ["d"])
 #: How long a test waits for a child (a loaded machine forks slowly); polled, never slept through.
 CHILD_WAIT_S = 30.0
+
+
+def state_of(engine: PartitionEngine) -> Callable[[], Iterator[bytes]]:
+    """What the snapshotter writes: the engine's content, as the application hands it out."""
+    return lambda: engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
 
 
 def engine_with(jobs: int) -> PartitionEngine:
@@ -78,7 +84,7 @@ def wait_done(snap: ForkSnapshotter) -> SnapshotFile | None:
 def test_child_writes_a_verified_snapshot_of_the_state_at_fork(tmp_path: Path, made: list) -> None:
     engine = engine_with(200)
     snap = make(made, tmp_path)
-    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine), INDEX, TERM, MEMBERS)
     assert snap.in_progress
     digest_at_fork = engine.digest()
     engine.apply({"cmd": "PUSH", "queue": "q", "data": b"after the fork"}, 5_000)  # not in the snapshot
@@ -105,23 +111,23 @@ def test_failed_write_is_logged_keeps_the_prefix_and_is_retried_after_a_backoff(
     os.mkdir(snap.path + ".tmp")  # the temp file cannot be created: every write fails
     caplog.set_level(logging.ERROR, logger="shoal.node.raft.snapshots")
 
-    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine), INDEX, TERM, MEMBERS)
     assert wait_done(snap) is None  # never reported: the replica keeps the journal prefix
     assert not os.path.exists(snap.path)
     assert "snapshot at entry 10 failed, journal prefix kept" in caplog.text
     assert "IsADirectoryError" in caplog.text  # the child's own error reaches the parent's log
 
-    assert not snap.start(engine, INDEX, TERM, MEMBERS)  # within the backoff: no new child
+    assert not snap.start(state_of(engine), INDEX, TERM, MEMBERS)  # within the backoff: no new child
     clock.now += RETRY_MIN_S
-    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine), INDEX, TERM, MEMBERS)
     assert wait_done(snap) is None
     clock.now += RETRY_MIN_S  # the second failure doubled the backoff
-    assert not snap.start(engine, INDEX, TERM, MEMBERS)
+    assert not snap.start(state_of(engine), INDEX, TERM, MEMBERS)
     assert snap.failed == 2
 
     os.rmdir(snap.path + ".tmp")  # space is back
     clock.now += RETRY_MIN_S
-    assert snap.start(engine, INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine), INDEX, TERM, MEMBERS)
     assert wait_done(snap) is not None
     assert snap.written == 1
 
@@ -135,14 +141,14 @@ def test_a_child_past_its_time_limit_is_killed_and_counted_as_failed(
     caplog.set_level(logging.ERROR, logger="shoal.node.raft.snapshots")
     clock = Clock()
     snap = make(made, tmp_path, clock, settings=SnapshotSettings(child_time_limit_s=5.0))
-    assert snap.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)
     assert snap.poll() is None and snap.in_progress  # within the limit: left alone
     clock.now += 5.1
     assert snap.poll() is None
     assert not snap.in_progress and snap.failed == 1
     assert "child ran longer than 5 s; killed" in caplog.text
     assert not os.path.exists(snap.path) and not os.path.exists(snap.path + ".tmp")
-    assert not snap.start(engine_with(5), INDEX, TERM, MEMBERS)  # the backoff applies
+    assert not snap.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)  # the backoff applies
 
 
 def test_a_file_that_ends_at_another_entry_is_not_reported(tmp_path: Path, made: list,
@@ -155,13 +161,13 @@ def test_a_file_that_ends_at_another_entry_is_not_reported(tmp_path: Path, made:
 
     monkeypatch.setattr(snapshots, "write_snapshot", elsewhere)
     snap = make(made, tmp_path)
-    assert snap.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)
     assert wait_done(snap) is None and snap.failed == 1
 
 
 def test_cancel_stops_the_child_and_writes_nothing(tmp_path: Path, made: list) -> None:
     snap = make(made, tmp_path)
-    assert snap.start(engine_with(10), INDEX, TERM, MEMBERS)
+    assert snap.start(state_of(engine_with(10)), INDEX, TERM, MEMBERS)
     snap.cancel()
     assert not snap.in_progress
     assert snap.poll() is None
@@ -173,12 +179,12 @@ def test_one_child_at_a_time_the_next_snapshotter_is_called_back(tmp_path: Path,
     second = make(made, tmp_path / "b", partition=1)
     calls: list[str] = []
     second.on_slot = lambda: calls.append("slot")
-    assert first.start(engine_with(10), INDEX, TERM, MEMBERS)
-    assert not second.start(engine_with(5), INDEX, TERM, MEMBERS)  # waits: one fork and one child at a time
+    assert first.start(state_of(engine_with(10)), INDEX, TERM, MEMBERS)
+    assert not second.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)  # waits: one fork and one child at a time
     assert second.waiting and not second.in_progress
     assert wait_done(first) is not None
     assert calls == ["slot"]  # the replica asks again
-    assert second.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert second.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)
     assert wait_done(second) is not None
 
 
@@ -187,8 +193,8 @@ def test_a_cancelled_waiter_gives_up_its_turn(tmp_path: Path, made: list) -> Non
     second = make(made, tmp_path / "b", partition=1)
     calls: list[str] = []
     second.on_slot = lambda: calls.append("slot")
-    assert first.start(engine_with(10), INDEX, TERM, MEMBERS)
-    assert not second.start(engine_with(5), INDEX, TERM, MEMBERS)
+    assert first.start(state_of(engine_with(10)), INDEX, TERM, MEMBERS)
+    assert not second.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)
     second.cancel()
     assert not second.waiting
     assert wait_done(first) is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from shoal.node.partition.machine import load_engine, snapshot_chunks
 from shoal.node.raft import install
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.install import (COMPLETE, GO_ON, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
@@ -17,7 +18,7 @@ from shoal.node.raft.install import (COMPLETE, GO_ON, NOT_WANTED, START_OVER, By
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.messages import Message, SnapshotChunk, SnapshotChunkAck
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
-from shoal.node.raft.snapshots import SnapshotFile, load_engine, snapshot_chunks, verify_snapshot
+from shoal.node.raft.snapshots import SnapshotFile, verify_snapshot
 from shoal.node.state import PartitionEngine
 
 INDEX, TERM = 40, 3

@@ -3,7 +3,7 @@ and everything else only after (node/raft/replica.py, ``_apply_ahead``).
 
 The replica is a real PartitionReplica with its own journal and the node's storage; its
 storage's sync is wrapped to record when it runs and which entry the engine had applied last
-then (its ``_engine_index``: the core counts an entry applied only once the sync committed it).
+then (its ``_state_index``: the core counts an entry applied only once the sync committed it).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from shoal.node.partition import PartitionMachine
 from shoal.node.pushes import session_pull
 from shoal.node.raft import RaftNetwork, TickScheduler
 from shoal.node.raft.replica import PartitionReplica
@@ -31,14 +32,15 @@ class Lone:
         self.loop = asyncio.new_event_loop()
         self.network = RaftNetwork(self.loop, "a", "test", b"k", ("127.0.0.1", 0), {}, set())
         self.scheduler = TickScheduler(self.loop)
-        self.replica = PartitionReplica(0, self.network, [], data_dir=data_dir, loop=self.loop,
+        self.replica = PartitionReplica(0, self.network, [], application=PartitionMachine(0), data_dir=data_dir,
+                                        loop=self.loop,
                                         scheduler=self.scheduler, storage=storage, preferred=True)
         self.log: list[Any] = []
         storage = self.replica.storage
         sync = storage.sync_all_now
 
         def logged_sync() -> None:
-            self.log.append(("sync", self.replica._engine_index))
+            self.log.append(("sync", self.replica._state_index))
             sync()
 
         storage.sync_all_now = logged_sync  # type: ignore[method-assign]
@@ -58,10 +60,10 @@ class Lone:
         answered: list[Any] = []
 
         def on_early(results: list[Any]) -> None:
-            self.log.append(("early", self.replica._engine_index))
+            self.log.append(("early", self.replica._state_index))
 
         def done(results: Any, reason: int) -> None:
-            self.log.append(("done", self.replica._engine_index))
+            self.log.append(("done", self.replica._state_index))
             answered.append((results, reason))
 
         self.log.clear()

@@ -36,7 +36,7 @@ def lead(core: object, *, commit: int, applied: int, term_start: int) -> None:
 
 def test_the_disk_class_is_trusted_only_once_the_applied_state_holds_every_commit(replica: Follower) -> None:
     r = replica.replica
-    r.engine.apply({"cmd": "CreateQueue", "queue": "lazy", "options": {"durable": False}}, 1000)
+    r.application.engine.apply({"cmd": "CreateQueue", "queue": "lazy", "options": {"durable": False}}, 1000)
     push = [PushRun("lazy", [b"\x01"])]
     core = r.core
 
@@ -61,7 +61,7 @@ def test_commands_naming_jobs_take_the_class_of_the_jobs_queues(replica: Followe
     from shoal.node.pushes import replicated_form
 
     r = replica.replica
-    engine = r.engine
+    engine = r.application.engine
     engine.apply({"cmd": "CreateQueue", "queue": "lazy", "options": {"durable": False}}, 1000)
     engine.apply({"cmd": "CreateQueue", "queue": "safe"}, 1000)
     for queue in ("lazy", "safe"):

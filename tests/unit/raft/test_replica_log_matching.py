@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from shoal.node.partition import PartitionMachine
 from shoal.node.raft import RaftNetwork, TickScheduler
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.messages import (NOOP_PAYLOAD, AppendEntries, AppendResponse, HeartbeatResponse, Message,
@@ -43,8 +44,8 @@ class Follower:
         self.network = RaftNetwork(self.loop, "a", "test", b"k", ("127.0.0.1", 0),
                                    {"b": ("127.0.0.1", 1), "c": ("127.0.0.1", 2)}, set())
         self.scheduler = TickScheduler(self.loop)
-        self.replica = PartitionReplica(0, self.network, ["b", "c"], data_dir=data_dir, loop=self.loop,
-                                        scheduler=self.scheduler)
+        self.replica = PartitionReplica(0, self.network, ["b", "c"], application=PartitionMachine(0),
+                                        data_dir=data_dir, loop=self.loop, scheduler=self.scheduler)
         self.sent: list[tuple[str, Message]] = []
         self.on_send = lambda peer, message: None
         self.replica._transport.send = self._send  # type: ignore[method-assign]

@@ -143,7 +143,7 @@ class Checkers:
             if seen is None and len(group) < 2:
                 continue
             for replica in group:
-                digest = replica.engine.digest()
+                digest = replica.application.view.digest()
                 if seen is None:
                     seen = self.digests[index] = (digest, replica.node_id)
                     if len(self.digests) > DIGESTS_KEPT:
@@ -187,17 +187,17 @@ class Checkers:
         """The checks once the group has settled (see the module docstring). ``maybe_lost(acked
         at, disk class)``: an acknowledged write that a power cut may have lost (a disk-class one)."""
         leader = next(r for r in replicas.values() if r.is_leader())
-        digest = leader.engine.digest()
+        digest = leader.application.view.digest()
         for node, replica in sorted(replicas.items()):
-            if replica.engine.digest() != digest:
-                self.fail(f"{node} holds digest {replica.engine.digest()[:12]}, its leader {leader.node_id} "
+            if replica.application.view.digest() != digest:
+                self.fail(f"{node} holds digest {replica.application.view.digest()[:12]}, its leader {leader.node_id} "
                           f"{digest[:12]} (both at applied index {replica.applied_index()})")
         for key, push in sorted(records.pushes.items()):
             if push.job_id is None:
                 self.fail(f"push {key} was never acknowledged")
             lost_ok = maybe_lost(push.acked_at, push.disk)
             try:
-                job = leader.read({"cmd": "GetJob", "id": push.job_id}, now_ms)["job"]
+                job = leader.application.read({"cmd": "GetJob", "id": push.job_id}, now_ms)["job"]
             except CommandError as exc:
                 if not lost_ok:
                     self.fail(f"acknowledged push {key} (job {push.job_id}) is lost: {exc}")

@@ -113,16 +113,16 @@ def swallowed_snapshot_damage() -> Iterator[None]:
         data = io.read_all(path)
         return SnapshotFile(path, index, term, membership, len(data), google_crc32c.value(data))
 
-    def load_or_empty(io: Any, path: str) -> tuple[PartitionEngine, int, int, Any]:
+    def load_or_empty(io: Any, path: str, restore: Any) -> tuple[PartitionEngine, int, int, Any]:
         try:
-            return real_load(io, path)
+            return real_load(io, path, restore)
         except SnapshotCorrupt:
             index, term, membership = read_snapshot_meta(io, path)
             return PartitionEngine(0), index, term, membership
 
-    real_load = replica_module.load_engine
+    real_load = replica_module.load_snapshot
     with _patched(replica_module, "verify_snapshot", verify_envelope), \
-            _patched(replica_module, "load_engine", load_or_empty):
+            _patched(replica_module, "load_snapshot", load_or_empty):
         yield
 
 

@@ -2,8 +2,8 @@
 
 :class:`SimSnapshotter` has :class:`~shoal.node.raft.snapshots.ForkSnapshotter`'s interface
 (``start``/``poll``/``cancel``/``in_progress``/``stats``/``on_slot``/``waiting``). Where the
-real one forks a child that writes the engine as it was at the fork, this one serialises
-the engine at :meth:`~SimSnapshotter.start` (the same instant) and writes the file through
+real one forks a child that writes the application's state as it was at the fork, this one
+serialises the state at :meth:`~SimSnapshotter.start` (the same instant) and writes the file through
 :func:`~shoal.node.raft.snapshot_file.write_snapshot` on the node's
 :class:`~shoal.node.raft._io.SimIO` when a drawn duration has passed, so a snapshot can
 be cancelled, overtaken by one from the leader, or lost to a crash while it "runs".
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import SEGMENT_HEADER_BYTES, SyncMark
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
-from shoal.node.raft.snapshots import SnapshotFile, SnapshotSettings, snapshot_chunks, verify_snapshot
-from shoal.node.state import PartitionEngine
+from shoal.node.raft.snapshots import SnapshotFile, SnapshotSettings, snapshot_content, verify_snapshot
 
 __all__ = ["SimSnapshotter", "damage", "Damage"]
 
@@ -59,10 +58,10 @@ class SimSnapshotter:
     def stats(self) -> dict[str, object]:
         return {"written": self.written, "failed": self.failed, "inProgress": self.in_progress}
 
-    def start(self, engine: PartitionEngine, index: int, term: int, membership: Membership) -> bool:
+    def start(self, state: Callable[[], Iterable[bytes]], index: int, term: int, membership: Membership) -> bool:
         if self._job is not None or self._clock() < self._retry_at:
             return False
-        chunks = list(snapshot_chunks(engine, index, term, membership))
+        chunks = list(snapshot_content(index, term, membership, state()))
         done_at = self._clock() + self._rng.uniform(SNAPSHOT_DURATION_MIN_S, SNAPSHOT_DURATION_MAX_S)
         self._job = (index, term, chunks, done_at)
         return True

@@ -23,6 +23,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from shoal.node.partition import PartitionMachine
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.install import ByteRate
 from shoal.node.raft.journal import Journal, quarantine_journal
@@ -144,7 +145,8 @@ class SimNode:
         membership = Membership.of(self.bootstrap) if self.bootstrap is not None else Membership.of([])
         try:
             replica = self.replica_class(
-                PARTITION, net, peers, data_dir=self.data_dir, loop=process,  # type: ignore[arg-type]
+                PARTITION, net, peers,  # type: ignore[arg-type]
+                application=PartitionMachine(PARTITION), data_dir=self.data_dir, loop=process,  # type: ignore[arg-type]
                 scheduler=TickScheduler(process), preferred=bool(group) and group[0] == self.member,  # type: ignore[arg-type]
                 storage=storage, repair=repair, snapshot_settings=self.settings,
                 snapshot_rates=[ByteRate(self.rate_bytes_per_s, self.burst_bytes)], clock=clock, rng=rng,

@@ -343,7 +343,7 @@ class Workload:
             if not ok or not replica.is_leader() or not replica.read_ready():
                 return  # refused (NO_LEADER): the client would retry elsewhere
             try:
-                job = replica.read({"cmd": "GetJob", "id": job_id}, int(self.loop.time() * 1000)).get("job")
+                job = replica.application.read({"cmd": "GetJob", "id": job_id}, int(self.loop.time() * 1000)).get("job")
             except CommandError:
                 job = None
             self._check_read(record, job_id, job, began, replica.node_id)

@@ -5,7 +5,8 @@ digests, the server's tick loop, the dispatcher's reads) reads a partition throu
 :class:`PartitionView` and never holds its engine: what comes back is a number, a tuple, a
 frozen record, a read-only mapping or a freshly built reply, so state changes only through
 replicated commands. The view asks its getter for the engine on every call, because the
-replica replaces its engine object when it installs a snapshot.
+partition's machine (:class:`~.machine.PartitionMachine`) replaces its engine object when
+its replica installs a snapshot.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class QueueFigures:
 class PartitionView:
     """Read-only access to the applied state of one replica's partition.
 
-    ``engine_getter`` returns the replica's current engine (the replica swaps it when it
-    installs a snapshot). Every method is cheap enough for a scrape or a tick, except
+    ``engine_getter`` returns the partition's current engine (the machine swaps it when
+    its replica installs a snapshot). Every method is cheap enough for a scrape or a tick, except
     :meth:`digest`, which hashes the whole state.
     """
 
@@ -135,7 +136,7 @@ class PartitionView:
         return self._engine().digest()
 
     def state_id(self) -> int:
-        """A number that changes whenever the replica replaces its state object (a snapshot was
+        """A number that changes whenever the machine replaces its state object (a snapshot was
         installed), so a digest cached with ``(state_id(), applied index)`` is known stale."""
         engine = self._engine()
         if self._seen is None or self._seen() is not engine:

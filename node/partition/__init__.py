@@ -1,0 +1,14 @@
+"""One partition's queue engine on the application side of the Raft seam.
+
+:class:`PartitionMachine` is the :class:`~shoal.node.raft.application.Application` a
+:class:`~shoal.node.raft.replica.PartitionReplica` drives: it owns the partition's
+:class:`~shoal.node.state.PartitionEngine`, writes and reads the payload of data entries
+(:mod:`.entries`), and hands the edge a read-only :class:`PartitionView` of the applied state.
+"""
+
+from .entries import decode_batch, encode_batch
+from .machine import SPACE_TAKING_COMMANDS, PartitionMachine, load_engine, snapshot_chunks
+from .view import FlowReport, PartitionView, QueueFigures
+
+__all__ = ["PartitionMachine", "PartitionView", "QueueFigures", "FlowReport", "SPACE_TAKING_COMMANDS",
+           "encode_batch", "decode_batch", "snapshot_chunks", "load_engine"]

@@ -1,0 +1,144 @@
+"""One partition's queue engine as the application its Raft replica replicates.
+
+:class:`PartitionMachine` implements :class:`~shoal.node.raft.application.Application` for
+:class:`~shoal.node.state.PartitionEngine`: the replica hands it committed batches, asks it
+for the durability class of a batch and for the commands that take space, and has it write
+and load snapshot content. It holds what the engine's applies produce for the node: the job
+events of a leader's applies (until the node takes them) and the read-only
+:class:`~.view.PartitionView` the edge reads the partition through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from shoal.cluster.commands import SPACE_TAKING_COMMANDS as COMMAND_TABLE_SPACE_TAKING
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ..raft._io import FileIO
+from ..raft.membership import Membership
+from ..raft.snapshots import load_snapshot, snapshot_content
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name
+from .entries import decode_batch, encode_batch
+from .view import PartitionView
+
+__all__ = ["PartitionMachine", "SPACE_TAKING_COMMANDS", "SNAPSHOT_JOBS_PER_CHUNK", "snapshot_chunks",
+           "load_engine"]
+
+log = logging.getLogger(__name__)
+
+#: Commands that bring new data into a partition: refused with NO_SPACE while free space is low
+#: (the command table's, and ``PushRun``: the engine's form of PUSHes merged by the group commit).
+SPACE_TAKING_COMMANDS = COMMAND_TABLE_SPACE_TAKING | {"PushRun"}
+#: A snapshot child packs and writes this many jobs at a time (~1.5 MB of ~117-byte jobs).
+SNAPSHOT_JOBS_PER_CHUNK = 10_000
+
+
+class PartitionMachine:
+    """The engine of partition ``partition`` behind the replica's application protocol.
+
+    :attr:`engine` is replaced (never mutated in place) when a snapshot is installed;
+    everything outside this package reads it through :attr:`view`.
+    """
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.engine = PartitionEngine(partition)
+        self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
+        #: Set by the node: False while nobody listens to job events (the engine then skips them).
+        self.record_events = True
+        #: Job events of applied batches while leading, until the node takes them (bounded).
+        self.events: deque[Event] = deque(maxlen=EVENTS_MAX)
+
+    # --- the application protocol ---------------------------------------------------------------
+
+    def encode(self, now_ms: int, commands: list[Command]) -> bytes:
+        """The entry payload of a batch (:func:`~.entries.encode_batch`)."""
+        return encode_batch(now_ms, commands)
+
+    def apply(self, payload: bytes, term: int, *, leading: bool, replies: bool) -> list[Any]:
+        """Apply a committed batch (of an entry of ``term``); each command is atomic, errors are per
+        command. Replies are built when ``replies``; job events recorded while ``leading``."""
+        now_ms, commands = decode_batch(payload)
+        results: list[Any] = []
+        engine = self.engine
+        engine.enter_term(term)
+        apply = engine.apply
+        record = leading and self.record_events
+        events = self.events
+        for cmd in commands:
+            try:
+                applied = apply(cmd, now_ms, replies=replies, events=record)
+                results.append(applied.result)
+                if applied.events:
+                    events.extend(applied.events)
+            except CommandError as exc:
+                results.append(exc)
+            except Exception as exc:  # an engine bug must not kill the replica or diverge silently
+                log.exception("partition %d: engine failed on %s", self.partition, command_name(cmd))
+                results.append(CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        return results
+
+    def disk_class(self, commands: list[Command]) -> bool:
+        """True when every command of the batch writes to an existing ``durable: false`` queue
+        (:meth:`~shoal.node.state.PartitionEngine.disk_class`).
+
+        A command naming jobs rather than a queue (an ACKB, a FAIL) has the class of their
+        queues. A command whose queues are not known (the leader's timer tick, a job named by a
+        custom id or already gone) counts as fsync class. The replica asks only once its applied
+        state holds every committed entry (a committed ``UpdateQueue`` may have made a queue
+        durable).
+        """
+        disk_class = self.engine.disk_class
+        return all(disk_class(cmd) for cmd in commands)
+
+    def takes_space(self, command: Command) -> bool:
+        """True for a command in :data:`SPACE_TAKING_COMMANDS`."""
+        return command_name(command) in SPACE_TAKING_COMMANDS
+
+    def snapshot_chunks(self) -> Iterator[bytes]:
+        """The engine's snapshot (MessagePack), :data:`SNAPSHOT_JOBS_PER_CHUNK` jobs at a time."""
+        return self.engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
+
+    def load_snapshot(self, chunks: Iterator[bytes]) -> PartitionEngine:
+        """A new engine restored from snapshot content (the live one is not touched)."""
+        return PartitionEngine.restore_chunks(chunks)
+
+    def install(self, state: object) -> None:
+        """Make an engine :meth:`load_snapshot` built the partition's state."""
+        if not isinstance(state, PartitionEngine):
+            raise TypeError(f"partition {self.partition}: cannot install a {type(state).__name__} as the engine")
+        self.engine = state
+
+    def reset(self) -> None:
+        """An empty engine replaces the state."""
+        self.engine = PartitionEngine(self.partition)
+
+    def describe(self) -> str:
+        return f"{self.engine.job_count()} jobs"
+
+    # --- for the node ---------------------------------------------------------------------------
+
+    def read(self, cmd: dict[str, Any], now_ms: int) -> dict[str, Any]:
+        """Answer a read-only command from the applied state."""
+        return self.engine.apply(cmd, now_ms, events=False).result
+
+    def take_events(self) -> list[Event]:
+        """The job events applied since the last call, oldest first."""
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+
+def snapshot_chunks(engine: PartitionEngine, index: int, term: int, membership: Membership) -> Iterator[bytes]:
+    """The whole snapshot content of ``engine`` at entry ``(index, term)``, as a replica writes it."""
+    return snapshot_content(index, term, membership, engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK))
+
+
+def load_engine(io: FileIO, path: str) -> tuple[PartitionEngine, int, int, Membership]:
+    """``(engine, index, term, membership)`` of the snapshot file at ``path``
+    (:func:`~shoal.node.raft.snapshots.load_snapshot`)."""
+    return load_snapshot(io, path, PartitionEngine.restore_chunks)
