@@ -174,7 +174,7 @@ def replicated_form(cmds: list[Command], partition: int) -> tuple[list[Command],
     """The commands of one Raft entry for the batch ``cmds`` of ``partition``.
 
     Each run of 2+ consecutive plain PUSH dicts to one queue becomes one :class:`PushRun`
-    (one list of data bytes to pickle and one segment for the engines to store, instead of
+    (one list of data bytes to encode and one segment for the engines to store, instead of
     a dict and a job object per push on every replica); every other command takes its
     compact form (:func:`_compact`). Returns the commands and, when pushes were merged,
     how many submitted commands each stands for (0: one, kept as its own); None when none were.
@@ -215,9 +215,8 @@ def _compact(cmd: Command, partition: int) -> Command:
     """``cmd`` as replicated: a plain PUSHB as a :class:`PushBatch`, an ACKB of one pull's
     consecutive jobs as an :class:`AckRun`, job data as bytes rather than ``Raw``.
 
-    Pickling a ``Raw`` costs a Python-level ``__reduce__`` and an ``__init__`` call per job on
-    every replica; plain bytes pickle ~8x faster, and the engine stores the packed bytes
-    either way. The ACKB run is checked once here instead of on every replica; the engine
+    Plain bytes cost the log's encoder and decoder no Python object per job (a ``Raw`` is an
+    extension value around them), and the engine stores the packed bytes either way. The ACKB run is checked once here instead of on every replica; the engine
     still checks the jobs' states and leases when it applies it.
     """
     if type(cmd) is not dict:

@@ -51,10 +51,11 @@ __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "Handsh
            "HANDSHAKE_FRAME_BYTES_MAX", "NONCE_BYTES", "INCARNATION_BYTES_MAX", "RejectReason", "PeerPolicy",
            "accept_any_incarnation", "expect_incarnations"]
 
-#: Names the link's version: 4 = Raft messages with the durable index, heartbeat rounds and synced
-#: indexes (3 had incarnations in the handshake and the listener's WELCOME; 2 had neither; 1
-#: MACed every frame with HMAC-SHA256).
-MAGIC = b"SHR4"
+#: Names the link's version: 5 = Raft messages with the durable index, heartbeat rounds and synced
+#: indexes, carrying data entries in format 1 of :mod:`shoal.node.log_format`. Nodes of other
+#: versions are refused by name: version 4 reads only pickled data entries, and a node that cannot
+#: read an entry must never be sent one (docs/formats.md).
+MAGIC = b"SHR5"
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 #: The largest handshake frame either side accepts (ids, incarnations and the cluster id are short).

@@ -4,8 +4,8 @@ A client's command reaches the engine as the validated dict it sent. Where the n
 replicates something more compact or adds what only it knows (a connection's session,
 its frame limit), the command is one of these frozen values instead of a dict with
 private fields: the group-committed run of plain PUSHes, a plain PUSHB, an ACKB of one
-pull's consecutive jobs, and a pull stamped with its session. They pickle as their
-class and a tuple of fields (msgspec, in C), and carry no Python object per job.
+pull's consecutive jobs, and a pull stamped with its session. The log stores each as a
+tagged array of its fields (:mod:`shoal.node.log_format`), with no Python object per job.
 :mod:`shoal.node.pushes` decides when a command takes one of these forms.
 """
 
