@@ -409,7 +409,6 @@ class _SimFile(FileHandle):
         inode = self._live()
         if self._io.fail_syncs_errno is not None:
             raise OSError(self._io.fail_syncs_errno, os.strerror(self._io.fail_syncs_errno))
-        self._io.sync_calls += 1
         inode.synced = bytes(inode.data)
         self._io._step(f"sync {self.path}")
 
@@ -436,7 +435,6 @@ class SimIO(FileIO):
         self.fail_writes_errno: int | None = None
         self.fail_syncs_errno: int | None = None
         self.epoch = 0
-        self.sync_calls = 0
         self._names: dict[str, _Inode] = {}
         self._durable_names: dict[str, _Inode] = {}
         self._dir_renames: list[tuple[str, str]] = []  # (src, dst) not yet made durable
@@ -498,7 +496,6 @@ class SimIO(FileIO):
         prefix = directory.rstrip("/") + "/"
         if self.fail_syncs_errno is not None:
             raise OSError(self.fail_syncs_errno, os.strerror(self.fail_syncs_errno))
-        self.sync_calls += 1
 
         def in_dir(name: str) -> bool:
             return name.startswith(prefix) and "/" not in name[len(prefix) :]

@@ -137,12 +137,6 @@ fresh copy of the log from its leader.
 Memory does not grow with the payloads: the journal keeps one 8-byte offset per
 entry (``array('q')`` per segment), the term changes, and a bounded cache of
 the newest entries; older entries are read back from disk.
-
-The class also implements the raft-log interface pysyncobj 0.3.17 uses for its
-``FileJournal`` (``add``, ``clear``, ``deleteEntriesFrom``, ``deleteEntriesTo``,
-positional ``__getitem__`` returning ``(command, index, term)``, ``__len__``,
-term/vote/commit-index accessors), so it can stand in for pysyncobj's mmap
-journal. Position 0 is the first entry held, whatever its index.
 """
 
 from __future__ import annotations
@@ -185,7 +179,6 @@ log = logging.getLogger(__name__)
 SEGMENT_BYTES = 64 * 1024 * 1024
 #: How far the active segment's file reaches past its records, in zeros (see *Zeros ahead*).
 ZEROS_AHEAD_BYTES = 64 * 1024
-COMMIT_HINT_PERIOD_S = 10
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
 #: Version 3 segments may hold mark records; version 2 (entry records only) is still read.
@@ -288,7 +281,7 @@ PAYLOAD_BYTES_MAX = 256 * 1024 * 1024
 _SUFFIX = ".wal"
 
 Entry = tuple[bytes, int, int]
-"""``(payload, index, term)`` — pysyncobj's ``(command, idx, term)`` order."""
+"""One log entry: ``(payload, index, term)``."""
 
 
 class JournalCorrupt(Exception):
@@ -454,11 +447,7 @@ class Journal:
     memory; ``segment_bytes`` is the size at which a segment is sealed;
     ``unsynced_bytes_max`` bounds what may be written but not synced (an
     append that would exceed it syncs first), which with the synced mark lets
-    recovery tell a torn tail from a damaged record (see :meth:`_scan`).
-    ``sync_every_append`` makes every append durable before it returns: with
-    pysyncobj unchanged this alone gives the fsync class (the leader's ``add``
-    precedes its commit count, a follower's precedes its answer), at one sync
-    per entry instead of one per journal per loop iteration.
+    recovery tell a torn tail from a damaged record (see *The synced mark*).
     ``batcher``, if given, is told each time this journal writes.
     """
 
@@ -472,7 +461,6 @@ class Journal:
         cache_bytes_max: int = 8 * 1024 * 1024,
         unsynced_bytes_max: int = UNSYNCED_BYTES_MAX,
         batcher: SyncBatcher | None = None,
-        sync_every_append: bool = False,
         zeros_ahead: bool = False,
     ) -> None:
         self._io = io
@@ -486,7 +474,6 @@ class Journal:
         self._unsynced_bytes = 0
         self._failed: str | None = None
         self._batcher = batcher
-        self.sync_every_append = sync_every_append
         #: While True, appends only ask the batcher for a lazy sync (:meth:`SyncBatcher.sync_lazy`):
         #: the disk durability class.
         self.lazy_appends = False
@@ -502,7 +489,6 @@ class Journal:
         self._run_term = array("q")
         self._cache: deque[bytes] = deque()
         self._cache_bytes = 0
-        self._first_entry: Entry | None = None
         self._synced_index = 0
         self._data_dirty = False
         self._dir_dirty = False
@@ -522,9 +508,6 @@ class Journal:
         self._recover()
         self._commit_index = min(self.meta.state.commit_index, self._last_index)
         self._commit_stored = self.meta.state.commit_index
-        #: onOneSecondTimer calls between two stores of the commit hint.
-        self.commit_hint_period_s = COMMIT_HINT_PERIOD_S
-        self._hint_ticks = 0
 
     # ------------------------------------------------------------------ state
     @property
@@ -587,6 +570,8 @@ class Journal:
                 raise ValueError(f"append term {term} below last term {self._run_term[-1]}")
         else:
             self._restart_at(index, term)
+        assert index == self._last_index + 1 and self._first_index <= index, \
+            f"append of {index} to a journal holding {self._first_index}..{self._last_index}"
         record = encode_record(index, term, payload)
         seg = self._segments[-1]
         # A version-2 segment cannot hold mark records: it is sealed and a current one started.
@@ -616,12 +601,11 @@ class Journal:
         seg.size = at + len(record)
         self._last_index = index
         if not self._run_term or self._run_term[-1] != term:
+            assert not self._run_term or self._run_term[-1] < term, f"term {term} after {self._run_term[-1]}"
             self._run_index.append(index)
             self._run_term.append(term)
         self._cache_push(payload)
         self._mark_dirty()
-        if self.sync_every_append:
-            self.sync()
 
     def _write_zeros_ahead(self, end: int) -> None:
         """Extend the active segment with zeros to :data:`ZEROS_AHEAD_BYTES` past ``end`` (see
@@ -730,6 +714,7 @@ class Journal:
         self._sync_dir_if_dirty()
         self._note_synced()  # before the entries count as durable: see *The synced mark*
         self._synced_index = max(self._synced_index, target)
+        self._assert_bounds()
         return self._synced_index
 
     def _note_synced(self) -> None:
@@ -847,8 +832,7 @@ class Journal:
         del self._run_term[pos:]
         for _ in range(min(removed, len(self._cache))):
             self._cache_bytes -= len(self._cache.pop())
-        if self._first_entry is not None and self._first_entry[1] >= index:
-            self._first_entry = None
+        self._assert_bounds()
 
     def delete_to(self, index: int) -> None:
         """Forget entries below ``index`` (covered by a durable snapshot).
@@ -862,7 +846,6 @@ class Journal:
             return
         self._store_start(index)
         self._first_index = index
-        self._first_entry = None
         while len(self._segments) > 1 and self._segments[1].first_index <= index:
             self._io.unlink(self._segments.pop(0).path)
             self._dir_dirty = True
@@ -872,12 +855,20 @@ class Journal:
             del self._run_term[:pos]
         if self._dir_dirty and self._batcher is not None:
             self._batcher.mark(self)
+        self._assert_bounds()
 
     def clear(self) -> None:
         """Delete every entry, durably before returning."""
         self._check_usable()
         self._drop_all_segments()
         self._first_index = self._last_index + 1
+        self._assert_bounds()
+
+    def _assert_bounds(self) -> None:
+        """What every change must leave: ``first <= last + 1``, ``synced <= last``."""
+        assert self._first_index <= self._last_index + 1, f"first index {self._first_index} past {self._last_index + 1}"
+        assert self._synced_index <= self._last_index, \
+            f"synced index {self._synced_index} past the last index {self._last_index}"
 
     def _drop_all_segments(self) -> None:
         if self._segments and self._mark != _NOTHING_SYNCED:
@@ -896,7 +887,6 @@ class Journal:
         self._run_term = array("q")
         self._cache.clear()
         self._cache_bytes = 0
-        self._first_entry = None
         self._data_dirty = self._dir_dirty = False
 
     def _store_start(self, index: int) -> None:
@@ -956,6 +946,16 @@ class Journal:
                     index = base + i
                     out.append((cache[first + i], index, self._term_unchecked(index)))
         return out
+
+    def __len__(self) -> int:
+        """Number of entries held."""
+        return self._last_index - self._first_index + 1
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Every entry held, oldest first, read in bounded slices."""
+        step = 1024
+        for start in range(self._first_index, self._last_index + 1, step):
+            yield from self.entries(start, start + step)
 
     def _term_unchecked(self, index: int) -> int:
         run_index = self._run_index
@@ -1267,72 +1267,20 @@ class Journal:
         length = _RECORD.unpack_from(header)[0]
         return length <= PAYLOAD_BYTES_MAX and offset + RECORD_HEADER_BYTES + length >= size
 
-    # ------------------------------------------------------------------ pysyncobj's raft-log interface
-    def add(self, command: bytes, idx: int, term: int) -> None:
-        """pysyncobj: append an entry (never refused for low space, only for a full disk)."""
-        self.append(idx, term, command, check_space=False)
+    # ------------------------------------------------------------------ term, vote, commit hint
+    def store_term_vote(self, term: int, vote: str | None) -> None:
+        """Make term and vote durable before returning (Raft §5.1), with the commit hint."""
+        self.meta.store(term, vote, self._stored_commit_hint())
 
-    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
-        """pysyncobj: delete entries from position ``entryFrom`` on."""
-        self.delete_from(self._first_index + entryFrom)
+    def set_commit_hint(self, index: int) -> None:
+        """Remember how far the log is known committed; stored by :meth:`store_commit_hint`
+        (and with every term or vote), never past what is synced."""
+        self._commit_index = index
 
-    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
-        """pysyncobj: keep entries from position ``entryTo`` on (it becomes position 0)."""
-        self.delete_to(self._first_index + entryTo)
-
-    def __len__(self) -> int:
-        return self._last_index - self._first_index + 1
-
-    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
-        first = self._first_index
-        n = self._last_index - first + 1
-        if type(item) is not int:
-            if not isinstance(item, slice):
-                raise TypeError(f"journal positions are ints or slices, not {type(item).__name__}")
-            a, b, step = item.indices(n)
-            if step != 1:
-                return self.entries(first, self._last_index + 1)[item]
-            return self.entries(first + a, first + b)
-        pos = item + n if item < 0 else item
-        if not 0 <= pos < n:
-            raise IndexError("journal position out of range")
-        if pos == 0:
-            if self._first_entry is None:
-                self._first_entry = self.entries(first, first + 1)[0]
-            return self._first_entry
-        # pysyncobj reads the last entry (log[-1]) several times per message: from the cache.
-        index = first + pos
-        cache = self._cache
-        k = index - (self._last_index + 1 - len(cache))
-        if k >= 0:
-            return cache[k], index, self._term_unchecked(index)
-        return self.entries(index, index + 1)[0]
-
-    def __iter__(self) -> Iterator[Entry]:
-        step = 1024
-        for start in range(self._first_index, self._last_index + 1, step):
-            yield from self.entries(start, start + step)
-
-    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802
-        """pysyncobj: remember the commit index (stored lazily by :meth:`onOneSecondTimer`)."""
-        self._commit_index = raftCommitIndex
-
-    def getRaftCommitIndex(self) -> int:  # noqa: N802
-        """The commit index hint, never past the journal's end (0: nothing known committed)."""
+    @property
+    def commit_hint(self) -> int:
+        """How far the log was known committed, never past the journal's end (0: nothing known)."""
         return max(0, min(self._commit_index, self._last_index))
-
-    def setCurrentTerm(self, term: int, votedForNodeId: object) -> None:  # noqa: N802
-        """pysyncobj: make term and vote durable before returning (Raft §5.1)."""
-        voted = None if votedForNodeId is None else str(votedForNodeId)
-        self.meta.store(term, voted, self._stored_commit_hint())
-
-    def getCurrentTerm(self) -> int:  # noqa: N802
-        """pysyncobj: the durable current term."""
-        return self.meta.state.term
-
-    def getVotedForNodeId(self) -> str | None:  # noqa: N802
-        """pysyncobj: the durable vote of the current term."""
-        return self.meta.state.voted_for
 
     def _stored_commit_hint(self) -> int:
         # A commit hint past what is synced could outlive the entries after a power cut.
@@ -1340,32 +1288,17 @@ class Journal:
         self._commit_stored = hint
         return hint
 
-    def onOneSecondTimer(self) -> None:  # noqa: N802
-        """pysyncobj: once a second; every ``commit_hint_period_s`` calls, store a changed commit hint.
+    def store_commit_hint(self) -> None:
+        """Store the commit hint now if it changed (durably; see :mod:`.meta`).
 
         Each store is two fsyncs (file and directory) that force a file-system journal
         commit, which the journals' own fdatasyncs then wait behind; the hint only saves a
-        restarted replica from waiting for its leader before applying, so it may lag.
+        restarted replica from waiting for its leader before applying, so the replica
+        stores it only now and then.
         """
-        self._hint_ticks += 1
-        if self._hint_ticks < self.commit_hint_period_s:
-            return
-        self._hint_ticks = 0
-        self.store_commit_hint()
-
-    def store_commit_hint(self) -> None:
-        """Store the commit hint now if it changed (durably; see :mod:`.meta`)."""
         if min(self._commit_index, self._synced_index) != self._commit_stored:
             state = self.meta.state
             self.meta.store(state.term, state.voted_for, self._stored_commit_hint())
-
-    def flush(self) -> None:
-        """pysyncobj: make everything durable."""
-        self.sync()
-
-    def _destroy(self) -> None:
-        """pysyncobj: the node stops; sync and close."""
-        self.close()
 
 
 class SyncBatcher:
@@ -1385,7 +1318,6 @@ class SyncBatcher:
         self._dirty: dict[int, Journal] = {}
         self._lazy: dict[int, Journal] = {}
         self._leader: dict[int, Journal] = {}
-        self.rounds = 0
 
     def mark(self, journal: Journal) -> None:
         """``journal`` wrote something not yet synced."""
@@ -1435,7 +1367,6 @@ class SyncBatcher:
     def sync_all(self) -> dict[Journal, int]:
         """Sync each dirty journal once; map each to its new durable index."""
         dirty, self._dirty = self._dirty, {}
-        self.rounds += 1
         return {j: j.sync() for j in dirty.values()}
 
     def sync_all_threads(self, executor: Executor) -> dict[Journal, int]:
@@ -1445,7 +1376,6 @@ class SyncBatcher:
         No journal may be written to or truncated while this runs.
         """
         dirty, self._dirty = self._dirty, {}
-        self.rounds += 1
         journals = list(dirty.values())
         results = list(executor.map(Journal.sync, journals))
         return dict(zip(journals, results, strict=True))

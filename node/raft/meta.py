@@ -63,7 +63,6 @@ class RaftMeta:
         self._io = io
         self.path = path
         self.state = self._load()
-        self.stores = 0
 
     def _load(self) -> MetaState:
         if not self._io.exists(self.path):
@@ -111,4 +110,3 @@ class RaftMeta:
         body = json.dumps(doc, separators=(",", ":")).encode()
         self._io.write_atomic(self.path, [_MAGIC, struct.pack("<I", google_crc32c.value(body)), body])
         self.state = state
-        self.stores += 1

@@ -81,7 +81,7 @@ class MemoryStorage:
         """Forget entries below ``index``."""
         drop = min(max(0, index - self._first), len(self._entries))
         del self._entries[:drop]
-        self._first = max(self._first, index) if self._entries else max(self._first, index)
+        self._first = max(self._first, index)
 
     def clear(self, next_index: int) -> None:
         self._entries = []

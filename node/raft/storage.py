@@ -113,6 +113,12 @@ class NodeStorage:
         suffix deletion): the same fail-stop as in a barrier."""
         self._on_sync_failed(exc)
 
+    def apply_failed(self, exc: BaseException) -> None:
+        """A committed entry could not be applied (an entry this release cannot read, a bug):
+        going on would leave this replica's state apart from its group's, so the node stops the
+        same way (a restart meets the same entry: the log names it)."""
+        self._on_sync_failed(exc)
+
     def close(self) -> None:
         """Stop the sync threads (the journals are closed by their replicas)."""
         if self._executor is not None:
@@ -176,7 +182,7 @@ class NodeStorage:
 
 
 def _fail_stop(exc: BaseException) -> None:
-    log.critical("journal sync failed, stopping the node so that recovery reads what is on disk: %s", exc)
+    log.critical("stopping the node so that a restart starts from what is on disk: %s", exc)
     logging.shutdown()
     os._exit(EXIT_SYNC_FAILED)
 

@@ -47,8 +47,8 @@ def test_entries_survive_a_reopen(tmp_path) -> None:
     j.close()
     j = Journal(real(), str(tmp_path))
     assert (j.first_index, j.last_index, len(j)) == (1, 50, 50)
-    assert j[0] == (payload(1), 1, 1) and j[-1] == (payload(50), 50, 1)
-    assert [e[1] for e in j[10:13]] == [11, 12, 13]
+    assert j.entries(1, 2) == [(payload(1), 1, 1)] and j.entries(50, 51) == [(payload(50), 50, 1)]
+    assert [e[1] for e in j.entries(11, 14)] == [11, 12, 13]
 
 
 def crash(j: Journal) -> None:
@@ -137,7 +137,7 @@ def test_segments_roll_and_a_prefix_delete_drops_whole_segments_only(tmp_path) -
     assert names[1] == f"{per_segment + 1:020d}.wal"
     j.delete_to(per_segment + 3)  # inside the second segment
     j.sync()
-    assert j.first_index == per_segment + 3 and j[0][1] == per_segment + 3
+    assert j.first_index == per_segment + 3 and next(iter(j))[1] == per_segment + 3
     assert segment_files(tmp_path) == names[1:]
     j.close()
     j = Journal(real(), str(tmp_path), segment_bytes=2_000)
@@ -156,7 +156,7 @@ def test_old_entries_are_read_back_from_disk_with_a_bounded_cache(tmp_path) -> N
     assert j.disk_reads == before + 1
     j.close()
     j = Journal(real(), str(tmp_path), segment_bytes=4_000, cache_entries_max=8)
-    assert len(j._cache) == 8 and j[5] == (payload(6), 6, 1)
+    assert len(j._cache) == 8 and j.entries(6, 7) == [(payload(6), 6, 1)]
 
 
 def test_term_changes_are_kept_compactly(tmp_path) -> None:
@@ -245,8 +245,8 @@ def test_clear_then_add_at_any_index(tmp_path) -> None:
     j.sync()
     j.clear()
     assert len(j) == 0
-    j.add(b"snap-prev", 500, 3)
-    j.add(b"snap", 501, 3)
+    j.append(500, 3, b"snap-prev")
+    j.append(501, 3, b"snap")
     j.sync()
     j.close()
     j = Journal(real(), str(tmp_path))
@@ -587,7 +587,7 @@ def test_an_unsynced_torn_tail_after_a_power_cut_is_still_cut(zeros_ahead, torn,
 
 def _damaged(io, directory: str) -> None:
     j = Journal(io, directory)
-    j.setCurrentTerm(7, "node-b")
+    j.store_term_vote(7, "node-b")
     fill(j, 1, 40)
     j.sync()
     j.close()
@@ -605,12 +605,12 @@ def test_a_damaged_journal_is_moved_aside_keeping_term_and_vote(tmp_path) -> Non
     assert segment_files(moved) == [f"{1:020d}.wal"]
     assert sorted(os.listdir(directory)) == ["meta"]
     j = Journal(io, directory)
-    assert (len(j), j.getCurrentTerm(), j.getVotedForNodeId()) == (0, 7, "node-b")
-    j.setCurrentTerm(8, None)
+    assert (len(j), j.meta.state.term, j.meta.state.voted_for) == (0, 7, "node-b")
+    j.store_term_vote(8, None)
     j.close()
     again = quarantine_journal(io, directory, clock=lambda: 0.0)  # same second: a counter tells them apart
     assert again == moved + "-1"
-    assert Journal(io, directory).getCurrentTerm() == 8
+    assert Journal(io, directory).meta.state.term == 8
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".kept")]
 
 
@@ -645,7 +645,7 @@ def test_a_power_cut_at_any_step_of_the_move_keeps_term_and_vote() -> None:
             assert not done, "quarantine_journal returned before the move was durable"
             quarantine_journal(io, "/d/p3.raft", clock=lambda: 0.0)
             j = Journal(io, "/d/p3.raft")
-        assert (len(j), j.getCurrentTerm(), j.getVotedForNodeId()) == (0, 7, "node-b"), cut_at
+        assert (len(j), j.meta.state.term, j.meta.state.voted_for) == (0, 7, "node-b"), cut_at
         assert not io.exists("/d/p3.raft.meta.kept")
         if done:
             break
@@ -669,11 +669,11 @@ def test_the_commit_hint_is_nothing_until_something_committed() -> None:
     # on a journal holding only that entry must not apply it on the strength of a default hint.
     io = SimIO()
     journal = Journal(io, "/d/p0.raft")
-    assert journal.getRaftCommitIndex() == 0
+    assert journal.commit_hint == 0
     journal.append(1, 1, b"\x02", check_space=False)
-    journal.setCurrentTerm(1, "a")  # a vote stores the hint beside term and vote
+    journal.store_term_vote(1, "a")  # a vote stores the hint beside term and vote
     journal.close()
-    assert Journal(io, "/d/p0.raft").getRaftCommitIndex() == 0
+    assert Journal(io, "/d/p0.raft").commit_hint == 0
 
 
 def test_zeros_ahead_keep_the_active_file_longer_than_its_records(tmp_path) -> None:
