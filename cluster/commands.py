@@ -40,6 +40,7 @@ from .jobid import parse_job_id
 
 __all__ = [
     "Routing", "Field", "CommandSpec", "COMMANDS", "READ_COMMANDS", "WRITE_COMMANDS", "NODE_COMMANDS",
+    "PRE_AUTH_COMMANDS", "LONG_POLL_COMMANDS", "NEW_JOB_COMMANDS", "SPACE_TAKING_COMMANDS",
     "INTERNAL_COMMANDS", "JOB_OPTION_FIELDS", "QUEUE_TYPES", "JOB_STATES", "validate", "routing_of",
     "route_key", "normalize", "COMMAND_ALIASES",
 ]
@@ -63,6 +64,10 @@ class CommandSpec:
     ``read_only``: answered from applied state without Raft (or by the node);
     ``retry_safe``: may be re-sent after an unknown outcome without a second effect.
     ``check`` runs after every field passed, for rules that span fields.
+    ``pre_auth``: answered before the connection authenticated; ``long_poll``: may wait for
+    jobs to become ready (parked until then or its timeout); ``new_jobs``: adds jobs, refused
+    with ``OVERLOADED`` while the node is over its memory budget; ``takes_space``: brings new
+    data into a partition, refused with ``NO_SPACE`` while its disk is nearly full.
     """
 
     name: str
@@ -71,6 +76,10 @@ class CommandSpec:
     read_only: bool = False
     retry_safe: bool = False
     check: Callable[[Mapping[str, Any]], None] | None = None
+    pre_auth: bool = False
+    long_poll: bool = False
+    new_jobs: bool = False
+    takes_space: bool = False
     # Derived once for the hot path: required names, and every field's checker in one dict.
     required: tuple[str, ...] = field(init=False, repr=False, compare=False)
     checks: Mapping[str, Checker] = field(init=False, repr=False, compare=False)
@@ -252,24 +261,31 @@ def _one_schedule(frame: Mapping[str, Any]) -> None:
 
 def _spec(name: str, routing: Routing, required: Mapping[str, Checker] | None = None,
           optional: Mapping[str, Checker] | None = None, *, read: bool = False, retry: bool | None = None,
-          check: Callable[[Mapping[str, Any]], None] | None = None) -> CommandSpec:
+          check: Callable[[Mapping[str, Any]], None] | None = None, pre_auth: bool = False,
+          long_poll: bool = False, new_jobs: bool = False, takes_space: bool = False) -> CommandSpec:
     fields = {k: Field(k, c, True) for k, c in (required or {}).items()}
     fields.update({k: Field(k, c, False) for k, c in (optional or {}).items()})
-    return CommandSpec(name, routing, fields, read, read if retry is None else retry, check)
+    return CommandSpec(name, routing, fields, read, read if retry is None else retry, check,
+                       pre_auth=pre_auth, long_poll=long_poll, new_jobs=new_jobs, takes_space=takes_space)
 
 
 _Q = {"queue": F.queue}
+#: What bunqueue's worker reports with its heartbeat (kept in the worker's record).
+_WORKER_COUNTS = {"activeJobs": F.int_range(0, 2**53), "processed": F.int_range(0, 2**53),
+                  "failed": F.int_range(0, 2**53)}
 _ID = {"id": F.job_id}
 _TOK = {"token": F.lease_token}
 
 _SPECS = [
     # core job commands
     _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "waitMs": _timeout},
-          retry=True),  # retried under its idempotencyKey, which the client always sets
-    _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True),
-    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean, "owner": _key}),
+          retry=True, new_jobs=True, takes_space=True),  # retried under its idempotencyKey, which the client always sets
+    _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True, new_jobs=True, takes_space=True),
+    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean, "owner": _key},
+          long_poll=True),
     _spec("PULLB", "queue", {"queue": F.queue, "count": _count}, {"timeout": _timeout, "ttr": _ttr,
-                                                                  "detach": F.boolean, "owner": _key}),
+                                                                  "detach": F.boolean, "owner": _key},
+          long_poll=True),
     _spec("ACK", "id", _ID, {"result": F.data, "removeOnComplete": F.boolean, **_TOK}),
     _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens, "removeOnCompletes": _bools},
           check=_same_length_as_ids),
@@ -284,7 +300,8 @@ _SPECS = [
     _spec("JobHeartbeatB", "id", {"ids": F.ids}, {"tokens": F.tokens, "ttr": _ttr}, retry=True,
           check=_same_length_as_ids),
     _spec("ReleaseAll", "queue", _Q, retry=True),
-    _spec("CreateQueue", "queue", _Q, {"type": F.one_of(QUEUE_TYPES), "options": _queue_options}, retry=True),
+    _spec("CreateQueue", "queue", _Q, {"type": F.one_of(QUEUE_TYPES), "options": _queue_options}, retry=True,
+          takes_space=True),
     _spec("UpdateQueue", "queue", {"queue": F.queue, "options": _queue_options}, {"create": F.boolean},
           retry=True),
     _spec("Read", "queue", {"queue": F.queue, "fromSeq": _seq}, {"limit": _limit}, read=True),
@@ -314,9 +331,9 @@ _SPECS = [
     _spec("PromoteJobs", "queue", _Q, {"count": F.int_range(1, 2**40)}),
     _spec("MoveToDelayed", "id", {"id": F.job_id, "delay": _delay}, _TOK),
     _spec("Progress", "id", {"id": F.job_id, "progress": _progress_value}, {"message": _log_text, **_TOK},
-          retry=True),
+          retry=True, takes_space=True),
     _spec("ChangePriority", "id", {"id": F.job_id, "priority": _priority}, retry=True),
-    _spec("Update", "id", {"id": F.job_id, "data": F.data}, retry=True),
+    _spec("Update", "id", {"id": F.job_id, "data": F.data}, retry=True, takes_space=True),
     _spec("ClearLogs", "id", _ID, {"keepLogs": F.int_range(0, L.log_lines_max)}, retry=True),
     _spec("ListQueues", "partition", {}, {"partition": _partition, "after": F.text(L.queue_name_chars_max + 8),
                                           "limit": _limit}, read=True),
@@ -330,7 +347,7 @@ _SPECS = [
     _spec("Cron", "queue", {"name": _key, "queue": F.queue},
           {"data": F.data, "schedule": F.cron_schedule, "repeatEvery": F.int_range(1, L.delay_ms_max),
            "priority": _priority, "limit": F.int_range(1, 2**40), "jobName": _key}, retry=True,
-          check=_one_schedule),
+          check=_one_schedule, takes_space=True),
     _spec("CronGet", "partition", {"name": _key}, {"partition": _partition}, read=True),
     _spec("CronDelete", "partition", {"name": _key}, {"partition": _partition}, retry=True),
     _spec("CronList", "partition", {}, {"partition": _partition, "limit": _limit}, read=True),
@@ -338,28 +355,34 @@ _SPECS = [
     _spec("Stats", "partition", {}, {"partition": _partition, "local": F.boolean}, read=True),
     _spec("Metrics", "queue", _Q, read=True),
     _spec("Prometheus", "node", read=True),
-    _spec("Ping", "node", read=True),
-    _spec("Heartbeat", "node", {"workerId": _key}, retry=True),
-    _spec("AddLog", "id", {"id": F.job_id, "message": _log_text}),
+    _spec("Ping", "node", read=True, pre_auth=True),
+    _spec("Heartbeat", "node", {"workerId": _key}, _WORKER_COUNTS, retry=True),
+    _spec("AddLog", "id", {"id": F.job_id, "message": _log_text}, takes_space=True),
     _spec("GetLogs", "id", _ID, {"limit": _limit, "start": _offset, "end": _offset}, read=True),
-    _spec("RegisterWorker", "node", {}, {"name": _key, "queues": _names, "workerId": _key}, retry=True),
+    _spec("RegisterWorker", "node", {}, {"name": _key, "queues": _names, "workerId": _key,
+                                        "concurrency": F.int_range(0, L.concurrency_max), "hostname": _key,
+                                        "pid": F.int_range(0, 2**31), "startedAt": F.int_range(0, 2**53)},
+          retry=True),
     _spec("UnregisterWorker", "node", {"workerId": _key}, retry=True),
     _spec("ListWorkers", "node", read=True),
     # connection
-    _spec("Hello", "node", {"protocolVersion": F.int_range(1, 1000)}, {"capabilities": _names}, read=True),
-    _spec("Auth", "node", {"token": F.text(L.auth_token_chars_max)}, read=True),
+    _spec("Hello", "node", {"protocolVersion": F.int_range(1, 1000)}, {"capabilities": _names}, read=True,
+          pre_auth=True),
+    _spec("Auth", "node", {"token": F.text(L.auth_token_chars_max)}, read=True, pre_auth=True),
     _spec("Identify", "node", {}, {"session": _key}, read=True),
-    _spec("Subscribe", "node", {}, {"queue": F.queue}, read=True),
+    _spec("Subscribe", "node", {}, {"queue": F.queue, "events": _names}, read=True),
+    _spec("SubscribeEvents", "node", {"queue": F.queue}, read=True),  # bunqueue's job events of one queue
     # flows (cluster/flow.py): PushFlow is coordinated by the node that receives it
-    _spec("PushFlow", "node", {"parent": _flow.check_parent, "children": _flow.check_children},
-          {"idempotencyKey": F.text(_flow.FLOW_KEY_CHARS_MAX)}, retry=True),  # with its key (client/_core.py)
+    _spec("PushFlow", "node", {"parent": _flow.parent_checker(JOB_OPTION_FIELDS),
+                               "children": _flow.children_checker(JOB_OPTION_FIELDS)},
+          {"idempotencyKey": F.text(_flow.FLOW_KEY_CHARS_MAX)}, retry=True, new_jobs=True, takes_space=True),  # with its key (client/_core.py)
     _spec("GetChildrenValues", "id", _ID, read=True),
     # internal: proposed by the leader itself, never accepted from a client
     _spec("_Tick", "partition"),
     _spec("_ReleaseSession", "partition", {"session": _key}),
     # a flow's jobs of one queue (``_items``), a child's final outcome for its parent's
     # partition (``_reports``), and the end of a child's retries (``_children``)
-    _spec("_FlowPush", "queue", {"queue": F.queue}),
+    _spec("_FlowPush", "queue", {"queue": F.queue}, takes_space=True),
     _spec("_ChildDone", "partition", {"partition": _partition}),
     _spec("_FlowAcked", "partition", {"partition": _partition}),
 ]
@@ -372,6 +395,14 @@ NODE_COMMANDS = frozenset(s.name for s in _SPECS if s.routing == "node")
 READ_COMMANDS = frozenset(s.name for s in _SPECS if s.read_only and s.routing != "node")
 #: Routed to a partition leader and replicated through its Raft group.
 WRITE_COMMANDS = frozenset(s.name for s in _SPECS if not s.read_only and s.routing != "node")
+#: Answered before the connection authenticated.
+PRE_AUTH_COMMANDS = frozenset(s.name for s in _SPECS if s.pre_auth)
+#: May wait for jobs to become ready (long polls).
+LONG_POLL_COMMANDS = frozenset(s.name for s in _SPECS if s.long_poll)
+#: Add jobs: refused with OVERLOADED while the node is over its memory budget.
+NEW_JOB_COMMANDS = frozenset(s.name for s in _SPECS if s.new_jobs)
+#: Bring new data into a partition: refused with NO_SPACE while its disk is nearly full.
+SPACE_TAKING_COMMANDS = frozenset(s.name for s in _SPECS if s.takes_space)
 #: Proposed by the leader only (``validate(..., internal=True)``).
 INTERNAL_COMMANDS = frozenset(s.name for s in _SPECS if s.name.startswith("_"))
 _ENVELOPE = frozenset({"cmd", "reqId"})
@@ -598,6 +629,9 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
         _normalize_cron(frame)
     elif cmd == "GetQueueLimits":
         frame.pop("maxJobs", None)
+    elif cmd == "Heartbeat":
+        if "workerId" not in frame and "id" in frame:  # bunqueue's worker names itself ``id``
+            frame["workerId"] = frame.pop("id")
     elif cmd == "ChangePriority":
         if frame.pop("lifo", None):
             raise F.bad("lifo", "is not supported (see docs/compat.md)")

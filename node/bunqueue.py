@@ -23,6 +23,7 @@ from shoal.cluster.commands import normalize
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.flow import FLOW_JOBS_MAX
 
+from .ports import DecodingReplier
 from .state._decimal import decimal_run
 
 if TYPE_CHECKING:
@@ -138,23 +139,40 @@ def _trees(jobs: Any, now_ms: int) -> tuple[list[dict[str, Any]], list[dict[str,
     return trees, records
 
 
-class _Answer:
-    """Takes one tree's reply for :func:`push_flow_graph`; otherwise the client's connection."""
+class _Answer(DecodingReplier):
+    """Takes one tree's reply for :func:`push_flow_graph`; it is the client's connection in
+    everything else (who it is, whether its commands are forwarded)."""
 
     __slots__ = ("_conn", "_done")
 
-    def __init__(self, conn: "Replier", done: Any) -> None:
+    def __init__(self, conn: "Replier", done: Callable[[CommandError | None], None]) -> None:
         self._conn = conn
         self._done = done
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+    conn_id = property(lambda self: self._conn.conn_id)
+    peer_host = property(lambda self: self._conn.peer_host)
+    session = property(lambda self: self._conn.session)
+    authed = property(lambda self: self._conn.authed)
+    closed = property(lambda self: self._conn.closed)
+    protocol_version = property(lambda self: self._conn.protocol_version)
+    subscriptions = property(lambda self: None)
+    wants_forwarding = property(lambda self: self._conn.wants_forwarding)  # type: ignore[assignment]
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         self._done(None)
 
     def reply_error(self, req_id: Any, exc: CommandError) -> None:
         self._done(exc)
+
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        for result in results:
+            self._done(result if isinstance(result, CommandError) else None)
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        pass  # a tree of a graph has no events of its own
+
+    def upgrade(self, version: int) -> None:
+        pass
 
 
 # --- events --------------------------------------------------------------------------------------

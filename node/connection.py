@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, check_depth, decode_request, decode_response, encode
+from shoal.cluster.commands import PRE_AUTH_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
@@ -48,7 +49,6 @@ __all__ = ["ClientConnection"]
 log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 _BACKLOG_PAUSE_FRAMES = 2_000
-_PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
 #: The reqId a frame that came without one is given while it runs: its place in the reply order.
 #: A client's own string reqId may not start with it (refused INVALID).
 ORDER_PREFIX = "\x00"
@@ -273,7 +273,7 @@ class ClientConnection(asyncio.Protocol):
                 self._protocol_error(exc)
                 return
             cmd, req_id = frame["cmd"], frame.get("reqId")
-        if cmd not in _PRE_AUTH_COMMANDS:
+        if cmd not in PRE_AUTH_COMMANDS:
             reply: dict[str, Any] = {"ok": False, "code": ErrorCode.AUTH_REQUIRED.value,
                                      "error": "authenticate with Auth {token} first"}
             if req_id is not None:

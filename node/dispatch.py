@@ -28,8 +28,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import FrameDecoder, PlainPush, Raw
-from shoal.cluster.commands import COMMANDS, normalize, validate
+from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.commands import (COMMANDS, LONG_POLL_COMMANDS, NEW_JOB_COMMANDS, NODE_COMMANDS,
+                                    PRE_AUTH_COMMANDS, normalize, validate)
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
@@ -37,7 +38,7 @@ from shoal.cluster.partitioning import partition_for
 from .bunqueue import EventFrames, push_flow_graph
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
-from .relay import JobLocator
+from .locator import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
 from .writes import PendingWrites
 
@@ -56,12 +57,6 @@ __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
 
-NODE_COMMANDS = frozenset({"Hello", "Auth", "Ping", "Identify", "Subscribe", "Prometheus", "Heartbeat",
-                           "RegisterWorker", "UnregisterWorker", "ListWorkers", "SubscribeEvents"})
-PRE_AUTH_COMMANDS = frozenset({"Hello", "Auth", "Ping"})
-LEASE_COMMANDS = frozenset({"PULL", "PULLB"})
-#: Commands that add jobs: refused with OVERLOADED while the node is over its memory budget.
-NEW_JOB_COMMANDS = frozenset({"PUSH", "PUSHB"})
 WORKERS_MAX = 10_000
 WAKE_PER_ROUND_MAX = 256
 PARKED_PER_QUEUE_MAX = 10_000
@@ -178,7 +173,7 @@ class Dispatcher:
             return  # refused at connect: never counted
         self.connections.discard(conn)
         self.subscribers.discard(conn)
-        for queue in list(getattr(conn, "bunqueue_subscriptions", None) or ()):
+        for queue in list(conn.bunqueue_subscriptions or ()):
             conns = self.event_subscribers.get(queue)
             if conns is not None:
                 conns.discard(conn)
@@ -214,23 +209,21 @@ class Dispatcher:
                 raise self.overloaded
             push_flow_graph(self._flow_tree, conn, frame, self.clock.now_ms())
             return
-        if cmd in self._flow_commands:  # PushFlow (adds jobs: refused when overloaded) and peers' flow commands
-            if self.overloaded is not None and cmd == "PushFlow":
-                raise self.overloaded
-            self.flows.handle(conn, frame)
-            return
-        if cmd in NODE_COMMANDS:
-            conn.reply(req_id, self._node_command(conn, cmd, frame))
-            return
         if self.overloaded is not None and cmd in NEW_JOB_COMMANDS:
             raise self.overloaded
-        if cmd == "Stats" and frame.get("local"):
-            conn.reply(req_id, self.info.local_stats(frame.get("partition")))
+        if cmd in self._flow_commands:  # PushFlow and the flow commands peers send
+            self.flows.handle(conn, frame)
             return
         validate(normalize(frame))
         cmd = frame["cmd"]
+        if cmd in NODE_COMMANDS:
+            conn.reply(req_id, self._node_command(conn, cmd, frame))
+            return
+        if cmd == "Stats" and frame.get("local"):
+            conn.reply(req_id, self.info.local_stats(frame.get("partition")))
+            return
         spec = COMMANDS[cmd]
-        forwards = self.relay is not None and getattr(conn, "wants_forwarding", False)
+        forwards = self.relay is not None and conn.wants_forwarding
         if spec.routing == "partition" and frame.get("partition") is None:
             if forwards:
                 self._fan_out_cluster(conn, frame, spec.read_only)
@@ -284,12 +277,12 @@ class Dispatcher:
                 # waits for a majority to answer a round sent after it arrived (ReadIndex).
                 replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, p, forwards, ok))
             return
-        if cmd in LEASE_COMMANDS:
+        if cmd in LONG_POLL_COMMANDS:
             self._pull(conn, frame, p)
             return
         if cmd == "JobHeartbeatB" and replica.lease_held():
             # A worker's heartbeat right after its pull renews nothing yet: no entry, no fsync.
-            fresh = replica.view.fresh_heartbeat(frame, self.clock.now_ms())
+            fresh = replica.application.view.fresh_heartbeat(frame, self.clock.now_ms())
             if fresh is not None:
                 conn.reply(req_id, fresh)
                 return
@@ -298,7 +291,7 @@ class Dispatcher:
     def _read(self, conn: Replier, frame: dict[str, Any], replica: "PartitionReplica") -> None:
         """Answer a read from ``replica``'s applied state (its leadership is confirmed)."""
         started = time.perf_counter()
-        conn.reply(frame.get("reqId"), replica.view.read(frame, self.clock.now_ms()))
+        conn.reply(frame.get("reqId"), replica.application.view.read(frame, self.clock.now_ms()))
         self.metrics.observe(frame["cmd"], time.perf_counter() - started)
 
     def _read_confirmed(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool, ok: bool) -> None:
@@ -354,7 +347,7 @@ class Dispatcher:
         for q in range(self.partitions):
             replica = self.directory.replicas.get(q)
             if replica is not None and replica.is_leader():
-                if replica.read({**probe, "partition": q}, self.clock.now_ms()).get("found"):
+                if replica.application.read({**probe, "partition": q}, self.clock.now_ms()).get("found"):
                     self.locator.learn(job_id, q)
                     return q
             elif self.relay is not None:
@@ -414,7 +407,7 @@ class Dispatcher:
             p = self._partition_of("queue", {"queue": queue})
             replica = self.directory.replicas.get(p)
             if replica is None or not replica.is_leader():
-                if self.relay is not None and getattr(conn, "wants_forwarding", False):
+                if self.relay is not None and conn.wants_forwarding:
                     self._forward_pushes(conn, frames, p)
                     return
                 raise self.directory.not_leader_error(p)
@@ -440,7 +433,7 @@ class Dispatcher:
 
     def _forwards(self, conn: Replier) -> bool:
         """Does this node forward ``conn``'s commands (a client that does not route for itself)?"""
-        return self.relay is not None and getattr(conn, "wants_forwarding", False) and not conn.closed
+        return self.relay is not None and conn.wants_forwarding and not conn.closed
 
     def _forward_run(self, conn: Replier, run: PushRun, req_ids: list[Any], results: list[Any], p: int) -> None:
         """A block of pushes refused here unproposed (this node stopped leading ``p``): the relay
@@ -536,7 +529,7 @@ class Dispatcher:
             self.sessions.used_partition(conn.session, p)
         timeout_ms = frame.get("timeout") or 0
         replica = self.directory.replicas[p]
-        if timeout_ms > 0 and not replica.view.has_ready(frame["queue"]):
+        if timeout_ms > 0 and not replica.application.view.has_ready(frame["queue"]):
             self._park_pull(conn, frame, p, self.loop.time() + timeout_ms / 1000)
             return
         self._submit_pull(conn, frame, p, None)
@@ -598,7 +591,7 @@ class Dispatcher:
             if not waiters:
                 del self._parked_pulls[key]
                 continue
-            if not replica.view.has_ready(key[1]):
+            if not replica.application.view.has_ready(key[1]):
                 continue
             for _ in range(min(len(waiters), WAKE_PER_ROUND_MAX)):
                 parked = waiters.popleft()
@@ -658,7 +651,7 @@ class Dispatcher:
             if conn.closed:
                 return
             now = self.clock.now_ms()
-            parts = {p: replicas[p].view.read(frame, now) for p in led
+            parts = {p: replicas[p].application.view.read(frame, now) for p in led
                      if confirmed.get(p) and replicas[p].is_leader() and replicas[p].read_ready()}
             conn.reply(frame.get("reqId"), _merge(frame["cmd"], parts, frame.get("limit")))
 
@@ -694,7 +687,7 @@ class Dispatcher:
                         if not await sure or not replica.is_leader():
                             raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s leadership could not be "
                                                                     "confirmed; retry")
-                    return replica.read(part, self.clock.now_ms())
+                    return replica.application.read(part, self.clock.now_ms())
                 future: asyncio.Future[Any] = self.loop.create_future()
                 self.directory.group_commits[p].submit(part, lambda r: future.done() or future.set_result(r))
                 result = await future
@@ -727,16 +720,11 @@ class Dispatcher:
         if cmd == "SubscribeEvents":
             return self._subscribe_events(conn, frame)
         if cmd == "Hello":
-            version = frame.get("protocolVersion", 1)
-            if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-                raise CommandError(ErrorCode.INVALID, "protocolVersion: must be a positive integer")
+            version = min(frame["protocolVersion"], 2)
             capabilities = frame.get("capabilities")
-            if capabilities is not None and (not isinstance(capabilities, list) or len(capabilities) > 1000):
-                raise CommandError(ErrorCode.INVALID, "capabilities: must be a list of strings")
-            version = min(version, 2)
             conn.upgrade(version)
-            if capabilities and "routing" in capabilities and hasattr(conn, "wants_forwarding"):
-                conn.wants_forwarding = False  # type: ignore[attr-defined]  # it routes for itself
+            if capabilities and "routing" in capabilities:
+                conn.wants_forwarding = False  # it routes for itself
             reply = {"protocolVersion": version, "capabilities": ["pipelining", "routing"] if version >= 2 else [],
                      "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
                      "incarnation": self.info.incarnation,
@@ -746,14 +734,10 @@ class Dispatcher:
                 reply["session"] = conn.session
             return reply
         if cmd == "Auth":
-            token = frame.get("token")
-            if not isinstance(token, str):
-                raise CommandError(ErrorCode.INVALID, "token: must be a string")
+            token = frame["token"]
             if not self.auth_required:
                 conn.authed = True
                 return {}
-            if len(token) > L.auth_token_chars_max:
-                raise CommandError(ErrorCode.AUTH_FAILED, "invalid token")
             given = _digest(token)
             # Compare against every token so timing does not reveal which (or whether one) matched.
             matched = False
@@ -766,7 +750,7 @@ class Dispatcher:
         if cmd == "Identify":
             session = frame.get("session")
             if session is not None:
-                if not isinstance(session, str) or not 0 < len(session) <= SESSION_CHARS_MAX:
+                if not 0 < len(session) <= SESSION_CHARS_MAX:
                     raise CommandError(ErrorCode.INVALID, f"session: must be a string of 1..{SESSION_CHARS_MAX} chars")
                 if session != conn.session:
                     self.sessions.detach(conn.session, conn.conn_id)
@@ -775,8 +759,6 @@ class Dispatcher:
             return {"session": conn.session}
         if cmd == "Subscribe":
             queue = frame.get("queue")
-            if queue is not None and not isinstance(queue, str):
-                raise CommandError(ErrorCode.INVALID, "queue: must be a string")
             if conn.subscriptions is None:
                 conn.subscriptions = set()
             conn.subscriptions.add(queue or "")
@@ -792,24 +774,20 @@ class Dispatcher:
         if cmd == "ListWorkers":
             return {"workers": list(self.workers.values())}
         worker_id = frame.get("workerId")
-        if worker_id is not None and (not isinstance(worker_id, str) or not 0 < len(worker_id) <= 256):
-            raise CommandError(ErrorCode.INVALID, "workerId: must be a string of 1..256 chars")
+        if worker_id == "":
+            raise CommandError(ErrorCode.INVALID, "workerId: must not be empty")
         if cmd == "RegisterWorker":
             name = frame.get("name")
             queues = frame.get("queues") or []
-            if name is not None and not isinstance(name, str):
-                raise CommandError(ErrorCode.INVALID, "name: must be a string")
-            if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
-                raise CommandError(ErrorCode.INVALID, "queues: must be a list of queue names")
             if worker_id is None:
                 worker_id = f"{self.info.node_id}-w{next(self._worker_ids)}"
             if worker_id not in self.workers and len(self.workers) >= WORKERS_MAX:
                 raise CommandError(ErrorCode.OVERLOADED, f"at most {WORKERS_MAX} registered workers per node")
             worker = {"id": worker_id, "workerId": worker_id, "name": name or worker_id, "queues": queues,
                       "registeredAt": float(now), "lastSeen": float(now), "status": "active"}
-            for extra in ("concurrency", "hostname", "pid"):  # bunqueue's worker describes itself
+            for extra in ("concurrency", "hostname", "pid", "startedAt"):  # bunqueue's worker describes itself
                 value = frame.get(extra)
-                if value is not None and (type(value) is int or (type(value) is str and len(value) <= 256)):
+                if value is not None:
                     worker[extra] = value
             self.workers[worker_id] = worker
             return {"workerId": worker_id, "data": worker}
@@ -824,22 +802,19 @@ class Dispatcher:
         if worker is None:
             raise CommandError(ErrorCode.NOT_FOUND, f"worker {worker_id} is not registered")
         worker["lastSeen"] = float(now)
+        for count in ("activeJobs", "processed", "failed"):  # what bunqueue's worker reports
+            if frame.get(count) is not None:
+                worker[count] = frame[count]
         return {"data": {"ok": True}}
 
     def _subscribe_events(self, conn: Replier, frame: dict[str, Any]) -> dict[str, Any]:
         """bunqueue's ``SubscribeEvents {queue}``: that queue's job events, as ``{type: "event",
         event: {eventType, queue, jobId, timestamp, ...}}`` frames, wherever its leader is."""
-        queue = frame.get("queue")
-        if not isinstance(queue, str):
-            raise CommandError(ErrorCode.INVALID, "queue: required (the queue whose events to send)")
+        queue = frame["queue"]
         check_queue(queue)
-        subs = getattr(conn, "bunqueue_subscriptions", None)
+        subs = conn.bunqueue_subscriptions
         if subs is None:
-            subs = set()
-            try:
-                conn.bunqueue_subscriptions = subs  # type: ignore[attr-defined]
-            except AttributeError:
-                raise CommandError(ErrorCode.INVALID, "this link cannot receive events") from None
+            subs = conn.bunqueue_subscriptions = set()
         subs.add(queue)
         self.event_subscribers.setdefault(queue, set()).add(conn)
         self.info.events_wanted()
@@ -896,12 +871,7 @@ class Dispatcher:
         for conn, chunks in pending.items():
             if not chunks:
                 continue
-            send = getattr(conn, "send_encoded", None)
-            if send is not None:
-                send(b"".join(chunks))
-            else:
-                for frame in FrameDecoder(requests=False).drain(b"".join(chunks)):
-                    conn.send_frame(frame)
+            conn.send_encoded(b"".join(chunks))
 
 
 def _ignore(_: Any) -> None:

@@ -18,25 +18,20 @@ the two steps leaves the outbox to its successor, who sends again; ``_ChildDone`
 idempotent by child id, so the parent counts each child once.
 
 **Peer requests.** When this node does not lead the target partition, the internal command
-travels to the leader's client port inside ``_FlowPeer {_body, _proof}``: ``_body`` is the
-MessagePack command, ``_proof`` its HMAC-SHA256 under a key derived from the cluster
-secret, checked before the body is decoded. A client without the secret cannot forge a
-child's report. (Only Auth-ed connections reach it when the node has tokens.)
+goes to the leader over the node-to-node link (:meth:`~.relay.Relay.call`), which follows
+the leadership and whose peers proved the cluster secret in its handshake. The leader takes
+``_FlowPush`` and ``_ChildDone`` only from that link (:meth:`~.relay.Relay.serve_peer_commands`):
+from a client they are unknown commands, so no client can forge a child's report.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import itertools
 import logging
-import ssl
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from shoal.cluster.codec import FrameDecoder, Raw, encode
 from shoal.cluster.commands import validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.flow import FlowNode, flatten, item_key
@@ -52,12 +47,11 @@ __all__ = ["FlowService", "FLOW_COMMANDS"]
 log = logging.getLogger(__name__)
 
 #: Commands the dispatcher hands to :class:`FlowService`.
-FLOW_COMMANDS = frozenset({"PushFlow", "_FlowPeer"})
-#: Internal commands a peer may send inside ``_FlowPeer``.
+FLOW_COMMANDS = frozenset({"PushFlow"})
+#: Internal commands a peer node sends a partition's leader over the node-to-node link.
 PEER_COMMANDS = frozenset({"_FlowPush", "_ChildDone"})
 FORWARD_INTERVAL_S = 0.05
 PEER_TIMEOUT_S = 5.0
-PEER_BODY_BYTES_MAX = 64 * 1024 * 1024
 REPORTS_PER_ROUND_MAX = 256
 REPORT_BYTES_PER_ROUND_MAX = 16 * 1024 * 1024  # below the default 64 MiB frame
 PUSH_FLOW_ATTEMPTS_MAX = 50  # per level: NOT_LEADER / NO_LEADER while leaders change
@@ -73,19 +67,20 @@ class FlowService:
 
     def __init__(self, node: "NodeView") -> None:
         self.node = node
-        self._key = hmac.new(node.config.secret.encode(), b"shoal flow peer v1", hashlib.sha256).digest()
-        self._links: dict[str, _PeerLink] = {}
         self._forwarding: set[int] = set()
         self._push_flows = 0
         self.reports_sent = 0
 
     # --- entry points from the dispatcher ------------------------------------------------------
 
+    def serve_peers(self) -> None:
+        """Take the peers' flow commands from the node-to-node link (once the relay exists)."""
+        relay = self.node.dispatcher.relay
+        if relay is not None:
+            relay.serve_peer_commands(PEER_COMMANDS, self.peer_request)
+
     def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
-        """Answer a PushFlow or a peer's ``_FlowPeer`` (later, from a task)."""
-        if frame["cmd"] == "_FlowPeer":
-            self._peer_request(conn, frame)
-            return
+        """Answer a PushFlow (later, from a task)."""
         validate(frame)
         req_id = frame.get("reqId")
         if self._push_flows >= PUSH_FLOWS_INFLIGHT_MAX:
@@ -108,16 +103,10 @@ class FlowService:
 
         self.node.loop.create_task(run())
 
-    def _peer_request(self, conn: Replier, frame: dict[str, Any]) -> None:
-        req_id = frame.get("reqId")
-        body, proof = frame.get("_body"), frame.get("_proof")
-        if type(body) is not bytes or type(proof) is not bytes or len(body) > PEER_BODY_BYTES_MAX:
-            raise CommandError(ErrorCode.INVALID, "_FlowPeer: _body and _proof must be bytes")
-        if not hmac.compare_digest(hmac.new(self._key, body, hashlib.sha256).digest(), proof):
-            raise CommandError(ErrorCode.AUTH_FAILED, "_FlowPeer: the proof does not match the cluster secret")
-        cmd = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        if type(cmd) is not dict or cmd.get("cmd") not in PEER_COMMANDS:
-            raise CommandError(ErrorCode.INVALID, "_FlowPeer: not a flow command")
+    def peer_request(self, conn: Replier, cmd: dict[str, Any]) -> None:
+        """Commit a peer's ``_FlowPush``/``_ChildDone`` in its partition, which this node leads
+        (``NOT_LEADER`` otherwise: the peer's relay sends it to the new leader)."""
+        req_id = cmd.pop("reqId", None)
         p = self._partition(cmd)
         replica = self.node.replicas.get(p)
         if replica is None or not replica.is_leader():
@@ -199,18 +188,10 @@ class FlowService:
             if isinstance(result, CommandError):
                 raise result
             return result
-        info = self.node.topology.partition_map[p]
-        leader = self.node.topology.nodes.get(info.leader) if info.leader else None
-        if leader is None or leader.id == self.node.node_id:
-            raise CommandError(ErrorCode.NO_LEADER, f"partition {p} has no known leader")
-        link = self._links.get(leader.id)
-        if link is None or link.closed:
-            tls = self.node.config.tls
-            link = self._links[leader.id] = _PeerLink(leader.host, leader.port, self.node.config.tokens,
-                                                      tls.client_context() if tls else None)
-        body = msgpack.packb(cmd, use_bin_type=True)
-        proof = hmac.new(self._key, body, hashlib.sha256).digest()
-        return await link.call({"cmd": "_FlowPeer", "_body": body, "_proof": proof})
+        relay = self.node.dispatcher.relay
+        if relay is None:
+            raise CommandError(ErrorCode.NO_LEADER, f"partition {p} is led elsewhere and this node has no peers")
+        return await relay.call(p, cmd, PEER_TIMEOUT_S)
 
     def _partition(self, cmd: dict[str, Any]) -> int:
         if cmd["cmd"] == "_FlowPush":
@@ -228,14 +209,14 @@ class FlowService:
         while True:
             await asyncio.sleep(FORWARD_INTERVAL_S)
             for p, replica in list(self.node.replicas.items()):
-                if p in self._forwarding or not replica.is_leader() or not replica.view.has_flow_reports():
+                if p in self._forwarding or not replica.is_leader() or not replica.application.view.has_flow_reports():
                     continue
                 self._forwarding.add(p)
                 task = self.node.loop.create_task(self._forward(p))
                 task.add_done_callback(lambda _t, p=p: self._forwarding.discard(p))
 
     async def _forward(self, p: int) -> None:
-        reports = self.node.replicas[p].view.flow_reports(REPORTS_PER_ROUND_MAX)
+        reports = self.node.replicas[p].application.view.flow_reports(REPORTS_PER_ROUND_MAX)
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
         size = 0
         for seq, report in reports:
@@ -272,88 +253,3 @@ class FlowService:
                 await self.send(p, {"cmd": "_FlowAcked", "partition": p, "_children": acked})
             except (CommandError, asyncio.TimeoutError) as exc:
                 log.debug("partition %d: _FlowAcked not committed: %s", p, exc)
-
-    async def close(self) -> None:
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
-
-
-class _PeerLink:
-    """One client-port connection to a peer node for flow commands (Hello v2, Auth, reqIds)."""
-
-    def __init__(self, host: str, port: int, tokens: tuple[str, ...], tls: ssl.SSLContext | None) -> None:
-        self.host, self.port, self.tokens, self.tls = host, port, tokens, tls
-        self.closed = False
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._ids = itertools.count(1)
-        self._connecting: asyncio.Lock = asyncio.Lock()
-
-    async def _connect(self) -> asyncio.StreamWriter:
-        async with self._connecting:
-            if self._writer is not None:
-                return self._writer
-            async with asyncio.timeout(PEER_TIMEOUT_S):
-                reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.tls)
-            self._writer = writer
-            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
-            if self.tokens:
-                await self._call({"cmd": "Auth", "token": self.tokens[0]})
-            await self._call({"cmd": "Hello", "protocolVersion": 2})
-            return writer
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        decoder = FrameDecoder(requests=False)
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                decoder.feed(data)
-                for frame in decoder:
-                    future = self._pending.pop(frame.get("reqId"), None)  # type: ignore[arg-type]
-                    if future is not None and not future.done():
-                        future.set_result(frame)
-        except Exception as exc:  # the link is dead either way; every caller gets an error
-            log.debug("flow peer link %s:%d: %s", self.host, self.port, exc)
-        finally:
-            self.close()
-
-    async def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
-        assert self._writer is not None
-        req_id = next(self._ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[req_id] = future
-        self._writer.write(encode({**frame, "reqId": req_id}))
-        try:
-            async with asyncio.timeout(PEER_TIMEOUT_S):
-                reply = await future
-        finally:
-            self._pending.pop(req_id, None)
-        if not reply.get("ok"):
-            code = reply.get("code")
-            try:
-                error_code = ErrorCode(code)
-            except ValueError:
-                error_code = ErrorCode.INTERNAL
-            raise CommandError(error_code, str(reply.get("error")))
-        return {k: (v.packed if type(v) is Raw else v) for k, v in reply.items()}
-
-    async def call(self, frame: dict[str, Any]) -> dict[str, Any]:
-        if self.closed:
-            raise ConnectionError("flow peer link closed")
-        await self._connect()
-        return await self._call(frame)
-
-    def close(self) -> None:
-        self.closed = True
-        if self._writer is not None:
-            self._writer.close()
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(ConnectionError("flow peer link closed"))
-        self._pending.clear()
-        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()

@@ -13,23 +13,35 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shoal.cluster.codec import FrameDecoder, decode_response
+from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
+
 from .clock import Clock
 
 if TYPE_CHECKING:
-    from shoal.cluster.errors import CommandError
+    from shoal.cluster.config import ClusterConfig
     from shoal.cluster.topology import Topology
 
     from .group_commit import GroupCommit
+    from .locator import JobLocator
     from .raft import PartitionReplica
+    from .sessions import SessionTable
 
-__all__ = ["Clock", "Replier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler", "EventListener"]
+__all__ = ["Clock", "Replier", "DecodingReplier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler",
+           "EventListener", "CommandHandler", "error_of_reply"]
 
 #: Receives published job events (the dashboard's and the HTTP streams' listeners).
 EventListener = Callable[[list[dict[str, Any]]], None]
 
 
 class Replier(Protocol):
-    """One client link as the dispatcher sees it: who it is, and how to answer it."""
+    """One client link as the dispatcher sees it: who it is, and how to answer it.
+
+    ``wants_forwarding``: commands for partitions this node does not lead go to their leader
+    through the relay (a client that does not route for itself); otherwise they are refused
+    with ``NOT_LEADER``. ``subscriptions``: the queues of Shoal's ``Subscribe`` (None: none);
+    ``bunqueue_subscriptions``: the queues of bunqueue's ``SubscribeEvents``.
+    """
 
     conn_id: int
     peer_host: str
@@ -38,6 +50,8 @@ class Replier(Protocol):
     closed: bool
     protocol_version: int
     subscriptions: set[str] | None
+    wants_forwarding: bool
+    bunqueue_subscriptions: set[str] | None
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         """Answer one command with its reply fields."""
@@ -48,11 +62,83 @@ class Replier(Protocol):
     def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
         """Answer commands that completed together (per command a reply dict or a CommandError)."""
 
+    def reply_encoded(self, req_id: Any, body: bytes) -> None:
+        """Answer one command with a reply frame encoded elsewhere (by the leader it was forwarded to)."""
+
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Send a frame that answers no command (an event)."""
 
+    def send_encoded(self, data: bytes) -> None:
+        """Send frames encoded once for many links (events): one or more, each length-prefixed."""
+
     def upgrade(self, version: int) -> None:
         """Switch to the protocol version ``Hello`` agreed on."""
+
+
+def error_of_reply(body: bytes) -> CommandError:
+    """The error an encoded error reply carries (``INTERNAL`` if it cannot be read)."""
+    try:
+        frame = decode_response(body)
+        code = ErrorCode(frame.get("code", ErrorCode.INTERNAL.value))
+    except (ProtocolError, ValueError):
+        return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
+    extra = {k: v for k, v in frame.items() if k not in ("ok", "code", "error", "reqId")}
+    return CommandError(code, str(frame.get("error", "")), **extra)
+
+
+class DecodingReplier:
+    """The encoded half of :class:`Replier` for a link that takes reply dicts and event dicts
+    only (HTTP, a command a peer forwarded): encoded frames are decoded and handed to
+    ``reply``/``reply_error``/``send_frame``."""
+
+    __slots__ = ()
+
+    wants_forwarding = False
+    bunqueue_subscriptions: set[str] | None = None
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        raise NotImplementedError
+
+    def send_frame(self, frame: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def reply_encoded(self, req_id: Any, body: bytes) -> None:
+        """Decode ``body`` and answer with it (its own ``reqId`` is dropped for ``req_id``)."""
+        frame = decode_response(body)
+        if frame.get("ok") is False:
+            self.reply_error(req_id, error_of_reply(body))
+            return
+        frame.pop("ok", None)
+        frame.pop("reqId", None)
+        self.reply(req_id, frame)
+
+    def send_encoded(self, data: bytes) -> None:
+        """Decode the frames of ``data`` and send each."""
+        for frame in FrameDecoder(requests=False).drain(data):
+            self.send_frame(frame)
+
+
+class CommandHandler(Protocol):
+    """What the relay needs of the dispatcher: it answers the commands peers forward here,
+    keeps the sessions, and learns where custom job ids live."""
+
+    @property
+    def sessions(self) -> SessionTable: ...
+
+    @property
+    def directory(self) -> PartitionDirectory: ...
+
+    @property
+    def config(self) -> ClusterConfig: ...
+
+    @property
+    def locator(self) -> JobLocator: ...
+
+    def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
+        """Answer ``frame`` now or later through ``conn``."""
 
 
 class PartitionDirectory(Protocol):

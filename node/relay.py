@@ -18,11 +18,17 @@ Messages (MessagePack arrays on the link):
   client's ``reqId``), ``code`` its error code (None when ok), ``ids`` the custom job
   ids of the jobs it holds (for the forwarding node's :class:`JobLocator`), or None;
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
-- ``["x", session]`` the client's session ended at the forwarding node;
+- ``["x", session, how?]`` the client's session ended at the forwarding node: after the
+  node's grace (no ``how``), ``"now"`` (its leases go back at once: a REST client that went
+  away mid-request) or ``"kept"`` (its leases live to their ttr: a REST request's);
 - ``["s", queue]`` / ``["u", queue]`` subscribe / unsubscribe to bunqueue's events of
   ``queue``; ``["e", queue, body]`` encoded event frames (one or more);
 - ``["w", aid, sessions, False]`` a partition leader's session audit asks which of
-  ``sessions`` this node holds; ``["w", aid, held, True]`` the answer (:mod:`.audits`).
+  ``sessions`` this node holds; ``["w", aid, held, True]`` the answer (:mod:`.audits`);
+- ``["n", nid, name, arg]`` a node-level call (:meth:`Relay.ask_node`): the peer runs what it
+  registered under ``name`` (:meth:`Relay.serve_node_calls`), such as the dashboard's view of
+  a node or its moves for the admin API, and answers ``["m", nid, ok, value]`` (``value``
+  the result, or the error's text when not ``ok``).
 
 A forwarded command that meets ``NOT_LEADER``/``NO_LEADER`` (the leader moved: it was
 not proposed) is sent again to the new leader until its deadline, so a failover is
@@ -46,7 +52,7 @@ forwarding deadline plus a margin), shorter than the idempotency window.
 
 Limits: at most :data:`FORWARDED_MAX` commands in flight from a node and
 :data:`SERVED_MAX` served for its peers (``OVERLOADED`` beyond), every forwarded command
-has a deadline.
+has a deadline; at most :data:`NODE_CALLS_MAX` node-level calls in flight each way.
 """
 
 from __future__ import annotations
@@ -55,20 +61,21 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import FrameDecoder, decode_request, decode_response, encode_body
+from shoal.cluster.codec import decode_request, decode_response, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
 
+from .ports import DecodingReplier, error_of_reply
 from .audits import AUDIT_ANSWER_TIMEOUT_S, AUDIT_INTERVAL_S, AUDIT_SESSIONS_MAX, SCAN_SESSIONS_MAX, SessionAudit
 from .sessions import KEPT_SESSION_PREFIX, SESSION_CHARS_MAX
 from .state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS
 
 if TYPE_CHECKING:
-    from .ports import NodeInfo, Replier
+    from .ports import CommandHandler, NodeInfo, Replier
 
 __all__ = ["Relay", "JobLocator", "CHANNEL", "FORWARDED_MAX", "SERVED_MAX", "FORWARD_TIMEOUT_S"]
 
@@ -87,8 +94,10 @@ RETRY_DELAY_S = 0.05
 SWEEP_INTERVAL_S = 0.25
 #: Queues a node subscribes to for its clients (bunqueue's events) at the leaders.
 SUBSCRIBED_QUEUES_MAX = 10_000
-#: Custom job ids a node remembers the partition of.
-LOCATED_MAX = 200_000
+#: Node-level calls (:meth:`Relay.ask_node`) in flight from a node, and served for its peers.
+NODE_CALLS_MAX = 256
+#: How long a node-level call waits for its answer unless told otherwise.
+NODE_CALL_TIMEOUT_S = 5.0
 #: How often the same nodes' silence in session audits is logged again.
 AUDIT_SILENT_LOG_S = 60.0
 #: Characters of a node id in the idempotency keys the node attaches (the key's limit is 256).
@@ -100,32 +109,6 @@ _UNKNOWN_OUTCOME = ErrorCode.TIMEOUT.value
 # A re-send of a keyed add leaves before its deadline; the engine must still know the key when
 # it applies it (a margin for the new leader's queue and the leaders' clocks).
 assert FORWARD_TIMEOUT_S * 1000 + 15_000 <= FORWARDED_KEY_WINDOW_MS
-
-
-class JobLocator:
-    """Which partition holds a custom job id (bunqueue's ``jobId``, a flow's client-made ids).
-
-    Shoal's own ids name their partition; a custom id is its queue's. The node learns them
-    from the adds and pulls it serves or forwards, and asks every partition (``Locate``)
-    for one it has not seen. Bounded: the oldest half is forgotten when full.
-    """
-
-    def __init__(self, size_max: int = LOCATED_MAX) -> None:
-        self._known: dict[str, int] = {}
-        self._size_max = size_max
-
-    def get(self, job_id: str) -> int | None:
-        return self._known.get(job_id)
-
-    def learn(self, job_id: str, p: int) -> None:
-        known = self._known
-        if len(known) >= self._size_max and job_id not in known:
-            for old in list(itertools.islice(known, self._size_max // 2)):
-                del known[old]
-        known[job_id] = p
-
-    def forget(self, job_id: str) -> None:
-        self._known.pop(job_id, None)
 
 
 class _Pending:
@@ -153,16 +136,17 @@ class _Pending:
         self.cmd = cmd
 
 
-class _Call:
-    """A command a peer forwarded, as the dispatcher sees its connection (a Replier)."""
+class _Call(DecodingReplier):
+    """A command a peer forwarded, as the dispatcher sees its connection (a Replier).
 
-    __slots__ = ("relay", "peer", "rid", "session", "conn_id", "closed", "req_id")
+    It never wants forwarding: a forwarded command is answered here or refused, never
+    forwarded again; and it has no events of its own."""
+
+    __slots__ = ("relay", "peer", "rid", "session", "conn_id", "closed", "req_id", "bunqueue_subscriptions")
 
     authed = True
     protocol_version = 1
     subscriptions = None
-    wants_forwarding = False  # answered here or refused: a forwarded command is never forwarded again
-    bunqueue_subscriptions = None
 
     def __init__(self, relay: "Relay", peer: str, rid: int, session: str, conn_id: int, req_id: Any) -> None:
         self.relay = relay
@@ -172,6 +156,7 @@ class _Call:
         self.conn_id = conn_id
         self.closed = False
         self.req_id = req_id
+        self.bunqueue_subscriptions: set[str] | None = None
 
     @property
     def peer_host(self) -> str:
@@ -206,7 +191,7 @@ class _Call:
 class Relay:
     """Forwards commands to their partition's leader and serves the commands peers forward."""
 
-    def __init__(self, dispatcher: Any, info: "NodeInfo", loop: asyncio.AbstractEventLoop,
+    def __init__(self, dispatcher: "CommandHandler", info: "NodeInfo", loop: asyncio.AbstractEventLoop,
                  send: Callable[[str, Any], bool] | None) -> None:
         """``dispatcher`` answers the commands peers forward here (the node's ``Dispatcher``, which
         holds this relay in turn); ``send(peer, message)`` puts a message on the relay channel."""
@@ -214,7 +199,8 @@ class Relay:
         self.info = info
         self.loop = loop
         self._send_to = send
-        self.locator = JobLocator()
+        #: The dispatcher's: ids learned from forwarded replies route the next command directly.
+        self.locator = dispatcher.locator
         self._rids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._by_conn: dict[int, set[int]] = {}
@@ -235,10 +221,15 @@ class Relay:
         self._key_prefix = FORWARDED_KEY_PREFIX + origin
         self._again_prefix = FORWARDED_AGAIN_PREFIX + origin
         self._task: asyncio.Task[None] | None = None
-        sessions = getattr(dispatcher, "sessions", None)
-        if sessions is not None:
-            sessions.gone = self._session_gone
-        self.audit = SessionAudit(getattr(getattr(dispatcher, "config", None), "session_grace_ms", 0))
+        #: Node-level calls: this node's awaiting answers (nid -> (peer, future)), what it serves.
+        self._node_calls: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        self._node_handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {}
+        self._node_serving = 0
+        self._node_tasks: set[asyncio.Task[None]] = set()
+        #: Internal commands peers send each other (flows): name -> handler(conn, frame).
+        self._peer_commands: dict[str, Callable[[Any, dict[str, Any]], None]] = {}
+        dispatcher.sessions.gone = self._session_gone
+        self.audit = SessionAudit(dispatcher.config.session_grace_ms)
         self._audit_next = 0.0
         self._audit_silent: tuple[str, ...] = ()
         self._audit_silent_next = 0.0
@@ -256,6 +247,8 @@ class Relay:
         err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
         for rid in list(self._pending):
             self._fail(rid, err)
+        for nid in list(self._node_calls):
+            self._node_call_ended(nid, err)
 
     def _send(self, peer: str, message: list[Any]) -> bool:
         return self._send_to is not None and self._send_to(peer, message)
@@ -363,7 +356,7 @@ class Relay:
             pending.away = False
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"partition {pending.p} has no leader yet"))
             return
-        session = getattr(pending.conn, "session", None) if pending.conn is not None else None
+        session = pending.conn.session if pending.conn is not None else None
         if not self._send(leader, ["q", rid, session, pending.body]):
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"no link to {leader}, partition "
                                                                      f"{pending.p}'s leader"))
@@ -428,7 +421,7 @@ class Relay:
         if pending is None or pending.peer != peer:
             return  # answered already (a deadline, a retry sent elsewhere)
         if code in _RETRY_CODES or (code == _UNKNOWN_OUTCOME and pending.retry_safe):
-            self._retry_later(rid, _error_of(body))  # not proposed there, or safe to repeat: the new leader takes it
+            self._retry_later(rid, error_of_reply(body))  # not proposed there, or safe to repeat: the new leader takes it
             return
         self._forget(rid)
         if type(ids) is list:
@@ -437,21 +430,11 @@ class Relay:
                     self.locator.learn(job_id, pending.p)
         if pending.future is not None:
             if not pending.future.done():
-                pending.future.set_result(_error_of(body) if code is not None else decode_response(body))
+                pending.future.set_result(error_of_reply(body) if code is not None else decode_response(body))
             return
         conn = pending.conn
         assert conn is not None
-        reply_encoded = getattr(conn, "reply_encoded", None)
-        if reply_encoded is not None:
-            reply_encoded(pending.req_id, body)
-            return
-        frame = decode_response(body)  # a link that takes reply dicts only (HTTP)
-        if code is not None:
-            conn.reply_error(pending.req_id, _error_of(body))
-        else:
-            frame.pop("ok", None)
-            frame.pop("reqId", None)
-            conn.reply(pending.req_id, frame)
+        conn.reply_encoded(pending.req_id, body)
 
     def _learn_request(self, frame: dict[str, Any], p: int) -> None:
         custom = frame.get("customId")
@@ -463,8 +446,11 @@ class Relay:
                 if type(job) is dict and type(job.get("customId")) is str:
                     self.locator.learn(job["customId"], p)
 
-    def connection_closed(self, conn: "Replier") -> None:
-        """A client went away: drop what waits for it, tell the leaders, end its subscriptions."""
+    def connection_closed(self, conn: "Replier", how: str | None = None) -> None:
+        """A client went away: drop what waits for it, tell the leaders, end its subscriptions.
+
+        ``how`` says how its session ends at the leaders: after the grace (None), ``"now"`` or
+        ``"kept"`` (leases to their ttr); see the ``x`` message."""
         rids = self._by_conn.pop(conn.conn_id, set())
         for rid in rids:
             pending = self._pending.pop(rid, None)
@@ -472,7 +458,7 @@ class Relay:
                 self._send(pending.peer, ["c", rid])
         # The session's leases at the leaders go back (after its grace) as if it had been here.
         for peer in self._conn_peers.pop(conn.conn_id, set()):
-            self._send(peer, ["x", conn.session])
+            self._send(peer, ["x", conn.session] if how is None else ["x", conn.session, how])
         for queue, conns in list(self._subscribers.items()):
             conns.discard(conn)
             if not conns:
@@ -509,12 +495,7 @@ class Relay:
     def _event(self, queue: str, data: bytes) -> None:
         """Event frames (length-prefixed bytes, one or more) for this node's subscribers of ``queue``."""
         for conn in list(self._subscribers.get(queue, ())):
-            send = getattr(conn, "send_encoded", None)
-            if send is not None:
-                send(data)
-            else:
-                for frame in FrameDecoder(requests=False).drain(data):
-                    conn.send_frame(frame)
+            conn.send_encoded(data)
 
     def publish_to_peers(self, queue: str, build: Callable[[], bytes]) -> None:
         """At the leader: send ``queue``'s event frames (encoded once, by ``build``) to every peer
@@ -549,7 +530,7 @@ class Relay:
                 if call is not None:
                     call.closed = True
             elif kind == "x":
-                self._end_session(peer, message[1])
+                self._end_session(peer, message[1], message[2] if len(message) > 2 else None)
             elif kind == "s":
                 queues = self.peer_subscriptions.setdefault(peer, set())
                 if len(queues) < SUBSCRIBED_QUEUES_MAX:
@@ -559,6 +540,14 @@ class Relay:
                 self.peer_subscriptions.get(peer, set()).discard(message[1])
             elif kind == "e":
                 self._event(message[1], message[2])
+            elif kind == "n":
+                _, nid, name, arg = message
+                self._serve_node_call(peer, nid, name, arg)
+            elif kind == "m":
+                _, nid, ok, value = message
+                call = self._node_calls.get(nid)
+                if call is not None and call[0] == peer:
+                    self._node_call_ended(nid, value if ok is True else CommandError(ErrorCode.INTERNAL, str(value)))
             elif kind == "w":
                 _, aid, sessions, is_answer = message
                 if is_answer is True:
@@ -589,8 +578,12 @@ class Relay:
                 self.dispatcher.sessions.attach(session, conn_id)
         call = _Call(self, peer, rid, session, conn_id, req_id)
         self._served[(peer, rid)] = call
+        peer_command = self._peer_commands.get(frame.get("cmd"))  # type: ignore[arg-type]
         try:
-            self.dispatcher.handle(call, frame)  # type: ignore[arg-type]
+            if peer_command is not None:
+                peer_command(call, frame)
+            else:
+                self.dispatcher.handle(call, frame)
         except CommandError as exc:
             call.reply_error(req_id, exc)
         except Exception as exc:
@@ -610,14 +603,89 @@ class Relay:
             data, code = encode_body(frame), exc.code.value
         self._send(call.peer, ["r", call.rid, data, code, ids])
 
-    def _end_session(self, peer: str, session: Any) -> None:
+    def _end_session(self, peer: str, session: Any, how: Any = None) -> None:
         conn_id = self._remote_sessions.pop((peer, session), None)
-        if conn_id is not None:
-            self.dispatcher.sessions.detach(session, conn_id)
+        if conn_id is None:
+            return
+        sessions = self.dispatcher.sessions
+        if how == "now":
+            sessions.end_now(session, conn_id)
+        elif how == "kept":
+            sessions.forget(session, conn_id)
+        else:
+            sessions.detach(session, conn_id)
+
+    def serve_peer_commands(self, names: frozenset[str], handler: Callable[[Any, dict[str, Any]], None]) -> None:
+        """Hand the internal commands ``names`` that peers send over this link (never accepted
+        from a client) to ``handler(conn, frame)``, which answers through ``conn``."""
+        for name in names:
+            self._peer_commands[name] = handler
+
+    # --- node-level calls ----------------------------------------------------------------------------
+
+    def serve_node_calls(self, name: str, handler: Callable[[Any], Awaitable[Any]]) -> None:
+        """Answer peers' :meth:`ask_node` calls named ``name`` with ``await handler(arg)`` (a value
+        MessagePack can carry; an exception becomes the caller's error)."""
+        self._node_handlers[name] = handler
+
+    async def ask_node(self, peer: str, name: str, arg: Any = None,
+                       timeout_s: float = NODE_CALL_TIMEOUT_S) -> Any:
+        """Run ``name`` at node ``peer`` (registered there with :meth:`serve_node_calls`) and
+        return its result; raises ``CommandError`` (``NO_LEADER`` without a link, ``TIMEOUT``,
+        ``OVERLOADED``, or the peer's error as ``INTERNAL``)."""
+        if len(self._node_calls) >= NODE_CALLS_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"{NODE_CALLS_MAX} calls to other nodes in flight")
+        nid = next(self._rids)
+        future: asyncio.Future[Any] = self.loop.create_future()
+        if not self._send(peer, ["n", nid, name, arg]):
+            raise CommandError(ErrorCode.NO_LEADER, f"no link to node {peer}")
+        self._node_calls[nid] = (peer, future)
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await future
+        except TimeoutError:
+            raise CommandError(ErrorCode.TIMEOUT, f"node {peer} did not answer {name} in {timeout_s:g} s") from None
+        finally:
+            self._node_calls.pop(nid, None)
+        if isinstance(result, CommandError):
+            raise result
+        return result
+
+    def _node_call_ended(self, nid: int, result: Any) -> None:
+        call = self._node_calls.pop(nid, None)
+        if call is not None and not call[1].done():
+            call[1].set_result(result)
+
+    def _serve_node_call(self, peer: str, nid: Any, name: Any, arg: Any) -> None:
+        handler = self._node_handlers.get(name) if type(name) is str else None
+        if handler is None:
+            self._send(peer, ["m", nid, False, f"unknown node call {name!r}"])
+            return
+        if self._node_serving >= NODE_CALLS_MAX:
+            self._send(peer, ["m", nid, False, f"{NODE_CALLS_MAX} node calls are being served"])
+            return
+        self._node_serving += 1
+
+        async def run() -> None:
+            try:
+                value = await handler(arg)
+            except Exception as exc:  # the caller gets the error; this node keeps serving
+                log.warning("node call %s from %s failed: %s", name, peer, exc)
+                self._send(peer, ["m", nid, False, f"{type(exc).__name__}: {exc}"])
+            else:
+                self._send(peer, ["m", nid, True, value])
+            finally:
+                self._node_serving -= 1
+
+        task = self.loop.create_task(run())
+        self._node_tasks.add(task)
+        task.add_done_callback(self._node_tasks.discard)
 
     def peer_lost(self, peer: str) -> None:
         """The link to ``peer`` is gone: what it forwarded here ends; what went to it goes again
         (or, when repeating could do it twice, is answered TIMEOUT)."""
+        for nid in [nid for nid, (where, _) in self._node_calls.items() if where == peer]:
+            self._node_call_ended(nid, CommandError(ErrorCode.NO_LEADER, f"the link to node {peer} was lost"))
         for key in [k for k in self._served if k[0] == peer]:
             self._served.pop(key).closed = True
         for key in [k for k in self._remote_sessions if k[0] == peer]:
@@ -705,7 +773,7 @@ class Relay:
             if not replica.is_leader() or not replica.read_ready():
                 continue
             found = []
-            for session in replica.view.lease_sessions(SCAN_SESSIONS_MAX):
+            for session in replica.application.view.lease_sessions(SCAN_SESSIONS_MAX):
                 if not session or session.startswith(KEPT_SESSION_PREFIX) or table.accounts(session, p):
                     continue
                 if table.held_here(session):
@@ -752,7 +820,7 @@ class Relay:
             replica = replicas.get(p)
             # Still led here, still unaccounted for, still holding leases (not released meanwhile).
             if replica is None or not replica.is_leader() or table.accounts(session, p) \
-                    or table.held_here(session) or not replica.view.holds_leases(session):
+                    or table.held_here(session) or not replica.application.view.holds_leases(session):
                 continue
             # a session id is a bearer secret (Identify takes it over): only its head is logged
             log.info("partition %d: session %s… holds leases and no node holds it; released", p, session[:6])
@@ -796,14 +864,6 @@ def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:
     return True
 
 
-def _error_of(body: bytes) -> CommandError:
-    try:
-        frame = decode_response(body)
-        code = ErrorCode(frame.get("code", ErrorCode.INTERNAL.value))
-    except (ProtocolError, ValueError):
-        return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
-    extra = {k: v for k, v in frame.items() if k not in ("ok", "code", "error", "reqId")}
-    return CommandError(code, str(frame.get("error", "")), **extra)
 
 
 def _custom_ids_of(body: dict[str, Any]) -> list[str] | None:

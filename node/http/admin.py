@@ -7,7 +7,7 @@ node by gossip; the partitions' leaders then move replicas (:mod:`shoal.node.mov
 
 - ``GET /admin/cluster``: registry, settings, topology, the target placement, this node's moves
   and the memberships (Raft member ids) of the partitions it leads (``?all=1``: every node's,
-  gathered from the peers' ``/admin/moves``);
+  gathered from every live peer over the node-to-node link);
 - ``GET /admin/moves``: the moves this node runs as a leader, and its led partitions' memberships;
 - ``POST /admin/nodes`` ``{id, host, port, httpPort, raftPort}``: add a node;
 - ``POST /admin/nodes/{id}/decommission``: move every replica off it (state ``leaving``);
@@ -24,9 +24,9 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
 
+from shoal.cluster.errors import CommandError
 from shoal.cluster.registry import LEAVING, REMOVED, NodeEntry, RegistryError
 
 from .util import json_response
@@ -102,36 +102,35 @@ class AdminApi:
         return json_response({"ok": True, "nodeId": self.node.node_id, "moves": self.node.moves.moves(),
                               "memberships": led_memberships(self.node)})
 
+    async def _moves_call(self, _: Any) -> dict[str, Any]:
+        """This node's moves and led memberships, for another node's :meth:`_gather`."""
+        return {"moves": list(self.node.moves.moves()), "memberships": led_memberships(self.node)}
+
     async def _gather(self, request: web.Request) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """This node's moves and led memberships and every live peer's, asked over HTTP with the
-        caller's token (of two leaders of one partition, the one of the higher term counts)."""
+        """This node's moves and led memberships and every live peer's, asked over the
+        node-to-node link (of two leaders of one partition, the one of the higher term counts)."""
         node = self.node
         moves = list(node.moves.moves())
         memberships = led_memberships(node)
-        headers = {"Authorization": request.headers["Authorization"]} if "Authorization" in request.headers else {}
-        scheme = "https" if node.config.tls else "http"
-        ssl_ctx = node.config.tls.client_context() if node.config.tls else None
+        relay = node.dispatcher.relay
 
-        async def ask(session: aiohttp.ClientSession, entry: NodeEntry) -> dict[str, Any]:
-            host = f"[{entry.host}]" if ":" in entry.host else entry.host
-            url = f"{scheme}://{host}:{entry.http_port}/admin/moves"
-            try:
-                async with session.get(url, headers=headers, ssl=ssl_ctx or False) as resp:
-                    doc = await resp.json()
-                    return doc if resp.status == 200 and isinstance(doc, dict) else {}
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        async def ask(entry: NodeEntry) -> dict[str, Any]:
+            if relay is None:
                 return {}
+            try:
+                found = await relay.ask_node(entry.id, "admin.moves", None, PEER_TIMEOUT_S)
+            except CommandError:
+                return {}  # unreachable now: its moves are missing from this answer, not an error
+            return found if isinstance(found, dict) else {}
 
         peers = [e for e in node.cluster_map.registry.live() if e.id != node.node_id]
-        timeout = aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            for found in await asyncio.gather(*(ask(session, e) for e in peers)):
-                moves.extend(m for m in found.get("moves", []) if isinstance(m, dict))
-                theirs = found.get("memberships")
-                for p, m in (theirs.items() if isinstance(theirs, dict) else ()):
-                    mine = memberships.get(p)
-                    if isinstance(m, dict) and (mine is None or m.get("term", 0) > mine["term"]):
-                        memberships[p] = m
+        for found in await asyncio.gather(*(ask(e) for e in peers)):
+            moves.extend(m for m in found.get("moves", []) if isinstance(m, dict))
+            theirs = found.get("memberships")
+            for p, m in (theirs.items() if isinstance(theirs, dict) else ()):
+                mine = memberships.get(p)
+                if isinstance(m, dict) and (mine is None or m.get("term", 0) > mine["term"]):
+                    memberships[p] = m
         moves.sort(key=lambda m: (m.get("partition", 0), m.get("to") or "", m.get("from") or ""))
         return moves, dict(sorted(memberships.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1))
 
@@ -213,6 +212,13 @@ class AdminApi:
 def add_admin_routes(app: web.Application, node: "NodeView") -> None:
     """Register the admin routes on the node's application."""
     admin = AdminApi(node)
+
+    async def serve_peers(_: web.Application) -> None:
+        relay = node.dispatcher.relay
+        if relay is not None:  # other nodes' ``/admin/cluster?all=1`` ask this one over the node link
+            relay.serve_node_calls("admin.moves", admin._moves_call)
+
+    app.on_startup.append(serve_peers)
 
     async def guarded(handler: Any, request: web.Request) -> web.Response:
         try:

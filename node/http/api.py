@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from shoal.cluster.codec import raw_of
-from shoal.cluster.errors import ProtocolError
+from shoal.cluster.commands import route_key
+from shoal.cluster.errors import CommandError, ProtocolError
+from shoal.cluster.partitioning import partition_for
 
 from .conn import HttpConnection
 from .dashboard import DASHBOARD_OPEN_PATHS, add_dashboard_routes
-from .forward import Forwarder
+from .forward import LEADER_HEADER, Forwarder
 from .guard import GuardedSite, HttpGuard
 from .streams import StreamHandlers
 from .admin import add_admin_routes
@@ -77,7 +79,7 @@ def _durability(node: Any) -> dict[str, Any]:
     """The durability classes of the queues this node holds (the fsync class is ``durable: true``)."""
     classes = {"fsync": 0, "disk": 0}
     for replica in node.replicas.values():
-        for q in replica.view.queue_figures():
+        for q in replica.application.view.queue_figures():
             classes["fsync" if q.durable else "disk"] += 1
     return {"default": "fsync", "queues": classes, "syncIntervalMs": node.config.sync_interval_ms}
 
@@ -138,12 +140,28 @@ class HttpApi(StreamHandlers):
         return await handler(request)
 
     async def run(self, request: web.Request, frame: dict[str, Any]) -> web.StreamResponse:
-        """Run one command for a REST request (forwarded to the leader on NOT_LEADER)."""
-        return await self.answer(request, await self.command(frame))
+        """Run one command for a REST request (a partition led elsewhere: over the node link)."""
+        return await self.answer(request, await self.command(frame), frame)
+
+    def led_elsewhere(self, frame: dict[str, Any]) -> str | None:
+        """The leader of ``frame``'s partition when another node leads it (else None)."""
+        try:
+            key = route_key(frame)
+        except CommandError:
+            return None
+        if key is None:
+            return None
+        p = key if type(key) is int else partition_for(str(key), self.node.config.partitions)
+        replica = self.node.replicas.get(p)
+        if replica is not None and replica.is_leader():
+            return None
+        infos = self.node.topology.partition_map
+        return infos[p].leader if 0 <= p < len(infos) else None
 
     async def command(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Run one command on a connection of its own; the reply frame."""
-        conn = HttpConnection(self.node.dispatcher, self.node.metrics, kept_leases=True)
+        """Run one command on a connection of its own; the reply frame. A command for a partition
+        another node leads goes to that leader over the node-to-node link (the relay)."""
+        conn = HttpConnection(self.node.dispatcher, self.node.metrics, kept_leases=True, forwards=True)
         try:
             reply = await conn.call(frame)
         except BaseException:
@@ -155,11 +173,17 @@ class HttpApi(StreamHandlers):
         conn.close(keep_leases=True)
         return reply
 
-    async def answer(self, request: web.Request, reply: dict[str, Any]) -> web.StreamResponse:
-        """The HTTP response to a reply frame: 200, the error code's status, or the leader's answer."""
+    async def answer(self, request: web.Request, reply: dict[str, Any],
+                     frame: dict[str, Any] | None = None) -> web.StreamResponse:
+        """The HTTP response to a reply frame: 200, the error code's status, or (a stream's first
+        reply at a node that does not lead its partition) the leader's answer, relayed over HTTP."""
         reply.pop("reqId", None)
         if reply.get("ok"):
-            return json_response(reply)
+            response = json_response(reply)
+            leader = self.led_elsewhere(frame) if frame is not None else None
+            if leader is not None:
+                response.headers[LEADER_HEADER] = leader  # the node that answered it
+            return response
         if reply.get("code") == "NOT_LEADER":
             return await self.forwarder.forward(request, reply)
         return json_response(reply, STATUS_BY_CODE.get(str(reply.get("code")), 500))
@@ -239,7 +263,7 @@ class HttpApi(StreamHandlers):
                 memory["rssBytes"] = int(f.read().split()[1]) * _PAGE_SIZE
         except (OSError, ValueError, IndexError):
             pass
-        jobs = sum(r.view.job_count() for r in node.replicas.values())
+        jobs = sum(r.application.view.job_count() for r in node.replicas.values())
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],
@@ -265,7 +289,7 @@ class HttpApi(StreamHandlers):
         queues: dict[str, Any] = {}
         for _p, replica in sorted(node.replicas.items()):
             if replica.is_leader():
-                queues.update(replica.view.read({"cmd": "Stats"}, now)["stats"]["queues"])
+                queues.update(replica.application.view.read({"cmd": "Stats"}, now)["stats"]["queues"])
         return json_response({**node.local_stats(), "clusterId": node.config.cluster_id,
                               "incarnation": node.incarnation, "pid": os.getpid(), "queues": queues,
                               "connections": len(node.dispatcher.connections),
@@ -307,7 +331,7 @@ class HttpApi(StreamHandlers):
         reply = await self.command({"cmd": "GetJob", "id": request.match_info["id"]})
         if reply.get("ok") and reply.get("job") is None:  # REST: an unknown resource is a 404
             return error_response("NOT_FOUND", f"no job {request.match_info['id']}")
-        return await self.answer(request, reply)
+        return await self.answer(request, reply, {"cmd": "GetJob", "id": request.match_info["id"]})
 
     async def ack_job(self, request: web.Request) -> web.StreamResponse:
         """ACK ``{token?, result?}``: unknown fields are refused, so a misspelt token is never ignored."""

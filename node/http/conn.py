@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ..ports import DecodingReplier
+
 if TYPE_CHECKING:
     from ..dispatch import Dispatcher
     from ..metrics import NodeMetrics
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1 << 40)  # far from the binary connections' ids, so logs never mix them up
 
 
-class HttpConnection:
+class HttpConnection(DecodingReplier):
     """Implements what the dispatcher needs of a connection; replies resolve futures.
 
     One instance serves one REST request, one ``/work`` stream or one WebSocket. It has a
@@ -38,10 +40,15 @@ class HttpConnection:
 
     def __init__(self, dispatcher: "Dispatcher", metrics: "NodeMetrics", *, authed: bool = True,
                  protocol_version: int = 2,
-                 on_event: Callable[[dict[str, Any]], None] | None = None, kept_leases: bool = False) -> None:
-        """``kept_leases``: a REST request, whose pulled leases live to their ttr (see :meth:`close`)."""
+                 on_event: Callable[[dict[str, Any]], None] | None = None, kept_leases: bool = False,
+                 forwards: bool = False) -> None:
+        """``kept_leases``: a REST request, whose pulled leases live to their ttr (see :meth:`close`);
+        ``forwards``: commands for partitions led elsewhere go to their leader over the node link
+        (a REST request's; streams are relayed by :mod:`.forward`)."""
         self.dispatcher = dispatcher
         self.conn_id = next(_ids)
+        #: REST requests are limited per address by the HTTP guard; the dispatcher does not count them.
+        self.peer_host = ""
         self.session = dispatcher.sessions.new_session_id(kept=kept_leases)
         # REST authenticates each request in a middleware before it gets here; a WebSocket
         # opened without a header starts unauthenticated and sends Auth like a binary client.
@@ -50,6 +57,7 @@ class HttpConnection:
         self.subscriptions: set[str] | None = None
         self.protocol_version = protocol_version
         self.on_event = on_event
+        self.wants_forwarding = forwards
         self._metrics = metrics
         self._waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = itertools.count(1)
@@ -93,6 +101,14 @@ class HttpConnection:
         if fut is not None and not fut.done():
             fut.set_result(exc.to_reply())
 
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        """Answer commands that completed together (per command a reply dict or a CommandError)."""
+        for req_id, result in zip(req_ids, results, strict=True):
+            if isinstance(result, CommandError):
+                self.reply_error(req_id, result)
+            else:
+                self.reply(req_id, result)
+
     def send_frame(self, frame: dict[str, Any]) -> None:
         """Unsolicited frames (``Subscribe`` events) go to ``on_event``; replies never come here."""
         if self.on_event is not None and not self.closed:
@@ -117,6 +133,9 @@ class HttpConnection:
             sessions.forget(self.session, self.conn_id)
         else:
             sessions.detach(self.session, self.conn_id)
+        relay = self.dispatcher.relay
+        if self.wants_forwarding and relay is not None:  # the same ending at the leaders it forwarded to
+            relay.connection_closed(self, "now" if release_now else "kept" if keep_leases else None)
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_result(CommandError(ErrorCode.SHUTTING_DOWN, "request cancelled").to_reply())

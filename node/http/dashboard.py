@@ -42,13 +42,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from aiohttp import web
 
 from shoal.cluster.errors import CommandError
 
-from .forward import FORWARDED_HEADER, Forwarder
-from .util import error_response, json_response, sse
+from .util import STATUS_BY_CODE, dumps, error_response, json_response, sse
 
 if TYPE_CHECKING:
     from ..view import NodeView
@@ -62,7 +60,6 @@ class DashboardApi(Protocol):
 
     node: "NodeView"
     started: float
-    forwarder: Forwarder
 
     def readiness(self) -> dict[str, Any]:
         """The body of ``/ready``."""
@@ -72,8 +69,13 @@ class DashboardApi(Protocol):
         """Run one command; the reply frame."""
         ...
 
-    async def answer(self, request: web.Request, reply: dict[str, Any]) -> web.StreamResponse:
+    async def answer(self, request: web.Request, reply: dict[str, Any],
+                     frame: dict[str, Any] | None = None) -> web.StreamResponse:
         """The HTTP response to a reply frame."""
+        ...
+
+    def led_elsewhere(self, frame: dict[str, Any]) -> str | None:
+        """The leader of ``frame``'s partition when another node leads it (else None)."""
         ...
 
     async def body(self, request: web.Request) -> dict[str, Any]:
@@ -126,7 +128,7 @@ class QueueSampler:
         out = {}
         for p, replica in list(self.node.replicas.items()):
             try:
-                out[p] = replica.view.read({"cmd": "Stats"}, now)["stats"]["queues"]
+                out[p] = replica.application.view.read({"cmd": "Stats"}, now)["stats"]["queues"]
             except Exception:  # a replica still restoring: skip it this time
                 log.debug("partition %d: no stats", p, exc_info=True)
         return out
@@ -272,6 +274,11 @@ class Dashboard:
 
     async def on_startup(self, _: web.Application) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sample_loop())
+        relay = self.node.dispatcher.relay
+        if relay is not None:  # other nodes' dashboards ask this one over the node-to-node link
+            relay.serve_node_calls("dashboard.node", self._node_view_call)
+            relay.serve_node_calls("simulation.stop", self._simulation_stop_call)
+            relay.serve_node_calls("dashboard.job", self._job_detail_call)
 
     async def on_cleanup(self, _: web.Application) -> None:
         if self._task is not None:
@@ -333,35 +340,20 @@ class Dashboard:
     async def node_endpoint(self, _: web.Request) -> web.Response:
         return json_response({"ok": True, **self.node_view()})
 
-    def _peer_url(self, node_id: str) -> str | None:
-        info = self.node.topology.nodes.get(node_id)
-        spec = next((n for n in self.node.config.nodes if n.id == node_id), None)
-        host = info.host if info else spec.host if spec else None
-        port = (info.http_port if info else 0) or (spec.http_port if spec else 0)
-        if not host or not port:
-            return None
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    async def _node_view_call(self, _: Any) -> dict[str, Any]:
+        return self.node_view()
 
-    async def _peer_call(self, node_id: str, method: str, path: str, authorization: str | None,
-                         timeout_s: float = PEER_TIMEOUT_S) -> tuple[int, dict[str, Any]]:
-        """``method path`` on another node's HTTP port with the caller's Authorization."""
-        base = self._peer_url(node_id)
-        if base is None:
-            return 503, {"ok": False, "code": "NOT_FOUND", "error": f"no HTTP address known for {node_id}"}
-        headers = {FORWARDED_HEADER: self.node.node_id}
-        if authorization:
-            headers["Authorization"] = authorization
-        async with self.api.forwarder.session().request(
-                method, base + path, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            return resp.status, await resp.json()
-
-    async def _peer_view(self, node_id: str, authorization: str | None) -> dict[str, Any]:
+    async def _peer_view(self, node_id: str) -> dict[str, Any]:
+        """Another node's part of the overview, asked over the node-to-node link."""
+        relay = self.node.dispatcher.relay
+        if relay is None:
+            return {"nodeId": node_id, "reachable": False, "error": "no link to other nodes"}
         try:
-            status, body = await self._peer_call(node_id, "GET", "/node", authorization)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
-            return {"nodeId": node_id, "reachable": False, "error": type(exc).__name__}
-        if status != 200:
-            return {"nodeId": node_id, "reachable": False, "error": body.get("error", f"HTTP {status}")}
+            body = await relay.ask_node(node_id, "dashboard.node", None, PEER_TIMEOUT_S)
+        except CommandError as exc:
+            return {"nodeId": node_id, "reachable": False, "error": str(exc)}
+        if not isinstance(body, dict):
+            return {"nodeId": node_id, "reachable": False, "error": "a malformed answer"}
         return {**body, "reachable": True}
 
     async def overview(self, authorization: str | None) -> dict[str, Any]:
@@ -374,7 +366,7 @@ class Dashboard:
 
         registry = self.node.cluster_map.registry
         ids = [n.id for n in registry.live()]
-        views = await asyncio.gather(*(local() if i == self.node.node_id else self._peer_view(i, authorization)
+        views = await asyncio.gather(*(local() if i == self.node.node_id else self._peer_view(i)
                                        for i in ids))
         for v in views:
             if v.get("nodeId") == self.node.node_id:
@@ -521,20 +513,40 @@ class Dashboard:
         return json_response({"ok": True, "jobs": jobs, "taggedTotal": tagged_total})
 
     async def job_detail(self, request: web.Request) -> web.StreamResponse:
-        """A job with its logs, progress message and timeline (``GetJob``, ``GetLogs``, ``GetProgress``)."""
+        """A job with its logs, progress message and timeline (``GetJob``, ``GetLogs``, ``GetProgress``),
+        from the leader of its partition: the leader records the timeline while the job is looked at."""
         job_id = request.match_info["id"]
+        leader = self.api.led_elsewhere({"cmd": "GetJob", "id": job_id})
+        relay = self.node.dispatcher.relay
+        if leader is not None and relay is not None:
+            try:
+                status, text = await relay.ask_node(leader, "dashboard.job", job_id, PEER_TIMEOUT_S)
+            except (CommandError, ValueError, TypeError) as exc:  # no answer, or not (status, JSON text)
+                return error_response("NOT_LEADER", f"node {leader}, the job's leader, did not answer: {exc}", 503)
+            return web.Response(text=text, status=status, content_type="application/json")
         reply = await self.api.command({"cmd": "GetJob", "id": job_id})
         if not reply.get("ok"):
             return await self.api.answer(request, reply)
+        status, text = await self._job_detail_call(job_id, reply)
+        return web.Response(text=text, status=status, content_type="application/json")
+
+    async def _job_detail_call(self, job_id: Any, reply: dict[str, Any] | None = None) -> tuple[int, str]:
+        """(HTTP status, JSON text) of a job's detail, its timeline recorded here from now on."""
+        if type(job_id) is not str:
+            return 400, dumps({"ok": False, "code": "INVALID", "error": "id: must be a string"})
+        if reply is None:
+            reply = await self.api.command({"cmd": "GetJob", "id": job_id})
+            if not reply.get("ok"):
+                return STATUS_BY_CODE.get(str(reply.get("code")), 500), dumps(reply)
         job = reply.get("job")
         if job is None:
-            return error_response("NOT_FOUND", f"no job {job_id}")
-        self.timelines.touch(job_id)  # this node leads the job's partition: GetJob was answered here
+            return 404, dumps({"ok": False, "code": "NOT_FOUND", "error": f"no job {job_id}"})
+        self.timelines.touch(job_id)  # the job's events are recorded here while it is looked at
         logs = await self.api.command({"cmd": "GetLogs", "id": job_id})
         progress = await self.api.command({"cmd": "GetProgress", "id": job_id})
-        return json_response({"ok": True, "job": job, "logs": logs.get("logs", []),
-                              "progressMessage": progress.get("message"),
-                              "timeline": self.timelines.of(job), "readOnly": self.read_only})
+        return 200, dumps({"ok": True, "job": job, "logs": logs.get("logs", []),
+                           "progressMessage": progress.get("message"),
+                           "timeline": self.timelines.of(job), "readOnly": self.read_only})
 
     # --- actions --------------------------------------------------------------------------------
 
@@ -620,18 +632,23 @@ class Dashboard:
         other = request.query.get("node")
         if other and other != self.node.node_id:
             live = {n.id for n in self.node.cluster_map.registry.live()}
-            if other not in live or FORWARDED_HEADER in request.headers:
+            relay = self.node.dispatcher.relay
+            if other not in live or relay is None:
                 return error_response("INVALID", f"node: {other!r} is not a node of this cluster")
             try:
-                status, body = await self._peer_call(other, "DELETE", "/simulation",
-                                                     request.headers.get("Authorization"), PEER_ACTION_TIMEOUT_S)
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
-                return error_response("NOT_LEADER", f"node {other} did not answer: {type(exc).__name__}", 503)
+                status, body = await relay.ask_node(other, "simulation.stop", None, PEER_ACTION_TIMEOUT_S)
+            except (CommandError, ValueError, TypeError) as exc:  # no answer, or not (status, body)
+                return error_response("NOT_LEADER", f"node {other} did not answer: {exc}", 503)
             return json_response(body, status)
+        status, body = await self._simulation_stop_call(None)
+        return json_response(body, status)
+
+    async def _simulation_stop_call(self, _: Any) -> tuple[int, dict[str, Any]]:
+        """Stop this node's simulation: (HTTP status, body)."""
         if self.simulation is None:
-            return error_response("NOT_FOUND", "no simulation on this node")
+            return 404, {"ok": False, "code": "NOT_FOUND", "error": "no simulation on this node"}
         await self.simulation.stop()
-        return json_response({"ok": True, "simulation": self.simulation.status()})
+        return 200, {"ok": True, "simulation": self.simulation.status()}
 
 
 def _route(request: web.Request) -> str:

@@ -118,6 +118,8 @@ class _Link(asyncio.Protocol):
         self._timeout: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0
+        #: The queued frame holds a Raft message (not only side-channel ones): it waits for the barrier.
+        self._out_raft = False
         self._paused = False
         self._counted = False
 
@@ -252,6 +254,8 @@ class _Link(asyncio.Protocol):
         out = self._out
         if not out:
             self.network.queued(self)
+        if type(partition) is int:
+            self._out_raft = True
         out.append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= FRAME_SPLIT_BYTES:
@@ -268,11 +272,15 @@ class _Link(asyncio.Protocol):
         if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
             return False
         barrier = self.network.before_flush
-        if barrier is not None:
-            barrier()  # answers and entries leave only once the journals they vouch for are synced
+        if barrier is not None and self._out_raft:
+            # Raft answers and entries leave only once the journals they vouch for are synced.
+            # Side-channel messages (forwarded commands, their replies) vouch for nothing on disk
+            # here: a frame of only those does not wait for this node's syncs.
+            barrier()
         self.network.bytes_sent += self._out_bytes
         self._out = []
         self._out_bytes = 0
+        self._out_raft = False
         out.insert(0, array_header(len(out)))
         self.transport.writelines(self._sealer.seal(out))
         self.network.frames_sent += 1

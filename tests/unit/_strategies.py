@@ -107,6 +107,10 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "detach": st.booleans(),
     "queues": st.lists(keys, max_size=5),
     "capabilities": st.lists(st.sampled_from(["pipelining", "events"]), max_size=2),
+    "events": st.lists(st.sampled_from(["job:*", "queue:*", "stats:snapshot"]), max_size=3),
+    "hostname": keys, "pid": st.integers(0, 2**31), "startedAt": st.integers(0, 2**53),
+    "concurrency": st.integers(0, L.concurrency_max),
+    "activeJobs": st.integers(0, 2**53), "processed": st.integers(0, 2**53), "failed": st.integers(0, 2**53),
     "protocolVersion": st.integers(1, 2),
 }
 # PushFlow: a parent and a small tree of children (cluster/flow.py)

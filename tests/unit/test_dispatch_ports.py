@@ -13,7 +13,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 from shoal.node.clock import WallClock
 from shoal.node.dispatch import Dispatcher
-from shoal.node.ports import Replier
+from shoal.node.ports import DecodingReplier, Replier
 
 
 class FixedClock:
@@ -71,7 +71,7 @@ class Flows:
         self.handled.append(frame)
 
 
-class Link:
+class Link(DecodingReplier):
     """A :class:`~shoal.node.ports.Replier` that keeps what it was answered."""
 
     conn_id = 1

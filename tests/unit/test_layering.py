@@ -1,10 +1,12 @@
-"""Import layering of the node: every module imports only its own layer or the ones below.
+"""Import layering of the node: every module imports only its own layer or the ones below; and over the
+whole package, no import circle and no click outside ``cli/``.
 
-The layers, top to bottom: ``server`` (wiring and lifecycle, the commands) → the edge (``http/``,
+The layers, top to bottom: ``server`` (wiring and lifecycle, the steps a pod runs around it) → the edge (``http/``,
 ``connection``, the flow service, the guard, the collector, the simulation) → ``view`` (the protocol the edge
 reads the node through) → ``dispatch`` (with the small protocols it is handed, ``ports``) →
 ``partitions`` (group commit, the push path, the clock, the node's identity on disk, the node
-registry, the moves of replicas and the ``raft/`` seam) → ``state``, the engine, which is pure: no I/O, clock or randomness.
+registry, the moves of replicas, the ``raft/`` replication and the ``partition/`` machine it
+drives) → ``state``, the engine, which is pure: no I/O, clock or randomness.
 
 Checked from the source (``ast``), so an import inside a function or under
 ``TYPE_CHECKING`` counts as much as one at the top, and a module is refused before
@@ -68,11 +70,13 @@ def test_the_check_catches_bad_imports() -> None:
 #: package counted as one) to the layer they are in.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
-    ("partitions", frozenset({"raft", "group_commit", "pushes", "clock", "digests", "identity", "cluster_map", "moves"})),
-    ("dispatch", frozenset({"dispatch", "ports", "sessions", "audits", "metrics", "relay", "bunqueue", "writes"})),
+    ("partitions", frozenset({"raft", "partition", "group_commit", "pushes", "clock", "digests", "identity",
+                              "cluster_map", "moves", "log_format"})),
+    ("dispatch", frozenset({"dispatch", "ports", "sessions", "audits", "metrics", "relay", "bunqueue", "writes",
+                            "locator"})),
     ("view", frozenset({"view"})),
     ("edge", frozenset({"connection", "http", "guard", "collector", "simulation", "flows"})),
-    ("server", frozenset({"server", "cli", "pod", "__main__", "__init__"})),
+    ("server", frozenset({"server", "pod", "__main__", "__init__"})),
 )
 RANK = {unit: rank for rank, (_, units) in enumerate(LAYERS) for unit in units}
 LAYER_NAMES = [name for name, _ in LAYERS]
@@ -159,16 +163,17 @@ def test_the_layer_check_catches_an_upward_import() -> None:
         "line 1: shoal.node.nowhere (partitions imports an unplaced module)"]
 
 
-# --- the Raft seam: pysyncobj and the engine stay inside node/raft/ ---------------------------
+# --- the seams: pysyncobj stays inside node/raft/, a replica's engine inside node/partition/ ----
 
-#: The packages outside the Raft seam (``bench/`` and ``tests/`` build engines of their own).
+#: The packages outside the seams (``bench/`` and ``tests/`` build engines of their own).
 SEAM_FOLDERS = ("node", "cluster", "client", "chaos", "cli")
 RAFT = NODE / "raft"
+PARTITION = NODE / "partition"
 
 
-def outside_the_seam() -> list[Path]:
-    """Every Python file of the packages above, except those of ``node/raft/``."""
-    return [p for folder in SEAM_FOLDERS for p in sorted((ROOT / folder).rglob("*.py")) if not p.is_relative_to(RAFT)]
+def outside_the_seam(seam: Path = RAFT) -> list[Path]:
+    """Every Python file of the packages above, except those under ``seam``."""
+    return [p for folder in SEAM_FOLDERS for p in sorted((ROOT / folder).rglob("*.py")) if not p.is_relative_to(seam)]
 
 
 def engine_reads(source: str) -> list[str]:
@@ -183,9 +188,10 @@ def test_nothing_outside_the_raft_package_imports_pysyncobj() -> None:
     assert offenders == []
 
 
-def test_nothing_outside_the_raft_package_reads_a_replicas_engine() -> None:
-    """The edge reads partitions through ``replica.view`` (:class:`~shoal.node.raft.view.PartitionView`)."""
-    offenders = [f"{path.relative_to(ROOT)} {hit}" for path in outside_the_seam() for hit in engine_reads(path.read_text())]
+def test_nothing_outside_the_partition_package_reads_a_replicas_engine() -> None:
+    """The edge reads partitions through the machine's view (:class:`~shoal.node.partition.view.PartitionView`)."""
+    offenders = [f"{path.relative_to(ROOT)} {hit}" for path in outside_the_seam(PARTITION)
+                 for hit in engine_reads(path.read_text())]
     assert offenders == []
 
 
@@ -269,3 +275,112 @@ def test_the_cycle_check_sees_type_checking_imports_and_submodules() -> None:
     edges = {"shoal.node.http.api": {"shoal.node.http.dashboard"}, "shoal.node.http.dashboard": {"shoal.node.http.api"}}
     assert import_cycle(edges) == ["shoal.node.http.api", "shoal.node.http.dashboard", "shoal.node.http.api"]
     assert import_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+# --- the whole package: no import cycle, and click only in the CLI -------------------------------------
+
+#: The folders of the package (``shoal.<folder>``), as ``pyproject.toml`` maps them.
+PACKAGE_FOLDERS = ("cluster", "node", "client", "chaos", "cli")
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package's ``__init__`` is the package)."""
+    out = {}
+    for folder in PACKAGE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = ("shoal", *path.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, anywhere in it (functions and ``TYPE_CHECKING`` included)."""
+    modules = package_modules()
+    names = set(modules)
+    edges = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        edges[name] = module_imports(path.read_text(), package, names)
+    return edges
+
+
+def import_circles(edges: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Every circle of the graph: its strongly connected components of more than one module, and the
+    modules that import themselves; each as its modules (sorted) and one cycle through the first."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(edges.get(module, ())):
+            if target not in index:
+                connect(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1 or module in edges.get(module, ()):
+                components.append(sorted(component))
+
+    for module in sorted(edges):
+        if module not in index:
+            connect(module)
+    out = []
+    for component in sorted(components):
+        inside = {m: edges.get(m, set()) & set(component) for m in component}
+        out.append((component, import_cycle(inside) or [component[0], component[0]]))
+    return out
+
+
+def test_the_package_has_no_import_circle() -> None:
+    """Over every module of the package, counting imports inside functions and under ``TYPE_CHECKING``:
+    a circle, even a type-only one, means neither module can be read, tested or moved without the other."""
+    circles = import_circles(package_graph())
+    assert circles == [], "import circles:\n" + "\n".join(
+        f"{', '.join(modules)}: {' -> '.join(cycle)}" for modules, cycle in circles)
+
+
+def test_the_circle_check_finds_every_circle_and_self_import() -> None:
+    edges = {"a": {"b"}, "b": {"c", "a"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"g"}, "g": {"f"}}
+    assert import_circles(edges) == [(["a", "b", "c"], ["a", "b", "a"]), (["e"], ["e", "e"]),
+                                     (["f", "g"], ["f", "g", "f"])]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .queue import AsyncQueue\n"
+    assert module_imports(source, "shoal.client", {"shoal.client.queue"}) == {"shoal.client.queue"}
+
+
+def test_the_package_graph_sees_the_cli_and_its_libraries() -> None:
+    edges = package_graph()
+    assert {"shoal.cluster.launcher", "shoal.cluster.operator"} <= edges["shoal.cli.cluster"]
+    assert "shoal.cli.node" in edges["shoal.node.__main__"]
+    assert "shoal.cluster.commands" not in edges["shoal.cluster.flow"]
+
+
+def click_imports(source: str) -> list[str]:
+    """The imports of click in ``source`` (a submodule of it too), as ``line N``."""
+    return [f"line {line}" for line, name in imports_in(source, "shoal") if name.split(".")[0] == "click"]
+
+
+def test_only_the_cli_imports_click() -> None:
+    """Commands live in ``cli/``; every other package is library code the commands call."""
+    offenders = [f"{path.relative_to(ROOT)} {hit}" for name, path in package_modules().items()
+                 if not name.startswith("shoal.cli.") and name != "shoal.cli"
+                 for hit in click_imports(path.read_text())]
+    assert offenders == []
+
+
+def test_the_click_check_catches_click() -> None:
+    assert click_imports("import click\ndef f():\n    from click.testing import CliRunner\n") == ["line 1", "line 3"]
+    assert click_imports("import clickhouse\n") == []

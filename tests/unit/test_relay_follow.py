@@ -14,7 +14,9 @@ import pytest
 from shoal.cluster.codec import Raw, decode_request, encode_body
 from shoal.cluster.config import ClusterConfig, NodeSpec
 from shoal.cluster.errors import CommandError
+from shoal.node.locator import JobLocator
 from shoal.node.relay import Relay
+from shoal.node.sessions import SessionTable
 from shoal.node.state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX
 
 
@@ -42,8 +44,12 @@ class Client:
 
 
 class Dispatcher:
-    sessions = None
-    config = None
+    """The relay's side of the dispatcher: its sessions, the cluster's config, the id locator."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = ClusterConfig(nodes=tuple(NodeSpec(f"n{i}", "127.0.0.1") for i in (1, 2, 3)), partitions=2)
+        self.sessions = SessionTable("n1", loop, self.config.session_grace_ms, lambda session, partitions: None)
+        self.locator = JobLocator()
 
 
 @pytest.fixture
@@ -51,7 +57,7 @@ def relay() -> Iterator[tuple[Relay, Info, list[tuple[str, list[Any]]]]]:
     loop = asyncio.new_event_loop()
     sent: list[tuple[str, list[Any]]] = []
     info = Info()
-    yield Relay(Dispatcher(), info, loop, lambda peer, message: sent.append((peer, message)) or True), info, sent
+    yield Relay(Dispatcher(loop), info, loop, lambda peer, message: sent.append((peer, message)) or True), info, sent
     loop.close()
 
 
@@ -74,7 +80,7 @@ def test_an_add_without_a_key_is_keyed_before_its_first_send(relay: Any) -> None
     # Another process of the same node never makes the same key.
     loop = asyncio.new_event_loop()
     try:
-        assert Relay(Dispatcher(), Info(), loop, lambda peer, message: True)._key_prefix != r._key_prefix
+        assert Relay(Dispatcher(loop), Info(), loop, lambda peer, message: True)._key_prefix != r._key_prefix
     finally:
         loop.close()
 
