@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,13 +100,3 @@ def shoal_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     """A real 1-node or 3-node Shoal cluster (8 partitions) for one test module."""
     with _cluster(tmp_path_factory.mktemp(f"compat{request.param}"), request.param) as cl:
         yield cl
-
-
-def wait_until(condition: object, timeout_s: float, what: str) -> None:
-    """Poll ``condition()`` every 50 ms up to ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -3,7 +3,6 @@ and a child links back to its parent (real browser, real 3-node cluster)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
 
 from dashboard_helpers import base_url, browser, cluster, page, shots  # noqa: F401  (fixtures)
+from waiting import eventually
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -29,9 +29,7 @@ def test_job_drawer_shows_a_flow(cluster: LocalCluster, page: Any, shots: Path) 
         job = client.queue("audio").pull(timeout=5)
         assert job is not None
         client.queue("audio").fail(job, "codec missing")
-        deadline = time.monotonic() + 15
-        while client.queue("render").get_state(parent) != "waiting" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: client.queue("render").get_state(parent) == "waiting", "the parent waiting", 15)
     page.goto(base_url(cluster) + f"/#/queue/render?state=waiting&job={parent}")
     page.wait_for_selector("#drawer-panel [data-flow-job]")
     text = page.locator("#drawer-panel").inner_text()

@@ -32,6 +32,7 @@ from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.config import load_config
 from shoal.cluster.partitioning import partition_for
 
+from waiting import eventually
 from _deploy import (NODE_SERVICES, compose, compose_test_argv, dashboard_metric_names, dockerfile_instructions,
                      healthcheck_argv, service_env)
 
@@ -191,27 +192,22 @@ def routed(reply: dict[str, Any]) -> dict[str, Any]:
 def on_leader(seed_port: int, queue: str, steps: Callable[[Conn], T]) -> T:
     """Run ``steps`` on a v2 connection to the leader of ``queue``'s partition (from the Hello
     topology); on NOT_LEADER/NO_LEADER or a lost link, look the leader up again, for up to 30 s."""
-    deadline = time.monotonic() + RETRY_S
-    last: Any = None
-    while time.monotonic() < deadline:
+
+    def attempt() -> tuple[T]:
+        topology = hello(seed_port)["topology"]
+        partition = partition_for(queue, topology["partitions"])
+        leader = topology["partitionMap"][partition]["leader"]
+        if leader is None:
+            raise _NotLeader(f"partition {partition}: no leader yet")
+        conn = Conn({n["id"]: n["port"] for n in topology["nodes"]}[leader])
         try:
-            topology = hello(seed_port)["topology"]
-            partition = partition_for(queue, topology["partitions"])
-            leader = topology["partitionMap"][partition]["leader"]
-            ports = {n["id"]: n["port"] for n in topology["nodes"]}
-            if leader is None:
-                last = f"partition {partition}: no leader yet"
-            else:
-                conn = Conn(ports[leader])
-                try:
-                    assert conn.call({"cmd": "Hello", "protocolVersion": 2})["ok"]
-                    return steps(conn)
-                finally:
-                    conn.close()
-        except (_NotLeader, OSError, TimeoutError) as exc:
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"no leader for {queue!r} within {RETRY_S} s: {last!r}")
+            assert conn.call({"cmd": "Hello", "protocolVersion": 2})["ok"]
+            return (steps(conn),)  # a tuple: true whatever ``steps`` returns
+        finally:
+            conn.close()
+
+    return eventually(attempt, f"the leader of {queue!r} to run the steps", RETRY_S, poll_s=0.2,
+                      ignoring=(_NotLeader, OSError, TimeoutError))[0]
 
 
 def http_get(port: int, path: str) -> tuple[int, bytes]:
@@ -226,21 +222,23 @@ def http_get(port: int, path: str) -> tuple[int, bytes]:
 
 def wait_formed(nodes: dict[str, LocalNode]) -> dict[str, Any]:
     """Every node answers Hello, and every partition has a leader (bounded)."""
-    deadline = time.monotonic() + FORMING_S
-    last: Any = None
-    while time.monotonic() < deadline:
+
+    def formed() -> dict[str, Any]:
         for node in nodes.values():
-            assert node.proc.poll() is None, f"{node.name} exited {node.proc.returncode}:\n{node.log_tail()}"
-        try:
-            topologies = [hello(n.port)["topology"] for n in nodes.values()]
-            if all(p["leader"] for t in topologies for p in t["partitionMap"]):
-                return topologies[0]
-            last = topologies[0]["partitionMap"]
-        except (OSError, TimeoutError, AssertionError) as exc:
-            last = exc
-        time.sleep(0.25)
-    logs = "\n".join(f"--- {n.name}\n{n.log_tail()}" for n in nodes.values())
-    raise AssertionError(f"cluster did not form in {FORMING_S} s: {last!r}\n{logs}")
+            if node.proc.poll() is not None:  # pytest.fail: not an AssertionError, so not polled again
+                pytest.fail(f"{node.name} exited {node.proc.returncode}:\n{node.log_tail()}")
+        topologies = [hello(n.port)["topology"] for n in nodes.values()]
+        leaderless = [p["id"] for t in topologies for p in t["partitionMap"] if not p["leader"]]
+        if leaderless:
+            raise _NotLeader(f"partitions without a leader: {sorted(set(leaderless))}")
+        return topologies[0]
+
+    try:
+        return eventually(formed, "the cluster to form", FORMING_S, poll_s=0.25,
+                          ignoring=(_NotLeader, OSError, TimeoutError, AssertionError))
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {n.name}\n{n.log_tail()}" for n in nodes.values())
+        raise AssertionError(f"{exc}\n{logs}") from None
 
 
 def test_compose_node_services_form_a_cluster_that_pushes_and_pulls(compose_nodes: dict[str, LocalNode]) -> None:
@@ -279,9 +277,8 @@ def test_compose_node_services_form_a_cluster_that_pushes_and_pulls(compose_node
     assert acked.get("ok"), acked
 
     # Readiness on every node (quorum everywhere), then the health checks the containers would run.
-    deadline = time.monotonic() + RETRY_S
-    while time.monotonic() < deadline and any(http_get(n.http_port, "/ready")[0] != 200 for n in nodes.values()):
-        time.sleep(0.25)
+    eventually(lambda: all(http_get(n.http_port, "/ready")[0] == 200 for n in nodes.values()),
+               "/ready to answer 200 on every node", RETRY_S, poll_s=0.25)
     for node in nodes.values():
         status, body = http_get(node.http_port, "/ready")
         assert status == 200, (node.name, body)

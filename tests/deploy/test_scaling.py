@@ -30,12 +30,13 @@ import pytest
 import yaml
 
 from shoal.client import Client
-from shoal.cluster.admin_client import AdminClient, ClusterShape
+from shoal.cluster.admin_client import AdminClient, AdminError, ClusterShape
 from shoal.cluster.config import load_config
 from shoal.cluster.registry import REMOVED
 
 from _deploy import DEPLOY, NODE_SERVICES, chart_values, pod_env, resolve_conditionals, service_env, template_texts
 from test_compose_cluster import USER_VARIABLES, LocalNode, _free_ports, _shoal_argv, _stop, wait_formed
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -100,10 +101,19 @@ def _count(addresses: list[str]) -> int:
 
 
 def _wait(admin: AdminClient, done: Any, procs: Processes, what: str, timeout_s: float = SETTLE_S) -> ClusterShape:
+    """The cluster's shape once ``done(shape)``; on a timeout, the moves still running and the nodes' logs."""
+    seen: list[ClusterShape] = []
+
+    def reached() -> ClusterShape | None:
+        shape = admin.shape()
+        seen[:] = [shape]
+        return shape if done(shape) else None
+
     try:
-        return admin.wait(done, timeout_s, poll_s=0.5)
-    except TimeoutError as exc:
-        raise AssertionError(f"{what}: {exc}\n{procs.logs()}") from exc
+        return eventually(reached, what, timeout_s, poll_s=0.5, ignoring=(AdminError,))
+    except AssertionError as exc:
+        running = seen[0].moves if seen else "the node did not answer"
+        raise AssertionError(f"{exc} (still running: {running})\n{procs.logs()}") from None
 
 
 def _holds(shape: ClusterShape, node: str) -> int:

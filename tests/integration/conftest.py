@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
 from rawproto import RawConn
+from waiting import eventually
 
 #: Override how nodes start (e.g. "coverage run -m shoal.node"); default: this Python.
 NODE_COMMAND = os.environ.get("SHOAL_TEST_NODE_COMMAND", "").split() or None
@@ -73,30 +73,26 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
 
 
-def eventually(check: Any, what: str, timeout_s: float = 30.0, poll_s: float = 0.05) -> Any:
-    """``check()``'s first true value, polled until ``timeout_s`` (a condition a node reaches
-    in its own time: a loaded machine only makes it later)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(poll_s)
-
-
 def replica_views(cluster: LocalCluster, queue: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Every running node's local Stats of ``queue``'s partition, once all have applied the
     same index and hashed it (or the timeout passed): compare their ``digest`` to check the replicas
     agree. (A large partition's digest is computed in the background and may lag its applied index.)"""
     p = str(partition_for(queue, cluster.config.partitions))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        views = []
+
+    def views() -> list[dict[str, Any]]:
+        out = []
         for node_id in cluster.pids:
             with RawConn(cluster.address_of(node_id)) as c:
-                views.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
-        if (len({v["appliedIndex"] for v in views}) == 1
-                and all(v["digestIndex"] == v["appliedIndex"] for v in views)) or time.monotonic() > deadline:
-            return views
-        time.sleep(0.2)
+                out.append(c.call({"cmd": "Stats", "local": True, "partition": int(p)})["replicas"][p])
+        return out
+
+    def agreed() -> list[dict[str, Any]] | None:
+        seen = views()
+        same = len({v["appliedIndex"] for v in seen}) == 1 and all(v["digestIndex"] == v["appliedIndex"] for v in seen)
+        return seen if same else None
+
+    try:
+        return eventually(agreed, f"every replica of {queue!r}'s partition to apply and hash the same index",
+                          timeout_s, poll_s=0.2)
+    except AssertionError:
+        return views()  # the caller compares them and shows how they differ

@@ -12,6 +12,8 @@ from shoal.cluster.partitioning import partition_for
 from shoal.client import (AsyncClient, Client, ConnectionLost, ConnectionOptions, LeaseMismatch, Retry,
                           Worker)
 
+from waiting import eventually_async
+
 pytestmark = pytest.mark.integration
 
 FAST = ConnectionOptions(command_timeout=10.0, ping_interval=0.5, max_ping_failures=2, connect_timeout=1.0,
@@ -40,8 +42,7 @@ def test_stale_token_is_refused_through_the_client(cluster: LocalCluster) -> Non
         q = client.queue("c-fence")
         q.add("x", ttr=0.2)
         first = q.pull()
-        time.sleep(1.5)  # the lease lapses; the leader's tick reclaims it (the long poll waits for that)
-        second = q.pull(timeout=20.0)
+        second = q.pull(timeout=20.0)  # waits for the lease to lapse and the leader's tick to reclaim it
         assert second is not None and second.id == first.id and second.token != first.token
         with pytest.raises(LeaseMismatch):
             q.ack(first)
@@ -95,9 +96,7 @@ def test_async_worker_processes_extends_and_closes(cluster: LocalCluster) -> Non
 
             worker = Worker(client, "c-work", handler, concurrency=8, lease=0.6, poll_timeout=0.2)
             worker.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and len(seen) < 300:
-                await asyncio.sleep(0.05)
+            await eventually_async(lambda: len(seen) >= 300, "every job handled", 30)
             await worker.close(5)
             assert sorted(x for x in seen if x != "slow") == [i for i in range(300) if i != 9]
             assert "slow" in seen and seen.count("slow") == 1
@@ -218,9 +217,8 @@ def test_a_topology_event_updates_routing_at_once(fresh_cluster: LocalCluster) -
             p = partition_for("c-topo", fresh_cluster.config.partitions)
             old = client.topology.partition_map[p].leader
             fresh_cluster.stop_node(old)  # graceful: hands leadership over, others announce it
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and client.topology.partition_map[p].leader in (old, None):
-                await asyncio.sleep(0.05)   # no command sent: only pushed events can change it
-            assert client.topology.partition_map[p].leader not in (old, None)
+            # no command sent: only pushed events can change it
+            await eventually_async(lambda: client.topology.partition_map[p].leader not in (old, None),
+                                   "the client's topology naming the new leader", 10)
 
     asyncio.run(main())

@@ -13,6 +13,8 @@ from shoal.cluster.launcher import LocalCluster
 from shoal.client import (AsyncClient, AsyncQueue, AsyncTube, Client, ConnectionOptions, InvalidState, Job,
                           NotFound, Queue, Retry, ShoalError, Tube, Worker)
 
+from waiting import eventually, eventually_async
+
 pytestmark = pytest.mark.integration
 
 OPTS = ConnectionOptions(command_timeout=10.0, ping_interval=1.0, max_ping_failures=3, connect_timeout=2.0)
@@ -40,10 +42,11 @@ def test_async_round_trip_add_pull_ack_fail(cluster: LocalCluster) -> None:
             dead = await q.dlq()
             assert [j.id for j in dead] == [high] and "smtp timeout" in (dead[0].error or "")
             assert await q.get_result(low) == {"ok": low}
-            for _ in range(20):
-                if (await q.counts())["delayed"] == 0:
-                    break
-                await asyncio.sleep(0.1)
+
+            async def none_delayed() -> bool:
+                return (await q.counts())["delayed"] == 0
+
+            await eventually_async(none_delayed, "the delayed job promoted", 10, poll_s=0.1)
             left = await q.pull(timeout=1.0)
             if left is not None:
                 await q.ack(left)
@@ -134,11 +137,11 @@ def test_queue_control_queries_cron_logs_and_events(cluster: LocalCluster) -> No
             assert await client.cron_delete("ca-tick")
             assert "ca-ctl" in await client.list_queues()
             assert (await client.ping())["pong"]
-            for _ in range(30):
-                if any(e.get("id") == a and e.get("state") == "completed" for e in events):
-                    break
-                await asyncio.sleep(0.1)
-            watcher.cancel()
+            try:
+                await eventually_async(lambda: any(e.get("id") == a and e.get("state") == "completed" for e in events),
+                                       "the completed event of the job", 10, poll_s=0.1)
+            finally:
+                watcher.cancel()
             assert any(e.get("id") == a and e.get("state") == "completed" for e in events), events[:5]
             await q.obliterate()
     asyncio.run(main())
@@ -201,9 +204,7 @@ def test_worker_on_a_sync_client_with_a_blocking_handler_and_graceful_close(clus
 
         worker = Worker(client, "ca-sync-work", handler, concurrency=4, lease=2.0, poll_timeout=0.2)
         with worker:
-            deadline = time.monotonic() + 30
-            while len(seen) < 59 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: len(seen) >= 59, "every job but the failing one handled", 30)
             assert q.get_progress(slow) == 10
             worker.close(grace=0.3)                 # the slow job does not finish: released
             release.set()
@@ -229,9 +230,7 @@ def test_async_worker_extends_leases_of_slow_handlers(cluster: LocalCluster) -> 
                 return "ok"
 
             async with Worker(client, "ca-slow", handler, concurrency=4, lease=0.5, poll_timeout=0.2) as worker:
-                deadline = time.monotonic() + 15
-                while worker.processed < 4 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+                await eventually_async(lambda: worker.processed >= 4, "the four slow jobs processed", 15)
             assert runs == 4 and worker.processed == 4, "no job ran twice: every lease was extended"
             assert (await q.counts())["completed"] == 4
             await q.obliterate()

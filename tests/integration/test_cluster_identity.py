@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -31,21 +30,13 @@ from shoal.node.raft._io import RealIO
 
 from conftest import NODE_COMMAND
 from rawproto import RawConn, Router
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
 WAIT_S_MAX = 60.0
 #: The second `shoal cluster up` must give up within this (the issue's bound; it checks ports first).
 SECOND_UP_S_MAX = 60.0
-
-
-def wait_for(condition: Any, what: str, timeout_s: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def health(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
@@ -144,8 +135,8 @@ def test_a_wiped_node_comes_back_as_a_new_incarnation(tmp_path: Path) -> None:
                                                                       cluster.pids["n3"])
         with RawConn(cluster.address_of("n3")) as c:
             assert c.hello["incarnation"] == first["incarnation"]
-        wait_for(lambda: all(peer_incarnations(cluster, n).get("n3") == first["incarnation"] for n in ("n1", "n2")),
-                 "the peers to record n3's incarnation")
+        eventually(lambda: all(peer_incarnations(cluster, n).get("n3") == first["incarnation"] for n in ("n1", "n2")),
+                   "the peers to record n3's incarnation", WAIT_S_MAX, poll_s=0.2)
 
         cluster.stop_node("n3")  # a restart with its disk: the same incarnation
         cluster.start_node("n3")
@@ -164,13 +155,14 @@ def test_a_wiped_node_comes_back_as_a_new_incarnation(tmp_path: Path) -> None:
         # The peers refuse it on the Raft link (the registry names its old incarnation) until an
         # operator replaces it; then they link with the new one (tests/integration/test_elastic.py
         # follows it joining every group as a new member).
-        wait_for(lambda: sum(raft_stats(cluster, n)["handshakesRefused"] for n in ("n1", "n2")) > 0,
-                 "the peers to refuse n3's new incarnation")
+        eventually(lambda: sum(raft_stats(cluster, n)["handshakesRefused"] for n in ("n1", "n2")) > 0,
+                   "the peers to refuse n3's new incarnation", WAIT_S_MAX, poll_s=0.2)
         assert all(peer_incarnations(cluster, n).get("n3") != after["incarnation"] for n in ("n1", "n2"))
         n1 = cluster.config.node("n1")
         AdminClient(f"http://{n1.host}:{n1.http_port}").replace("n3", after["incarnation"])
-        wait_for(lambda: all(peer_incarnations(cluster, n).get("n3") == after["incarnation"] for n in ("n1", "n2")),
-                 "the peers to see n3's new incarnation on the Raft link once it is replaced")
+        eventually(lambda: all(peer_incarnations(cluster, n).get("n3") == after["incarnation"] for n in ("n1", "n2")),
+                   "the peers to see n3's new incarnation on the Raft link once it is replaced", WAIT_S_MAX,
+                   poll_s=0.2)
 
 
 def test_a_data_dir_of_another_cluster_refuses_to_start_naming_both_ids(tmp_path: Path) -> None:
@@ -216,11 +208,12 @@ def test_a_node_of_another_cluster_is_refused_on_the_raft_link_naming_both_ids(t
                                         start_new_session=True)
         cluster.wait_ready(WAIT_S_MAX)  # n1 and n2 form a majority of every partition
         ours = cluster.config.cluster_id
-        wait_for(lambda: f"it is in cluster '{ours}', this node in 'intruders'" in (tmp_path / "n3.log").read_text(),
-                 "n3 to log the refusal naming both cluster ids")
+        eventually(lambda: f"it is in cluster '{ours}', this node in 'intruders'" in (tmp_path / "n3.log").read_text(),
+                   "n3 to log the refusal naming both cluster ids", WAIT_S_MAX)
         for node_id in ("n1", "n2"):
-            wait_for(lambda node_id=node_id: f"the peer is in cluster 'intruders', this node in '{ours}'"
-                     in cluster.log_file(node_id).read_text(), f"{node_id} to log the refusal naming both ids")
+            eventually(lambda node_id=node_id: f"the peer is in cluster 'intruders', this node in '{ours}'"
+                       in cluster.log_file(node_id).read_text(), f"{node_id} to log the refusal naming both ids",
+                       WAIT_S_MAX)
             assert "n3" not in peer_incarnations(cluster, node_id)
         push_and_pull(cluster, "without-the-intruder")
     finally:

@@ -8,23 +8,16 @@ A byte flipped in the middle of a follower's completed snapshot, then a restart:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 from conftest import NODE_COMMAND, replica_views
 from rawproto import Router
+from waiting import eventually
 
 QUEUE = "dmg"
 SNAPSHOT_ENV = {"SHOAL_SNAPSHOT_ENTRIES_MIN": "30", "SHOAL_SNAPSHOT_INTERVAL_S": "3600"}
-
-
-def wait_until(check, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def flip_middle_byte(path: Path) -> int:
@@ -52,7 +45,7 @@ def test_a_damaged_snapshot_is_refused_by_name_or_repaired_from_the_leader(tmp_p
             leader = cluster.leader_of(0)
             follower = next(n for n in cluster.node_ids if n != leader)
             snap = cluster.config.node_data_dir(follower) / "p0.snap"
-            wait_until(snap.exists, "a snapshot on the follower")
+            eventually(snap.exists, "a snapshot on the follower", timeout_s=60.0)
             cluster.stop_node(follower)
             flip_middle_byte(snap)
 
@@ -69,8 +62,8 @@ def test_a_damaged_snapshot_is_refused_by_name_or_repaired_from_the_leader(tmp_p
 
             push(router, 50, "b")  # the cluster goes on meanwhile
             cluster.start_node(follower)  # repair on: the default
-            wait_until(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
-                       "the repair logged")
+            eventually(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
+                       "the repair logged", timeout_s=60.0)
             cluster.wait_ready()
             views = replica_views(cluster, QUEUE, 60)
             assert len({v["appliedIndex"] for v in views}) == 1, views
@@ -97,8 +90,8 @@ def test_a_byte_flipped_in_synced_journal_records_is_named_and_repaired(tmp_path
             flip_middle_byte(segment)
             push(router, 20, "b")
             cluster.start_node(follower)
-            wait_until(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
-                       "the repair logged")
+            eventually(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
+                       "the repair logged", timeout_s=60.0)
             log_text = cluster.log_file(follower).read_text()
             assert segment.name in log_text and "offset" in log_text, log_text[-2000:]
             cluster.wait_ready()

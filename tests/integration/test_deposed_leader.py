@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from rawproto import RawConn, Router, leader_seen_by
+from waiting import eventually
 
 from shoal.chaos.proxied_cluster import ProxiedCluster
 
@@ -32,13 +33,12 @@ def test_isolated_leader_answers_its_pending_push_soon_after_the_heal(tmp_path: 
             cluster.isolate(old)
             pending = conn.send({"cmd": "PUSH", "queue": QUEUE, "data": "second", "idempotencyKey": "k1"})
             others = [n for n in cluster.node_ids if n != old]
-            deadline = time.monotonic() + 15
-            new = None
-            while time.monotonic() < deadline and new is None:
+
+            def elected() -> str | None:
                 seen = leader_seen_by(addresses[others[0]])
-                new = seen if seen in others else None
-                time.sleep(0.05)
-            assert new is not None, "the connected majority elected no leader"
+                return seen if seen in others else None
+
+            new = eventually(elected, "a leader elected by the connected majority", 15)
             cluster.heal()
             healed = time.monotonic()
             reply = conn.wait_reply(pending, timeout_s=10)

@@ -33,6 +33,7 @@ from shoal.cluster.launcher import LocalCluster, _is_our_node, free_base_port, n
 
 from conftest import NODE_COMMAND
 from rawproto import RawConn
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -61,9 +62,8 @@ def stop_every_node(data_dir: Path) -> None:
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGTERM)
                 pids.append(pid)
-    deadline = time.monotonic() + 15
-    while any(_is_our_node(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with contextlib.suppress(AssertionError):  # the stragglers are killed below
+        eventually(lambda: not any(_is_our_node(p) for p in pids), "every node to exit on SIGTERM", 15.0, poll_s=0.1)
     for pid in pids:
         if _is_our_node(pid):
             with contextlib.suppress(ProcessLookupError):
@@ -87,17 +87,6 @@ def admin_of(cluster: LocalCluster, node_id: str) -> AdminClient:
     n = cluster.config.node(node_id)
     token = cluster.config.tokens[0] if cluster.config.tokens else None
     return AdminClient(f"http://{n.host}:{n.http_port}", token)
-
-
-def wait_for(what: str, check: Any, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.2)
 
 
 def local_stats(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
@@ -206,7 +195,7 @@ def test_add_then_remove_a_node_under_writes(tmp_path: Path) -> None:
         writer = Writer(seeds)
         writer.start()
         try:
-            wait_for("the writer's first acks", lambda: writer.acks() >= 50)
+            eventually(lambda: writer.acks() >= 50, "the writer's first acks", WAIT_S, poll_s=0.2)
 
             added = shoal("cluster", "add-node", "--data", str(data), "--timeout", "180")
             assert added.returncode == 0, added.stderr
@@ -215,14 +204,15 @@ def test_add_then_remove_a_node_under_writes(tmp_path: Path) -> None:
             assert [n.id for n in config.nodes] == ["n1", "n2", "n3", "n4"]
             assert config.bootstrap_nodes == ("n1", "n2", "n3")
             admin = admin_of(cluster, "n2")
-            shape = wait_for("settled with n4", lambda: (found := admin.shape()).settled() and found)
+            shape = eventually(lambda: (found := admin.shape()).settled() and found, "settled with n4", WAIT_S,
+                               poll_s=0.2)
             replicas, leads = held(shape, "n4")
             assert replicas >= 4 and leads >= 1, (replicas, leads)
             status = shoal("cluster", "status", "--data", str(data))
             assert status.returncode == 0 and "n4: active" in status.stdout and "moves: none" in status.stdout
 
             before = writer.acks()
-            wait_for("acks after the add", lambda: writer.acks() > before + 20)
+            eventually(lambda: writer.acks() > before + 20, "acks after the add", WAIT_S, poll_s=0.2)
             assert missing_jobs(seeds, expected_after(loaded, writer)) == {}
 
             n1_proc = cluster.procs["n1"]
@@ -235,7 +225,7 @@ def test_add_then_remove_a_node_under_writes(tmp_path: Path) -> None:
             assert [n.id for n in load_config(data / "cluster.toml", env={}).nodes] == ["n2", "n3", "n4"]
 
             before = writer.acks()
-            wait_for("acks after the removal", lambda: writer.acks() > before + 20)
+            eventually(lambda: writer.acks() > before + 20, "acks after the removal", WAIT_S, poll_s=0.2)
         finally:
             writer.stop()
         survivors = [cluster.address_of(n) for n in ("n2", "n3")] + [
@@ -294,13 +284,13 @@ def test_a_wiped_node_is_refused_until_replaced_and_then_joins_as_a_new_member(t
         cluster.kill("n3")
         shutil.rmtree(cluster.config.node_data_dir("n3"))
         cluster.start_node("n3")
-        wait_for("n3 answering", lambda: _confirmed(cluster, "n3"))
+        eventually(lambda: _confirmed(cluster, "n3"), "n3 answering", WAIT_S, poll_s=0.2)
         new = node_health(n3.host, n3.http_port, token="t0k")["incarnation"]
         assert new != old
         # Refused on the link: its peers count the refusals, it hosts no replica, and no
         # partition's membership names its new incarnation.
-        wait_for("n3's handshakes refused", lambda: sum(
-            local_stats(cluster, n)["raft"]["handshakesRefused"] for n in ("n1", "n2")) > refused_before)
+        eventually(lambda: sum(local_stats(cluster, n)["raft"]["handshakesRefused"] for n in ("n1", "n2"))
+                   > refused_before, "n3's handshakes refused", WAIT_S, poll_s=0.2)
         assert local_stats(cluster, "n3")["replicas"] == {}
         for raft in members_of_leaders(cluster, ["n1", "n2"]).values():
             assert f"n3/{new}" not in raft["voters"] + raft["learners"]
@@ -313,10 +303,11 @@ def test_a_wiped_node_is_refused_until_replaced_and_then_joins_as_a_new_member(t
         admin = AdminClient(url, "t0k")
         # The command returns once the cluster settled; the balancer may then hand a leadership
         # back, leaving a partition without a known leader for a moment.
-        wait_for("settled on n3's new member", lambda: (shape := admin.shape()).registry.nodes["n3"].incarnation == new
-                 and shape.settled())
-        leaders = wait_for("every partition's leader", lambda: (
-            found if len(found := members_of_leaders(cluster, ["n1", "n2", "n3"])) == 4 else None))
+        eventually(lambda: (shape := admin.shape()).registry.nodes["n3"].incarnation == new and shape.settled(),
+                   "settled on n3's new member", WAIT_S, poll_s=0.2)
+        leaders = eventually(lambda: (
+            found if len(found := members_of_leaders(cluster, ["n1", "n2", "n3"])) == 4 else None),
+            "every partition's leader", WAIT_S, poll_s=0.2)
         for p, raft in leaders.items():
             assert "n3" not in raft["voters"] + raft["learners"], (p, raft)
             assert member in raft["voters"], (p, raft)
@@ -389,8 +380,8 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
         balanced = shoal("cluster", "rebalance", "--url", url, "--timeout", "180")
         assert balanced.returncode == 0, balanced.stderr
         admin = AdminClient(url)
-        wait_for("settled and balanced with n5", lambda: (shape := admin.shape()).settled()
-                 and shape.leaders_balanced() and held(shape, "n5")[0] >= 1)
+        eventually(lambda: (shape := admin.shape()).settled() and shape.leaders_balanced()
+                   and held(shape, "n5")[0] >= 1, "settled and balanced with n5", WAIT_S, poll_s=0.2)
         assert sum(metric(cluster, n, "shoal_moves_started_total") for n in cluster.node_ids) >= len(pending)
         assert sum(metric(cluster, n, "shoal_moves_finished_total") for n in cluster.node_ids) >= len(pending)
         auto = shoal("cluster", "settings", "--data", str(data), "--rebalance-auto")
@@ -402,14 +393,15 @@ def test_a_node_added_remotely_and_replication_3_to_5_to_3(tmp_path: Path) -> No
         for node in cluster.node_ids:
             assert http_json(cluster, node, "/stats")["moveCounters"]["rateBytesPerS"] == share, node
         cluster.restart("n5")
-        wait_for("n5 back", lambda: _confirmed(cluster, "n5"))
+        eventually(lambda: _confirmed(cluster, "n5"), "n5 back", WAIT_S, poll_s=0.2)
         assert http_json(cluster, "n5", "/stats")["moveCounters"]["rateBytesPerS"] == share
 
         for rf in (5, 3):
             changed = shoal("cluster", "settings", "--data", str(data), "--replication", str(rf), "--timeout", "180")
             assert changed.returncode == 0, changed.stderr
-            leaders = wait_for("every partition's leader", lambda: (
-                found if len(found := members_of_leaders(cluster, cluster.node_ids)) == 4 else None))
+            leaders = eventually(lambda: (
+                found if len(found := members_of_leaders(cluster, cluster.node_ids)) == 4 else None),
+                "every partition's leader", WAIT_S, poll_s=0.2)
             for p, raft in leaders.items():
                 assert len(raft["voters"]) == rf and not raft["learners"], (p, raft)
             shape = admin_of(cluster, "n1").shape()
@@ -439,8 +431,8 @@ def test_a_snapshot_move_shows_bytes_rate_and_eta_and_its_rate_changes_while_it_
                                               batch_size=100)
         leader = cluster.leader_of(0)
         assert leader is not None
-        wait_for("a snapshot on the leader", lambda: local_stats(cluster, leader)["replicas"]["0"]["snapshots"]
-                 ["written"] >= 1)
+        eventually(lambda: local_stats(cluster, leader)["replicas"]["0"]["snapshots"]["written"] >= 1,
+                   "a snapshot on the leader", WAIT_S, poll_s=0.2)
         slow = shoal("cluster", "settings", "--data", str(data), "--move-rate", "1MiB")
         assert slow.returncode == 0, slow.stderr
         grow = subprocess.Popen([sys.executable, "-m", "shoal.cli", "cluster", "settings", "--data", str(data),

@@ -4,6 +4,7 @@ SIGKILL of the partition leader, and Cancel reaches a running Worker's handler."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -13,6 +14,8 @@ from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 from shoal.client import AsyncClient, ConnectionOptions, Debounce, Dedupe, InvalidCommand, ShoalError, Worker
 from shoal.client.job import Job
+
+from waiting import eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +70,11 @@ def test_rate_limit_holds_across_a_leader_sigkill(fresh_cluster: LocalCluster) -
                     except ShoalError:
                         # An ack cut by the failover has an unknown outcome: committed (the job
                         # is completed) or not (the lease lapses and the job is leased again).
-                        for _ in range(40):  # bounded: the new leader answers within seconds
-                            try:
-                                if await q.get_state(job.id) == "completed":
-                                    done.add(job.data)
-                                break
-                            except ShoalError:
-                                await asyncio.sleep(0.25)
+                        with contextlib.suppress(AssertionError):  # no answer: the lease lapses, the job comes again
+                            state = await eventually_async(lambda: q.get_state(job.id), "the new leader's answer", 10,
+                                                           poll_s=0.25, ignoring=(ShoalError,))
+                            if state == "completed":
+                                done.add(job.data)
                     if len(stamps) >= total // 3 and not killed.is_set():
                         killed.set()
                         fresh_cluster.kill(victim)  # SIGKILL by pid, pulls in flight
@@ -118,18 +119,11 @@ def test_cancel_reaches_a_running_worker(cluster: LocalCluster, watch: bool) -> 
                 await asyncio.sleep(0.3)  # the worker's event subscription is in place
                 asked = time.monotonic()
                 await q.cancel(job_id, by="operator")
-                for _ in range(100):
-                    if job_id in stopped:
-                        break
-                    await asyncio.sleep(0.05)
-                assert job_id in stopped, "the handler was cancelled"
+                await eventually_async(lambda: job_id in stopped, "the handler cancelled", 5)
                 assert stopped[job_id] - asked < 1.0
                 await q.add("short")
                 await asyncio.wait_for(started.get(), 10)
-                for _ in range(100):
-                    if finished:
-                        break
-                    await asyncio.sleep(0.05)
+                await eventually_async(lambda: finished, "the next job finished", 5)
                 assert finished == ["short"]
                 assert w.cancelled == 1
             assert await q.get_state(job_id) == "cancelled"
@@ -200,20 +194,18 @@ def test_cancel_sets_the_flag_of_a_plain_function_handler(cluster: LocalCluster)
 
             async with Worker(client, q.name, handler, poll_timeout=0.5, watch_cancel=True) as w:
                 job_id = await q.add("work")
-                for _ in range(200):
-                    if await q.get_state(job_id) == "active":
-                        break
-                    await asyncio.sleep(0.05)
+
+                async def active() -> bool:
+                    return await q.get_state(job_id) == "active"
+
+                await eventually_async(active, "the job running", 10)
                 await asyncio.sleep(0.3)
                 asked = time.monotonic()
                 await q.cancel(job_id)
-                for _ in range(100):
-                    if seen:
-                        break
-                    await asyncio.sleep(0.05)
-                assert seen and seen[0] - asked < 1.0
-                await asyncio.sleep(0.2)
-                assert w.cancelled == 1 and w.processed == 0
+                await eventually_async(lambda: seen, "the handler to see the flag", 5)
+                assert seen[0] - asked < 1.0
+                await eventually_async(lambda: w.cancelled == 1, "the worker counting the cancelled job", 5)
+                assert w.processed == 0
             assert await q.get_state(job_id) == "cancelled"
             assert await q.get_result(job_id) is None
 

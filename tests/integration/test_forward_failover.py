@@ -19,7 +19,7 @@ import pytest
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from conftest import eventually
+from waiting import eventually
 from rawproto import RawConn
 
 pytestmark = pytest.mark.integration

@@ -20,6 +20,7 @@ from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
 from rawproto import RawConn
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -89,10 +90,10 @@ def test_a_leader_that_hands_over_is_followed(cluster3: LocalCluster) -> None:
                  for i in range(50, 100)]
         replies = [c.wait_reply(r, timeout_s=40) for r in later]
         assert all(r["ok"] for r in replies), [r for r in replies if not r["ok"]][:3]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def answered() -> dict | None:
             counts = c.call({"cmd": "GetJobCounts", "queue": queue}, timeout_s=20)
-            if counts.get("ok"):
-                break
-            time.sleep(0.1)
+            return counts if counts.get("ok") else None
+
+        counts = eventually(answered, "the queue's counts from the new leader", 20, poll_s=0.1)
         assert counts["counts"]["waiting"] == 100

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import NODE_COMMAND, leader_of
 from rawproto import RawConn
+from waiting import eventually
 from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
@@ -255,9 +256,13 @@ def test_connections_per_address_are_limited(cluster: LocalCluster) -> None:
     finally:
         for sock in socks:
             sock.close()
-    time.sleep(0.5)
-    with authed(address) as c:  # the closed ones free their places
-        assert c.call({"cmd": "Ping"})["ok"]
+
+    def ping() -> bool:
+        with authed(address) as c:
+            return bool(c.call({"cmd": "Ping"})["ok"])
+
+    # the closed ones free their places
+    eventually(ping, "a Ping on a new connection", 10, poll_s=0.1, ignoring=(OSError, AssertionError))
 
 
 # --- 4. backpressure ---------------------------------------------------------------------------
@@ -340,14 +345,9 @@ def test_identify_cannot_adopt_a_guessed_session(cluster: LocalCluster) -> None:
         for conn, guess in zip(guessers, _neighbours(mine)):
             assert conn.call({"cmd": "Identify", "session": guess})["session"] == guess
         victim.close()
-        deadline = time.monotonic() + 10
-        state = None
-        while time.monotonic() < deadline:  # the victim's session ended: its lease went back
-            state = attacker.call({"cmd": "GetJob", "id": job})["job"]["state"]
-            if state == "waiting":
-                break
-            time.sleep(0.1)
-        assert state == "waiting"
+        # the victim's session ended: its lease went back
+        eventually(lambda: attacker.call({"cmd": "GetJob", "id": job})["job"]["state"] == "waiting",
+                   "the victim's job waiting again", 10, poll_s=0.1)
 
 
 # --- 5. the memory budget ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from conftest import NODE_COMMAND, follower_url, http_url, leader_url, run, secured_cluster
+from waiting import eventually_async
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
@@ -175,12 +176,13 @@ def test_work_stream_leases_and_releases_on_disconnect(secured: LocalCluster) ->
                     assert r.status == 200
                 await asyncio.wait_for(read(3), 10)   # a replacement is leased after the ack
             # The stream is gone: its two leases are back in the queue long before their 60 s ttr.
-            for _ in range(50):
+
+            async def leases_back() -> dict | None:
                 async with s.get(base + "/stats") as r:
                     counts = (await r.json())["queues"]["h-work"]["counts"]
-                if counts["active"] == 0:
-                    break
-                await asyncio.sleep(0.1)
+                return counts if counts["active"] == 0 else None
+
+            counts = await eventually_async(leases_back, "the stream's leases back in the queue", 5, poll_s=0.1)
             assert counts == {"waiting": 2, "delayed": 0, "active": 0, "completed": 1, "failed": 0, "waiting-children": 0, "cancelled": 0}
     run(main())
 
@@ -205,24 +207,16 @@ def test_ready_is_false_while_a_partition_has_no_leader(tmp_path) -> None:  # no
     async def main(cluster: LocalCluster) -> None:
         base = http_url(cluster, "n1")
         async with aiohttp.ClientSession() as s:
-            status = 0
-            for _ in range(100):  # ready once n1 knows every leader and has applied what is committed
+
+            async def ready_status(wanted: int) -> bool:
                 async with s.get(base + "/ready") as r:
-                    status = r.status
-                if status == 200:
-                    break
-                await asyncio.sleep(0.1)
-            assert status == 200
+                    return r.status == wanted
+
+            # ready once n1 knows every leader and has applied what is committed
+            await eventually_async(lambda: ready_status(200), "/ready 200 on n1", 20, poll_s=0.1)
             cluster.kill("n2")
             cluster.kill("n3")   # no majority left: n1's partitions lose their leaders
-            status = 200
-            for _ in range(60):
-                async with s.get(base + "/ready") as r:
-                    status = r.status
-                if status == 503:
-                    break
-                await asyncio.sleep(0.1)
-            assert status == 503
+            await eventually_async(lambda: ready_status(503), "/ready 503 on n1 without a majority", 15, poll_s=0.1)
 
     with LocalCluster(nodes=3, partitions=2, data_dir=tmp_path / "c", base_port=free_base_port(3, 2),
                       node_command=NODE_COMMAND) as cluster:

@@ -6,7 +6,6 @@ simulation, and read-only mode with tokens."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import follower_url, http_url, leader_of
+from waiting import eventually
 from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.node.http.dashboard import PEER_ACTION_TIMEOUT_S
@@ -38,17 +38,6 @@ def call(url: str, method: str = "GET", body: Any = None, token: str | None = No
         return exc.code, json.loads(exc.read())
 
 
-def wait_for(check: Any, what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def test_cluster_overview_merges_every_node(cluster: LocalCluster) -> None:
     with Client(cluster.addresses) as client:
         client.queue("ov-a").add_bulk([{"i": i} for i in range(40)])
@@ -69,7 +58,7 @@ def test_cluster_overview_merges_every_node(cluster: LocalCluster) -> None:
         q = call(http_url(cluster, "n1") + "/cluster")[1]["queues"].get("ov-a")
         return q if q and q["reportedBy"] == leader and q["counts"]["waiting"] == 40 else None
 
-    q = wait_for(from_leader, "ov-a's 40 jobs in the overview, as its leader samples them")
+    q = eventually(from_leader, "ov-a's 40 jobs in the overview, as its leader samples them", WAIT_S, poll_s=0.2)
     assert set(q["rates"]) == {"enqueued", "completed", "failed"}
     assert set(q["history"]) >= {"t", "waiting", "completedRate"}
     # the node's own part
@@ -83,7 +72,8 @@ def test_rates_and_history_follow_the_queue(cluster: LocalCluster) -> None:
         q = client.queue("ov-rates")
         q.add({"i": -1})
         # The sampler must know the queue before the counted work: rates are differences of samples.
-        wait_for(lambda: len(call(url)[1].get("history", {}).get("t", ())) >= 1, "the queue's first sample")
+        eventually(lambda: len(call(url)[1].get("history", {}).get("t", ())) >= 1, "the queue's first sample",
+                   WAIT_S, poll_s=0.2)
         q.add_bulk([{"i": i} for i in range(30)])
         for job in q.pull_many(31, timeout=2):
             q.ack(job)
@@ -97,7 +87,7 @@ def test_rates_and_history_follow_the_queue(cluster: LocalCluster) -> None:
         seen = any(r > 0 for r in h["completedRate"]) and any(r > 0 for r in h["enqueuedRate"])
         return body if seen and len(h["t"]) >= 2 else None
 
-    body = wait_for(rated, "a completed rate in the queue's history")
+    body = eventually(rated, "a completed rate in the queue's history", WAIT_S, poll_s=0.2)
     assert body["metrics"]["counts"]["completed"] == 31
     h = body["history"]
     assert len(h["t"]) == len(h["waiting"]) == len(h["completedRate"]) and h["t"] == sorted(h["t"])
@@ -227,8 +217,8 @@ def test_simulation_validates_runs_and_stops(cluster: LocalCluster) -> None:
     assert status == 200 and body["simulation"]["running"]
     status, body = call(base + "/simulation", "POST", {"queue": "ov-sim"})
     assert (status, body["code"]) == (409, "INVALID_STATE")
-    wait_for(lambda: call(base + "/simulation")[1]["simulation"]["counters"].get("completed", 0) >= 20,
-             "the simulated workers completing jobs")
+    eventually(lambda: call(base + "/simulation")[1]["simulation"]["counters"].get("completed", 0) >= 20,
+               "the simulated workers completing jobs", WAIT_S, poll_s=0.2)
     status, body = call(http_url(cluster, "n1") + "/simulation?node=n3", "DELETE")  # relayed to n3
     assert status == 200 and not body["simulation"]["running"] and body["simulation"]["phase"] == "stopped"
     assert call(http_url(cluster, "n1") + "/simulation?node=n9", "DELETE")[0] == 400
@@ -262,8 +252,8 @@ def test_overview_shows_a_dead_node_and_the_new_leaders(fresh_cluster: LocalClus
             return None
         return o
 
-    o = wait_for(moved, "the overview to show the killed node unreachable and every partition led elsewhere, "
-                        "as the nodes themselves say", timeout=30.0)
+    o = eventually(moved, "the overview to show the killed node unreachable and every partition led elsewhere, "
+                          "as the nodes themselves say", timeout_s=30.0, poll_s=0.2)
     assert {n["nodeId"] for n in o["nodes"] if n["reachable"]} == set(cl.node_ids) - {victim}
 
 

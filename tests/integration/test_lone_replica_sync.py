@@ -4,7 +4,6 @@ synced before it is answered, a disk-class write (``durable: false``) waits for 
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 from rawproto import RawConn
+from waiting import eventually
 
 PUSHES = 40
 WAIT_S_MAX = 20.0
@@ -46,10 +46,7 @@ def test_a_lone_replica_syncs_fsync_class_writes_and_leaves_disk_class_ones_to_t
             assert after["barrierSyncs"] - before["barrierSyncs"] < PUSHES // 4
             # The lazy timer syncs them (or a sync of the node's own fsync-class housekeeping
             # covers them first: the partition has one journal).
-            deadline = time.monotonic() + WAIT_S_MAX
-            while storage(cluster)["unsyncedJournals"]:
-                assert time.monotonic() < deadline, "the disk-class writes were never synced"
-                time.sleep(0.05)
+            eventually(lambda: not storage(cluster)["unsyncedJournals"], "the disk-class writes synced", WAIT_S_MAX)
 
             counts = conn.call({"cmd": "GetJobCounts", "queue": "lazy"})
             assert counts["ok"] is True and counts["counts"]["waiting"] == PUSHES

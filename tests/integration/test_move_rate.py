@@ -24,6 +24,7 @@ from shoal.cluster.registry import MOVE_RATE_BYTES_PER_S
 from shoal.node.raft.install import WINDOW_BYTES
 
 from conftest import NODE_COMMAND
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -56,10 +57,8 @@ def test_a_move_rate_changed_while_moves_run_takes_effect(tmp_path: Path) -> Non
             peer = AdminClient(f"http://127.0.0.1:{cluster.config.node(n).http_port}")
             peer.wait(lambda s: s.registry.settings.move_rate_bytes_per_s == SLOW, WAIT_S)
         # Each leader compacted its journal behind a snapshot.
-        deadline = time.monotonic() + WAIT_S
-        while not all(r["raft"].get("snapshot") for r in _local_replicas(cluster).values()):
-            assert time.monotonic() < deadline, "no snapshot was taken"
-            time.sleep(0.2)
+        eventually(lambda: all(r["raft"].get("snapshot") for r in _local_replicas(cluster).values()),
+                   "a snapshot on every leader", WAIT_S, poll_s=0.2)
 
         n4 = NodeSpec("n4", "127.0.0.1", base + 6, base + 7, base + 103)
         cluster.config = replace(cluster.config, nodes=cluster.config.nodes + (n4,), bootstrap_nodes=("n1", "n2", "n3"))

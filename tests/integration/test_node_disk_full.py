@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from shoal.client import AsyncClient, NoSpace
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 from conftest import NODE_COMMAND, http_url
+from waiting import eventually, eventually_async
 
 FS_BYTES = 96 * 1024 * 1024
 FREE_MIN_BYTES = 24 * 1024 * 1024
@@ -76,15 +76,6 @@ def metrics(cluster: LocalCluster, node_id: str) -> str:
         return r.read().decode()
 
 
-async def until(pred, timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.2)
-    return False
-
-
 def test_a_full_disk_refuses_new_data_serves_the_rest_and_recovers(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "fs") as fs, LocalCluster(
             nodes=3, partitions=2, data_dir=fs / "c", base_port=free_base_port(3, 2), node_command=NODE_COMMAND,
@@ -109,7 +100,7 @@ def test_a_full_disk_refuses_new_data_serves_the_rest_and_recovers(tmp_path: Pat
                         return True
                     return False
 
-                assert await until(refused), "PUSH was never refused with NO_SPACE"
+                await eventually_async(refused, "a PUSH refused with NO_SPACE", WAIT_S, poll_s=0.2)
                 with pytest.raises(NoSpace):
                     await q.add_bulk([b"x"] * 10)
                 # What the partition holds is still served: acks, pulls, reads.
@@ -124,7 +115,7 @@ def test_a_full_disk_refuses_new_data_serves_the_rest_and_recovers(tmp_path: Pat
                     status, body = ready(cluster, cluster.node_ids[0])
                     return status == 503 and body["diskSpaceLow"] and "disk_free_min_bytes" in body["reason"]
 
-                assert await until(not_ready), "/ready did not report the low disk space"
+                await eventually_async(not_ready, "/ready to report the low disk space", WAIT_S, poll_s=0.2)
                 assert "shoal_disk_space_low 1.0" in metrics(cluster, cluster.node_ids[0])
 
                 # Every last byte taken: ENOSPC on the journals themselves.
@@ -146,16 +137,14 @@ def test_a_full_disk_refuses_new_data_serves_the_rest_and_recovers(tmp_path: Pat
                         return False
                     return True
 
-                assert await until(accepted), "writes did not resume once space was back"
+                await eventually_async(accepted, "writes accepted once space is back", WAIT_S, poll_s=0.2)
                 await q.add_bulk([b"y"] * 100)
                 assert cluster.pids == pids
 
         asyncio.run(scenario())
 
-        async def all_ready() -> bool:
-            return all(ready(cluster, n)[0] == 200 for n in cluster.node_ids)
-
-        assert asyncio.run(until(all_ready)), [ready(cluster, n) for n in cluster.node_ids]
+        eventually(lambda: all(ready(cluster, n)[0] == 200 for n in cluster.node_ids), "every node ready again",
+                   WAIT_S, poll_s=0.2)
         for node_id in cluster.node_ids:  # refusals are handled, never thrown through pysyncobj
             text = cluster.log_file(node_id).read_text(errors="replace")
             assert "raft tick failed" not in text and "failed\nTraceback" not in text, text[-3000:]

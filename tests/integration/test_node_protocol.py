@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
+from typing import Any
 
 import msgpack
 import pytest
@@ -14,7 +16,8 @@ from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from conftest import eventually, replica_views
+from conftest import replica_views
+from waiting import eventually
 from rawproto import RawConn, Router
 
 pytestmark = pytest.mark.integration
@@ -29,13 +32,13 @@ def leader_conn(cluster: LocalCluster, queue: str) -> RawConn:
 
 
 def test_hello_reports_topology_with_every_leader(cluster: LocalCluster) -> None:
-    deadline = time.monotonic() + 10
-    while True:  # a node learns a new leader within a heartbeat; allow for one in flight
+    def hello_with_every_leader() -> Any:
         with RawConn(cluster.addresses[0]) as c:
             h = c.hello
-        if all(p["leader"] for p in h["topology"]["partitionMap"]) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return h if all(p["leader"] for p in h["topology"]["partitionMap"]) else None
+
+    # a node learns a new leader within a heartbeat; allow for one in flight
+    h = eventually(hello_with_every_leader, "a Hello naming every partition's leader", 10, poll_s=0.1)
     assert h["ok"] and h["protocolVersion"] == 2 and "pipelining" in h["capabilities"]
     assert h["nodeId"] == "n1" and h["clusterId"]
     topo = h["topology"]
@@ -45,15 +48,12 @@ def test_hello_reports_topology_with_every_leader(cluster: LocalCluster) -> None
 
 
 def test_leaders_spread_over_nodes(cluster: LocalCluster) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def preferred() -> Any:
         topo = cluster.topology()
-        leaders = {p.leader for p in topo.partition_map}
-        if all(p.leader == p.replicas[0] for p in topo.partition_map):
-            break
-        time.sleep(0.5)
-    assert leaders == set(cluster.node_ids)
-    assert all(p.leader == p.replicas[0] for p in topo.partition_map), "leadership moved back to preferred replicas"
+        return topo if all(p.leader == p.replicas[0] for p in topo.partition_map) else None
+
+    topo = eventually(preferred, "leadership back on every partition's preferred replica", 20, poll_s=0.5)
+    assert {p.leader for p in topo.partition_map} == set(cluster.node_ids)
 
 
 def test_push_pull_ack_round_trip(cluster: LocalCluster) -> None:
@@ -203,14 +203,15 @@ def test_events_are_pushed_to_subscribers(cluster: LocalCluster) -> None:
     with leader_conn(cluster, "ev") as c:
         assert c.call({"cmd": "Subscribe", "queue": "ev"})["ok"]
         job_id = c.call({"cmd": "PUSH", "queue": "ev", "data": 1})["id"]
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not any(e.get("id") == job_id for e in c.events):
-            try:
+
+        def event_seen() -> bool:
+            with contextlib.suppress(TimeoutError):
                 f = c.read_frame(timeout_s=0.5)
                 if "event" in f:
                     c.events.append(f)
-            except TimeoutError:
-                pass
+            return any(e.get("id") == job_id for e in c.events)
+
+        eventually(event_seen, "the pushed job's event", 5, poll_s=0.0)
         assert any(e.get("id") == job_id and e.get("queue") == "ev" for e in c.events)
 
 
@@ -220,14 +221,8 @@ def test_session_leases_are_released_when_the_connection_closes(cluster: LocalCl
         with leader_conn(cluster, "sess") as worker:
             r = worker.call({"cmd": "PULL", "queue": "sess"})
             assert r["job"]["id"] == job_id
-        deadline = time.monotonic() + 5
-        state = None
-        while time.monotonic() < deadline:
-            state = keeper.call({"cmd": "GetState", "id": job_id})["state"]
-            if state == "waiting":
-                break
-            time.sleep(0.05)
-        assert state == "waiting"
+        eventually(lambda: keeper.call({"cmd": "GetState", "id": job_id})["state"] == "waiting",
+                   "the closed session's job waiting again", 5)
 
 
 def test_stats_local_digests_agree_across_replicas(cluster: LocalCluster) -> None:

@@ -30,6 +30,7 @@ from shoal.cluster.partitioning import partition_for
 
 from conftest import NODE_COMMAND
 from rawproto import RawConn, Router
+from waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -93,15 +94,6 @@ def send_probe(port: int, payload: bytes) -> None:
             s.recv(4096)
         except OSError:
             pass
-
-
-def wait_for(condition: Any, what: str, timeout_s: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def push_everywhere(router: Router, partitions: int, tag: str) -> None:
@@ -169,7 +161,7 @@ def test_a_node_with_the_wrong_secret_never_joins(tmp_path: Path) -> None:
                                         start_new_session=True)
         cluster.wait_ready(WAIT_S_MAX)  # n1 and n2 form a majority of every partition
         n3 = config.node("n3")
-        wait_for(lambda: "BAD_PROOF" in (tmp_path / "n3.log").read_text(), "n3 to log the refusal")
+        eventually(lambda: "BAD_PROOF" in (tmp_path / "n3.log").read_text(), "n3 to log the refusal")
         time.sleep(2.0)  # several dial attempts and election timeouts
         with RawConn(f"{n3.host}:{n3.port}") as conn:
             stats = conn.call({"cmd": "Stats", "local": True})
@@ -222,8 +214,8 @@ def test_64_partitions_survive_a_node_kill_and_replicas_agree(tmp_path: Path) ->
         try:
             push_everywhere(router, partitions, "before")
             cluster.kill("n3")
-            wait_for(lambda: all(p.leader in ("n1", "n2") for p in cluster.topology().partition_map),
-                     "a leader on n1 or n2 for every partition")
+            eventually(lambda: all(p.leader in ("n1", "n2") for p in cluster.topology().partition_map),
+                       "a leader on n1 or n2 for every partition", poll_s=0.2)
             router.close()
             router = Router(cluster.addresses[:2])
             push_everywhere(router, partitions, "after-kill")
@@ -248,6 +240,6 @@ def test_64_partitions_survive_a_node_kill_and_replicas_agree(tmp_path: Path) ->
             return not disagree
 
         try:
-            wait_for(digests_agree, "every partition's three replicas to agree")
+            eventually(digests_agree, "every partition's three replicas to agree", poll_s=0.2)
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {dict(list(disagree.items())[:4])} ({len(disagree)} partitions)") from None

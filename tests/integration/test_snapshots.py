@@ -4,13 +4,13 @@ lagging follower, loaded at restart; a failed snapshot is logged, retried and dr
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
 
 from conftest import NODE_COMMAND, replica_views
 from rawproto import RawConn, Router
+from waiting import eventually
 
 QUEUE = "snap"
 #: Small thresholds so a snapshot follows a few dozen entries; digests of more than 50 jobs are
@@ -32,13 +32,6 @@ def push(router: Router, count: int, tag: str) -> list[str]:
 def local_view(cluster: LocalCluster, node_id: str) -> dict:
     with RawConn(cluster.address_of(node_id)) as c:
         return c.call({"cmd": "Stats", "local": True, "partition": 0})["replicas"]["0"]
-
-
-def wait_until(check, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def queue_size(router: Router) -> int:
@@ -68,7 +61,7 @@ def test_snapshot_under_writes_installed_by_a_lagging_follower_and_loaded_at_res
             acked = push(router, 150, "a")
             # Writes go on while the leader's children write snapshots.
             acked += push(router, 150, "b")
-            wait_until(lambda: local_view(cluster, leader)["snapshots"]["written"] >= 2, "two snapshots on the leader")
+            eventually(lambda: local_view(cluster, leader)["snapshots"]["written"] >= 2, "two snapshots on the leader")
 
             cluster.start_node(lagging)  # its log ends before the leader's journal now starts
             cluster.wait_ready()
@@ -101,7 +94,7 @@ def test_failed_snapshot_is_logged_retried_and_keeps_the_journal(tmp_path: Path)
         router = Router(cluster.addresses)
         try:
             push(router, 120, "a")
-            wait_until(lambda: cluster.log_file(node).read_text().count("journal prefix kept") >= 2,
+            eventually(lambda: cluster.log_file(node).read_text().count("journal prefix kept") >= 2,
                        "a failed snapshot and its retry in the node's log")
             snapshots = local_view(cluster, node)["snapshots"]
             assert snapshots["written"] == 0 and snapshots["failed"] >= 2
@@ -115,7 +108,7 @@ def test_failed_snapshot_is_logged_retried_and_keeps_the_journal(tmp_path: Path)
             assert queue_size(router) == 120, "the failed snapshot dropped part of the journal"
             os.rmdir(blocker)
             push(router, 40, "b")
-            wait_until(lambda: local_view(cluster, node)["snapshots"]["written"] >= 1, "a snapshot once the disk works")
+            eventually(lambda: local_view(cluster, node)["snapshots"]["written"] >= 1, "a snapshot once the disk works")
         finally:
             router.close()
         cluster.kill(node)

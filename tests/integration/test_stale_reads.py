@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import eventually
+from waiting import eventually
 from rawproto import RawConn, leader_seen_by
 
 from shoal.chaos.proxied_cluster import ProxiedCluster

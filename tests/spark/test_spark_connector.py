@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
 
 from spark_helpers import process_available_then_stop
+from waiting import eventually
 
 pytestmark = pytest.mark.spark
 SPARK_MASTERS = ("local", "standalone")  # conftest: also on a standalone master with two workers
@@ -92,12 +92,7 @@ def test_job_stream_acks_what_it_committed_and_nothing_else(spark: Any, seeds: s
         assert sorted(json.loads(r.data)["n"] for r in seen) == list(range(30))
         assert len(set(delivered)) == 30
         q.add_bulk([{"n": i} for i in range(30, 40)])  # never read by the stream
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            counts = q.counts()
-            if counts["completed"] >= 20:
-                break
-            time.sleep(0.2)
+        eventually(lambda: q.counts()["completed"] >= 20, "the first two batches acked", 10, poll_s=0.2)
         counts = q.counts()
         # Batches 1 and 2 were committed (the engine planned a batch after each): acked.
         # The last batch's jobs stay leased until the query commits it or their lease lapses.

@@ -21,6 +21,8 @@ from shoal.client._connection import Connection
 from shoal.cluster.codec import FrameDecoder, encode
 from shoal.cluster.config import ClusterConfig, NodeSpec
 
+from waiting import eventually_async
+
 Reply = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
 
@@ -123,7 +125,7 @@ def test_consecutive_command_timeouts_declare_the_link_dead() -> None:
         conn = Connection(node.address, opts)
         await conn.ensure_connected()
         slow = asyncio.ensure_future(conn.call({"cmd": "PULL", "queue": "q", "timeout": 9000}, 30.0))
-        await asyncio.sleep(0.01)
+        await eventually_async(lambda: conn.in_flight == 1, "the long poll sent", 2, poll_s=0.001)
         for _ in range(3):
             with pytest.raises(Exception) as info:
                 await conn.call({"cmd": "GetJob", "id": "0-1"}, 0.1)
@@ -205,8 +207,10 @@ def test_in_flight_is_capped_locally_below_the_nodes_limit() -> None:
         node = await ScriptedNode().start()  # never answers GetJob
         conn = Connection(node.address, ConnectionOptions(ping_interval=0, max_command_timeouts=0))
         calls = [asyncio.ensure_future(conn.call({"cmd": "GetJob", "id": f"0-{i}"}, 0.5)) for i in range(80)]
-        await asyncio.sleep(0.2)
-        assert conn.in_flight == 49  # the 50th node slot stays free for pings
+        # the 50th node slot stays free for pings
+        await eventually_async(lambda: conn.in_flight == 49, "49 commands in flight", 2, poll_s=0.01)
+        await asyncio.sleep(0.05)
+        assert conn.in_flight == 49  # and no more
         await asyncio.gather(*calls, return_exceptions=True)
         await conn.close()
         await node.stop()
@@ -222,12 +226,9 @@ def test_connect_sequence_and_reconnect_with_session_after_the_node_drops_the_li
         assert [f["cmd"] for f in node.frames] == ["Hello", "Auth", "Identify"]
         for w in node.writers:
             w.transport.abort()  # the node drops the connection
-        deadline = time.monotonic() + 5
-        while node.connections < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        while conn.state is not ConnState.CONNECTED and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert conn.state is ConnState.CONNECTED  # reconnected in the background, nobody called
+        # reconnected in the background, nobody called
+        await eventually_async(lambda: node.connections >= 2 and conn.state is ConnState.CONNECTED,
+                               "the connection made again in the background", 5, poll_s=0.02)
         identifies = [f for f in node.frames if f["cmd"] == "Identify"]
         assert [f["session"] for f in identifies] == ["worker-1", "worker-1"]
         await conn.close()
@@ -269,10 +270,8 @@ def test_a_topology_event_updates_the_clients_routing_at_once() -> None:
             await client.ping()
             assert client.topology is not None and client.topology.partition_map[1].term == 1
             node.push({"event": "topology", "topology": node.topology.with_leader(1, "n1", 42).to_wire()})
-            deadline = time.monotonic() + 2
-            while client.topology.partition_map[1].term != 42 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert client.topology.partition_map[1].term == 42
+            await eventually_async(lambda: client.topology.partition_map[1].term == 42,
+                                   "the pushed topology adopted", 2, poll_s=0.01)
         await node.stop()
     run(main())
 
@@ -300,10 +299,7 @@ def test_a_call_cancelled_in_the_iteration_its_reply_arrives_stays_cancelled() -
         conn = Connection(node.address, ConnectionOptions(ping_interval=0))
         await conn.ensure_connected()
         task = asyncio.ensure_future(conn.call({"cmd": "PULL", "queue": "q", "timeout": 9000}, 30.0))
-        for _ in range(2000):
-            if conn._waiters:
-                break
-            await asyncio.sleep(0.001)
+        await eventually_async(lambda: conn._waiters, "the PULL waiting for its reply", 2, poll_s=0.001)
         req_id = next(iter(conn._waiters))
         conn._on_frame(conn._protocol, {"ok": True, "job": None, "reqId": req_id})  # the reply comes in
         task.cancel()  # and in the same iteration its caller is cancelled
