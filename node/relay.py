@@ -77,7 +77,7 @@ from .state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDE
 if TYPE_CHECKING:
     from .ports import CommandHandler, NodeInfo, Replier
 
-__all__ = ["Relay", "JobLocator", "CHANNEL", "FORWARDED_MAX", "SERVED_MAX", "FORWARD_TIMEOUT_S"]
+__all__ = ["Relay", "CHANNEL", "FORWARDED_MAX", "SERVED_MAX", "FORWARD_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ a snapshot written by a forked child and a restart that loads it. The queue engi
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Iterator
@@ -28,6 +27,7 @@ from shoal.node.raft._io import RealIO
 from shoal.node.raft.replica import ApplyFailed, PartitionReplica
 from shoal.node.raft.storage import NodeStorage
 from shoal.node.state import PartitionEngine
+from test_layering import imports_in
 
 ROOT = Path(__file__).resolve().parents[3]
 RAFT = ROOT / "node" / "raft"
@@ -42,23 +42,9 @@ WAIT_S_MAX = 20.0
 def node_imports(source: str, package: str) -> list[tuple[int, str]]:
     """``(line, absolute module)`` of every import in ``source`` (a module of ``package``) of a
     module of ``shoal.node`` outside ``node/raft``."""
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                name = f"{base}.{node.module}" if node.module else base
-            else:
-                name = node.module or ""
-            names = [(node.lineno, name)]
-        else:
-            continue
-        out += [(line, name) for line, name in names
-                if (name == "shoal.node" or name.startswith("shoal.node."))
-                and name != RAFT_PACKAGE and not name.startswith(RAFT_PACKAGE + ".")]
-    return out
+    return [(line, name) for line, name in imports_in(source, package)
+            if (name == "shoal.node" or name.startswith("shoal.node."))
+            and name != RAFT_PACKAGE and not name.startswith(RAFT_PACKAGE + ".")]
 
 
 @pytest.mark.parametrize("path", sorted(RAFT.rglob("*.py")), ids=lambda p: str(p.relative_to(RAFT)))
