@@ -210,6 +210,7 @@ class Relay:
         self._session_ids = itertools.count(-1, -1)  # connection ids of peers' sessions: never a client's
         # bunqueue events: queue -> this node's connections subscribed, and where each queue is subscribed
         self._subscribers: dict[str, set[Replier]] = {}
+        self._conn_queues: dict[int, set[str]] = {}  # client connection -> the queues it subscribed to here
         self._subscribed_at: dict[str, str] = {}
         # at the leader: peer -> queues it wants events of
         self.peer_subscriptions: dict[str, set[str]] = {}
@@ -459,7 +460,10 @@ class Relay:
         # The session's leases at the leaders go back (after its grace) as if it had been here.
         for peer in self._conn_peers.pop(conn.conn_id, set()):
             self._send(peer, ["x", conn.session] if how is None else ["x", conn.session, how])
-        for queue, conns in list(self._subscribers.items()):
+        for queue in self._conn_queues.pop(conn.conn_id, ()):
+            conns = self._subscribers.get(queue)
+            if conns is None:
+                continue
             conns.discard(conn)
             if not conns:
                 del self._subscribers[queue]
@@ -478,6 +482,7 @@ class Relay:
                                                          "queues already")
             conns = self._subscribers[queue] = set()
         conns.add(conn)
+        self._conn_queues.setdefault(conn.conn_id, set()).add(queue)
         self._place_subscription(queue)
 
     def _place_subscription(self, queue: str) -> None:
