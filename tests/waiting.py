@@ -32,16 +32,28 @@ POLL_S = 0.05
 _Ignored = tuple[type[BaseException], ...]
 
 
-def _polls_max(timeout_s: float, poll_s: float) -> int:
-    # Each poll but the first waits at least ``poll_s``, so the deadline comes first; the count
-    # only bounds the loop should the clock stall. ``poll_s`` 0: the check paces the loop itself
-    # (a read with a timeout).
-    return math.ceil(timeout_s / poll_s) + 2 if poll_s > 0 else 1_000_000
+class _Polls:
+    """The bookkeeping both helpers share: the deadline, the poll count, the last thing seen."""
 
+    def __init__(self, what: str, timeout_s: float, poll_s: float) -> None:
+        self.what, self.timeout_s = what, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        # Each poll but the first waits at least ``poll_s``, so the deadline comes first; the count
+        # only bounds the loop should the clock stall. ``poll_s`` 0: the check paces the loop
+        # itself (a read with a timeout).
+        self.polls_max = math.ceil(timeout_s / poll_s) + 2 if poll_s > 0 else 1_000_000
+        self.polls = 0
+        self.last: object = None
+        self.error: BaseException | None = None
 
-def _timed_out(what: str, timeout_s: float, polls: int, last: object, error: BaseException | None) -> AssertionError:
-    seen = f"last error {error!r}" if error is not None else f"last value {last!r}"
-    return AssertionError(f"timed out after {timeout_s:g} s ({polls} polls) waiting for {what}; {seen}")
+    def seen(self, value: object, error: BaseException | None = None) -> None:
+        """One poll's outcome (not true): raises once the deadline or the poll count is reached."""
+        self.polls += 1
+        self.last, self.error = value, error
+        if time.monotonic() >= self.deadline or self.polls == self.polls_max:
+            seen = f"last error {error!r}" if error is not None else f"last value {value!r}"
+            raise AssertionError(f"timed out after {self.timeout_s:g} s ({self.polls} polls) waiting for "
+                                 f"{self.what}; {seen}")
 
 
 def eventually(check: Callable[[], T], what: str, timeout_s: float = TIMEOUT_S, poll_s: float = POLL_S,
@@ -50,23 +62,16 @@ def eventually(check: Callable[[], T], what: str, timeout_s: float = TIMEOUT_S, 
 
     ``what`` says what is waited for (the failure message names it); exceptions of the
     ``ignoring`` types count as a false value."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    error: BaseException | None = None
-    polls_max = _polls_max(timeout_s, poll_s)
-    polls = 0
+    polls = _Polls(what, timeout_s, poll_s)
     while True:
-        polls += 1
         try:
             value = check()
         except ignoring as exc:
-            error, last = exc, None
+            polls.seen(None, exc)
         else:
             if value:
                 return value
-            error, last = None, value
-        if time.monotonic() >= deadline or polls == polls_max:
-            raise _timed_out(what, timeout_s, polls, last, error)
+            polls.seen(value)
         time.sleep(poll_s)
 
 
@@ -74,23 +79,16 @@ async def eventually_async(check: Callable[[], Awaitable[T] | T], what: str, tim
                            poll_s: float = POLL_S, ignoring: _Ignored = ()) -> T:
     """:func:`eventually` inside a running loop: the loop keeps running between polls, and
     ``check`` may be a coroutine function (awaited each poll) or a plain one."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    error: BaseException | None = None
-    polls_max = _polls_max(timeout_s, poll_s)
-    polls = 0
+    polls = _Polls(what, timeout_s, poll_s)
     while True:
-        polls += 1
         try:
             value = check()
             if inspect.isawaitable(value):
                 value = await value
         except ignoring as exc:
-            error, last = exc, None
+            polls.seen(None, exc)
         else:
             if value:
                 return value
-            error, last = None, value
-        if time.monotonic() >= deadline or polls == polls_max:
-            raise _timed_out(what, timeout_s, polls, last, error)
+            polls.seen(value)
         await asyncio.sleep(poll_s)
