@@ -8,7 +8,6 @@ then (its ``_state_index``: the core counts an entry applied only once the sync 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,16 @@ import pytest
 
 from shoal.node.partition import PartitionMachine
 from shoal.node.pushes import session_pull
-from shoal.node.raft import RaftNetwork, TickScheduler
-from shoal.node.raft.replica import PartitionReplica
 from shoal.node.raft.storage import NodeStorage
 
-WAIT_S_MAX = 10.0
+from lone_replica import LoneReplica
 
 
-class Lone:
-    """A partition replica with no peers, leading once it campaigned."""
+class Lone(LoneReplica):
+    """A partition replica of the queue engine with no peers, its syncs logged."""
 
     def __init__(self, data_dir: str, storage: NodeStorage | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.network = RaftNetwork(self.loop, "a", "test", b"k", ("127.0.0.1", 0), {}, set())
-        self.scheduler = TickScheduler(self.loop)
-        self.replica = PartitionReplica(0, self.network, [], application=PartitionMachine(0), data_dir=data_dir,
-                                        loop=self.loop,
-                                        scheduler=self.scheduler, storage=storage, preferred=True)
+        super().__init__(data_dir, PartitionMachine(0), storage)
         self.log: list[Any] = []
         storage = self.replica.storage
         sync = storage.sync_all_now
@@ -44,16 +36,6 @@ class Lone:
             sync()
 
         storage.sync_all_now = logged_sync  # type: ignore[method-assign]
-        self.replica.start()
-        self.run_until(lambda: self.replica.read_ready())
-
-    def run_until(self, done: Any) -> None:
-        async def wait() -> None:
-            deadline = self.loop.time() + WAIT_S_MAX
-            while not done():
-                assert self.loop.time() < deadline, "condition not reached in time"
-                await asyncio.sleep(0.005)
-        self.loop.run_until_complete(wait())
 
     def propose(self, cmds: list[Any], early: bool) -> list[Any]:
         """Propose ``cmds`` as one entry; the results it was answered with (``done``'s)."""
@@ -68,16 +50,10 @@ class Lone:
 
         self.log.clear()
         self.replica.propose(1_000, cmds, done, on_early if early else None)
-        self.run_until(lambda: answered)
+        self.run_until(lambda: answered, "the entry's answer")
         results, reason = answered[0]
         assert reason == 0
         return results  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        self.replica.close()
-        self.scheduler.close()
-        self.network.close()
-        self.loop.close()
 
 
 @pytest.fixture

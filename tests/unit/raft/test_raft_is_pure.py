@@ -10,9 +10,8 @@ a snapshot written by a forked child and a restart that loads it. The queue engi
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,20 @@ import msgpack
 import pytest
 
 from shoal.node.partition import PartitionMachine, decode_batch, encode_batch
-from shoal.node.raft import RaftNetwork, TickScheduler
+from shoal.node.raft._io import RealIO
 from shoal.node.raft.application import Application
 from shoal.node.raft.messages import ENTRY_DATA
-from shoal.node.raft._io import RealIO
-from shoal.node.raft.replica import ApplyFailed, PartitionReplica
+from shoal.node.raft.replica import ApplyFailed
 from shoal.node.raft.storage import NodeStorage
 from shoal.node.state import PartitionEngine
+
+from lone_replica import LoneReplica
 from test_layering import imports_in
 
 ROOT = Path(__file__).resolve().parents[3]
 RAFT = ROOT / "node" / "raft"
 #: What Raft may import of the node: only its own package.
 RAFT_PACKAGE = "shoal.node.raft"
-WAIT_S_MAX = 20.0
 
 
 # --- the source ------------------------------------------------------------------------------------
@@ -120,39 +119,19 @@ def _conforms(app: Application) -> Application:
     return app
 
 
-class Lone:
+class Lone(LoneReplica):
     """A one-member group (it leads once it campaigned) over ``application``, on a real loop and disk."""
 
     def __init__(self, data_dir: str, application: Tally, storage: NodeStorage | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.network = RaftNetwork(self.loop, "a", "test", b"k", ("127.0.0.1", 0), {}, set())
-        self.scheduler = TickScheduler(self.loop)
         self.app = application
-        self.replica = PartitionReplica(0, self.network, [], application=_conforms(application), data_dir=data_dir,
-                                        loop=self.loop, scheduler=self.scheduler, preferred=True, storage=storage)
-        self.replica.start()
-        self.run_until(lambda: self.replica.read_ready() and not self.replica.status()["loading"])
-
-    def run_until(self, done: Callable[[], Any]) -> None:
-        async def wait() -> None:
-            deadline = self.loop.time() + WAIT_S_MAX
-            while not done():
-                assert self.loop.time() < deadline, "condition not reached in time"
-                await asyncio.sleep(0.005)
-        self.loop.run_until_complete(wait())
+        super().__init__(data_dir, _conforms(application), storage)
 
     def propose(self, commands: list[Any]) -> tuple[Any, int]:
         """``(results, fail reason)`` of one proposed batch."""
         answered: list[tuple[Any, int]] = []
         self.replica.propose(1_000, commands, lambda results, reason: answered.append((results, reason)))
-        self.run_until(lambda: answered)
+        self.run_until(lambda: answered, "the batch's answer")
         return answered[0]
-
-    def close(self) -> None:
-        self.replica.close()
-        self.scheduler.close()
-        self.network.close()
-        self.loop.close()
 
 
 @pytest.fixture
