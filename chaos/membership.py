@@ -14,12 +14,14 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from shoal.cluster.admin_client import AdminError, ClusterShape
 from shoal.cluster.launcher import node_health
 
 from .history import History
 from .nemesis import Heal, Nemesis, Stage, wait_leader
+from .polling import poll_until
 from .proxied_cluster import ProxiedCluster
 
 __all__ = ["MEMBERSHIP", "MembershipTimeout", "SETTLE_TIMEOUT_S"]
@@ -179,14 +181,18 @@ def _restart(cluster: ProxiedCluster, history: History, node: str, how: str) -> 
 
 def _wait_answers(cluster: ProxiedCluster, node: str) -> None:
     """Until ``node`` answers as this cluster's node (bounded; raises if its process exited)."""
-    assert cluster.cluster is not None
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while not cluster.cluster.confirm_own(node):
-        if cluster.cluster.pid(node) is None:
-            raise RuntimeError(cluster.cluster.exit_report(node))
-        if time.monotonic() >= deadline:
-            raise MembershipTimeout(f"{node} did not answer within {SETTLE_TIMEOUT_S:.0f} s of its start")
-        time.sleep(0.1)
+    local = cluster.cluster
+    assert local is not None
+
+    def answers() -> bool:
+        if local.confirm_own(node):
+            return True
+        if local.pid(node) is None:
+            raise RuntimeError(local.exit_report(node))
+        return False
+
+    poll_until(answers, SETTLE_TIMEOUT_S, 0.1, lambda: MembershipTimeout(
+        f"{node} did not answer within {SETTLE_TIMEOUT_S:.0f} s of its start"))
 
 
 def _wait_in_service(cluster: ProxiedCluster) -> None:
@@ -194,18 +200,18 @@ def _wait_in_service(cluster: ProxiedCluster) -> None:
     partitions have leaders it can reach and it applied what is committed); bounded. The
     leaders' view (:meth:`ClusterShape.settled`) can name as a voter a replica that cannot take
     its log: this is the replicas' own word."""
-    assert cluster.cluster is not None
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while True:
-        leaders = {p.id: p.leader for p in cluster.cluster.topology().partition_map}
-        running = [n for n in cluster.node_ids if cluster.cluster.pid(n) is not None]
-        unready = {n: body for n in running if not (body := cluster.readiness(n)).get("ready")}
-        if all(leaders.values()) and not unready:
-            return
-        if time.monotonic() >= deadline:
-            raise MembershipTimeout(f"not in service within {SETTLE_TIMEOUT_S:.0f} s: leaders {leaders}, "
-                                    f"not ready {unready}")
-        time.sleep(0.2)
+    local = cluster.cluster
+    assert local is not None
+    seen: dict[str, Any] = {}
+
+    def in_service() -> bool:
+        seen["leaders"] = leaders = {p.id: p.leader for p in local.topology().partition_map}
+        running = [n for n in cluster.node_ids if local.pid(n) is not None]
+        seen["unready"] = unready = {n: body for n in running if not (body := cluster.readiness(n)).get("ready")}
+        return all(leaders.values()) and not unready
+
+    poll_until(in_service, SETTLE_TIMEOUT_S, 0.2, lambda: MembershipTimeout(
+        f"not in service within {SETTLE_TIMEOUT_S:.0f} s: leaders {seen['leaders']}, not ready {seen['unready']}"))
 
 
 def rolling_restart_during_join(stage: Stage, target: str) -> Heal:

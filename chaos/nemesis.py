@@ -19,6 +19,7 @@ from shoal.cluster.partitioning import partition_for
 from shoal.cluster.registry import node_of_member
 
 from .history import Fault, History
+from .polling import poll_until
 from .proxied_cluster import ProxiedCluster
 
 if TYPE_CHECKING:
@@ -68,14 +69,14 @@ def wait_leader(cluster: ProxiedCluster, partition: int, not_node: str | None = 
                 timeout_s: float = ELECTION_WAIT_S) -> str:
     """The leader of ``partition`` once there is one other than ``not_node`` (bounded)."""
     assert cluster.cluster is not None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        leader = cluster.cluster.leader_of(partition)
-        if leader is not None and leader != not_node:
-            return leader
-        if time.monotonic() >= deadline:
-            raise StepFailed(f"partition {partition} elected no leader other than {not_node} in {timeout_s:.0f} s")
-        time.sleep(0.1)
+    leader_of = cluster.cluster.leader_of
+
+    def other_leader() -> str | None:
+        leader = leader_of(partition)
+        return leader if leader != not_node else None
+
+    return poll_until(other_leader, timeout_s, 0.1, lambda: StepFailed(
+        f"partition {partition} elected no leader other than {not_node} in {timeout_s:.0f} s"))
 
 
 def kill(stage: Stage, node: str) -> Heal:
@@ -222,18 +223,16 @@ def pause_leader(stage: Stage, node: str) -> Heal:
 
 def _wait_stepped_down(cluster: ProxiedCluster, node: str, partition: int, term: int) -> None:
     """Until ``node`` no longer claims to lead ``partition`` in ``term`` (bounded)."""
-    deadline = time.monotonic() + ELECTION_WAIT_S
-    while True:
+    def stepped_down() -> bool:
         try:
             leader, now_term = cluster.claim(node, partition)
         except (OSError, TimeoutError):
-            leader, now_term = node, term
-        if leader != node or now_term > term:
-            return
-        if time.monotonic() >= deadline:
-            raise StepFailed(f"{node} still claims to lead partition {partition} in term {term} "
-                             f"{ELECTION_WAIT_S:.0f} s after it was resumed")
-        time.sleep(0.1)
+            return False
+        return leader != node or now_term > term
+
+    poll_until(stepped_down, ELECTION_WAIT_S, 0.1, lambda: StepFailed(
+        f"{node} still claims to lead partition {partition} in term {term} {ELECTION_WAIT_S:.0f} s after it "
+        "was resumed"))
 
 
 def pause_transfer_target(stage: Stage, node: str) -> Heal:
