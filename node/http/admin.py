@@ -88,8 +88,7 @@ class AdminApi:
         reg = node.cluster_map.registry
         return {"ok": True, "nodeId": node.node_id, "registry": reg.to_wire(),
                 "placement": {str(p): m for p, m in reg.placement().items()},
-                "topology": node.topology.to_wire(), "moves": node.moves.moves(),
-                "memberships": led_memberships(node),
+                "topology": node.topology.to_wire(), **self._own_moves(),
                 "moveCounters": node.moves.counters()}
 
     async def cluster(self, request: web.Request) -> web.Response:
@@ -98,20 +97,23 @@ class AdminApi:
             body["moves"], body["memberships"] = await self._gather(request)
         return json_response(body)
 
+    def _own_moves(self) -> dict[str, Any]:
+        """The moves this node runs and the memberships of the partitions it leads."""
+        return {"moves": list(self.node.moves.moves()), "memberships": led_memberships(self.node)}
+
     async def moves(self, _: web.Request) -> web.Response:
-        return json_response({"ok": True, "nodeId": self.node.node_id, "moves": self.node.moves.moves(),
-                              "memberships": led_memberships(self.node)})
+        return json_response({"ok": True, "nodeId": self.node.node_id, **self._own_moves()})
 
     async def _moves_call(self, _: Any) -> dict[str, Any]:
-        """This node's moves and led memberships, for another node's :meth:`_gather`."""
-        return {"moves": list(self.node.moves.moves()), "memberships": led_memberships(self.node)}
+        """:meth:`_own_moves`, for another node's :meth:`_gather`."""
+        return self._own_moves()
 
     async def _gather(self, request: web.Request) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """This node's moves and led memberships and every live peer's, asked over the
         node-to-node link (of two leaders of one partition, the one of the higher term counts)."""
         node = self.node
-        moves = list(node.moves.moves())
-        memberships = led_memberships(node)
+        own = self._own_moves()
+        moves, memberships = own["moves"], own["memberships"]
         relay = node.dispatcher.relay
 
         async def ask(entry: NodeEntry) -> dict[str, Any]:
