@@ -17,12 +17,13 @@ on the machine's disk) and prints, for entries of ~7 KB (a 50-push batch of
   (``sync_all_threads``) — and, for comparison, the same entries appended to
   one node-wide journal with one sync per round: entries/s and round latency
   p50/p99 (what a reply waits);
-- ``mark``: what making the synced mark durable costs the sync path (its
-  write and fdatasync after each sync of the data): one journal synced on the
-  calling thread, and ``--partitions`` journals synced together on threads,
-  one ~7 KB entry each per round, with the mark and (for comparison) with it
-  switched off, the two interleaved in ``--blocks`` blocks so load hits both
-  alike;
+- ``mark``: what protecting the newest synced batch costs the sync path: the
+  journal as it is (each batch flushed with its copy, the mark written without
+  a flush), the same journal making the synced mark durable after each sync
+  instead of copying (a second fdatasync), and (a floor) neither: one journal
+  synced on the calling thread, and ``--partitions`` journals synced together
+  on threads, one ~7 KB entry each per round, the three interleaved in
+  ``--blocks`` blocks so load hits them alike;
 - ``recovery``: time to open a journal of ``--recovery-records`` records of
   ``--recovery-payload`` bytes, and of ``--recovery-bytes`` bytes of ~7 KB
   records, with the memory the open journal holds. ``--drop-caches`` (root)
@@ -130,15 +131,15 @@ def batched(root: str, entries: int, partitions: int, blocks: int = 5) -> None:
 def mark(root: str, entries: int, partitions: int, blocks: int) -> None:
     for count in (1, partitions):
         how = "on the calling thread" if count == 1 else "together on threads"
-        print(f"\n== mark: {count} journal(s), one 7 KB entry each per round, synced {how}; with the synced"
-              f" mark made durable after each sync and without (interleaved in {blocks} blocks)")
+        print(f"\n== mark: {count} journal(s), one 7 KB entry each per round, synced {how}; with copies,"
+              f" with a durable mark instead, and with neither (interleaved in {blocks} blocks)")
         mark_rounds(os.path.join(root, f"mark-{count}"), entries, count, blocks)
 
 
 def mark_rounds(root: str, entries: int, partitions: int, blocks: int) -> None:
     rounds = max(1, entries // partitions // blocks)
     payload = os.urandom(50 * 140)
-    modes = ("with mark", "without mark")
+    modes = ("copies", "durable mark", "neither")
     lat: dict[str, list[float]] = {m: [] for m in modes}
     busy = dict.fromkeys(modes, 0.0)
     cpu = dict.fromkeys(modes, 0.0)  # this process's CPU time (user + system, every thread)
@@ -146,8 +147,10 @@ def mark_rounds(root: str, entries: int, partitions: int, blocks: int) -> None:
         batchers = {m: SyncBatcher() for m in modes}
         journals = {m: [Journal(RealIO(disk_free_min_bytes=0), os.path.join(root, m.replace(" ", "-"), f"p{k}"),
                                 batcher=batchers[m]) for k in range(partitions)] for m in modes}
-        for j in journals["without mark"]:
-            j._mark_ready = False  # the journal's switch for the mark's write and fdatasync after each sync
+        for j in journals["durable mark"] + journals["neither"]:
+            j.copy_bytes_max = 0  # no copies: each sync makes the synced mark durable
+        for j in journals["neither"]:
+            j._mark_ready = False  # the journal's switch for the mark's write after each sync
         done = 0
         for _ in range(blocks):
             for mode in modes:

@@ -172,6 +172,9 @@ __all__ = [
     "ZEROS_AHEAD_BYTES",
     "RECORD_HEADER_BYTES",
     "MARK_RECORD_BYTES",
+    "COPY_RECORD_BYTES",
+    "COPY_HEADER_BYTES",
+    "COPY_BYTES_MAX",
 ]
 
 log = logging.getLogger(__name__)
@@ -181,10 +184,12 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 ZEROS_AHEAD_BYTES = 64 * 1024
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
-#: Version 3 segments may hold mark records; version 2 (entry records only) is still read.
-_SEGMENT_VERSION = 3
-_SEGMENT_VERSIONS_READ = (2, 3)
+#: Version 4 segments may hold copy records, version 3 mark records; versions 2 (entry records
+#: only) and 3 are still read.
+_SEGMENT_VERSION = 4
+_SEGMENT_VERSIONS_READ = (2, 3, 4)
 _MARKS_SINCE_VERSION = 3
+_COPIES_SINCE_VERSION = 4
 #: magic, version, the unsynced-bytes bound, CRC32C of the three: a header torn by a power cut
 #: (it is unsynced until the segment's first sync) is told from one that states a wrong bound.
 _SEGMENT_HEADER = struct.Struct("<8sIII")
@@ -275,6 +280,26 @@ MARK_RECORD_BYTES = _MARK_RECORD.size
 #: a copy of one anywhere else (another offset, another segment, inside a payload) is not valid.
 _MARK_RECORD_CRC = struct.Struct("<I8sQQQ")
 _CRC_FIELDS = struct.Struct("<IQQ")
+#: A copy record has this where an entry record has its payload length.
+_COPY_LENGTH = 0xFFFFFFFE
+_COPY_RECORD_MAGIC = b"SHOALCPY"
+#: The length sentinel, CRC32C, magic, the record's own offset, where the copy begins (4 KiB
+#: aligned) and how many bytes before the record it copies.
+_COPY_RECORD = struct.Struct("<II8sQQQ")
+COPY_RECORD_BYTES = _COPY_RECORD.size
+#: What a copy record's CRC32C covers: its fields and the first index of its segment.
+_COPY_RECORD_CRC = struct.Struct("<I8sQQQQ")
+_COPY_MAGIC = b"SHOALDUP"
+#: The copy's own header: magic, CRC32C (of its other fields, the segment's first index and the
+#: copied bytes), the copied range's start and end, and the header's own offset.
+_COPY_HEADER = struct.Struct("<8sIQQQ")
+COPY_HEADER_BYTES = _COPY_HEADER.size
+#: The copy starts in a block of its own: damage to one 4 KiB block leaves a batch or its copy.
+COPY_ALIGN = 4096
+#: A sync whose batch is larger than this writes no copy; it makes the synced mark durable.
+COPY_BYTES_MAX = 256 * 1024
+#: Batches one scan of a segment restores from their copies at most.
+_RESTORES_MAX = 64
 _START = struct.Struct("<8sQI")
 _START_MAGIC = b"SHOALSTA"
 PAYLOAD_BYTES_MAX = 256 * 1024 * 1024
@@ -341,6 +366,56 @@ def _mark_record_index(buf: bytes | memoryview, at: int, offset: int, segment: i
     return index
 
 
+def _copy_at(end: int) -> int:
+    """Where the copy of a batch ending at ``end`` begins: the first block after its copy record."""
+    return -(-(end + COPY_RECORD_BYTES) // COPY_ALIGN) * COPY_ALIGN
+
+
+def _copy_record(segment: int, offset: int, copy_at: int, length: int) -> bytes:
+    """The copy record written at ``offset`` of segment ``segment``: the ``length`` bytes before
+    it are copied at ``copy_at``."""
+    crc = google_crc32c.value(
+        _COPY_RECORD_CRC.pack(_COPY_LENGTH, _COPY_RECORD_MAGIC, offset, copy_at, length, segment))
+    return _COPY_RECORD.pack(_COPY_LENGTH, crc, _COPY_RECORD_MAGIC, offset, copy_at, length)
+
+
+def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: int) -> tuple[int, int] | None:
+    """``(copy_at, length)`` of a whole, valid copy record at ``buf[at:]`` that sits at file
+    offset ``offset`` of segment ``segment``; None if there is no such record there."""
+    if at < 0 or at + COPY_RECORD_BYTES > len(buf):
+        return None
+    sentinel, crc, magic, named, copy_at, length = _COPY_RECORD.unpack_from(buf, at)
+    if sentinel != _COPY_LENGTH or magic != _COPY_RECORD_MAGIC or named != offset:
+        return None
+    if google_crc32c.value(_COPY_RECORD_CRC.pack(sentinel, magic, named, copy_at, length, segment)) != crc:
+        return None
+    if copy_at != _copy_at(offset) or length > offset - SEGMENT_HEADER_BYTES:
+        return None
+    return copy_at, length
+
+
+def _copy_block(segment: int, start: int, end: int, copy_at: int, data: bytes) -> bytes:
+    """The copy of bytes ``start``..``end`` of segment ``segment``, as written at ``copy_at``."""
+    crc = google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data)
+    return _COPY_HEADER.pack(_COPY_MAGIC, crc, start, end, copy_at) + data
+
+
+def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: int) -> tuple[int, int, bytes] | None:
+    """``(start, end, data)`` of a whole copy whose checksum holds at ``buf[at:]``, which sits at
+    file offset ``copy_at`` of segment ``segment``; None otherwise."""
+    if at < 0 or at + COPY_HEADER_BYTES > len(buf):
+        return None
+    magic, crc, start, end, named = _COPY_HEADER.unpack_from(buf, at)
+    if magic != _COPY_MAGIC or named != copy_at or not SEGMENT_HEADER_BYTES <= start <= end < copy_at:
+        return None
+    data = bytes(buf[at + COPY_HEADER_BYTES : at + COPY_HEADER_BYTES + end - start])
+    if len(data) != end - start:
+        return None
+    if google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data) != crc:
+        return None
+    return start, end, data
+
+
 def _segment_name(first_index: int) -> str:
     return f"{first_index:020d}{_SUFFIX}"
 
@@ -358,6 +433,8 @@ class _Segment:
     #: Offset of its newest mark record (the header's end if it has none): the bytes before
     #: it are vouched for in the segment itself.
     marked: int = SEGMENT_HEADER_BYTES
+    #: Where the bytes the next sync makes durable begin (what its copy record copies).
+    batch_start: int = SEGMENT_HEADER_BYTES
 
     @property
     def next_index(self) -> int:
@@ -499,7 +576,14 @@ class Journal:
         self._mark_handle: FileHandle | None = None
         self._mark_slot = 0
         self._mark_ready = False
-        #: fdatasyncs issued: the log's, and the synced mark's after each of them.
+        #: Whether the last sync of the log wrote a copy of its batch (see *Copies*): if not, the
+        #: mark naming it is made durable before the sync returns.
+        self._copied = False
+        #: Batches larger than this are synced without a copy, with a durable mark (0: never copy).
+        self.copy_bytes_max = COPY_BYTES_MAX
+        #: Whether the mark file holds a write no fdatasync has covered yet.
+        self._mark_lazy = False
+        #: fdatasyncs issued: the log's, and the synced mark's when a batch had no copy.
         self.syncs = 0
         self.disk_reads = 0
         _finish_quarantine(io, directory)
@@ -574,8 +658,8 @@ class Journal:
             f"append of {index} to a journal holding {self._first_index}..{self._last_index}"
         record = encode_record(index, term, payload)
         seg = self._segments[-1]
-        # A version-2 segment cannot hold mark records: it is sealed and a current one started.
-        if len(seg.offsets) and (seg.size + len(record) > self.segment_bytes or seg.version < _MARKS_SINCE_VERSION):
+        # An older segment cannot hold mark or copy records: it is sealed and a current one started.
+        if len(seg.offsets) and (seg.size + len(record) > self.segment_bytes or seg.version < _SEGMENT_VERSION):
             seg = self._roll(index)
         elif self._unsynced_bytes and self._unsynced_bytes + len(record) > seg.unsynced_max:
             self.sync()
@@ -657,7 +741,9 @@ class Journal:
         self._unsynced_bytes = SEGMENT_HEADER_BYTES
         seg = _Segment(path, first_index, unsynced_max=self.unsynced_bytes_max)
         self._segments.append(seg)
-        self._dir_dirty = True
+        # The header is data the next sync must flush even if no entry follows it (an append
+        # refused for space): the mark it then writes names the header's bytes.
+        self._data_dirty = self._dir_dirty = True
         return seg
 
     def _roll(self, next_index: int) -> _Segment:
@@ -666,7 +752,7 @@ class Journal:
         assert self._active is not None
         old = self._active
         self._trim_zeros_ahead()  # a sealed segment ends with its last record
-        self._sync_active()
+        self._sync_active(zeros_ahead=False)
         if not self._dir_dirty:
             self._note_synced()
             self._synced_index = self._last_index
@@ -707,10 +793,13 @@ class Journal:
 
     def sync(self) -> int:
         """fdatasync everything written so far; return the highest durable index."""
+        return self._sync(zeros_ahead=True)
+
+    def _sync(self, *, zeros_ahead: bool) -> int:
         target = self._last_index
         self._check_usable()
         if self._data_dirty and self._active is not None:
-            self._sync_active()
+            self._sync_active(zeros_ahead=zeros_ahead)
         self._sync_dir_if_dirty()
         self._note_synced()  # before the entries count as durable: see *The synced mark*
         self._synced_index = max(self._synced_index, target)
@@ -718,20 +807,22 @@ class Journal:
         return self._synced_index
 
     def _note_synced(self) -> None:
-        """Everything written is durable: make the mark say so, durably, if it moved."""
+        """Everything written is durable: make the mark say so if it moved (durably unless the
+        batch was synced with its copy; see *The synced mark*)."""
         if self._segments and self._mark_ready:
             seg = self._segments[-1]
             mark = SyncMark(self._last_index, seg.first_index, seg.size)
             if mark != self._mark:
-                self._write_mark(mark)
+                self._write_mark(mark, durable=not self._copied)
 
-    def _write_mark(self, mark: SyncMark) -> None:
-        """Make ``mark`` durable over the older of the two copies before returning.
+    def _write_mark(self, mark: SyncMark, *, durable: bool = True) -> None:
+        """Write ``mark`` over the older of the two copies; with ``durable``, fdatasync it
+        before returning.
 
         A power cut during the write can tear only that copy; the other still holds the mark
         of the sync before, a lower bound. A failure poisons the journal as a failed data sync
-        does: the entries just synced must not be reported durable while no durable mark names
-        them (recovery could then take damage among them for a torn tail).
+        does: the entries just synced must not be reported durable while nothing durable
+        protects them (recovery could then take damage among them for a torn tail).
         """
         try:
             if self._mark_handle is None:
@@ -740,7 +831,9 @@ class Journal:
         except OSError as exc:
             self._failed = f"{self.directory}: writing the synced mark failed ({exc}); reopen the journal"
             raise SyncFailed(self._failed) from exc
-        self._datasync(self._mark_handle)
+        if durable:
+            self._datasync(self._mark_handle)
+        self._mark_lazy = not durable
         self._mark_slot ^= 1
         self._mark = mark
 
@@ -758,6 +851,7 @@ class Journal:
         self._mark_handle.pwrite(_MARK_SLOT_BYTES, slot)
         self._datasync(self._mark_handle)
         self._mark, self._mark_slot = mark, 0
+        self._mark_lazy = False
 
     def _create_mark(self, mark: SyncMark) -> None:
         """Write the mark file anew, durably (a new journal, or one whose mark was unreadable)."""
@@ -766,17 +860,43 @@ class Journal:
             self._mark_handle = None
         self._io.write_atomic(self._mark_path, [_mark_file(mark)])
         self._mark, self._mark_slot = mark, 0
+        self._mark_lazy = False
         self._mark_ready = True
 
-    def _sync_active(self) -> None:
-        """fdatasync the active segment: everything written to it is durable."""
+    def _sync_active(self, *, zeros_ahead: bool = True) -> None:
+        """fdatasync the active segment, with a copy of its batch written ahead in the same
+        flush when it has one (see *Copies*): everything written to it is durable."""
         assert self._active is not None
         seg = self._segments[-1]
+        self._copied = self._write_copy(seg, self._active, zeros_ahead=zeros_ahead)
         size = seg.size  # taken first: a mark record must never vouch for a byte written after it
         self._datasync(self._active)
-        seg.synced_size = size
+        seg.synced_size = seg.batch_start = size
         self._data_dirty = False
         self._unsynced_bytes = 0
+
+    def _write_copy(self, seg: _Segment, active: FileHandle, *, zeros_ahead: bool) -> bool:
+        """Write the copy record and the copy of the bytes since the last sync, if the segment
+        takes copies and the batch is small enough; return whether it did."""
+        start, end = seg.batch_start, seg.size
+        if seg.version < _COPIES_SINCE_VERSION or not 0 < end - start <= self.copy_bytes_max:
+            return False
+        copy_at = _copy_at(end)
+        data = active.pread(start, end - start)
+        assert len(data) == end - start, f"batch {start}..{end} of {seg.path} reads back {len(data)} bytes"
+        block = (_copy_record(seg.first_index, end, copy_at, end - start)
+                 + bytes(copy_at - end - COPY_RECORD_BYTES) + _copy_block(seg.first_index, start, end, copy_at, data))
+        if zeros_ahead and self.zeros_ahead and end + len(block) > active.size:
+            self._write_zeros_ahead(end + len(block))
+        try:
+            active.put(end, block, check_space=False)
+        except NoSpace:
+            return False  # the write was cut back: this batch gets a durable mark instead
+        except OSError as exc:
+            self._failed = f"{self.directory}: writing the copy of a batch failed ({exc}); reopen the journal"
+            raise SyncFailed(self._failed) from exc
+        seg.size = end + len(block)
+        return True
 
     def _sync_dir_if_dirty(self) -> None:
         """fsync the directory when a segment was created or removed since the last one."""
@@ -819,6 +939,7 @@ class Journal:
         seg.size = cut
         if seg.marked >= cut:  # its newest mark record goes with the cut: the next write names the cut anew
             seg.marked = SEGMENT_HEADER_BYTES
+        seg.batch_start = min(seg.batch_start, cut)
         assert self._active is not None
         self._active.truncate(cut)
         self._sync_active()
@@ -902,7 +1023,10 @@ class Journal:
         try:
             if self._active is not None and self._failed is None:
                 self._trim_zeros_ahead()
-                self.sync()  # the mark is durable and exact from here on
+                self._sync(zeros_ahead=False)
+                if self._mark_lazy and self._mark_handle is not None:
+                    self._datasync(self._mark_handle)  # the mark is durable and exact from here on
+                    self._mark_lazy = False
                 self.store_commit_hint()
         finally:
             for handle in (self._active, self._mark_handle):
@@ -993,6 +1117,12 @@ class Journal:
                         raise JournalCorrupt(seg.path, lo + pos, "mark record fails its check on read")
                     pos += MARK_RECORD_BYTES
                     continue
+                if length == _COPY_LENGTH:  # a batch's copy: nothing to read
+                    fields = _copy_record_fields(view, pos, lo + pos, seg.first_index)
+                    if fields is None:
+                        raise JournalCorrupt(seg.path, lo + pos, "copy record fails its check on read")
+                    pos = fields[0] + COPY_HEADER_BYTES + fields[1] - lo
+                    continue
                 payload = bytes(view[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length])
                 if idx != index or len(payload) != length or _crc(length, term, idx, payload) != crc:
                     raise JournalCorrupt(seg.path, lo + pos, "record fails its check on read")
@@ -1049,6 +1179,7 @@ class Journal:
                 )
             self._segments.append(seg)
         tail = self._segments[-1]
+        tail.batch_start = tail.size  # recovery's own sync makes the mark durable instead of copying
         if mark is not None and tail.last_index < mark.index:
             raise JournalCorrupt(tail.path, tail.size,
                                  f"journal ends at index {tail.last_index}, but entries up to {mark.index} were synced")
@@ -1090,12 +1221,14 @@ class Journal:
             raise JournalCorrupt(path, 0, "bad magic or checksum")
         return index
 
-    def _scan(self, path: str, first: int, synced_end: int | None, is_last: bool) -> _Segment:
-        """Read one segment's records, checking each; cut a torn tail of the last segment.
+    def _scan(self, path: str, first: int, synced_end: int | None, is_last: bool, restored: int = 0) -> _Segment:
+        """Read one segment's records, checking each; restore a damaged batch from its copy; cut a
+        torn tail of the last segment.
 
         ``synced_end``: the bytes of the last segment known synced (None: unknown, so all).
         """
         handle = self._io.open(path, create=False)
+        runs_before = len(self._run_index)
         try:
             size = handle.size
             seg = _Segment(path, first, unsynced_max=self.unsynced_bytes_max)
@@ -1118,6 +1251,7 @@ class Journal:
             seg.unsynced_max = unsynced_max
             seg.version = version
             marks = version >= _MARKS_SINCE_VERSION
+            copies = version >= _COPIES_SINCE_VERSION
             offset = SEGMENT_HEADER_BYTES
             index = first
             chunk_bytes = 4 * 1024 * 1024
@@ -1145,6 +1279,20 @@ class Journal:
                         break
                     seg.marked = offset
                     offset += MARK_RECORD_BYTES
+                    continue
+                if length == _COPY_LENGTH and copies:
+                    if rel + COPY_RECORD_BYTES > len(buf):
+                        buf = handle.pread(offset, chunk_bytes)
+                        buf_at, rel = offset, 0
+                    fields = _copy_record_fields(buf, rel, offset, first)
+                    if fields is None:
+                        problem = "copy record fails its checks"
+                        break
+                    after = fields[0] + COPY_HEADER_BYTES + fields[1]
+                    if after > size:
+                        problem = "copy cut short"
+                        break
+                    offset = after  # the copy is read only to restore the batch before it
                     continue
                 if length > PAYLOAD_BYTES_MAX:
                     problem = f"record length {length} beyond the limit"
@@ -1174,11 +1322,23 @@ class Journal:
                 offsets.append(offset)
                 offset += RECORD_HEADER_BYTES + length
                 index += 1
+            if problem and copies and restored < _RESTORES_MAX:
+                found = self._copy_covering(handle, offset, size, first)
+                if found is not None:
+                    start, end, copy_at, data = found
+                    log.warning("journal %s: %s at offset %d; bytes %d..%d restored from their copy at %d",
+                                path, problem, offset, start, end, copy_at)
+                    handle.pwrite(start, data)
+                    handle.pwrite(end, _copy_record(first, end, copy_at, end - start))
+                    handle.datasync()
+                    del self._run_index[runs_before:]
+                    del self._run_term[runs_before:]
+                    return self._scan(path, first, synced_end, is_last, restored + 1)
             if problem:
                 if not is_last or synced_end is None or offset < synced_end:
                     raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
                 zeros = self._zeros_at_end(handle, offset, size)
-                if not self._may_be_torn(handle, offset, size - zeros, unsynced_max, marks):
+                if not self._may_be_torn(handle, offset, size - zeros, unsynced_max, marks, copies):
                     raise JournalCorrupt(
                         path, offset, f"{problem}, {size - offset} bytes before the end: more than the "
                         f"{unsynced_max} bytes that can be unsynced, so not a torn write"
@@ -1247,16 +1407,38 @@ class Journal:
         return len(tail) - len(tail.rstrip(b"\0"))
 
     @staticmethod
-    def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool) -> bool:
+    def _copy_covering(handle: FileHandle, offset: int, size: int, segment: int) -> tuple[int, int, int, bytes] | None:
+        """``(start, end, copy_at, data)`` of a whole copy past ``offset`` of bytes ``start``..
+        ``end`` with ``start <= offset <= end`` (the damage is in the batch or its copy record),
+        or None. Copies begin on 4 KiB boundaries within reach of the batch they copy."""
+        first = -(-(offset + 1) // COPY_ALIGN) * COPY_ALIGN
+        last = min(size - COPY_HEADER_BYTES, _copy_at(offset + COPY_BYTES_MAX))
+        if first > last:
+            return None
+        buf = handle.pread(first, last - first + COPY_HEADER_BYTES + COPY_BYTES_MAX)
+        for copy_at in range(first, last + 1, COPY_ALIGN):
+            at = copy_at - first
+            if buf[at : at + len(_COPY_MAGIC)] != _COPY_MAGIC:
+                continue
+            fields = _copy_block_fields(buf, at, copy_at, segment)
+            if fields is not None and fields[0] <= offset <= fields[1] and _copy_at(fields[1]) == copy_at:
+                return fields[0], fields[1], copy_at, fields[2]
+        return None
+
+    @staticmethod
+    def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool,
+                     copies: bool = False) -> bool:
         """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
 
         Only the unsynced tail can be torn, and it is at most ``unsynced_max``
         bytes or a single record (an append larger than the bound syncs what
         came before it, and writes the record after a mark record), in which
         case the bad record reaches the end of file (``size``: where the zeros
-        written ahead of the records begin, if the file ends with them).
+        written ahead of the records begin, if the file ends with them). With
+        ``copies``, the batch's copy record and copy may follow it.
         """
-        if size - offset <= unsynced_max:
+        slack = COPY_RECORD_BYTES + COPY_ALIGN + COPY_HEADER_BYTES + MARK_RECORD_BYTES if copies else 0
+        if size - offset <= unsynced_max * (2 if copies else 1) + slack:
             return True
         header = handle.pread(offset, MARK_RECORD_BYTES + RECORD_HEADER_BYTES)
         if marks and len(header) >= RECORD_HEADER_BYTES and _RECORD.unpack_from(header)[0] == _MARK_LENGTH:
@@ -1265,7 +1447,10 @@ class Journal:
         if len(header) < RECORD_HEADER_BYTES:
             return True
         length = _RECORD.unpack_from(header)[0]
-        return length <= PAYLOAD_BYTES_MAX and offset + RECORD_HEADER_BYTES + length >= size
+        if length > PAYLOAD_BYTES_MAX:
+            return False
+        reach = RECORD_HEADER_BYTES + length
+        return offset + reach + (reach + slack if copies else 0) >= size
 
     # ------------------------------------------------------------------ term, vote, commit hint
     def store_term_vote(self, term: int, vote: str | None) -> None:

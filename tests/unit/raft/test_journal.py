@@ -10,6 +10,8 @@ import pytest
 
 from shoal.node.raft._io import RealIO, SimIO
 from shoal.node.raft.journal import (
+    COPY_BYTES_MAX,
+    COPY_RECORD_BYTES,
     MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -21,6 +23,8 @@ from shoal.node.raft.journal import (
     quarantine_journal,
     read_sync_mark,
 )
+
+from journal_layout import copy_of, entry_offset, layout
 
 
 def real() -> RealIO:
@@ -110,7 +114,14 @@ def test_corrupt_record_in_a_sealed_segment_stops_with_file_and_offset(tmp_path)
     victim = tmp_path / names[1]
     raw = bytearray(victim.read_bytes())
     offset = SEGMENT_HEADER_BYTES + 2 * (RECORD_HEADER_BYTES + 100)  # third record
-    raw[offset + RECORD_HEADER_BYTES + 7] ^= 0xFF
+    at = offset + RECORD_HEADER_BYTES + 7
+    copy = copy_of(bytes(raw), at)
+    raw[at] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    j = Journal(real(), str(tmp_path))  # restored from the copy its sealing sync wrote
+    assert j.entries(1, 61) == [(payload(i), i, 1) for i in range(1, 61)]
+    j.close()
+    raw[copy] ^= 0xFF  # the byte and its copy
     victim.write_bytes(bytes(raw))
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), str(tmp_path))
@@ -203,7 +214,7 @@ def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
     before = [j.syncs for j in journals]
     done = batcher.sync_all()
     assert {j.directory: idx for j, idx in done.items()} == {journals[0].directory: 20, journals[1].directory: 20}
-    assert [j.syncs - b for j, b in zip(journals, before)] == [2, 2, 0]  # its data, then its mark
+    assert [j.syncs - b for j, b in zip(journals, before)] == [1, 1, 0]  # its data, with its copy
     assert batcher.pending == 0 and batcher.sync_all() == {}
     from concurrent.futures import ThreadPoolExecutor
 
@@ -212,7 +223,7 @@ def test_sync_batcher_syncs_each_dirty_journal_once(tmp_path) -> None:
         assert list(batcher.sync_all_threads(pool).values()) == [5]
 
 
-def test_sync_makes_the_data_then_the_mark_durable_before_it_returns(tmp_path, monkeypatch) -> None:
+def test_a_sync_is_one_flush_of_the_batch_with_its_copy(tmp_path, monkeypatch) -> None:
     calls: list[str] = []
     real_fdatasync, real_fsync = os.fdatasync, os.fsync
 
@@ -227,16 +238,23 @@ def test_sync_makes_the_data_then_the_mark_durable_before_it_returns(tmp_path, m
     assert calls == []  # append is write-only
     assert j.sync() == 10
     segment = f"{1:020d}.wal"
-    # the data, the directory naming the new segment, then the mark naming both
-    assert calls == [f"fdatasync {segment}", f"fsync {tmp_path.name}", "fdatasync synced"]
+    # the data with its copy, the directory naming the new segment; the mark is written, not flushed
+    assert calls == [f"fdatasync {segment}", f"fsync {tmp_path.name}"]
     assert read_sync_mark(real(), str(tmp_path)) == SyncMark(10, 1, j._segments[-1].size)
+    raw = open(tmp_path / segment, "rb").read()
+    assert [k for k, _, _ in layout(raw)] == ["entry"] * 10 + ["copy"]
     calls.clear()
     fill(j, 11, 20)
-    assert j.sync() == 20  # the hot path: the data's fdatasync and the mark's
-    assert calls == [f"fdatasync {segment}", "fdatasync synced"]
+    assert j.sync() == 20  # the hot path: one fdatasync
+    assert calls == [f"fdatasync {segment}"]
     assert read_sync_mark(real(), str(tmp_path)).index == 20
     j.sync()  # nothing new: no sync call
-    assert len(calls) == 2
+    assert len(calls) == 1
+    calls.clear()
+    fill(j, 21, 23, size=COPY_BYTES_MAX // 2)  # a batch too large to copy: its mark is flushed
+    assert j.sync() == 23
+    assert calls == [f"fdatasync {segment}", "fdatasync synced"]
+    j.close()
 
 
 def test_clear_then_add_at_any_index(tmp_path) -> None:
@@ -254,15 +272,36 @@ def test_clear_then_add_at_any_index(tmp_path) -> None:
     assert segment_files(tmp_path) == [f"{500:020d}.wal"]
 
 
-def test_a_flipped_byte_in_synced_entries_is_refused_with_file_and_offset(tmp_path) -> None:
-    """Entry 50 of 100 synced entries, well within the unsynced bound of the end: not a torn tail."""
+def test_a_flipped_byte_in_a_synced_batch_is_restored_from_its_copy(tmp_path, caplog) -> None:
     j = Journal(real(), str(tmp_path))
     fill(j, 1, 100)
     j.sync()
     crash(j)
     path = tmp_path / segment_files(tmp_path)[0]
     raw = bytearray(path.read_bytes())
-    offset = SEGMENT_HEADER_BYTES + 49 * (RECORD_HEADER_BYTES + 100)  # entry 50
+    offset = entry_offset(bytes(raw), 50)
+    raw[offset + RECORD_HEADER_BYTES + 10] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        j = Journal(real(), str(tmp_path))
+    assert f"checksum mismatch at offset {offset}" in caplog.text and "restored from their copy" in caplog.text
+    assert j.entries(1, 101) == [(payload(i), i, 1) for i in range(1, 101)]
+    j.close()
+    j = Journal(real(), str(tmp_path))
+    assert j.last_index == 100
+
+
+def test_a_flipped_byte_in_synced_entries_and_in_their_copy_is_refused_with_file_and_offset(tmp_path) -> None:
+    """Entry 50 of 100 synced entries, and the same byte of the batch's copy: the ``synced`` file
+    (exact after a process crash) names the batch, so this is damage, not a torn tail."""
+    j = Journal(real(), str(tmp_path))
+    fill(j, 1, 100)
+    j.sync()
+    crash(j)
+    path = tmp_path / segment_files(tmp_path)[0]
+    raw = bytearray(path.read_bytes())
+    offset = entry_offset(bytes(raw), 50)
+    raw[copy_of(bytes(raw), offset + RECORD_HEADER_BYTES + 10)] ^= 0x01
     raw[offset + RECORD_HEADER_BYTES + 10] ^= 0x01
     path.write_bytes(bytes(raw))
     with pytest.raises(JournalCorrupt) as err:
@@ -306,8 +345,8 @@ def _roll_back(io: SimIO, path: str, content: bytes) -> None:
 
 
 def test_with_a_lagging_mark_damage_beyond_the_unsynced_bound_from_the_end_is_still_refused() -> None:
-    """The synced file lags (put back as it was before the first sync): the bound on unsynced
-    bytes still holds."""
+    """The synced file lags (put back as it was before the first sync) and the batch's copy is
+    damaged too: the bound on unsynced bytes still holds."""
     io = SimIO()
     j = Journal(io, "/j", unsynced_bytes_max=1_000)
     stale = io.read_all("/j/synced")
@@ -318,8 +357,10 @@ def test_with_a_lagging_mark_damage_beyond_the_unsynced_bound_from_the_end_is_st
     (name,) = [n for n in io.listdir("/j") if n.endswith(".wal")]
     path = f"/j/{name}"
     h = io.open(path, create=False)
-    offset = SEGMENT_HEADER_BYTES + 5 * (RECORD_HEADER_BYTES + 100)  # the sixth of 40 records
-    h.pwrite(offset + RECORD_HEADER_BYTES + 1, bytes([h.pread(offset + RECORD_HEADER_BYTES + 1, 1)[0] ^ 0x10]))
+    raw = io.read_all(path)
+    offset = entry_offset(raw, 6)  # the sixth of 40 records
+    for at in (offset + RECORD_HEADER_BYTES + 1, copy_of(raw, offset + RECORD_HEADER_BYTES + 1)):
+        h.pwrite(at, bytes([h.pread(at, 1)[0] ^ 0x10]))
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert (err.value.path, err.value.offset) == (path, offset)
@@ -331,7 +372,7 @@ def test_appends_sync_on_their_own_past_the_unsynced_bound(tmp_path) -> None:
     # 124 bytes each after a 20-byte segment header, and a 32-byte mark record ahead of the first
     # entry after each sync: synced before 8 and before 15
     fill(j, 1, 20)
-    assert j.syncs == 4 and j.synced_index == 14  # each sync: the data's fdatasync and the mark's
+    assert j.syncs == 2 and j.synced_index == 14  # each sync: the data's fdatasync, with its copy
     j.append(21, 1, b"b" * 5_000)  # one record larger than the bound
     j.append(22, 1, b"c")
     assert j.synced_index == 21
@@ -470,8 +511,10 @@ def test_without_a_readable_mark_every_record_counts_as_synced(caplog) -> None:
         with pytest.raises(JournalCorrupt, match="synced mark /j/synced is unreadable") as err:
             Journal(io, "/j")
     assert "the synced mark /j/synced is missing" in caplog.text
-    # entry 11, the first after a sync, follows a mark record
-    assert err.value.offset == SEGMENT_HEADER_BYTES + 10 * (RECORD_HEADER_BYTES + 100) + MARK_RECORD_BYTES
+    # entry 11, the first after a sync, follows the first batch's copy and a mark record
+    records = layout(io.read_all(f"/j/{1:020d}.wal"))
+    assert [k for k, _, _ in records][10:] == ["copy", "mark"]
+    assert err.value.offset == records[-1][1] + MARK_RECORD_BYTES
     h.truncate(err.value.offset)  # an operator cuts it by hand: the mark is written anew
     j = Journal(io, "/j")
     assert j.last_index == 10 and read_sync_mark(io, "/j").index == 10
@@ -479,17 +522,19 @@ def test_without_a_readable_mark_every_record_counts_as_synced(caplog) -> None:
 
 @pytest.mark.parametrize("failing", ["pwrite", "datasync"])
 def test_a_failed_mark_write_fails_the_sync_and_poisons_the_journal(failing) -> None:
-    """Entries synced without a durable mark naming them are not reported durable: the sync
-    fails as a failed fdatasync does, and the reopened journal writes the mark anew."""
+    """Batches too large to copy: entries synced without a durable mark naming them are not
+    reported durable: the sync fails as a failed fdatasync does, and the reopened journal
+    writes the mark anew."""
     import errno
 
     from shoal.node.raft.journal import SyncFailed
 
     io = SimIO()
     j = Journal(io, "/j")
-    fill(j, 1, 10)
+    big = COPY_BYTES_MAX // 8
+    fill(j, 1, 10, size=big)
     j.sync()
-    fill(j, 11, 20)
+    fill(j, 11, 20, size=big)
 
     def fail(*args: object) -> None:
         raise OSError(errno.EIO, "EIO")
@@ -515,10 +560,13 @@ SIM_SEGMENT = f"/j/{1:020d}.wal"
 
 @pytest.mark.parametrize("zeros_ahead", [False, True])
 @pytest.mark.parametrize("batches", [1, 3])
-@pytest.mark.parametrize("damage", ["payload of its last entry", "header of its first entry", "cut short"])
-def test_damage_in_the_last_synced_batch_after_a_power_cut_is_refused(zeros_ahead, batches, damage) -> None:
-    """The batch a sync returned is vouched for by the durable mark alone (no append wrote a
-    mark record after it): damage in it is refused by file and offset, never cut as a torn tail."""
+@pytest.mark.parametrize("damage", ["payload of its last entry", "header of its first entry", "its mark record",
+                                    "its copy record", "its last 4 KiB block"])
+def test_damage_in_the_last_synced_batch_after_a_power_cut_is_restored_from_its_copy(
+        zeros_ahead, batches, damage, caplog) -> None:
+    """The batch a sync returned is vouched for by nothing after it (no append wrote a mark
+    record after it, and the ``synced`` file was written without a flush of its own): its copy,
+    flushed with it, restores it whatever one block of it a medium damaged."""
     io = SimIO()
     j = Journal(io, "/j", zeros_ahead=zeros_ahead)
     for k in range(batches):
@@ -527,21 +575,34 @@ def test_damage_in_the_last_synced_batch_after_a_power_cut_is_refused(zeros_ahea
     last = 10 * batches
     offsets = list(j._segments[-1].offsets)
     end = j._segments[-1].size
-    io.power_cut()  # every write not synced is lost
+    io.power_cut()  # every write not synced is lost, the lazily written mark with them
+    assert read_sync_mark(io, "/j") == SyncMark(0, 0, 0)
+    raw = io.read_all(SIM_SEGMENT)
+    records = layout(raw)
     if damage == "payload of its last entry":
         offset = offsets[last - 1]
         io.flip_bits(SIM_SEGMENT, offset + RECORD_HEADER_BYTES + 60, 0x08)
     elif damage == "header of its first entry":
         offset = offsets[last - 10]
         io.flip_bits(SIM_SEGMENT, offset + 9, 0x40)  # the term
+    elif damage == "its mark record":
+        if batches == 1:
+            pytest.skip("the first batch has no mark record")
+        offset = offsets[last - 10] - MARK_RECORD_BYTES
+        io.flip_bits(SIM_SEGMENT, offset + 20, 0x02)
+    elif damage == "its copy record":
+        offset = records[-1][1]
+        io.flip_bits(SIM_SEGMENT, offset + 12, 0x01)
     else:
-        offset = offsets[last - 3]
-        io.cut_file(SIM_SEGMENT, offset + 50)
-    with pytest.raises(JournalCorrupt) as err:
-        Journal(io, "/j", zeros_ahead=zeros_ahead)
-    assert (err.value.path, err.value.offset) == (SIM_SEGMENT, offset), str(err.value)
-    assert "in synced data" in str(err.value)
-    assert read_sync_mark(io, "/j") == SyncMark(last, 1, end)
+        offset = (records[-1][1] - 1) // 4096 * 4096
+        for at in range(max(offset, offsets[last - 10]), records[-1][1] + COPY_RECORD_BYTES):
+            io.flip_bits(SIM_SEGMENT, at, 0xFF)
+        offset = max(offset, offsets[last - 10])
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        j = Journal(io, "/j", zeros_ahead=zeros_ahead)
+    assert "restored from their copy" in caplog.text
+    assert j.entries(1, last + 1) == [(payload(i), i, 1) for i in range(1, last + 1)]
+    assert io.read_all(SIM_SEGMENT) == raw[:end], "the batch is put back byte for byte"
 
 
 @pytest.mark.parametrize("zeros_ahead", [False, True])
@@ -591,7 +652,10 @@ def _damaged(io, directory: str) -> None:
     fill(j, 1, 40)
     j.sync()
     j.close()
-    _flip(io, f"{directory}/{1:020d}.wal", SEGMENT_HEADER_BYTES + 20 * (RECORD_HEADER_BYTES + 100) + 40)
+    path = f"{directory}/{1:020d}.wal"
+    at = entry_offset(io.read_all(path), 21) + 40
+    for where in (at, copy_of(io.read_all(path), at)):  # the batch and its copy: nothing restores it
+        _flip(io, path, where)
 
 
 def test_a_damaged_journal_is_moved_aside_keeping_term_and_vote(tmp_path) -> None:

@@ -26,6 +26,8 @@ from shoal.node.raft.journal import (
     read_sync_mark,
 )
 
+from journal_layout import copy_of, entry_offset, layout
+
 RECORD = RECORD_HEADER_BYTES + 100
 
 
@@ -53,30 +55,6 @@ def crash(j: Journal) -> None:
 def segment(directory) -> str:
     (name,) = sorted(n for n in os.listdir(directory) if n.endswith(".wal"))
     return os.path.join(directory, name)
-
-
-def layout(raw: bytes) -> list[tuple[str, int, int]]:
-    """``(kind, offset, index)`` of the whole records of a segment's bytes, in order."""
-    out: list[tuple[str, int, int]] = []
-    offset = SEGMENT_HEADER_BYTES
-    while offset + RECORD_HEADER_BYTES <= len(raw):
-        length, _, a, b = struct.unpack_from("<IIQQ", raw, offset)
-        if length == 0xFFFFFFFF:
-            if offset + MARK_RECORD_BYTES > len(raw):
-                break
-            out.append(("mark", offset, struct.unpack_from("<Q", raw, offset + 24)[0]))
-            offset += MARK_RECORD_BYTES
-            continue
-        if offset + RECORD_HEADER_BYTES + length > len(raw):
-            break
-        out.append(("entry", offset, b))
-        offset += RECORD_HEADER_BYTES + length
-    return out
-
-
-def entry_offset(raw: bytes, index: int) -> int:
-    (offset,) = [o for kind, o, i in layout(raw) if kind == "entry" and i == index]
-    return offset
 
 
 def flip(path: str, at: int, mask: int = 0x01) -> None:
@@ -137,7 +115,9 @@ def test_the_first_entry_after_each_sync_carries_a_mark_record_naming_its_own_of
     raw = open(segment(tmp_path), "rb").read()
     marks = [(o, i) for kind, o, i in layout(raw) if kind == "mark"]
     assert marks == [(entry_offset(raw, 11) - MARK_RECORD_BYTES, 10), (entry_offset(raw, 21) - MARK_RECORD_BYTES, 20)]
-    assert entry_offset(raw, 11) == SEGMENT_HEADER_BYTES + 10 * RECORD + MARK_RECORD_BYTES
+    batch = ["entry"] * 10 + ["copy"]
+    assert [kind for kind, _, _ in layout(raw)] == batch + ["mark"] + batch + ["mark"] + batch
+    assert entry_offset(raw, 1) == SEGMENT_HEADER_BYTES
     for offset, _ in marks:
         assert struct.unpack_from("<Q", raw, offset + 16)[0] == offset  # the offset it names is its own
 
@@ -152,9 +132,9 @@ def test_the_mark_record_costs_no_write_call_and_no_sync_of_its_own(tmp_path, mo
     monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
     fill(j, 11, 20)
     j.sync()
-    # one write per entry (the first with the mark record ahead of it), the segment's fdatasync,
-    # then the ``synced`` file's write and fdatasync
-    assert calls == ["pwrite"] * 10 + ["fdatasync", "pwrite", "fdatasync"]
+    # one write per entry (the first with the mark record ahead of it), the batch's copy, the
+    # segment's fdatasync, then the ``synced`` file's write
+    assert calls == ["pwrite"] * 11 + ["fdatasync", "pwrite"]
     j.close()
 
 
@@ -162,8 +142,9 @@ def test_the_mark_record_costs_no_write_call_and_no_sync_of_its_own(tmp_path, mo
 
 
 def test_a_flipped_byte_in_synced_records_near_the_end_is_refused_though_the_synced_file_lags(tmp_path) -> None:
-    """Entry 15 was synced by the second sync; the ``synced`` file lags (an old copy is put back),
-    but the mark record written with entry 21 vouches for it."""
+    """Entry 15 was synced by the second sync, and is damaged with the batch's copy; the
+    ``synced`` file lags (an old copy is put back), but the mark record written with entry 21
+    vouches for it."""
     d = str(tmp_path)
     stale = three_synced_batches(d)
     with open(os.path.join(d, "synced"), "wb") as f:
@@ -173,6 +154,7 @@ def test_a_flipped_byte_in_synced_records_near_the_end_is_refused_though_the_syn
     raw = open(path, "rb").read()
     offset = entry_offset(raw, 15)
     flip(path, offset + RECORD_HEADER_BYTES + 7)
+    flip(path, copy_of(raw, offset + RECORD_HEADER_BYTES + 7))  # and its copy: nothing restores it
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), d)
     assert (err.value.path, err.value.offset) == (path, offset)
@@ -191,7 +173,8 @@ def test_damage_anywhere_in_a_vouched_record_after_a_power_cut_is_refused(where)
     path = SIM_SEGMENT
     offset = entry_offset(io.read_all(path), 12)
     at = offset + {"length": 1, "crc": 4, "term": 9, "index": 17, "payload": RECORD_HEADER_BYTES + 50}[where]
-    sim_flip(io, path, at, 0x10)
+    for damaged in (at, copy_of(io.read_all(path), at)):  # the record and its copy
+        sim_flip(io, path, damaged, 0x10)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert (err.value.path, err.value.offset) == (path, offset)
@@ -202,7 +185,8 @@ def test_a_damaged_mark_record_in_synced_data_is_refused_by_its_offset() -> None
     io = sim_three_synced_batches_cut()
     path = SIM_SEGMENT
     mark_at = entry_offset(io.read_all(path), 11) - MARK_RECORD_BYTES
-    sim_flip(io, path, mark_at + 20, 0x04)  # in the offset it names
+    for damaged in (mark_at + 20, copy_of(io.read_all(path), mark_at + 20)):  # in the offset it names, twice
+        sim_flip(io, path, damaged, 0x04)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert (err.value.path, err.value.offset) == (path, mark_at)
@@ -219,20 +203,33 @@ def test_a_process_crash_keeps_the_mark_record_written_with_the_next_append(tmp_
     with open(os.path.join(d, "synced"), "wb") as f:
         f.write(stale)
     path = segment(d)
-    offset = entry_offset(open(path, "rb").read(), 28)
+    raw = open(path, "rb").read()
+    offset = entry_offset(raw, 28)
     flip(path, offset + RECORD_HEADER_BYTES)
+    flip(path, copy_of(raw, offset + RECORD_HEADER_BYTES))
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), d)
     assert (err.value.path, err.value.offset) == (path, offset)
 
 
-def test_with_the_synced_file_lagging_damage_in_the_last_synced_batch_passes_for_a_torn_tail() -> None:
-    """What the module docstring leaves (*What is left*): with the ``synced`` file put back to an
-    older mark, and no append after the last sync to write a mark record naming its end, nothing
-    on disk tells the damaged record from a torn write."""
+def test_with_the_synced_file_lagging_damage_in_the_last_synced_batch_is_restored_from_its_copy() -> None:
+    """With the ``synced`` file put back to an older mark, and no append after the last sync to
+    write a mark record naming its end, the batch's copy restores it."""
     io = sim_three_synced_batches_cut()
     offset = entry_offset(io.read_all(SIM_SEGMENT), 25)
     sim_flip(io, SIM_SEGMENT, offset + 40)
+    j = Journal(io, "/j")
+    assert j.entries(1, 31) == [(payload(i), i, 1) for i in range(1, 31)]
+
+
+def test_with_the_synced_file_lagging_damage_in_the_last_batch_and_its_copy_passes_for_a_torn_tail() -> None:
+    """What the module docstring leaves (*What is left*): two damaged blocks, the batch's and its
+    copy's, with nothing after them, look like a write a power cut tore."""
+    io = sim_three_synced_batches_cut()
+    raw = io.read_all(SIM_SEGMENT)
+    offset = entry_offset(raw, 25)
+    sim_flip(io, SIM_SEGMENT, offset + 40)
+    sim_flip(io, SIM_SEGMENT, copy_of(raw, offset + 40))
     assert Journal(io, "/j").last_index == 24
 
 
@@ -249,10 +246,11 @@ BATCHES = st.lists(st.tuples(st.integers(1, 6), st.integers(0, 150), st.booleans
 
 @settings(max_examples=200, deadline=None)
 @given(BATCHES, st.integers(0, 2**32))
-def test_after_any_power_cut_damage_before_a_whole_mark_record_is_refused(batches, seed) -> None:
+def test_after_any_power_cut_damage_before_a_whole_mark_record_is_restored_or_refused(batches, seed) -> None:
     """Batches of appends, each synced or not, then a power cut that tears what was unsynced:
-    recovery never refuses the undamaged journal, and a byte flipped in any entry before a whole
-    mark record of the last segment is refused by file and offset."""
+    recovery never refuses the undamaged journal; a byte flipped in any entry before a whole
+    mark record of the last segment is restored from its batch's copy, and flipped in both
+    (or where there is no copy) is refused by file and offset."""
     io = SimIO()
     options = {"segment_bytes": 1_500, "unsynced_bytes_max": 600}
     j = Journal(io, "/j", **options)
@@ -278,7 +276,17 @@ def test_after_any_power_cut_damage_before_a_whole_mark_record_is_refused(batche
     offset = rng.choice(covered)
     end = offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0]
     at = rng.randrange(offset, end)
-    sim_flip(io, path, at, 1 << rng.randrange(8))
+    mask = 1 << rng.randrange(8)
+    copy = copy_of(raw, at)
+    both = copy is None or rng.random() < 0.5
+    sim_flip(io, path, at, mask)
+    if not both:
+        j = Journal(io, "/j", **options)
+        assert j.last_index >= synced
+        assert all(p == bytes([i % 251]) * len(p) for p, i, _ in j), "a restored entry differs"
+        return
+    if copy is not None:
+        sim_flip(io, path, copy, mask)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j", **options)
     assert (err.value.path, err.value.offset) == (path, offset), str(err.value)
@@ -410,6 +418,7 @@ def test_after_a_suffix_delete_the_next_mark_record_names_the_cut() -> None:
     io.power_cut()
     offset = entry_offset(raw, 10)
     sim_flip(io, SIM_SEGMENT, offset + 30, 0x02)
+    sim_flip(io, SIM_SEGMENT, copy_of(raw, offset + 30), 0x02)
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, "/j")
     assert err.value.offset == offset
@@ -441,7 +450,7 @@ def test_a_version_2_segment_is_read_and_sealed_at_the_first_append(tmp_path, ca
     assert struct.unpack_from("<I", open(path, "rb").read(), 8)[0] == 2  # left as it was
     assert not [k for k, _, _ in layout(open(path, "rb").read()) if k == "mark"]
     newer = os.path.join(d, f"{21:020d}.wal")
-    assert struct.unpack_from("<I", open(newer, "rb").read(), 8)[0] == 3
+    assert struct.unpack_from("<I", open(newer, "rb").read(), 8)[0] == 4
     j = Journal(real(), d)
     assert j.entries(1, 100) == [(payload(i), i, 1) for i in range(1, 31)]
 
