@@ -181,7 +181,7 @@ log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 #: How far the active segment's file reaches past its records, in zeros (see *Zeros ahead*).
-ZEROS_AHEAD_BYTES = 64 * 1024
+ZEROS_AHEAD_BYTES = 1024 * 1024
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
 #: Version 4 segments may hold copy records, version 3 mark records; versions 2 (entry records
