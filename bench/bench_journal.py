@@ -146,7 +146,7 @@ def mark_rounds(root: str, entries: int, partitions: int, blocks: int) -> None:
     with ThreadPoolExecutor(partitions) as pool:
         batchers = {m: SyncBatcher() for m in modes}
         journals = {m: [Journal(RealIO(disk_free_min_bytes=0), os.path.join(root, m.replace(" ", "-"), f"p{k}"),
-                                batcher=batchers[m]) for k in range(partitions)] for m in modes}
+                                batcher=batchers[m], zeros_ahead=True) for k in range(partitions)] for m in modes}
         for j in journals["durable mark"] + journals["neither"]:
             j.copy_bytes_max = 0  # no copies: each sync makes the synced mark durable
         for j in journals["neither"]:
