@@ -47,13 +47,14 @@ class NodeCollector(Collector):
         batched = CounterMetricFamily("shoal_raft_batched_commands", "Commands carried by those entries "
                                       "(divided by shoal_raft_batches: the group-commit batch size)",
                                       labels=["partition"])
-        for p, replica in sorted(node.replicas.items()):
+        for p, part in sorted(node.partitions.items()):
+            replica = part.replica
             label = [str(p)]
             term.add_metric(label, replica.term())
             commit.add_metric(label, replica.commit_index())
             elections.add_metric(label, replica.elections)
             leader.add_metric(label, 1 if replica.is_leader() else 0)
-            gc = node.group_commits[p]
+            gc = part.group_commit
             pending.add_metric(label, gc.pending)
             batches.add_metric(label, gc.proposed_batches)
             batched.add_metric(label, gc.proposed_commands)
@@ -64,7 +65,7 @@ class NodeCollector(Collector):
                                     value=1 if storage.space_low() else 0)
             no_space = GaugeMetricFamily("shoal_partition_no_space", "1 when the partition's last write was "
                                          "refused for lack of space", labels=["partition"])
-            for p in sorted(node.replicas):
+            for p in sorted(node.partitions):
                 no_space.add_metric([str(p)], 1 if p in storage.no_space else 0)
             yield no_space
             yield _syncs(storage)
@@ -95,7 +96,8 @@ class NodeCollector(Collector):
                                  labels=["queue", "state"])
         totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "
                                      "reclaimed, expired, retried", labels=["queue", "kind"])
-        for p, replica in sorted(node.replicas.items()):
+        for _p, part in sorted(node.partitions.items()):
+            replica = part.replica
             if not replica.is_leader():
                 continue
             for q in replica.application.view.queue_figures():
@@ -131,8 +133,8 @@ def _moves(node: "NodeView") -> Iterator[Any]:
     learners = GaugeMetricFamily("shoal_partition_learners", "Learners (new replicas catching up) of the "
                                  "partition's group, as this node's replica last applied its membership",
                                  labels=["partition"])
-    for p, replica in sorted(node.replicas.items()):
-        membership = replica.core.membership
+    for p, part in sorted(node.partitions.items()):
+        membership = part.replica.core.membership
         voters.add_metric([str(p)], len(membership.voters))
         learners.add_metric([str(p)], len(membership.learners))
     yield from (voters, learners)

@@ -24,7 +24,6 @@ import hmac
 import itertools
 import logging
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster import limits as L
@@ -36,6 +35,7 @@ from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
 from .bunqueue import EventFrames, push_flow_graph
+from .partition import Parked, Partition
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .locator import JobLocator
@@ -58,39 +58,12 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger(__name__)
 
 WORKERS_MAX = 10_000
-WAKE_PER_ROUND_MAX = 256
-PARKED_PER_QUEUE_MAX = 10_000
 #: Custom job ids being looked for in every partition at once (``Locate``).
 LOCATES_MAX = 1_000
 LOCATE_TIMEOUT_S = 5.0
 #: Commands answered per partition and merged, over the whole cluster for a connection that
 #: does not route for itself (only the partitions this node leads for one that does).
 FAN_OUT_PARTS_TIMEOUT_S = 10.0
-
-
-class _Parked:
-    """A command waiting on its partition: a long-poll pull or a push to a full queue."""
-
-    __slots__ = ("conn", "frame", "partition", "queue", "deadline", "timer", "done")
-
-    def __init__(self, conn: Replier, frame: dict[str, Any], partition: int, queue: str,
-                 deadline: float) -> None:
-        self.conn = conn
-        self.frame = frame
-        self.partition = partition
-        self.queue = queue
-        self.deadline = deadline
-        self.timer: asyncio.TimerHandle | None = None
-        self.done = False
-
-    def claim(self) -> bool:
-        """Take this command off its wait for good; False if it was already answered or its link closed."""
-        if self.done or self.conn.closed:
-            return False
-        self.done = True
-        if self.timer:
-            self.timer.cancel()
-        return True
 
 
 class Dispatcher:
@@ -131,9 +104,6 @@ class Dispatcher:
         self.subscribers: set[Replier] = set()
         self.workers: dict[str, dict[str, Any]] = {}
         self._worker_ids = itertools.count(1)
-        # (partition, queue) -> parked pulls; partition -> parked pushes (queue full)
-        self._parked_pulls: dict[tuple[int, str], deque[_Parked]] = {}
-        self._parked_pushes: dict[int, deque[_Parked]] = {}
         self.commands_total = 0
         self._queue_partitions: dict[str, int] = {}
         #: Forwarding to other nodes' leaders (set by the server when the node has peers).
@@ -191,9 +161,9 @@ class Dispatcher:
 
     def _release_session(self, session: str, partitions: set[int]) -> None:
         for p in partitions:
-            gc = self.directory.group_commits.get(p)
-            if gc is not None and gc.replica.is_leader():
-                gc.submit({"cmd": "_ReleaseSession", "session": session}, _ignore)
+            part = self.directory.partitions.get(p)
+            if part is not None and part.replica.is_leader():
+                part.group_commit.submit({"cmd": "_ReleaseSession", "session": session}, _ignore)
 
     # --- entry point ---------------------------------------------------------------------------
 
@@ -258,12 +228,13 @@ class Dispatcher:
     def _route(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool) -> None:
         """Answer a validated command of partition ``p`` here, or forward it to the leader
         (``forwards``: the client does not route for itself, or the job id names no partition)."""
-        replica = self.directory.replicas.get(p)
-        if replica is None or not replica.is_leader():
+        part = self.directory.partitions.get(p)
+        if part is None or not part.replica.is_leader():
             if forwards and self.relay is not None:
                 self.relay.forward(conn, frame, p)
                 return
             raise self.directory.not_leader_error(p)
+        replica = part.replica
         cmd = frame["cmd"]
         req_id = frame.get("reqId")
         if COMMANDS[cmd].read_only:
@@ -278,7 +249,7 @@ class Dispatcher:
                 replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, p, forwards, ok))
             return
         if cmd in LONG_POLL_COMMANDS:
-            self._pull(conn, frame, p)
+            self._pull(conn, frame, part)
             return
         if cmd == "JobHeartbeatB" and replica.lease_held():
             # A worker's heartbeat right after its pull renews nothing yet: no entry, no fsync.
@@ -286,7 +257,7 @@ class Dispatcher:
             if fresh is not None:
                 conn.reply(req_id, fresh)
                 return
-        self._write(conn, frame, p)
+        self._write(conn, frame, part)
 
     def _read(self, conn: Replier, frame: dict[str, Any], replica: "PartitionReplica") -> None:
         """Answer a read from ``replica``'s applied state (its leadership is confirmed)."""
@@ -298,7 +269,8 @@ class Dispatcher:
         """A read waited for its ReadIndex round: answer it, or route it anew if leadership moved."""
         if conn.closed:
             return
-        replica = self.directory.replicas.get(p)
+        part = self.directory.partitions.get(p)
+        replica = part.replica if part is not None else None
         try:
             if ok and replica is not None and replica.is_leader() and replica.read_ready():
                 self._read(conn, frame, replica)
@@ -344,10 +316,11 @@ class Dispatcher:
             return p
         probe = {"cmd": "Locate", "id": job_id}
         remote = []
+        hosted = self.directory.partitions
         for q in range(self.partitions):
-            replica = self.directory.replicas.get(q)
-            if replica is not None and replica.is_leader():
-                if replica.application.read({**probe, "partition": q}, self.clock.now_ms()).get("found"):
+            part = hosted.get(q)
+            if part is not None and part.replica.is_leader():
+                if part.replica.application.read({**probe, "partition": q}, self.clock.now_ms()).get("found"):
                     self.locator.learn(job_id, q)
                     return q
             elif self.relay is not None:
@@ -405,8 +378,8 @@ class Dispatcher:
                 raise self.overloaded
             check_queue(queue)
             p = self._partition_of("queue", {"queue": queue})
-            replica = self.directory.replicas.get(p)
-            if replica is None or not replica.is_leader():
+            part = self.directory.partitions.get(p)
+            if part is None or not part.replica.is_leader():
                 if self.relay is not None and conn.wants_forwarding:
                     self._forward_pushes(conn, frames, p)
                     return
@@ -429,7 +402,7 @@ class Dispatcher:
                 return
             conn.reply_many(req_ids, results, "PUSH", time.perf_counter() - started)
 
-        self.directory.group_commits[p].submit(run, done)
+        part.group_commit.submit(run, done)
 
     def _forwards(self, conn: Replier) -> bool:
         """Does this node forward ``conn``'s commands (a client that does not route for itself)?"""
@@ -464,11 +437,11 @@ class Dispatcher:
             except CommandError as exc:
                 conn.reply_error(frame.reqId, exc)
 
-    def _write(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None = None) -> None:
+    def _write(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its
         ``deadline`` (loop time, set when it first parks)."""
         req_id = frame.get("reqId")
-        gc = self.directory.group_commits[p]
+        p = part.id
         started = time.perf_counter()
         observe = self.metrics.observe
 
@@ -488,13 +461,13 @@ class Dispatcher:
             if isinstance(result, CommandError):
                 if (result.code is ErrorCode.QUEUE_FULL and frame["cmd"] == "PUSH"
                         and frame.get("waitMs") and not conn.closed):
-                    self._park_push(conn, frame, p, deadline)
+                    self._park_push(conn, frame, part, deadline)
                     return
                 conn.reply_error(req_id, result)
             else:
                 conn.reply(req_id, result)
 
-        gc.submit(frame, done)
+        part.group_commit.submit(frame, done)
 
     def _learn_added(self, frame: dict[str, Any], result: dict[str, Any], p: int) -> None:
         """Remember the partition of the custom ids an add gave its jobs."""
@@ -506,17 +479,17 @@ class Dispatcher:
             if "customId" in item:
                 self.locator.learn(item["customId"], p)
 
-    def _park_push(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None) -> None:
+    def _park_push(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None) -> None:
         if deadline is None:
             deadline = self.loop.time() + frame["waitMs"] / 1000
         if self.loop.time() >= deadline:
             conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.QUEUE_FULL, "queue is full (waited timeout)"))
             return
-        parked = _Parked(conn, frame, p, frame["queue"], deadline)
+        parked = Parked(conn, frame, part.id, frame["queue"], deadline)
         parked.timer = self.loop.call_at(deadline, self._expire_push, parked)
-        self._parked_pushes.setdefault(p, deque()).append(parked)
+        part.park_push(parked)
 
-    def _expire_push(self, parked: _Parked) -> None:
+    def _expire_push(self, parked: Parked[Replier]) -> None:
         if not parked.done:
             parked.done = True
             parked.conn.reply_error(parked.frame.get("reqId"),
@@ -524,18 +497,18 @@ class Dispatcher:
 
     # --- pulls and long polls ------------------------------------------------------------------
 
-    def _pull(self, conn: Replier, frame: dict[str, Any], p: int) -> None:
+    def _pull(self, conn: Replier, frame: dict[str, Any], part: Partition) -> None:
         if not frame.get("detach"):
-            self.sessions.used_partition(conn.session, p)
+            self.sessions.used_partition(conn.session, part.id)
         timeout_ms = frame.get("timeout") or 0
-        replica = self.directory.replicas[p]
-        if timeout_ms > 0 and not replica.application.view.has_ready(frame["queue"]):
-            self._park_pull(conn, frame, p, self.loop.time() + timeout_ms / 1000)
+        if timeout_ms > 0 and not part.replica.application.view.has_ready(frame["queue"]):
+            self._park_pull(conn, frame, part, self.loop.time() + timeout_ms / 1000)
             return
-        self._submit_pull(conn, frame, p, None)
+        self._submit_pull(conn, frame, part, None)
 
-    def _submit_pull(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float | None) -> None:
+    def _submit_pull(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None) -> None:
         req_id = frame.get("reqId")
+        p = part.id
         started = time.perf_counter()  # from submit: a long poll's parked time is not latency
 
         def done(result: Any) -> None:
@@ -546,7 +519,7 @@ class Dispatcher:
             jobs = [result["job"]] if frame["cmd"] == "PULL" and result.get("job") else result.get("jobs")
             if not jobs and deadline is not None and self.loop.time() < deadline and not conn.closed:
                 # Someone else took the job first; keep waiting for the rest of the timeout.
-                self._park_pull(conn, frame, p, deadline)
+                self._park_pull(conn, frame, part, deadline)
                 return
             if jobs:
                 for job in jobs:
@@ -560,19 +533,16 @@ class Dispatcher:
         # that could not be sent would leave its jobs leased until their TTR ran out.
         session = None if frame.get("detach") else conn.session
         bytes_max = self.config.frame_bytes_max if frame["cmd"] == "PULLB" else 0
-        self.directory.group_commits[p].submit(session_pull(frame, session, bytes_max), done)
+        part.group_commit.submit(session_pull(frame, session, bytes_max), done)
 
-    def _park_pull(self, conn: Replier, frame: dict[str, Any], p: int, deadline: float) -> None:
-        key = (p, frame["queue"])
-        waiters = self._parked_pulls.setdefault(key, deque())
-        if len(waiters) >= PARKED_PER_QUEUE_MAX:
+    def _park_pull(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float) -> None:
+        parked = Parked(conn, frame, part.id, frame["queue"], deadline)
+        if not part.park_pull(parked):
             conn.reply_error(frame.get("reqId"), CommandError(ErrorCode.OVERLOADED, "too many parked pulls on this queue"))
             return
-        parked = _Parked(conn, frame, p, frame["queue"], deadline)
         parked.timer = self.loop.call_at(deadline, self._expire_pull, parked)
-        waiters.append(parked)
 
-    def _expire_pull(self, parked: _Parked) -> None:
+    def _expire_pull(self, parked: Parked[Replier]) -> None:
         if parked.done:
             return
         parked.done = True
@@ -581,41 +551,25 @@ class Dispatcher:
 
     def on_applied(self, p: int) -> None:
         """Partition ``p`` applied entries: wake parked commands that may now succeed."""
-        replica = self.directory.replicas.get(p)
-        if replica is None or not replica.is_leader():
+        part = self.directory.partitions.get(p)
+        if part is None or not part.replica.is_leader():
             return
-        for key in [k for k in self._parked_pulls if k[0] == p]:
-            waiters = self._parked_pulls[key]
-            while waiters and waiters[0].done:
-                waiters.popleft()
-            if not waiters:
-                del self._parked_pulls[key]
-                continue
-            if not replica.application.view.has_ready(key[1]):
-                continue
-            for _ in range(min(len(waiters), WAKE_PER_ROUND_MAX)):
-                parked = waiters.popleft()
-                if parked.claim():
-                    self._submit_pull(parked.conn, parked.frame, p, parked.deadline)
-        for parked in self._parked_pushes.pop(p, ()):
-            if parked.claim():
-                self._write(parked.conn, parked.frame, p, parked.deadline)
+        for parked in part.wake_pulls(part.replica.application.view.has_ready):
+            self._submit_pull(parked.conn, parked.frame, part, parked.deadline)
+        for parked in part.wake_pushes():
+            self._write(parked.conn, parked.frame, part, parked.deadline)
 
-    def fail_parked(self, p: int, error: CommandError) -> None:
-        """Leadership of ``p`` was lost: answer everything parked on it."""
-        waiting: list[_Parked] = list(self._parked_pushes.pop(p, ()))
-        for key in [k for k in self._parked_pulls if k[0] == p]:
-            waiting.extend(self._parked_pulls.pop(key))
-        for parked in waiting:
-            if parked.claim():
-                parked.conn.reply_error(parked.frame.get("reqId"), error)
+    def fail_parked(self, part: Partition, error: CommandError) -> None:
+        """This node no longer leads ``part`` (or no longer hosts it): answer everything parked on it."""
+        for parked in part.drain_parked():
+            parked.conn.reply_error(parked.frame.get("reqId"), error)
 
     # --- fan-out over the partitions this node leads -------------------------------------------
 
     def _fan_out(self, conn: Replier, frame: dict[str, Any], read_only: bool) -> None:
         req_id = frame.get("reqId")
-        replicas = self.directory.replicas
-        led = [p for p, r in sorted(replicas.items()) if r.is_leader()]
+        hosted = self.directory.partitions
+        led = [p for p, part in sorted(hosted.items()) if part.replica.is_leader()]
         cmd = frame["cmd"]
         if read_only:
             self._fan_out_read(conn, frame, led)
@@ -637,22 +591,22 @@ class Dispatcher:
                     conn.reply(req_id, _merge(cmd, ok))
 
         for p in led:
-            self.directory.group_commits[p].submit(frame, lambda r, p=p: collect(p, r))
+            hosted[p].group_commit.submit(frame, lambda r, p=p: collect(p, r))
 
     def _fan_out_read(self, conn: Replier, frame: dict[str, Any], led: list[int]) -> None:
         """A read over the partitions this node leads, each answered once its leadership is sure
         (read lease, else a ReadIndex round); a partition whose leadership is lost meanwhile is
         left out, as one led elsewhere is."""
-        replicas = self.directory.replicas
-        waiting = [p for p in led if not replicas[p].lease_held()]
+        hosted = self.directory.partitions
+        waiting = [p for p in led if not hosted[p].replica.lease_held()]
         confirmed: dict[int, bool] = {p: True for p in led if p not in waiting}
 
         def answer() -> None:
             if conn.closed:
                 return
             now = self.clock.now_ms()
-            parts = {p: replicas[p].application.view.read(frame, now) for p in led
-                     if confirmed.get(p) and replicas[p].is_leader() and replicas[p].read_ready()}
+            parts = {p: hosted[p].replica.application.view.read(frame, now) for p in led
+                     if confirmed.get(p) and hosted[p].replica.is_leader() and hosted[p].replica.read_ready()}
             conn.reply(frame.get("reqId"), _merge(frame["cmd"], parts, frame.get("limit")))
 
         if not waiting:
@@ -665,7 +619,7 @@ class Dispatcher:
                 answer()
 
         for p in waiting:
-            replicas[p].confirm_reads(lambda ok, p=p: one(p, ok))
+            hosted[p].replica.confirm_reads(lambda ok, p=p: one(p, ok))
 
     def _fan_out_cluster(self, conn: Replier, frame: dict[str, Any], read_only: bool) -> None:
         """A partition-routed command without ``partition`` for a client that does not route for
@@ -678,8 +632,9 @@ class Dispatcher:
         async def one(p: int) -> Any:
             part = {**frame, "partition": p}
             part.pop("reqId", None)
-            replica = self.directory.replicas.get(p)
-            if replica is not None and replica.is_leader():
+            hosted = self.directory.partitions.get(p)
+            if hosted is not None and hosted.replica.is_leader():
+                replica = hosted.replica
                 if read_only:
                     if not replica.lease_held():
                         sure: asyncio.Future[bool] = self.loop.create_future()
@@ -689,7 +644,7 @@ class Dispatcher:
                                                                     "confirmed; retry")
                     return replica.application.read(part, self.clock.now_ms())
                 future: asyncio.Future[Any] = self.loop.create_future()
-                self.directory.group_commits[p].submit(part, lambda r: future.done() or future.set_result(r))
+                hosted.group_commit.submit(part, lambda r: future.done() or future.set_result(r))
                 result = await future
                 if isinstance(result, CommandError):
                     raise result

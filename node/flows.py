@@ -108,8 +108,8 @@ class FlowService:
         (``NOT_LEADER`` otherwise: the peer's relay sends it to the new leader)."""
         req_id = cmd.pop("reqId", None)
         p = self._partition(cmd)
-        replica = self.node.replicas.get(p)
-        if replica is None or not replica.is_leader():
+        part = self.node.partitions.get(p)
+        if part is None or not part.replica.is_leader():
             raise self.node.not_leader_error(p)
 
         def done(result: Any) -> None:
@@ -118,7 +118,7 @@ class FlowService:
             else:
                 conn.reply(req_id, result)
 
-        self.node.group_commits[p].submit(cmd, done)
+        part.group_commit.submit(cmd, done)
 
     # --- PushFlow ----------------------------------------------------------------------------
 
@@ -179,10 +179,10 @@ class FlowService:
 
     async def send(self, p: int, cmd: dict[str, Any]) -> dict[str, Any]:
         """Commit ``cmd`` in partition ``p`` through its leader (this node or a peer)."""
-        replica = self.node.replicas.get(p)
-        if replica is not None and replica.is_leader():
+        part = self.node.partitions.get(p)
+        if part is not None and part.replica.is_leader():
             future: asyncio.Future[Any] = self.node.loop.create_future()
-            self.node.group_commits[p].submit(cmd, lambda r: future.done() or future.set_result(r))
+            part.group_commit.submit(cmd, lambda r: future.done() or future.set_result(r))
             async with asyncio.timeout(PEER_TIMEOUT_S):  # not wait_for: it can lose a cancellation
                 result = await future
             if isinstance(result, CommandError):
@@ -208,7 +208,8 @@ class FlowService:
         """Forever: send the reports in the outboxes of the partitions this node leads."""
         while True:
             await asyncio.sleep(FORWARD_INTERVAL_S)
-            for p, replica in list(self.node.replicas.items()):
+            for p, part in list(self.node.partitions.items()):
+                replica = part.replica
                 if p in self._forwarding or not replica.is_leader() or not replica.application.view.has_flow_reports():
                     continue
                 self._forwarding.add(p)
@@ -216,7 +217,7 @@ class FlowService:
                 task.add_done_callback(lambda _t, p=p: self._forwarding.discard(p))
 
     async def _forward(self, p: int) -> None:
-        reports = self.node.replicas[p].application.view.flow_reports(REPORTS_PER_ROUND_MAX)
+        reports = self.node.partitions[p].replica.application.view.flow_reports(REPORTS_PER_ROUND_MAX)
         by_parent: dict[int, list[tuple[int, list[Any]]]] = {}
         size = 0
         for seq, report in reports:
@@ -248,7 +249,7 @@ class FlowService:
 
         # In parallel: one unreachable parent partition does not hold up the others' reports.
         await asyncio.gather(*(deliver(target, reports) for target, reports in by_parent.items()))
-        if acked and self.node.replicas[p].is_leader():
+        if acked and self.node.partitions[p].replica.is_leader():
             try:
                 await self.send(p, {"cmd": "_FlowAcked", "partition": p, "_children": acked})
             except (CommandError, asyncio.TimeoutError) as exc:

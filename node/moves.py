@@ -99,9 +99,9 @@ class MoveService:
         epoch = reg.settings.rebalance_epoch
         auto = self._auto()
         busy = False
-        for p, replica in sorted(node.replicas.items()):
-            if replica.is_leader():
-                busy |= self.step(p, replica, node.target(p), auto)
+        for p, part in sorted(node.partitions.items()):
+            if part.replica.is_leader():
+                busy |= self.step(p, part.replica, node.target(p), auto)
         # An operator's rebalance is done once every partition of the cluster is on its target, not
         # once this node's are: leadership of a partition still moving may come here later.
         if epoch != self._done_epoch and not busy and self._cluster_on_target():
@@ -170,8 +170,8 @@ class MoveService:
     def snapshot_bytes_sent(self) -> int:
         """Snapshot bytes this node streamed to learners and lagging followers, node-wide (replicas
         since retired included)."""
-        return self.retired_snapshot_bytes + sum(int(r.status()["snapshotBytesSent"])
-                                                 for r in self.node.replicas.values())
+        return self.retired_snapshot_bytes + sum(int(part.replica.status()["snapshotBytesSent"])
+                                                 for part in self.node.partitions.values())
 
     def counters(self) -> dict[str, Any]:
         """Moves this node started and finished as a leader, snapshot bytes it sent, its share of the move rate."""
@@ -185,7 +185,7 @@ class MoveService:
         out: list[dict[str, Any]] = []
         node = self.node
         auto = self._auto()
-        led = {p: r for p, r in sorted(node.replicas.items()) if r.is_leader()}
+        led = {p: part.replica for p, part in sorted(node.partitions.items()) if part.replica.is_leader()}
         streams_by_p = {p: r.stream_progress() for p, r in led.items()}
         # What one stream may send from now on: the node's share of the move rate, split over its
         # streams, at most a stream's own limit. A stream's average since it began overstates it

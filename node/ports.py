@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
     from shoal.cluster.topology import Topology
 
-    from .group_commit import GroupCommit
     from .locator import JobLocator
-    from .raft import PartitionReplica
+    from .partition import Partition
     from .sessions import SessionTable
 
 __all__ = ["Clock", "Replier", "DecodingReplier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler",
@@ -142,13 +141,11 @@ class CommandHandler(Protocol):
 
 
 class PartitionDirectory(Protocol):
-    """The partitions this node hosts: their replicas and write paths, and who leads the others."""
+    """The partitions this node hosts (each with its replica, write path and parked commands),
+    and who leads the others."""
 
     @property
-    def replicas(self) -> Mapping[int, PartitionReplica]: ...
-
-    @property
-    def group_commits(self) -> Mapping[int, GroupCommit]: ...
+    def partitions(self) -> Mapping[int, Partition]: ...
 
     def not_leader_error(self, p: int) -> CommandError:
         """The refusal for a command on partition ``p``, which this node does not lead."""

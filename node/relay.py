@@ -774,7 +774,8 @@ class Relay:
         not account for; one held by a client connection here is accounted for on the spot."""
         table = self.dispatcher.sessions
         out: dict[int, list[str]] = {}
-        for p, replica in self.dispatcher.directory.replicas.items():
+        for p, part in self.dispatcher.directory.partitions.items():
+            replica = part.replica
             if not replica.is_leader() or not replica.read_ready():
                 continue
             found = []
@@ -809,10 +810,10 @@ class Relay:
         aid = self.audit.round.aid if self.audit.round is not None else 0
         verdict = self.audit.finish(now_ms)
         table = self.dispatcher.sessions
-        replicas = self.dispatcher.directory.replicas
+        hosted = self.dispatcher.directory.partitions
         for p, session, node in verdict.adopt:
-            replica = replicas.get(p)
-            if replica is None or not replica.is_leader():
+            part = hosted.get(p)
+            if part is None or not part.replica.is_leader():
                 continue
             key = (node, session)
             if key not in self._remote_sessions:
@@ -822,10 +823,10 @@ class Relay:
             self.sessions_adopted += 1
         released = 0
         for p, session in verdict.release:
-            replica = replicas.get(p)
+            part = hosted.get(p)
             # Still led here, still unaccounted for, still holding leases (not released meanwhile).
-            if replica is None or not replica.is_leader() or table.accounts(session, p) \
-                    or table.held_here(session) or not replica.application.view.holds_leases(session):
+            if part is None or not part.replica.is_leader() or table.accounts(session, p) \
+                    or table.held_here(session) or not part.replica.application.view.holds_leases(session):
                 continue
             # a session id is a bearer secret (Identify takes it over): only its head is logged
             log.info("partition %d: session %s… holds leases and no node holds it; released", p, session[:6])

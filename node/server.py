@@ -43,7 +43,7 @@ from .http import start_http
 from .metrics import NodeMetrics
 from .moves import MoveService
 from .cluster_map import ClusterMap
-from .partition import PartitionMachine
+from .partition import Partition, PartitionMachine
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
@@ -84,9 +84,9 @@ class Node:
         self.identity = load_identity(str(self.data_dir), config.cluster_id, self.node_id)
         #: This node's incarnation: new whenever it starts on a data directory without an identity.
         self.incarnation = self.identity.incarnation
-        self.replicas: dict[int, PartitionReplica] = {}
+        #: The partitions this node hosts a replica of.
+        self.partitions: dict[int, Partition] = {}
         self.digests = ReplicaDigests(self.loop)
-        self.group_commits: dict[int, GroupCommit] = {}
         self.topology: Topology = config.initial_topology()
         self.event_listeners: list[Callable[[list[dict[str, Any]]], None]] = []
         self.clock = WallClock()
@@ -104,11 +104,8 @@ class Node:
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_tick_ms: dict[int, int] = {}
-        self._tick_inflight: set[int] = set()
         self._led: list[int] = []
         self._tick_idle_ms = TICK_IDLE_MS
-        self._applied_flags: dict[int, bool] = {}
         self.raft_network: RaftNetwork | None = None
         self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -164,8 +161,8 @@ class Node:
         self._bootstrap_replicas(start=False)
         # Links come up once every group is registered, so no peer's first votes are lost.
         await self.raft_network.start()
-        for replica in self.replicas.values():
-            replica.start()
+        for part in self.partitions.values():
+            part.replica.start()
         host = listen or self.spec.host
         self._server = await self.loop.create_server(
             lambda: ClientConnection(self.dispatcher, self.config.frame_bytes_max,
@@ -177,7 +174,7 @@ class Node:
                      self.guard.run(), self._lazy_sync_loop(), self.flows.run(), self.moves.run()):
             self._tasks.append(self.loop.create_task(coro))
         log.info("node %s serving clients on %s:%d (partitions %s)", self.node_id, host, self.spec.client_listen_port,
-                 sorted(self.replicas))
+                 sorted(self.partitions))
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -190,19 +187,21 @@ class Node:
         if self._server is not None:
             self._server.close()
         deadline = time.monotonic() + STOP_HANDOVER_S
-        for p, replica in self.replicas.items():
+        for p, part in self.partitions.items():
+            replica = part.replica
             if replica.is_leader() and len(replica.core.membership.voters) > 1:
                 try:
                     replica.transfer_leadership()
                 except Exception:  # best effort: a follower will time out and take over anyway
                     log.debug("partition %d: transferLeadership failed", p, exc_info=True)
         while time.monotonic() < deadline and any(
-                r.is_leader() and len(r.core.membership.voters) > 1 for r in self.replicas.values()):
+                part.replica.is_leader() and len(part.replica.core.membership.voters) > 1
+                for part in self.partitions.values()):
             await asyncio.sleep(0.05)
         err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
-        for p, commits in self.group_commits.items():
-            commits.fail_all(err)
-            self.dispatcher.fail_parked(p, err)
+        for part in self.partitions.values():
+            part.group_commit.fail_all(err)
+            self.dispatcher.fail_parked(part, err)
         for task in self._tasks:
             task.cancel()
         for conn in list(self.dispatcher.connections):
@@ -211,8 +210,8 @@ class Node:
             self.relay.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()
-        for replica in self.replicas.values():
-            replica.close()
+        for part in self.partitions.values():
+            part.replica.close()
         self.digests.close()
         if self.raft_network is not None:
             self.raft_network.close()
@@ -242,8 +241,9 @@ class Node:
     def _open_replica(self, p: int, *, start: bool, membership: Membership | None = None) -> PartitionReplica | None:
         """Host partition ``p`` (its files exist, or ``membership`` is its first one)."""
         me = self.cluster_map.self_member()
-        if me is None or p in self.replicas:
-            return self.replicas.get(p)
+        if me is None or p in self.partitions:
+            hosted = self.partitions.get(p)
+            return hosted.replica if hosted is not None else None
         target = self.target(p)
         if membership is None:
             boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
@@ -257,11 +257,9 @@ class Node:
                                    snapshot_rates=[self.moves.rate])
         replica.on_applied = self._applied
         replica.on_leadership_lost = self._leadership_lost
-        self.replicas[p] = replica
-        self.group_commits[p] = GroupCommit(replica, self.loop, self.clock,
-                                            after_answers=lambda: self._answered(p),
-                                            before_output=self.dispatcher.writes.propose_first,
-                                            early_answers=self.dispatcher.writes.write_now)
+        self.partitions[p] = Partition(p, replica, GroupCommit(
+            replica, self.loop, self.clock, after_answers=lambda: self._answered(p),
+            before_output=self.dispatcher.writes.propose_first, early_answers=self.dispatcher.writes.write_now))
         if start:
             replica.start()
         return replica
@@ -280,7 +278,7 @@ class Node:
                 self.cluster_map.self_member() != self.node_id:
             return
         for p, replicas in sorted(reg.bootstrap_placement().items()):
-            if self.node_id in replicas and p not in self.replicas:
+            if self.node_id in replicas and p not in self.partitions:
                 self._open_replica(p, start=start, membership=Membership.of(replicas))
         self.storage.io.write_atomic(str(mark), [b"1\n"])
 
@@ -301,7 +299,8 @@ class Node:
         net = self.raft_network
         if net is not None:
             net.set_peers(self._peer_addresses(), self.cluster_map.dials())
-        for replica in self.replicas.values():
+        for part in self.partitions.values():
+            replica = part.replica
             replica.refresh_routes()
             replica.set_peer_order([m for m in self.target(replica.partition) if m != replica.member])
         if self.cluster_map.self_member() is not None and net is not None:
@@ -326,19 +325,21 @@ class Node:
     def local_stats(self, partition: Any = None) -> dict[str, Any]:
         """Diagnostics of every hosted replica, leader or not (``digest`` as of ``digestIndex``)."""
         out: dict[str, Any] = {}
-        for p, replica in sorted(self.replicas.items()):
+        replicas = {p: part.replica for p, part in self.partitions.items()}
+        for p, part in sorted(self.partitions.items()):
             if partition is not None and p != partition:
                 continue
-            digest, digest_index = self.digests.get(p, replica, self.replicas)
+            replica = part.replica
+            digest, digest_index = self.digests.get(p, replica, replicas)
             out[str(p)] = {"leader": replica.leader_id(), "isLeader": replica.is_leader(),
                            "term": replica.term(), "commitIndex": replica.commit_index(),
                            "appliedIndex": replica.applied_index(), "digest": digest,
                            "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
-                           "pendingCommands": self.group_commits[p].pending, "elections": replica.elections,
+                           "pendingCommands": part.group_commit.pending, "elections": replica.elections,
                            "transferElections": replica.transfer_elections, "raft": replica.status()}
         net = self.raft_network
-        raft = {"elections": sum(r.elections for r in self.replicas.values()),
-                "transferElections": sum(r.transfer_elections for r in self.replicas.values()),
+        raft = {"elections": sum(r.elections for r in replicas.values()),
+                "transferElections": sum(r.transfer_elections for r in replicas.values()),
                 "peersConnected": net.connected_peers() if net else [],
                 "peerIncarnations": {p: net.peer_incarnation(p) for p in net.connected_peers()} if net else {},
                 "handshakesRefused": net.refused_count if net else 0,
@@ -348,16 +349,17 @@ class Node:
     def snapshot_now(self) -> None:
         """Start a snapshot of every hosted partition that applied entries since its last one (SIGUSR1)."""
         log.info("node %s: snapshot of every partition requested", self.node_id)
-        for replica in self.replicas.values():
-            replica.snapshot_now()
+        for part in self.partitions.values():
+            part.replica.snapshot_now()
 
     # --- applied-batch notifications -----------------------------------------------------------
 
     def _applied(self, p: int) -> None:
         # Called while the replica applies committed entries; wake waiters once, afterwards.
-        if not self._applied_flags.get(p):
-            self._applied_flags[p] = True
-            self.loop.call_soon(self._on_applied_soon, p)
+        part = self.partitions.get(p)
+        if part is not None and not part.applied_pending:
+            part.applied_pending = True
+            self.loop.call_soon(self._on_applied_soon, part)
 
     def _answered(self, p: int) -> None:
         """Partition ``p``'s group commit handed out an entry's answers: they are written at once,
@@ -365,30 +367,32 @@ class Node:
         their answers rather than after the loop polled and handled what came meanwhile."""
         writes = self.dispatcher.writes
         writes.write_now()
-        if self._applied_flags.get(p):
-            self._on_applied(p)
+        part = self.partitions.get(p)
+        if part is not None and part.applied_pending:
+            self._on_applied(part)
             writes.write_now()
 
-    def _on_applied_soon(self, p: int) -> None:
-        if self._applied_flags.get(p):  # not yet done right after the answers (_answered)
-            self._on_applied(p)
+    def _on_applied_soon(self, part: Partition) -> None:
+        # Not yet done right after the answers (_answered); a partition retired meanwhile owes nothing.
+        if part.applied_pending and self.partitions.get(part.id) is part:
+            self._on_applied(part)
 
-    def _on_applied(self, p: int) -> None:
-        self._applied_flags[p] = False
-        replica = self.replicas[p]
+    def _on_applied(self, part: Partition) -> None:
+        part.applied_pending = False
+        replica = part.replica
         wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.wants_events())
         machine = replica.application
         machine.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
         events = machine.take_events()
         if events and wanted:
-            self.dispatcher.publish(p, events, machine.view)
-        self.dispatcher.on_applied(p)
+            self.dispatcher.publish(part.id, events, machine.view)
+        self.dispatcher.on_applied(part.id)
 
     def events_wanted(self) -> None:
         """A listener or subscriber came: engines this node leads record job events from now on."""
-        for replica in self.replicas.values():
-            if replica.is_leader():
-                replica.application.record_events = True
+        for part in self.partitions.values():
+            if part.replica.is_leader():
+                part.replica.application.record_events = True
 
     # --- background loops ----------------------------------------------------------------------
 
@@ -397,8 +401,9 @@ class Node:
             await asyncio.sleep(TICK_INTERVAL_S)
             now = self.now_ms()
             for p in self._led:  # the partitions this node led at the last topology refresh
-                replica = self.replicas[p]
-                if p in self._tick_inflight or not replica.is_leader():
+                part = self.partitions[p]
+                replica = part.replica
+                if part.tick_inflight or not replica.is_leader():
                     continue
                 view = replica.application.view
                 due = view.next_due_ms()
@@ -406,11 +411,10 @@ class Node:
                 # trim, and with hundreds of partitions its Raft entry per second is most of a
                 # node's idle CPU.
                 if (due is not None and due <= now) or (
-                        view.has_queues() and now - self._last_tick_ms.get(p, 0) >= self._tick_idle_ms):
-                    self._last_tick_ms[p] = now
-                    self._tick_inflight.add(p)
-                    self.group_commits[p].submit({"cmd": "_Tick"},
-                                                 lambda _r, p=p: self._tick_inflight.discard(p))
+                        view.has_queues() and now - part.last_tick_ms >= self._tick_idle_ms):
+                    part.last_tick_ms = now
+                    part.tick_inflight = True
+                    part.group_commit.submit({"cmd": "_Tick"}, lambda _r, part=part: _tick_done(part))
 
     async def _lazy_sync_loop(self) -> None:
         """Disk-class journal writes reach the disk within ``sync_interval_ms``."""
@@ -429,7 +433,8 @@ class Node:
         topo = self.topology
         lost: list[int] = []
         led: list[int] = []
-        for p, replica in self.replicas.items():
+        for p, part in self.partitions.items():
+            replica = part.replica
             leader = replica.leader_id()
             term = replica.term()
             if leader == self.node_id:
@@ -457,9 +462,10 @@ class Node:
     def _release_partition(self, p: int) -> None:
         """Answer everything this node holds for partition ``p``, which it no longer leads."""
         err = self.not_leader_error(p)
-        self.group_commits[p].fail_all(err)
-        self.group_commits[p].abandon_inflight()
-        self.dispatcher.fail_parked(p, err)
+        part = self.partitions[p]
+        part.group_commit.fail_all(err)
+        part.group_commit.abandon_inflight()
+        self.dispatcher.fail_parked(part, err)
 
     def _announce_topology(self) -> None:
         event = {"event": "topology", "topology": self.topology.to_wire()}
@@ -471,7 +477,8 @@ class Node:
         await asyncio.sleep(BALANCE_START_DELAY_S)
         while True:
             await asyncio.sleep(BALANCE_INTERVAL_S)
-            for p, replica in self.replicas.items():
+            for p, part in self.partitions.items():
+                replica = part.replica
                 target = self.target(p)
                 if not target or target[0] == replica.member or not replica.is_leader():
                     continue
@@ -522,7 +529,8 @@ class Node:
         """Close (and delete the files of) replicas whose group no longer lists this node: its
         leader's membership (or the replica's own applied one) leaves it out, and so does the target."""
         me = self.cluster_map.self_member() if self.cluster_map else None
-        for p, replica in list(self.replicas.items()):
+        for p, part in list(self.partitions.items()):
+            replica = part.replica
             if replica.is_leader() or me in self.target(p):
                 continue
             info = self.topology.partition_map[p]
@@ -534,14 +542,19 @@ class Node:
                 self._retire(p)
 
     def _retire(self, p: int) -> None:
-        replica = self.replicas.pop(p)
-        commits = self.group_commits.pop(p)
-        commits.fail_all(self.not_leader_error(p))
-        self.dispatcher.fail_parked(p, self.not_leader_error(p))
+        part = self.partitions.pop(p)
+        replica = part.replica
+        part.group_commit.fail_all(self.not_leader_error(p))
+        self.dispatcher.fail_parked(part, self.not_leader_error(p))
         self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()
         replica.delete_files()
         log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
+
+
+def _tick_done(part: Partition) -> None:
+    part.tick_inflight = False
+
 
 GC_THRESHOLDS = (50_000, 20, 100)
 

@@ -18,10 +18,9 @@ if TYPE_CHECKING:
     from .cluster_map import ClusterMap
     from .dispatch import Dispatcher
     from .moves import MoveService
-    from .group_commit import GroupCommit
     from .metrics import NodeMetrics
+    from .partition import Partition
     from .ports import EventListener
-    from .raft import PartitionReplica
     from .raft.storage import NodeStorage
 
 __all__ = ["NodeView", "MemoryReport"]
@@ -43,8 +42,7 @@ class NodeView(Protocol):
     node_id: str
     incarnation: str
     topology: "Topology"
-    replicas: "Mapping[int, PartitionReplica]"
-    group_commits: "Mapping[int, GroupCommit]"
+    partitions: "Mapping[int, Partition]"
     dispatcher: "Dispatcher"
     metrics: "NodeMetrics"
     event_listeners: "list[EventListener]"

@@ -69,7 +69,8 @@ class _Invalid(Exception):
 def led_memberships(node: "NodeView") -> dict[str, dict[str, Any]]:
     """The Raft membership (member ids) of every partition ``node`` leads, with its term."""
     out: dict[str, dict[str, Any]] = {}
-    for p, replica in sorted(node.replicas.items()):
+    for p, part in sorted(node.partitions.items()):
+        replica = part.replica
         if replica.is_leader():
             members = replica.core.membership
             out[str(p)] = {"leader": node.node_id, "term": replica.term(), "voters": sorted(members.voters),

@@ -78,8 +78,8 @@ def _digest(token: bytes) -> bytes:
 def _durability(node: Any) -> dict[str, Any]:
     """The durability classes of the queues this node holds (the fsync class is ``durable: true``)."""
     classes = {"fsync": 0, "disk": 0}
-    for replica in node.replicas.values():
-        for q in replica.application.view.queue_figures():
+    for part in node.partitions.values():
+        for q in part.replica.application.view.queue_figures():
             classes["fsync" if q.durable else "disk"] += 1
     return {"default": "fsync", "queues": classes, "syncIntervalMs": node.config.sync_interval_ms}
 
@@ -152,8 +152,8 @@ class HttpApi(StreamHandlers):
         if key is None:
             return None
         p = key if type(key) is int else partition_for(str(key), self.node.config.partitions)
-        replica = self.node.replicas.get(p)
-        if replica is not None and replica.is_leader():
+        part = self.node.partitions.get(p)
+        if part is not None and part.replica.is_leader():
             return None
         infos = self.node.topology.partition_map
         return infos[p].leader if 0 <= p < len(infos) else None
@@ -227,14 +227,15 @@ class HttpApi(StreamHandlers):
         node = self.node
         # A follower cut off from every peer never starts an election and keeps naming its old
         # leader, so "has a leader" also needs a connected majority (the replica's has_quorum).
-        missing = [p.id for p in node.topology.partition_map if p.id in node.replicas
-                   and (p.leader is None or not node.replicas[p.id].has_quorum())]
+        hosted = node.partitions
+        missing = [p.id for p in node.topology.partition_map if p.id in hosted
+                   and (p.leader is None or not hosted[p.id].replica.has_quorum())]
         # A follower applies committed entries a few at a time (FOLLOWER_APPLY_BATCH), and a socket
         # read may append several before its tick runs: a lag of that order is its normal state.
         # Catching up after a restart is a far larger one.
-        lagging = [p for p, r in sorted(node.replicas.items())
-                   if r.commit_index() - r.applied_index() > READY_APPLY_LAG_MAX
-                   or (r.is_leader() and not r.read_ready())]
+        lagging = [p for p, part in sorted(hosted.items())
+                   if part.replica.commit_index() - part.replica.applied_index() > READY_APPLY_LAG_MAX
+                   or (part.replica.is_leader() and not part.replica.read_ready())]
         storage = node.storage
         space_low = storage is not None and storage.space_low()
         no_space = sorted(storage.no_space) if storage is not None else []
@@ -263,7 +264,7 @@ class HttpApi(StreamHandlers):
                 memory["rssBytes"] = int(f.read().split()[1]) * _PAGE_SIZE
         except (OSError, ValueError, IndexError):
             pass
-        jobs = sum(r.application.view.job_count() for r in node.replicas.values())
+        jobs = sum(part.replica.application.view.job_count() for part in node.partitions.values())
         readiness = self.readiness()
         return json_response({
             "ok": True, "status": "ok" if readiness["ready"] else "degraded", "ready": readiness["ready"],
@@ -273,10 +274,10 @@ class HttpApi(StreamHandlers):
             "jobsHeld": jobs, "connections": len(node.dispatcher.connections),
             "httpConnections": node.metrics.http_connections,
             "httpStreams": dict(node.metrics.http_streams), "sessions": node.dispatcher.sessions.active,
-            "partitions": sorted(node.replicas),
+            "partitions": sorted(node.partitions),
             "storage": node.storage.status() if node.storage is not None else None,
             "durability": _durability(node),
-            "leading": sorted(p for p, r in node.replicas.items() if r.is_leader())})
+            "leading": sorted(p for p, part in node.partitions.items() if part.replica.is_leader())})
 
     async def prometheus(self, _: web.Request) -> web.Response:
         return web.Response(text=self.node.metrics.exposition(), content_type="text/plain", charset="utf-8")
@@ -287,7 +288,8 @@ class HttpApi(StreamHandlers):
         node = self.node
         now = node.now_ms()
         queues: dict[str, Any] = {}
-        for _p, replica in sorted(node.replicas.items()):
+        for _p, part in sorted(node.partitions.items()):
+            replica = part.replica
             if replica.is_leader():
                 queues.update(replica.application.view.read({"cmd": "Stats"}, now)["stats"]["queues"])
         return json_response({**node.local_stats(), "clusterId": node.config.cluster_id,

@@ -126,9 +126,9 @@ class QueueSampler:
     def read(self, now: int) -> dict[int, dict[str, Any]]:
         """Every hosted replica's queue metrics (``Stats``) from its applied state, now."""
         out = {}
-        for p, replica in list(self.node.replicas.items()):
+        for p, part in list(self.node.partitions.items()):
             try:
-                out[p] = replica.application.view.read({"cmd": "Stats"}, now)["stats"]["queues"]
+                out[p] = part.replica.application.view.read({"cmd": "Stats"}, now)["stats"]["queues"]
             except Exception:  # a replica still restoring: skip it this time
                 log.debug("partition %d: no stats", p, exc_info=True)
         return out
@@ -325,9 +325,11 @@ class Dashboard:
             pass
         # Not node.local_stats(): its digest hashes a snapshot of the whole state, far too much
         # to do once a second for a chart.
-        replicas = {str(p): {"isLeader": r.is_leader(), "term": r.term(), "commitIndex": r.commit_index(),
-                             "appliedIndex": r.applied_index(), "pendingCommands": node.group_commits[p].pending}
-                    for p, r in sorted(node.replicas.items())}
+        replicas = {}
+        for p, part in sorted(node.partitions.items()):
+            r = part.replica
+            replicas[str(p)] = {"isLeader": r.is_leader(), "term": r.term(), "commitIndex": r.commit_index(),
+                                "appliedIndex": r.applied_index(), "pendingCommands": part.group_commit.pending}
         queues = self.sampler.views(OVERVIEW_SPARK_SAMPLES, OVERVIEW_QUEUES_MAX)
         return {"nodeId": node.node_id, "incarnation": node.incarnation, "ready": health["ready"],
                 "stopping": node.stopping, "moves": node.moves.moves(),

@@ -71,8 +71,8 @@ class StreamHandlers:
         except CommandError as exc:
             return error_response(exc.code.value, str(exc))
         p = partition_for(queue, self.node.config.partitions)
-        replica = self.node.replicas.get(p)
-        if replica is not None and replica.is_leader():
+        part = self.node.partitions.get(p)
+        if part is not None and part.replica.is_leader():
             return None
         err = self.node.not_leader_error(p)
         reply = err.to_reply()

@@ -12,7 +12,7 @@ import pytest
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
-from shoal.node.partition import PartitionView
+from shoal.node.partition import Partition, PartitionView
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
 
@@ -35,6 +35,8 @@ class Node:
     def __init__(self) -> None:
         self.now = 1_000_000
         self.replicas = {0: Replica(0), 1: Replica(1)}
+        # The sampler only reads: the partitions need no group commit.
+        self.partitions = {p: Partition(p, r, None) for p, r in self.replicas.items()}  # type: ignore[arg-type]
         self.event_listeners: list[Any] = []
         self.wanted = 0
 

@@ -27,8 +27,7 @@ class FixedClock:
 class NoPartitions:
     """A directory of a node that hosts nothing: every partition is led elsewhere."""
 
-    replicas: dict[int, Any] = {}
-    group_commits: dict[int, Any] = {}
+    partitions: dict[int, Any] = {}
 
     def not_leader_error(self, p: int) -> CommandError:
         return CommandError(ErrorCode.NO_LEADER, f"partition {p} has no leader yet; retry")

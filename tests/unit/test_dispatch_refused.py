@@ -16,6 +16,7 @@ from shoal.cluster.codec import PlainPush, Raw
 from shoal.cluster.config import ClusterConfig, NodeSpec
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.node.dispatch import Dispatcher
+from shoal.node.partition import Partition
 
 from test_dispatch_ports import FixedClock, Flows, Info, Link, Metrics
 
@@ -38,8 +39,7 @@ class Refusing:
 
 
 class Directory:
-    replicas = {0: Leading(), 1: Leading()}
-    group_commits = {0: Refusing(), 1: Refusing()}
+    partitions = {p: Partition(p, Leading(), Refusing()) for p in (0, 1)}  # type: ignore[arg-type]
 
     def not_leader_error(self, p: int) -> CommandError:
         return CommandError(ErrorCode.NOT_LEADER, f"not leader of {p}")

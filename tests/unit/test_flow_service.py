@@ -20,6 +20,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.partitioning import partition_for
 from shoal.node import flows as flows_module
 from shoal.node.flows import PEER_COMMANDS, FlowService
+from shoal.node.partition import Partition
 from shoal.node.state import PartitionEngine
 
 PARENTS, KIDS = "q0", "q1"  # partition 1 (led by n2) and partition 0 (led by n1)
@@ -99,8 +100,8 @@ class Node:
         self.config = CONFIG
         self.loop = cluster.loop
         self.node_id = node_id
-        self.replicas = {p: Replica(cluster, node_id, p) for p in range(2)}
-        self.group_commits = {p: GroupCommit(cluster, p) for p in range(2)}
+        self.partitions = {p: Partition(p, Replica(cluster, node_id, p),  # type: ignore[arg-type]
+                                        GroupCommit(cluster, p)) for p in range(2)}
 
     @property
     def topology(self) -> Any:
@@ -231,8 +232,8 @@ def test_a_flow_is_made_top_down_each_child_naming_its_parent() -> None:
         # A level went to its partition's leader only after the level above was made: the root
         # over the node link to n2, then the children here, then the grandchild over the link.
         assert pair.links["n1"].calls == 2
-        assert [c["cmd"] for c in pair.nodes["n2"].group_commits[1].submitted] == ["_FlowPush", "_FlowPush"]
-        (kids,) = pair.nodes["n1"].group_commits[0].submitted
+        assert [c["cmd"] for c in pair.nodes["n2"].partitions[1].group_commit.submitted] == ["_FlowPush", "_FlowPush"]
+        (kids,) = pair.nodes["n1"].partitions[0].group_commit.submitted
         assert [item["_parent"] for item in kids["_items"]] == [root, root]
         assert [item["_expect"] for item in kids["_items"] if "_expect" in item] == [1]
 
@@ -247,7 +248,7 @@ def test_a_flow_sent_again_with_its_key_makes_nothing_twice() -> None:
         assert again == first
         assert [sum(pair.cluster.apply(p, {"cmd": "GetJobCounts", "queue": q})["counts"].values())
                 for p, q in ((1, PARENTS), (0, KIDS))] == [2, 2]
-        items = pair.nodes["n1"].group_commits[0].submitted[0]["_items"]
+        items = pair.nodes["n1"].partitions[0].group_commit.submitted[0]["_items"]
         assert [item["idempotencyKey"] for item in items] == ["order-7/0.0", "order-7/0.1"]
         # Without a key a flow sent again is a new flow.
         assert await service.push_flow(flow()) != first
@@ -257,7 +258,7 @@ def test_a_flow_sent_again_with_its_key_makes_nothing_twice() -> None:
 
 def test_a_level_sent_while_the_leader_moves_is_sent_again() -> None:
     async def test(pair: Pair) -> None:
-        pair.nodes["n2"].replicas[1].refusals = 2  # n2 is between two terms: NOT_LEADER twice
+        pair.nodes["n2"].partitions[1].replica.refusals = 2  # n2 is between two terms: NOT_LEADER twice
         ids = await pair.services["n1"].push_flow(flow())
         assert len(ids) == 4 and pair.links["n1"].calls == 2 + 2  # the root's level three times, the grandchild's once
 
@@ -280,7 +281,7 @@ def test_a_partition_without_a_known_leader_is_refused() -> None:
     async def test(pair: Pair) -> None:
         node = pair.nodes["n1"]
         node.cluster.leaders[1] = "n1"  # named here, but this node's replica does not lead it
-        node.replicas[1].is_leader = lambda: False  # type: ignore[method-assign]
+        node.partitions[1].replica.is_leader = lambda: False  # type: ignore[method-assign]
         with pytest.raises(CommandError) as refused:
             await pair.services["n1"].send(1, {"cmd": "_FlowPush", "queue": PARENTS, "_items": []})
         assert refused.value.code is ErrorCode.NO_LEADER
@@ -362,16 +363,16 @@ def test_finished_children_report_to_their_parent_which_then_runs() -> None:
         root, a, a0, b = await pair.services["n1"].push_flow(flow())
         # the grandchild (q0, partition 1) finishes: its report goes from n2 to partition 0 (n1)
         assert finish(pair, PARENTS) == a0
-        assert pair.nodes["n2"].replicas[1].view.has_flow_reports()
+        assert pair.nodes["n2"].partitions[1].replica.view.has_flow_reports()
         await pair.services["n2"]._forward(1)
         assert pair.cluster.state(a) == "waiting"
-        assert not pair.nodes["n2"].replicas[1].view.has_flow_reports()  # acknowledged by _FlowAcked
+        assert not pair.nodes["n2"].partitions[1].replica.view.has_flow_reports()  # acknowledged by _FlowAcked
         assert pair.services["n2"].reports_sent == 1
         # both children finish: their reports go from n1 to partition 1 (n2); the root runs
         assert {finish(pair, KIDS), finish(pair, KIDS)} == {a, b}
         await pair.services["n1"]._forward(0)
         assert pair.cluster.state(root) == "waiting" and pair.services["n1"].reports_sent == 2
-        assert not pair.nodes["n1"].replicas[0].view.has_flow_reports()
+        assert not pair.nodes["n1"].partitions[0].replica.view.has_flow_reports()
         values = pair.cluster.apply(1, {"cmd": "GetChildrenValues", "id": root})
         assert len(values["values"]) == 2
         # reports sent again (a leader that died between the two steps) count once
@@ -387,10 +388,11 @@ def test_reports_for_an_unreachable_parent_stay_until_it_can_be_told() -> None:
         finish(pair, KIDS)
         pair.links["n1"].down = True
         await pair.services["n1"]._forward(0)
-        assert pair.nodes["n1"].replicas[0].view.has_flow_reports() and pair.services["n1"].reports_sent == 0
+        replica = pair.nodes["n1"].partitions[0].replica
+        assert replica.view.has_flow_reports() and pair.services["n1"].reports_sent == 0
         pair.links["n1"].down = False
         await pair.services["n1"]._forward(0)
-        assert not pair.nodes["n1"].replicas[0].view.has_flow_reports() and pair.services["n1"].reports_sent == 1
+        assert not replica.view.has_flow_reports() and pair.services["n1"].reports_sent == 1
         assert pair.cluster.state(root) == "waiting-children"  # one of its two children is done
 
     run(test)

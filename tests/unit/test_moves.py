@@ -17,6 +17,7 @@ from shoal.cluster.registry import LEAVING, NodeEntry, Registry
 from shoal.cluster.topology import PartitionInfo, Topology
 from shoal.node import moves as moves_module
 from shoal.node.moves import DEAD_AFTER_S, HAND_OVER, PROMOTE_LAG_MAX, MoveService, plan_change
+from shoal.node.partition import Partition
 from shoal.node.raft.core import LEADER, ProposalRefused
 from shoal.node.raft.membership import ConfigChange
 
@@ -181,7 +182,8 @@ class Node:
 
     def __init__(self, replicas: dict[int, Replica], targets: dict[int, list[str]], registry: Registry) -> None:
         self.cluster_map = Map(registry)
-        self.replicas = replicas
+        # The move service writes nothing through group commit: the partitions need none.
+        self.partitions = {p: Partition(p, replica, None) for p, replica in replicas.items()}  # type: ignore[arg-type]
         self.targets = targets
 
     def target(self, p: int) -> list[str]:
@@ -190,8 +192,8 @@ class Node:
     @property
     def topology(self) -> Topology:
         parts = []
-        for p, replica in sorted(self.replicas.items()):
-            core = replica.core
+        for p, part in sorted(self.partitions.items()):
+            core = part.replica.core
             parts.append(PartitionInfo(p, tuple(core.membership.voters), core.leader or None, core.term))
         return Topology("c1", len(parts), {}, tuple(parts), 0)
 

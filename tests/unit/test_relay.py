@@ -20,7 +20,7 @@ from shoal.cluster.partitioning import partition_for
 from shoal.node import relay as relay_module
 from shoal.node.audits import AUDIT_ANSWER_TIMEOUT_S
 from shoal.node.locator import JobLocator
-from shoal.node.partition import PartitionView
+from shoal.node.partition import Partition, PartitionView
 from shoal.node.ports import DecodingReplier
 from shoal.node.relay import FORWARD_TIMEOUT_S, RETRY_DELAY_S, Relay
 from shoal.node.sessions import SessionTable
@@ -56,7 +56,7 @@ class Config:
 
 class Directory:
     def __init__(self) -> None:
-        self.replicas: dict[int, Any] = {}
+        self.partitions: dict[int, Partition] = {}
 
 
 class Dispatcher:
@@ -544,8 +544,8 @@ def test_a_leaders_audit_learns_which_sessions_this_node_holds_and_is_told_when_
     assert node.sent[-1] == ("n3", ["x", "held"])
 
 
-class LedPartition:
-    """A partition this node leads, caught up: its applied state read through the real view."""
+class LedReplica:
+    """The replica of a partition this node leads, caught up: its applied state read through the real view."""
 
     def __init__(self, engine: PartitionEngine) -> None:
         self.application = SimpleNamespace(view=PartitionView(lambda: engine))
@@ -557,6 +557,11 @@ class LedPartition:
         return True
 
 
+def led_partition(engine: PartitionEngine) -> Partition:
+    # The audit reads and releases through the dispatcher: the partition's group commit is not used.
+    return Partition(0, LedReplica(engine), None)  # type: ignore[arg-type]
+
+
 def leases(engine: PartitionEngine, *sessions: str) -> None:
     for k, session in enumerate(sessions):
         engine.apply({"cmd": "PUSH", "queue": "audited", "data": b"x"}, 1_000 + k)
@@ -566,7 +571,7 @@ def leases(engine: PartitionEngine, *sessions: str) -> None:
 def test_an_audit_adopts_sessions_other_nodes_hold_and_releases_those_none_holds(node: Node) -> None:
     engine = PartitionEngine(0)
     leases(engine, "orphan", "elsewhere", "here", "kept.rest")
-    node.dispatcher.directory.replicas[0] = LedPartition(engine)
+    node.dispatcher.directory.partitions[0] = led_partition(engine)
     node.dispatcher.sessions.attach("here", 3)  # a client connection of this node holds it
     node.relay._audit_step(node.loop.time())
     asked = [(peer, m) for peer, m in node.sent if m[0] == "w"]
@@ -586,7 +591,7 @@ def test_an_audit_adopts_sessions_other_nodes_hold_and_releases_those_none_holds
 def test_an_audit_a_node_does_not_answer_releases_nothing(node: Node) -> None:
     engine = PartitionEngine(0)
     leases(engine, "orphan")
-    node.dispatcher.directory.replicas[0] = LedPartition(engine)
+    node.dispatcher.directory.partitions[0] = led_partition(engine)
     node.links.discard("n3")  # no link: it cannot answer
     node.relay._audit_step(node.loop.time())
     (_, (_, aid, _, _)), = [(peer, m) for peer, m in node.sent if m[0] == "w"]

@@ -1,0 +1,174 @@
+"""Parking and waking on one :class:`~shoal.node.partition.Partition`, with no loop, socket or node:
+which parked commands a wake or a drain hands out, in what order, and each only once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shoal.node.partition import Parked, Partition
+from shoal.node.partition import partition as partition_module
+
+P = 3
+
+
+class Link:
+    """The connection a parked command answers on: parking reads only whether it closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
+class Timer:
+    """A parked command's expiry, as the dispatcher sets it: cancelled once the command is claimed."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Unused:
+    """Stands in for the replica and the group commit, which parking never touches."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"parking used {name}")
+
+
+def partition() -> Partition:
+    return Partition(P, Unused(), Unused())  # type: ignore[arg-type]
+
+
+def pull(queue: str, n: int, link: Link | None = None, p: int = P) -> Parked[Link]:
+    parked = Parked(link or Link(), {"cmd": "PULL", "queue": queue, "reqId": n}, p, queue, 10.0)
+    parked.timer = Timer()  # type: ignore[assignment]
+    return parked
+
+
+def push(queue: str, n: int, link: Link | None = None) -> Parked[Link]:
+    parked = Parked(link or Link(), {"cmd": "PUSH", "queue": queue, "reqId": n, "waitMs": 100}, P, queue, 10.0)
+    parked.timer = Timer()  # type: ignore[assignment]
+    return parked
+
+
+def ids(parked: Any) -> list[int]:
+    return [w.frame["reqId"] for w in parked]
+
+
+def test_pulls_wake_oldest_first_on_the_queues_with_ready_jobs_and_once() -> None:
+    part = partition()
+    waiting = [pull("a", 1), pull("b", 2), pull("a", 3)]
+    for parked in waiting:
+        assert part.park_pull(parked)
+    woken = list(part.wake_pulls(lambda queue: queue == "a"))
+    assert ids(woken) == [1, 3]
+    assert all(w.done and w.timer.cancelled for w in woken)  # type: ignore[union-attr]
+    assert not waiting[1].done
+    assert list(part.wake_pulls(lambda queue: queue == "a")) == []
+    assert ids(part.wake_pulls(lambda queue: True)) == [2]
+
+
+def test_answered_pulls_are_passed_over_and_their_line_goes() -> None:
+    part = partition()
+    expired, live = pull("a", 1), pull("a", 2)
+    gone = pull("b", 3)
+    closed_link = Link()
+    left = pull("c", 4, closed_link)
+    for parked in (expired, live, gone, left):
+        part.park_pull(parked)
+    expired.done = gone.done = True  # their timeouts answered them
+    closed_link.closed = True
+    asked: list[str] = []
+    woken = list(part.wake_pulls(lambda queue: asked.append(queue) is None))
+    assert ids(woken) == [2]
+    assert asked == ["a", "c"]  # "b" held only answered pulls: nothing to ask
+    assert not left.done  # its link closed: nobody to answer, so it is not handed out
+    asked.clear()
+    assert list(part.wake_pulls(lambda queue: asked.append(queue) is None)) == []
+    assert asked == []  # every line is empty now
+
+
+def test_a_round_wakes_a_bounded_number_of_pulls_per_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition_module, "WAKE_PER_ROUND_MAX", 2)
+    part = partition()
+    for n in range(5):
+        part.park_pull(pull("a", n))
+    part.park_pull(pull("b", 9))
+    assert ids(part.wake_pulls(lambda queue: True)) == [0, 1, 9]
+    assert ids(part.wake_pulls(lambda queue: True)) == [2, 3]
+    assert ids(part.wake_pulls(lambda queue: True)) == [4]
+
+
+def test_a_pull_parked_again_while_its_round_runs_waits_for_the_next_round() -> None:
+    part = partition()
+    first, second = pull("a", 1), pull("a", 2)
+    part.park_pull(first)
+    part.park_pull(second)
+    handed: list[int] = []
+    for parked in part.wake_pulls(lambda queue: True):
+        handed.append(parked.frame["reqId"])
+        if parked is first:  # someone else took the job first: the dispatcher parks it anew
+            again = pull("a", 1)
+            assert part.park_pull(again)
+    assert handed == [1, 2]
+    assert ids(part.wake_pulls(lambda queue: True)) == [1]
+
+
+def test_a_full_line_refuses_one_more_pull(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition_module, "PARKED_PER_QUEUE_MAX", 2)
+    part = partition()
+    assert part.park_pull(pull("a", 1)) and part.park_pull(pull("a", 2))
+    refused = pull("a", 3)
+    assert not part.park_pull(refused)
+    assert part.park_pull(pull("b", 4))  # the limit is per queue
+    assert ids(part.wake_pulls(lambda queue: True)) == [1, 2, 4]
+    assert not refused.done
+
+
+def test_parked_pushes_all_wake_in_order_and_one_parked_meanwhile_waits() -> None:
+    part = partition()
+    expired = push("a", 2)
+    for parked in (push("a", 1), expired, push("b", 3)):
+        part.park_push(parked)
+    expired.done = True
+    handed = []
+    for parked in part.wake_pushes():
+        handed.append(parked.frame["reqId"])
+        if parked.frame["reqId"] == 1:  # still full: the dispatcher parks it again
+            part.park_push(push("a", 1))
+    assert handed == [1, 3]
+    assert ids(part.wake_pushes()) == [1]
+    assert list(part.wake_pushes()) == []
+
+
+def test_a_drain_hands_out_every_live_parked_command_once_pushes_first() -> None:
+    part = partition()
+    part.park_pull(pull("a", 1))
+    part.park_push(push("a", 2))
+    part.park_pull(pull("b", 3))
+    expired = pull("b", 4)
+    part.park_pull(expired)
+    expired.done = True
+    drained = part.drain_parked()
+    assert ids(drained) == [2, 1, 3]
+    assert all(w.done for w in drained)
+    assert part.drain_parked() == []
+    assert list(part.wake_pulls(lambda queue: True)) == [] and list(part.wake_pushes()) == []
+
+
+def test_only_this_partitions_unanswered_commands_park_here() -> None:
+    part = partition()
+    with pytest.raises(AssertionError, match="partition 4"):
+        part.park_pull(pull("a", 1, p=P + 1))
+    answered = push("a", 2)
+    answered.done = True
+    with pytest.raises(AssertionError, match="answered"):
+        part.park_push(answered)
+
+
+def test_a_new_partition_owes_nothing_and_has_not_ticked() -> None:
+    part = partition()
+    assert part.id == P
+    assert not part.applied_pending and not part.tick_inflight and part.last_tick_ms == 0
