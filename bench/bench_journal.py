@@ -128,17 +128,17 @@ def batched(root: str, entries: int, partitions: int, blocks: int = 5) -> None:
             shutil.rmtree(os.path.join(root, f"batch-{size}"))
 
 
-def mark(root: str, entries: int, partitions: int, blocks: int) -> None:
+def mark(root: str, entries: int, partitions: int, blocks: int, entry_bytes: int = 50 * 140) -> None:
     for count in (1, partitions):
         how = "on the calling thread" if count == 1 else "together on threads"
-        print(f"\n== mark: {count} journal(s), one 7 KB entry each per round, synced {how}; with copies,"
+        print(f"\n== mark: {count} journal(s), one {entry_bytes:,}-byte entry each per round, synced {how}; with copies,"
               f" with a durable mark instead, and with neither (interleaved in {blocks} blocks)")
-        mark_rounds(os.path.join(root, f"mark-{count}"), entries, count, blocks)
+        mark_rounds(os.path.join(root, f"mark-{count}"), entries, count, blocks, entry_bytes)
 
 
-def mark_rounds(root: str, entries: int, partitions: int, blocks: int) -> None:
+def mark_rounds(root: str, entries: int, partitions: int, blocks: int, entry_bytes: int) -> None:
     rounds = max(1, entries // partitions // blocks)
-    payload = os.urandom(50 * 140)
+    payload = os.urandom(entry_bytes)
     modes = ("copies", "durable mark", "neither")
     lat: dict[str, list[float]] = {m: [] for m in modes}
     busy = dict.fromkeys(modes, 0.0)
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recovery-bytes", type=int, default=1_000_000_000)
     ap.add_argument("--drop-caches", action="store_true")
     ap.add_argument("--blocks", type=int, default=10, help="interleaved blocks of the mark comparison")
+    ap.add_argument("--mark-bytes", type=int, default=50 * 140, help="payload of each entry of the mark comparison")
     ap.add_argument("--only", choices=["per-entry", "batched", "mark", "recovery"], default=None)
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="bench-journal-", dir=args.dir)
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "batched"):
             batched(root, args.entries, args.partitions)
         if args.only in (None, "mark"):
-            mark(root, args.entries, args.partitions, args.blocks)
+            mark(root, args.entries, args.partitions, args.blocks, args.mark_bytes)
         if args.only in (None, "recovery"):
             print("\n== recovery: open (scan + CRC check of every record) of a closed journal")
             recovery(root, args.recovery_records, args.recovery_payload, args.drop_caches)

@@ -6,75 +6,95 @@ The log is a run of entries ``(index, term, payload)`` with contiguous
 indexes and non-decreasing terms. It lives in a directory of segment files
 named ``<first index, 20 digits>.wal``; each starts with a 20-byte header
 (magic, format version, the unsynced-bytes bound, their CRC32C) followed by
-records of two kinds, little-endian::
+records of three kinds, little-endian::
 
     entry:  length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
     mark:   0xFFFFFFFF | crc32c u32 | "SHOALMRK" | offset u64 | index u64
+    copy:   0xFFFFFFFE | crc32c u32 | "SHOALCPY" | offset u64 | copy_at u64 | length u64
+            zeros up to copy_at (a 4 KiB boundary), then
+            "SHOALDUP" | crc32c u32 | start u64 | end u64 | copy_at u64 | the copied bytes
 
 An entry's CRC32C covers ``length, term, index`` and the payload. A mark record
 says that the bytes of its segment before ``offset`` (its own position) and the
-entries up to ``index`` were durable when it was written (see *The synced mark*);
-its CRC32C covers its fields and the segment's first index. No payload is
-0xFFFFFFFF bytes long, so the kinds cannot be confused. Records are appended
-with ordinary writes; a segment is sealed (fdatasync'ed) when it reaches
-``segment_bytes`` and the next one is started. Segments of format version 3
-may hold mark records; version-2 segments (entries only) are read, and a
-version-2 last segment is sealed at the first append rather than continued.
+entries up to ``index`` were durable when it was written (see *Mark records*); a
+copy record holds a copy of the ``length`` bytes before it (see *Copies*). The
+CRC32C of a mark or copy record covers its fields and the segment's first index;
+the copy's own header's covers its fields, that index and the copied bytes. No
+payload is 0xFFFFFFFE bytes long or more, so the kinds cannot be confused.
+Records are appended with ordinary writes; a segment is sealed (fdatasync'ed)
+when it reaches ``segment_bytes`` and the next one is started. Version 4
+segments may hold mark and copy records; version 3 (marks, no copies) and 2
+(entries only) are read, and an older last segment is sealed at the first
+append rather than continued.
 
 Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
 own only when sealing a segment, or when more than ``unsynced_bytes_max``
-would be left unsynced). :meth:`Journal.sync` fdatasyncs what was written (and
-fsyncs the directory if segments were created), makes the synced mark naming it
-durable, and returns the highest durable index; a failed sync (of the log or
-of its mark) raises :class:`SyncFailed` and the journal refuses all further use
-until reopened.
-:class:`SyncBatcher` lets the node sync every journal written in one loop
-iteration once, after all of them wrote.
+would be left unsynced). :meth:`Journal.sync` writes the batch's copy and
+fdatasyncs what was written (and fsyncs the directory if segments were
+created), and returns the highest durable index: one flush per sync; a failed
+sync raises :class:`SyncFailed` and the journal refuses all further use until
+reopened. :class:`SyncBatcher` lets the node sync every journal written in one
+loop iteration once, after all of them wrote.
 Deleting a suffix (a follower's log conflicts with its leader) is made durable
 before it returns, whole segments first, so every state a power cut can leave
 is a prefix of the log and entries appended afterwards can never be followed by
-stale ones. Deleting a prefix (after a
-snapshot) records the new first index durably in ``start`` and then removes
-whole segments below it; a segment that still holds some covered entries is
-kept until all of it is covered.
+stale ones. Deleting a prefix (after a snapshot) records the new first index
+durably in ``start`` and then removes whole segments below it; a segment that
+still holds some covered entries is kept until all of it is covered.
 
 Recovery at open scans the segments from the first needed one. Only the
 unsynced tail can be torn by a power cut, and it lies in the last segment,
-beyond the last synced offset, and spans at most ``unsynced_bytes_max`` bytes
-(recorded in each segment's header) or one record (with the mark record
-written ahead of it). How far the last segment is synced is told by the synced
-mark (see *The synced mark* below). A record that fails its checks beyond it
-and close enough to the end is a torn tail: the segment is cut at it and the
-cut (file, offset, bytes) is logged. A failing record anywhere else — in a
-sealed segment, in the synced part of the last one, or further from its end
-than a torn write can reach — a journal that ends before the mark, and
-segments that do not follow each other raise :class:`JournalCorrupt` naming
-the file and offset. What recovery found is then synced, since after a crash
-of the process alone it may still be only in the page cache.
+beyond the last synced offset, and spans at most twice ``unsynced_bytes_max``
+bytes and a block (recorded in each segment's header; the batch and its copy)
+or one record and its copy. A record that fails its checks beyond everything
+known synced and close enough to the end is a torn write or damage to the
+newest batch a sync returned: a whole copy of its batch past it puts the batch
+back (see *Copies*); without one it is a torn tail, and the segment is cut at
+it and the cut (file, offset, bytes) is logged. A failing record anywhere else
+— in a sealed segment, in the part of the last one the synced mark or a mark
+record vouches for, or further from its end than a torn write can reach — a
+journal that ends before the mark, and segments that do not follow each other
+raise :class:`JournalCorrupt` naming the file and offset. What recovery found is then synced, since after a crash of the
+process alone it may still be only in the page cache.
+
+Copies
+------
+Every sync of a batch up to :data:`COPY_BYTES_MAX` bytes writes, in the same
+write call and ahead of the same fdatasync, a copy record and a copy of the
+batch (the bytes written since the previous sync) starting on the next 4 KiB
+boundary, so that no block holds both a byte of the batch and a byte of its
+copy. The sync returns only once both are on stable storage. After any power
+cut, then, a batch whose sync returned survives whole in at least one of the
+two places if one block of the medium is damaged. Where nothing else vouches
+for a failing record (past the synced mark and every mark record: the newest
+batch), recovery restores its batch byte for byte from a copy whose checksum
+holds and logs what it restored; damage anywhere else is refused, copy or
+not. A batch whose sync never returned may have left its
+copy whole and itself torn: the copy puts back entries that were never
+acknowledged, which Raft allows (a log may hold entries nobody was told of).
+A copy counts only at the offset its header names and for the segment its
+checksum covers, so a copy of one inside a payload restores nothing.
+
+This is what protects the newest synced batch, which nothing written after it
+vouches for, without a second flush: telling damage in it from a torn write
+would otherwise need a mark made durable after the data (the disk has no
+ordered or forced-unit writes), which doubles the cost of each sync.
 
 The synced mark
 ---------------
 The ``synced`` file holds ``(segment, offset, index)``: the bytes of segment
 ``segment`` before ``offset``, and the entries up to ``index``, are on stable
-storage. It is durable before the entries it names count as durable: every
-sync (:meth:`Journal.sync`, and the syncs of sealing, of an append over the
-unsynced bound, of a suffix deletion and of recovery) fdatasyncs the segment,
-fsyncs the directory if it names a new segment, then rewrites the mark in place
-and fdatasyncs it, and only then reports the new durable index. The replica
-acknowledges fsync-class entries, and counts its own copy of them toward the
-commit, only from that report (disk-class entries are acknowledged on append,
-before any sync; the mark covers them from the sync that reports them on); so
-after any power cut the file names every entry ever reported durable, and no
-byte that was not durable when it was written. Damage before
-the offset it names is refused; past it lies the unsynced tail, cut where it is
-torn. The second fdatasync rewrites one block of a file whose size does not
-change, so it needs no file-system journal commit: a write and a cache flush.
-The node issues the syncs of the journals written in one loop iteration from
-several threads, each journal's mark right after its own data.
+storage. It is a lower bound: it is written only after the sync of what it
+names returned. After a sync whose batch was copied it is written without a
+flush of its own (it reaches the disk with the kernel's writeback); after a
+sync that copied nothing (a batch larger than :data:`COPY_BYTES_MAX`, or a
+full disk refusing the copy) it is fdatasync'ed before the sync returns, and it
+is made durable at a clean close. Damage before the offset it names is
+refused; a journal ending before it is refused.
 
 The file holds two copies of the mark, each with its own CRC32C, in different
 4 KiB blocks, and each write replaces the older copy: a power cut during a
-write can tear only that copy, and the other still names the sync before.
+write can tear only that copy, and the other still names an earlier sync.
 Recovery takes the higher of the copies whose checksums hold (its own first
 write then replaces the other one, which may be the torn one). Every operation
 that makes the durable log shorter — a suffix deletion into synced entries,
@@ -82,36 +102,30 @@ that makes the durable log shorter — a suffix deletion into synced entries,
 mark never names bytes that are gone; a torn-tail cut at recovery needs no
 rewrite, as it only ever cuts beyond the mark. If neither copy holds (or the
 file is missing beside existing segments), nothing is assumed unsynced and any
-bad record is refused. Only this file tells a last segment that lost a synced
-tail from one that was never written further.
+bad record is refused.
 
-*Mark records in the segment* are a second witness, kept in the segment
-itself. The first append to the active segment after a completed fdatasync of
-it writes a mark record naming its own offset ahead of the entry, in the same
-write call (no write call or sync of its own): everything before that offset
-was durable by then. The next fdatasync makes the record durable along with the
-entries after it. Since it names only bytes an earlier, completed sync made
-durable, it is true whatever a power cut does to the write carrying it (a disk
-may keep any part of an unfinished sync's writes). A mark record counts only at
-the offset and in the segment it names (its checksum covers both), so a copy of
-one inside a payload counts for nothing. The scan checks mark records with the
-entries. At a bad record in the last segment, the records after it cannot be
-walked (its length may be what is damaged), so the rest of the segment is
-searched for the mark records' magic: a whole mark record past the bad record
-proves that the bad record was synced, and the journal is refused. Reads skip
-mark records. A suffix deletion cuts at an entry's offset: the mark records
-past the cut go with it, and one before the cut names only bytes before
-itself, which stay.
+*Mark records* are a witness kept in the segment itself. The first append to
+the active segment after a completed fdatasync of it writes a mark record
+naming its own offset ahead of the entry, in the same write call (no write call
+or sync of its own): everything before that offset was durable by then. The
+next fdatasync makes the record durable along with the entries after it. Since
+it names only bytes an earlier, completed sync made durable, it is true
+whatever a power cut does to the write carrying it (a disk may keep any part
+of an unfinished sync's writes). A mark record counts only at the offset and
+in the segment it names (its checksum covers both), so a copy of one inside a
+payload counts for nothing. The scan checks mark records with the entries. At
+a bad record in the last segment, the records after it cannot be walked (its
+length may be what is damaged), so the rest of the segment is searched for the
+mark records' magic: a whole mark record past the bad record proves that the
+bad record was synced, and the journal is refused.
+Reads skip mark and copy records. A suffix deletion cuts at an entry's offset:
+the mark and copy records past the cut go with it, and those before the cut
+name only bytes before themselves, which stay.
 
-What is left is damage to the ``synced`` file itself. A power cut never tears
-a copy that was synced, but if the medium damages the newer copy, recovery
-takes the older one, which names the sync before: the mark records still vouch
-for every byte before the newest of them, so only the last synced batch, when
-nothing was appended after it, falls under the unsynced-tail rules (damage
-within ``unsynced_bytes_max`` of the segment's end, or in its last record, is
-taken for a torn tail and cut; further from the end it is refused), and a last
-segment cut short past the older copy's offset passes for one never written
-further.
+What is left: the newest synced batch, when nothing was appended after it and
+the ``synced`` file's writeback has not reached the disk, is vouched for by
+its copy alone. Damage to both the batch and its copy (two blocks), or a file
+cut short inside it, looks like a torn write and is cut.
 
 Zeros ahead
 -----------
@@ -298,8 +312,8 @@ COPY_HEADER_BYTES = _COPY_HEADER.size
 COPY_ALIGN = 4096
 #: A sync whose batch is larger than this writes no copy; it makes the synced mark durable.
 COPY_BYTES_MAX = 256 * 1024
-#: Batches one scan of a segment restores from their copies at most.
-_RESTORES_MAX = 64
+#: Restores from a copy one scan of the last segment tries at most.
+_RESTORES_MAX = 4
 _START = struct.Struct("<8sQI")
 _START_MAGIC = b"SHOALSTA"
 PAYLOAD_BYTES_MAX = 256 * 1024 * 1024
@@ -1222,8 +1236,8 @@ class Journal:
         return index
 
     def _scan(self, path: str, first: int, synced_end: int | None, is_last: bool, restored: int = 0) -> _Segment:
-        """Read one segment's records, checking each; restore a damaged batch from its copy; cut a
-        torn tail of the last segment.
+        """Read one segment's records, checking each; at the end of the last segment, restore a
+        damaged batch from its copy or cut a torn tail.
 
         ``synced_end``: the bytes of the last segment known synced (None: unknown, so all).
         """
@@ -1322,18 +1336,6 @@ class Journal:
                 offsets.append(offset)
                 offset += RECORD_HEADER_BYTES + length
                 index += 1
-            if problem and copies and restored < _RESTORES_MAX:
-                found = self._copy_covering(handle, offset, size, first)
-                if found is not None:
-                    start, end, copy_at, data = found
-                    log.warning("journal %s: %s at offset %d; bytes %d..%d restored from their copy at %d",
-                                path, problem, offset, start, end, copy_at)
-                    handle.pwrite(start, data)
-                    handle.pwrite(end, _copy_record(first, end, copy_at, end - start))
-                    handle.datasync()
-                    del self._run_index[runs_before:]
-                    del self._run_term[runs_before:]
-                    return self._scan(path, first, synced_end, is_last, restored + 1)
             if problem:
                 if not is_last or synced_end is None or offset < synced_end:
                     raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
@@ -1349,6 +1351,19 @@ class Journal:
                         path, offset, f"{problem} in synced data (the mark record at offset {vouched} says "
                         "the bytes before it were synced)"
                     )
+                # Nothing after it vouches for the record: a torn write, or damage to the newest
+                # batch a sync returned, which its copy (flushed with it) tells apart and undoes.
+                found = self._copy_covering(handle, offset, size, first) if copies and restored < _RESTORES_MAX else None
+                if found is not None:
+                    start, end, copy_at, data = found
+                    log.warning("journal %s: %s at offset %d; bytes %d..%d restored from their copy at %d",
+                                path, problem, offset, start, end, copy_at)
+                    handle.pwrite(start, data)
+                    handle.pwrite(end, _copy_record(first, end, copy_at, end - start))
+                    handle.datasync()
+                    del self._run_index[runs_before:]
+                    del self._run_term[runs_before:]
+                    return self._scan(path, first, synced_end, is_last, restored + 1)
                 if zeros == size - offset:
                     log.info("journal %s: the %d bytes of zeros written ahead of the records cut at offset %d",
                              path, size - offset, offset)

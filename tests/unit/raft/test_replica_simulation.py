@@ -31,17 +31,15 @@ seed (the tests below name the seeds):
    applies its own uncommitted entries, and applied entries disagree (seeds 0, 14, 20);
 3. a snapshot damaged in its body that loads as an empty engine: digests differ at equal
    applied indexes, and a leader on the empty state hands out job ids already acknowledged
-   for other pushes (seeds 41, 50, 96).
+   for other pushes (seeds 73, 175, 207).
 
 ``SimConfig.damage_last_segment`` (on by default) lets damage reach the last journal segment
 too, in every byte the journal reported synced before the node stopped (its synced mark as it
-ran, not as the disk holds it): the journal must refuse it, telling damaged synced records from
-a torn tail by its ``synced`` file, made durable before a sync reports (finding 6; *The synced
-mark* in its module docstring). A journal whose mark could lag behind its report after a power
-cut fails soak seed 1761: a flip in its last synced batch is cut as a torn tail, and a committed
-entry is lost.
+ran, not as the disk holds it): the journal must refuse it where its ``synced`` file or a mark
+record vouches for it, and restore the newest batch from the copy its sync flushed with it
+(finding 6; *Copies* in its module docstring).
 
-Issue 41's findings 1-5 and 7, re-created the same way, are each caught by the seeds of
+Issue 41's findings 1 and 3-7, re-created the same way, are each caught by the seeds of
 :data:`ISSUE_41_CAUGHT` (finding 2, a paused transfer target, by a scene of its own), and
 every one of those seeds passes without its defect.
 
@@ -61,7 +59,7 @@ from sim.cluster import Features, SimConfig, SimRun, run_seed
 from shoal.node.raft.core import RaftCore
 from sim.defects import (commit_on_snapshot_chunk, configs_of_the_commit_hint, disk_class_as_durable,
                          extended_transfers, loading_replicas_lead, reads_without_lease, repeated_tokens,
-                         spinning_snapshot_sender, swallowed_snapshot_damage)
+                         spinning_snapshot_sender, swallowed_snapshot_damage, unprotected_last_batch)
 
 #: Seeds of the test command, and their chaos period (virtual seconds).
 DEFAULT_SEEDS = range(200)
@@ -269,7 +267,7 @@ def test_finding_2_commit_over_unchecked_entries_on_a_snapshot_is_caught(seed: i
     assert "applied a different entry" in _caught(seed, commit_on_snapshot_chunk())
 
 
-@pytest.mark.parametrize("seed, sign", [(73, "holds digest"), (106, "holds digest"), (175, "holds digest")])
+@pytest.mark.parametrize("seed, sign", [(73, "holds digest"), (207, "holds digest"), (175, "holds digest")])
 def test_finding_3_a_damaged_snapshot_loaded_as_empty_is_caught(seed: int, sign: str) -> None:
     assert sign in _caught(seed, swallowed_snapshot_damage())
 
@@ -344,6 +342,9 @@ ISSUE_41_CAUGHT = {
     3: (reads_without_lease, [(58, CHAOS_S), (143, CHAOS_S), (268, CHAOS_S)], ("a stale read",)),
     4: (disk_class_as_durable, [(177, CHAOS_S), (375, CHAOS_S)], ("applied a different entry",)),
     5: (repeated_tokens, [(366, CHAOS_S), (63, CHAOS_S)], ("which an earlier take handed out",)),
+    # Damage to the newest synced batch, with no copy and a mark that did not reach the disk,
+    # passes for a torn tail: a replica votes with a log shorter than it acknowledged.
+    6: (unprotected_last_batch, [(1761, SOAK_CHAOS_S), (630, CHAOS_S)], ("applied a different entry",)),
     7: (loading_replicas_lead, [(674, CHAOS_S), (526, CHAOS_S)], ("while it loads its snapshot",)),
 }
 _ISSUE_41_CASES = [(finding, seed, chaos_s) for finding, (_, seeds, _) in sorted(ISSUE_41_CAUGHT.items())

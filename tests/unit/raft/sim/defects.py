@@ -1,5 +1,5 @@
 """Defects the simulation must catch, re-created on the real code: issue 29's findings 1-3 and
-issue 41's findings 1-5 and 7.
+issue 41's findings 1-7.
 
 Each is a context manager that patches the real code with the old behaviour for the
 duration of a run (and restores it), so a test can show that the simulation's checkers
@@ -35,6 +35,8 @@ Issue 41's, each the behaviour before its fix:
   at once (followers apply it and never cut it, snapshots and hints cover it);
 - :func:`repeated_tokens` (finding 5): lease tokens restart from the same numbers after a
   restart that lost a take;
+- :func:`unprotected_last_batch` (finding 6): a sync writes no copy of its batch and the
+  synced mark without a flush, so damage to the newest synced batch passes for a torn tail;
 - :func:`loading_replicas_lead` (finding 7): a replica loading its snapshot campaigns and
   obeys TimeoutNow.
 """
@@ -51,6 +53,7 @@ from shoal.node.raft import replica as replica_module
 from shoal.node.raft.core import LEADER, ProposalRefused, RaftCore
 from shoal.node.state._pull import PullOps
 from shoal.node.raft.install import SnapshotSender
+from shoal.node.raft.journal import Journal
 from shoal.node.raft.messages import SnapshotChunk
 from shoal.node.raft.replica import PartitionReplica
 from shoal.node.raft.snapshot_file import SnapshotCorrupt
@@ -59,7 +62,7 @@ from shoal.node.state import PartitionEngine
 
 __all__ = ["spinning_snapshot_sender", "commit_on_snapshot_chunk", "swallowed_snapshot_damage", "SPIN_MESSAGES",
            "configs_of_the_commit_hint", "extended_transfers", "reads_without_lease", "disk_class_as_durable",
-           "repeated_tokens", "loading_replicas_lead", "ISSUE_41"]
+           "repeated_tokens", "unprotected_last_batch", "loading_replicas_lead", "ISSUE_41"]
 
 #: Empty messages one pump of the spinning sender adds (far fewer than pysyncobj's ~100,000).
 SPIN_MESSAGES = 1000
@@ -228,6 +231,19 @@ def repeated_tokens() -> contextlib.AbstractContextManager[None]:
     return _patched(PullOps, "enter_term", lambda self, term: None)
 
 
+@contextlib.contextmanager
+def unprotected_last_batch() -> Iterator[None]:
+    """Issue 41, finding 6: no copy of a synced batch, and the synced mark a plain write."""
+    real_write_mark = Journal._write_mark
+
+    def plain_write(self: Journal, mark: Any, *, durable: bool = True) -> None:
+        real_write_mark(self, mark, durable=False)
+
+    with _patched(Journal, "_write_copy", lambda self, seg, active, *, zeros_ahead: False), \
+            _patched(Journal, "_write_mark", plain_write):
+        yield
+
+
 def loading_replicas_lead() -> contextlib.AbstractContextManager[None]:
     """Issue 41, finding 7: a replica loading its snapshot campaigns and obeys TimeoutNow."""
 
@@ -240,4 +256,4 @@ def loading_replicas_lead() -> contextlib.AbstractContextManager[None]:
 
 #: Issue 41's defects by finding number.
 ISSUE_41 = {1: configs_of_the_commit_hint, 2: extended_transfers, 3: reads_without_lease, 4: disk_class_as_durable,
-            5: repeated_tokens, 7: loading_replicas_lead}
+            5: repeated_tokens, 6: unprotected_last_batch, 7: loading_replicas_lead}
