@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
+from shoal.node.raft.journal import RECORD_HEADER_BYTES
 
 from conftest import NODE_COMMAND, replica_views
+from journal_layout import layout
 from rawproto import Router
 from waiting import eventually
 
@@ -23,6 +25,17 @@ SNAPSHOT_ENV = {"SHOAL_SNAPSHOT_ENTRIES_MIN": "30", "SHOAL_SNAPSHOT_INTERVAL_S":
 def flip_middle_byte(path: Path) -> int:
     data = bytearray(path.read_bytes())
     offset = len(data) // 2
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+    return offset
+
+
+def flip_middle_entry(path: Path) -> int:
+    """Flip a byte in the payload of the journal entry nearest the middle of a segment (the
+    middle byte itself may lie in a batch's copy, which only restores the newest batch)."""
+    data = bytearray(path.read_bytes())
+    entries = [offset for kind, offset, _ in layout(bytes(data)) if kind == "entry"]
+    offset = min(entries, key=lambda o: abs(o - len(data) // 2)) + RECORD_HEADER_BYTES
     data[offset] ^= 0x40
     path.write_bytes(bytes(data))
     return offset
@@ -87,7 +100,7 @@ def test_a_byte_flipped_in_synced_journal_records_is_named_and_repaired(tmp_path
             follower = next(n for n in cluster.node_ids if n != leader)
             cluster.stop_node(follower)  # a clean stop: every record it holds is synced
             segment = max((cluster.config.node_data_dir(follower) / "p0.raft").glob("*.wal"))
-            flip_middle_byte(segment)
+            flip_middle_entry(segment)
             push(router, 20, "b")
             cluster.start_node(follower)
             eventually(lambda: "moving the damaged files aside" in cluster.log_file(follower).read_text(),
