@@ -67,7 +67,7 @@ class SimStorage(NodeStorage):
 class SimReplica(PartitionReplica):
     """The real replica, with observation points for the checkers: the entries it applies (and
     the durable index then: a leader applies committed disk-class entries before they are
-    durable), and the state machine taken back to its snapshot."""
+    durable), and the state machine taken back to its snapshot or replaced by one."""
 
     on_entries: Callable[[str, list[Any], int], None] | None = None
     on_rollback: Callable[[str, int], None] | None = None
@@ -83,6 +83,14 @@ class SimReplica(PartitionReplica):
         if hook is not None:
             hook(self.node_id, self.core.log.snap_index)
         super()._roll_back()
+
+    def _start_load(self, path: str) -> None:
+        # A snapshot replaces the state machine as a rollback does: what this replica applied
+        # ahead of its durable index (a deposed leader's disk-class entries) is gone with it.
+        hook = self.on_rollback
+        if hook is not None:
+            hook(self.node_id, self.core.log.snap_index)
+        super()._start_load(path)
 
 
 class SimNode:
