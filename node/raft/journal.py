@@ -54,8 +54,9 @@ it and the cut (file, offset, bytes) is logged. A failing record anywhere else
 — in a sealed segment, in the part of the last one the synced mark or a mark
 record vouches for, or further from its end than a torn write can reach — a
 journal that ends before the mark, and segments that do not follow each other
-raise :class:`JournalCorrupt` naming the file and offset. What recovery found is then synced, since after a crash of the
-process alone it may still be only in the page cache.
+raise :class:`JournalCorrupt` naming the file and offset. What recovery found
+is then synced, since after a crash of the process alone it may still be only
+in the page cache.
 
 Copies
 ------
@@ -69,9 +70,9 @@ two places if one block of the medium is damaged. Where nothing else vouches
 for a failing record (past the synced mark and every mark record: the newest
 batch), recovery restores its batch byte for byte from a copy whose checksum
 holds and logs what it restored; damage anywhere else is refused, copy or
-not. A batch whose sync never returned may have left its
-copy whole and itself torn: the copy puts back entries that were never
-acknowledged, which Raft allows (a log may hold entries nobody was told of).
+not. A batch whose sync never returned may have left its copy whole and itself
+torn: the copy puts back entries that were never acknowledged, which Raft
+allows (a log may hold entries nobody was told of).
 A copy counts only at the offset its header names and for the segment its
 checksum covers, so a copy of one inside a payload restores nothing.
 
@@ -408,10 +409,14 @@ def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: 
     return copy_at, length
 
 
+def _copy_crc(segment: int, start: int, end: int, copy_at: int, data: bytes) -> int:
+    """The CRC32C a copy's header holds: its fields, its segment's first index and the copied bytes."""
+    return google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data)
+
+
 def _copy_block(segment: int, start: int, end: int, copy_at: int, data: bytes) -> bytes:
     """The copy of bytes ``start``..``end`` of segment ``segment``, as written at ``copy_at``."""
-    crc = google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data)
-    return _COPY_HEADER.pack(_COPY_MAGIC, crc, start, end, copy_at) + data
+    return _COPY_HEADER.pack(_COPY_MAGIC, _copy_crc(segment, start, end, copy_at, data), start, end, copy_at) + data
 
 
 def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: int) -> tuple[int, int, bytes] | None:
@@ -425,7 +430,7 @@ def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: 
     data = bytes(buf[at + COPY_HEADER_BYTES : at + COPY_HEADER_BYTES + end - start])
     if len(data) != end - start:
         return None
-    if google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data) != crc:
+    if _copy_crc(segment, start, end, copy_at, data) != crc:
         return None
     return start, end, data
 
@@ -593,7 +598,8 @@ class Journal:
         #: Whether the last sync of the log wrote a copy of its batch (see *Copies*): if not, the
         #: mark naming it is made durable before the sync returns.
         self._copied = False
-        #: Batches larger than this are synced without a copy, with a durable mark (0: never copy).
+        #: Batches larger than this are synced without a copy, with a durable mark (0: never copy);
+        #: at most :data:`COPY_BYTES_MAX`, the reach within which recovery looks for copies.
         self.copy_bytes_max = COPY_BYTES_MAX
         #: Whether the mark file holds a write no fdatasync has covered yet.
         self._mark_lazy = False
@@ -893,6 +899,7 @@ class Journal:
         """Write the copy record and the copy of the bytes since the last sync, if the segment
         takes copies and the batch is small enough; return whether it did."""
         start, end = seg.batch_start, seg.size
+        assert self.copy_bytes_max <= COPY_BYTES_MAX, "a copy recovery would not look for"
         if seg.version < _COPIES_SINCE_VERSION or not 0 < end - start <= self.copy_bytes_max:
             return False
         copy_at = _copy_at(end)
@@ -1353,7 +1360,9 @@ class Journal:
                     )
                 # Nothing after it vouches for the record: a torn write, or damage to the newest
                 # batch a sync returned, which its copy (flushed with it) tells apart and undoes.
-                found = self._copy_covering(handle, offset, size, first) if copies and restored < _RESTORES_MAX else None
+                found = None
+                if copies and restored < _RESTORES_MAX:
+                    found = self._copy_covering(handle, offset, size, first)
                 if found is not None:
                     start, end, copy_at, data = found
                     log.warning("journal %s: %s at offset %d; bytes %d..%d restored from their copy at %d",
@@ -1442,7 +1451,7 @@ class Journal:
 
     @staticmethod
     def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool,
-                     copies: bool = False) -> bool:
+                     copies: bool) -> bool:
         """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
 
         Only the unsynced tail can be torn, and it is at most ``unsynced_max``
