@@ -10,14 +10,16 @@ pool (4 connections, at most 100 commands in flight on each):
 Rounds are interleaved (each round runs every target once per workload, in a rotated order), so
 load on the machine hits every target alike; the table shows each cell's median of the rounds.
 Shoal runs with its defaults (the fsync durability class); on 3 nodes the client connects to the
-leader of the queue's partition (``--through-follower`` connects to a node that leads none, so
-every command is forwarded). ``--disk-class`` creates each Shoal queue with ``durable: false``
+leader of the queue's partition; the target ``shoal-3-forwarded`` (the same cluster) and
+``--through-follower`` (every Shoal target) connect to a node that leads none, so every command is
+forwarded. ``--disk-class`` creates each Shoal queue with ``durable: false``
 first (the disk class: entries reach the disk within ``sync_interval_ms`` instead of being
 fsynced before the answer), the closest Shoal has to bunqueue's in-memory server. bunqueue's
 server runs from the same npm package as the client, on loopback, with its per-client request
 limit raised out of the way.
 
     python bench/bench_bunqueue.py --rounds 5
+    python bench/bench_bunqueue.py --rounds 3 --workloads single,drain --targets bunqueue-memory,shoal-3,shoal-3-forwarded
     python bench/bench_bunqueue.py --rounds 5 --workloads drain --disk-class
 """
 
@@ -48,9 +50,10 @@ BUN_VERSION = "1.4.5"
 BUNQUEUE_VERSION = "2.9.5"
 HERE = Path(__file__).resolve().parent
 WORKLOADS = ("bulk", "single", "drain")
-TARGETS = ("bunqueue-sqlite", "bunqueue-memory", "shoal-1", "shoal-3")
+TARGETS = ("bunqueue-sqlite", "bunqueue-memory", "shoal-1", "shoal-3", "shoal-3-forwarded")
 LABELS = {"bunqueue-sqlite": "bunqueue, SQLite", "bunqueue-memory": "bunqueue, memory",
-          "shoal-1": "Shoal 1 node", "shoal-3": "Shoal 3 nodes"}
+          "shoal-1": "Shoal 1 node", "shoal-3": "Shoal 3 nodes",
+          "shoal-3-forwarded": "Shoal 3 nodes, through a node that leads none"}
 ROWS = {"bulk": "bulk adds, 100 × 1,000", "single": "20,000 single adds",
         "drain": "drain 50,000 (PULLB 10 + ACKB, 50 in hand)"}
 RUN_TIMEOUT_S = 600
@@ -179,12 +182,14 @@ def main() -> None:
             stack.callback(server.stop)
             servers["bunqueue-sqlite"] = server
         for nodes in (1, 3):
-            if f"shoal-{nodes}" in targets:
+            if f"shoal-{nodes}" in targets or (nodes == 3 and "shoal-3-forwarded" in targets):
                 cluster = stack.enter_context(LocalCluster(nodes=nodes, partitions=8, data_dir=tmpdir / f"shoal{nodes}",
                                                            base_port=free_base_port(nodes, 8)))
                 if nodes > 1:
                     cluster.wait_balanced()
                 servers[f"shoal-{nodes}"] = cluster
+                if nodes == 3:
+                    servers["shoal-3-forwarded"] = cluster
         for r in range(args.rounds):
             order = targets[r % len(targets):] + targets[:r % len(targets)]
             for workload in workloads:
@@ -193,8 +198,9 @@ def main() -> None:
                     tag = f"{workload}-{r}-{target}"
                     if isinstance(server, LocalCluster):
                         node = server.node_ids[0]
+                        forwarded = args.through_follower or target == "shoal-3-forwarded"
                         queue = queue_led_by(server, node if len(server.node_ids) > 1 else None, tag,
-                                             led=not args.through_follower)
+                                             led=not forwarded)
                         port = int(server.address_of(node).rsplit(":", 1)[1])
                         if args.disk_class:
                             create_disk_class_queue(port, queue)

@@ -26,6 +26,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from shoal.cluster import limits as L
 from shoal.cluster.codec import PlainPush, Raw
 from shoal.cluster.commands import (COMMANDS, LONG_POLL_COMMANDS, NEW_JOB_COMMANDS, NODE_COMMANDS,
@@ -410,32 +412,25 @@ class Dispatcher:
 
     def _forward_run(self, conn: Replier, run: PushRun, req_ids: list[Any], results: list[Any], p: int) -> None:
         """A block of pushes refused here unproposed (this node stopped leading ``p``): the relay
-        takes each to the new leader, as it would have had this node not led ``p``."""
+        takes them to the new leader as one block, as it would have had this node not led ``p``."""
         relay = self.relay
         assert relay is not None
+        away: list[PlainPush] = []
         for i, (req_id, result) in enumerate(zip(req_ids, results)):
             if not _not_proposed(result):
                 conn.reply_many([req_id], [result], "PUSH", 0.0)
                 continue
-            frame: dict[str, Any] = {"cmd": "PUSH", "queue": run.queue, "data": Raw(run.datas[i]), "reqId": req_id}
-            if run.keys is not None and run.keys[i] is not None:
-                frame["idempotencyKey"] = run.keys[i]
-            if run.names is not None and run.names[i] is not None:
-                frame["name"] = run.names[i]
-            try:
-                relay.forward(conn, frame, p, away=True)
-            except CommandError as exc:
-                conn.reply_error(req_id, exc)
+            away.append(PlainPush(queue=run.queue, data=msgspec.Raw(run.datas[i]), reqId=req_id,
+                                  idempotencyKey=None if run.keys is None else run.keys[i],
+                                  name=None if run.names is None else run.names[i]))
+        if away:
+            relay.forward_pushes(conn, away, p, away=True)
 
     def _forward_pushes(self, conn: Replier, frames: list[PlainPush], p: int) -> None:
-        """Plain PUSHes for a partition led elsewhere, each forwarded to its leader."""
+        """Plain PUSHes for a partition led elsewhere: to its leader as one block."""
         relay = self.relay
         assert relay is not None
-        for frame in frames:
-            try:
-                relay.forward(conn, frame.to_frame(Raw), p)
-            except CommandError as exc:
-                conn.reply_error(frame.reqId, exc)
+        relay.forward_pushes(conn, frames, p)
 
     def _write(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shoal.cluster.codec import FrameDecoder, decode_response
+from shoal.cluster.codec import FrameDecoder, PlainPush, decode_response
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 
 from .clock import Clock
@@ -138,6 +138,9 @@ class CommandHandler(Protocol):
 
     def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
         """Answer ``frame`` now or later through ``conn``."""
+
+    def handle_pushes(self, conn: Replier, frames: list[PlainPush]) -> None:
+        """Answer a block of plain PUSHes to one queue, each through ``conn``."""
 
 
 class PartitionDirectory(Protocol):

@@ -17,6 +17,11 @@ Messages (MessagePack arrays on the link):
 - ``["r", rid, body, code, ids]`` reply: ``body`` the encoded reply frame (with the
   client's ``reqId``), ``code`` its error code (None when ok), ``ids`` the custom job
   ids of the jobs it holds (for the forwarding node's :class:`JobLocator`), or None;
+- ``["b", rid, session, [queue, datas, keys, names]]`` a block of plain PUSHes to one queue
+  (``datas`` the jobs' data, encoded; ``keys`` every push's idempotency key, one given by this
+  node where the client gave none; ``names`` bunqueue's job names, or None): the leader checks
+  and commits it as one run, as it would a block its own client sent, and answers
+  ``["B", rid, results]``, per push its result (``{"id": ...}``) or its error reply;
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
 - ``["x", session, how?]`` the client's session ended at the forwarding node: after the
   node's grace (no ``how``), ``"now"`` (its leases go back at once: a REST client that went
@@ -43,7 +48,8 @@ another node while a command safe to repeat waits at the old one, the command is
 the new leader, and the old one's answer, if it ever comes, is ignored. An add is made
 safe to repeat before its first send: a ``PUSH``, and each ``PUSHB`` job, that carries
 neither ``idempotencyKey`` nor ``customId`` gets a key naming this node, its process and
-the request (:data:`~.state._model.FORWARDED_KEY_PREFIX`), and every later send of it the
+the request (:data:`~.state._model.FORWARDED_KEY_PREFIX`; each push of a ``b`` block, which is
+therefore always safe to repeat), and every later send of it the
 same key in the form of a copy sent again (:data:`~.state._model.FORWARDED_AGAIN_PREFIX`), so
 the new leader answers an add the frozen one had replicated with the job it made. The engine
 records first sends cheaply and looks up only copies sent again (``node/state/_forwarded.py``),
@@ -64,7 +70,9 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from shoal.cluster.codec import decode_request, decode_response, encode_body
+import msgspec
+
+from shoal.cluster.codec import PlainPush, decode_request, decode_response, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
@@ -86,6 +94,8 @@ CHANNEL = "relay"
 FORWARDED_MAX = 20_000
 #: Commands this node may serve for its peers at once.
 SERVED_MAX = 40_000
+#: Data bytes of the plain pushes one ``b`` message carries (a larger block goes as several).
+BLOCK_BYTES_MAX = 1024 * 1024
 #: A forwarded command's time to be answered, beyond its own long-poll wait.
 FORWARD_TIMEOUT_S = 30.0
 #: How soon a command that met a moving leader is sent again.
@@ -115,7 +125,7 @@ class _Pending:
     """A command forwarded for a client, until its reply reaches the client."""
 
     __slots__ = ("conn", "req_id", "body", "p", "retry_safe", "deadline", "peer", "future", "cmd", "away", "keyed",
-                 "sent")
+                 "sent", "block", "started")
 
     def __init__(self, conn: Replier | None, req_id: Any, body: bytes, p: int, retry_safe: bool,
                  deadline: float, cmd: str, future: asyncio.Future[Any] | None = None) -> None:
@@ -125,6 +135,9 @@ class _Pending:
         self.keyed = False
         #: Dispatched before: any later dispatch may repeat an add that took effect.
         self.sent = False
+        #: A block of plain pushes (``body`` unused): what the ``b`` message carries.
+        self.block: _Block | None = None
+        self.started = 0.0
         self.conn = conn
         self.req_id = req_id
         self.body = body
@@ -134,6 +147,36 @@ class _Pending:
         self.peer = ""
         self.future = future
         self.cmd = cmd
+
+
+class _Block:
+    """A block of plain PUSHes to one queue forwarded as one message (``b``), until answered.
+
+    Every push carries a key (``keys``), so the block is safe to send again: after a lost
+    link, a frozen leader or a ``TIMEOUT``, the new leader answers the pushes that took effect
+    with the jobs they made."""
+
+    __slots__ = ("queue", "req_ids", "datas", "keys", "names")
+
+    def __init__(self, queue: str, req_ids: list[Any], datas: list[bytes], keys: list[str],
+                 names: list[str | None] | None) -> None:
+        assert len(req_ids) == len(datas) == len(keys) and (names is None or len(names) == len(datas))
+        self.queue = queue
+        self.req_ids = req_ids
+        self.datas = datas
+        self.keys = keys
+        self.names = names
+
+    def only(self, keep: list[int]) -> None:
+        """Keep the pushes at indexes ``keep`` (the others were answered)."""
+        self.req_ids = [self.req_ids[i] for i in keep]
+        self.datas = [self.datas[i] for i in keep]
+        self.keys = [self.keys[i] for i in keep]
+        if self.names is not None:
+            self.names = [self.names[i] for i in keep]
+
+    def payload(self) -> list[Any]:
+        return [self.queue, self.datas, self.keys, self.names]
 
 
 class _Call(DecodingReplier):
@@ -186,6 +229,38 @@ class _Call(DecodingReplier):
 
     def upgrade(self, version: int) -> None:
         pass
+
+
+class _BlockCall(_Call):
+    """A block of pushes a peer forwarded (``b``), as the dispatcher sees its connection: the
+    pushes' reqIds are their indexes in the block, and the block is answered (``B``) once each
+    push is."""
+
+    __slots__ = ("results", "left")
+
+    def __init__(self, relay: "Relay", peer: str, rid: int, session: str, conn_id: int, n: int) -> None:
+        super().__init__(relay, peer, rid, session, conn_id, None)
+        self.results: list[Any] = [None] * n
+        self.left = n
+
+    def reply(self, req_id: Any, body: dict[str, Any]) -> None:
+        self._one(req_id, body)
+
+    def reply_error(self, req_id: Any, exc: CommandError) -> None:
+        self._one(req_id, exc.to_reply())
+
+    def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
+        for req_id, result in zip(req_ids, results):
+            self._one(req_id, result.to_reply() if isinstance(result, CommandError) else result)
+
+    def _one(self, i: Any, result: dict[str, Any]) -> None:
+        if type(i) is not int or not 0 <= i < len(self.results) or self.results[i] is not None:
+            log.warning("a forwarded block from %s was answered twice or out of range at %r", self.peer, i)
+            return
+        self.results[i] = result
+        self.left -= 1
+        if not self.left:
+            self.relay._answer_block(self)
 
 
 class Relay:
@@ -289,6 +364,57 @@ class Relay:
         self._learn_request(frame, p)
         self._dispatch(rid, pending)
 
+    def forward_pushes(self, conn: "Replier", frames: "list[PlainPush]", p: int, away: bool = False) -> None:
+        """Send a block of plain PUSHes to one queue of partition ``p`` (led elsewhere) to its
+        leader as one message per :data:`BLOCK_BYTES_MAX` of data; the replies go to ``conn``.
+        Nothing is checked here but what the caller routed by: the leader checks each push
+        as it checks its own client's. Raises ``CommandError`` when none can be sent."""
+        start = 0
+        n = len(frames)
+        while start < n:
+            end, size = start, 0
+            while end < n and (end == start or size + len(frames[end].data) <= BLOCK_BYTES_MAX):
+                size += len(frames[end].data)
+                end += 1
+            try:
+                self._forward_block(conn, frames[start:end], p, away)
+            except CommandError as exc:
+                for frame in frames[start:end]:
+                    conn.reply_error(frame.reqId, exc)
+            start = end
+
+    def _forward_block(self, conn: "Replier", frames: "list[PlainPush]", p: int, away: bool) -> None:
+        if len(self._pending) >= FORWARDED_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
+                                                     "retry, or connect to the partition's leader")
+        rid = next(self._rids)
+        base = f"{self._key_prefix}{rid:x}."
+        own = self._key_prefix
+        keys: list[str] = []
+        keyed = False
+        names: list[str | None] | None = None
+        for i, frame in enumerate(frames):
+            key = frame.idempotencyKey
+            if key is None:
+                keys.append(f"{base}{i:x}")
+                keyed = True
+            else:
+                keys.append(key)
+                keyed = keyed or key.startswith(own)
+            if frame.name is not None and names is None:
+                names = [f.name for f in frames]
+        block = _Block(frames[0].queue, [f.reqId for f in frames], [bytes(f.data) for f in frames], keys, names)
+        now = self.loop.time()
+        pending = _Pending(conn, None, b"", p, True, now + FORWARD_TIMEOUT_S, "PUSH")
+        pending.block = block
+        pending.away = away
+        pending.keyed = keyed
+        pending.started = now
+        self._pending[rid] = pending
+        self._by_conn.setdefault(conn.conn_id, set()).add(rid)
+        self.forwarded += len(frames)
+        self._dispatch(rid, pending)
+
     def _key_adds(self, frame: dict[str, Any], rid: int) -> bool:
         """Give a forwarded add without a key or custom id this node's key for request ``rid``,
         so that sending it again (to a new leader) can never add it twice. True when it carries
@@ -345,7 +471,12 @@ class Relay:
         if not pending.sent:
             pending.sent = True
         elif pending.keyed:
-            pending.body = self._sent_again(pending.body)
+            if pending.block is not None:
+                first, again = self._key_prefix, self._again_prefix
+                pending.block.keys = [again + key[len(first):] if key.startswith(first) else key
+                                      for key in pending.block.keys]
+            else:
+                pending.body = self._sent_again(pending.body)
             pending.keyed = False
         leader = self._leader_of(pending.p)
         me = self.info.node_id
@@ -358,7 +489,9 @@ class Relay:
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"partition {pending.p} has no leader yet"))
             return
         session = pending.conn.session if pending.conn is not None else None
-        if not self._send(leader, ["q", rid, session, pending.body]):
+        message = ["q", rid, session, pending.body] if pending.block is None else \
+            ["b", rid, session, pending.block.payload()]
+        if not self._send(leader, message):
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"no link to {leader}, partition "
                                                                      f"{pending.p}'s leader"))
             return
@@ -371,6 +504,11 @@ class Relay:
         self._forget(rid)
         conn = pending.conn
         assert conn is not None
+        block = pending.block
+        if block is not None:
+            self.dispatcher.handle_pushes(conn, _pushes_of(block.queue, block.req_ids, block.datas, block.keys,
+                                                           block.names))
+            return
         frame = decode_request(pending.body, raw_data=True)
         try:
             self.dispatcher.handle(conn, frame)
@@ -405,7 +543,11 @@ class Relay:
             if not pending.future.done():
                 pending.future.set_result(exc)
         elif pending.conn is not None:
-            pending.conn.reply_error(pending.req_id, exc)
+            if pending.block is not None:
+                req_ids = pending.block.req_ids
+                pending.conn.reply_many(req_ids, [exc] * len(req_ids), "PUSH", self.loop.time() - pending.started)
+            else:
+                pending.conn.reply_error(pending.req_id, exc)
 
     def _forget(self, rid: int) -> _Pending | None:
         pending = self._pending.pop(rid, None)
@@ -436,6 +578,43 @@ class Relay:
         conn = pending.conn
         assert conn is not None
         conn.reply_encoded(pending.req_id, body)
+
+    def _replied_block(self, peer: str, rid: int, results: Any) -> None:
+        pending = self._pending.get(rid)
+        if pending is None or pending.peer != peer:
+            return  # answered already (a deadline, a retry sent elsewhere)
+        block = pending.block
+        if block is None or type(results) is not list or len(results) != len(block.req_ids):
+            log.warning("malformed answer from %s to forwarded block %d; waiting for its deadline", peer, rid)
+            return
+        done_ids: list[Any] = []
+        done: list[Any] = []
+        again: list[int] = []
+        retry_why: CommandError | None = None
+        for i, result in enumerate(results):
+            if type(result) is not dict:
+                result = {"ok": False, "code": ErrorCode.INTERNAL.value, "error": "malformed answer from the leader"}
+            if result.get("ok") is False:
+                error = _error_of(result)
+                if error.code.value in _RETRY_CODES or error.code.value == _UNKNOWN_OUTCOME:
+                    # not proposed there, or keyed (every push of a block is): the new leader takes it
+                    again.append(i)
+                    retry_why = error
+                    continue
+                result = error
+            done_ids.append(block.req_ids[i])
+            done.append(result)
+        conn = pending.conn
+        assert conn is not None
+        if again:
+            assert retry_why is not None
+            if done_ids:
+                block.only(again)
+            self._retry_later(rid, retry_why)
+        else:
+            self._forget(rid)
+        if done_ids:
+            conn.reply_many(done_ids, done, "PUSH", self.loop.time() - pending.started)
 
     def _learn_request(self, frame: dict[str, Any], p: int) -> None:
         custom = frame.get("customId")
@@ -530,6 +709,12 @@ class Relay:
             elif kind == "r":
                 _, rid, body, code, ids = message
                 self._replied(peer, rid, body, code, ids)
+            elif kind == "b":
+                _, rid, session, block = message
+                self._serve_block(peer, rid, session, block)
+            elif kind == "B":
+                _, rid, results = message
+                self._replied_block(peer, rid, results)
             elif kind == "c":
                 call = self._served.pop((peer, message[1]), None)
                 if call is not None:
@@ -572,15 +757,7 @@ class Relay:
             return
         frame = decode_request(body, raw_data=True)
         req_id = frame.get("reqId")
-        if session is None:
-            conn_id = 0
-            session = ""
-        else:
-            key = (peer, session)
-            conn_id = self._remote_sessions.get(key, 0)
-            if not conn_id:
-                conn_id = self._remote_sessions[key] = next(self._session_ids)
-                self.dispatcher.sessions.attach(session, conn_id)
+        session, conn_id = self._session_of(peer, session)
         call = _Call(self, peer, rid, session, conn_id, req_id)
         self._served[(peer, rid)] = call
         peer_command = self._peer_commands.get(frame.get("cmd"))  # type: ignore[arg-type]
@@ -594,6 +771,46 @@ class Relay:
         except Exception as exc:
             log.exception("serving a forwarded %s failed", frame.get("cmd"))
             call.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+
+    def _session_of(self, peer: str, session: str | None) -> tuple[str, int]:
+        """The session a peer's forwarded command runs in, and its connection id here."""
+        if session is None:
+            return "", 0
+        key = (peer, session)
+        conn_id = self._remote_sessions.get(key, 0)
+        if not conn_id:
+            conn_id = self._remote_sessions[key] = next(self._session_ids)
+            self.dispatcher.sessions.attach(session, conn_id)
+        return session, conn_id
+
+    def _serve_block(self, peer: str, rid: int, session: str | None, block: Any) -> None:
+        """A peer's block of plain pushes (``b``): checked and committed as one run."""
+        queue, datas, keys, names = block
+        if type(queue) is not str or type(datas) is not list or not datas or type(keys) is not list \
+                or len(keys) != len(datas) or not (names is None or (type(names) is list and len(names) == len(datas))) \
+                or not all(type(data) is bytes for data in datas) or not (session is None or type(session) is str):
+            raise ValueError("not a block of pushes")
+        if len(self._served) >= SERVED_MAX:
+            error = CommandError(ErrorCode.OVERLOADED, "the leader serves too many forwarded commands").to_reply()
+            self._send(peer, ["B", rid, [error] * len(datas)])
+            return
+        frames = _pushes_of(queue, list(range(len(datas))), datas, keys, names)  # its fields: checked by the dispatcher
+        session, conn_id = self._session_of(peer, session)
+        call = _BlockCall(self, peer, rid, session, conn_id, len(datas))
+        self._served[(peer, rid)] = call
+        try:
+            self.dispatcher.handle_pushes(call, frames)
+        except Exception as exc:
+            log.exception("serving a forwarded block of %d PUSH failed", len(frames))
+            error = CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            for i, result in enumerate(call.results):
+                if result is None:
+                    call.reply_error(i, error)
+
+    def _answer_block(self, call: _BlockCall) -> None:
+        self._served.pop((call.peer, call.rid), None)
+        if not call.closed:
+            self._send(call.peer, ["B", call.rid, call.results])
 
     def _answer(self, call: _Call, frame: dict[str, Any], code: str | None, body: dict[str, Any] | None) -> None:
         self._served.pop((call.peer, call.rid), None)
@@ -870,6 +1087,23 @@ def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:
     return True
 
 
+
+
+def _pushes_of(queue: str, req_ids: list[Any], datas: list[Any], keys: list[Any],
+               names: list[Any] | None) -> "list[PlainPush]":
+    """A forwarded block as the plain pushes a client's connection hands the dispatcher."""
+    return [PlainPush(queue=queue, data=msgspec.Raw(datas[i]), reqId=req_ids[i], idempotencyKey=keys[i],
+                      name=None if names is None else names[i]) for i in range(len(datas))]
+
+
+def _error_of(reply: dict[str, Any]) -> CommandError:
+    """The error an error reply (a dict) carries (``INTERNAL`` if its code is unknown)."""
+    try:
+        code = ErrorCode(reply.get("code", ErrorCode.INTERNAL.value))
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    extra = {k: v for k, v in reply.items() if k not in ("ok", "code", "error", "reqId")}
+    return CommandError(code, str(reply.get("error", "")), **extra)
 
 
 def _custom_ids_of(body: dict[str, Any]) -> list[str] | None:
