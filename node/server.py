@@ -36,7 +36,6 @@ from .connection import ClientConnection
 from .digests import ReplicaDigests
 from .dispatch import Dispatcher
 from .flows import FlowService
-from .group_commit import GroupCommit
 from .guard import NodeGuard
 from .identity import load_identity
 from .http import start_http
@@ -257,9 +256,9 @@ class Node:
                                    snapshot_rates=[self.moves.rate])
         replica.on_applied = self._applied
         replica.on_leadership_lost = self._leadership_lost
-        self.partitions[p] = Partition(p, replica, GroupCommit(
-            replica, self.loop, self.clock, after_answers=lambda: self._answered(p),
-            before_output=self.dispatcher.writes.propose_first, early_answers=self.dispatcher.writes.write_now))
+        self.partitions[p] = Partition.hosted(
+            p, replica, self.loop, self.clock, after_answers=lambda: self._answered(p),
+            before_output=self.dispatcher.writes.propose_first, early_answers=self.dispatcher.writes.write_now)
         if start:
             replica.start()
         return replica

@@ -88,9 +88,9 @@ class PartitionMachine:
 
         A command naming jobs rather than a queue (an ACKB, a FAIL) has the class of their
         queues. A command whose queues are not known (the leader's timer tick, a job named by a
-        custom id or already gone) counts as fsync class. The replica asks only once its applied
-        state holds every committed entry (a committed ``UpdateQueue`` may have made a queue
-        durable).
+        custom id or already gone) counts as fsync class. The partition asks only while the
+        replica's applied state holds every committed entry (a committed ``UpdateQueue`` may
+        have made a queue durable: :meth:`~shoal.node.raft.PartitionReplica.state_current`).
         """
         disk_class = self.engine.disk_class
         return all(disk_class(cmd) for cmd in commands)

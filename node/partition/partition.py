@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from shoal.cluster.errors import CommandError, ErrorCode
+
+from ..clock import Clock
+from ..raft import BatchResult, refuse_some
+from .group_commit import GroupCommit
+
 if TYPE_CHECKING:
-    import asyncio
-
-    from ..group_commit import GroupCommit
     from ..raft import PartitionReplica
+    from .machine import PartitionMachine
 
-__all__ = ["Partition", "Parked", "PARKED_PER_QUEUE_MAX", "WAKE_PER_ROUND_MAX"]
+__all__ = ["Partition", "Parked", "writes_lazily", "PARKED_PER_QUEUE_MAX", "WAKE_PER_ROUND_MAX", "NO_SPACE_ERROR"]
 
+#: What a command that brings new data in meets while the disk is nearly full.
+NO_SPACE_ERROR = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused "
+                                                  "until space is freed; pulls, acks and reads still work")
 #: Pulls one queue may have parked at once; one more is refused (``OVERLOADED``).
 PARKED_PER_QUEUE_MAX = 10_000
 #: Pulls of one queue woken per applied batch; the others wait for a later one.
@@ -60,7 +68,8 @@ class Partition:
 
     1. admit: the dispatcher takes it while :attr:`replica` leads;
     2. group commit: it waits in :attr:`group_commit` with the others for the next entry;
-    3. propose: :attr:`replica` replicates that entry;
+    3. propose (:meth:`propose`): the partition's write policies (no new data while the disk is
+       nearly full; the durability class), then :attr:`replica` replicates that entry;
     4. applied: the replica applies it and sets :attr:`applied_pending`: the entry owes others
        wake-ups (job events, :meth:`wake_pulls`, :meth:`wake_pushes`), run right after step 5;
     5. answer: the entry's result, or, for a full queue and a PUSH that may wait,
@@ -74,10 +83,11 @@ class Partition:
     __slots__ = ("id", "replica", "group_commit", "_pulls", "_pushes", "applied_pending", "last_tick_ms",
                  "tick_inflight")
 
-    def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit) -> None:
+    def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit | None = None) -> None:
         self.id = p
         self.replica = replica
-        self.group_commit = group_commit
+        #: Batches the partition's writes into entries (see :meth:`hosted`).
+        self.group_commit: GroupCommit = group_commit  # type: ignore[assignment]
         #: queue -> its parked pulls, oldest first
         self._pulls: dict[str, deque[Parked[Any]]] = {}
         #: pushes parked because their queue was full, oldest first
@@ -88,6 +98,45 @@ class Partition:
         self.last_tick_ms = 0
         #: A ``_Tick`` of this partition is in group commit: the leader tick proposes no other.
         self.tick_inflight = False
+
+    @classmethod
+    def hosted(cls, p: int, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
+               after_answers: Callable[[], None], before_output: Callable[[Callable[[], None]], None],
+               early_answers: Callable[[], None]) -> Partition:
+        """The partition a node hosts: its group commit proposes through :meth:`propose`
+        (``after_answers``, ``before_output``, ``early_answers``: see
+        :class:`~.group_commit.GroupCommit`)."""
+        part = cls(p, replica)
+        part.group_commit = GroupCommit(replica, loop, clock, propose=part.propose, after_answers=after_answers,
+                                        before_output=before_output, early_answers=early_answers)
+        return part
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def propose(self, now_ms: int, commands: list[Any], callback: Callable[[BatchResult | None, int], None],
+                early: Callable[[BatchResult], None] | None = None) -> None:
+        """Step 3: replicate one entry of ``commands``, under the partition's write policies.
+
+        - **No space**: while the data directory's free space is below its floor, a command that
+          brings new data in (:data:`~.machine.SPACE_TAKING_COMMANDS`) is answered ``NO_SPACE``
+          in its place and the others go on, so pulls, acks and deletes keep freeing room
+          (``/ready`` and the metrics report it).
+        - **Durability class** (:func:`writes_lazily`): an entry of ``durable: false`` queues
+          only is acknowledged once a majority appended it and synced later.
+        """
+        replica = self.replica
+        storage = replica.storage
+        machine: PartitionMachine = replica.application  # type: ignore[assignment]
+        if storage.space_low():
+            refused = {k for k, cmd in enumerate(commands) if machine.takes_space(cmd)}
+            if refused:
+                storage.no_space[self.id] = "free space below disk_free_min_bytes"
+                commands, callback = refuse_some(commands, refused, callback, replica.loop, NO_SPACE_ERROR)
+                if not commands:
+                    return
+        else:
+            storage.no_space.pop(self.id, None)
+        replica.propose(now_ms, commands, callback, early, lazy=writes_lazily(replica, machine, commands))
 
     # --- parking ---------------------------------------------------------------------------------
 
@@ -147,3 +196,14 @@ class Partition:
             waiting.extend(line)
         self._pulls.clear()
         return [parked for parked in waiting if parked.claim()]
+
+
+def writes_lazily(replica: PartitionReplica, machine: PartitionMachine, commands: list[Any]) -> bool:
+    """The durability-class policy: True when the entry of ``commands`` may be written in the
+    disk class, judged from the applied state (:meth:`PartitionMachine.disk_class`), and only
+    while that state holds every committed entry
+    (:meth:`~shoal.node.raft.PartitionReplica.state_current`). Whatever the machine cannot
+    place counts as fsync class: an entry a majority acknowledged must survive a node's power
+    cut even when nobody waits for it, or a replica that applied it can be left holding it alone
+    while the others commit another entry at its index."""
+    return replica.state_current() and machine.disk_class(commands)

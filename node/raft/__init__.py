@@ -11,9 +11,9 @@ command does or imports the queue engine.
 """
 
 from .application import Application
-from .replica import BatchResult, PartitionReplica, ReplicaDamaged, fail_reason_error, timing_scale
+from .replica import BatchResult, PartitionReplica, ReplicaDamaged, fail_reason_error, refuse_some, timing_scale
 from .scheduler import TickScheduler
 from .transport import RaftNetwork
 
 __all__ = ["Application", "PartitionReplica", "BatchResult", "ReplicaDamaged", "fail_reason_error", "RaftNetwork",
-           "TickScheduler", "timing_scale"]
+           "TickScheduler", "refuse_some", "timing_scale"]

@@ -3,8 +3,9 @@
 A :class:`~.replica.PartitionReplica` orders opaque batches of commands into its log and
 hands every committed data entry back to its :class:`Application`; it never looks inside a
 command or the state. The application turns a batch into an entry's payload, applies
-committed payloads, says which batches may be written in the disk class or take new
-space, and writes and loads its state for snapshots. Shoal's queue engine implements it in
+committed payloads, and writes and loads its state for snapshots. Which entries may be
+written in the disk class, and which commands are refused while the disk is nearly full, is
+decided above the replica (:meth:`shoal.node.partition.Partition.propose`). Shoal's queue engine implements it in
 :class:`shoal.node.partition.PartitionMachine`.
 
 Everything but :meth:`Application.load_snapshot` and the iterator of
@@ -34,15 +35,6 @@ class Application(Protocol):
 
         ``leading``: this replica leads its group now; ``replies``: someone here waits for the
         results (when neither, a result may be a placeholder)."""
-        ...
-
-    def disk_class(self, commands: list[Any]) -> bool:
-        """True when a batch of ``commands`` may be written in the disk class (acknowledged once
-        a majority appended it, synced later), judged from the applied state."""
-        ...
-
-    def takes_space(self, command: Any) -> bool:
-        """True for a command that brings new data in: refused while the disk is nearly full."""
         ...
 
     def snapshot_chunks(self) -> Iterable[bytes]:

@@ -64,7 +64,7 @@ from ._io import RealIO
 
 __all__ = ["PartitionReplica", "BatchResult", "fail_reason_error", "timing_scale", "ReplicaDamaged", "ApplyFailed",
            "HEARTBEAT_S", "ELECTION_TIMEOUT_MIN_S", "ELECTION_TIMEOUT_MAX_S", "FOLLOWER_APPLY_BATCH",
-           "FAIL_NO_LEADER", "FAIL_LOST", "FAIL_NO_SPACE", "FAIL_REFUSED"]
+           "FAIL_NO_LEADER", "FAIL_LOST", "FAIL_NO_SPACE", "FAIL_REFUSED", "refuse_some"]
 
 log = logging.getLogger(__name__)
 
@@ -773,7 +773,7 @@ class PartitionReplica(Generic[A]):
 
     def propose(self, now_ms: int, commands: list[Any],
                 callback: Callable[[BatchResult | None, int], None],
-                early: Callable[[BatchResult], None] | None = None) -> None:
+                early: Callable[[BatchResult], None] | None = None, *, lazy: bool = False) -> None:
         """Replicate ``commands`` as one log entry (its payload written by
         :meth:`~.application.Application.encode`, stamped ``now_ms``); ``callback(results,
         fail_reason)`` runs on the loop.
@@ -781,17 +781,11 @@ class PartitionReplica(Generic[A]):
         ``early(results)``: a lone voter applies the entry before its sync and calls this
         first, then the sync, then ``callback`` (for the answers that may leave before the
         entry is durable: jobs taken, see :meth:`_apply_ahead`). Otherwise it is not called.
+
+        ``lazy``: the entry is disk class (acknowledged once a majority appended it, synced
+        later); the caller decides, and may say so only while :meth:`state_current` holds (the
+        replica writes the entry in the fsync class otherwise).
         """
-        if self.storage.space_low():
-            takes_space = self.application.takes_space
-            refused = {k for k, cmd in enumerate(commands) if takes_space(cmd)}
-            if refused:
-                self.storage.no_space[self.partition] = "free space below disk_free_min_bytes"
-                commands, callback = _without_refused(commands, refused, callback, self.loop)
-                if not commands:
-                    return
-        else:
-            self.storage.no_space.pop(self.partition, None)
         core = self.core
         if self._loading:
             self.loop.call_soon(callback, None, FAIL_NO_LEADER)
@@ -804,10 +798,10 @@ class PartitionReplica(Generic[A]):
                 return
             payload = self.application.encode(now_ms, commands)
         if len(payload) > ENTRY_BYTES_MAX:
-            self._propose_split(now_ms, commands, callback, len(payload))
+            self._propose_split(now_ms, commands, callback, len(payload), lazy)
             return
         try:
-            index = core.propose(payload, self._clock(), lazy=self._disk_class(commands))
+            index = core.propose(payload, self._clock(), lazy=lazy and self.state_current())
         except NotLeader:
             self.loop.call_soon(callback, None, FAIL_NO_LEADER)
             return
@@ -832,10 +826,10 @@ class PartitionReplica(Generic[A]):
             bad = set(range(len(commands)))
         log.warning("partition %d: %d commands could not be written to the log: %s", self.partition, len(bad), exc)
         err = CommandError(ErrorCode.INVALID, f"the command holds a value the log cannot store: {exc}")
-        return _without_refused(commands, bad, callback, self.loop, err)
+        return refuse_some(commands, bad, callback, self.loop, err)
 
     def _propose_split(self, now_ms: int, commands: list[Any],
-                       callback: Callable[[BatchResult | None, int], None], nbytes: int) -> None:
+                       callback: Callable[[BatchResult | None, int], None], nbytes: int, lazy: bool) -> None:
         """A batch too large for one entry goes as two (each command stays whole and atomic)."""
         if len(commands) == 1:
             err = CommandError(ErrorCode.FRAME_TOO_LARGE, f"a command of {nbytes} bytes exceeds the largest "
@@ -855,25 +849,16 @@ class PartitionReplica(Generic[A]):
                     r1 = r1 if r1 is not None else [fail_reason_error(e1)] * n1
                 callback(r0 + r1, 0)
 
-        self.propose(now_ms, commands[:half], lambda r, e: part_done(0, r, e))
-        self.propose(now_ms, commands[half:], lambda r, e: part_done(1, r, e))
+        self.propose(now_ms, commands[:half], lambda r, e: part_done(0, r, e), lazy=lazy)
+        self.propose(now_ms, commands[half:], lambda r, e: part_done(1, r, e), lazy=lazy)
 
-    def _disk_class(self, commands: list[Any]) -> bool:
-        """True when the batch may be written in the disk class
-        (:meth:`~.application.Application.disk_class`).
-
-        The class is read from the applied state, which is only trusted once it holds every
-        committed entry: a new leader before its first commit, or with committed entries not yet
-        applied, writes everything in the fsync class (a committed entry may have changed the
-        class the application would give). Whatever the application cannot place counts as
-        fsync class: an entry a majority acknowledged must survive a node's power cut even when
-        nobody waits for it, or a replica that applied it can be left holding it alone while
-        the others commit another entry at its index.
-        """
+    def state_current(self) -> bool:
+        """Does the applied state hold every committed entry (and serve reads)? Only then may
+        a decision be read from it about a new entry, such as its durability class: a new
+        leader before its first commit, or with committed entries not yet applied, could
+        judge by a state a committed entry has changed."""
         core = self.core
-        if not core.read_ready or core.applied < core.commit or self._loading:
-            return False
-        return self.application.disk_class(commands)
+        return core.read_ready and core.applied >= core.commit and not self._loading
 
     def propose_change(self, change: ConfigChange) -> int:
         """Propose a single-server membership change (:mod:`.membership`); its log index."""
@@ -1354,15 +1339,10 @@ class PartitionReplica(Generic[A]):
             log.warning("partition %d: %s", self.partition, why)
 
 
-_NO_SPACE_ERROR = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused "
-                                                    "until space is freed; pulls, acks and reads still work")
-
-
-def _without_refused(commands: list[Any], refused: set[int],
-                     callback: Callable[[BatchResult | None, int], None],
-                     loop: asyncio.AbstractEventLoop, err: CommandError = _NO_SPACE_ERROR,
-                     ) -> tuple[list[Any], Callable[[BatchResult | None, int], None]]:
-    """Drop the ``refused`` commands (no room for new data, by default) from a batch; the callback
+def refuse_some(commands: list[Any], refused: set[int], callback: Callable[[BatchResult | None, int], None],
+                loop: asyncio.AbstractEventLoop, err: CommandError,
+                ) -> tuple[list[Any], Callable[[BatchResult | None, int], None]]:
+    """Drop the ``refused`` commands from a batch about to be proposed; the returned callback
     answers them with ``err`` in their places and passes the others' results through."""
     kept = [cmd for k, cmd in enumerate(commands) if k not in refused]
     n = len(commands)

@@ -52,6 +52,11 @@ class Relay:
     def forward(self, conn: Any, frame: dict[str, Any], p: int, away: bool = False) -> None:
         self.forwarded.append((frame, p, away))
 
+    def forward_pushes(self, conn: Any, frames: list[PlainPush], p: int, away: bool = False) -> None:
+        for f in frames:
+            self.forwarded.append(({"cmd": "PUSH", "queue": f.queue, "data": Raw(bytes(f.data)), "reqId": f.reqId},
+                                   p, away))
+
 
 @pytest.fixture
 def dispatcher() -> Iterator[tuple[Dispatcher, Relay]]:

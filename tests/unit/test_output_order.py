@@ -1,4 +1,4 @@
-"""Order of a loop iteration's output (node/writes.py, node/group_commit.py): a lone replica's
+"""Order of a loop iteration's output (node/writes.py, node/partition/group_commit.py): a lone replica's
 batch is proposed before the iteration's replies are written, so its answers leave with them;
 a take's answer leaves before the entry's sync, everything else after it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shoal.node.group_commit import GroupCommit
+from shoal.node.partition.group_commit import GroupCommit
 from shoal.node.pushes import session_pull
 from shoal.node.writes import PendingWrites
 

@@ -90,12 +90,6 @@ class Tally:
             results.append(self.counts[name])
         return results
 
-    def disk_class(self, commands: list[Any]) -> bool:
-        return False
-
-    def takes_space(self, command: Any) -> bool:
-        return True
-
     def snapshot_chunks(self) -> Iterable[bytes]:
         yield msgpack.packb(sorted(self.counts.items()))
 
@@ -190,8 +184,8 @@ def test_the_partition_machine_has_every_method_of_the_protocol(name: str) -> No
 
 
 def test_the_protocol_is_what_the_replica_needs() -> None:
-    assert PROTOCOL_METHODS == ["apply", "describe", "disk_class", "encode", "install", "load_snapshot", "reset",
-                                "snapshot_chunks", "takes_space"]
+    # which entries are disk class and which commands wait for space is the partition's business
+    assert PROTOCOL_METHODS == ["apply", "describe", "encode", "install", "load_snapshot", "reset", "snapshot_chunks"]
 
 
 def test_the_machine_applies_a_batch_as_the_engine_does_and_records_events_only_while_leading() -> None:

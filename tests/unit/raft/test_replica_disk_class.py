@@ -1,4 +1,5 @@
-"""Which durability class a leader writes an entry in, decided from what is committed (finding 5).
+"""Which durability class a leader writes an entry in (``writes_lazily``, the partition's policy),
+decided from what is committed (finding 5).
 
 A queue's class is its ``durable`` option, which a replicated ``CreateQueue``/``UpdateQueue``
 sets. A new leader's applied state may not hold a committed ``UpdateQueue`` that made the queue
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.node.partition.partition import writes_lazily
 from shoal.node.raft.core import LEADER
 from shoal.node.state import PushRun
 
@@ -43,16 +45,16 @@ def test_the_disk_class_is_trusted_only_once_the_applied_state_holds_every_commi
     # A new leader that has not committed an entry of its term: its applied state may lack a
     # committed UpdateQueue {durable: true}, so the entry is of the fsync class.
     lead(core, commit=5, applied=5, term_start=6)
-    assert r._disk_class(push) is False  # noqa: SLF001
+    assert writes_lazily(r, r.application, push) is False
 
     # Its term's first entry committed, but committed entries still wait to be applied.
     lead(core, commit=8, applied=7, term_start=6)
-    assert r._disk_class(push) is False  # noqa: SLF001
+    assert writes_lazily(r, r.application, push) is False
 
     # Everything committed is applied, in its own term: the applied state decides.
     lead(core, commit=8, applied=8, term_start=6)
-    assert r._disk_class(push) is True  # noqa: SLF001
-    assert r._disk_class([PushRun("durable-or-unknown", [b"\x01"])]) is False  # noqa: SLF001
+    assert writes_lazily(r, r.application, push) is True
+    assert writes_lazily(r, r.application, [PushRun("durable-or-unknown", [b"\x01"])]) is False
 
 
 def test_commands_naming_jobs_take_the_class_of_the_jobs_queues(replica: Follower) -> None:
@@ -76,11 +78,11 @@ def test_commands_naming_jobs_take_the_class_of_the_jobs_queues(replica: Followe
         return replicated_form([{"cmd": "ACKB", "ids": ids, "tokens": tokens}], 0)[0]
 
     assert type(ackb("lazy")[0]).__name__ == "AckRun"  # one pull's run, checked by its segment
-    assert r._disk_class(ackb("lazy")) is True  # noqa: SLF001
-    assert r._disk_class(ackb("safe")) is False  # noqa: SLF001
-    assert r._disk_class(ackb("lazy", "safe")) is False  # noqa: SLF001
+    assert writes_lazily(r, r.application, ackb("lazy")) is True
+    assert writes_lazily(r, r.application, ackb("safe")) is False
+    assert writes_lazily(r, r.application, ackb("lazy", "safe")) is False
     lazy_id = pulled["lazy"]["jobs"][0]["id"]
-    assert r._disk_class([{"cmd": "FAIL", "id": lazy_id, "error": "e"}]) is True  # noqa: SLF001
-    assert r._disk_class([{"cmd": "ACK", "id": "0-999"}]) is False  # noqa: SLF001 (gone: not known)
-    assert r._disk_class([{"cmd": "ACK", "id": "my-custom-id"}]) is False  # noqa: SLF001
-    assert r._disk_class([{"cmd": "_Tick"}]) is False  # noqa: SLF001
+    assert writes_lazily(r, r.application, [{"cmd": "FAIL", "id": lazy_id, "error": "e"}]) is True
+    assert writes_lazily(r, r.application, [{"cmd": "ACK", "id": "0-999"}]) is False  # gone: not known
+    assert writes_lazily(r, r.application, [{"cmd": "ACK", "id": "my-custom-id"}]) is False
+    assert writes_lazily(r, r.application, [{"cmd": "_Tick"}]) is False

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.node.moves import HAND_OVER, RECONCILE_INTERVAL_S, plan_change
+from shoal.node.partition import Partition
 from shoal.node.raft import install
 from shoal.node.raft.membership import ConfigChange
 from shoal.node.raft.replica import PartitionReplica, ReplicaDamaged
@@ -323,7 +324,8 @@ class SimRun:
             return  # an idle partition: nothing new in the log once the faults stop
         for replica in self._leaders():
             if replica.read_ready():
-                replica.propose(int(self.loop.time() * 1000), [{"cmd": "_Tick"}], lambda _r, _reason: None)
+                Partition(replica.partition, replica).propose(int(self.loop.time() * 1000), [{"cmd": "_Tick"}],
+                                                              lambda _r, _reason: None)
         self.loop.call_later(ENGINE_TICK_S, self._engine_tick)
 
     def _heal(self) -> None:

@@ -36,6 +36,7 @@ from shoal.client._core import Action, retry_action, retry_pause_s
 from shoal.client.exceptions import error_from_reply
 from shoal.cluster.codec import Raw, raw_of
 from shoal.cluster.errors import CommandError
+from shoal.node.partition import Partition
 from shoal.node.pushes import fan_out, replicated_form
 from shoal.node.raft.replica import FAIL_LOST, FAIL_NO_LEADER, PartitionReplica, fail_reason_error
 from shoal.node.state import SessionPull
@@ -217,7 +218,9 @@ class Workload:
         timer = self.loop.call_later(CLIENT_TIMEOUT_S, timed_out)
         now_ms = int(self.loop.time() * 1000)
         answers_early = early and replica.commits_alone()
-        replica.propose(now_ms, cmds, done, (lambda results: done(results, 0)) if answers_early else None)
+        # through the node's own write policies (no space, durability class), as the node proposes
+        Partition(replica.partition, replica).propose(now_ms, cmds, done,
+                                                      (lambda results: done(results, 0)) if answers_early else None)
 
     def _retry(self, error: CommandError, frame: dict[str, Any]) -> bool:
         """The real client's decision on the node's ``error`` for ``frame``."""

@@ -7,7 +7,7 @@ proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
 
 The commands of an entry are the batch in its replicated form, which
-:mod:`.pushes` decides (a run of plain PUSHes as one ``PushRun``, and so on);
+:mod:`~shoal.node.pushes` decides (a run of plain PUSHes as one ``PushRun``, and so on);
 each submitted command still gets its own result.
 """
 
@@ -19,14 +19,17 @@ from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from .clock import Clock
-from .pushes import Command, SessionPull, commands_in, fan_out, replicated_form
-from .raft import PartitionReplica, fail_reason_error
+from ..clock import Clock
+from ..pushes import Command, SessionPull, commands_in, fan_out, replicated_form
+from ..raft import BatchResult, PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]
 
 #: Receives the engine's reply dict or a CommandError.
 ReplyCallback = Callable[[Any], None]
+#: Replicates one entry: ``(now_ms, commands, done(results, fail_reason), early(results) or None)``.
+Propose = Callable[[int, list[Any], Callable[[BatchResult | None, int], None], Callable[[BatchResult], None] | None],
+                   None]
 
 
 class _Entry:
@@ -66,11 +69,14 @@ class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
-                 inflight_max: int = 3, batch_commands_max: int = 2048,
+                 propose: Propose | None = None, inflight_max: int = 3, batch_commands_max: int = 2048,
                  after_answers: Callable[[], None] | None = None,
                  before_output: Callable[[Callable[[], None]], None] | None = None,
                  early_answers: Callable[[], None] | None = None) -> None:
         self.replica = replica
+        #: Replicates an entry: its partition's :meth:`~.partition.Partition.propose` (the write
+        #: policies, then the replica), or the replica's own.
+        self.propose: Propose = propose if propose is not None else replica.propose
         #: Writes the answers handed out ahead of an entry's sync (takes, on a lone replica);
         #: None: every answer waits for the entry to commit.
         self.early_answers = early_answers
@@ -151,7 +157,7 @@ class GroupCommit:
                 self._answer_takes(entry, results)
 
             try:
-                self.replica.propose(self.clock.now_ms(), cmds, done, early if entry.takes else None)
+                self.propose(self.clock.now_ms(), cmds, done, early if entry.takes else None)
             except Exception as exc:  # the replica refused synchronously (e.g. closed)
                 self._complete(entry, None, -1, exc)
 
