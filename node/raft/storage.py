@@ -13,12 +13,12 @@ are the node's business, in two durability classes:
   answer (so counts nothing toward the commit) before its own copy is durable. A lone
   replica syncs before its tick, where it commits. All journals written in one loop
   iteration are synced together, their fdatasyncs issued from a few threads. Each sync
-  makes the journal's synced mark durable right after its data, before the sync reports
-  the entries durable (:mod:`.journal`, *The synced mark*): two fdatasyncs per journal.
+  writes a copy of its batch ahead of its one fdatasync (:mod:`.journal`, *Copies*; a batch
+  too large to copy makes the journal's synced mark durable with a second one instead).
 - **disk class** (``durable: false``): the entry only asks for a lazy sync, done by
-  :meth:`NodeStorage.sync_lazy` every ``sync_interval_ms``. That sync is the same, its
-  mark included (two fdatasyncs per journal per interval): the entries were acknowledged
-  on append, and once it returns, damage to them is refused rather than cut as a torn tail.
+  :meth:`NodeStorage.sync_lazy` every ``sync_interval_ms``. That sync is the same, copy
+  included: the entries were acknowledged on append, and once it returns, damage to them is
+  restored from the copy or refused rather than cut as a torn tail.
 
 A failed fdatasync stops the node (exit status :data:`EXIT_SYNC_FAILED`): Linux may
 have dropped the dirty pages, answers claiming durability may already be queued,
