@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .sessions import SessionTable
 
 __all__ = ["Clock", "Replier", "DecodingReplier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler",
-           "EventListener", "CommandHandler", "error_of_reply"]
+           "EventListener", "CommandHandler", "error_of_reply", "error_of"]
 
 #: Receives published job events (the dashboard's and the HTTP streams' listeners).
 EventListener = Callable[[list[dict[str, Any]]], None]
@@ -78,8 +78,16 @@ def error_of_reply(body: bytes) -> CommandError:
     """The error an encoded error reply carries (``INTERNAL`` if it cannot be read)."""
     try:
         frame = decode_response(body)
-        code = ErrorCode(frame.get("code", ErrorCode.INTERNAL.value))
     except (ProtocolError, ValueError):
+        return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
+    return error_of(frame)
+
+
+def error_of(frame: dict[str, Any]) -> CommandError:
+    """The error an error reply (decoded) carries (``INTERNAL`` if its code is unknown)."""
+    try:
+        code = ErrorCode(frame.get("code", ErrorCode.INTERNAL.value))
+    except ValueError:
         return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
     extra = {k: v for k, v in frame.items() if k not in ("ok", "code", "error", "reqId")}
     return CommandError(code, str(frame.get("error", "")), **extra)

@@ -77,7 +77,7 @@ from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
 
-from .ports import DecodingReplier, error_of_reply
+from .ports import DecodingReplier, error_of, error_of_reply
 from .audits import AUDIT_ANSWER_TIMEOUT_S, AUDIT_INTERVAL_S, AUDIT_SESSIONS_MAX, SCAN_SESSIONS_MAX, SessionAudit
 from .sessions import KEPT_SESSION_PREFIX, SESSION_CHARS_MAX
 from .state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS
@@ -595,7 +595,7 @@ class Relay:
             if type(result) is not dict:
                 result = {"ok": False, "code": ErrorCode.INTERNAL.value, "error": "malformed answer from the leader"}
             if result.get("ok") is False:
-                error = _error_of(result)
+                error = error_of(result)
                 if error.code.value in _RETRY_CODES or error.code.value == _UNKNOWN_OUTCOME:
                     # not proposed there, or keyed (every push of a block is): the new leader takes it
                     again.append(i)
@@ -1094,16 +1094,6 @@ def _pushes_of(queue: str, req_ids: list[Any], datas: list[Any], keys: list[Any]
     """A forwarded block as the plain pushes a client's connection hands the dispatcher."""
     return [PlainPush(queue=queue, data=msgspec.Raw(datas[i]), reqId=req_ids[i], idempotencyKey=keys[i],
                       name=None if names is None else names[i]) for i in range(len(datas))]
-
-
-def _error_of(reply: dict[str, Any]) -> CommandError:
-    """The error an error reply (a dict) carries (``INTERNAL`` if its code is unknown)."""
-    try:
-        code = ErrorCode(reply.get("code", ErrorCode.INTERNAL.value))
-    except ValueError:
-        code = ErrorCode.INTERNAL
-    extra = {k: v for k, v in reply.items() if k not in ("ok", "code", "error", "reqId")}
-    return CommandError(code, str(reply.get("error", "")), **extra)
 
 
 def _custom_ids_of(body: dict[str, Any]) -> list[str] | None:
