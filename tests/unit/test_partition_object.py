@@ -1,5 +1,7 @@
 """Parking and waking on one :class:`~shoal.node.partition.Partition`, with no loop, socket or node:
-which parked commands a wake or a drain hands out, in what order, and each only once."""
+which parked commands a wake or a drain hands out, in what order, and each only once; and its
+write policies (:meth:`~shoal.node.partition.Partition.propose`): an entry's durability class,
+and new data refused in its place while space is low."""
 
 from __future__ import annotations
 
@@ -172,3 +174,88 @@ def test_a_new_partition_owes_nothing_and_has_not_ticked() -> None:
     part = partition()
     assert part.id == P
     assert not part.applied_pending and not part.tick_inflight and part.last_tick_ms == 0
+
+
+# --- the write policies (Partition.propose) ---------------------------------------------------------
+
+
+class Storage:
+    def __init__(self, low: bool) -> None:
+        self.low = low
+        self.no_space: dict[int, str] = {}
+
+    def space_low(self) -> bool:
+        return self.low
+
+
+class Machine:
+    """Disk class: commands of the queue "lazy"; new data: PUSHes."""
+
+    def disk_class(self, commands: list[Any]) -> bool:
+        return all(c.get("queue") == "lazy" for c in commands)
+
+    def takes_space(self, command: Any) -> bool:
+        return command["cmd"] == "PUSH"
+
+
+class CallSoon:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        self.calls.append((fn, args))
+
+    def run(self) -> None:
+        calls, self.calls = self.calls, []
+        for fn, args in calls:
+            fn(*args)
+
+
+class Replica:
+    """Records what it is asked to replicate; its applied state is current unless told."""
+
+    def __init__(self, low: bool = False, current: bool = True) -> None:
+        self.storage = Storage(low)
+        self.application = Machine()
+        self.loop = CallSoon()
+        self.current = current
+        self.proposed: list[tuple[list[Any], bool, Any]] = []
+
+    def state_current(self) -> bool:
+        return self.current
+
+    def propose(self, now_ms: int, commands: list[Any], callback: Any, early: Any = None, *, lazy: bool) -> None:
+        self.proposed.append((commands, lazy, callback))
+
+
+def test_an_entry_is_disk_class_only_when_every_command_is_and_the_state_is_current() -> None:
+    replica = Replica()
+    part = Partition(P, replica)  # type: ignore[arg-type]
+    part.propose(1, [{"cmd": "PUSH", "queue": "lazy"}, {"cmd": "ACK", "queue": "lazy"}], print)
+    part.propose(1, [{"cmd": "PUSH", "queue": "lazy"}, {"cmd": "PUSH", "queue": "safe"}], print)
+    replica.current = False  # a new leader before its first commit: fsync class whatever the state says
+    part.propose(1, [{"cmd": "PUSH", "queue": "lazy"}], print)
+    assert [lazy for _, lazy, _ in replica.proposed] == [True, False, False]
+
+
+def test_while_space_is_low_new_data_is_refused_in_its_place_and_the_rest_goes_on() -> None:
+    replica = Replica(low=True)
+    part = Partition(P, replica)  # type: ignore[arg-type]
+    answers: list[Any] = []
+    batch = [{"cmd": "PUSH", "queue": "q"}, {"cmd": "ACK", "queue": "q"}, {"cmd": "PUSH", "queue": "q"}]
+    part.propose(1, batch, lambda results, reason: answers.append((results, reason)))
+    [(commands, _, callback)] = replica.proposed
+    assert commands == [{"cmd": "ACK", "queue": "q"}] and list(replica.storage.no_space) == [P]
+    callback([{"ok": 1}], 0)
+    [(results, reason)] = answers
+    assert reason == 0 and results[1] == {"ok": 1}
+    assert [r.code.value for r in (results[0], results[2])] == ["NO_SPACE", "NO_SPACE"]
+    # Only new data: nothing is proposed, every command is answered NO_SPACE.
+    part.propose(1, [{"cmd": "PUSH", "queue": "q"}], lambda results, reason: answers.append((results, reason)))
+    assert len(replica.proposed) == 1
+    replica.loop.run()
+    assert [r.code.value for r in answers[-1][0]] == ["NO_SPACE"]
+    # Space back: the partition is no longer reported short of it.
+    replica.storage.low = False
+    part.propose(1, [{"cmd": "PUSH", "queue": "q"}], print)
+    assert replica.storage.no_space == {} and len(replica.proposed) == 2
