@@ -342,9 +342,7 @@ class Relay:
         ``away``: this node refused it unproposed as it stopped leading ``p`` (a leadership
         transfer): it goes to the next leader, and runs here only if this node still leads
         ``p`` a retry later."""
-        if len(self._pending) >= FORWARDED_MAX:
-            raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
-                                                     "retry, or connect to the partition's leader")
+        self._check_room()
         cmd = frame["cmd"]
         spec = COMMANDS.get(cmd)
         rid = next(self._rids)
@@ -358,17 +356,16 @@ class Relay:
                            self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
         pending.away = away
         pending.keyed = keyed
-        self._pending[rid] = pending
-        self._by_conn.setdefault(conn.conn_id, set()).add(rid)
         self.forwarded += 1
         self._learn_request(frame, p)
-        self._dispatch(rid, pending)
+        self._send_first(rid, pending, conn)
 
     def forward_pushes(self, conn: "Replier", frames: "list[PlainPush]", p: int, away: bool = False) -> None:
         """Send a block of plain PUSHes to one queue of partition ``p`` (led elsewhere) to its
         leader as one message per :data:`BLOCK_BYTES_MAX` of data; the replies go to ``conn``.
         Nothing is checked here but what the caller routed by: the leader checks each push
-        as it checks its own client's. Raises ``CommandError`` when none can be sent."""
+        as it checks its own client's. A part that cannot be sent at all (``OVERLOADED``) is
+        answered with the error, push by push."""
         start = 0
         n = len(frames)
         while start < n:
@@ -384,11 +381,8 @@ class Relay:
             start = end
 
     def _forward_block(self, conn: "Replier", frames: "list[PlainPush]", p: int, away: bool) -> None:
-        if len(self._pending) >= FORWARDED_MAX:
-            raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
-                                                     "retry, or connect to the partition's leader")
+        self._check_room()
         rid = next(self._rids)
-        base = f"{self._key_prefix}{rid:x}."
         own = self._key_prefix
         keys: list[str] = []
         keyed = False
@@ -396,7 +390,7 @@ class Relay:
         for i, frame in enumerate(frames):
             key = frame.idempotencyKey
             if key is None:
-                keys.append(f"{base}{i:x}")
+                keys.append(self._job_key(rid, i))
                 keyed = True
             else:
                 keys.append(key)
@@ -410,10 +404,30 @@ class Relay:
         pending.away = away
         pending.keyed = keyed
         pending.started = now
+        self.forwarded += len(frames)
+        self._send_first(rid, pending, conn)
+
+    def _check_room(self) -> None:
+        """Refuse a client's command when this node forwards as many as it may already."""
+        if len(self._pending) >= FORWARDED_MAX:
+            raise CommandError(ErrorCode.OVERLOADED, f"this node already forwards {FORWARDED_MAX} commands; "
+                                                     "retry, or connect to the partition's leader")
+
+    def _send_first(self, rid: int, pending: _Pending, conn: "Replier") -> None:
+        """Hold ``pending`` (a client's) until it is answered, and send it."""
         self._pending[rid] = pending
         self._by_conn.setdefault(conn.conn_id, set()).add(rid)
-        self.forwarded += len(frames)
         self._dispatch(rid, pending)
+
+    def _job_key(self, rid: int, i: int) -> str:
+        """This node's key for job ``i`` of forwarded request ``rid``, in its first-send form."""
+        return f"{self._key_prefix}{rid:x}.{i:x}"
+
+    def _again_form(self, key: str) -> str:
+        """``key`` in the form of a copy sent again when this node gave it (the engine looks such
+        a key up; a first send it only records, as no earlier copy can exist); else ``key``."""
+        first = self._key_prefix
+        return self._again_prefix + key[len(first):] if key.startswith(first) else key
 
     def _key_adds(self, frame: dict[str, Any], rid: int) -> bool:
         """Give a forwarded add without a key or custom id this node's key for request ``rid``,
@@ -426,27 +440,25 @@ class Relay:
                 frame["idempotencyKey"] = f"{own}{rid:x}"
                 return True
             return type(key) is str and key.startswith(own)
-        prefix = f"{own}{rid:x}."
         keyed = False
         for i, job in enumerate(frame["jobs"]):
             key = job.get("idempotencyKey")
             if key is None and job.get("customId") is None:
-                job["idempotencyKey"] = f"{prefix}{i:x}"
+                job["idempotencyKey"] = self._job_key(rid, i)
                 keyed = True
             elif type(key) is str and key.startswith(own):
                 keyed = True
         return keyed
 
     def _sent_again(self, body: bytes) -> bytes:
-        """``body`` with the keys this node gave it in the form of a copy sent again: the engine
-        looks such a key up (a first send it only records, as no earlier copy can exist)."""
+        """``body`` with the keys this node gave it in the form of a copy sent again
+        (:meth:`_again_form`)."""
         frame = decode_request(body, raw_data=True)
-        first, again = self._key_prefix, self._again_prefix
         items = frame["jobs"] if frame["cmd"] == "PUSHB" else [frame]
         for item in items:
             key = item.get("idempotencyKey")
-            if type(key) is str and key.startswith(first):
-                item["idempotencyKey"] = again + key[len(first):]
+            if type(key) is str:
+                item["idempotencyKey"] = self._again_form(key)
         return encode_body(frame)
 
     async def call(self, p: int, frame: dict[str, Any], timeout_s: float = FORWARD_TIMEOUT_S) -> dict[str, Any]:
@@ -472,9 +484,7 @@ class Relay:
             pending.sent = True
         elif pending.keyed:
             if pending.block is not None:
-                first, again = self._key_prefix, self._again_prefix
-                pending.block.keys = [again + key[len(first):] if key.startswith(first) else key
-                                      for key in pending.block.keys]
+                pending.block.keys = [self._again_form(key) for key in pending.block.keys]
             else:
                 pending.body = self._sent_again(pending.body)
             pending.keyed = False

@@ -69,14 +69,14 @@ class GroupCommit:
     """Batches one partition's writes into Raft entries."""
 
     def __init__(self, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
-                 propose: Propose | None = None, inflight_max: int = 3, batch_commands_max: int = 2048,
+                 propose: Propose, inflight_max: int = 3, batch_commands_max: int = 2048,
                  after_answers: Callable[[], None] | None = None,
                  before_output: Callable[[Callable[[], None]], None] | None = None,
                  early_answers: Callable[[], None] | None = None) -> None:
         self.replica = replica
         #: Replicates an entry: its partition's :meth:`~.partition.Partition.propose` (the write
-        #: policies, then the replica), or the replica's own.
-        self.propose: Propose = propose if propose is not None else replica.propose
+        #: policies, then the replica).
+        self.propose = propose
         #: Writes the answers handed out ahead of an entry's sync (takes, on a lone replica);
         #: None: every answer waits for the entry to commit.
         self.early_answers = early_answers

@@ -5,8 +5,8 @@ hands every committed data entry back to its :class:`Application`; it never look
 command or the state. The application turns a batch into an entry's payload, applies
 committed payloads, and writes and loads its state for snapshots. Which entries may be
 written in the disk class, and which commands are refused while the disk is nearly full, is
-decided above the replica (:meth:`shoal.node.partition.Partition.propose`). Shoal's queue engine implements it in
-:class:`shoal.node.partition.PartitionMachine`.
+decided above the replica (:meth:`shoal.node.partition.Partition.propose`). Shoal's queue
+engine implements the protocol in :class:`shoal.node.partition.PartitionMachine`.
 
 Everything but :meth:`Application.load_snapshot` and the iterator of
 :meth:`Application.snapshot_chunks` runs on the node's event loop.

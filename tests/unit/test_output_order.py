@@ -68,8 +68,9 @@ def run_iteration(alone: bool, take: bool = False, session: str | None = "s") ->
         writes = PendingWrites(loop)
         replica = Replica(alone, log)
         writer = Writer(log, writes)
-        gc = GroupCommit(replica, loop, Clock(), after_answers=writes.write_now,  # type: ignore[arg-type]
-                         before_output=writes.propose_first, early_answers=writes.write_now)
+        gc = GroupCommit(replica, loop, Clock(), propose=replica.propose,  # type: ignore[arg-type]
+                         after_answers=writes.write_now, before_output=writes.propose_first,
+                         early_answers=writes.write_now)
 
         def frames() -> None:  # one read: a fast reply, then a write (and a take)
             writer.send("fast")
