@@ -2,10 +2,11 @@
 
 - node-level commands (Hello, Auth, Ping, Identify, Subscribe, workers,
   Prometheus) are answered here;
-- everything else is validated with the shared schema, routed to its
-  partition (queue name, job id, or ``partition`` field), refused with
-  ``NOT_LEADER``/``NO_LEADER`` when this node does not lead it (forwarded to the leader, for
-  a client that does not route: :mod:`.relay`), then
+- everything else is validated with the shared schema and submitted to its
+  partition (queue name, job id, or ``partition`` field): the
+  :class:`~.partition.Partition` while this node leads it, else, for a client that does not
+  route, the :class:`~.partition.RemotePartition` that takes it to the leader (:mod:`.relay`),
+  else refused with ``NOT_LEADER``; a partition led here hands it back to :meth:`Dispatcher.serve`:
   - reads run against the leader's applied state;
   - writes go through the partition's group commit (one Raft entry per batch);
 - a write refused unproposed because this node stopped leading meanwhile (a leadership
@@ -37,7 +38,7 @@ from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
 from .bunqueue import EventFrames, push_flow_graph
-from .partition import Parked, Partition
+from .partition import Parked, Partition, RemotePartition
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
 from .locator import JobLocator
@@ -110,6 +111,8 @@ class Dispatcher:
         self._queue_partitions: dict[str, int] = {}
         #: Forwarding to other nodes' leaders (set by the server when the node has peers).
         self.relay: Relay | None = None
+        #: The partitions other nodes lead, as commands are submitted to them (:meth:`_remote`).
+        self._remotes: dict[int, RemotePartition] = {}
         self.locator = JobLocator()
         self._locating = 0
         #: Connections subscribed to bunqueue's events (``SubscribeEvents``), by queue.
@@ -228,27 +231,45 @@ class Dispatcher:
             self.handle(conn, frame)
 
     def _route(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool) -> None:
-        """Answer a validated command of partition ``p`` here, or forward it to the leader
-        (``forwards``: the client does not route for itself, or the job id names no partition)."""
+        """Submit a validated command to partition ``p``, led here or elsewhere (``forwards``:
+        the client does not route for itself, or the job id names no partition)."""
+        self._target(p, forwards).submit(conn, frame)
+
+    def _target(self, p: int, forwards: bool) -> Partition | RemotePartition:
+        """Partition ``p`` if this node leads it; else, when this node forwards, the
+        :class:`~.partition.RemotePartition` that takes its commands to the leader; else
+        ``NOT_LEADER`` (raised) with where the leader is."""
         part = self.directory.partitions.get(p)
-        if part is None or not part.replica.is_leader():
-            if forwards and self.relay is not None:
-                self.relay.forward(conn, frame, p)
-                return
-            raise self.directory.not_leader_error(p)
+        if part is not None and part.replica.is_leader():
+            return part
+        if forwards and self.relay is not None:
+            return self._remote(p)
+        raise self.directory.not_leader_error(p)
+
+    def _remote(self, p: int) -> RemotePartition:
+        remote = self._remotes.get(p)
+        if remote is None:
+            assert self.relay is not None, "a remote partition without a relay"
+            remote = self._remotes[p] = RemotePartition(p, self.relay)
+        return remote
+
+    def serve(self, part: Partition, conn: Replier, frame: dict[str, Any]) -> None:
+        """A validated command of ``part``, which this node leads: a read from the applied state
+        (under the read lease, or after a ReadIndex round), a long poll, or a write."""
         replica = part.replica
         cmd = frame["cmd"]
         req_id = frame.get("reqId")
         if COMMANDS[cmd].read_only:
             if not replica.read_ready():
-                raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s new leader has not applied its first "
-                                                        "entry yet; retry")
+                raise CommandError(ErrorCode.NO_LEADER, f"partition {part.id}'s new leader has not applied its "
+                                                        "first entry yet; retry")
             if replica.lease_held():
                 self._read(conn, frame, replica)
             else:
                 # No read lease (a new leader, a transfer in this term, a stalled loop): the read
                 # waits for a majority to answer a round sent after it arrived (ReadIndex).
-                replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, p, forwards, ok))
+                forwards = self._forwards(conn) or _names_no_partition(frame)
+                replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, part.id, forwards, ok))
             return
         if cmd in LONG_POLL_COMMANDS:
             self._pull(conn, frame, part)
@@ -365,35 +386,34 @@ class Dispatcher:
     def handle_pushes(self, conn: Replier, frames: list[PlainPush]) -> None:
         """Answer consecutive plain PUSHes of one connection to one queue.
 
-        Each frame gets the reply ``handle`` would give it; the valid ones go to group commit
-        as one ``PushRun`` (:func:`~.pushes.check_block`, the form it gives a run of plain
-        pushes anyway), so the block costs one routing, one submit and one callback instead
-        of one of each per push.
+        Each frame gets the reply ``handle`` would give it; the block goes to its partition,
+        led here (:meth:`serve_pushes`) or elsewhere (forwarded as one message), as one.
         Checks come first and answer nothing, so an unexpected error leaves every frame to
         the caller's error reply.
         """
         self.commands_total += len(frames)
         queue = frames[0].queue
-        p = 0
         try:
             if self.overloaded is not None:
                 raise self.overloaded
             check_queue(queue)
-            p = self._partition_of("queue", {"queue": queue})
-            part = self.directory.partitions.get(p)
-            if part is None or not part.replica.is_leader():
-                if self.relay is not None and conn.wants_forwarding:
-                    self._forward_pushes(conn, frames, p)
-                    return
-                raise self.directory.not_leader_error(p)
+            target = self._target(self._partition_of("queue", {"queue": queue}), self._forwards(conn))
         except CommandError as exc:
             for frame in frames:
                 conn.reply_error(frame.reqId, exc)
             return
+        target.submit_pushes(conn, frames)
+
+    def serve_pushes(self, part: Partition, conn: Replier, frames: list[PlainPush]) -> None:
+        """A block of plain PUSHes of ``part``, which this node leads: the valid ones go to
+        group commit as one ``PushRun`` (:func:`~.pushes.check_block`, the form it gives a run
+        of plain pushes anyway), so the block costs one routing, one submit and one callback
+        instead of one of each per push."""
         req_ids, run = check_block(frames, conn.reply_error)
         if run is None:
             return
         n = len(req_ids)
+        p = part.id
         started = time.perf_counter()
 
         def done(result: Any) -> None:
@@ -413,8 +433,6 @@ class Dispatcher:
     def _forward_run(self, conn: Replier, run: PushRun, req_ids: list[Any], results: list[Any], p: int) -> None:
         """A block of pushes refused here unproposed (this node stopped leading ``p``): the relay
         takes them to the new leader as one block, as it would have had this node not led ``p``."""
-        relay = self.relay
-        assert relay is not None
         away: list[PlainPush] = []
         for i, (req_id, result) in enumerate(zip(req_ids, results)):
             if not _not_proposed(result):
@@ -424,13 +442,7 @@ class Dispatcher:
                                   idempotencyKey=None if run.keys is None else run.keys[i],
                                   name=None if run.names is None else run.names[i]))
         if away:
-            relay.forward_pushes(conn, away, p, away=True)
-
-    def _forward_pushes(self, conn: Replier, frames: list[PlainPush], p: int) -> None:
-        """Plain PUSHes for a partition led elsewhere: to its leader as one block."""
-        relay = self.relay
-        assert relay is not None
-        relay.forward_pushes(conn, frames, p)
+            self._remote(p).submit_pushes(conn, away, away=True)
 
     def _write(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None = None) -> None:
         """Submit one write; a PUSH with a ``timeout`` refused QUEUE_FULL parks until its
@@ -449,7 +461,7 @@ class Dispatcher:
                 # leader (the entry's job data lost its Raw wrapper on the way: restored).
                 _rewrap_data(frame)
                 try:
-                    self.relay.forward(conn, frame, p, away=True)  # type: ignore[union-attr]
+                    self._remote(p).submit(conn, frame, away=True)
                 except CommandError as exc:
                     conn.reply_error(req_id, exc)
                 return
@@ -830,6 +842,18 @@ def _ignore(_: Any) -> None:
 
 #: Refusals of a command this node never proposed because it does not (or no longer) lead its partition.
 _NOT_PROPOSED = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NO_LEADER})
+
+
+def _names_no_partition(frame: dict[str, Any]) -> bool:
+    """Is ``frame`` routed by a custom job id, whose partition only forwarding reaches
+    (a client cannot route it for itself)?"""
+    if COMMANDS[frame["cmd"]].routing != "id":
+        return False
+    try:
+        partition_of_job(frame["id"] if "id" in frame else frame["ids"][0])
+    except CommandError:
+        return True
+    return False
 
 
 def _not_proposed(result: Any) -> bool:

@@ -257,7 +257,7 @@ class Node:
         replica.on_applied = self._applied
         replica.on_leadership_lost = self._leadership_lost
         self.partitions[p] = Partition.hosted(
-            p, replica, self.loop, self.clock, after_answers=lambda: self._answered(p),
+            p, replica, self.loop, self.clock, serving=self.dispatcher, after_answers=lambda: self._answered(p),
             before_output=self.dispatcher.writes.propose_first, early_answers=self.dispatcher.writes.write_now)
         if start:
             replica.start()

@@ -14,10 +14,12 @@ from ..raft import BatchResult, refuse_some
 from .group_commit import GroupCommit
 
 if TYPE_CHECKING:
+    from shoal.cluster.codec import PlainPush
+
     from ..raft import PartitionReplica
     from .machine import PartitionMachine
 
-__all__ = ["Partition", "Parked", "writes_lazily", "PARKED_PER_QUEUE_MAX", "WAKE_PER_ROUND_MAX", "NO_SPACE_ERROR"]
+__all__ = ["Partition", "Parked", "Serving", "writes_lazily", "PARKED_PER_QUEUE_MAX", "WAKE_PER_ROUND_MAX", "NO_SPACE_ERROR"]
 
 #: What a command that brings new data in meets while the disk is nearly full.
 NO_SPACE_ERROR = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (nearly) full: new data is refused "
@@ -61,12 +63,24 @@ class Parked(Generic[LinkT]):
         return True
 
 
+class Serving(Protocol):
+    """What answers the commands of a partition this node leads (the node's dispatcher): reads
+    from the applied state, long polls, writes through group commit, each on its connection
+    (a :class:`~shoal.node.ports.Replier`, which this layer only passes on)."""
+
+    def serve(self, part: Partition, conn: Any, frame: dict[str, Any]) -> None: ...
+
+    def serve_pushes(self, part: Partition, conn: Any, frames: list[PlainPush]) -> None: ...
+
+
 class Partition:
     """One hosted partition: its replica, its group commit, the commands parked on it, its flags.
 
     A PUSH's steps on this partition, in order:
 
-    1. admit: the dispatcher takes it while :attr:`replica` leads;
+    1. admit: the dispatcher hands it to :meth:`submit_pushes` (or :meth:`submit`) while
+       :attr:`replica` leads (a :class:`~.remote.RemotePartition` takes the same calls while
+       another node leads);
     2. group commit: it waits in :attr:`group_commit` with the others for the next entry;
     3. propose (:meth:`propose`): the partition's write policies (no new data while the disk is
        nearly full; the durability class), then :attr:`replica` replicates that entry;
@@ -80,12 +94,15 @@ class Partition:
     line, answered, until a wake or a drain passes it.
     """
 
-    __slots__ = ("id", "replica", "group_commit", "_pulls", "_pushes", "applied_pending", "last_tick_ms",
-                 "tick_inflight")
+    __slots__ = ("id", "replica", "group_commit", "serving", "_pulls", "_pushes", "applied_pending",
+                 "last_tick_ms", "tick_inflight")
 
-    def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit | None = None) -> None:
+    def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit | None = None,
+                 serving: Serving | None = None) -> None:
         self.id = p
         self.replica = replica
+        #: Answers the commands submitted here (see :meth:`submit`).
+        self.serving = serving
         #: Batches the partition's writes into entries (see :meth:`hosted`).
         self.group_commit: GroupCommit = group_commit  # type: ignore[assignment]
         #: queue -> its parked pulls, oldest first
@@ -101,15 +118,27 @@ class Partition:
 
     @classmethod
     def hosted(cls, p: int, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
-               after_answers: Callable[[], None], before_output: Callable[[Callable[[], None]], None],
-               early_answers: Callable[[], None]) -> Partition:
-        """The partition a node hosts: its group commit proposes through :meth:`propose`
-        (``after_answers``, ``before_output``, ``early_answers``: see
-        :class:`~.group_commit.GroupCommit`)."""
-        part = cls(p, replica)
+               serving: Serving, after_answers: Callable[[], None],
+               before_output: Callable[[Callable[[], None]], None], early_answers: Callable[[], None]) -> Partition:
+        """The partition a node hosts: ``serving`` answers what is submitted to it, and its group
+        commit proposes through :meth:`propose` (``after_answers``, ``before_output``,
+        ``early_answers``: see :class:`~.group_commit.GroupCommit`)."""
+        part = cls(p, replica, serving=serving)
         part.group_commit = GroupCommit(replica, loop, clock, propose=part.propose, after_answers=after_answers,
                                         before_output=before_output, early_answers=early_answers)
         return part
+
+    # --- commands --------------------------------------------------------------------------------
+
+    def submit(self, conn: Any, frame: dict[str, Any]) -> None:
+        """Answer a validated command of this partition on ``conn``; this node leads it."""
+        assert self.serving is not None, f"partition {self.id} has nothing to serve its commands"
+        self.serving.serve(self, conn, frame)
+
+    def submit_pushes(self, conn: Any, frames: list[PlainPush]) -> None:
+        """Answer a block of plain PUSHes to one queue of this partition, each on ``conn``."""
+        assert self.serving is not None, f"partition {self.id} has nothing to serve its commands"
+        self.serving.serve_pushes(self, conn, frames)
 
     # --- writing ---------------------------------------------------------------------------------
 

@@ -66,6 +66,8 @@ def dispatcher() -> Iterator[tuple[Dispatcher, Relay]]:
                    metrics=Metrics(), flows=Flows())
     relay = Relay()
     d.relay = relay  # type: ignore[assignment]
+    for part in Directory.partitions.values():
+        part.serving = d
     yield d, relay
     loop.close()
 
