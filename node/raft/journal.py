@@ -60,7 +60,7 @@ in the page cache.
 
 Copies
 ------
-Every sync of a batch up to :data:`COPY_BYTES_MAX` bytes writes, in the same
+Every sync of a batch up to :data:`COPY_BATCH_BYTES` bytes writes, in the same
 write call and ahead of the same fdatasync, a copy record and a copy of the
 batch (the bytes written since the previous sync) starting on the next 4 KiB
 boundary, so that no block holds both a byte of the batch and a byte of its
@@ -88,7 +88,7 @@ The ``synced`` file holds ``(segment, offset, index)``: the bytes of segment
 storage. It is a lower bound: it is written only after the sync of what it
 names returned. After a sync whose batch was copied it is written without a
 flush of its own (it reaches the disk with the kernel's writeback); after a
-sync that copied nothing (a batch larger than :data:`COPY_BYTES_MAX`, or a
+sync that copied nothing (a batch larger than :data:`COPY_BATCH_BYTES`, or a
 full disk refusing the copy) it is fdatasync'ed before the sync returns, and it
 is made durable at a clean close. Damage before the offset it names is
 refused; a journal ending before it is refused.
@@ -190,6 +190,7 @@ __all__ = [
     "COPY_RECORD_BYTES",
     "COPY_HEADER_BYTES",
     "COPY_BYTES_MAX",
+    "COPY_BATCH_BYTES",
 ]
 
 log = logging.getLogger(__name__)
@@ -311,8 +312,13 @@ _COPY_HEADER = struct.Struct("<8sIQQQ")
 COPY_HEADER_BYTES = _COPY_HEADER.size
 #: The copy starts in a block of its own: damage to one 4 KiB block leaves a batch or its copy.
 COPY_ALIGN = 4096
-#: A sync whose batch is larger than this writes no copy; it makes the synced mark durable.
+#: The largest batch a copy holds, and so how far past a damaged record recovery looks for one
+#: (a journal written with copies of up to this size stays restorable).
 COPY_BYTES_MAX = 256 * 1024
+#: A sync whose batch is larger than this writes no copy; it makes the synced mark durable. Past
+#: about 32 KiB, a second fdatasync of the small mark costs less than flushing the batch twice
+#: (``python bench/bench_journal.py --only mark --mark-bytes N``, docs/benchmarks.md).
+COPY_BATCH_BYTES = 32 * 1024
 #: Restores from a copy one scan of the last segment tries at most.
 _RESTORES_MAX = 4
 _START = struct.Struct("<8sQI")
@@ -600,7 +606,7 @@ class Journal:
         self._copied = False
         #: Batches larger than this are synced without a copy, with a durable mark (0: never copy);
         #: at most :data:`COPY_BYTES_MAX`, the reach within which recovery looks for copies.
-        self.copy_bytes_max = COPY_BYTES_MAX
+        self.copy_bytes_max = COPY_BATCH_BYTES
         #: Whether the mark file holds a write no fdatasync has covered yet.
         self._mark_lazy = False
         #: fdatasyncs issued: the log's, and the synced mark's when a batch had no copy.

@@ -10,6 +10,7 @@ import pytest
 
 from shoal.node.raft._io import RealIO, SimIO
 from shoal.node.raft.journal import (
+    COPY_BATCH_BYTES,
     COPY_BYTES_MAX,
     COPY_RECORD_BYTES,
     MARK_RECORD_BYTES,
@@ -582,6 +583,36 @@ def test_damage_in_the_last_synced_batch_after_a_power_cut_is_restored_from_its_
     assert "restored from their copy" in caplog.text
     assert j.entries(1, last + 1) == [(payload(i), i, 1) for i in range(1, last + 1)]
     assert io.read_all(SIM_SEGMENT) == raw[:end], "the batch is put back byte for byte"
+
+
+def test_a_copy_larger_than_this_journal_writes_still_restores_its_batch(caplog) -> None:
+    """Batches past :data:`COPY_BATCH_BYTES` are synced with a durable mark, not copied; a journal
+    whose writer copied larger batches (up to :data:`COPY_BYTES_MAX`) is still restored from them."""
+    size = COPY_BATCH_BYTES // 4  # ten entries: a batch between the two bounds
+    assert COPY_BATCH_BYTES < 10 * size <= COPY_BYTES_MAX
+    io = SimIO()
+    j = Journal(io, "/j")
+    fill(j, 1, 10, size=size)
+    assert j.sync() == 10
+    assert not j._copied, "a batch past COPY_BATCH_BYTES is not copied"
+    io.power_cut()
+    assert read_sync_mark(io, "/j").index == 10, "its mark is flushed before the sync returns"
+
+    io = SimIO()
+    j = Journal(io, "/j")
+    j.copy_bytes_max = COPY_BYTES_MAX  # a writer that copied batches of up to 256 KiB
+    fill(j, 1, 10, size=size)
+    assert j.sync() == 10 and j._copied
+    offsets = list(j._segments[-1].offsets)
+    end = j._segments[-1].size
+    io.power_cut()
+    raw = io.read_all(SIM_SEGMENT)
+    io.flip_bits(SIM_SEGMENT, offsets[9] + RECORD_HEADER_BYTES + 60, 0x08)
+    with caplog.at_level(logging.WARNING, logger="shoal.node.raft.journal"):
+        j = Journal(io, "/j")
+    assert "restored from their copy" in caplog.text
+    assert j.entries(1, 11) == [(payload(i, size), i, 1) for i in range(1, 11)]
+    assert io.read_all(SIM_SEGMENT) == raw[:end]
 
 
 @pytest.mark.parametrize("zeros_ahead", [False, True])
