@@ -1,0 +1,546 @@
+"""Backlog benchmark: the resident memory (RSS) a waiting job costs a node.
+
+The baseline for moving job payloads to disk. Against a local cluster of real node processes
+(``--nodes 1`` by default, or 3; ``--partitions 8``), with jobs of ``--payload-bytes`` of data
+(default 1,024; varied, compressible text, a distinct payload per job):
+
+1. ``single``: ``--single`` jobs (default 200,000) added one ``PUSH`` each, as the client's
+   ``queue.add()`` sends them (data, ``priority``, ``delay`` in ms and an ``idempotencyKey``),
+   ``--window`` (256) in flight on one connection to the queue's leader; priorities cycle
+   0..6 and every other job is delayed one hour, so the queue holds waiting, prioritized and
+   delayed jobs;
+2. ``bulk``: ``--bulk`` jobs (default 500,000) to another queue in ``PUSHB`` frames of 1,000
+   (each item data and an ``idempotencyKey``, as ``add_bulk`` sends them), 4 frames in flight.
+
+For each phase: jobs added, add rate (jobs/s), every node's RSS (``VmRSS`` of
+``/proc/<pid>/status``) before and after, and the growth per waiting job, ``(after - before) /
+jobs``. RSS is read once the queue's leader counts every job and (3 nodes) every replica has
+applied the queue's partition, after ``--settle`` seconds. Then, unless ``--no-restart``, every
+node is stopped (SIGTERM) and started again: the restart time is from starting the processes
+until the leader's ``GetJobCounts`` of every queue so far shows every job again, and RSS after
+the restart gives the per-job cost of a node that rebuilt its state from its snapshot and
+journal (``(after restart - before) / jobs``; the bulk phase's "before" is the RSS of the node
+restarted after the single phase). Each phase ends by checking ``GetJobCounts``: waiting +
+prioritized + delayed equal what was added (with the expected split), nothing else.
+
+With ``--pull-rate``, at the end: PULLB 100 + ACKB (16 in flight on one connection, as
+``bench_node.py``) for ``--pull-seconds`` from each big queue and from a queue of 20,000 jobs
+(filled like ``bulk``): jobs/s and the big queues' rate as a share of the small one's.
+
+The idempotency keys the client sends are kept by the node for 120 s (its dedupe window), so
+the RSS right after a phase includes them; ``--no-idempotency-keys`` leaves them out.
+
+    python bench/bench_backlog.py                                # 200,000 single + 500,000 bulk, 1 node
+    python bench/bench_backlog.py --single 20000 --bulk 50000    # a quick check
+    python bench/bench_backlog.py --nodes 3 --single 5000 --bulk 20000 --no-restart
+    python bench/bench_backlog.py --payload-bytes 4096 --pull-rate
+
+Prints a Markdown summary table and one JSON line per phase. Every loop is bounded by a count
+and by the time left of ``--timeout`` (1,800 s for the whole run); the cluster is stopped on
+the way out, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import string
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_node import _ConsumeDriver, _Frames, drive  # noqa: E402 (bench/ is this script's directory)
+from bench_snapshot import Conn  # noqa: E402
+
+from shoal.cluster.codec import decode_response, encode  # noqa: E402
+from shoal.cluster.launcher import READY_TIMEOUT_S, LocalCluster, free_base_port  # noqa: E402
+from shoal.cluster.partitioning import partition_for  # noqa: E402
+
+SINGLE_QUEUE = "backlog-single"
+BULK_QUEUE = "backlog-bulk"
+SMALL_QUEUE = "backlog-small"
+SMALL_JOBS = 20_000
+BULK_BATCH = 1_000
+BULK_WINDOW = 4
+PULL_BATCH = 100
+PULL_SLOTS = 16
+PRIORITIES = 7                 # priorities cycle 0..6
+DELAY_MS = 3_600_000           # every other single job: one hour
+#: One counts/applied probe at most this often; waits for them at most this long (within --timeout).
+POLL_S = 0.2
+WAIT_S_MAX = 900.0
+#: Bytes of text the payloads are cut from.
+POOL_BYTES = 256 * 1024
+MIB = 1024 * 1024
+COUNTED = ("waiting", "prioritized", "delayed")
+
+
+class Budget:
+    """The time left of ``--timeout``: every wait takes the smaller of its own limit and this."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def left(self, cap: float = float("inf")) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("--timeout reached")
+        return min(cap, left)
+
+
+class Payloads:
+    """Job data: ``size`` bytes of word-like text from a fixed pool, a distinct cut (and index) per job."""
+
+    def __init__(self, size: int, seed: int = 7) -> None:
+        rng = random.Random(seed)
+        words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(4096)]
+        text = bytearray()
+        while len(text) < POOL_BYTES + size:
+            text += (" ".join(rng.choices(words, k=1000)) + " ").encode()
+        self.pool = bytes(text)
+        self.size = size
+        self.span = len(self.pool) - size
+
+    def __call__(self, i: int) -> bytes:
+        off = (i * 7919) % self.span
+        return (b"%010d " % i + self.pool[off:off + self.size])[:self.size]
+
+    def compression_ratio(self) -> float:
+        sample = b"".join(self(i) for i in range(200))
+        return len(sample) / len(zlib.compress(sample, 6))
+
+
+# --- node processes -------------------------------------------------------------------------------
+
+def proc_memory(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (peak) of ``pid`` in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def rss(cluster: LocalCluster) -> dict[str, int]:
+    return {node_id: proc_memory(pid)["VmRSS"] for node_id, pid in sorted(cluster.pids.items())}
+
+
+def peak_rss(cluster: LocalCluster) -> dict[str, int]:
+    return {node_id: proc_memory(pid)["VmHWM"] for node_id, pid in sorted(cluster.pids.items())}
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes of every file under ``path`` (journals, snapshots, logs of every node)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+def leader_address(cluster: LocalCluster, queue: str) -> str:
+    topo = cluster.topology()
+    node = topo.leader_of(partition_for(queue, topo.partitions))
+    if node is None:
+        raise RuntimeError(f"no leader for {queue}'s partition yet")
+    return f"{node.host}:{node.port}"
+
+
+def call(address: str, frame: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    conn = Conn(address, timeout_s=timeout_s)
+    try:
+        return conn.call(frame)
+    finally:
+        conn.close()
+
+
+def job_counts(cluster: LocalCluster, queue: str) -> dict[str, int] | None:
+    """The leader's ``GetJobCounts`` of ``queue``, or None while no leader answers."""
+    try:
+        reply = call(leader_address(cluster, queue), {"cmd": "GetJobCounts", "queue": queue}, 10.0)
+    except (OSError, RuntimeError, ConnectionError):
+        return None
+    return {k: int(v) for k, v in reply["counts"].items()} if reply.get("ok") else None
+
+
+def wait_counted(cluster: LocalCluster, expected: dict[str, dict[str, int]],
+                 budget: Budget) -> dict[str, dict[str, int]]:
+    """Poll the leaders until every queue's counts equal ``expected`` (states not named: 0); the counts."""
+    deadline = time.monotonic() + budget.left(WAIT_S_MAX)
+    last: dict[str, dict[str, int] | None] = {}
+    while True:
+        last = {q: job_counts(cluster, q) for q in expected}
+        if all(c is not None and matches(c, expected[q]) for q, c in last.items()):
+            return {q: c for q, c in last.items() if c is not None}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"counts never matched: expected {expected}, last seen {last}")
+        time.sleep(POLL_S)
+
+
+def matches(counts: dict[str, int], expected: dict[str, int]) -> bool:
+    return all(counts.get(state, 0) == expected.get(state, 0) for state in {*counts, *expected})
+
+
+def wait_applied(cluster: LocalCluster, queues: list[str], budget: Budget) -> None:
+    """Every replica of the queues' partitions applied what its leader had committed (3 nodes)."""
+    if len(cluster.node_ids) == 1:
+        return  # the leader's counts are its applied state
+    partitions = sorted({partition_for(q, cluster.config.partitions) for q in queues})
+    deadline = time.monotonic() + budget.left(WAIT_S_MAX)
+    targets: dict[int, int] = {}
+    for p in partitions:
+        views = [call(a, {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
+                 for a in cluster.addresses]
+        targets[p] = max(v["commitIndex"] for v in views if v)
+    while True:
+        behind = []
+        for a in cluster.addresses:
+            for p in partitions:
+                view = call(a, {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
+                if view is not None and view["appliedIndex"] < targets[p]:
+                    behind.append(f"{a} p{p}")
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replicas never applied everything: {behind}")
+        time.sleep(POLL_S)
+
+
+# --- adding jobs ------------------------------------------------------------------------------------
+
+class _AddDriver(asyncio.Protocol):
+    """Keeps ``window`` add frames in flight on one connection until ``total`` frames are answered,
+    a reply is an error, or the deadline passes. ``make(k)`` returns frame ``k`` (no reqId) and
+    how many jobs it adds."""
+
+    def __init__(self, make: Callable[[int], tuple[dict[str, Any], int]], total: int, window: int,
+                 deadline: float) -> None:
+        self.make, self.total, self.window, self.deadline = make, total, window, deadline
+        self.frames = _Frames()
+        self.sent = 0
+        self.jobs_ok = 0
+        self.pending: dict[int, int] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.write(encode({"cmd": "Hello", "protocolVersion": 2, "reqId": 0}))
+
+    def _send(self, n: int) -> None:
+        if self.errors or time.perf_counter() > self.deadline:
+            return
+        chunks = []
+        for _ in range(min(n, self.total - self.sent)):
+            frame, jobs = self.make(self.sent)
+            self.sent += 1
+            frame["reqId"] = self.sent
+            self.pending[self.sent] = jobs
+            chunks.append(encode(frame))
+        if chunks:
+            self.transport.write(b"".join(chunks))
+
+    def data_received(self, data: bytes) -> None:
+        replies = 0
+        for reply, body in self.frames.feed(data):
+            if reply.reqId is None:
+                continue  # a pushed event (topology), not a reply
+            if reply.reqId == 0:
+                self._send(self.window)
+                continue
+            jobs = self.pending.pop(reply.reqId, 0)
+            if reply.ok:
+                self.jobs_ok += jobs
+            elif len(self.errors) < 5:
+                self.errors.append(decode_response(body))
+            replies += 1
+        self._send(replies)
+        if not self.pending and (self.sent >= self.total or self.errors or time.perf_counter() > self.deadline):
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished.done():
+            self.finished.set_exception(ConnectionError(f"closed by the node ({exc})"))
+
+
+async def add_frames(address: str, make: Callable[[int], tuple[dict[str, Any], int]], total: int, window: int,
+                     seconds: float) -> tuple[int, float]:
+    """Send ``total`` frames ``window`` at a time; (jobs acknowledged, seconds taken)."""
+    host, port = address.rsplit(":", 1)
+    t0 = time.perf_counter()
+    transport, proto = await asyncio.get_running_loop().create_connection(
+        lambda: _AddDriver(make, total, window, t0 + seconds), host, int(port))
+    try:
+        await asyncio.wait_for(proto.finished, seconds + 30)
+    finally:
+        transport.close()
+    dt = time.perf_counter() - t0
+    if proto.errors:
+        raise RuntimeError(f"{proto.errors[0]} (after {proto.jobs_ok:,} jobs)")
+    return proto.jobs_ok, dt
+
+
+def single_frames(queue: str, payload: Payloads, keys: str | None) -> Callable[[int], tuple[dict[str, Any], int]]:
+    """PUSH frame ``i``: what ``queue.add(data, priority=i % 7, delay=3600 if i odd)`` sends."""
+    def make(i: int) -> tuple[dict[str, Any], int]:
+        frame: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": payload(i), "priority": i % PRIORITIES}
+        if i % 2:
+            frame["delay"] = DELAY_MS
+        if keys is not None:
+            frame["idempotencyKey"] = f"{keys}-{i}"
+        return frame, 1
+    return make
+
+
+def single_expected(n: int) -> dict[str, int]:
+    delayed = n // 2
+    waiting = sum(1 for i in range(0, n, 2) if i % PRIORITIES == 0)
+    return {"delayed": delayed, "waiting": waiting, "prioritized": n - delayed - waiting}
+
+
+def bulk_frames(queue: str, payload: Payloads, keys: str | None, jobs: int,
+                first: int) -> Callable[[int], tuple[dict[str, Any], int]]:
+    """PUSHB frame ``k`` of ``BULK_BATCH`` items (the last one shorter): what ``add_bulk`` sends."""
+    def make(k: int) -> tuple[dict[str, Any], int]:
+        lo, hi = k * BULK_BATCH, min(jobs, (k + 1) * BULK_BATCH)
+        items = []
+        for i in range(first + lo, first + hi):
+            item: dict[str, Any] = {"data": payload(i)}
+            if keys is not None:
+                item["idempotencyKey"] = f"{keys}-{i}"
+            items.append(item)
+        return {"cmd": "PUSHB", "queue": queue, "jobs": items}, hi - lo
+    return make
+
+
+# --- phases -----------------------------------------------------------------------------------------
+
+class Phase:
+    def __init__(self, name: str, queue: str, expected: dict[str, int]) -> None:
+        self.name, self.queue, self.expected = name, queue, expected
+        self.jobs = sum(expected.values())
+        self.added = 0
+        self.seconds = 0.0
+        self.before: dict[str, int] = {}
+        self.after: dict[str, int] = {}
+        self.restart: dict[str, int] = {}
+        self.restart_ready_s: float | None = None
+        self.restart_s: float | None = None
+        self.graceful_stop: bool | None = None
+        self.counts: dict[str, int] = {}
+        self.extra: dict[str, Any] = {}
+
+    @property
+    def rate(self) -> float:
+        return self.added / self.seconds if self.seconds else 0.0
+
+    def per_job(self, end: dict[str, int]) -> dict[str, float]:
+        return {n: (end[n] - self.before[n]) / max(self.added, 1) for n in end if n in self.before}
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": self.name, "queue": self.queue, "jobs": self.added, "seconds": round(self.seconds, 3),
+            "rate": round(self.rate), "rss_before": self.before, "rss_after": self.after,
+            "bytes_per_job": {n: round(v) for n, v in self.per_job(self.after).items()},
+            "counts": self.counts, **self.extra}
+        if self.restart:
+            out |= {"rss_after_restart": self.restart,
+                    "bytes_per_job_after_restart": {n: round(v) for n, v in self.per_job(self.restart).items()},
+                    "restart_ready_s": round(self.restart_ready_s or 0, 3), "restart_s": round(self.restart_s or 0, 3),
+                    "graceful_stop": self.graceful_stop}
+        return out
+
+
+def settle_and_measure(cluster: LocalCluster, queues: list[str], expected: dict[str, dict[str, int]],
+                       budget: Budget, settle_s: float) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Wait until every job is counted and applied everywhere, let the nodes settle; (counts, RSS)."""
+    counts = wait_counted(cluster, expected, budget)
+    wait_applied(cluster, queues, budget)
+    time.sleep(budget.left(settle_s))
+    return counts, rss(cluster)
+
+
+def restart(cluster: LocalCluster, phase: Phase, queues: list[str], expected: dict[str, dict[str, int]],
+            budget: Budget, settle_s: float) -> None:
+    """Stop every node (SIGTERM), start them again; time until every queue's counts are back; RSS."""
+    print(f"  restarting {len(cluster.node_ids)} node(s) ...", flush=True)
+    cluster.stop()
+    phase.graceful_stop = all(p.returncode == 0 for p in cluster.procs.values())
+    t0 = time.perf_counter()
+    cluster.start(timeout_s=budget.left(READY_TIMEOUT_S * 5))
+    phase.restart_ready_s = time.perf_counter() - t0
+    wait_counted(cluster, expected, budget)
+    phase.restart_s = time.perf_counter() - t0
+    wait_applied(cluster, queues, budget)
+    time.sleep(budget.left(settle_s))
+    phase.restart = rss(cluster)
+    print(f"  restart: nodes ready {phase.restart_ready_s:.1f} s, every job counted {phase.restart_s:.1f} s "
+          f"({'graceful stop' if phase.graceful_stop else 'a node was killed at stop'}); "
+          f"RSS {fmt_mib(phase.restart)}", flush=True)
+
+
+def fmt_mib(values: dict[str, int]) -> str:
+    return ", ".join(f"{n} {v / MIB:,.1f} MiB" for n, v in values.items())
+
+
+def run_adds(cluster: LocalCluster, phase: Phase, make: Callable[[int], tuple[dict[str, Any], int]], frames: int,
+             window: int, budget: Budget) -> None:
+    phase.added, phase.seconds = uvloop.run(
+        add_frames(leader_address(cluster, phase.queue), make, frames, window, budget.left()))
+    if phase.added < phase.jobs:
+        raise TimeoutError(f"{phase.name}: only {phase.added:,} of {phase.jobs:,} jobs added before --timeout")
+
+
+async def pull_rate(address: str, queue: str, seconds: float) -> tuple[int, float]:
+    proto, dt = await drive(address, lambda deadline: _ConsumeDriver(queue, PULL_BATCH, PULL_SLOTS, deadline),
+                            seconds)
+    return proto.acked, dt
+
+
+def pull_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payloads, keys: str | None,
+               budget: Budget) -> dict[str, Any]:
+    """PULLB 100 + ACKB from each big queue and from a 20,000-job queue, ``--pull-seconds`` each."""
+    small = Phase("small", SMALL_QUEUE, {"waiting": SMALL_JOBS})
+    run_adds(cluster, small, bulk_frames(SMALL_QUEUE, payload, keys, SMALL_JOBS, args.single + args.bulk),
+             -(-SMALL_JOBS // BULK_BATCH), BULK_WINDOW, budget)
+    wait_counted(cluster, {SMALL_QUEUE: small.expected}, budget)
+    rates: dict[str, dict[str, Any]] = {}
+    for queue, held in ((BULK_QUEUE, args.bulk), (SINGLE_QUEUE, args.single), (SMALL_QUEUE, SMALL_JOBS)):
+        if not held:
+            continue
+        acked, dt = uvloop.run(pull_rate(leader_address(cluster, queue), queue, budget.left(args.pull_seconds)))
+        rates[queue] = {"jobs_held": held, "acked": acked, "seconds": round(dt, 3), "rate": round(acked / dt)}
+        print(f"  pull+ack from {queue} ({held:,} jobs): {acked:,} jobs in {dt:.1f} s, {acked / dt:,.0f} jobs/s",
+              flush=True)
+    base = rates[SMALL_QUEUE]["rate"]
+    for r in rates.values():
+        r["vs_small"] = round(r["rate"] / base, 3) if base else None
+    return {"phase": "pull-rate", "batch": PULL_BATCH, "in_flight": PULL_SLOTS, "queues": rates}
+
+
+def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str, Any] | None) -> None:
+    print()
+    print(f"{args.nodes} node(s), {args.partitions} partitions, payload {args.payload_bytes:,} bytes, "
+          f"idempotency keys {'on' if args.idempotency_keys else 'off'}")
+    print()
+    restarted = any(p.restart for p in phases)
+    head = ["phase", "node", "jobs added", "add rate (jobs/s)", "RSS before (MiB)", "RSS after (MiB)",
+            "growth/job (B)"]
+    if restarted:
+        head += ["RSS after restart (MiB)", "after restart/job (B)", "restart (s)"]
+    print("| " + " | ".join(head) + " |")
+    print("|---|---|" + "---:|" * (len(head) - 2))
+    for p in phases:
+        live, again = p.per_job(p.after), p.per_job(p.restart)
+        for node in p.after:
+            cells = [p.name, node, f"{p.added:,}", f"{p.rate:,.0f}", f"{p.before[node] / MIB:,.1f}",
+                     f"{p.after[node] / MIB:,.1f}", f"{live[node]:,.0f}"]
+            if restarted:
+                cells += ([f"{p.restart[node] / MIB:,.1f}", f"{again[node]:,.0f}", f"{p.restart_s:.1f}"]
+                          if node in p.restart else ["", "", ""])
+            print("| " + " | ".join(cells) + " |")
+    if pull:
+        print()
+        print("| pull+ack (PULLB 100 + ACKB) | jobs held | jobs/s | vs 20,000-job queue |")
+        print("|---|---:|---:|---:|")
+        for queue, r in pull["queues"].items():
+            print(f"| {queue} | {r['jobs_held']:,} | {r['rate']:,} | {r['vs_small']:.2f} |")
+    print()
+    for p in phases:
+        print(json.dumps(p.record()))
+    if pull:
+        print(json.dumps(pull))
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows in a file
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, choices=(1, 3), default=1)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--single", type=int, default=200_000, help="jobs added one PUSH each")
+    parser.add_argument("--bulk", type=int, default=500_000, help="jobs added in PUSHB frames of 1,000")
+    parser.add_argument("--payload-bytes", type=int, default=1024)
+    parser.add_argument("--window", type=int, default=256, help="PUSH frames in flight in the single phase")
+    parser.add_argument("--no-restart", dest="restart", action="store_false",
+                        help="skip restarting the nodes after each phase")
+    parser.add_argument("--no-idempotency-keys", dest="idempotency_keys", action="store_false",
+                        help="send no idempotencyKey (the client sends one per add)")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds before each RSS reading")
+    parser.add_argument("--pull-rate", action="store_true", help="PULLB+ACKB rate of big vs 20,000-job queues")
+    parser.add_argument("--pull-seconds", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="time limit of the whole run, seconds")
+    args = parser.parse_args()
+    if args.single < 0 or args.bulk < 0 or args.payload_bytes < 1 or not 1 <= args.window <= 10_000:
+        parser.error("--single/--bulk must be >= 0, --payload-bytes >= 1, --window 1..10000")
+    budget = Budget(args.timeout)
+    payload = Payloads(args.payload_bytes)
+    keys = os.urandom(8).hex() if args.idempotency_keys else None
+    print(f"load average at start: {os.getloadavg()}; payload {args.payload_bytes} bytes "
+          f"(zlib ratio {payload.compression_ratio():.1f}x)")
+    phases: list[Phase] = []
+    pull: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="shoal-backlog-") as tmp, \
+            LocalCluster(nodes=args.nodes, partitions=args.partitions, data_dir=tmp,
+                         base_port=free_base_port(args.nodes, args.partitions)) as cluster:
+        if args.nodes > 1:
+            cluster.wait_balanced(budget.left(30.0))
+        expected: dict[str, dict[str, int]] = {}
+        plans = []
+        if args.single:
+            plans.append((Phase("single", SINGLE_QUEUE, single_expected(args.single)),
+                          single_frames(SINGLE_QUEUE, payload, keys), args.single, args.window))
+        if args.bulk:
+            plans.append((Phase("bulk", BULK_QUEUE, {"waiting": args.bulk}),
+                          bulk_frames(BULK_QUEUE, payload, keys, args.bulk, args.single),
+                          -(-args.bulk // BULK_BATCH), BULK_WINDOW))
+        for phase, make, frames, window in plans:
+            time.sleep(budget.left(args.settle))
+            phase.before = rss(cluster)
+            print(f"{phase.name}: {phase.jobs:,} jobs to {phase.queue}; RSS before {fmt_mib(phase.before)}",
+                  flush=True)
+            run_adds(cluster, phase, make, frames, window, budget)
+            expected[phase.queue] = phase.expected
+            queues = list(expected)
+            counts, phase.after = settle_and_measure(cluster, queues, expected, budget, args.settle)
+            phase.counts = counts[phase.queue]
+            phase.extra = {"peak_rss": peak_rss(cluster), "disk_bytes": disk_bytes(Path(tmp))}
+            print(f"  added {phase.added:,} in {phase.seconds:.1f} s ({phase.rate:,.0f} jobs/s); RSS after "
+                  f"{fmt_mib(phase.after)}; per job "
+                  + ", ".join(f"{n} {v:,.0f} B" for n, v in phase.per_job(phase.after).items())
+                  + f"; counts {phase.counts}", flush=True)
+            if args.restart:
+                restart(cluster, phase, queues, expected, budget, args.settle)
+                phase.counts = wait_counted(cluster, expected, budget)[phase.queue]
+            phases.append(phase)
+        for phase in phases:  # finally, the leader's counts again: exactly what was added
+            got = job_counts(cluster, phase.queue)
+            if got is None or not matches(got, phase.expected):
+                raise RuntimeError(f"{phase.queue}: counts {got}, expected {phase.expected}")
+            phase.counts = got
+        print("counts verified: " + "; ".join(
+            f"{p.queue} " + " + ".join(f"{p.counts.get(s, 0):,} {s}" for s in COUNTED)
+            + f" = {sum(p.counts.get(s, 0) for s in COUNTED):,} (added {p.added:,})" for p in phases))
+        if args.pull_rate:
+            pull = pull_phase(cluster, args, payload, keys, budget)
+    print_summary(phases, args, pull)
+    print(f"load average at end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
