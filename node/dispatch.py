@@ -206,7 +206,7 @@ class Dispatcher:
                 self._fan_out(conn, frame, spec.read_only)
             return
         if spec.routing == "id":
-            job_id = frame["id"] if "id" in frame else frame["ids"][0]
+            job_id = _routing_job_id(frame)
             try:
                 p = partition_of_job(job_id)
             except CommandError:
@@ -268,8 +268,7 @@ class Dispatcher:
             else:
                 # No read lease (a new leader, a transfer in this term, a stalled loop): the read
                 # waits for a majority to answer a round sent after it arrived (ReadIndex).
-                forwards = self._forwards(conn) or _names_no_partition(frame)
-                replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, part.id, forwards, ok))
+                replica.confirm_reads(lambda ok: self._read_confirmed(conn, frame, part.id, ok))
             return
         if cmd in LONG_POLL_COMMANDS:
             self._pull(conn, frame, part)
@@ -288,8 +287,9 @@ class Dispatcher:
         conn.reply(frame.get("reqId"), replica.application.view.read(frame, self.clock.now_ms()))
         self.metrics.observe(frame["cmd"], time.perf_counter() - started)
 
-    def _read_confirmed(self, conn: Replier, frame: dict[str, Any], p: int, forwards: bool, ok: bool) -> None:
-        """A read waited for its ReadIndex round: answer it, or route it anew if leadership moved."""
+    def _read_confirmed(self, conn: Replier, frame: dict[str, Any], p: int, ok: bool) -> None:
+        """A read waited for its ReadIndex round: answer it, or route it anew if leadership moved
+        (forwarded for a client that does not route, or when its job id names no partition)."""
         if conn.closed:
             return
         part = self.directory.partitions.get(p)
@@ -301,7 +301,7 @@ class Dispatcher:
                 raise CommandError(ErrorCode.NO_LEADER, f"partition {p}'s leader could not confirm its "
                                                         "leadership in time; retry")
             else:
-                self._route(conn, frame, p, forwards)
+                self._route(conn, frame, p, self._forwards(conn) or _names_no_partition(frame))
         except CommandError as exc:
             conn.reply_error(frame.get("reqId"), exc)
 
@@ -373,8 +373,7 @@ class Dispatcher:
                 p = self._queue_partitions[queue] = partition_for(queue, self.partitions)
             return p
         if routing == "id":
-            job_id = frame["id"] if "id" in frame else frame["ids"][0]
-            p = partition_of_job(job_id)
+            p = partition_of_job(_routing_job_id(frame))
         else:
             p = frame["partition"]
         if not 0 <= p < self.partitions:
@@ -844,13 +843,18 @@ def _ignore(_: Any) -> None:
 _NOT_PROPOSED = frozenset({ErrorCode.NOT_LEADER, ErrorCode.NO_LEADER})
 
 
+def _routing_job_id(frame: dict[str, Any]) -> Any:
+    """The job id a command routed by id goes by: its ``id``, or the first of its ``ids``."""
+    return frame["id"] if "id" in frame else frame["ids"][0]
+
+
 def _names_no_partition(frame: dict[str, Any]) -> bool:
     """Is ``frame`` routed by a custom job id, whose partition only forwarding reaches
     (a client cannot route it for itself)?"""
     if COMMANDS[frame["cmd"]].routing != "id":
         return False
     try:
-        partition_of_job(frame["id"] if "id" in frame else frame["ids"][0])
+        partition_of_job(_routing_job_id(frame))
     except CommandError:
         return True
     return False
