@@ -25,6 +25,8 @@ from shoal.cluster.guard import parse_tls
 from shoal.cluster.launcher import NODES_MAX, READY_TIMEOUT_S, LocalCluster, settings_from_env, stop_detached
 from shoal.cluster.operator import TIMEOUT_S, OperatorError, parse_bytes
 
+from ._options import cluster_options
+
 __all__ = ["cluster_group"]
 
 
@@ -54,7 +56,8 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
                detach: bool, tokens: tuple[str, ...]) -> None:
     """Start N local nodes and wait until every partition has a leader and every node is ready.
 
-    Runs in the foreground: Ctrl-C or SIGTERM stops every node cleanly. Run
+    Runs in the foreground: Ctrl-C or SIGTERM stops every node of the cluster
+    cleanly, nodes `shoal cluster add-node` started since included. Run
     again on the same --data to bring the same cluster back with its data.
     Fails at once, naming the port, when a port a node needs is taken; a node
     counts as ready only once it answers with this cluster's id and the pid
@@ -111,7 +114,7 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
         cluster.stop()  # whatever went wrong, no node is left running behind the command
         raise
     if stop_requested:
-        cluster.stop()
+        cluster.stop_all(click.echo)
         return
     click.echo(f"Shoal cluster ready: {len(cluster.node_ids)} nodes, {cluster.config.partitions} partitions, "
                f"cluster id {cluster.config.cluster_id}, data in {cluster.data_dir}")
@@ -132,9 +135,11 @@ def cluster_up(nodes: int, partitions: int, data_dir: str, base_port: int, repli
                        f"see {cluster.log_file(nid)}", err=True)
             cluster.procs.pop(nid)
         if not cluster.procs:
-            raise click.ClickException("every node has exited")
+            cluster.stop_all(click.echo)  # nodes added since may still run
+            raise click.ClickException("every node it started has exited")
     click.echo("stopping...")
-    cluster.stop()
+    # Every node the data directory's pid files name, as `shoal cluster down` finds them.
+    cluster.stop_all(click.echo)
     click.echo("stopped")
 
 
@@ -150,25 +155,10 @@ def cluster_down(data_dir: str) -> None:
 
 def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options every operator command takes: where the cluster is, how to authenticate, how long to wait."""
-    for option in reversed((
-        click.option("--data", "data_dir", default="./.shoal", show_default=True, type=click.Path(file_okay=False),
-                     help="A local cluster's directory (of `shoal cluster up`)."),
-        click.option("--url", default=None, envvar="SHOAL_ADMIN_URL", metavar="URL",
-                     help="Any node's HTTP address (http[s]://host:port) for a remote cluster "
-                          "(default: $SHOAL_ADMIN_URL); without it the local cluster at --data."),
-        click.option("--token", default=None, envvar="SHOAL_TOKEN",
-                     help="A client token of the cluster (default: $SHOAL_TOKEN; locally, the cluster file's first)."),
-        click.option("--ca", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="With an https --url: the CA certificate to trust (default: the system's)."),
-        click.option("--cert", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="With an https --url: a client certificate to present (nodes with client_certs)."),
-        click.option("--key", default=None, type=click.Path(dir_okay=False, exists=True),
-                     help="The key of --cert."),
-        click.option("--timeout", "timeout_s", default=TIMEOUT_S, show_default=True, type=click.FloatRange(1, 86_400),
-                     help="Seconds to wait for the cluster to reach the asked-for shape."),
-    )):
-        command = option(command)
-    return command
+    command = click.option("--timeout", "timeout_s", default=TIMEOUT_S, show_default=True,
+                           type=click.FloatRange(1, 86_400),
+                           help="Seconds to wait for the cluster to reach the asked-for shape.")(command)
+    return cluster_options(command)
 
 
 def _refusals(command: Callable[..., None]) -> Callable[..., None]:

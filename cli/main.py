@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
     "cluster": "shoal.cli.cluster:cluster_group",
     "chaos": "shoal.cli.chaos:chaos",
     "pod": "shoal.cli.pod:pod_group",
+    "queue": "shoal.cli.queue:queue_group",
+    "job": "shoal.cli.job:job_group",
 }
 
 

@@ -1,11 +1,14 @@
 """A client of a node's HTTP admin API (``node/http/admin.py``): what operator commands, chaos
-scenarios and benchmarks use to change the cluster's shape and watch it get there.
+scenarios and benchmarks use to change the cluster's shape and watch it get there; the queue
+commands (:mod:`.queue_admin`) reach the rest of the node's HTTP API through :meth:`AdminClient.call`
+and :meth:`AdminClient.stream`.
 
 Blocking (``urllib``), one request at a time, every call bounded by ``timeout_s``.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import time
@@ -17,6 +20,9 @@ from typing import Any
 from .registry import Registry, node_of_member
 
 __all__ = ["AdminClient", "AdminError", "ClusterShape"]
+
+#: The largest JSON answer read (the overview of a cluster of many queues is a few MiB).
+ANSWER_BYTES_MAX = 16 * 1024 * 1024
 
 
 class AdminError(Exception):
@@ -97,27 +103,49 @@ class AdminClient:
         self.ssl_context = ssl_context
         self.timeout_s = timeout_s
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _open(self, method: str, path: str, body: dict[str, Any] | None = None,
+              timeout_s: float | None = None) -> http.client.HTTPResponse:
+        """The response to one request, its body unread; AdminError on an error status or no answer."""
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.ssl_context) as resp:
-                doc = json.loads(resp.read(16 * 1024 * 1024))
+            response: http.client.HTTPResponse = urllib.request.urlopen(
+                request, timeout=timeout_s or self.timeout_s, context=self.ssl_context)
         except urllib.error.HTTPError as exc:
             try:
                 doc = json.loads(exc.read(1024 * 1024))
-            except ValueError:
+            except (OSError, ValueError):
+                doc = {}
+            if not isinstance(doc, dict):
                 doc = {}
             raise AdminError(str(doc.get("error") or exc), str(doc.get("code") or "HTTP"), exc.code) from exc
         except (OSError, ValueError) as exc:
             raise AdminError(f"{self.base_url}: {exc}") from exc
+        return response
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request to any endpoint of the node's HTTP API (``/admin/…``, ``/cluster``, ``/queues/…``):
+        its JSON answer. :class:`AdminError`: refused (its ``code`` and HTTP ``status``) or not answered
+        (``status`` 0)."""
+        try:
+            with self._open(method, path, body) as resp:
+                doc = json.loads(resp.read(ANSWER_BYTES_MAX))
+        except (OSError, ValueError) as exc:
+            raise AdminError(f"{self.base_url}: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise AdminError(f"{self.base_url}{path}: the answer is not a JSON object")
         return doc
 
+    def stream(self, path: str, idle_s: float) -> http.client.HTTPResponse:
+        """The open response of a streaming GET (Server-Sent Events); a read waits at most ``idle_s``.
+        The caller reads and closes it."""
+        return self._open("GET", path, None, idle_s)
+
     def shape(self) -> ClusterShape:
-        doc = self._call("GET", "/admin/cluster?all=1")
+        doc = self.call("GET", "/admin/cluster?all=1")
         found = doc.get("memberships")
         memberships = {int(p): m for p, m in found.items()} if isinstance(found, dict) else None
         return ClusterShape(Registry.from_wire(doc["registry"]),
@@ -126,7 +154,7 @@ class AdminClient:
 
     def registry(self) -> Registry:
         """The node registry as this node holds it (one request, no peer asked)."""
-        return Registry.from_wire(self._call("GET", "/admin/cluster")["registry"])
+        return Registry.from_wire(self.call("GET", "/admin/cluster")["registry"])
 
     def add_node(self, node_id: str, host: str, port: int, http_port: int, raft_port: int,
                  incarnation: str = "") -> dict[str, Any]:
@@ -135,23 +163,23 @@ class AdminClient:
                                 "raftPort": raft_port}
         if incarnation:
             body["incarnation"] = incarnation
-        return self._call("POST", "/admin/nodes", body)
+        return self.call("POST", "/admin/nodes", body)
 
     def decommission(self, node_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/admin/nodes/{node_id}/decommission")
+        return self.call("POST", f"/admin/nodes/{node_id}/decommission")
 
     def remove(self, node_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/admin/nodes/{node_id}/remove")
+        return self.call("POST", f"/admin/nodes/{node_id}/remove")
 
     def replace(self, node_id: str, incarnation: str) -> dict[str, Any]:
-        return self._call("POST", f"/admin/nodes/{node_id}/replace", {"incarnation": incarnation})
+        return self.call("POST", f"/admin/nodes/{node_id}/replace", {"incarnation": incarnation})
 
     def rebalance(self) -> dict[str, Any]:
-        return self._call("POST", "/admin/rebalance")
+        return self.call("POST", "/admin/rebalance")
 
     def settings(self, **changes: Any) -> dict[str, Any]:
         """``replication``, ``rebalanceAuto``, ``moveRateBytesPerS``."""
-        return self._call("PUT", "/admin/settings", changes)
+        return self.call("PUT", "/admin/settings", changes)
 
     def wait(self, done: Any, timeout_s: float, poll_s: float = 0.5, progress: Any = None) -> ClusterShape:
         """Poll :meth:`shape` until ``done(shape)`` (bounded by ``timeout_s``); ``progress(shape)``

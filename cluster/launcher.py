@@ -569,13 +569,22 @@ class LocalCluster:
                 proc.wait(10)
             self._forget_pid(node_id, proc.pid)
 
+    def stop_all(self, say: Callable[[str], None] = lambda _: None, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every node of this cluster: the ones this object started and every other one its pid
+        files name (nodes ``shoal cluster add-node`` or ``replace-node`` started since), all signalled
+        at once (SIGTERM, then SIGKILL after ``timeout_s``), saying each one."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+        stop_detached(self.data_dir, say, timeout_s)
+        self.stop(timeout_s)  # reaps this object's own processes (their pid files may be gone)
+
     def _forget_pid(self, node_id: str, pid: int) -> None:
         """Remove ``node_id``'s pid file if it still names ``pid`` (another process, such as
         ``shoal cluster replace-node``, may have started the node again since)."""
-        path = self.pid_file(node_id)
-        with contextlib.suppress(OSError, ValueError):
-            if int(path.read_text().strip()) == pid:
-                path.unlink()
+        _forget_pid_file(self.pid_file(node_id), pid)
 
     def __enter__(self) -> "LocalCluster":
         try:
@@ -623,19 +632,32 @@ def _pids_in(data_dir: Path) -> Iterator[tuple[str, int, Path]]:
             continue
 
 
-def stop_detached(data_dir: Path, say: Callable[[str], None]) -> int:
-    """Stop the nodes of a detached local cluster by its pid files (SIGTERM, then SIGKILL after
-    :data:`STOP_TIMEOUT_S`), saying each one; how many were running."""
-    stopped = 0
+def _forget_pid_file(path: Path, pid: int) -> None:
+    """Remove the pid file ``path`` if it still names ``pid``."""
+    with contextlib.suppress(OSError, ValueError):
+        if int(path.read_text().strip()) == pid:
+            path.unlink()
+
+
+def stop_detached(data_dir: Path, say: Callable[[str], None], timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Stop the nodes a local cluster's pid files name: SIGTERM to every one at once, SIGKILL to those
+    still running after ``timeout_s``; say each one and remove the pid files. How many were running."""
+    running: list[tuple[str, int, Path]] = []
     for node_id, pid, pid_file in _pids_in(data_dir):
-        if _is_our_node(pid):
+        if not _is_our_node(pid):
+            pid_file.unlink(missing_ok=True)
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a paused node cannot handle SIGTERM
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while _is_our_node(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _is_our_node(pid):
+        running.append((node_id, pid, pid_file))
+    deadline = time.monotonic() + timeout_s
+    while any(_is_our_node(pid) for _, pid, _ in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for node_id, pid, pid_file in running:
+        if _is_our_node(pid):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            stopped += 1
-            say(f"stopped {node_id} (pid {pid})")
-        pid_file.unlink(missing_ok=True)
-    return stopped
+        say(f"stopped {node_id} (pid {pid})")
+        _forget_pid_file(pid_file, pid)
+    return len(running)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.cluster.registry import node_of_member
+
 if TYPE_CHECKING:
     from .view import NodeView
 
-__all__ = ["NodeCollector"]
+__all__ = ["NodeCollector", "MoveWatch"]
 
 
 def _syncs(storage: Any) -> CounterMetricFamily:
@@ -26,6 +30,7 @@ class NodeCollector(Collector):
 
     def __init__(self, node: "NodeView") -> None:
         self.node = node
+        self.move_watch = MoveWatch()
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -47,6 +52,12 @@ class NodeCollector(Collector):
         batched = CounterMetricFamily("shoal_raft_batched_commands", "Commands carried by those entries "
                                       "(divided by shoal_raft_batches: the group-commit batch size)",
                                       labels=["partition"])
+        lag = GaugeMetricFamily("shoal_raft_follower_lag_entries", "Entries a voter of the partition lacks "
+                                 "(this node's last index minus the follower's match index), on the partition's "
+                                 "leader", labels=["partition", "follower"])
+        silence = GaugeMetricFamily("shoal_raft_follower_silence_seconds", "Seconds since the partition's leader "
+                                    "last heard from a voter (or became leader)", labels=["partition", "follower"])
+        now = time.monotonic()  # the replicas' clock (as in moves.py)
         for p, part in sorted(node.partitions.items()):
             replica = part.replica
             label = [str(p)]
@@ -58,11 +69,30 @@ class NodeCollector(Collector):
             pending.add_metric(label, gc.pending)
             batches.add_metric(label, gc.proposed_batches)
             batched.add_metric(label, gc.proposed_commands)
+            if replica.is_leader():
+                core = replica.core
+                last = core.log.last_index
+                for member, pr in sorted(core.progress.items()):
+                    if pr.learner:
+                        continue  # a learner catching up is a move (shoal_move_idle_seconds)
+                    follower = [str(p), node_of_member(member)]
+                    lag.add_metric(follower, max(0, last - pr.match))
+                    silence.add_metric(follower, max(0.0, now - pr.last_heard))
+        yield from (lag, silence)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "
                                     "disk_free_min_bytes (partitions refuse new data with NO_SPACE)",
                                     value=1 if storage.space_low() else 0)
+            yield GaugeMetricFamily("shoal_disk_free_min_bytes", "disk_free_min_bytes: free space below which "
+                                    "new data is refused with NO_SPACE", value=storage.io.disk_free_min_bytes)
+            try:
+                free = storage.io.free_bytes(storage.data_dir)  # one statvfs per scrape
+            except OSError:
+                pass
+            else:
+                yield GaugeMetricFamily("shoal_disk_free_bytes", "Bytes free for the node on its data "
+                                        "directory's filesystem", value=free)
             no_space = GaugeMetricFamily("shoal_partition_no_space", "1 when the partition's last write was "
                                          "refused for lack of space", labels=["partition"])
             for p in sorted(node.partitions):
@@ -106,10 +136,49 @@ class NodeCollector(Collector):
                 for kind, n in q.totals.items():
                     totals.add_metric([q.name, kind], n)
         yield from (jobs, totals)
-        yield from _moves(node)
+        yield from _moves(node, self.move_watch)
 
 
-def _moves(node: "NodeView") -> Iterator[Any]:
+class MoveWatch:
+    """How long each partition's move has gone without progress, as seen from one scrape to the next.
+
+    A move progresses when its group's membership changes or its new replica gets further (snapshot
+    bytes acknowledged, match index): :meth:`idle_seconds` is given, per partition with a move
+    running, a value that changes exactly then, and answers the seconds since it last changed.
+    Partitions no longer given are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Hashable, float]] = {}
+
+    def idle_seconds(self, progress: Mapping[int, Hashable], now: float) -> dict[int, float]:
+        """Per partition of ``progress`` (partition -> its move's progress mark at ``now``), the
+        seconds since its mark last changed."""
+        seen: dict[int, tuple[Hashable, float]] = {}
+        for p, mark in progress.items():
+            before = self._seen.get(p)
+            seen[p] = before if before is not None and before[0] == mark else (mark, now)
+        self._seen = seen
+        return {p: max(0.0, now - since) for p, (_mark, since) in seen.items()}
+
+
+def _move_progress(node: "NodeView", moves: list[dict[str, Any]]) -> dict[int, Hashable]:
+    """Per partition with a move that runs (one held for an operator's rebalance does not), what
+    changes when the move progresses: the group's membership and each new replica's progress."""
+    marks: dict[int, list[Any]] = {}
+    for move in moves:
+        if move["state"] == "pending rebalance":
+            continue
+        p = move["partition"]
+        if p not in marks:
+            membership = node.partitions[p].replica.core.membership
+            marks[p] = [tuple(membership.voters), tuple(membership.learners)]
+        marks[p].append((move["toMember"], move["fromMember"], move["state"], move.get("bytesSent"),
+                         move.get("matchIndex")))
+    return {p: tuple(mark) for p, mark in marks.items()}
+
+
+def _moves(node: "NodeView", watch: MoveWatch) -> Iterator[Any]:
     """Moves of replicas (membership changes this node makes as a leader) and their traffic."""
     moves = node.moves
     yield CounterMetricFamily("shoal_moves_started", "Replicas this node, as a partition's leader, added as "
@@ -119,11 +188,18 @@ def _moves(node: "NodeView") -> Iterator[Any]:
     running = GaugeMetricFamily("shoal_moves_in_progress", "Moves of the partitions this node leads, by state "
                                 "(waiting, catching up, removing, pending rebalance)", labels=["state"])
     by_state: dict[str, int] = {}
-    for move in moves.moves():
+    running_moves = moves.moves()
+    for move in running_moves:
         by_state[move["state"]] = by_state.get(move["state"], 0) + 1
     for state, n in sorted(by_state.items()):
         running.add_metric([state], n)
     yield running
+    idle = GaugeMetricFamily("shoal_move_idle_seconds", "Seconds since the running move of a partition this node "
+                             "leads last progressed (membership changed, new replica further along); moves held "
+                             "for an operator's rebalance are left out", labels=["partition"])
+    for p, seconds in sorted(watch.idle_seconds(_move_progress(node, running_moves), time.monotonic()).items()):
+        idle.add_metric([str(p)], seconds)
+    yield idle
     yield CounterMetricFamily("shoal_snapshot_bytes_sent", "Snapshot bytes this node streamed to new replicas and "
                               "lagging followers", value=moves.snapshot_bytes_sent())
     yield GaugeMetricFamily("shoal_move_rate_bytes_per_second", "This node's share of the cluster's move rate "

@@ -130,6 +130,48 @@ def dashboard_metric_names() -> set[str]:
     return {m for e in exprs for m in re.findall(r"\bshoal_[a-z_]+", e)}
 
 
+# --- alert rules ---------------------------------------------------------------------------------
+
+ALERT_RULES_FILE = DEPLOY / "prometheus" / "alerts.yml"
+#: PromQL's binary operators and modifiers, which look like metric names in an expression.
+_PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "group_left", "group_right", "inf", "nan"}
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every rule of deploy/prometheus/alerts.yml, over its groups."""
+    doc = yaml.safe_load(ALERT_RULES_FILE.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: its words, less label matchers, strings, ranges,
+    grouping clauses, functions and aggregations (a word before a parenthesis) and operators."""
+    bare = re.sub(r'\{[^}]*\}|"[^"]*"|\[[^\]]*\]', " ", expr)
+    bare = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", " ", bare)
+    words = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", bare))
+    return words - _PROMQL_WORDS
+
+
+def alert_metric_names() -> set[str]:
+    """The node's metrics the alert rules use (``up``, Prometheus's own, left out)."""
+    return {name for rule in alert_rules() for name in promql_metric_names(rule["expr"])} - {"up"}
+
+
+def exposition_names(text: str) -> set[str]:
+    """Every sample name the families of a /prometheus exposition declare (``# TYPE`` lines, so
+    families without samples count): a counter's ``_total`` (which prometheus-client's ``# TYPE``
+    line already carries), a histogram's ``_bucket``, ``_sum`` and ``_count``, any other's own name."""
+    names: set[str] = set()
+    for name, kind in re.findall(r"^# TYPE (\w+) (\w+)$", text, re.M):
+        if kind == "counter":
+            names.add(name if name.endswith("_total") else f"{name}_total")
+        elif kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        else:
+            names.add(name)
+    return names
+
+
 # --- Helm --------------------------------------------------------------------------------------
 
 def chart_values() -> dict[str, Any]:
@@ -380,3 +422,88 @@ def pod_env(values: dict[str, Any], ordinal: int, secret: dict[str, str],
 
 def shell_join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
+
+
+# --- a small renderer for the chart's simpler templates ----------------------------------------
+
+_TEMPLATE_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
+
+
+def render_template(text: str, values: dict[str, Any], includes: dict[str, str]) -> str:
+    """``text`` rendered as Helm would, for templates made of the constructs this knows.
+
+    Go's whitespace trimming (``{{-``, ``-}}``); ``if``/``with``/``end`` blocks on ``.Values``
+    paths (a ``with`` sets the dot); pipelines whose head is ``.Values.a.b``, ``.``,
+    ``include "name" .`` (from ``includes``), ``.Files.Get "path"`` (a file of the chart) or a
+    quoted literal, through ``nindent N``, ``indent N``, ``toYaml`` and ``quote``. Anything else
+    fails the test with a request to extend the renderer.
+    """
+    # (literal text, action) pairs, the trims applied to the text around each action.
+    parts: list[list[str]] = []
+    pos = 0
+    trim_next = False
+    for m in _TEMPLATE_ACTION.finditer(text):
+        literal = text[pos:m.start()]
+        literal = literal.lstrip() if trim_next else literal
+        parts.append([literal.rstrip() if m.group(1) else literal, m.group(2)])
+        trim_next, pos = bool(m.group(3)), m.end()
+    tail = text[pos:].lstrip() if trim_next else text[pos:]
+
+    def value_of(head: str, dot: Any) -> Any:
+        if head == ".":
+            return dot
+        if head.startswith(".Values."):
+            found, value = lookup(values, head[len(".Values."):])
+            assert found, f"{head} is not in values.yaml"
+            return value
+        if m := re.fullmatch(r'include "([\w.]+)" \.', head):
+            assert m.group(1) in includes, f"the renderer has no value for include {m.group(1)!r}"
+            return includes[m.group(1)]
+        if m := re.fullmatch(r'\.Files\.Get "([^"]+)"', head):
+            return (CHART / m.group(1)).read_text()
+        if m := re.fullmatch(r'"([^"]*)"', head):
+            return m.group(1)
+        raise AssertionError(f"the renderer does not know {head!r}: extend render_template")
+
+    def evaluate(pipeline: str, dot: Any) -> str:
+        head, *stages = [s.strip() for s in pipeline.split("|")]
+        if m := re.fullmatch(r"(toYaml|quote) (.+)", head):  # `fn x` is `x | fn`
+            head, stages = m.group(2), [m.group(1), *stages]
+        value = value_of(head, dot)
+        for stage in stages:
+            fn, *args = stage.split()
+            if fn in ("nindent", "indent"):
+                indented = "\n".join(" " * int(args[0]) + line for line in str(value).split("\n"))
+                value = "\n" + indented if fn == "nindent" else indented
+            elif fn == "toYaml":
+                value = yaml.safe_dump(value, default_flow_style=False, sort_keys=True).rstrip("\n")
+            elif fn == "quote":
+                value = json.dumps(go_value(value))
+            else:
+                raise AssertionError(f"the renderer does not know | {fn}: extend render_template")
+        return value if isinstance(value, str) else go_value(value)
+
+    def block(i: int, dot: Any, emit: bool) -> tuple[str, int]:
+        """Render parts from ``i`` up to the ``end`` closing the block (or the end); (output, next index)."""
+        out: list[str] = []
+        while i < len(parts):
+            literal, action = parts[i]
+            if emit:
+                out.append(literal)
+            i += 1
+            word, _, rest = action.partition(" ")
+            if word == "end":
+                return "".join(out), i
+            if word in ("if", "with"):
+                cond = value_of(rest, dot)
+                body, i = block(i, cond if word == "with" else dot, emit and bool(cond))
+                out.append(body)
+            elif action.startswith("/*"):
+                continue
+            elif emit:
+                out.append(evaluate(action, dot))
+        return "".join(out), i
+
+    rendered, end = block(0, None, True)
+    assert end == len(parts), "an `end` without its block"
+    return rendered + tail
