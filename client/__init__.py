@@ -15,6 +15,7 @@ from ._async import AsyncClient
 from ._connection import ConnState
 from ._core import Debounce, Dedupe
 from ._sync import Client
+from .batch import Batch, BatchOptions, BatchWorker
 from .exceptions import (AuthError, Cancelled, ClientClosed, CommandError, CommandTimeout, ConnectionLost,
                          InvalidCommand, InvalidState, LeaseMismatch, NodeTimeout, NoLeader, NotFound, NotLeader, NoSpace, Overloaded, Paused,
                          ProtocolError, QueueFull, ShoalError)
@@ -28,4 +29,4 @@ __all__ = ["Client", "AsyncClient", "ConnectionOptions", "RetryPolicy", "ConnSta
            "JobState", "Queue", "AsyncQueue", "Tube", "AsyncTube", "ShoalError", "ProtocolError", "ConnectionLost",
            "CommandTimeout", "CommandError", "InvalidCommand", "NotFound", "InvalidState", "LeaseMismatch",
            "QueueFull", "Paused", "NoSpace", "AuthError", "NotLeader", "NoLeader", "Overloaded", "NodeTimeout", "ClientClosed",
-           "Cancelled", "Dedupe", "Debounce"]
+           "Cancelled", "Dedupe", "Debounce", "BatchWorker", "BatchOptions", "Batch"]

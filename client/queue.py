@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from shoal.cluster.errors import CommandError as WireCommandError
 
+from . import _tracing
 from ._core import Debounce, Dedupe, ShardPicker, group_by_partition, job_fields, ms
 from ._loop import SyncHandle, blocking, blocking_iter
 from .exceptions import InvalidCommand
@@ -33,7 +34,7 @@ _QUEUE_OPTIONS = {"capacity": "capacity", "discard": "discard", "max_deliveries"
                   "durable": "durable",
                   "limit": "limit", "group_limit": "groupLimit", "group_limits": "groupLimits",
                   "concurrency": "concurrency",
-                  "group_concurrency": "groupConcurrency"}
+                  "group_concurrency": "groupConcurrency", "group_weights": "groupWeights"}
 
 
 def _rate_limits(options: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +139,12 @@ class AsyncQueue:
     async def _job_call(self, cmd: str, job: Job | str, **fields: Any) -> dict[str, Any]:
         return await self.client.call({"cmd": cmd, "id": _id(job), **fields})
 
+    def _batch_target(self, group: str | None, custom_id: str | None) -> str | None:
+        """The one (sub-)queue every job of a batch goes to, or None when they spread over shards."""
+        if not self._shards.sharded:
+            return self.name
+        return self._shards.pick(group, custom_id) if group is not None or custom_id is not None else None
+
     def _job(self, wire: dict[str, Any], token: str | None = None) -> Job:
         return Job.from_wire(wire, token, self)
 
@@ -167,7 +174,8 @@ class AsyncQueue:
         """Change the queue's options (the same names as :meth:`create`), e.g. its flow control:
         ``limit=(max, seconds)``, ``group_limit=(max, seconds)``, ``group_limits={group: (max,
         seconds)}`` (overrides of ``group_limit``), ``concurrency=n``,
-        ``group_concurrency=n`` (0 or a max of 0: no limit)."""
+        ``group_concurrency=n`` (0 or a max of 0: no limit), ``group_weights={group: weight}``
+        (a group's share of the turns between groups, 1 unless named)."""
         wire = queue_options(_rate_limits(options))
         await asyncio.gather(*(self._on(q, "UpdateQueue", options=wire) for q in self._shards.names))
 
@@ -194,7 +202,11 @@ class AsyncQueue:
         if timeout:
             fields["waitMs"] = ms(timeout)
         target = self._shards.pick(group, custom_id)
-        reply = await self._on(target, "PUSH", data=data, idempotencyKey=self.client.new_idempotency_key(), **fields)
+        op = _tracing.send(self, target)  # None unless a global OpenTelemetry provider is set
+        if op is not None and op.carrier:
+            fields[_tracing.TRACE_CONTEXT_FIELD] = op.carrier
+        call = self._on(target, "PUSH", data=data, idempotencyKey=self.client.new_idempotency_key(), **fields)
+        reply = await (call if op is None else op.run(call))
         return str(reply["id"])
 
     async def add_bulk(self, items: Iterable[Any], *, batch_size: int = 1000, **options: Any) -> list[str]:
@@ -211,30 +223,49 @@ class AsyncQueue:
             per_target.setdefault(self._shards.pick(group, custom_id), []).append((i, job))
             count = i + 1
         ids: list[str] = [""] * count
+        op = _tracing.send(self, self._batch_target(group, custom_id), count)  # None unless a provider is set
+        if op is not None and op.carrier:
+            for jobs in per_target.values():
+                for _, job in jobs:
+                    job[_tracing.TRACE_CONTEXT_FIELD] = op.carrier
 
         async def send(target: str, chunk: list[tuple[int, dict[str, Any]]]) -> None:
             reply = await self._on(target, "PUSHB", jobs=[job for _, job in chunk])
             for (i, _), job_id in zip(chunk, reply["ids"]):
                 ids[i] = str(job_id)
 
-        await asyncio.gather(*(send(target, jobs[k:k + batch_size]) for target, jobs in per_target.items()
-                               for k in range(0, len(jobs), batch_size)))
+        sent = asyncio.gather(*(send(target, jobs[k:k + batch_size]) for target, jobs in per_target.items()
+                                 for k in range(0, len(jobs), batch_size)))
+        await (sent if op is None else op.run(sent))
         return ids
 
     # --- consuming --------------------------------------------------------------------------
 
-    async def pull(self, timeout: float = 0.0, *, ttr: float | None = None) -> Job | None:
+    async def pull(self, timeout: float = 0.0, *, ttr: float | None = None, group: str | None = None,
+                   ungrouped: bool = False) -> Job | None:
         """Lease the next job, waiting up to ``timeout`` seconds for one; ``None`` if none came.
-        ``ttr``: the lease length in seconds (default: the queue's)."""
-        jobs = await self._pull(1, timeout, ttr)
+        ``ttr``: the lease length in seconds (default: the queue's). ``group``: take only that
+        group's next job (within the group's limits; it counts as the group's turn);
+        ``ungrouped``: take only a job without a group."""
+        jobs = await self._pull(1, timeout, ttr, group, ungrouped)
         return jobs[0] if jobs else None
 
-    async def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None) -> list[Job]:
-        """Lease up to ``count`` jobs, waiting up to ``timeout`` seconds for the first."""
-        return await self._pull(count, timeout, ttr)
+    async def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None,
+                        group: str | None = None, ungrouped: bool = False) -> list[Job]:
+        """Lease up to ``count`` jobs, waiting up to ``timeout`` seconds for the first (``group``,
+        ``ungrouped``: as for :meth:`pull`)."""
+        return await self._pull(count, timeout, ttr, group, ungrouped)
 
-    async def _pull(self, count: int, timeout: float, ttr: float | None) -> list[Job]:
+    async def _pull(self, count: int, timeout: float, ttr: float | None, group: str | None = None,
+                    ungrouped: bool = False) -> list[Job]:
         extra: dict[str, Any] = {"ttr": ms(ttr)} if ttr is not None else {}
+        if group is not None:
+            if ungrouped:
+                raise ValueError("give group (one group's jobs) or ungrouped (jobs without a group), not both")
+            # A group lives on one shard: the pull goes there alone.
+            return await self._pull_one(self._shards.pick(group, None), count, timeout, {**extra, "group": group})
+        if ungrouped:
+            extra["ungrouped"] = True
         if not self._shards.sharded:
             return await self._pull_one(self.name, count, timeout, extra)
         deadline = time.monotonic() + max(0.0, timeout)
@@ -269,7 +300,9 @@ class AsyncQueue:
         fields = _token(job, token)
         if result is not None:
             fields["result"] = result
-        await self._job_call("ACK", job, **fields)
+        op = _tracing.settle(self, "ack", job)  # None unless a global OpenTelemetry provider is set
+        call = self._job_call("ACK", job, **fields)
+        await (call if op is None else op.run(call))
 
     async def ack_many(self, jobs: list[Job], results: list[Any] | None = None) -> int:
         """Complete many jobs (``ACKB`` per partition, concurrently); returns how many."""
@@ -289,7 +322,9 @@ class AsyncQueue:
             reply = await self.client.call(frame)
             return int(reply.get("count", len(indexes)))
 
-        return sum(await asyncio.gather(*(one(ix) for ix in groups.values())))
+        op = _tracing.settle(self, "ack", None, len(jobs))
+        acked = asyncio.gather(*(one(ix) for ix in groups.values()))
+        return sum(await (acked if op is None else op.run(acked)))
 
     async def fail(self, job: Job | str, error: str = "failed", *, delay: float | None = None,
                    token: str | None = None) -> str:
@@ -298,14 +333,18 @@ class AsyncQueue:
         fields: dict[str, Any] = {"error": error, **_token(job, token)}
         if delay is not None:
             fields["delay"] = ms(delay)
-        return str((await self._job_call("FAIL", job, **fields))["state"])
+        op = _tracing.settle(self, "fail", job)
+        call = self._job_call("FAIL", job, **fields)
+        return str((await (call if op is None else op.run(call)))["state"])
 
     async def release(self, job: Job | str, *, delay: float | None = None, token: str | None = None) -> str:
         """Give a leased job back (after ``delay`` seconds) without counting a failure; its new state."""
         fields = _token(job, token)
         if delay:
             fields["delay"] = ms(delay)
-        return str((await self._job_call("Release", job, **fields))["state"])
+        op = _tracing.settle(self, "release", job)
+        call = self._job_call("Release", job, **fields)
+        return str((await (call if op is None else op.run(call)))["state"])
 
     async def extend(self, job: Job | str, ttr: float, *, token: str | None = None) -> float:
         """Extend the lease to ``ttr`` seconds from now; returns the new deadline (epoch seconds)."""
@@ -534,13 +573,16 @@ class Queue(SyncHandle):
 
     # Methods that return jobs bind them to this sync handle (so job.set_progress() blocks).
 
-    def pull(self, timeout: float = 0.0, *, ttr: float | None = None) -> Job | None:
-        """Lease the next job, waiting up to ``timeout`` seconds for one; ``None`` if none came."""
-        return self._job(self._runner.run(self._async.pull(timeout, ttr=ttr)))
+    def pull(self, timeout: float = 0.0, *, ttr: float | None = None, group: str | None = None,
+             ungrouped: bool = False) -> Job | None:
+        """Lease the next job, waiting up to ``timeout`` seconds for one; ``None`` if none came
+        (``group``, ``ungrouped``: see :meth:`AsyncQueue.pull`)."""
+        return self._job(self._runner.run(self._async.pull(timeout, ttr=ttr, group=group, ungrouped=ungrouped)))
 
-    def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None) -> list[Job]:
+    def pull_many(self, count: int, timeout: float = 0.0, *, ttr: float | None = None, group: str | None = None,
+                  ungrouped: bool = False) -> list[Job]:
         """Lease up to ``count`` jobs, waiting up to ``timeout`` seconds for the first."""
-        jobs = self._runner.run(self._async.pull_many(count, timeout, ttr=ttr))
+        jobs = self._runner.run(self._async.pull_many(count, timeout, ttr=ttr, group=group, ungrouped=ungrouped))
         return [j for j in map(self._job, jobs) if j is not None]
 
     def get_job(self, job_id: str) -> Job | None:

@@ -28,12 +28,14 @@ given to a plain-function handler are bound to a blocking :class:`Queue`, so
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from . import _tracing
 from ._async import AsyncClient
 from ._loop import LoopRunner
 from ._sync import Client
@@ -202,17 +204,30 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except ShoalError as exc:
-                log.warning("worker %s slot %d: pull failed: %s", self.queue.name, index, exc)
-                try:
-                    async with asyncio.timeout(_PULL_ERROR_PAUSE_S):  # not wait_for: it can lose a cancellation
-                        await self._stopping.wait()
-                except TimeoutError:
-                    pass
+                await self._pull_failed(index, exc)
                 continue
             if job is not None:
                 await self._process(job)
 
+    async def _pull_failed(self, index: int, exc: ShoalError) -> None:
+        """Slot ``index``'s pull failed: say so, and pause before the next (less if closing)."""
+        assert self._stopping is not None
+        log.warning("worker %s slot %d: pull failed: %s", self.queue.name, index, exc)
+        try:
+            async with asyncio.timeout(_PULL_ERROR_PAUSE_S):  # not wait_for: it can lose a cancellation
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
+
     async def _process(self, job: Job) -> None:
+        consumer = _tracing.process(self.queue.name, job, self.client)  # None unless a provider is set
+        if consumer is None:
+            await self._handle(job, None)
+        else:
+            with consumer:  # the job's CONSUMER span: current while the handler runs and the job settles
+                await self._handle(job, consumer)
+
+    async def _handle(self, job: Job, consumer: _tracing.Processing | None) -> None:
         self._running[job.id] = job
         loop = asyncio.get_running_loop()
         extender = loop.create_task(self._extend(job))
@@ -236,6 +251,8 @@ class Worker:
         except asyncio.CancelledError:
             raise  # close() releases the jobs of cancelled slots
         except Exception as exc:  # the handler's failure is the job's failure
+            if consumer is not None:
+                consumer.failed(exc)
             self.failed += 1
             text = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS_MAX]
             await self._settle(job, self.queue.fail(job, text))
@@ -274,7 +291,9 @@ class Worker:
             return await self.handler(job)  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         job.handle = Queue(self.queue, LoopRunner(loop))  # blocking job.set_progress() from the thread
-        result = await loop.run_in_executor(self._executor, self.handler, job)
+        # In a copy of this task's context, as asyncio.to_thread does: the handler's thread sees
+        # the job's span (and any other context variable) as an async handler would.
+        result = await loop.run_in_executor(self._executor, contextvars.copy_context().run, self.handler, job)
         if inspect.isawaitable(result):
             result = await result
         return result

@@ -25,6 +25,7 @@ only ``data`` accepts ``null`` as its value). Commands whose name starts with
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -42,7 +43,7 @@ __all__ = [
     "Routing", "Field", "CommandSpec", "COMMANDS", "READ_COMMANDS", "WRITE_COMMANDS", "NODE_COMMANDS",
     "PRE_AUTH_COMMANDS", "LONG_POLL_COMMANDS", "NEW_JOB_COMMANDS", "SPACE_TAKING_COMMANDS",
     "INTERNAL_COMMANDS", "JOB_OPTION_FIELDS", "QUEUE_TYPES", "JOB_STATES", "validate", "routing_of",
-    "route_key", "normalize", "COMMAND_ALIASES",
+    "route_key", "normalize", "COMMAND_ALIASES", "TRACE_CONTEXT_KEY_CHARS",
 ]
 
 Routing = Literal["queue", "id", "partition", "node"]
@@ -178,11 +179,35 @@ def _debounce(name: str, v: Any) -> None:
     F.fields_map(name, v, _DEBOUNCE_FIELDS, "debounce field", required=("id", "delayMs"))
 
 
+#: The characters of a ``traceContext`` key (what propagators name their fields with).
+TRACE_CONTEXT_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def _trace_context(name: str, v: Any) -> None:
+    """``{key: text}``: what a tracing propagator writes to carry the job's trace (W3C
+    ``traceparent``, ``tracestate``, ``baggage``), kept with the job and returned with it."""
+    if type(v) is not dict or not v:
+        raise F.bad(name, "must be a non-empty map of text to text")
+    if len(v) > L.trace_context_entries_max:
+        raise F.bad(name, f"at most {L.trace_context_entries_max} entries, got {len(v)}")
+    size = 0
+    for key, value in v.items():
+        if (type(key) is not str or not 1 <= len(key) <= L.trace_context_key_chars_max
+                or not TRACE_CONTEXT_KEY_CHARS.issuperset(key)):
+            raise F.bad(f"{name} key", f"must be 1..{L.trace_context_key_chars_max} characters of A-Z a-z 0-9 _ . -")
+        if type(value) is not str:
+            raise F.bad(f"{name}.{key}", "must be a string")
+        size += len(key) + len(value)
+    if size > L.trace_context_chars_max:
+        raise F.bad(name, f"at most {L.trace_context_chars_max} characters of keys and values, got {size}")
+
+
 #: Optional per-job fields of PUSH and of each PUSHB ``jobs`` item (after :func:`normalize`
 #: turned bunqueue's names into these): ``name`` is the job's name, ``customId`` its id,
 #: ``backoffType`` ``fixed`` or ``exponential`` (the default), ``removeOnComplete`` /
 #: ``removeOnFail`` drop the job when it ends instead of keeping it, ``stackTraceLimit`` /
-#: ``keepLogs`` cap what it keeps of failures' stack traces and of its log lines.
+#: ``keepLogs`` cap what it keeps of failures' stack traces and of its log lines, ``traceContext``
+#: carries the trace the job was added in (the client's OpenTelemetry hooks write and read it).
 JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
     "name": F.text(L.key_chars_max),
     "priority": _priority, "delay": _delay, "customId": _custom_id, "ttl": _ttl, "ttr": _ttr,
@@ -190,6 +215,9 @@ JOB_OPTION_FIELDS: Mapping[str, Checker] = MappingProxyType({
     "group": _key, "tag": _key, "idempotencyKey": _key,
     "dedupe": _dedupe, "debounce": _debounce, "removeOnComplete": F.boolean, "removeOnFail": F.boolean,
     "stackTraceLimit": F.int_range(0, L.stack_lines_max), "keepLogs": F.int_range(0, L.log_lines_max),
+    "traceContext": _trace_context,
+    # bunqueue's group admission: refused QUEUE_FULL when the group holds this many jobs waiting or delayed
+    "groupMaxSize": F.int_range(1, 2**53 - 1),
 })
 _JOB_ITEM_FIELDS: dict[str, Checker] = {"data": F.data, **JOB_OPTION_FIELDS}
 
@@ -201,15 +229,26 @@ def _rate_limit(name: str, v: Any) -> None:
     F.fields_map(name, v, _RATE_LIMIT_FIELDS, "limit field", required=("max", "durationMs"))
 
 
-def _group_limits(name: str, v: Any) -> None:
-    """``{group: {max, durationMs}}``: per-group overrides of ``groupLimit``."""
-    if type(v) is not dict:
-        raise F.bad(name, "must be a map of group to {max, durationMs}")
-    if len(v) > L.list_items_max:
-        raise F.bad(name, f"at most {L.list_items_max} groups, got {len(v)}")
-    for group, limit in v.items():
-        _key(f"{name} key", group)
-        _rate_limit(f"{name}.{group}", limit)
+def _per_group(what: str, check: Checker) -> Checker:
+    """A queue option mapping at most ``list_items_max`` groups to a ``what`` that ``check`` accepts."""
+    def checker(name: str, v: Any) -> None:
+        if type(v) is not dict:
+            raise F.bad(name, f"must be a map of group to {what}")
+        if len(v) > L.list_items_max:
+            raise F.bad(name, f"at most {L.list_items_max} groups, got {len(v)}")
+        for group, value in v.items():
+            _key(f"{name} key", group)
+            check(f"{name}.{group}", value)
+    return checker
+
+
+#: The largest share of turns ``groupWeights`` gives a group (the engine's fair turns are
+#: exact to 1.4e-5 up to it, ``shoal.node.state._ready``).
+_GROUP_WEIGHT_MAX = 1_000
+#: ``{group: {max, durationMs}}``: per-group overrides of ``groupLimit``.
+_group_limits = _per_group("{max, durationMs}", _rate_limit)
+#: ``{group: weight}``: a group's share of the turns between groups (1 unless named).
+_group_weights = _per_group("weight", F.int_range(1, _GROUP_WEIGHT_MAX))
 
 
 _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
@@ -219,7 +258,7 @@ _QUEUE_OPTION_FIELDS: dict[str, Checker] = {
     "shards": F.int_range(1, 1024), "priority": _priority, "delay": _delay, "durable": F.boolean,
     "limit": _rate_limit, "groupLimit": _rate_limit, "groupLimits": _group_limits,
     "concurrency": F.int_range(0, L.concurrency_max),
-    "groupConcurrency": F.int_range(0, L.concurrency_max),
+    "groupConcurrency": F.int_range(0, L.concurrency_max), "groupWeights": _group_weights,
 }
 
 
@@ -257,6 +296,16 @@ def _one_schedule(frame: Mapping[str, Any]) -> None:
         raise F.bad("schedule", "give exactly one of schedule (cron expression) or repeatEvery (ms)")
 
 
+def _one_pull_filter(frame: Mapping[str, Any]) -> None:
+    if frame.get("group") is not None and frame.get("ungrouped"):
+        raise F.bad("ungrouped", "give group (one group's jobs) or ungrouped (jobs without a group), not both")
+
+
+#: What a PULL/PULLB may be limited to: ``group``, that group's jobs only (bunqueue's
+#: ``groupAffinity``); ``ungrouped: true``, jobs without a group only.
+_PULL_FILTER: dict[str, Checker] = {"group": _key, "ungrouped": F.boolean}
+
+
 # --- the table -------------------------------------------------------------------------------
 
 def _spec(name: str, routing: Routing, required: Mapping[str, Checker] | None = None,
@@ -270,6 +319,8 @@ def _spec(name: str, routing: Routing, required: Mapping[str, Checker] | None = 
 
 
 _Q = {"queue": F.queue}
+#: The most jobs a schedule may be limited to.
+CRON_LIMIT_MAX = 2**40
 #: What bunqueue's worker reports with its heartbeat (kept in the worker's record).
 _WORKER_COUNTS = {"activeJobs": F.int_range(0, 2**53), "processed": F.int_range(0, 2**53),
                   "failed": F.int_range(0, 2**53)}
@@ -281,11 +332,12 @@ _SPECS = [
     _spec("PUSH", "queue", {"queue": F.queue, "data": F.data}, {**JOB_OPTION_FIELDS, "waitMs": _timeout},
           retry=True, new_jobs=True, takes_space=True),  # retried under its idempotencyKey, which the client always sets
     _spec("PUSHB", "queue", {"queue": F.queue, "jobs": _jobs}, retry=True, new_jobs=True, takes_space=True),
-    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean, "owner": _key},
-          long_poll=True),
+    _spec("PULL", "queue", _Q, {"timeout": _timeout, "ttr": _ttr, "detach": F.boolean, "owner": _key,
+                                 **_PULL_FILTER}, check=_one_pull_filter, long_poll=True),
     _spec("PULLB", "queue", {"queue": F.queue, "count": _count}, {"timeout": _timeout, "ttr": _ttr,
-                                                                  "detach": F.boolean, "owner": _key},
-          long_poll=True),
+                                                                  "detach": F.boolean, "owner": _key,
+                                                                  **_PULL_FILTER},
+          check=_one_pull_filter, long_poll=True),
     _spec("ACK", "id", _ID, {"result": F.data, "removeOnComplete": F.boolean, **_TOK}),
     _spec("ACKB", "id", {"ids": F.ids}, {"results": F.results, "tokens": F.tokens, "removeOnCompletes": _bools},
           check=_same_length_as_ids),
@@ -346,7 +398,8 @@ _SPECS = [
     # cron
     _spec("Cron", "queue", {"name": _key, "queue": F.queue},
           {"data": F.data, "schedule": F.cron_schedule, "repeatEvery": F.int_range(1, L.delay_ms_max),
-           "priority": _priority, "limit": F.int_range(1, 2**40), "jobName": _key}, retry=True,
+           "priority": _priority, "limit": F.int_range(1, CRON_LIMIT_MAX), "jobName": _key,
+           "immediately": F.boolean, "afterCompletion": F.boolean}, retry=True,
           check=_one_schedule, takes_space=True),
     _spec("CronGet", "partition", {"name": _key}, {"partition": _partition}, read=True),
     _spec("CronDelete", "partition", {"name": _key}, {"partition": _partition}, retry=True),
@@ -494,10 +547,9 @@ _OFF_ONLY = ("lifo", "failParentOnFailure", "removeDependencyOnFailure", "contin
              "ignoreDependencyOnFailure", "dependsOn", "childrenIds")
 #: bunqueue job options that Shoal has no counterpart for: refused when set.
 _UNSUPPORTED_JOB = {
-    "repeat": "a repeating job is a job scheduler here: use upsertJobScheduler (Cron)",
+    "repeat": "a repeating job is added alone (a PUSH of its own), not in a bulk add or a flow",
     "timestamp": "a job's creation time is the leader's clock",
     "parentId": "children are created with their parent by a flow (PUSHF / FlowProducer)",
-    "groupMaxSize": "group sizes are not limited per add",
     "sizeLimit": "job data is limited to 10 MiB on every queue",
 }
 
@@ -519,6 +571,8 @@ def _normalize_job(where: str, job: dict[str, Any]) -> None:
     for name, why in _UNSUPPORTED_JOB.items():
         if name in job and job.pop(name) is not None:
             raise F.bad(f"{where}{name}", f"is not supported: {why}")
+    if job.get("groupMaxSize") is not None and job.get("group") is None:
+        raise F.bad(f"{where}groupMaxSize", "limits a group: give it with group (groupId)")
     for name in ("removeOnComplete", "removeOnFail"):
         if name in job and not job[name]:
             del job[name]  # false is the default: the plain form keeps its fast path
@@ -579,7 +633,10 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
         _alias(frame, cmd, alias)
         cmd = alias
     if cmd == "PUSH":
+        repeat = frame.pop("repeat", None)
         _normalize_job("", frame)
+        if repeat is not None:
+            _repeat_as_cron(frame, repeat)
     elif cmd == "PUSHB":
         jobs = frame.get("jobs")
         if type(jobs) is list:
@@ -591,9 +648,8 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
         if ttl is not None:
             _ttr("lockTtl", ttl)
             frame.setdefault("ttr", ttl)
-        if frame.get("group") is not None:
-            raise F.bad("group", "pulling one group's jobs is not supported (see docs/compat.md)")
-        frame.pop("group", None)
+        if type(frame.get("group")) is dict:
+            _pull_group(frame, frame.pop("group"))
     elif cmd in ("ACKB", "JobHeartbeatB"):
         tokens = frame.get("tokens")
         if type(tokens) is list and "" in tokens:
@@ -640,6 +696,30 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
     return frame
 
 
+#: The fields of bunqueue's ``group`` pull options (its ``validateGroupPullOptions``).
+_PULL_GROUP_FIELDS = ("affinity", "concurrency", "limit")
+
+
+def _pull_group(frame: dict[str, Any], spec: dict[str, Any]) -> None:
+    """bunqueue's pull options ``group: {affinity?, concurrency?, limit?}`` as Shoal's fields:
+    ``affinity`` a group's name takes that group's jobs only (``group``), ``affinity: null``
+    only jobs without a group (``ungrouped``). Its per-pull group concurrency and rate limit
+    (WorkerPro's ``group`` option) are refused: Shoal keeps a group's limits with its queue."""
+    for name in spec:
+        if name not in _PULL_GROUP_FIELDS:
+            raise F.bad(f"group.{name}", "unknown field of a pull's group options (affinity, concurrency, limit)")
+    for name, option in (("concurrency", "groupConcurrency"), ("limit", "groupLimit")):
+        if spec.get(name) is not None:
+            raise F.bad(f"group.{name}", f"a pull's own group limits are not supported: set the queue option "
+                                         f"{option} (see docs/compat.md)")
+    if "affinity" in spec:
+        affinity = spec["affinity"]
+        if affinity is None:
+            frame["ungrouped"] = True
+        else:
+            frame["group"] = affinity  # checked as a job's group is
+
+
 def _alias(frame: dict[str, Any], cmd: str, alias: str) -> None:
     frame["cmd"] = alias
     if cmd == "ExtendLock":
@@ -663,7 +743,7 @@ def _alias(frame: dict[str, Any], cmd: str, alias: str) -> None:
 
 
 #: bunqueue Cron fields Shoal accepts only unset (or false).
-_CRON_OFF_ONLY = ("skipMissedOnRestart", "immediately", "skipIfNoWorker", "preventOverlap", "uniqueKey", "dedup")
+_CRON_OFF_ONLY = ("skipMissedOnRestart", "skipIfNoWorker", "preventOverlap", "uniqueKey", "dedup")
 
 
 def _normalize_cron(frame: dict[str, Any]) -> None:
@@ -687,3 +767,91 @@ def _normalize_cron(frame: dict[str, Any]) -> None:
                 frame.setdefault("priority", value)
             else:
                 raise F.bad(f"jobOptions.{key}", "is not supported for scheduled jobs (see docs/compat.md)")
+
+
+# --- bunqueue's legacy ``repeat`` -------------------------------------------------------------------
+#
+# ``add(name, data, {repeat: {every | pattern, limit}})`` runs the job now and again every
+# ``every`` ms (or at each time of ``pattern``), ``limit`` more times (bunqueue's server runs
+# ``limit + 1`` jobs in all), each once the one before completed (a failed one ends them).
+# Here it is a job scheduler: a Cron of its own, named ``repeat:<random id>``, that makes its
+# first job at once (``immediately``) and each next one at the first time of its schedule
+# after the one before completed (``afterCompletion``); the add is answered with the first
+# job's id. docs/compat.md lists what differs.
+
+#: Fields of ``repeat`` that Shoal's schedules have no counterpart for: refused when set.
+_REPEAT_UNSUPPORTED = {
+    "startDate": "a repeating job starts when it is added",
+    "endDate": "a repeating job ends after its limit, or when its scheduler is removed",
+    "offset": "runs are not shifted",
+    "prevMillis": "runs are counted by the scheduler",
+}
+#: Job fields (after :func:`_normalize_job`) a repeating add may carry: a schedule's jobs
+#: carry a name, data and a priority.
+_REPEAT_JOB_FIELDS = frozenset({"cmd", "queue", "data", "name", "priority", "reqId"})
+
+
+def _whole_ms(where: str, v: Any) -> int:
+    """A JavaScript number of milliseconds as an integer (an integral float is one)."""
+    if type(v) is float and v.is_integer():
+        return int(v)
+    if type(v) is not int:
+        raise F.bad(where, "must be a whole number of milliseconds")
+    return v
+
+
+def _repeat_as_cron(frame: dict[str, Any], repeat: Any) -> None:
+    """Turn a PUSH with ``repeat`` into the Cron that makes its jobs (in place)."""
+    if type(repeat) is not dict:
+        raise F.bad("repeat", "must be a map {every | pattern, limit?}")
+    spec = {k: v for k, v in repeat.items() if v is not None}
+    for key in spec:
+        if key in _REPEAT_UNSUPPORTED:
+            raise F.bad(f"repeat.{key}", f"is not supported: {_REPEAT_UNSUPPORTED[key]} (see docs/compat.md)")
+        if key not in ("every", "pattern", "limit", "count", "tz", "immediately", "jobId"):
+            raise F.bad(f"repeat.{key}", "unknown repeat field")
+    if "customId" in frame:
+        raise F.bad("jobId", "a repeating job cannot take a jobId (repeat.jobId names it)")
+    for key in frame:
+        if key not in _REPEAT_JOB_FIELDS:
+            raise F.bad(key, "is not supported with repeat: a repeating add is a job scheduler here, whose jobs "
+                             "carry a name, data and a priority (see docs/compat.md)")
+    tz = spec.get("tz")
+    if tz is not None and tz not in ("UTC", "Etc/UTC"):
+        raise F.bad("repeat.tz", "schedules run in UTC here (see docs/compat.md)")
+    if "immediately" in spec:
+        F.boolean("repeat.immediately", spec["immediately"])  # the first job runs at once anyway
+    if "jobId" in spec:
+        _key("repeat.jobId", spec["jobId"])  # kept by bunqueue with the job, used by nothing
+    pattern = spec.get("pattern")
+    if type(pattern) is str and not pattern.strip():
+        pattern = None  # bunqueue's server reads a blank pattern as none
+    if ("every" in spec) == (pattern is not None):
+        raise F.bad("repeat", "give exactly one of every and pattern")
+    cron: dict[str, Any] = {"cmd": "Cron", "queue": frame.get("queue"), "name": f"repeat:{uuid.uuid4().hex}",
+                            "data": frame.get("data"), "immediately": True, "afterCompletion": True}
+    if pattern is not None:
+        cron["schedule"] = _seconds_last(pattern)
+    else:
+        cron["repeatEvery"] = _whole_ms("repeat.every", spec["every"])
+    if "limit" in spec:
+        limit = _whole_ms("repeat.limit", spec["limit"])
+        count = _whole_ms("repeat.count", spec.get("count", 0))
+        F.int_range(0, CRON_LIMIT_MAX - 1)("repeat.limit", limit)
+        F.int_range(0, CRON_LIMIT_MAX - 1)("repeat.count", count)
+        cron["limit"] = max(limit - count, 0) + 1  # the job added now, then ``limit - count`` more
+    for key in ("priority", "reqId"):
+        if key in frame:
+            cron[key] = frame[key]
+    if frame.get("name") is not None:
+        cron["jobName"] = frame["name"]
+    frame.clear()
+    frame.update(cron)
+
+
+def _seconds_last(pattern: Any) -> Any:
+    """bunqueue's six-field pattern (seconds first) in croniter's order (seconds last)."""
+    if type(pattern) is not str:
+        return pattern  # the schema names what is wrong with it
+    fields = pattern.split()
+    return " ".join([*fields[1:], fields[0]]) if len(fields) == 6 else pattern

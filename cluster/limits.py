@@ -15,6 +15,7 @@ __all__ = [
     "ttr_ms_max", "key_chars_max", "batch_jobs_max", "pull_count_max", "error_chars_max",
     "log_chars_max", "page_limit_max", "token_chars_max", "auth_token_chars_max", "partition_max",
     "list_items_max", "rate_max", "concurrency_max", "stack_lines_max", "log_lines_max",
+    "trace_context_entries_max", "trace_context_key_chars_max", "trace_context_chars_max",
     # PEP 8 aliases
     "DAY_MS", "QUEUE_NAME_CHARS_MAX", "DATA_BYTES_MAX", "PRIORITY_MIN", "PRIORITY_MAX", "DELAY_MS_MAX",
     "TIMEOUT_MS_MAX", "ATTEMPTS_MIN", "ATTEMPTS_MAX", "BACKOFF_MS_MAX", "TTL_MS_MAX", "TTR_MS_MAX",
@@ -54,6 +55,9 @@ rate_max = 100_000                    # limit/groupLimit max: a window keeps one
 concurrency_max = 1_000_000           # concurrency/groupConcurrency
 stack_lines_max = 100                 # FAIL stack lines (bunqueue caps the same), stackTraceLimit
 log_lines_max = 100                   # a job's log lines kept, keepLogs
+trace_context_entries_max = 8         # traceContext: a job's trace propagation fields (traceparent, ...)
+trace_context_key_chars_max = 64      # traceContext: one key, of [A-Za-z0-9_.-]
+trace_context_chars_max = 4096        # traceContext: its keys and values together
 
 DAY_MS = day_ms
 QUEUE_NAME_CHARS_MAX = queue_name_chars_max

@@ -9,6 +9,12 @@
 - Job events for ``SubscribeEvents`` subscribers: the engine's state changes as
   bunqueue's ``{type: "event", event: {eventType, queue, jobId, timestamp, ...}}``,
   with the job's wire id, its result (``completed``) or error (``failed``).
+- bunqueue's job envelope: an add (or a job scheduler) that names no job but whose data is a
+  map with a string ``name`` (how bunqueue's Python SDK, and its clients before 2.8.56, send a
+  job's name) is read as bunqueue's server reads it: ``name`` is the job's name and the rest of
+  the map its data (:func:`open_envelope`, :func:`open_envelopes`). Only for a client that
+  speaks bunqueue's dialect (``Replier.bunqueue_envelope``): Shoal's own clients' data is
+  never looked into.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from shoal.cluster.codec import Raw, encode_body
-from shoal.cluster.commands import normalize
+from shoal.cluster.codec import PlainPush, Raw, encode_body
+from shoal.cluster.commands import normalize, validate
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.flow import FLOW_JOBS_MAX
 
@@ -30,7 +36,8 @@ if TYPE_CHECKING:
     from .ports import Replier
     from .state import Event
 
-__all__ = ["push_flow_graph", "events_of", "encode_event", "EventFrames", "EventJobs"]
+__all__ = ["push_flow_graph", "push_repeating", "events_of", "encode_event", "EventFrames", "EventJobs", "open_envelope",
+           "open_envelopes"]
 
 #: A child's failure policy from bunqueue's flags (the first flag set wins; default ``fail``).
 _ON_FAILURE = (("ignoreDependencyOnFailure", "ignore"), ("continueParentOnFailure", "ignore"),
@@ -43,28 +50,85 @@ def push_flow_graph(submit: Callable[[Any, dict[str, Any]], None], conn: "Replie
                     now_ms: int) -> None:
     """Answer a PUSHF: one PushFlow per tree of the graph (a lone job: a PUSH), each handed to
     ``submit(replier, frame)``, then bunqueue's reply with every job."""
-    req_id = frame.get("reqId")
     trees, records = _trees(frame.get("jobs"), now_ms)
-    pending = [len(trees)]
-    failed: list[CommandError] = []
+    _submit_all(submit, conn, frame.get("reqId"), trees, lambda replies: {"data": {"jobs": records}})
 
-    def done(error: CommandError | None) -> None:
-        if error is not None:
-            failed.append(error)
-        pending[0] -= 1
-        if pending[0]:
-            return
-        if failed:
-            conn.reply_error(req_id, failed[0])
-        else:
-            conn.reply(req_id, {"data": {"jobs": records}})
 
-    for tree in trees:
-        answer = _Answer(conn, done)
+def push_repeating(submit: Callable[[Any, dict[str, Any]], None], conn: "Replier", frame: dict[str, Any]) -> bool:
+    """Answer a PUSHB some of whose jobs have bunqueue's ``repeat`` (its client sends even a
+    lone ``add`` as a PUSHB) and return True; False, answering nothing, when none has.
+
+    A repeating job is a job scheduler (:func:`~shoal.cluster.commands.normalize` turns its
+    PUSH into a Cron that makes the first job at once); the others go as PUSHBs of the jobs
+    between them. Every job is checked before any is submitted, each through
+    ``submit(replier, frame)``; the reply is the PUSHB's ``{ids}``, in the jobs' order.
+    """
+    jobs = frame.get("jobs")
+    if type(jobs) is not list or not any(type(job) is dict and job.get("repeat") is not None for job in jobs):
+        return False
+    queue = frame.get("queue")
+    parts: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for i, job in enumerate(jobs):
+        if type(job) is not dict:
+            raise CommandError(ErrorCode.INVALID, f"jobs[{i}]: must be a map")
+        single = {**job, "cmd": "PUSH", "queue": queue}
         try:
-            submit(answer, tree)
+            validate(normalize(single))
         except CommandError as exc:
-            answer.reply_error(None, exc)
+            raise CommandError(exc.code, f"jobs[{i}].{exc}", **exc.extra) from None
+        if single["cmd"] == "PUSH":
+            del single["cmd"], single["queue"]
+            run.append(single)
+            continue
+        if run:
+            parts.append({"cmd": "PUSHB", "queue": queue, "jobs": run})
+            run = []
+        parts.append(single)  # the Cron of a repeating job
+    if run:
+        parts.append({"cmd": "PUSHB", "queue": queue, "jobs": run})
+
+    def ids_of(replies: list[dict[str, Any]]) -> dict[str, Any]:
+        ids: list[Any] = []
+        deduped: list[int] = []
+        for reply in replies:
+            if "ids" in reply:
+                deduped.extend(len(ids) + k for k in reply.get("deduped", ()))
+                ids.extend(reply["ids"])
+            else:
+                ids.append(reply.get("id"))
+        return {"ids": ids, "deduped": deduped} if deduped else {"ids": ids}
+
+    _submit_all(submit, conn, frame.get("reqId"), parts, ids_of)
+    return True
+
+
+def _submit_all(submit: Callable[[Any, dict[str, Any]], None], conn: "Replier", req_id: Any,
+                frames: list[dict[str, Any]], answer: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+    """Hand each of ``frames`` to ``submit(replier, frame)``; once every one is answered, answer
+    ``req_id`` with ``answer(their replies, in order)``, or with the first one's error."""
+    results: list[Any] = [None] * len(frames)
+    pending = [len(frames)]
+
+    def taker(i: int) -> Callable[[Any], None]:
+        def take(result: Any) -> None:
+            results[i] = result
+            pending[0] -= 1
+            if pending[0]:
+                return
+            error = next((r for r in results if isinstance(r, CommandError)), None)
+            if error is not None:
+                conn.reply_error(req_id, error)
+            else:
+                conn.reply(req_id, answer(results))
+        return take
+
+    for i, part in enumerate(frames):
+        replier = _Answer(conn, taker(i))
+        try:
+            submit(replier, part)
+        except CommandError as exc:
+            replier.reply_error(None, exc)
 
 
 def _trees(jobs: Any, now_ms: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -107,6 +171,8 @@ def _trees(jobs: Any, now_ms: int) -> tuple[list[dict[str, Any]], list[dict[str,
                 break
         for name in _GRAPH_FIELDS:
             spec.pop(name, None)
+        if spec.get("repeat") is not None:  # as bunqueue's server: a flow's jobs run once
+            raise CommandError(ErrorCode.INVALID, f"jobs: {job_id!r} has repeat: a job of a flow runs once")
         spec["cmd"] = "PUSH"
         normalize(spec)  # bunqueue's option names, refusing what Shoal cannot honour
         spec.pop("cmd")
@@ -140,12 +206,12 @@ def _trees(jobs: Any, now_ms: int) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 class _Answer(DecodingReplier):
-    """Takes one tree's reply for :func:`push_flow_graph`; it is the client's connection in
-    everything else (who it is, whether its commands are forwarded)."""
+    """Takes one part's reply (its body, or its error) for :func:`_submit_all`; it is the
+    client's connection in everything else (who it is, whether its commands are forwarded)."""
 
     __slots__ = ("_conn", "_done")
 
-    def __init__(self, conn: "Replier", done: Callable[[CommandError | None], None]) -> None:
+    def __init__(self, conn: "Replier", done: Callable[[Any], None]) -> None:
         self._conn = conn
         self._done = done
 
@@ -157,22 +223,81 @@ class _Answer(DecodingReplier):
     protocol_version = property(lambda self: self._conn.protocol_version)
     subscriptions = property(lambda self: None)
     wants_forwarding = property(lambda self: self._conn.wants_forwarding)  # type: ignore[assignment]
+    bunqueue_envelope = property(lambda self: self._conn.bunqueue_envelope)  # type: ignore[assignment]
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
-        self._done(None)
+        self._done(body)
 
     def reply_error(self, req_id: Any, exc: CommandError) -> None:
         self._done(exc)
 
     def reply_many(self, req_ids: list[Any], results: list[Any], cmd: str, seconds: float) -> None:
         for result in results:
-            self._done(result if isinstance(result, CommandError) else None)
+            self._done(result)
 
     def send_frame(self, frame: dict[str, Any]) -> None:
         pass  # a tree of a graph has no events of its own
 
     def upgrade(self, version: int) -> None:
         pass
+
+
+# --- bunqueue's job envelope ----------------------------------------------------------------------
+
+#: The first byte of a MessagePack map (fixmap, map 16, map 32): the only data an envelope can be.
+_MAP_HEADS = frozenset((*range(0x80, 0x90), 0xDE, 0xDF))
+
+
+class _Named(msgspec.Struct):
+    """A map's ``name`` field, the rest skipped unread (the cheap first look at data)."""
+
+    name: Any = None
+
+
+_named_of = msgspec.msgpack.Decoder(_Named).decode
+_fields_of = msgspec.msgpack.Decoder(dict[str, msgspec.Raw]).decode
+_pack = msgspec.msgpack.Encoder().encode
+
+
+def _unwrap(packed: bytes | msgspec.Raw) -> tuple[str, bytes] | None:
+    """``(name, the data without it)`` when ``packed`` (one MessagePack value, so not empty) is
+    a map with a string ``name``, else None."""
+    if memoryview(packed)[0] not in _MAP_HEADS:
+        return None
+    try:
+        name = _named_of(packed).name
+        if type(name) is not str:
+            return None
+        fields = _fields_of(packed)
+    except msgspec.DecodeError:  # a key that is not a string: not bunqueue's envelope
+        return None
+    del fields["name"]
+    return name, _pack(fields)
+
+
+def open_envelope(frame: dict[str, Any]) -> None:
+    """A PUSH, PUSHB or Cron (a decoded frame) as bunqueue's server reads it: each job without a
+    name (a Cron: whose jobs have none) whose data is an envelope gets its name from it (in place)."""
+    cmd = frame.get("cmd")
+    jobs = frame.get("jobs") if cmd == "PUSHB" else (frame,)
+    if type(jobs) is not list and type(jobs) is not tuple:
+        return  # the schema names what is wrong with it
+    key = "jobName" if cmd == "Cron" else "name"
+    for job in jobs:
+        if type(job) is dict and job.get(key) is None and type(job.get("data")) is Raw:
+            opened = _unwrap(job["data"].packed)
+            if opened is not None:
+                job[key], job["data"] = opened[0], Raw(opened[1])
+
+
+def open_envelopes(frames: Sequence[PlainPush]) -> None:
+    """:func:`open_envelope` for a block of plain PUSHes (in place)."""
+    heads = _MAP_HEADS
+    for frame in frames:
+        if frame.name is None and memoryview(frame.data)[0] in heads:  # the cheap look first
+            opened = _unwrap(frame.data)
+            if opened is not None:
+                frame.name, frame.data = opened[0], msgspec.Raw(opened[1])
 
 
 # --- events --------------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ class ClientConnection(asyncio.Protocol):
         #: True until Hello names the ``routing`` capability: commands for partitions led
         #: elsewhere are forwarded to their leader (:mod:`.relay`) instead of refused NOT_LEADER.
         self.wants_forwarding = True
+        #: True until Hello names the ``routing`` capability (Shoal's own clients): a client that
+        #: does not route speaks bunqueue's dialect, whose adds may carry a job's name in its data.
+        self.bunqueue_envelope = True
         self.bunqueue_subscriptions: set[str] | None = None  # SubscribeEvents queues (bunqueue's events)
         self.authed = not dispatcher.auth_required
         self.session: str = dispatcher.sessions.new_session_id()

@@ -37,7 +37,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import partition_of_job
 from shoal.cluster.partitioning import partition_for
 
-from .bunqueue import EventFrames, push_flow_graph
+from .bunqueue import EventFrames, open_envelope, open_envelopes, push_flow_graph, push_repeating
 from .partition import Parked, Partition, RemotePartition
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
 from .pushes import check_block, check_queue, each_result, session_pull
@@ -189,6 +189,10 @@ class Dispatcher:
         if cmd in self._flow_commands:  # PushFlow and the flow commands peers send
             self.flows.handle(conn, frame)
             return
+        if (cmd == "PUSH" or cmd == "PUSHB" or cmd == "Cron") and conn.bunqueue_envelope:
+            open_envelope(frame)
+            if cmd == "PUSHB" and push_repeating(self.handle, conn, frame):
+                return  # bunqueue's repeating adds: job schedulers
         validate(normalize(frame))
         cmd = frame["cmd"]
         if cmd in NODE_COMMANDS:
@@ -392,6 +396,8 @@ class Dispatcher:
         """
         self.commands_total += len(frames)
         queue = frames[0].queue
+        if conn.bunqueue_envelope:
+            open_envelopes(frames)
         try:
             if self.overloaded is not None:
                 raise self.overloaded
@@ -507,7 +513,8 @@ class Dispatcher:
         if not frame.get("detach"):
             self.sessions.used_partition(conn.session, part.id)
         timeout_ms = frame.get("timeout") or 0
-        if timeout_ms > 0 and not part.replica.application.view.has_ready(frame["queue"]):
+        if timeout_ms > 0 and not part.replica.application.view.has_ready(frame["queue"], frame.get("group"),
+                                                                          bool(frame.get("ungrouped"))):
             self._park_pull(conn, frame, part, self.loop.time() + timeout_ms / 1000)
             return
         self._submit_pull(conn, frame, part, None)
@@ -686,6 +693,7 @@ class Dispatcher:
             conn.upgrade(version)
             if capabilities and "routing" in capabilities:
                 conn.wants_forwarding = False  # it routes for itself
+                conn.bunqueue_envelope = False  # Shoal's own client: its data is never looked into
             reply = {"protocolVersion": version, "capabilities": ["pipelining", "routing"] if version >= 2 else [],
                      "nodeId": self.info.node_id, "clusterId": self.config.cluster_id,
                      "incarnation": self.info.incarnation,

@@ -39,7 +39,9 @@ class Replier(Protocol):
     ``wants_forwarding``: commands for partitions this node does not lead go to their leader
     through the relay (a client that does not route for itself); otherwise they are refused
     with ``NOT_LEADER``. ``subscriptions``: the queues of Shoal's ``Subscribe`` (None: none);
-    ``bunqueue_subscriptions``: the queues of bunqueue's ``SubscribeEvents``.
+    ``bunqueue_subscriptions``: the queues of bunqueue's ``SubscribeEvents``;
+    ``bunqueue_envelope``: its adds are read as bunqueue's server reads them, a job's name from
+    its data when the add names none (:func:`~.bunqueue.open_envelope`; bunqueue's clients).
     """
 
     conn_id: int
@@ -51,6 +53,7 @@ class Replier(Protocol):
     subscriptions: set[str] | None
     wants_forwarding: bool
     bunqueue_subscriptions: set[str] | None
+    bunqueue_envelope: bool
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         """Answer one command with its reply fields."""
@@ -102,6 +105,7 @@ class DecodingReplier:
 
     wants_forwarding = False
     bunqueue_subscriptions: set[str] | None = None
+    bunqueue_envelope = False
 
     def reply(self, req_id: Any, body: dict[str, Any]) -> None:
         raise NotImplementedError

@@ -736,6 +736,7 @@ function jobDetailHtml(d) {
       ${kv("Created", esc(fmtDate(j.createdAt)))}${kv("Runs at", esc(fmtDate(j.runAt)))}
       ${j.leaseDeadline ? kv("Lease ends", esc(fmtDate(j.leaseDeadline))) : ""}${j.finishedAt ? kv("Finished", esc(fmtDate(j.finishedAt))) : ""}
       ${j.customId ? kv("Custom id", esc(j.customId)) : ""}${j.tag ? kv("Tag", esc(j.tag)) : ""}${j.group ? kv("Group", esc(j.group)) : ""}
+      ${d.traceId ? kv("Trace id", `<span class="mono" id="job-trace" title="the OpenTelemetry trace this job was added in">${esc(d.traceId)}</span>`) : ""}
     </dl></section>
     ${flowHtml(j, d.children)}
     <section><h3>Data</h3><pre class="json" id="job-data">${jsonHtml(j.data)}</pre></section>

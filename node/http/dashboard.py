@@ -9,7 +9,8 @@ The page (``node/dashboard/``) talks only to public endpoints, all in ``openapi.
   from its partition's leader, nodes with their registry state and incarnation, the cluster's
   settings), and ``GET /cluster/stream``: the same as Server-Sent Events, once a second;
 - ``GET /queues/{queue}``, ``/queues/{queue}/list``, ``/queues/{queue}/search``,
-  ``GET /jobs/{id}/detail``: a queue's settings and history, jobs by state, search, a job's detail;
+  ``GET /jobs/{id}/detail``: a queue's settings and history, jobs by state, search, a job's detail
+  (with the ``traceId`` of the trace it was added in, when it carries one);
 - actions (``POST /jobs/{id}/retry|promote|cancel|release``, ``DELETE /jobs/{id}``,
   ``POST /queues/{queue}/pause|resume|drain|clean|dlq/retry|dlq/purge``), each one command of
   the binary protocol run through the dispatcher, forwarded to the partition's leader;
@@ -547,7 +548,7 @@ class Dashboard:
         logs = await self.api.command({"cmd": "GetLogs", "id": job_id})
         progress = await self.api.command({"cmd": "GetProgress", "id": job_id})
         return 200, dumps({"ok": True, "job": job, "logs": logs.get("logs", []),
-                           "progressMessage": progress.get("message"),
+                           "progressMessage": progress.get("message"), "traceId": trace_id_of(job),
                            "timeline": self.timelines.of(job), "readOnly": self.read_only})
 
     # --- actions --------------------------------------------------------------------------------
@@ -651,6 +652,25 @@ class Dashboard:
             return 404, {"ok": False, "code": "NOT_FOUND", "error": "no simulation on this node"}
         await self.simulation.stop()
         return 200, {"ok": True, "simulation": self.simulation.status()}
+
+
+def trace_id_of(job: dict[str, Any]) -> str | None:
+    """The trace a job was added in: the trace id of the W3C ``traceparent`` in its
+    ``traceContext`` (which the client's OpenTelemetry hooks write), or None."""
+    carrier = job.get("traceContext")
+    value = carrier.get("traceparent") if isinstance(carrier, dict) else None
+    if not isinstance(value, str):
+        return None
+    parts = value.split("-")
+    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2] or (parts[0] == "00" and len(parts) != 4):
+        return None
+    if not all(_is_hex(p) for p in parts[:4]) or parts[0] == "ff" or set(parts[1]) == {"0"}:
+        return None
+    return parts[1]
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 def _route(request: web.Request) -> str:

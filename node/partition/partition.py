@@ -26,8 +26,11 @@ NO_SPACE_ERROR = CommandError(ErrorCode.NO_SPACE, "the partition's disk is (near
                                                   "until space is freed; pulls, acks and reads still work")
 #: Pulls one queue may have parked at once; one more is refused (``OVERLOADED``).
 PARKED_PER_QUEUE_MAX = 10_000
-#: Pulls of one queue woken per applied batch; the others wait for a later one.
+#: Pulls of one line (a queue, or a queue's group) woken per applied batch; the others wait for a later one.
 WAKE_PER_ROUND_MAX = 256
+#: A parked pull's line: its queue, the one group it is limited to (None: any), and whether it
+#: is limited to jobs without a group (``PULL``/``PULLB`` ``group`` and ``ungrouped``).
+Line = tuple[str, "str | None", bool]
 
 
 class _Link(Protocol):
@@ -94,7 +97,7 @@ class Partition:
     line, answered, until a wake or a drain passes it.
     """
 
-    __slots__ = ("id", "replica", "group_commit", "serving", "_pulls", "_pushes", "applied_pending",
+    __slots__ = ("id", "replica", "group_commit", "serving", "_pulls", "_parked_pulls", "_pushes", "applied_pending",
                  "last_tick_ms", "tick_inflight")
 
     def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit | None = None,
@@ -105,8 +108,10 @@ class Partition:
         self.serving = serving
         #: Batches the partition's writes into entries (see :meth:`hosted`).
         self.group_commit: GroupCommit = group_commit  # type: ignore[assignment]
-        #: queue -> its parked pulls, oldest first
-        self._pulls: dict[str, deque[Parked[Any]]] = {}
+        #: line (queue, and the group a pull is limited to) -> its parked pulls, oldest first
+        self._pulls: dict[Line, deque[Parked[Any]]] = {}
+        #: queue -> the pulls in its lines (answered ones included until a wake passes them)
+        self._parked_pulls: dict[str, int] = {}
         #: pushes parked because their queue was full, oldest first
         self._pushes: deque[Parked[Any]] = deque()
         #: Applied entries whose wake-ups (events, parked commands) have not run yet.
@@ -170,14 +175,28 @@ class Partition:
     # --- parking ---------------------------------------------------------------------------------
 
     def park_pull(self, parked: Parked[Any]) -> bool:
-        """Park a long-poll pull on its queue's line; False (and nothing parked) when that line is full."""
+        """Park a long-poll pull on its line (its queue's, or for a pull limited to one group
+        or to jobs without a group, that group's); False (and nothing parked) when its queue
+        has :data:`PARKED_PER_QUEUE_MAX` pulls parked."""
         assert parked.partition == self.id, f"a pull of partition {parked.partition} parked on {self.id}"
         assert not parked.done, "an answered pull parked"
-        line = self._pulls.setdefault(parked.queue, deque())
-        if len(line) >= PARKED_PER_QUEUE_MAX:
+        queue = parked.queue
+        n = self._parked_pulls.get(queue, 0)
+        if n >= PARKED_PER_QUEUE_MAX:
             return False
-        line.append(parked)
+        frame = parked.frame
+        line: Line = (queue, frame.get("group"), bool(frame.get("ungrouped")))
+        self._pulls.setdefault(line, deque()).append(parked)
+        self._parked_pulls[queue] = n + 1
         return True
+
+    def _unparked(self, queue: str) -> None:
+        """One pull of ``queue`` left its line."""
+        n = self._parked_pulls[queue] - 1
+        if n:
+            self._parked_pulls[queue] = n
+        else:
+            del self._parked_pulls[queue]
 
     def park_push(self, parked: Parked[Any]) -> None:
         """Park a push refused because its queue was full, until something is applied here."""
@@ -187,24 +206,36 @@ class Partition:
 
     # --- waking ----------------------------------------------------------------------------------
 
-    def wake_pulls(self, ready: Callable[[str], bool]) -> Iterator[Parked[Any]]:
-        """The parked pulls to submit again: of each queue ``ready`` says has jobs, up to
+    def wake_pulls(self, ready: Callable[..., bool]) -> Iterator[Parked[Any]]:
+        """The parked pulls to submit again: of each line whose pull would take a job now, up to
         :data:`WAKE_PER_ROUND_MAX`, oldest first, claimed. Lines left with only answered pulls go.
+
+        ``ready(queue)`` says whether a pull of ``queue`` would; ``ready(queue, group,
+        ungrouped)`` whether one limited to ``group`` (or to jobs without a group) would. A
+        limited line is asked only when its queue is ready, and wakes only when its own pull
+        would take a job, so a pull waiting for one group never wakes for another's jobs.
 
         Lazy, to be taken to the end: each pull is claimed as the caller takes it, so the
         caller's submits and the claims interleave in the order they would in one loop.
         """
-        for queue in list(self._pulls):
-            line = self._pulls[queue]
+        queue_ready: dict[str, bool] = {}
+        for key in list(self._pulls):
+            line = self._pulls[key]
+            queue, group, ungrouped = key
             while line and line[0].done:
                 line.popleft()
+                self._unparked(queue)
             if not line:
-                del self._pulls[queue]
+                del self._pulls[key]
                 continue
-            if not ready(queue):
+            ok = queue_ready.get(queue)
+            if ok is None:
+                ok = queue_ready[queue] = ready(queue)
+            if not ok or ((group is not None or ungrouped) and not ready(queue, group, ungrouped)):
                 continue
             for _ in range(min(len(line), WAKE_PER_ROUND_MAX)):
                 parked = line.popleft()
+                self._unparked(queue)
                 assert parked.queue == queue, f"a pull of {parked.queue} in the line of {queue}"
                 if parked.claim():
                     yield parked
@@ -224,6 +255,7 @@ class Partition:
         for line in self._pulls.values():
             waiting.extend(line)
         self._pulls.clear()
+        self._parked_pulls.clear()
         return [parked for parked in waiting if parked.claim()]
 
 

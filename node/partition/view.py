@@ -71,9 +71,10 @@ class PartitionView:
         applied state; None when it must go through Raft (``PartitionEngine.fresh_heartbeat``)."""
         return self._engine().fresh_heartbeat(cmd, now_ms)
 
-    def has_ready(self, queue: str) -> bool:
-        """True when a pull on ``queue`` would get a job now."""
-        return self._engine().has_ready(queue)
+    def has_ready(self, queue: str, group: str | None = None, ungrouped: bool = False) -> bool:
+        """True when a pull on ``queue`` would get a job now (limited to ``group``'s jobs, or to
+        jobs without a group with ``ungrouped``: see ``PartitionEngine.has_ready``)."""
+        return self._engine().has_ready(queue, group, ungrouped)
 
     def job_count(self) -> int:
         """Jobs held in every state."""

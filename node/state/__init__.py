@@ -22,13 +22,14 @@ in :mod:`._transitions`.
 Flow control (:mod:`._limits`): a queue's rate limits keep sliding windows of lease stamps
 (replicated, so they hold across a failover) and a pull leases only while the queue and
 the job's group have budget; groups out of budget or at their ``groupConcurrency`` leave
-the heap of eligible heads until they may run again, so limits keep a pull O(log n) in
-the number of groups. Dedupe and debounce entries (:mod:`._dedupe`) are replicated too.
+the heap of turns until they may run again, so limits keep a pull O(log n) in the number
+of groups. Dedupe and debounce entries (:mod:`._dedupe`) are replicated too.
 
 Per-operation costs stay O(log n) with heaps and lazy deletion: a queue keeps a ready
 heap of ``(priority, seq)`` for jobs without a group and, for groups (utube), one
-seq-heap per group plus a heap of eligible group heads, so a pull from a queue with
-100,000 groups is a heap pop. The partition keeps heaps of delayed run times, lease
+``(priority, seq)`` heap per group plus a heap of the groups that may run, keyed by the
+virtual finish tags of weighted fair turns (:mod:`._ready`), so a pull from a queue with
+100,000 groups is a few heap operations. The partition keeps heaps of delayed run times, lease
 deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry
 happens lazily when a pull applies and in the leader's periodic ``_Tick`` command.
 

@@ -90,8 +90,9 @@ class ControlOps(Store):
             self._drop_prio(q, old)  # type: ignore[attr-defined]  # Moves
             q.prio_counts[new] = q.prio_counts.get(new, 0) + 1
             job.priority = new
-            if job.group is None:
-                heapq.heappush(q.ready, (-new, job.seq))  # the old entry goes stale
+            # The old entry goes stale; a group job takes its new place among its group's jobs.
+            heap = q.ready if job.group is None else q.group_fifo.setdefault(job.group, [])
+            heapq.heappush(heap, (-new, job.seq))
             return {}
         job.priority = new
         return {}
@@ -163,11 +164,11 @@ class ControlOps(Store):
         q.limiter = limiter_of(q.opts, old, self.now_ms)
         conc = group_concurrency_of(q.opts, q.type)
         if conc != q.group_conc or (old is not None and old.parked):
-            # Groups set aside (full or throttled) may run now: expose their heads again;
-            # stale or duplicate heads are skipped when they surface.
+            # Groups set aside (full or throttled) may run now: list them again (their tags
+            # are unchanged, so their place in the turns is too).
             q.group_conc = conc
             for group in list(q.group_fifo):
-                self._refresh_group_head(q, group)  # type: ignore[attr-defined]  # ReadyIndex
+                self._list_group(q, group)  # type: ignore[attr-defined]  # ReadyIndex
 
     def _op_Pause(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)

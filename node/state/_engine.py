@@ -82,8 +82,9 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
         # tuple.__new__: a NamedTuple's own __new__ is a Python function, a cost on every command
         return _new_tuple(Applied, (reply, _NO_EVENTS if out is None else out))
 
-    def has_ready(self, queue: str) -> bool:
-        """True when a pull on ``queue`` would get a job now."""
+    def has_ready(self, queue: str, group: str | None = None, ungrouped: bool = False) -> bool:
+        """True when a pull on ``queue`` would get a job now; with ``group``, a pull limited to
+        that group's jobs, with ``ungrouped``, one limited to jobs without a group."""
         q = self.queues.get(queue)
         if q is None or q.paused or q.type == "log":
             return False
@@ -91,6 +92,11 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
             return False  # out of budget: next_due_ms ticks the leader when it returns
         if self.delayed and self.delayed[0][0] <= self.now_ms:
             return True  # a due delayed job may belong to it; the pull promotes it
+        if group is not None:
+            # A queue type without groups refuses the pull (INVALID): it must not wait to say so.
+            return not q.preset["group"] or self._group_ready(q, group) is not None
+        if ungrouped:
+            return self._ungrouped_head(q) is not None
         return self._peek_ready(q) is not None
 
     def next_due_ms(self) -> int | None:

@@ -82,10 +82,14 @@ class FlowOps(Store):
             raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is a log queue: it holds no flow jobs")
         items = cmd["_items"]
         fresh = 0
+        ahead: dict[str, int] = {}  # group -> its items before this one (groupMaxSize)
         for item in items:  # every check before any change
             if self._duplicate(q, item) is not None:
                 continue
-            self._check_push(q, item, extra=fresh)
+            group = item.get("group")
+            self._check_push(q, item, extra=fresh, group_ahead=ahead.get(group, 0) if group is not None else 0)
+            if group is not None and not item.get("_expect"):
+                ahead[group] = ahead.get(group, 0) + 1
             fresh += 1
         ids = []
         for item in items:
@@ -117,6 +121,7 @@ class FlowOps(Store):
         job.backoff_ms = opts["backoff"] if backoff is None else backoff
         job.ttr_ms = (get("ttr") if q.preset["ttr"] else None) or opts["ttr"]
         job.group, job.custom_id, job.tag = get("group"), get("customId"), get("tag")
+        job.name = get("name")
         if job.custom_id is not None:
             q.custom_ids[job.custom_id] = seq
         key = get("idempotencyKey")

@@ -4,7 +4,8 @@ A queue's options may hold ``limit: {max, durationMs}`` (leases per sliding wind
 queue), ``groupLimit: {max, durationMs}`` (the same per group), ``groupLimits: {group:
 {max, durationMs}}`` (per-group overrides of ``groupLimit``), ``concurrency`` (active
 jobs of the queue) and ``groupConcurrency`` (active jobs per group; 1 unless set, and
-always 1 for utube queues). ``max`` 0 and ``concurrency`` 0 mean no limit.
+always 1 for utube queues). ``max`` 0 and ``concurrency`` 0 mean no limit. ``groupWeights:
+{group: weight}`` sets the share of turns of a group (``_ready``: fair turns between groups).
 
 The windows are sliding, not fixed: a :class:`Limiter` keeps the lease stamps of the last
 ``durationMs`` (at most ``max`` of them), so no window of ``durationMs`` ever holds more
@@ -25,8 +26,8 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 __all__ = ["LIMIT_OPTIONS", "Limiter", "limiter_of", "group_concurrency_of", "check_limit_options"]
 
-#: The queue options this module reads (the engine keeps them with the other queue options).
-LIMIT_OPTIONS = ("limit", "groupLimit", "groupLimits", "concurrency", "groupConcurrency")
+#: The flow-control options of a queue (the engine keeps them with the other queue options).
+LIMIT_OPTIONS = ("limit", "groupLimit", "groupLimits", "concurrency", "groupConcurrency", "groupWeights")
 
 
 def check_limit_options(opts: dict[str, Any], qtype: str) -> None:
@@ -51,7 +52,7 @@ class Limiter:
     """The rate and concurrency limits of one queue and their sliding-window stamps."""
 
     __slots__ = ("max", "duration_ms", "group_max", "group_duration_ms", "overrides", "concurrency", "stamps",
-                 "group_stamps", "parked")
+                 "group_stamps", "parked", "parked_groups")
 
     def __init__(self, opts: dict[str, Any]) -> None:
         limit = opts.get("limit") or {}
@@ -67,6 +68,7 @@ class Limiter:
         self.stamps: deque[int] = deque()                # lease stamps of the queue's window
         self.group_stamps: dict[str, deque[int]] = {}    # group -> lease stamps of its window
         self.parked: list[tuple[int, str]] = []          # (budget returns at, group), a heap
+        self.parked_groups: set[str] = set()             # the groups in ``parked``, each once
 
     # -- queue-wide -------------------------------------------------------------------------
 
@@ -111,13 +113,17 @@ class Limiter:
 
     def park(self, group: str) -> None:
         """Set ``group`` aside until its oldest stamp leaves the window."""
-        heapq.heappush(self.parked, (self.group_stamps[group][0] + self.group_rule(group)[1], group))
+        if group not in self.parked_groups:
+            self.parked_groups.add(group)
+            heapq.heappush(self.parked, (self.group_stamps[group][0] + self.group_rule(group)[1], group))
 
     def unpark(self, now_ms: int) -> list[str]:
         """The parked groups whose budget has returned by ``now_ms``."""
         parked, out = self.parked, []
         while parked and parked[0][0] <= now_ms:
-            out.append(heapq.heappop(parked)[1])
+            group = heapq.heappop(parked)[1]
+            self.parked_groups.discard(group)
+            out.append(group)
         return out
 
     def note_lease(self, group: str | None, now_ms: int) -> None:

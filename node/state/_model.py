@@ -74,8 +74,9 @@ class Job:
 
     ``name`` is the job's name (bunqueue's; None reads as ``default``); ``meta`` holds the rare
     per-job settings and records as a small dict, or None: ``removeOnComplete``,
-    ``removeOnFail``, ``backoffType``, ``stackTraceLimit``, ``keepLogs``, the last failure's
-    ``stacktrace`` and the start of its latest attempt (``startedAt``).
+    ``removeOnFail``, ``backoffType``, ``stackTraceLimit``, ``keepLogs``, ``traceContext`` (the
+    trace it was added in), the last failure's ``stacktrace`` and the start of its latest attempt
+    (``startedAt``).
     """
 
     __slots__ = ("seq", "queue", "data", "priority", "state", "attempts", "max_attempts", "backoff_ms",
@@ -130,8 +131,8 @@ class Queue:
     """Settings, indexes and counters of one queue."""
 
     __slots__ = ("name", "type", "opts", "paused", "ready", "group_fifo", "group_active", "group_heads",
-                 "counts", "prio_counts", "history", "dlq", "custom_ids", "calls", "totals", "log",
-                 "log_next", "limiter", "group_conc")
+                 "group_listed", "group_tags", "group_sizes", "group_vtime", "counts", "prio_counts", "history",
+                 "dlq", "custom_ids", "calls", "totals", "log", "log_next", "limiter", "group_conc")
 
     def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -139,9 +140,14 @@ class Queue:
         self.opts = {**DEFAULTS, **(opts or {})}
         self.paused = False
         self.ready: list[tuple[int, int]] = []              # (-priority, seq), jobs without a group: the highest first
-        self.group_fifo: dict[str, list[int]] = {}          # group -> seq heap of waiting jobs
+        # Groups (see ``_ready``): each group's waiting jobs, and the fair turns between groups.
+        self.group_fifo: dict[str, list[tuple[int, int]]] = {}  # group -> (-priority, seq) heap of waiting jobs
         self.group_active: dict[str, int] = {}              # group -> how many of its jobs are active
-        self.group_heads: list[tuple[int, int, str]] = []   # (-priority, seq, group) of eligible heads
+        self.group_heads: list[tuple[int, str]] = []        # (key ≤ virtual finish tag, group) of listed groups
+        self.group_listed: dict[str, int] = {}              # group with a live entry in group_heads -> its key
+        self.group_tags: dict[str, int] = {}                # group with live jobs -> its virtual finish tag
+        self.group_sizes: dict[str, int] = {}               # group -> its waiting and delayed jobs
+        self.group_vtime = 0                                # the queue's virtual time (the last turn's tag)
         self.counts = {s: 0 for s in STATES}
         self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
         self.history: deque[int] = deque()                  # completed seqs, oldest first

@@ -26,8 +26,9 @@ class Moves(Store):
         if state == WAITING:
             q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
         job.state = state
-        if prev == WAITING and job.group is not None:
-            self._refresh_group_head(q, job.group)
+        group = job.group
+        if group is not None:
+            self._group_moved(q, group, prev, state)  # type: ignore[attr-defined]  # ReadyIndex
         events = self._events
         if events is not None:
             events.append((q.name, job.seq, state, prev))
@@ -96,6 +97,9 @@ class Moves(Store):
         events = self._events
         if events is not None:
             events.append((q.name, job.seq, COMPLETED, ACTIVE))
+        group = job.group
+        if group is not None and group not in q.group_sizes and group not in q.group_active:
+            self._forget_group(q, group)  # type: ignore[attr-defined]  # ReadyIndex: its last live job ended
         q.history.append(job.seq)
         q.totals["completed"] += 1
         if self.flow_children:
@@ -119,8 +123,8 @@ class Moves(Store):
         if self.flow_children or self.flow_parents:
             self._flow_forget(job)
         del self.jobs[job.seq]
-        if job.state == WAITING and job.group is not None:
-            self._refresh_group_head(q, job.group)
+        if job.group is not None and job.state in (WAITING, DELAYED, ACTIVE):
+            self._group_moved(q, job.group, job.state, REMOVED)  # type: ignore[attr-defined]  # ReadyIndex
         events = self._events
         if events is not None:
             events.append((q.name, job.seq, "removed", job.state))

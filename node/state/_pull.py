@@ -63,6 +63,9 @@ class PullOps(Store):
         q = self.queues.get(cmd["queue"])
         if q is not None and q.type == "log":
             raise CommandError(ErrorCode.INVALID, f"queue {q.name!r} is a log queue: read it with Read")
+        group = cmd.get("group")
+        if group is not None and q is not None and not q.preset["group"]:
+            raise CommandError(ErrorCode.INVALID, f"group: queue {q.name!r} ({q.type}) has no groups")
         self._expire()
         if q is None:
             return [], []
@@ -70,6 +73,10 @@ class PullOps(Store):
         if q.paused:
             return [], []
         lim = q.limiter
+        if group is not None or cmd.get("ungrouped"):
+            if group is None and lim is None:
+                return self._pull_ungrouped(q, cmd, count, session, budget)  # the ready heap alone
+            return self._pull_only(q, group, cmd, count, session, budget)
         if lim is None and not q.group_heads and not q.group_fifo:
             return self._pull_ungrouped(q, cmd, count, session, budget)
         jobs, tokens = [], []
@@ -88,6 +95,37 @@ class PullOps(Store):
             job = self._pop_ready(q)
             if job is None:
                 break
+            tokens.append(self._lease(q, job, cmd.get("ttr"), session))
+            jobs.append(self.pulled_job(job) if self._replies else None)
+        return jobs, tokens
+
+    def _pull_only(self, q: Queue, group: str | None, cmd: dict[str, Any], count: int, session: str | None,
+                   budget: int) -> tuple[list[dict[str, Any]], list[str]]:
+        """``_pull`` limited to the jobs of ``group`` (by their order within the group), or with
+        ``group`` None to jobs without a group; the queue's and the group's limits hold as for
+        any pull (:mod:`._ready`: how a one-group pull counts in the turns between groups)."""
+        jobs, tokens = [], []
+        lim = q.limiter
+        counts = q.counts
+        used = REPLY_BYTES_OVERHEAD
+        for _ in range(count):
+            if lim is not None and not lim.queue_open(counts[ACTIVE], self.now_ms):
+                break
+            if group is None:
+                top = self._ungrouped_head(q)
+                job = self.jobs[top[1]] if top is not None else None
+            else:
+                job = self._group_ready(q, group)
+            if job is None:
+                break
+            if budget:
+                used += wire_bytes_max(job)
+                if jobs and used > budget:
+                    break
+            if group is None:
+                heapq.heappop(q.ready)
+            else:
+                self._pop_group(q, group)
             tokens.append(self._lease(q, job, cmd.get("ttr"), session))
             jobs.append(self.pulled_job(job) if self._replies else None)
         return jobs, tokens

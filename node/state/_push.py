@@ -32,13 +32,23 @@ class PushOps(Store):
         if capacity and len(q.log) + adding > capacity:
             raise CommandError(ErrorCode.QUEUE_FULL, f"queue {q.name!r} is at its capacity of {capacity}")
 
-    def _check_push(self, q: Queue, options: dict[str, Any], extra: int = 0) -> None:
+    def _check_push(self, q: Queue, options: dict[str, Any], extra: int = 0, group_ahead: int = 0) -> None:
+        """Refuse an add ``q`` cannot take; ``extra``: jobs of the same batch added before it,
+        ``group_ahead``: those of them in its group."""
         if q.type == "log":
             self._check_log_capacity(q, 1 + extra)
             return
         preset = q.preset
-        if not preset["group"] and options.get("group") is not None:
-            raise CommandError(ErrorCode.INVALID, f"group: queue {q.name!r} ({q.type}) has no groups")
+        group = options.get("group")
+        if group is not None:
+            if not preset["group"]:
+                raise CommandError(ErrorCode.INVALID, f"group: queue {q.name!r} ({q.type}) has no groups")
+            max_size = options.get("groupMaxSize")
+            # bunqueue's group admission: at most maxSize jobs of the group wait (or are delayed),
+            # counting this one; a flow's parent waits for its children, outside its group.
+            if max_size is not None and q.group_sizes.get(group, 0) + group_ahead >= max_size \
+                    and not options.get("_expect"):
+                raise CommandError(ErrorCode.QUEUE_FULL, f"Group {group} has reached its maximum size of {max_size}")
         capacity = q.opts["capacity"]
         if capacity and preset["capacity"]:
             live = q.counts[WAITING] + q.counts[DELAYED] + q.counts[ACTIVE]
@@ -120,6 +130,8 @@ class PushOps(Store):
             q.counts[DELAYED] += 1
             job.run_at_ms = now + delay
             heapq.heappush(self.delayed, (job.run_at_ms, seq))
+            if job.group is not None:
+                self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         else:
             if events is not None:
                 events.append((name, seq, WAITING, None))
@@ -129,6 +141,7 @@ class PushOps(Store):
             if job.group is None:
                 heapq.heappush(q.ready, (-prio, seq))
             else:
+                self._group_moved(q, job.group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
                 self._enqueue_ready(q, job)
         return job
 
@@ -344,12 +357,17 @@ class PushOps(Store):
         # needs the capacity check (state does not change while checking), later ones the
         # group check. Same outcome as checking every item, in a fraction of the calls.
         fresh = 0
+        ahead: dict[str, int] = {}  # group -> its items before this one (groupMaxSize)
         for item in items:
             if ("idempotencyKey" in item or "customId" in item) and self._duplicate(q, item) is not None:
                 continue
             if "dedupe" in item or "debounce" in item:
                 self._check_dedupe(q, item)  # type: ignore[attr-defined]  # DedupeOps
-            if fresh == 0 or item.get("group") is not None:
+            group = item.get("group")
+            if group is not None:
+                self._check_push(q, item, group_ahead=ahead.get(group, 0))
+                ahead[group] = ahead.get(group, 0) + 1
+            elif fresh == 0:
                 self._check_push(q, item)
             fresh += 1  # a deduplicated item counts too: the capacity check errs on the safe side
         if fresh > 1:
@@ -385,4 +403,4 @@ class PushOps(Store):
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
 #: Job options kept in ``Job.meta`` (rare: no slot of their own).
-META_OPTIONS = ("removeOnComplete", "removeOnFail", "backoffType", "stackTraceLimit", "keepLogs")
+META_OPTIONS = ("removeOnComplete", "removeOnFail", "backoffType", "stackTraceLimit", "keepLogs", "traceContext")

@@ -15,7 +15,7 @@ import msgpack
 from ._model import SNAPSHOT_VERSION, Job, Queue, slot_job
 from ._segments import Segment
 from ._store import Store
-from ._transitions import ACTIVE, DELAYED, WAITING
+from ._transitions import ACTIVE, DELAYED, NEW, WAITING
 
 __all__ = ["SnapshotOps"]
 
@@ -49,6 +49,18 @@ def _continues(run: list[list[Any]], t: list[Any]) -> bool:
     last = run[-1]
     return (t[0] == last[0] + 1 and t[1] == last[1] and t[8] == last[8] and t[6] == last[6]
             and t[7] == last[7] and t[11] == last[11] and len(run) < _RUN_SLOTS_MAX)
+
+
+#: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group
+#: passed over for more than 10^11 turns of others) is written as this.
+_LAG_MAX = 1 << 62
+
+
+def _group_turns(q: Queue) -> list[list[Any]]:
+    """``q``'s group tags relative to its virtual time, by group name, those at the present
+    (the tag a group gets when its first job arrives, and the one a restore gives) left out."""
+    vtime = q.group_vtime
+    return [[g, max(tag - vtime, -_LAG_MAX)] for g, tag in sorted(q.group_tags.items()) if tag != vtime]
 
 
 class _ChunkReader:
@@ -98,6 +110,9 @@ class SnapshotOps(Store):
         limits = {n: q.limiter.state(self.now_ms) for n, q in self.queues.items() if q.limiter is not None}
         if limits:
             more["limits"] = limits
+        turns = {n: t for n, q in self.queues.items() if q.group_tags and (t := _group_turns(q))}
+        if turns:
+            more["groups"] = turns
         if self.dedupe:  # type: ignore[attr-defined]  # DedupeOps
             more["dedupe"] = self.dedupe_state()  # type: ignore[attr-defined]
         if self.forwarded:  # type: ignore[attr-defined]  # ForwardedKeys
@@ -175,6 +190,7 @@ class SnapshotOps(Store):
         crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}
         limits = extras.get("limits", {})
+        turns = extras.get("groups", {})
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
         for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
             q = eng.queues[name] = Queue(name, qtype, opts)
@@ -185,6 +201,8 @@ class SnapshotOps(Store):
             q.dlq = dict.fromkeys(dlq)
             if q.limiter is not None and name in limits:
                 q.limiter.load(limits[name])
+            if name in turns:
+                q.group_tags = dict(turns[name])  # vtime restarts at 0: tags are kept relative to it
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
         eng.idempotency_order = order
         eng.idempotency = idem
@@ -242,13 +260,18 @@ class SnapshotOps(Store):
         q.counts[job.state] += 1
         if job.state == WAITING:
             q.prio_counts[job.priority] = q.prio_counts.get(job.priority, 0) + 1
+            if job.group is not None:
+                self._group_moved(q, job.group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
             self._enqueue_ready(q, job)
         elif job.state == DELAYED:
             heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+            if job.group is not None:
+                self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         elif job.state == ACTIVE:
             heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, job.token or "", 0))
             if job.group is not None:
                 q.group_active[job.group] = q.group_active.get(job.group, 0) + 1
+                q.group_tags.setdefault(job.group, q.group_vtime)
         if job.ttl_deadline_ms and job.state in (WAITING, DELAYED):
             heapq.heappush(self.ttls, (job.ttl_deadline_ms, job.seq))
 

@@ -329,6 +329,8 @@ class Store:
                 out["removeOnComplete"] = True
             if "stacktrace" in job.meta:
                 out["stacktrace"] = job.meta["stacktrace"]
+            if "traceContext" in job.meta:
+                out["traceContext"] = job.meta["traceContext"]
         if self.flow_children or self.flow_parents:
             self.flow_wire(job, out)
         return out
@@ -382,6 +384,8 @@ class Store:
             out["leaseDeadline"] = float(job.lease_deadline_ms)
         if finished is not None:
             out["finishedAt"] = finished
+        if meta is not None and "traceContext" in meta:
+            out["traceContext"] = meta["traceContext"]
         if self.flow_children or self.flow_parents:
             self.flow_wire(job, out)
         return out

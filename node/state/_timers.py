@@ -11,11 +11,12 @@ from croniter import croniter
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
+from shoal.cluster.jobid import parse_job_id
 
 from ._model import PAGE_LIMIT_MAX, Job, pack
 from ._segments import SLOT_ACTIVE
 from ._store import Store
-from ._transitions import ACTIVE, DELAYED, FAILED, WAITING
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
 
 __all__ = ["TimerOps"]
 
@@ -90,18 +91,31 @@ class TimerOps(Store):
     def _fire_crons(self) -> None:
         for name in [n for n, c in self.crons.items() if c["nextRunAt"] <= self.now_ms]:
             cron = self.crons[name]
-            q = self._queue(cron["queue"], create=True)
-            options: dict[str, Any] = {"priority": cron["priority"]}
-            if cron.get("jobName") is not None:
-                options["name"] = cron["jobName"]
-            job = self._new_job(q, cron["data"], options)
-            cron["count"] += 1
-            cron["lastRunAt"] = self.now_ms
-            cron["lastJobId"] = self._id(job)
-            if cron["limit"] and cron["count"] >= cron["limit"]:
-                del self.crons[name]
-            else:
-                cron["nextRunAt"] = _next_run(cron, self.now_ms)
+            if cron.get("afterCompletion") and cron.get("lastJobId") is not None:
+                last = self.jobs.get(parse_job_id(cron["lastJobId"])[1])
+                if last is not None and last.state in (FAILED, CANCELLED):
+                    del self.crons[name]  # bunqueue's repeat: a job that did not complete ends it
+                    continue
+                if last is not None and last.state != COMPLETED:
+                    cron["nextRunAt"] = _next_run(cron, self.now_ms)  # still to run: this run is skipped
+                    continue
+            self._fire_cron(cron)
+
+    def _fire_cron(self, cron: dict[str, Any]) -> str:
+        """Make one job of ``cron`` now (it ends once it made its ``limit``); its id."""
+        q = self._queue(cron["queue"], create=True)
+        options: dict[str, Any] = {"priority": cron["priority"]}
+        if cron.get("jobName") is not None:
+            options["name"] = cron["jobName"]
+        job = self._new_job(q, cron["data"], options)
+        cron["count"] += 1
+        cron["lastRunAt"] = self.now_ms
+        cron["lastJobId"] = job_id = self._id(job)
+        if cron["limit"] and cron["count"] >= cron["limit"]:
+            del self.crons[cron["name"]]
+        else:
+            cron["nextRunAt"] = _next_run(cron, self.now_ms)
+        return job_id
 
     def _purge_idempotency(self) -> None:
         order = self.idempotency_order
@@ -124,7 +138,7 @@ class TimerOps(Store):
                 # next_due_ms stops naming an instant that has passed.
                 lim.queue_open(q.counts[ACTIVE], self.now_ms)
                 for group in lim.unpark(self.now_ms):
-                    self._refresh_group_head(q, group)  # type: ignore[attr-defined]  # ReadyIndex
+                    self._list_group(q, group)  # type: ignore[attr-defined]  # ReadyIndex
             if q.history:
                 self._trim_history(q)
         return {}
@@ -139,10 +153,28 @@ class TimerOps(Store):
                 "limit": cmd.get("limit") or 0, "count": 0, "createdAt": self.now_ms}
         if cmd.get("jobName") is not None:
             cron["jobName"] = cmd["jobName"]
+        if cmd.get("afterCompletion"):
+            cron["afterCompletion"] = True
         cron["nextRunAt"] = _next_run(cron, self.now_ms)
+        old = self.crons.get(cmd["name"])
         self.crons[cmd["name"]] = cron
         self._queue(cmd["queue"], create=True)
-        return {"name": cmd["name"], "nextRunAt": cron["nextRunAt"], "cron": _cron_wire(cron)}
+        first = None
+        if cmd.get("immediately"):
+            if old is None:
+                first = self._fire_cron(cron)  # a new schedule's first job, now
+            else:
+                # Sent again (or replaced): the runs it made stand, and none is added.
+                for key in ("count", "lastRunAt", "lastJobId"):
+                    if key in old:
+                        cron[key] = old[key]
+                first = old.get("lastJobId")
+                if cron["limit"] and cron["count"] >= cron["limit"]:
+                    del self.crons[cmd["name"]]
+        reply = {"name": cmd["name"], "nextRunAt": cron["nextRunAt"], "cron": _cron_wire(cron)}
+        if first is not None:
+            reply["id"] = first  # what an add with bunqueue's ``repeat`` answers
+        return reply
 
     def _op_CronGet(self, cmd: dict[str, Any]) -> dict[str, Any]:
         cron = self.crons.get(cmd["name"])

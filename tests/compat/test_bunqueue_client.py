@@ -8,50 +8,30 @@ check and exits non-zero if any failed.
 
 from __future__ import annotations
 
-import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from compat_places import entry_node, queues_away_from
 
+from shoal.client import Client
 from shoal.cluster.launcher import LocalCluster
-from shoal.cluster.partitioning import partition_for
 
 pytestmark = pytest.mark.integration
 
 SCRIPT_TIMEOUT_S = 240.0
 DONE_WHEN_ROLES = ("basic", "w0", "w1", "w2", "w3", "w4", "w5", "retry", "events", "flow-parent", "flow-child")
-API_ROLES = ("order", "lists", "control", "sched", "dlq", "limits", "nolocks", "manual", "custom")
+API_ROLES = ("order", "lists", "control", "sched", "dlq", "limits", "nolocks", "manual", "custom", "repeat", "batch")
 
 
-def entry_node(cluster: LocalCluster) -> str:
-    """The node to connect to: the one that leads the fewest partitions."""
-    topo = cluster.topology()
-    led = {n: 0 for n in cluster.node_ids}
-    for p in range(cluster.config.partitions):
-        leader = topo.partition_map[p].leader
-        if leader in led:
-            led[leader] += 1
-    return min(led, key=lambda n: (led[n], n))
-
-
-def queues_away_from(cluster: LocalCluster, node: str, roles: tuple[str, ...], tag: str) -> dict[str, str]:
-    """A queue name per role whose partition ``node`` does not lead (any name on one node)."""
-    topo = cluster.topology()
-    names = {}
-    for role in roles:
-        for i in itertools.count():
-            name = f"bq-{tag}-{role}-{i}"
-            p = partition_for(name, cluster.config.partitions)
-            if len(cluster.node_ids) == 1 or topo.partition_map[p].leader not in (node, None):
-                names[role] = name
-                break
-    return names
-
-
-def run_script(client: object, cluster: LocalCluster, script: str, roles: tuple[str, ...], workdir: Path) -> str:
+def run_script(client: object, cluster: LocalCluster, script: str, roles: tuple[str, ...], workdir: Path,
+               setup: Callable[[dict[str, str]], None] | None = None) -> str:
+    """Run ``script`` through the entry node; ``setup`` first gets the queue of each role."""
     node = entry_node(cluster)
     queues = queues_away_from(cluster, node, roles, script.split(".")[0].replace("_", ""))
+    if setup is not None:
+        setup(queues)
     host, port = cluster.address_of(node).rsplit(":", 1)
     done = client.run(script, {"BQ_HOST": host, "BQ_PORT": port, "BQ_QUEUES": json.dumps(queues)},  # type: ignore[attr-defined]
                       workdir, SCRIPT_TIMEOUT_S)
@@ -63,13 +43,30 @@ def run_script(client: object, cluster: LocalCluster, script: str, roles: tuple[
 
 def test_the_done_when_script(bunqueue_client: object, shoal_cluster: LocalCluster, tmp_path: Path) -> None:
     """add/addBulk, a Worker completing 100 jobs on each of six queues, a job failing twice and
-    completing on its third attempt, getJob, a QueueEvents 'completed' event, a flow."""
+    completing on its third attempt, getJob, a QueueEvents 'completed' event, a flow whose
+    parent runs after its children under its own name."""
     out = run_script(bunqueue_client, shoal_cluster, "done_when.ts", DONE_WHEN_ROLES, tmp_path)
     assert out.count("PASS ") == 6, out
 
 
 def test_the_rest_of_the_documented_calls(bunqueue_client: object, shoal_cluster: LocalCluster, tmp_path: Path) -> None:
     """Priorities, listings and counts, queue control, job schedulers, the DLQ, global limits,
-    a Worker without locks (progress, logs, retries), moving jobs by hand, custom ids."""
+    a Worker without locks (progress, logs, retries), moving jobs by hand, custom ids, an add
+    with the legacy repeat option, a batch Worker."""
     out = run_script(bunqueue_client, shoal_cluster, "api.ts", API_ROLES, tmp_path)
-    assert out.count("PASS ") == 9, out
+    assert out.count("PASS ") == 11, out
+
+
+def test_a_batch_worker_with_group_affinity(bunqueue_client: object, shoal_cluster: LocalCluster,
+                                            tmp_path: Path) -> None:
+    """A Worker with ``batch: {size: 5, minSize: 5, groupAffinity: true}`` drains three groups
+    and jobs without a group: each job once, each batch of one group and full (its pulls name
+    the batch's group: ``PULLB`` ``group: {affinity}``)."""
+    def setup(queues: dict[str, str]) -> None:
+        with Client(shoal_cluster.addresses) as client:
+            queue = client.queue(queues["affinity"])
+            queue.obliterate()
+            queue.create(group_concurrency=0)  # a group's five jobs run together
+
+    out = run_script(bunqueue_client, shoal_cluster, "group_affinity.ts", ("affinity",), tmp_path, setup)
+    assert out.count("PASS ") == 1, out

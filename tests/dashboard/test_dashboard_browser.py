@@ -209,3 +209,18 @@ def test_simulation_drains_500_jobs_with_hangs_and_loses_none(cluster: LocalClus
     assert reclaimed
     status, detail = api(cluster, f"/jobs/{reclaimed[0]['id']}/detail")
     assert len(detail["logs"]) >= 2, detail["logs"]
+
+
+def test_job_detail_shows_the_trace_a_job_was_added_in(cluster: LocalCluster, page: Any) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    status, traced = api(cluster, "/queues/traced/jobs", "POST",
+                         {"data": {"n": 1}, "traceContext": {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}})
+    assert status == 200, traced
+    status, plain = api(cluster, "/queues/traced/jobs", "POST", {"data": {"n": 2}})
+    assert status == 200, plain
+    page.goto(base_url(cluster) + f"/#/queue/traced?job={traced['id']}")
+    page.wait_for_selector("#job-trace")
+    assert page.locator("#job-trace").inner_text() == trace_id
+    page.goto(base_url(cluster) + f"/#/queue/traced?job={plain['id']}")
+    page.wait_for_selector(f'#drawer-panel[data-job="{plain["id"]}"] #job-data')
+    assert page.locator("#job-trace").count() == 0

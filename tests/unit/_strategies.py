@@ -40,6 +40,8 @@ _JOB_OPTIONS = {
     "name": keys, "backoffType": st.sampled_from(["fixed", "exponential"]),
     "removeOnComplete": st.booleans(), "removeOnFail": st.booleans(),
     "stackTraceLimit": st.integers(0, L.stack_lines_max), "keepLogs": st.integers(0, L.log_lines_max),
+    "traceContext": st.dictionaries(st.sampled_from(["traceparent", "tracestate", "baggage"]), st.text(max_size=60),
+                                    min_size=1, max_size=3),
     "ttl": st.integers(0, L.ttl_ms_max),
     "ttr": st.integers(L.ttr_ms_min, L.ttr_ms_max),
     "attempts": st.integers(L.attempts_min, L.attempts_max),
@@ -83,6 +85,8 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "waitMs": st.integers(0, L.timeout_ms_max),
     "jobs": jobs_items,
     "owner": keys, "jobName": keys, "create": st.booleans(), "asc": st.booleans(),
+    "groupMaxSize": st.integers(1, 2**53 - 1),
+    "immediately": st.booleans(), "afterCompletion": st.booleans(),
     "start": st.integers(0, 2**62), "end": st.integers(0, 2**62),
     "stack": st.lists(st.text(max_size=20), max_size=5), "unrecoverable": st.booleans(),
     "filter": st.fixed_dictionaries({}, optional={"reason": st.just("stalled"), "limit": st.integers(0, 9)}),
@@ -104,7 +108,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "schedule": st.sampled_from(["* * * * *", "*/5 * * * *", "0 3 * * 1-5"]),
     "repeatEvery": st.integers(1, L.delay_ms_max),
     "local": st.booleans(),
-    "detach": st.booleans(),
+    "detach": st.booleans(), "ungrouped": st.booleans(),
     "queues": st.lists(keys, max_size=5),
     "capabilities": st.lists(st.sampled_from(["pipelining", "events"]), max_size=2),
     "events": st.lists(st.sampled_from(["job:*", "queue:*", "stats:snapshot"]), max_size=3),
@@ -160,6 +164,8 @@ def request(draw: Any, cmd: str, *, req_id: bool | None = None) -> dict[str, Any
             frame["repeatEvery"] = 1000
     if cmd == "Auth":
         frame["token"] = draw(st.text(min_size=1, max_size=64))
+    if frame.get("ungrouped") and "group" in frame:  # a pull is limited to one group, or to jobs without one
+        del frame["group"]
     return frame
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
-from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines
+from shoal.node.http.dashboard import TIMELINE_ENTRIES_MAX, TIMELINE_WATCHED_MAX, QueueSampler, Timelines, trace_id_of
 from shoal.node.partition import Partition, PartitionView
 from shoal.node.simulation import SimulationParams
 from shoal.node.state import PartitionEngine
@@ -132,3 +132,18 @@ def test_simulation_parameters_are_checked(body: dict[str, Any], field: str) -> 
 def test_simulation_parameter_defaults() -> None:
     p = SimulationParams.from_body({"queue": "demo.q:1", "jobs": 10, "hangRate": 0.1, "failRate": 0})
     assert (p.queue, p.jobs, p.workers, p.hang_rate, p.ttr_ms, p.attempts) == ("demo.q:1", 10, 8, 0.1, 2_000, 3)
+
+
+@pytest.mark.parametrize("traceparent, trace_id", [
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03-later", "4bf92f3577b34da6a3ce929d0e0e4736"),
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", None),  # version 00 has 4 parts
+    ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),
+    ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", None),  # W3C: lower-case hex only
+    ("00-4bf92f35-00f067aa0ba902b7-01", None),
+    (7, None),
+])
+def test_a_jobs_trace_id_comes_from_its_w3c_traceparent(traceparent: Any, trace_id: str | None) -> None:
+    assert trace_id_of({"id": "0-1", "traceContext": {"traceparent": traceparent}}) == trace_id
+    assert trace_id_of({"id": "0-1"}) is None and trace_id_of({"traceContext": "x"}) is None

@@ -49,6 +49,14 @@ def pull(queue: str, n: int, link: Link | None = None, p: int = P) -> Parked[Lin
     return parked
 
 
+def group_pull(queue: str, n: int, group: str | None) -> Parked[Link]:
+    """A parked pull limited to ``group``'s jobs (None: to jobs without a group)."""
+    only: dict[str, Any] = {"group": group} if group is not None else {"ungrouped": True}
+    parked = Parked(Link(), {"cmd": "PULLB", "queue": queue, "count": 5, "reqId": n, **only}, P, queue, 10.0)
+    parked.timer = Timer()  # type: ignore[assignment]
+    return parked
+
+
 def push(queue: str, n: int, link: Link | None = None) -> Parked[Link]:
     parked = Parked(link or Link(), {"cmd": "PUSH", "queue": queue, "reqId": n, "waitMs": 100}, P, queue, 10.0)
     parked.timer = Timer()  # type: ignore[assignment]
@@ -127,6 +135,47 @@ def test_a_full_line_refuses_one_more_pull(monkeypatch: pytest.MonkeyPatch) -> N
     assert part.park_pull(pull("b", 4))  # the limit is per queue
     assert ids(part.wake_pulls(lambda queue: True)) == [1, 2, 4]
     assert not refused.done
+
+
+def test_a_pull_limited_to_a_group_wakes_only_when_that_group_has_a_job() -> None:
+    part = partition()
+    for parked in (pull("a", 1), group_pull("a", 2, "g"), group_pull("a", 3, "h"), group_pull("a", 4, None),
+                   group_pull("a", 5, "g")):
+        assert part.park_pull(parked)
+    asked: list[tuple[Any, ...]] = []
+
+    def ready(queue: str, group: str | None = None, ungrouped: bool = False) -> bool:
+        asked.append((queue, group, ungrouped))
+        return group in (None, "g") and not ungrouped  # a job of g waits, and none without a group
+
+    assert ids(part.wake_pulls(ready)) == [1, 2, 5]
+    assert asked == [("a", None, False), ("a", "g", False), ("a", "h", False), ("a", None, True)]  # once per line
+    asked.clear()
+    assert list(part.wake_pulls(lambda queue, *only: False)) == []
+    assert ids(part.wake_pulls(lambda queue, group=None, ungrouped=False: ungrouped or group is None)) == [4]
+    assert ids(part.wake_pulls(lambda queue, group=None, ungrouped=False: True)) == [3]
+
+
+def test_a_queue_with_nothing_ready_asks_none_of_its_group_lines() -> None:
+    part = partition()
+    for n, group in enumerate(("g", "h", None)):
+        part.park_pull(group_pull("a", n, group))
+    asked: list[tuple[Any, ...]] = []
+    assert list(part.wake_pulls(lambda *line: asked.append(line) is not None)) == []
+    assert asked == [("a",)]  # the queue's answer covers every line of it
+
+
+def test_the_parked_limit_counts_every_line_of_a_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition_module, "PARKED_PER_QUEUE_MAX", 2)
+    part = partition()
+    assert part.park_pull(pull("a", 1)) and part.park_pull(group_pull("a", 2, "g"))
+    assert not part.park_pull(group_pull("a", 3, "h"))
+    assert part.park_pull(group_pull("b", 4, "g"))
+    assert ids(part.wake_pulls(lambda queue, group=None, ungrouped=False: group != "g" or queue == "b")) == [1, 4]
+    assert part.park_pull(group_pull("a", 5, "h"))  # one left: room for one more
+    assert not part.park_pull(group_pull("a", 6, "h"))
+    assert ids(part.drain_parked()) == [2, 5]
+    assert part.park_pull(pull("a", 7)) and part.park_pull(pull("a", 8))
 
 
 def test_parked_pushes_all_wake_in_order_and_one_parked_meanwhile_waits() -> None:

@@ -214,4 +214,40 @@ await check('custom job ids', async () => {
   q.close();
 });
 
+await check('add with the legacy repeat option', async () => {
+  const q = await reset('repeat');
+  const first = await q.add('tick', { t: 1 }, { repeat: { every: 200, limit: 2 } });
+  equal((await q.getJob(first.id))?.name, 'tick', 'the first job, added now');
+  equal(await q.getJobState(first.id), 'waiting', 'waiting');
+  const runs: string[] = [];
+  const worker = new Worker(queue('repeat'), async (job) => {
+    runs.push(`${job.name} ${JSON.stringify(job.data)}`);
+  }, { connection });
+  await until(async () => (await q.getJobCountsAsync()).completed === 3, 'three runs');
+  await until(async () => (await q.getJobSchedulersCount()) === 0, 'the schedule to end with its limit');
+  equal(runs, Array(3).fill('tick {"t":1}'), 'the job, then two more');
+  await worker.close();
+  q.close();
+});
+
+await check('a batch Worker: size, minimum size, timeout, one job failed alone', async () => {
+  const q = await reset('batch');
+  await q.addBulk(Array.from({ length: 10 }, (_, i) => ({ name: 'b', data: { i }, opts: { attempts: 1 } })));
+  const sizes: number[] = [];
+  const worker = new Worker(queue('batch'), async (job) => {
+    const batch = job.getBatch();
+    sizes.push(batch.length);
+    for (const member of batch) if ((member.data as { i: number }).i === 3) member.setAsFailed(new Error('three'));
+    return 'ok';
+  }, { connection, batch: { size: 4, minSize: 2, timeout: 200 } });
+  await until(async () => {
+    const counts = await q.getJobCountsAsync();
+    return counts.completed === 9 && counts.failed === 1;
+  }, 'nine completed, one failed');
+  assert(sizes.every((n) => n >= 2 && n <= 4), `batch sizes ${sizes}`);
+  equal(sizes.reduce((a, b) => a + b, 0), 10, 'every job in one batch');
+  await worker.close();
+  q.close();
+});
+
 finish();

@@ -106,7 +106,7 @@ await check("QueueEvents receives a 'completed' event", async () => {
   q.close();
 });
 
-await check('a parent with two children (FlowProducer)', async () => {
+await check('a parent with two children (FlowProducer): the parent runs last, under its own name', async () => {
   const flows = new FlowProducer({ connection });
   const parentQ = new Queue(queue('flow-parent'), { connection });
   const childQ = new Queue(queue('flow-child'), { connection });
@@ -121,13 +121,19 @@ await check('a parent with two children (FlowProducer)', async () => {
   });
   equal(tree.children?.length, 2, 'children');
   equal(await parentQ.getJobState(tree.job.id), 'waiting-children', 'parent state before its children');
-  const childWorker = new Worker(queue('flow-child'), async (job) => `made ${(job.data as { part: string }).part}`,
-    { connection });
+  equal((await parentQ.getJob(tree.job.id))?.name, 'assemble', "the parent's name");
+  const ran: string[] = [];
+  const childWorker = new Worker(queue('flow-child'), async (job) => {
+    ran.push(job.name);
+    return `made ${(job.data as { part: string }).part}`;
+  }, { connection });
   const parentWorker = new Worker(queue('flow-parent'), async (job) => {
+    ran.push(job.name);
     const values = await job.getChildrenValues();
     return Object.values(values).sort();
   }, { connection });
   await until(async () => (await parentQ.getJobState(tree.job.id)) === 'completed', 'the parent to complete');
+  equal(ran, ['part', 'part', 'assemble'], 'the jobs run, by name');
   const parent = await parentQ.getJob(tree.job.id);
   equal(parent?.returnvalue, ['made a', 'made b'], "the parent's result from its children");
   for (const child of tree.children ?? []) {

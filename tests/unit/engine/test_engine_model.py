@@ -12,7 +12,8 @@ same writes and no reads must keep the same digest, and so must a restore.
 
 Cancel of an active job and the CANCELLED answers to its holder are in the first model;
 ``LimitsVsModel`` checks rate limits and concurrency (per queue and per group) against
-windows recomputed from the whole lease history; ``DedupeVsModel`` checks dedupe and
+windows recomputed from the whole lease history, and the fair, weighted turns between groups
+against tags kept per group and a scan for the least; ``DedupeVsModel`` checks dedupe and
 debounce entries.
 """
 
@@ -27,6 +28,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from shoal.cluster.codec import raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.state import PartitionEngine
+from shoal.node.state._ready import FAIR_STRIDE
+
+from fair_model import fair_pull
 
 TTR_MS = 1_000
 MAX_DELIVERIES = 3
@@ -245,7 +249,8 @@ LIMIT_TTR_MS = 24 * 3600 * 1000  # no lease lapses within a run: the model leave
 
 
 class LimitsModel:
-    """Which job a pull may lease under the limits, recomputed from the whole lease history."""
+    """Which job a pull may lease under the limits, recomputed from the whole lease history,
+    and whose turn it is among the groups (docs/commands.md, "Groups": the least tag, then name)."""
 
     def __init__(self, opts: dict[str, Any]) -> None:
         self.opts = opts
@@ -253,6 +258,27 @@ class LimitsModel:
         # (time, group, counts for the queue's limit, counts for its group's) of every lease
         self.leases: list[tuple[int, str | None, bool, bool]] = []
         self.now = 0
+        self.tags: dict[str, int] = {}  # group with a waiting or active job -> its virtual finish tag
+        self.vtime = 0
+
+    def push(self, seq: int, group: str | None, prio: int) -> None:
+        self.jobs[seq] = {"group": group, "prio": prio, "state": "waiting"}
+        if group is not None:
+            self.tags.setdefault(group, self.vtime)
+
+    def finish(self, seq: int, state: str) -> None:
+        """An active job ends: its group rejoins no earlier than now, and forgets its tag if idle."""
+        job = self.jobs[seq]
+        job["state"] = state
+        group = job["group"]
+        if group is not None:
+            self.tags[group] = max(self.tags[group], self.vtime)
+            if not any(j["group"] == group and j["state"] in ("waiting", "active") for j in self.jobs.values()):
+                del self.tags[group]
+
+    def _stride(self, group: str) -> int:
+        weight = (self.opts.get("groupWeights") or {}).get(group, 1)
+        return FAIR_STRIDE // weight
 
     def _in_window(self, limit: dict[str, int] | None, group: str | None, grouped: bool) -> int:
         if not limit or not limit["max"]:
@@ -285,16 +311,9 @@ class LimitsModel:
     def pull(self) -> int | None:
         if not self._queue_open():
             return None
-        waiting = {s: j for s, j in self.jobs.items() if j["state"] == "waiting"}
-        candidates = [(-j["prio"], s) for s, j in waiting.items() if j["group"] is None]
-        for group in {j["group"] for j in waiting.values() if j["group"] is not None}:
-            if self._group_open(group):
-                head = min(s for s, j in waiting.items() if j["group"] == group)  # a group is FIFO
-                candidates.append((-waiting[head]["prio"], head))
-        if not candidates:
+        seq, self.vtime = fair_pull(self.jobs, self.tags, self.vtime, self._group_open, self._stride)
+        if seq is None:
             return None
-        seq = min(candidates)[1]
-        self.jobs[seq]["state"] = "active"
         group = self.jobs[seq]["group"]
         self.leases.append((self.now, group, _on(self.opts.get("limit")),
                             group is not None and _on(self._group_limit(group))))
@@ -332,12 +351,14 @@ class LimitsVsModel(RuleBasedStateMachine):
         return reply
 
     @initialize(limit=_rate, group_limit=_rate, conc=st.sampled_from([None, 0, 1, 2, 4]),
-                group_conc=st.sampled_from([None, 0, 1, 2]), override=_rate)
-    def create(self, limit: Any, group_limit: Any, conc: int | None, group_conc: int | None, override: Any) -> None:
+                group_conc=st.sampled_from([None, 0, 1, 2]), override=_rate,
+                weights=st.sampled_from([None, {"a": 3}, {"b": 2, "c": 7}]))
+    def create(self, limit: Any, group_limit: Any, conc: int | None, group_conc: int | None, override: Any,
+               weights: dict[str, int] | None) -> None:
         opts: dict[str, Any] = {"ttr": LIMIT_TTR_MS}
         overrides = {"a": override} if override is not None else None
         for name, value in (("limit", limit), ("groupLimit", group_limit), ("concurrency", conc),
-                            ("groupConcurrency", group_conc), ("groupLimits", overrides)):
+                            ("groupConcurrency", group_conc), ("groupLimits", overrides), ("groupWeights", weights)):
             if value is not None:
                 opts[name] = value
         self.apply({"cmd": "CreateQueue", "queue": "q", "options": opts})
@@ -349,7 +370,7 @@ class LimitsVsModel(RuleBasedStateMachine):
         if group is not None:
             cmd["group"] = group
         seq = int(self.apply(cmd)["id"].split("-")[1])
-        self.model.jobs[seq] = {"group": group, "prio": prio, "state": "waiting"}
+        self.model.push(seq, group, prio)
 
     @rule(n=st.integers(1, 4))
     def pull(self, n: int) -> None:
@@ -370,7 +391,7 @@ class LimitsVsModel(RuleBasedStateMachine):
     def finish(self, data: st.DataObject, cancel: bool) -> None:
         seq = data.draw(st.sampled_from(sorted(s for s, j in self.model.jobs.items() if j["state"] == "active")))
         self.apply({"cmd": "Cancel" if cancel else "ACK", "id": f"0-{seq}"})
-        self.model.jobs[seq]["state"] = "cancelled" if cancel else "completed"
+        self.model.finish(seq, "cancelled" if cancel else "completed")
 
     @rule(dt=st.sampled_from([100, 400, 1000, 2600]))
     def advance(self, dt: int) -> None:
