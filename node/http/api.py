@@ -327,6 +327,12 @@ class HttpApi(StreamHandlers):
                                  **params}
         if count:
             frame["count"] = count
+        if "group" in request.query:  # only this group's jobs (checked with the command)
+            frame["group"] = request.query["group"]
+        if "ungrouped" in request.query:
+            if request.query["ungrouped"] not in ("true", "1"):
+                return error_response("INVALID", "ungrouped: must be true (only jobs without a group)")
+            frame["ungrouped"] = True
         return await self.run(request, frame)
 
     async def get_job(self, request: web.Request) -> web.StreamResponse:

@@ -6,7 +6,10 @@ that does not lead the queue, long polls that wait for one group, and the Python
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -16,7 +19,7 @@ from shoal.client import AsyncClient, Batch, BatchOptions, BatchWorker, Client
 from shoal.cluster.launcher import LocalCluster
 from shoal.cluster.partitioning import partition_for
 
-from conftest import replica_views
+from conftest import http_url, replica_views
 from rawproto import RawConn
 from waiting import eventually_async
 
@@ -49,6 +52,35 @@ def test_bunqueues_group_pulls_through_a_forwarding_node(cluster: LocalCluster) 
         assert not refused["ok"] and refused["code"] == "INVALID" and refused["error"].startswith("group.concurrency")
         rest = c.call({"cmd": "PULLB", "queue": queue, "count": 20})
         assert Counter(j.get("groupId") for j in rest["jobs"]) == {"a": 4, "c": 3}, rest
+
+
+def rest_pull(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_rest_pull_takes_one_groups_jobs(cluster: LocalCluster) -> None:
+    queue = "gp-rest"
+    with Client(cluster.addresses) as client:
+        q = client.queue(queue)
+        q.create(group_concurrency=0)
+        q.add_bulk(["a1", "a2"], group="a")
+        q.add_bulk(["b1"], group="b")
+        q.add("plain")
+    base = f"{http_url(cluster, cluster.node_ids[0])}/queues/{queue}/jobs"
+    status, got = rest_pull(f"{base}?count=10&group=b")
+    assert status == 200 and [j["data"] for j in got["jobs"]] == ["b1"], got
+    status, got = rest_pull(f"{base}?count=10&ungrouped=true")
+    assert status == 200 and [j["data"] for j in got["jobs"]] == ["plain"], got
+    status, got = rest_pull(f"{base}?group=a")
+    assert status == 200 and got["job"]["data"] == "a1", got
+    status, got = rest_pull(f"{base}?ungrouped=no")
+    assert status == 400 and got["code"] == "INVALID", got
+    status, got = rest_pull(f"{base}?group=a&ungrouped=true")
+    assert status == 400 and got["code"] == "INVALID", got
 
 
 def test_a_long_poll_for_one_group_waits_for_that_group_only(cluster: LocalCluster) -> None:
