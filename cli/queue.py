@@ -15,10 +15,16 @@ from typing import Any
 
 import click
 
-from shoal.cluster.queue_admin import DLQ_LIMIT_MAX
+from shoal.cluster.admin_client import AdminError
+from shoal.cluster.queue_admin import DLQ_LIMIT_MAX, STREAM_ENDED
 
 from ._options import cluster_options
 from ._remote import compact, connect, echo_json, queue_arg, refusals, show, table, when
+
+#: ``shoal queue events`` opens an ended stream again this many times in a row before it fails.
+EVENTS_REOPEN_MAX = 5
+#: Seconds before the n-th reopening in a row: n times this.
+EVENTS_REOPEN_PAUSE_S = 0.5
 
 __all__ = ["queue_group", "queue_rows", "queue_lines", "dlq_rows", "event_line"]
 
@@ -197,20 +203,34 @@ def queue_events(name: str, data_dir: str, url: str | None, token: str | None, c
     admin = connect(data_dir, url, token, ca, cert, key)
     deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     seen = 0
-    with admin.events(name) as tail:
-        try:
-            while count is None or seen < count:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                got = tail.next(left)
-                if got is None:
-                    continue
-                event_name, event = got
-                if event_name == "lost":
-                    click.echo(f"warning: {event.get('count')} event(s) lost: this reader fell behind", err=True)
-                    continue
-                seen += 1
-                click.echo(compact({"event": event_name, **event}) if as_json else event_line(event_name, event))
-        except KeyboardInterrupt:
-            pass  # Ctrl-C is how an unbounded tail ends
+    reopened = 0  # in a row, without an event between: a stream that keeps ending is an error
+    try:
+        while count is None or seen < count:
+            try:
+                with admin.events(name) as tail:
+                    while count is None or seen < count:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return
+                        got = tail.next(left)
+                        if got is None:
+                            continue
+                        reopened = 0
+                        event_name, event = got
+                        if event_name == "lost":
+                            click.echo(f"warning: {event.get('count')} event(s) lost: this reader fell behind", err=True)
+                            continue
+                        seen += 1
+                        click.echo(compact({"event": event_name, **event}) if as_json else event_line(event_name, event))
+            except AdminError as exc:
+                # The queue's leader moved (the node ends its streams then) or the link broke: open
+                # the stream again, through the same node, a few times before giving up.
+                if exc.code != STREAM_ENDED or reopened >= EVENTS_REOPEN_MAX:
+                    raise
+                reopened += 1
+                click.echo(f"warning: {exc}; reopening the stream (events meanwhile are not shown)", err=True)
+                pause = min(EVENTS_REOPEN_PAUSE_S * reopened,
+                            max(0.0, deadline - time.monotonic()) if deadline is not None else 60.0)
+                time.sleep(pause)  # a new leader is elected within a few seconds
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how an unbounded tail ends

@@ -238,3 +238,40 @@ def test_event_tail_waits_no_longer_than_asked() -> None:
             assert time.monotonic() - started < 1.0
     finally:
         release.set()
+
+
+class _Streams:
+    """A cluster whose event streams end after the bodies given, one body per opening."""
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.bodies, self.opened = bodies, 0
+
+    def events(self, name: str) -> EventTail:
+        body = self.bodies[min(self.opened, len(self.bodies) - 1)]
+        self.opened += 1
+        return EventTail(_Admin(body), f"/events?queue={name}")  # type: ignore[arg-type]
+
+
+def test_events_reopens_a_stream_the_node_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shoal.cli.queue as cli_queue
+
+    streams = _Streams([b'event: job\ndata: {"id": "3-1", "state": "waiting"}\n\n',
+                        b'event: job\ndata: {"id": "3-2", "state": "active"}\n\n'])
+    monkeypatch.setattr(cli_queue, "connect", lambda *args: streams)
+    monkeypatch.setattr(cli_queue, "EVENTS_REOPEN_PAUSE_S", 0.01)
+    result = invoke("queue", "events", "q", "--count", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"id":"3-1"' in result.stdout and '"id":"3-2"' in result.stdout
+    assert "reopening the stream" in result.stderr and streams.opened == 2
+
+
+def test_events_gives_up_on_a_stream_that_keeps_ending(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shoal.cli.queue as cli_queue
+
+    streams = _Streams([b""])
+    monkeypatch.setattr(cli_queue, "connect", lambda *args: streams)
+    monkeypatch.setattr(cli_queue, "EVENTS_REOPEN_PAUSE_S", 0.01)
+    result = invoke("queue", "events", "q", "--timeout", "30")
+    assert result.exit_code == EXIT_UNREACHABLE, result.output
+    assert streams.opened == cli_queue.EVENTS_REOPEN_MAX + 1
+    assert "closed the event stream" in result.stderr
