@@ -104,6 +104,7 @@ class Worker:
         self._executor: ThreadPoolExecutor | None = None
         self._stopping: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None  # watch_cancel's event subscription
         self._running: dict[str, Job] = {}
         self._handler_tasks: dict[str, asyncio.Future[Any]] = {}  # job id -> its running handler
 
@@ -136,8 +137,9 @@ class Worker:
         if not self._is_async and self._executor is None:
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"shoal-{self.queue.name}")
         self._tasks = [loop.create_task(self._slot(i)) for i in range(self.concurrency)]
-        if self.watch_cancel:
-            self._tasks.append(loop.create_task(self._watch_cancel()))
+        self._watcher = loop.create_task(self._watch_cancel()) if self.watch_cancel else None
+        if self._watcher is not None:
+            self._tasks.append(self._watcher)
 
     async def run(self) -> None:
         """Run until :meth:`close` is called from another task (or the task is cancelled)."""
@@ -162,13 +164,18 @@ class Worker:
     async def _close(self, grace: float) -> None:
         if self._stopping is not None:
             self._stopping.set()
-        tasks = [t for t in self._tasks if not t.done()]
+        # The cancellation watcher waits for events, not for jobs: it runs while the handlers have
+        # their grace (a job cancelled meanwhile is still stopped), then ends with them.
+        tasks = [t for t in self._tasks if not t.done() and t is not self._watcher]
+        pending: set[asyncio.Task[None]] = set()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=max(grace, 0.0))
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+        if self._watcher is not None and not self._watcher.done():
+            pending.add(self._watcher)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         for job in list(self._running.values()):
             try:
                 await self.queue.release(job)

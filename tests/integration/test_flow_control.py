@@ -206,6 +206,10 @@ def test_cancel_sets_the_flag_of_a_plain_function_handler(cluster: LocalCluster)
                 assert seen[0] - asked < 1.0
                 await eventually_async(lambda: w.cancelled == 1, "the worker counting the cancelled job", 5)
                 assert w.processed == 0
+                closing = time.monotonic()
+            # Nothing runs any more: the close does not sit out its grace (30 s) for the
+            # cancellation watcher, which waits for events, not for jobs.
+            assert time.monotonic() - closing < 10.0
             assert await q.get_state(job_id) == "cancelled"
             assert await q.get_result(job_id) is None
 
