@@ -7,6 +7,9 @@ phase the median wall rate and the median CPU microseconds per operation of the 
 together and of the busiest node (the leader of the benchmark's queue), from the CPU shares
 ``bench_node.py`` prints (utime + stime of each node over the phase ÷ operations).
 
+Both sides run checkout B's ``bench_node.py`` (the same driver, so only the nodes differ), each
+with its own checkout's package; ``--own-driver`` runs each checkout's own script instead.
+
     python bench/bench_ab.py A_DIR B_DIR [--rounds 5] [--seconds 5] [--only push,pushb,pull,latency]
 
 Every run is bounded by ``--timeout``; a failed run is reported and left out of the medians.
@@ -27,10 +30,10 @@ _LATENCY = re.compile(r"lone PUSH latency:\s+p50 ([\d.]+) ms\s+p99 ([\d.]+) ms")
 _FAILOVER = re.compile(r"leader SIGKILL -> write:\s+([\d.]+) s")
 
 
-def run_once(checkout: Path, args: argparse.Namespace) -> dict[str, float]:
-    """One ``bench_node.py`` run of ``checkout``: {metric: value}."""
+def run_once(checkout: Path, script: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One run of the driver ``script`` against ``checkout``'s nodes: {metric: value}."""
     python = checkout / ".venv" / "bin" / "python"
-    cmd = [str(python), str(checkout / "bench" / "bench_node.py"), "--seconds", str(args.seconds),
+    cmd = [str(python), str(script), "--seconds", str(args.seconds),
            "--only", args.only]
     try:
         out = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=args.timeout).stdout
@@ -63,11 +66,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", default="push,pushb,pull,latency")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one bench_node.py run may take")
+    parser.add_argument("--own-driver", action="store_true", help="each checkout runs its own bench_node.py")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     for i in range(args.rounds):
         for side, checkout in (("A", args.a), ("B", args.b)):
-            metrics = run_once(checkout.resolve(), args)
+            driver = checkout if args.own_driver else args.b
+            metrics = run_once(checkout.resolve(), driver.resolve() / "bench" / "bench_node.py", args)
             results[side].append(metrics)
             print(f"round {i + 1} {side}: " + ", ".join(f"{k} {v:,.2f}" for k, v in metrics.items()), flush=True)
     keys = list(dict.fromkeys(k for side in results.values() for run in side for k in run))

@@ -43,6 +43,9 @@ from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
 DATA_100 = b"x" * 100  # packs as a 102-byte bin: ~100-byte job payload
+#: The drivers talk to each queue's leader, as Shoal's client does, and say so as it does (a
+#: client without ``routing`` is read in bunqueue's dialect; ``bench_bunqueue.py`` measures that).
+HELLO_ROUTING = {"cmd": "Hello", "protocolVersion": 2, "capabilities": ["routing"]}
 
 
 class Conn:
@@ -57,12 +60,13 @@ class Conn:
         self.hello: dict[str, Any] = {}
 
     @classmethod
-    async def open(cls, address: str) -> "Conn":
+    async def open(cls, address: str, *, routing: bool = False) -> "Conn":
+        """A connection to ``address``; ``routing``: it talks to leaders only, as Shoal's client does."""
         self = cls()
         host, port = address.rsplit(":", 1)
         self.reader, self.writer = await asyncio.open_connection(host, int(port))
         self._task = asyncio.get_running_loop().create_task(self._read())
-        self.hello = await self.call({"cmd": "Hello", "protocolVersion": 2})
+        self.hello = await self.call(dict(HELLO_ROUTING) if routing else {"cmd": "Hello", "protocolVersion": 2})
         return self
 
     async def _read(self) -> None:
@@ -99,7 +103,7 @@ async def leader_conn(cluster: LocalCluster, queue: str) -> Conn:
     topo = cluster.topology()
     node = topo.leader_of(partition_for(queue, topo.partitions))
     assert node is not None
-    return await Conn.open(f"{node.host}:{node.port}")
+    return await Conn.open(f"{node.host}:{node.port}", routing=True)
 
 
 class _JobRef(msgspec.Struct):
@@ -164,7 +168,7 @@ class _WindowDriver(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        transport.write(encode({"cmd": "Hello", "protocolVersion": 2, "reqId": 0}))
+        transport.write(encode({**HELLO_ROUTING, "reqId": 0}))
 
     def _send(self, n: int) -> None:
         if time.perf_counter() > self.deadline:
@@ -317,7 +321,7 @@ class _ConsumeDriver(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        transport.write(encode({"cmd": "Hello", "protocolVersion": 2, "reqId": 0}))
+        transport.write(encode({**HELLO_ROUTING, "reqId": 0}))
 
     def data_received(self, data: bytes) -> None:
         for reply, body in self.frames.feed(data):

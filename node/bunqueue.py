@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -64,7 +65,8 @@ def push_repeating(submit: Callable[[Any, dict[str, Any]], None], conn: "Replier
     ``submit(replier, frame)``; the reply is the PUSHB's ``{ids}``, in the jobs' order.
     """
     jobs = frame.get("jobs")
-    if type(jobs) is not list or not any(type(job) is dict and job.get("repeat") is not None for job in jobs):
+    if type(jobs) is not list or not _may_hold(jobs, "repeat") or not any(
+            type(job) is dict and job.get("repeat") is not None for job in jobs):
         return False
     queue = frame.get("queue")
     parts: list[dict[str, Any]] = []
@@ -259,6 +261,30 @@ _fields_of = msgspec.msgpack.Decoder(dict[str, msgspec.Raw]).decode
 _pack = msgspec.msgpack.Encoder().encode
 
 
+_first_byte = itemgetter(0)
+_data_attr = attrgetter("data")
+_data_item = itemgetter("data")
+_packed_attr = attrgetter("packed")
+
+
+def _may_hold(jobs: list[Any], key: str) -> bool:
+    """False only when no job of ``jobs`` is a map holding ``key``; the look runs in C (one set
+    of every job's keys), since a PUSHB's jobs are about never bunqueue's repeating ones."""
+    try:
+        return key in set().union(*jobs)
+    except TypeError:  # a job that is not a map: the caller's own look says what it is
+        return True
+
+
+def _may_open(jobs: list[Any]) -> bool:
+    """False only when no job's data is a map (so none is an envelope); the look runs in C,
+    since plain jobs' data are about never bunqueue's envelopes."""
+    try:
+        return not _MAP_HEADS.isdisjoint(map(_first_byte, map(_packed_attr, map(_data_item, jobs))))
+    except (TypeError, KeyError, AttributeError, IndexError):
+        return True  # a job without raw data: the caller's own look says what it is
+
+
 def _unwrap(packed: bytes | msgspec.Raw) -> tuple[str, bytes] | None:
     """``(name, the data without it)`` when ``packed`` (one MessagePack value, so not empty) is
     a map with a string ``name``, else None."""
@@ -283,6 +309,8 @@ def open_envelope(frame: dict[str, Any]) -> None:
     if type(jobs) is not list and type(jobs) is not tuple:
         return  # the schema names what is wrong with it
     key = "jobName" if cmd == "Cron" else "name"
+    if cmd == "PUSHB" and not _may_open(jobs):
+        return
     for job in jobs:
         if type(job) is dict and job.get(key) is None and type(job.get("data")) is Raw:
             opened = _unwrap(job["data"].packed)
@@ -293,6 +321,11 @@ def open_envelope(frame: dict[str, Any]) -> None:
 def open_envelopes(frames: Sequence[PlainPush]) -> None:
     """:func:`open_envelope` for a block of plain PUSHes (in place)."""
     heads = _MAP_HEADS
+    try:
+        if heads.isdisjoint(map(_first_byte, map(memoryview, map(_data_attr, frames)))):
+            return  # no data is a map: nothing to open
+    except (TypeError, IndexError):
+        pass  # the loop below looks at each frame
     for frame in frames:
         if frame.name is None and memoryview(frame.data)[0] in heads:  # the cheap look first
             opened = _unwrap(frame.data)

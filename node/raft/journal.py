@@ -87,10 +87,14 @@ The ``synced`` file holds ``(segment, offset, index)``: the bytes of segment
 ``segment`` before ``offset``, and the entries up to ``index``, are on stable
 storage. It is a lower bound: it is written only after the sync of what it
 names returned. After a sync whose batch was copied it is written without a
-flush of its own (it reaches the disk with the kernel's writeback); after a
-sync that copied nothing (a batch larger than :data:`COPY_BATCH_BYTES`, or a
-full disk refusing the copy) it is fdatasync'ed before the sync returns, and it
-is made durable at a clean close. Damage before the offset it names is
+flush of its own (it reaches the disk with the kernel's writeback), and only
+once in :data:`MARK_WRITE_EVERY` such syncs within a segment: the mark
+records vouch for those batches (and its copy for the newest), and a mark that
+the writeback has not taken to the disk lags the same way after a power cut (a
+crash of the process alone cuts no file). After a sync that copied nothing (a
+batch larger than :data:`COPY_BATCH_BYTES`, or a full disk refusing the copy)
+it is fdatasync'ed before the sync returns, and it is made durable at a clean
+close. Damage before the offset it names is
 refused; a journal ending before it is refused.
 
 The file holds two copies of the mark, each with its own CRC32C, in different
@@ -124,9 +128,11 @@ the mark and copy records past the cut go with it, and those before the cut
 name only bytes before themselves, which stay.
 
 What is left: the newest synced batch, when nothing was appended after it and
-the ``synced`` file's writeback has not reached the disk, is vouched for by
-its copy alone. Damage to both the batch and its copy (two blocks), or a file
-cut short inside it, looks like a torn write and is cut.
+the ``synced`` file does not name it yet (its writeback has not reached the
+disk, or it waits for its turn of :data:`MARK_WRITE_EVERY`), is vouched for by
+its copy alone. Damage to both the batch and its copy (two blocks) looks like a
+torn write and is cut; so does a file cut short past the offset the ``synced``
+file names, which takes the mark records after the cut with it.
 
 Zeros ahead
 -----------
@@ -191,6 +197,7 @@ __all__ = [
     "COPY_HEADER_BYTES",
     "COPY_BYTES_MAX",
     "COPY_BATCH_BYTES",
+    "MARK_WRITE_EVERY",
 ]
 
 log = logging.getLogger(__name__)
@@ -319,6 +326,9 @@ COPY_BYTES_MAX = 256 * 1024
 #: about 32 KiB, a second fdatasync of the small mark costs less than flushing the batch twice
 #: (``python bench/bench_journal.py --only mark --mark-bytes N``, docs/benchmarks.md).
 COPY_BATCH_BYTES = 32 * 1024
+#: After a sync whose batch was copied, the synced mark file is written once in this many such
+#: syncs (a non-copied sync, a new segment and a clean close write it at once); see *The synced mark*.
+MARK_WRITE_EVERY = 8
 #: Restores from a copy one scan of the last segment tries at most.
 _RESTORES_MAX = 4
 _START = struct.Struct("<8sQI")
@@ -609,6 +619,9 @@ class Journal:
         self.copy_bytes_max = COPY_BATCH_BYTES
         #: Whether the mark file holds a write no fdatasync has covered yet.
         self._mark_lazy = False
+        #: Copied syncs since the mark file was last written: it names an earlier sync (in this
+        #: segment) until :data:`MARK_WRITE_EVERY` of them have passed (see *The synced mark*).
+        self._marks_held = 0
         #: fdatasyncs issued: the log's, and the synced mark's when a batch had no copy.
         self.syncs = 0
         self.disk_reads = 0
@@ -637,8 +650,8 @@ class Journal:
 
     @property
     def synced_mark(self) -> SyncMark:
-        """How far the journal is durable, as its syncs reported it: the mark its ``synced``
-        file holds on stable storage (see *The synced mark*)."""
+        """How far the journal is durable, as its syncs reported it (its ``synced`` file may name
+        an earlier sync of the same segment; see *The synced mark*)."""
         return self._mark
 
     @property
@@ -838,8 +851,13 @@ class Journal:
         if self._segments and self._mark_ready:
             seg = self._segments[-1]
             mark = SyncMark(self._last_index, seg.first_index, seg.size)
-            if mark != self._mark:
-                self._write_mark(mark, durable=not self._copied)
+            if mark == self._mark:
+                return
+            if self._copied and self._marks_held < MARK_WRITE_EVERY - 1 and mark.segment == self._mark.segment:
+                self._mark = mark  # the file catches up within MARK_WRITE_EVERY copied syncs
+                self._marks_held += 1
+                return
+            self._write_mark(mark, durable=not self._copied)
 
     def _write_mark(self, mark: SyncMark, *, durable: bool = True) -> None:
         """Write ``mark`` over the older of the two copies; with ``durable``, fdatasync it
@@ -862,6 +880,7 @@ class Journal:
         self._mark_lazy = not durable
         self._mark_slot ^= 1
         self._mark = mark
+        self._marks_held = 0
 
     def _store_mark(self, mark: SyncMark) -> None:
         """Make ``mark`` durable in both copies before returning (the log is about to get shorter).
@@ -878,6 +897,7 @@ class Journal:
         self._datasync(self._mark_handle)
         self._mark, self._mark_slot = mark, 0
         self._mark_lazy = False
+        self._marks_held = 0
 
     def _create_mark(self, mark: SyncMark) -> None:
         """Write the mark file anew, durably (a new journal, or one whose mark was unreadable)."""
@@ -887,6 +907,7 @@ class Journal:
         self._io.write_atomic(self._mark_path, [_mark_file(mark)])
         self._mark, self._mark_slot = mark, 0
         self._mark_lazy = False
+        self._marks_held = 0
         self._mark_ready = True
 
     def _sync_active(self, *, zeros_ahead: bool = True) -> None:
@@ -1051,8 +1072,10 @@ class Journal:
             if self._active is not None and self._failed is None:
                 self._trim_zeros_ahead()
                 self._sync(zeros_ahead=False)
-                if self._mark_lazy and self._mark_handle is not None:
-                    self._datasync(self._mark_handle)  # the mark is durable and exact from here on
+                if self._marks_held:
+                    self._write_mark(self._mark, durable=True)  # the mark is durable and exact from here on
+                elif self._mark_lazy and self._mark_handle is not None:
+                    self._datasync(self._mark_handle)
                     self._mark_lazy = False
                 self.store_commit_hint()
         finally:

@@ -206,3 +206,28 @@ def test_a_schedule_whose_jobs_have_no_name_takes_it_from_the_data() -> None:
     named = {"cmd": "Cron", "name": "s", "queue": "q", "jobName": "j", "data": raw({"name": "tick"})}
     open_envelope(named)
     assert named["jobName"] == "j" and value(named["data"]) == {"name": "tick"}
+
+
+@pytest.mark.parametrize("odd", [5, None, "repeat", ["repeat"], {"data": 5}, {}])
+def test_a_bulk_add_with_an_odd_job_is_looked_at_whole(odd: Any) -> None:
+    # The cheap looks over every job (no job's data a map, no job holding ``repeat``) give way to
+    # the job-by-job look when a job is not what they expect; the schema names what is wrong.
+    frame = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw({"name": "a", "n": 1})}, odd]}
+    open_envelope(frame)
+    assert frame["jobs"][0]["name"] == "a" and frame["jobs"][1] is odd
+    assert not push_repeating(lambda r, f: None, Link(), {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw(1)}, odd]})
+
+
+def test_one_repeating_job_among_plain_ones_is_found() -> None:
+    jobs: list[Any] = [{"data": raw(i)} for i in range(50)]
+    jobs.insert(30, {"name": "r", "data": raw(3), "repeat": {"every": 100}})
+    sent: list[dict[str, Any]] = []
+    assert push_repeating(lambda r, f: sent.append(f), Link(), {"cmd": "PUSHB", "queue": "q", "jobs": jobs})
+    assert [f["cmd"] for f in sent] == ["PUSHB", "Cron", "PUSHB"]
+
+
+def test_one_envelope_among_plain_jobs_is_opened() -> None:
+    frame = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw(i)} for i in range(50)]}
+    frame["jobs"].insert(40, {"data": raw({"name": "e", "x": 1})})
+    open_envelope(frame)
+    assert [j.get("name") for j in frame["jobs"]].count("e") == 1

@@ -14,6 +14,7 @@ from shoal.node.raft.journal import (
     COPY_BYTES_MAX,
     COPY_RECORD_BYTES,
     MARK_RECORD_BYTES,
+    MARK_WRITE_EVERY,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     ZEROS_AHEAD_BYTES,
@@ -241,12 +242,21 @@ def test_a_sync_is_one_flush_of_the_batch_with_its_copy(tmp_path, monkeypatch) -
     fill(j, 11, 20)
     assert j.sync() == 20  # the hot path: one fdatasync
     assert calls == [f"fdatasync {segment}"]
-    assert read_sync_mark(real(), str(tmp_path)).index == 20
+    assert j.synced_mark.index == 20
+    assert read_sync_mark(real(), str(tmp_path)).index == 10  # written once in MARK_WRITE_EVERY copied syncs
     j.sync()  # nothing new: no sync call
     assert len(calls) == 1
+    for index in range(21, 21 + MARK_WRITE_EVERY - 2):
+        fill(j, index, index)
+        j.sync()
+    assert read_sync_mark(real(), str(tmp_path)).index == 10
+    last = 21 + MARK_WRITE_EVERY - 2
+    fill(j, last, last)
+    j.sync()
+    assert read_sync_mark(real(), str(tmp_path)).index == last == j.synced_mark.index
     calls.clear()
-    fill(j, 21, 23, size=COPY_BYTES_MAX // 2)  # a batch too large to copy: its mark is flushed
-    assert j.sync() == 23
+    fill(j, last + 1, last + 3, size=COPY_BYTES_MAX // 2)  # a batch too large to copy: its mark is flushed
+    assert j.sync() == last + 3
     assert calls == [f"fdatasync {segment}", "fdatasync synced"]
     j.close()
 
