@@ -6,6 +6,11 @@ One task wakes every :data:`GUARD_INTERVAL_S`:
   read per wake-up, never per command) and, above the high-water mark of the
   memory budget, makes the dispatcher refuse new jobs with ``OVERLOADED``
   (pulls, acks and deletes go on, so consumers can drain the node);
+- every :data:`~.heap.TRIM_CHECK_S` seconds (every second in the first 30 s), and
+  before it would refuse new jobs, it
+  hands the C heap's free memory back to the system when there is much of it
+  (:class:`~.heap.HeapTrimmer`), so memory freed inside the process counts neither
+  against the budget nor as growth;
 - it records how late it woke up in the ``shoal_event_loop_lag_seconds``
   histogram: whatever held the loop delayed it;
 - it closes client connections whose frame has been arriving longer than
@@ -21,10 +26,12 @@ import os
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from shoal.cluster.errors import CommandError, ErrorCode
+
+from .heap import TRIM_CHECK_S, HeapTrimmer
 
 if TYPE_CHECKING:
     from .view import NodeView
@@ -35,6 +42,12 @@ log = logging.getLogger(__name__)
 
 GUARD_INTERVAL_S = 0.1
 _SWEEP_EVERY = 5              # connection deadlines every 5 wake-ups (0.5 s)
+_TRIM_EVERY = round(TRIM_CHECK_S / GUARD_INTERVAL_S)
+#: For this many wake-ups after start (30 s) the heap is looked at every second: what start-up
+#: (a journal applied, snapshots loaded) freed goes back early.
+_TRIM_EARLY = 300
+#: Free heap bytes worth a trim when the node is about to refuse new jobs for memory.
+_TRIM_BEFORE_REFUSING_BYTES = 1024 * 1024
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -63,6 +76,7 @@ class NodeGuard(Collector):
         self._lag_counts = [0] * (len(_LAG_BUCKETS) + 1)
         self._lag_sum = 0.0
         self.lag_max_s = 0.0
+        self.trimmer = HeapTrimmer(rss_bytes)
 
     def memory(self) -> dict[str, Any]:
         """The budget and its use (``/health``)."""
@@ -83,11 +97,16 @@ class NodeGuard(Collector):
             tick += 1
             if tick % _SWEEP_EVERY == 0:
                 self.sweep()
+            if tick % _TRIM_EVERY == 0 or (tick <= _TRIM_EARLY and tick % 10 == 0):
+                self.trimmer.maybe_trim()
 
     def check_memory(self) -> None:
         """Sample RSS and switch new-job refusal on above the high-water mark, off below it."""
         self.rss_bytes = rss = rss_bytes()
         over = rss > self.high_bytes
+        if over and not self.refusing and self.trimmer.maybe_trim(free_min_bytes=_TRIM_BEFORE_REFUSING_BYTES) > 0:
+            self.rss_bytes = rss = rss_bytes()  # memory free inside the process is no reason to refuse
+            over = rss > self.high_bytes
         if over == self.refusing:
             return
         self.refusing = over
@@ -119,6 +138,10 @@ class NodeGuard(Collector):
                                 "are refused with OVERLOADED", value=self.high_bytes)
         yield GaugeMetricFamily("shoal_memory_used_bytes", "Resident memory at the last sample",
                                 value=self.rss_bytes)
+        yield CounterMetricFamily("shoal_memory_heap_trims", "Times the node handed the C heap's free "
+                                  "memory back to the system", value=self.trimmer.trims)
+        yield CounterMetricFamily("shoal_memory_heap_trimmed_bytes", "Resident bytes those trims gave back",
+                                  value=self.trimmer.released_bytes)
         yield GaugeMetricFamily("shoal_memory_refusing", "1 while new jobs are refused (over the "
                                 "high-water mark)", value=1 if self.refusing else 0)
         family = HistogramMetricFamily("shoal_event_loop_lag_seconds", "How late the node's watchdog woke "

@@ -15,7 +15,7 @@ import msgpack
 from ._model import SNAPSHOT_VERSION, Job, Queue, slot_job
 from ._segments import Segment
 from ._store import Store
-from ._transitions import ACTIVE, DELAYED, NEW, WAITING
+from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
 
 __all__ = ["SnapshotOps"]
 
@@ -26,6 +26,14 @@ _READ_BYTES = 1 << 20
 _PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
 #: Most slots one restored segment holds (a plain PUSHB's segment is one batch).
 _RUN_SLOTS_MAX = 10_000
+#: Positions in a job tuple of strings that many jobs hold alike (queue, state, group, tag, name).
+_SHARED_FIELDS = (1, 4, 15, 17, 24)
+#: Positions of times and durations that neighbouring jobs often hold alike (backoff, created,
+#: run at, TTL deadline, TTR, lease deadline, finished): an int past 256 is an object of its own.
+_SHARED_INTS = (7, 8, 9, 10, 11, 14, 23)
+#: Distinct such ints remembered at once while restoring (jobs come in seq order, so neighbours
+#: share most of them).
+_INTS_MEMO_MAX = 1 << 16
 
 
 def _plain_waiting(t: list[Any]) -> bool:
@@ -150,6 +158,13 @@ class SnapshotOps(Store):
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
+        # One str per distinct queue name, state, group, tag and job name (and key of the
+        # idempotency window below), as the engine that wrote them held them: decoded anew for
+        # each job they would cost a string per job and field. States are the engine's own.
+        strs: dict[str, str] = {state: state for state in STATES}
+        share = strs.setdefault
+        ints: dict[int, int] = {}
+        same_int = ints.setdefault
         # Runs of plain waiting jobs (what bulk pushes leave) come back as segments, as they
         # were held before the snapshot, rather than one Job object each.
         segments: list[Segment] = []
@@ -157,6 +172,14 @@ class SnapshotOps(Store):
         job_count = unpacker.read_array_header()
         for _ in range(job_count):
             t = unpacker.unpack()
+            for i in _SHARED_FIELDS:
+                if i < len(t) and type(t[i]) is str:
+                    t[i] = share(t[i], t[i])
+            for i in _SHARED_INTS:
+                if i < len(t) and type(t[i]) is int and t[i] > 256:
+                    t[i] = same_int(t[i], t[i])
+            if len(ints) > _INTS_MEMO_MAX:
+                ints.clear()
             if _plain_waiting(t):
                 if run and not _continues(run, t):
                     eng._keep_run(run, segments)
@@ -174,19 +197,20 @@ class SnapshotOps(Store):
             eng._keep_run(run, segments)
         queues, sessions = unpacker.unpack(), unpacker.unpack()
         # The idempotency window can hold an entry per recent job: read entry by entry (not as
-        # one list of lists), one str per queue name and key shared by the order and the map,
-        # as the engine that wrote them held them.
-        strs: dict[str, str] = {}
-        share = strs.setdefault
+        # one list of lists), one str per queue name and key shared by the order and the map.
         order: deque[tuple[int, tuple[str, str]]] = deque()
         for _ in range(unpacker.read_array_header()):
             t, (q_name, key) = unpacker.unpack()
-            order.append((t, (share(q_name, q_name), share(key, key))))
+            order.append((same_int(t, t), (share(q_name, q_name), share(key, key))))
+            if len(ints) > _INTS_MEMO_MAX:
+                ints.clear()
         idem: dict[tuple[str, str], tuple[str, int]] = {}
         for _ in range(unpacker.read_array_header()):
             q_name, key, job_id, expires = unpacker.unpack()
-            idem[(share(q_name, q_name), share(key, key))] = (job_id, expires)
-        del strs
+            idem[(share(q_name, q_name), share(key, key))] = (job_id, same_int(expires, expires))
+            if len(ints) > _INTS_MEMO_MAX:
+                ints.clear()
+        del strs, ints
         crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}
         limits = extras.get("limits", {})
