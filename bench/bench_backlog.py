@@ -34,6 +34,8 @@ the RSS right after a phase includes them; ``--no-idempotency-keys`` leaves them
     python bench/bench_backlog.py --single 20000 --bulk 50000    # a quick check
     python bench/bench_backlog.py --nodes 3 --single 5000 --bulk 20000 --no-restart
     python bench/bench_backlog.py --payload-bytes 4096 --pull-rate
+    python bench/bench_backlog.py --single 50000 --bulk 0 --settle 8 \
+        --node-env SHOAL_SNAPSHOT_INTERVAL_S=3 --node-env SHOAL_SNAPSHOT_ENTRIES_MIN=2   # restart from a snapshot
 
 Prints a Markdown summary table and one JSON line per phase. Every loop is bounded by a count
 and by the time left of ``--timeout`` (1,800 s for the whole run); the cluster is stopped on
@@ -485,7 +487,12 @@ def main() -> None:
     parser.add_argument("--pull-rate", action="store_true", help="PULLB+ACKB rate of big vs 20,000-job queues")
     parser.add_argument("--pull-seconds", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=1800.0, help="time limit of the whole run, seconds")
+    parser.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable of the nodes (repeatable), e.g. the snapshot settings")
     args = parser.parse_args()
+    node_env = dict(item.split("=", 1) for item in args.node_env if "=" in item)
+    if len(node_env) != len(args.node_env):
+        parser.error("--node-env takes KEY=VALUE")
     if args.single < 0 or args.bulk < 0 or args.payload_bytes < 1 or not 1 <= args.window <= 10_000:
         parser.error("--single/--bulk must be >= 0, --payload-bytes >= 1, --window 1..10000")
     budget = Budget(args.timeout)
@@ -497,7 +504,7 @@ def main() -> None:
     pull: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="shoal-backlog-") as tmp, \
             LocalCluster(nodes=args.nodes, partitions=args.partitions, data_dir=tmp,
-                         base_port=free_base_port(args.nodes, args.partitions)) as cluster:
+                         base_port=free_base_port(args.nodes, args.partitions), extra_env=node_env) as cluster:
         if args.nodes > 1:
             cluster.wait_balanced(budget.left(30.0))
         expected: dict[str, dict[str, int]] = {}

@@ -45,7 +45,8 @@ from shoal.cluster.partitioning import partition_for
 DATA_100 = b"x" * 100  # packs as a 102-byte bin: ~100-byte job payload
 #: The drivers talk to each queue's leader, as Shoal's client does, and say so as it does (a
 #: client without ``routing`` is read in bunqueue's dialect; ``bench_bunqueue.py`` measures that).
-HELLO_ROUTING = {"cmd": "Hello", "protocolVersion": 2, "capabilities": ["routing"]}
+HELLO = {"cmd": "Hello", "protocolVersion": 2}
+HELLO_ROUTING = {**HELLO, "capabilities": ["routing"]}
 
 
 class Conn:
@@ -66,7 +67,7 @@ class Conn:
         host, port = address.rsplit(":", 1)
         self.reader, self.writer = await asyncio.open_connection(host, int(port))
         self._task = asyncio.get_running_loop().create_task(self._read())
-        self.hello = await self.call(dict(HELLO_ROUTING) if routing else {"cmd": "Hello", "protocolVersion": 2})
+        self.hello = await self.call(dict(HELLO_ROUTING if routing else HELLO))
         return self
 
     async def _read(self) -> None:

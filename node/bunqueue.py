@@ -276,13 +276,15 @@ def _may_hold(jobs: list[Any], key: str) -> bool:
         return True
 
 
-def _may_open(jobs: list[Any]) -> bool:
-    """False only when no job's data is a map (so none is an envelope); the look runs in C,
-    since plain jobs' data are about never bunqueue's envelopes."""
+def _no_map_among(first_bytes: Iterator[int]) -> bool:
+    """True only when none of ``first_bytes`` (the first byte of each job's data, drawn lazily)
+    starts a MessagePack map, so no job is an envelope; the look runs in C, since plain jobs'
+    data are about never bunqueue's envelopes. False when a job has no raw data to look at:
+    the caller's own look says what it is."""
     try:
-        return not _MAP_HEADS.isdisjoint(map(_first_byte, map(_packed_attr, map(_data_item, jobs))))
+        return _MAP_HEADS.isdisjoint(first_bytes)
     except (TypeError, KeyError, AttributeError, IndexError):
-        return True  # a job without raw data: the caller's own look says what it is
+        return False
 
 
 def _unwrap(packed: bytes | msgspec.Raw) -> tuple[str, bytes] | None:
@@ -309,7 +311,7 @@ def open_envelope(frame: dict[str, Any]) -> None:
     if type(jobs) is not list and type(jobs) is not tuple:
         return  # the schema names what is wrong with it
     key = "jobName" if cmd == "Cron" else "name"
-    if cmd == "PUSHB" and not _may_open(jobs):
+    if cmd == "PUSHB" and _no_map_among(map(_first_byte, map(_packed_attr, map(_data_item, jobs)))):
         return
     for job in jobs:
         if type(job) is dict and job.get(key) is None and type(job.get("data")) is Raw:
@@ -320,12 +322,9 @@ def open_envelope(frame: dict[str, Any]) -> None:
 
 def open_envelopes(frames: Sequence[PlainPush]) -> None:
     """:func:`open_envelope` for a block of plain PUSHes (in place)."""
+    if _no_map_among(map(_first_byte, map(memoryview, map(_data_attr, frames)))):
+        return
     heads = _MAP_HEADS
-    try:
-        if heads.isdisjoint(map(_first_byte, map(memoryview, map(_data_attr, frames)))):
-            return  # no data is a map: nothing to open
-    except (TypeError, IndexError):
-        pass  # the loop below looks at each frame
     for frame in frames:
         if frame.name is None and memoryview(frame.data)[0] in heads:  # the cheap look first
             opened = _unwrap(frame.data)

@@ -7,10 +7,9 @@ One task wakes every :data:`GUARD_INTERVAL_S`:
   memory budget, makes the dispatcher refuse new jobs with ``OVERLOADED``
   (pulls, acks and deletes go on, so consumers can drain the node);
 - every :data:`~.heap.TRIM_CHECK_S` seconds (every second in the first 30 s), and
-  before it would refuse new jobs, it
-  hands the C heap's free memory back to the system when there is much of it
-  (:class:`~.heap.HeapTrimmer`), so memory freed inside the process counts neither
-  against the budget nor as growth;
+  before it would refuse new jobs, it hands the C heap's free memory back to the
+  system when there is much of it (:class:`~.heap.HeapTrimmer`), so memory freed
+  inside the process counts neither against the budget nor as growth;
 - it records how late it woke up in the ``shoal_event_loop_lag_seconds``
   histogram: whatever held the loop delayed it;
 - it closes client connections whose frame has been arriving longer than
@@ -45,7 +44,8 @@ _SWEEP_EVERY = 5              # connection deadlines every 5 wake-ups (0.5 s)
 _TRIM_EVERY = round(TRIM_CHECK_S / GUARD_INTERVAL_S)
 #: For this many wake-ups after start (30 s) the heap is looked at every second: what start-up
 #: (a journal applied, snapshots loaded) freed goes back early.
-_TRIM_EARLY = 300
+_TRIM_EARLY = round(30 / GUARD_INTERVAL_S)
+_TRIM_EARLY_EVERY = round(1 / GUARD_INTERVAL_S)
 #: Free heap bytes worth a trim when the node is about to refuse new jobs for memory.
 _TRIM_BEFORE_REFUSING_BYTES = 1024 * 1024
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -97,7 +97,7 @@ class NodeGuard(Collector):
             tick += 1
             if tick % _SWEEP_EVERY == 0:
                 self.sweep()
-            if tick % _TRIM_EVERY == 0 or (tick <= _TRIM_EARLY and tick % 10 == 0):
+            if tick % _TRIM_EVERY == 0 or (tick <= _TRIM_EARLY and tick % _TRIM_EARLY_EVERY == 0):
                 self.trimmer.maybe_trim()
 
     def check_memory(self) -> None:

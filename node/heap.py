@@ -4,19 +4,18 @@ glibc's ``malloc`` returns freed memory to the system only from the top of its h
 Work that allocates much and frees most of it in an order of its own leaves the memory
 free inside the process yet resident: a start-up that applies a whole journal (4 MiB
 reads, entries decoded and dropped), a snapshot loaded on its thread, a large backlog
-drained. Measured with ``bench/bench_backlog.py``: a node that applied 50,000 jobs of
-1 KiB from its journal at start-up held 52 MB more than before its restart, all of it
-given back by one ``malloc_trim(0)``.
+drained (a node that applied its journal at start-up held more than before its restart
+until its free heap went back: docs/benchmarks.md, "Memory per waiting job").
 
 :class:`HeapTrimmer` looks at how much the heap holds free (``mallinfo2``, which sums
 every arena) and calls ``malloc_trim(0)`` when that passes a threshold and something
 changed since the last trim: a trim gives the pages back but leaves the chunks on the
 free lists, so the free figure alone would ask again and again. Each look walks the
-free lists (about 7 ms on a heap with 200,000 free chunks), so the watchdog looks
-rarely. The node's
-watchdog asks it every :data:`TRIM_CHECK_S` seconds and before it refuses new jobs for
-memory (:mod:`.guard`), so freed memory neither counts against the memory budget nor
-shows as growth. Where the C library is not glibc, the trimmer does nothing.
+free lists (milliseconds on a fragmented heap of hundreds of MB), so the node's watchdog
+(:mod:`.guard`) asks rarely: every :data:`TRIM_CHECK_S` seconds (every second in the
+first 30 s after start) and before it refuses new jobs for memory, so freed memory
+neither counts against the memory budget nor shows as growth. Where the C library is
+not glibc, the trimmer does nothing.
 """
 
 from __future__ import annotations

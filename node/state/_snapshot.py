@@ -164,7 +164,12 @@ class SnapshotOps(Store):
         strs: dict[str, str] = {state: state for state in STATES}
         share = strs.setdefault
         ints: dict[int, int] = {}
-        same_int = ints.setdefault
+
+        def same_int(value: int) -> int:
+            if len(ints) > _INTS_MEMO_MAX:
+                ints.clear()
+            return ints.setdefault(value, value)
+
         # Runs of plain waiting jobs (what bulk pushes leave) come back as segments, as they
         # were held before the snapshot, rather than one Job object each.
         segments: list[Segment] = []
@@ -177,9 +182,7 @@ class SnapshotOps(Store):
                     t[i] = share(t[i], t[i])
             for i in _SHARED_INTS:
                 if i < len(t) and type(t[i]) is int and t[i] > 256:
-                    t[i] = same_int(t[i], t[i])
-            if len(ints) > _INTS_MEMO_MAX:
-                ints.clear()
+                    t[i] = same_int(t[i])
             if _plain_waiting(t):
                 if run and not _continues(run, t):
                     eng._keep_run(run, segments)
@@ -201,15 +204,11 @@ class SnapshotOps(Store):
         order: deque[tuple[int, tuple[str, str]]] = deque()
         for _ in range(unpacker.read_array_header()):
             t, (q_name, key) = unpacker.unpack()
-            order.append((same_int(t, t), (share(q_name, q_name), share(key, key))))
-            if len(ints) > _INTS_MEMO_MAX:
-                ints.clear()
+            order.append((same_int(t), (share(q_name, q_name), share(key, key))))
         idem: dict[tuple[str, str], tuple[str, int]] = {}
         for _ in range(unpacker.read_array_header()):
             q_name, key, job_id, expires = unpacker.unpack()
-            idem[(share(q_name, q_name), share(key, key))] = (job_id, same_int(expires, expires))
-            if len(ints) > _INTS_MEMO_MAX:
-                ints.clear()
+            idem[(share(q_name, q_name), share(key, key))] = (job_id, same_int(expires))
         del strs, ints
         crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}
