@@ -79,6 +79,19 @@ class History:
     def heal(self, fault: Fault) -> None:
         fault.end = self.now()
 
+    def wrote_since(self, t: float) -> bool:
+        """A push invoked at or after ``t`` has been acknowledged (what the checker's recovery
+        bound looks for after a heal)."""
+        acknowledged: set[tuple[str, Any]] = set()
+        for op in reversed(self.ops):
+            if op.time < t:
+                return False
+            if op.f == "push" and op.type == OK:
+                acknowledged.add((op.process, op.value[0]))
+            elif op.f == "push" and op.type == INVOKE and (op.process, op.value) in acknowledged:
+                return True
+        return False
+
     def save(self, path: str | Path) -> None:
         """JSON lines: one op per line, then the faults (for offline checking)."""
         with open(path, "w") as out:

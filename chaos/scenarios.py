@@ -60,14 +60,17 @@ SCENARIO_NODES = {"remove-leader-node": 4}
 #: Every step by name: faults and membership changes.
 ACTIONS: dict[str, Nemesis] = {**NEMESES, **MEMBERSHIP}
 SETTLE_S = 1.0  # producing time after the last heal, so recovery is visible before the drain
+RECOVERY_POLL_S = 0.1
 #: How long producers may go on past the planned time while the schedule finishes.
 OVERRUN_S = 4 * SETTLE_TIMEOUT_S
 
 
 async def _schedule(stage: Stage, steps: list[tuple[float, float, str]], produce_s: float,
-                    errors: list[str]) -> None:
+                    errors: list[str], recovery_max_s: float = RECOVERY_MAX_S) -> None:
     """Run the fault schedule: inject at start, heal at end (blocking calls in a thread). A step that
-    raises is recorded in ``errors`` and ends the schedule (the cluster is healed afterwards)."""
+    raises is recorded in ``errors`` and ends the schedule (the cluster is healed afterwards).
+    After the last heal it lasts until a write is back or ``recovery_max_s`` passed, so producers
+    go on long enough for the checker's recovery bound to be judged on a slow machine too."""
     cluster, history = stage.cluster, stage.history
     for start, end, name in steps:
         await asyncio.sleep(max(0.0, start * produce_s - history.now()))
@@ -81,6 +84,10 @@ async def _schedule(stage: Stage, steps: list[tuple[float, float, str]], produce
         except Exception as exc:  # reported as a broken run, with what was running
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             return
+    healed = max((f.end for f in history.faults if f.end is not None), default=None)
+    if healed is not None:
+        while not history.wrote_since(healed) and history.now() < healed + recovery_max_s:
+            await asyncio.sleep(RECOVERY_POLL_S)
     if history.now() > produce_s:
         await asyncio.sleep(SETTLE_S)  # writes after the last heal, before producers stop
 
@@ -109,7 +116,7 @@ def run_scenario(name: str, duration_s: float = 20.0, nodes: int = 3, seed: int 
                 nodes = dict(zip(cluster.node_ids, cluster.addresses))
                 work = Workload(cluster.addresses, history, config, nodes=nodes)
                 stage = Stage(cluster, history, partition, work)
-                faults = asyncio.create_task(_schedule(stage, steps, duration_s, errors))
+                faults = asyncio.create_task(_schedule(stage, steps, duration_s, errors, recovery_max_s))
                 try:
                     await work.run(produce_s, until=faults, overrun_s=OVERRUN_S)
                 finally:

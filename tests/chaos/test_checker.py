@@ -87,6 +87,16 @@ def test_writes_that_never_come_back_break_recovery() -> None:
     assert not r.valid and "isolate" in r.problems()[0]
 
 
+def test_wrote_since_counts_only_pushes_invoked_after_the_time() -> None:
+    # What the scenario runner waits for after the last heal, as the recovery check reads it.
+    h = _history(_push(1.0, "a") + _push(2.95, "b")[:1] + _push(3.5, "c", outcome=INFO) + _push(4.0, "d")[:1])
+    h.ops.append(Op(4.2, "p0", OK, "push", ("b", "0-b")))  # invoked before 3.0, answered after it
+    assert h.wrote_since(0.5)
+    assert not h.wrote_since(3.0)
+    h.ops.append(Op(4.3, "p0", OK, "push", ("d", "0-d")))
+    assert h.wrote_since(3.0) and not h.wrote_since(4.1)
+
+
 def test_a_fault_that_leaves_a_majority_must_not_stop_writes_until_healed() -> None:
     """A ``serving`` fault: the first write after it must complete before it is healed."""
     late = _history(_push(0, "a", job="0-1") + _push(3.5, "b", job="0-2") + _deliver(4, "0-1", "a", "0.1")
