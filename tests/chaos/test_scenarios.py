@@ -23,9 +23,11 @@ DURATION_S = 10.0
 RECOVERY_MAX_S = 8.0  # writes back within this long of each heal
 
 
-# The CI-sized set; `-m soak` (tests/chaos/test_soak.py) runs every scenario, these and
-# majority-minority, slow-network, bridge, one-way and reset-peer, for 60 s each.
-@pytest.mark.parametrize("scenario", ["leader-pause", "partition-leader", "flapping", "full-restart"])
+# The CI-sized set; `-m soak` (tests/chaos/test_soak.py) runs every scenario for 60 s, these and
+# the rest: leader-pause (pause-leader below pauses the leader and reads from it too),
+# partition-leader and membership-cut (membership-change-under-partition cuts the leader off
+# during a change), majority-minority, slow-network, bridge, one-way and reset-peer.
+@pytest.mark.parametrize("scenario", ["flapping", "full-restart"])
 def test_invariants_hold_under(scenario: str, tmp_path: Path) -> None:
     report = run_scenario(scenario, duration_s=DURATION_S, seed=7, out_dir=tmp_path,
                           recovery_max_s=RECOVERY_MAX_S)
@@ -38,7 +40,7 @@ def test_invariants_hold_under(scenario: str, tmp_path: Path) -> None:
     assert (tmp_path / "timeline.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("scenario", ["add-node", "remove-leader-node", "replace-wiped-node", "membership-cut"])
+@pytest.mark.parametrize("scenario", ["add-node", "remove-leader-node", "replace-wiped-node"])
 def test_invariants_hold_while_the_membership_changes(scenario: str, tmp_path: Path) -> None:
     """A node joins / the busiest leader leaves / a wiped node is replaced / changes meet a cut
     link and an isolated leader, under load: each change reaches its shape (bounded), and the

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import struct
 from typing import Any
 
@@ -84,3 +86,50 @@ def test_element_counts_cannot_outgrow_the_frame() -> None:
     body = b"\x82\xa3cmd\xa4Ping\xa1x\xdd\xff\xff\xff\xff"
     out = FrameDecoder(raw_data=True, plain_push=True).drain(struct.pack(">I", len(body)) + body)
     assert type(out[0]) is ProtocolError and not out[0].fatal
+
+
+def bulk_frame(depth: int, jobs: int = 1_000) -> bytes:
+    """A PUSHB of ``jobs`` jobs whose data are maps (thousands of container headers: the count
+    does not clear it), one of them nested so that the frame is ``depth`` levels deep."""
+    frame: dict[str, Any] = {"cmd": "PUSHB", "queue": "q", "reqId": 1,
+                             "jobs": [{"name": "n", "data": {"to": "a@b.c", "n": i}} for i in range(jobs)]}
+    # frame map, jobs array, job map: 3 levels above the data
+    frame["jobs"][jobs // 2]["data"] = nest(depth - 3)
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def test_the_c_check_is_used_on_this_interpreter() -> None:
+    from shoal.cluster import _depth
+    assert _depth._C_CHECK
+    assert _depth._decode_fits(bulk_frame(10), DEPTH_MAX)
+
+
+@pytest.mark.parametrize("depth", [4, DEPTH_MAX - 17, DEPTH_MAX - 16, DEPTH_MAX - 1, DEPTH_MAX, DEPTH_MAX + 1,
+                                   DEPTH_MAX + 40])
+def test_a_bulk_add_of_maps_is_judged_exactly_and_the_recursion_limit_restored(depth: int) -> None:
+    limit = sys.getrecursionlimit()
+    body = bulk_frame(depth)
+    assert msgpack_too_deep(body) == (depth > DEPTH_MAX)
+    assert sys.getrecursionlimit() == limit
+
+
+def test_the_verdict_is_the_same_from_a_generator_a_coroutine_and_a_deep_stack() -> None:
+    cases = [(bulk_frame(d), d > DEPTH_MAX) for d in (DEPTH_MAX - 20, DEPTH_MAX, DEPTH_MAX + 1)]
+    assert list(msgpack_too_deep(body) for body, _ in cases) == [deep for _, deep in cases]
+
+    async def judge() -> list[bool]:
+        return [msgpack_too_deep(body) for body, _ in cases]
+    assert asyncio.run(judge()) == [deep for _, deep in cases]
+
+    def down(n: int) -> list[bool]:
+        return down(n - 1) if n else [msgpack_too_deep(body) for body, _ in cases]
+    assert down(sys.getrecursionlimit() - 150) == [deep for _, deep in cases]
+
+
+def test_garbage_and_small_limits_leave_the_answer_to_the_walk() -> None:
+    limit = sys.getrecursionlimit()
+    garbage = b"\x92" + b"\x91" * 10 + b"\xc1" + msgpack.packb([[1, 2]] * 600)
+    assert msgpack_too_deep(garbage, 30) is False  # the walk stops at 0xc1: the decoder says what is wrong
+    assert msgpack_too_deep(msgpack.packb([[[[1]]]] * 100), 3) is True
+    assert msgpack_too_deep(msgpack.packb([[[1]]] * 100), 3) is False
+    assert sys.getrecursionlimit() == limit
