@@ -210,6 +210,24 @@ def check_depth(payload: bytes | memoryview) -> None:
         raise ProtocolError(depth_message(), ErrorCode.INVALID, req_id=req_id if _plain_req_id(req_id) else None)
 
 
+def _job_data_too_deep(frame: dict[str, Any]) -> bool:
+    """Does a job frame decoded by its schema nest deeper than :data:`DEPTH_MAX`? Its own map is
+    level 1, a ``PUSHB``'s items level 3, so ``data`` may nest ``DEPTH_MAX - 1`` levels at the
+    top and ``DEPTH_MAX - 3`` in an item. Data shorter than that cannot nest so deep (a level
+    takes a byte), and is not looked at."""
+    data = frame.get("data")
+    if data is not None and len(data) > DEPTH_MAX - 1 and msgpack_too_deep(data.packed, DEPTH_MAX - 1):
+        return True
+    jobs = frame.get("jobs")
+    if jobs:
+        limit = DEPTH_MAX - 3
+        for job in jobs:
+            data = job.get("data")
+            if data is not None and len(data) > limit and msgpack_too_deep(data.packed, limit):
+                return True
+    return False
+
+
 def _plain_req_id(req_id: object) -> bool:
     return isinstance(req_id, (int, str)) and not isinstance(req_id, bool)
 
@@ -398,6 +416,20 @@ class FrameDecoder:
                                 out.append(ProtocolError(depth_message(), ErrorCode.INVALID, req_id=push.reqId))
                                 continue
                         out.append(push)
+                        continue
+            if length > DEPTH_MAX and self._raw and self._requests:
+                # A job frame the schema fits nests only inside its data (every other field is
+                # a scalar): its data spans are checked, not the whole frame.
+                payload = src[start:pos]
+                if b"\xa4jobs" in payload or b"\xa4data" in payload:
+                    frame = decode_job_frame(payload, Raw)
+                    if frame is not None and type(frame.get("cmd")) is str and frame["cmd"]:
+                        if _job_data_too_deep(frame):
+                            req_id = frame.get("reqId")
+                            out.append(ProtocolError(depth_message(), ErrorCode.INVALID,
+                                                     req_id=req_id if _plain_req_id(req_id) else None))
+                        else:
+                            out.append(frame)
                         continue
             if length > DEPTH_MAX and msgpack_too_deep(src[start:pos]):
                 # Refused before any decoder recurses into it (msgspec gives up near 1,000 levels).

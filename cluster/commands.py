@@ -268,12 +268,21 @@ def _jobs(name: str, v: Any) -> None:
     if len(v) > L.batch_jobs_max:
         raise F.bad(name, f"at most {L.batch_jobs_max} jobs per batch, got {len(v)}")
     data_max = L.data_bytes_max
+    key_max = L.key_chars_max
     for i, job in enumerate(v):
-        if type(job) is dict and len(job) == 1:
-            # The common item, ``{"data": <raw>}`` from the node's decoder: checked inline.
+        if type(job) is dict:
+            # The common items, ``{"data": <raw>}`` from the node's decoder, with a name and a key
+            # maybe (bunqueue's addBulk, a forwarding node): checked inline.
             d = job.get("data", job)
             if type(d) is Raw and len(d.packed) <= data_max:
-                continue
+                if len(job) == 1:
+                    continue
+                if job.keys() <= _PLAIN_JOB_KEYS:
+                    job_name = job.get("name", "-")
+                    key = job.get("idempotencyKey", "-")
+                    if type(job_name) is str and type(key) is str and 0 < len(job_name) <= key_max \
+                            and 0 < len(key) <= key_max:
+                        continue
         F.fields_map(f"{name}[{i}]", job, _JOB_ITEM_FIELDS, "job field", required=("data",))
 
 
@@ -554,6 +563,10 @@ _UNSUPPORTED_JOB = {
 }
 
 
+#: A PUSHB item with only these keys is in the schema's names already.
+_PLAIN_JOB_KEYS = frozenset({"data", "name", "idempotencyKey"})
+
+
 def _normalize_job(where: str, job: dict[str, Any]) -> None:
     """One job's options (PUSH, a PUSHB item, a flow job) in the schema's names, in place."""
     for old, new in _JOB_RENAMES.items():
@@ -641,7 +654,10 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
         jobs = frame.get("jobs")
         if type(jobs) is list:
             for i, job in enumerate(jobs):
-                if type(job) is dict and len(job) > 1 and not (len(job) == 2 and "name" in job):
+                # Only data, a name and a key (what bunqueue's addBulk and a forwarding node send):
+                # nothing to rename.
+                if type(job) is dict and not (job.keys() <= _PLAIN_JOB_KEYS
+                                              and job.get("idempotencyKey", "") is not None):
                     _normalize_job(f"jobs[{i}].", job)
     elif cmd in ("PULL", "PULLB"):
         ttl = frame.pop("lockTtl", None)

@@ -387,10 +387,11 @@ class Relay:
         keys: list[str] = []
         keyed = False
         names: list[str | None] | None = None
+        base = self._job_key(rid, 0)[:-1]  # the keys of this block's pushes: base + the push's index
         for i, frame in enumerate(frames):
             key = frame.idempotencyKey
             if key is None:
-                keys.append(self._job_key(rid, i))
+                keys.append(f"{base}{i:x}")
                 keyed = True
             else:
                 keys.append(key)
@@ -441,10 +442,11 @@ class Relay:
                 return True
             return type(key) is str and key.startswith(own)
         keyed = False
+        base = self._job_key(rid, 0)[:-1]  # the keys of this request's jobs: base + the job's index
         for i, job in enumerate(frame["jobs"]):
             key = job.get("idempotencyKey")
             if key is None and job.get("customId") is None:
-                job["idempotencyKey"] = self._job_key(rid, i)
+                job["idempotencyKey"] = f"{base}{i:x}"
                 keyed = True
             elif type(key) is str and key.startswith(own):
                 keyed = True

@@ -17,7 +17,7 @@ from shoal.cluster import limits as L
 from shoal.cluster.codec import Raw, raw_of
 from shoal.cluster.commands import (
     COMMANDS, INTERNAL_COMMANDS, NODE_COMMANDS, READ_COMMANDS, WRITE_COMMANDS, CommandSpec, route_key,
-    routing_of, validate,
+    normalize, routing_of, validate,
 )
 from shoal.cluster.errors import CommandError, ErrorCode
 
@@ -377,3 +377,26 @@ def test_validate_push_is_fast() -> None:
     best_us = min(timeit.repeat(lambda: validate(frame), number=n, repeat=3)) / n * 1e6
     print(f"validate(PUSH with 3 fields): {best_us:.2f} µs")
     assert best_us < 20  # target < 2 µs; the bound is loose so a busy CI machine does not flake
+
+
+@pytest.mark.parametrize("item, error", [
+    ({"name": "email", "idempotencyKey": "n1.7"}, None),
+    ({"idempotencyKey": "n1.7"}, None),
+    ({"name": "email"}, None),
+    ({"name": None}, None),
+    ({"name": "", "idempotencyKey": "k"}, "jobs[1].name: must be 1..256 characters"),
+    ({"name": "x" * (L.key_chars_max + 1)}, "jobs[1].name: must be 1..256 characters"),
+    ({"idempotencyKey": 7}, "jobs[1].idempotencyKey: must be a string"),
+    ({"idempotencyKey": "k" * (L.key_chars_max + 1)}, "jobs[1].idempotencyKey: must be 1..256 characters"),
+])
+def test_a_bulk_item_of_data_name_and_key_is_checked_like_any_other(item: dict[str, Any], error: str | None) -> None:
+    """The inline path for bunqueue's named items and a forwarding node's keyed ones accepts and
+    refuses exactly what the field checkers do."""
+    frame = normalize({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": Raw(b"\x01")}, {"data": Raw(b"\x02"), **item}]})
+    if error is None:
+        validate(frame)
+        assert frame["jobs"][1] == {"data": Raw(b"\x02"), **item}
+    else:
+        with pytest.raises(CommandError) as err:
+            validate(frame)
+        assert str(err.value) == error

@@ -133,3 +133,25 @@ def test_garbage_and_small_limits_leave_the_answer_to_the_walk() -> None:
     assert msgpack_too_deep(msgpack.packb([[[[1]]]] * 100), 3) is True
     assert msgpack_too_deep(msgpack.packb([[[1]]] * 100), 3) is False
     assert sys.getrecursionlimit() == limit
+
+
+@pytest.mark.parametrize("depth", [DEPTH_MAX - 1, DEPTH_MAX, DEPTH_MAX + 1, DEPTH_MAX + 300])
+@pytest.mark.parametrize("items", ["data only", "named", "with options"])
+def test_a_bulk_add_whose_schema_fits_is_judged_by_its_data_alone(depth: int, items: str) -> None:
+    """A PUSHB the job schema decodes nests only in its jobs' data: the frame is refused exactly
+    when one job's data makes it deeper than the limit, with its reqId."""
+    frame = msgpack.unpackb(bulk_frame(depth, jobs=600))
+    if items == "data only":  # the bulk-ingest schema
+        for job in frame["jobs"]:
+            del job["name"]
+    elif items == "with options":  # the general item schema
+        frame["jobs"][0]["priority"] = 3
+    frame["reqId"] = "r1"
+    body = msgpack.packb(frame, use_bin_type=True)
+    out = FrameDecoder(raw_data=True, plain_push=True).drain(struct.pack(">I", len(body)) + body)
+    assert len(out) == 1
+    if depth > DEPTH_MAX:
+        assert type(out[0]) is ProtocolError and out[0].code is ErrorCode.INVALID and out[0].req_id == "r1"
+    else:
+        assert type(out[0]) is dict and len(out[0]["jobs"]) == 600
+    assert msgpack_too_deep(body) == (depth > DEPTH_MAX)
