@@ -55,6 +55,7 @@ _ITEM_FIELDS = _Item.__struct_fields__
 _PLAIN_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 1)           # only data set
 _KEYED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 2)           # data and idempotencyKey set
 _NAMED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 4)           # after data, name and the two flags
+_NAMED_KEYED_TAIL = (_UNSET,) * (len(_ITEM_FIELDS) - 5)     # between the two flags and the key
 assert _ITEM_FIELDS[:4] == ("data", "name", "removeOnComplete", "removeOnFail")
 assert _ITEM_FIELDS[-1] == "idempotencyKey"
 
@@ -165,9 +166,13 @@ def _item(item: _Item, raw: type) -> dict[str, Any]:
             return {"data": raw(bytes(values[0]))}  # the bulk case
         if tail[:-1] == _KEYED_TAIL and values[-1] is not _UNSET:
             return {"data": raw(bytes(values[0])), "idempotencyKey": values[-1]}
-        if values[4:] == _NAMED_TAIL and values[1] is not _UNSET and not values[2] and not values[3]:
-            # bunqueue's addBulk item without options: the name, both remove flags unset or false
-            return {"data": raw(bytes(values[0])), "name": values[1]}
+        if values[1] is not _UNSET and not values[2] and not values[3]:
+            # bunqueue's addBulk item without options: the name, both remove flags unset or false,
+            # and the key a forwarding node gives it
+            if values[4:] == _NAMED_TAIL:
+                return {"data": raw(bytes(values[0])), "name": values[1]}
+            if values[4:-1] == _NAMED_KEYED_TAIL and values[-1] is not _UNSET:
+                return {"data": raw(bytes(values[0])), "name": values[1], "idempotencyKey": values[-1]}
     out: dict[str, Any] = {}
     for name, value in zip(_ITEM_FIELDS, values):
         if value is not _UNSET:
