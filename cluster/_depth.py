@@ -14,15 +14,15 @@ nesting ends there), then counted.
 
 What the count does not clear (a bulk add of a thousand jobs whose data are maps holds
 thousands of container headers) is judged by msgspec in C: a decode with the interpreter's
-recursion limit set to the current stack depth plus ``limit + 1`` succeeds exactly when
-nothing nests deeper than ``limit`` (msgspec enters one recursive call per container level,
-which the module checks once at import; where that does not hold, as on interpreters whose C
-recursion has a limit of its own, this step is skipped). The decode's objects are dropped at
-once; it runs for input up to :data:`C_CHECK_BYTES_MAX` (its objects' memory is bounded by the
-input's size) and costs about a tenth of the walk. It clears input nested up to 16 levels
-short of the limit (a margin against stacks counted short), and only its success counts: input it does not
-clear (nested near the limit or past it, larger, or garbage msgspec refuses) is walked up to
-:data:`WALK_VALUES_MAX` values, which gives the exact answer.
+recursion limit set to the current stack depth plus ``limit`` less a margin of 16 succeeds
+only when nothing nests deeper than ``limit`` (msgspec enters one recursive call per container
+level, which the module checks once at import; where that does not hold, as on interpreters
+whose C recursion has a limit of its own, this step is skipped; the margin covers a stack
+counted short). Only its success counts: input it does not clear (nested within the margin of
+the limit or past it, larger than :data:`C_CHECK_BYTES_MAX`, or garbage msgspec refuses) is
+walked up to :data:`WALK_VALUES_MAX` values, which gives the exact answer. The decode's objects
+are dropped at once (their memory is bounded by the input's size), and it costs about a fifth
+of the walk.
 """
 
 from __future__ import annotations

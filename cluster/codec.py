@@ -206,8 +206,22 @@ def check_depth(payload: bytes | memoryview) -> None:
     """Raise a non-fatal ``INVALID`` :class:`ProtocolError` when ``payload`` nests deeper than
     :data:`DEPTH_MAX` (with the request's ``reqId`` when one can be found)."""
     if len(payload) > DEPTH_MAX and msgpack_too_deep(payload):
-        req_id = msgpack_req_id(payload)
-        raise ProtocolError(depth_message(), ErrorCode.INVALID, req_id=req_id if _plain_req_id(req_id) else None)
+        raise _too_deep(msgpack_req_id(payload))
+
+
+def _too_deep(req_id: Any) -> ProtocolError:
+    """The refusal of a frame nested deeper than :data:`DEPTH_MAX`, answered to ``req_id`` if plain."""
+    return ProtocolError(depth_message(), ErrorCode.INVALID, req_id=req_id if _plain_req_id(req_id) else None)
+
+
+def _schema_job_frame(payload: bytes) -> dict[str, Any] | None:
+    """A job-carrying frame the job schema fits, decoded in C with its data raw; None for any
+    other frame (the exact walk decodes it and says what is wrong)."""
+    if b"\xa4data" in payload or b"\xa4jobs" in payload:
+        frame = decode_job_frame(payload, Raw)
+        if frame is not None and type(frame.get("cmd")) is str and frame["cmd"]:
+            return frame
+    return None
 
 
 def _job_data_too_deep(frame: dict[str, Any]) -> bool:
@@ -420,22 +434,13 @@ class FrameDecoder:
             if length > DEPTH_MAX and self._raw and self._requests:
                 # A job frame the schema fits nests only inside its data (every other field is
                 # a scalar): its data spans are checked, not the whole frame.
-                payload = src[start:pos]
-                if b"\xa4jobs" in payload or b"\xa4data" in payload:
-                    frame = decode_job_frame(payload, Raw)
-                    if frame is not None and type(frame.get("cmd")) is str and frame["cmd"]:
-                        if _job_data_too_deep(frame):
-                            req_id = frame.get("reqId")
-                            out.append(ProtocolError(depth_message(), ErrorCode.INVALID,
-                                                     req_id=req_id if _plain_req_id(req_id) else None))
-                        else:
-                            out.append(frame)
-                        continue
+                frame = _schema_job_frame(src[start:pos])
+                if frame is not None:
+                    out.append(_too_deep(frame.get("reqId")) if _job_data_too_deep(frame) else frame)
+                    continue
             if length > DEPTH_MAX and msgpack_too_deep(src[start:pos]):
                 # Refused before any decoder recurses into it (msgspec gives up near 1,000 levels).
-                req_id = msgpack_req_id(src[start:pos])
-                out.append(ProtocolError(depth_message(), ErrorCode.INVALID,
-                                         req_id=req_id if _plain_req_id(req_id) else None))
+                out.append(_too_deep(msgpack_req_id(src[start:pos])))
                 continue
             try:
                 out.append(self._decode(src[start:pos]))
@@ -447,11 +452,9 @@ class FrameDecoder:
 
     def _decode(self, payload: bytes) -> dict[str, Any]:
         if self._requests:
-            if self._raw and (b"\xa4data" in payload or b"\xa4jobs" in payload):
-                # A job-carrying frame: one C decode; anything the schema does not fit (or a
-                # missing cmd) takes the exact walk below, which also says what is wrong.
-                frame = decode_job_frame(payload, Raw)
-                if frame is not None and type(frame.get("cmd")) is str and frame["cmd"]:
+            if self._raw:
+                frame = _schema_job_frame(payload)
+                if frame is not None:
                     return frame
             try:
                 return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)

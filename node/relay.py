@@ -387,7 +387,7 @@ class Relay:
         keys: list[str] = []
         keyed = False
         names: list[str | None] | None = None
-        base = self._job_key(rid, 0)[:-1]  # the keys of this block's pushes: base + the push's index
+        base = self._job_keys_base(rid)
         for i, frame in enumerate(frames):
             key = frame.idempotencyKey
             if key is None:
@@ -420,9 +420,10 @@ class Relay:
         self._by_conn.setdefault(conn.conn_id, set()).add(rid)
         self._dispatch(rid, pending)
 
-    def _job_key(self, rid: int, i: int) -> str:
-        """This node's key for job ``i`` of forwarded request ``rid``, in its first-send form."""
-        return f"{self._key_prefix}{rid:x}.{i:x}"
+    def _job_keys_base(self, rid: int) -> str:
+        """This node's keys for the jobs of forwarded request ``rid``, in their first-send form,
+        are this and the job's index in hex."""
+        return f"{self._key_prefix}{rid:x}."
 
     def _again_form(self, key: str) -> str:
         """``key`` in the form of a copy sent again when this node gave it (the engine looks such
@@ -442,7 +443,7 @@ class Relay:
                 return True
             return type(key) is str and key.startswith(own)
         keyed = False
-        base = self._job_key(rid, 0)[:-1]  # the keys of this request's jobs: base + the job's index
+        base = self._job_keys_base(rid)
         for i, job in enumerate(frame["jobs"]):
             key = job.get("idempotencyKey")
             if key is None and job.get("customId") is None:
