@@ -33,7 +33,10 @@ __all__ = [
     "encode",
     "encode_body",
     "decode_request",
+    "decode_forwarded",
     "decode_response",
+    "ReceivedBytes",
+    "RECEIVED_BYTES",
     "raw_of",
     "unraw",
     "new_unpacker",
@@ -212,6 +215,29 @@ def check_depth(payload: bytes | memoryview) -> None:
 def _too_deep(req_id: Any) -> ProtocolError:
     """The refusal of a frame nested deeper than :data:`DEPTH_MAX`, answered to ``req_id`` if plain."""
     return ProtocolError(depth_message(), ErrorCode.INVALID, req_id=req_id if _plain_req_id(req_id) else None)
+
+
+class ReceivedBytes:
+    """A ``PUSHB``'s body as its client sent it, kept by the node's decoder in the decoded frame
+    (under :data:`RECEIVED_BYTES`) so that a node forwarding it sends those bytes on unchanged.
+    Its own type, which no decoder makes, tells it from a client's field of that name."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
+#: Where the node's decoder (``plain_push``) keeps a ``PUSHB`` frame's :class:`ReceivedBytes`;
+#: the dispatcher takes it out before anything reads the frame's fields.
+RECEIVED_BYTES = "\x00received"
+
+
+def decode_forwarded(payload: bytes) -> dict[str, Any]:
+    """A request body a peer forwarded (checked for depth where the client sent it), decoded with
+    its job data raw: the schema's fast decode when it fits, else :func:`decode_request`."""
+    frame = _schema_job_frame(payload)
+    return frame if frame is not None else decode_request(payload, raw_data=True)
 
 
 def _schema_job_frame(payload: bytes) -> dict[str, Any] | None:
@@ -434,9 +460,15 @@ class FrameDecoder:
             if length > DEPTH_MAX and self._raw and self._requests:
                 # A job frame the schema fits nests only inside its data (every other field is
                 # a scalar): its data spans are checked, not the whole frame.
-                frame = _schema_job_frame(src[start:pos])
+                body = src[start:pos]
+                frame = _schema_job_frame(body)
                 if frame is not None:
-                    out.append(_too_deep(frame.get("reqId")) if _job_data_too_deep(frame) else frame)
+                    if _job_data_too_deep(frame):
+                        out.append(_too_deep(frame.get("reqId")))
+                        continue
+                    if plain and frame["cmd"] == "PUSHB":
+                        frame[RECEIVED_BYTES] = ReceivedBytes(body)
+                    out.append(frame)
                     continue
             if length > DEPTH_MAX and msgpack_too_deep(src[start:pos]):
                 # Refused before any decoder recurses into it (msgspec gives up near 1,000 levels).
@@ -455,6 +487,8 @@ class FrameDecoder:
             if self._raw:
                 frame = _schema_job_frame(payload)
                 if frame is not None:
+                    if self._plain and frame["cmd"] == "PUSHB":
+                        frame[RECEIVED_BYTES] = ReceivedBytes(payload)
                     return frame
             try:
                 return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)

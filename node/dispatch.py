@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.codec import RECEIVED_BYTES, PlainPush, Raw, ReceivedBytes
 from shoal.cluster.commands import (COMMANDS, LONG_POLL_COMMANDS, NEW_JOB_COMMANDS, NODE_COMMANDS,
                                     PRE_AUTH_COMMANDS, normalize, validate)
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -189,6 +189,10 @@ class Dispatcher:
         if cmd in self._flow_commands:  # PushFlow and the flow commands peers send
             self.flows.handle(conn, frame)
             return
+        if cmd == "PUSHB":
+            received = frame.pop(RECEIVED_BYTES, None)
+            if received is not None and self._sent_as_received(conn, frame, received):
+                return
         if (cmd == "PUSH" or cmd == "PUSHB" or cmd == "Cron") and conn.bunqueue_envelope:
             open_envelope(frame)
             if cmd == "PUSHB" and push_repeating(self.handle, conn, frame):
@@ -226,6 +230,33 @@ class Dispatcher:
         else:
             p = self._partition_of(spec.routing, frame)
         self._route(conn, frame, p, forwards)
+
+    def _sent_as_received(self, conn: Replier, frame: dict[str, Any], received: Any) -> bool:
+        """Send a ``PUSHB`` for a partition led elsewhere on to its leader as the client sent it
+        (``received``), for the leader to check once, as it checks its own clients' frames;
+        False, sending nothing, when it takes the general path: this node leads the partition,
+        the client routes for itself, or the frame is not plainly a bulk add to a valid queue
+        (the general path names what is wrong), or holds bunqueue's repeating jobs (which
+        become job schedulers here)."""
+        if type(received) is not ReceivedBytes or self.relay is None or not conn.wants_forwarding:
+            return False
+        queue, jobs = frame.get("queue"), frame.get("jobs")
+        if type(queue) is not str or type(jobs) is not list or not jobs:
+            return False
+        try:
+            check_queue(queue)
+            fields = set().union(*jobs)  # in C: no look at each job here
+        except (CommandError, TypeError):
+            return False
+        if conn.bunqueue_envelope and "repeat" in fields:
+            return False
+        p = self._partition_of("queue", frame)
+        part = self.directory.partitions.get(p)
+        if part is not None and part.replica.is_leader():
+            return False
+        self._remote(p).submit_received(conn, frame, received.body,
+                                        "customId" in fields or "jobId" in fields)
+        return True
 
     def _flow_tree(self, conn: Replier, frame: dict[str, Any]) -> None:
         """One tree of a PUSHF graph: a PushFlow, or the PUSH of a lone job."""

@@ -22,6 +22,11 @@ Messages (MessagePack arrays on the link):
   node where the client gave none; ``names`` bunqueue's job names, or None): the leader checks
   and commits it as one run, as it would a block its own client sent, and answers
   ``["B", rid, results]``, per push its result (``{"id": ...}``) or its error reply;
+- ``["k", rid, session, body, key_base, dialect]`` a client's ``PUSHB`` for the leader, sent on
+  as the client sent it (``body``, checked only by the leader): the leader gives each job that
+  has neither a key nor a custom id the key ``key_base`` + its index in hex (this node's, in its
+  first-send form or, sent again, its again form), reads it in bunqueue's dialect when
+  ``dialect``, and answers ``["r", ...]`` as a ``q``;
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
 - ``["x", session, how?]`` the client's session ended at the forwarding node: after the
   node's grace (no ``how``), ``"now"`` (its leases go back at once: a REST client that went
@@ -72,7 +77,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import PlainPush, decode_request, decode_response, encode_body
+from shoal.cluster import limits as L
+from shoal.cluster.codec import PlainPush, decode_forwarded, decode_request, decode_response, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
@@ -112,6 +118,8 @@ NODE_CALL_TIMEOUT_S = 5.0
 AUDIT_SILENT_LOG_S = 60.0
 #: Characters of a node id in the idempotency keys the node attaches (the key's limit is 256).
 _KEY_NODE_CHARS_MAX = 64
+#: The longest key base a ``k`` message may carry: a job's key is it and up to 8 hex digits.
+_KEY_BASE_CHARS_MAX = 240
 _RETRY_CODES = frozenset({ErrorCode.NOT_LEADER.value, ErrorCode.NO_LEADER.value, ErrorCode.SHUTTING_DOWN.value})
 #: Answered by a leader that lost its leadership with the command in flight: its outcome is
 #: unknown, so only a command safe to repeat goes again.
@@ -125,7 +133,7 @@ class _Pending:
     """A command forwarded for a client, until its reply reaches the client."""
 
     __slots__ = ("conn", "req_id", "body", "p", "retry_safe", "deadline", "peer", "future", "cmd", "away", "keyed",
-                 "sent", "block", "started")
+                 "sent", "block", "started", "key_base", "dialect")
 
     def __init__(self, conn: Replier | None, req_id: Any, body: bytes, p: int, retry_safe: bool,
                  deadline: float, cmd: str, future: asyncio.Future[Any] | None = None) -> None:
@@ -137,6 +145,11 @@ class _Pending:
         self.sent = False
         #: A block of plain pushes (``body`` unused): what the ``b`` message carries.
         self.block: _Block | None = None
+        #: A ``PUSHB`` sent as its client sent it (``k``): the leader keys its jobs with this
+        #: base (in its first-send form until sent again), reading them in bunqueue's dialect
+        #: when ``dialect``.
+        self.key_base: str | None = None
+        self.dialect = False
         self.started = 0.0
         self.conn = conn
         self.req_id = req_id
@@ -229,6 +242,15 @@ class _Call(DecodingReplier):
 
     def upgrade(self, version: int) -> None:
         pass
+
+
+class _DialectCall(_Call):
+    """A ``PUSHB`` a peer sent on as a client of bunqueue's dialect sent it: its jobs are read
+    as bunqueue's server reads them (a job's name from its data's envelope)."""
+
+    __slots__ = ()
+
+    bunqueue_envelope = True
 
 
 class _BlockCall(_Call):
@@ -408,6 +430,28 @@ class Relay:
         self.forwarded += len(frames)
         self._send_first(rid, pending, conn)
 
+    def forward_received(self, conn: "Replier", frame: dict[str, Any], body: bytes, p: int,
+                         custom_ids: bool) -> None:
+        """Send a client's ``PUSHB`` for partition ``p`` (led elsewhere) to its leader as the
+        client sent it (``body``; ``frame`` its decoded form, unchecked here): the leader checks
+        it once and gives each job without a key or custom id this node's key for the request,
+        so it is safe to send again. ``custom_ids``: some job may carry a custom id (Shoal's
+        name or bunqueue's), whose partition this node learns now. Raises ``CommandError``
+        (``OVERLOADED``) when it cannot be sent at all."""
+        self._check_room()
+        rid = next(self._rids)
+        pending = _Pending(conn, frame.get("reqId"), body, p, True, self.loop.time() + FORWARD_TIMEOUT_S, "PUSHB")
+        pending.key_base = self._job_keys_base(rid)
+        pending.keyed = True
+        pending.dialect = conn.bunqueue_envelope
+        self.forwarded += 1
+        if custom_ids:
+            for job in frame["jobs"]:
+                custom = job.get("customId", job.get("jobId")) if type(job) is dict else None
+                if type(custom) is str:
+                    self.locator.learn(custom, p)
+        self._send_first(rid, pending, conn)
+
     def _check_room(self) -> None:
         """Refuse a client's command when this node forwards as many as it may already."""
         if len(self._pending) >= FORWARDED_MAX:
@@ -488,6 +532,8 @@ class Relay:
         elif pending.keyed:
             if pending.block is not None:
                 pending.block.keys = [self._again_form(key) for key in pending.block.keys]
+            elif pending.key_base is not None:
+                pending.key_base = self._again_form(pending.key_base)
             else:
                 pending.body = self._sent_again(pending.body)
             pending.keyed = False
@@ -502,8 +548,12 @@ class Relay:
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"partition {pending.p} has no leader yet"))
             return
         session = pending.conn.session if pending.conn is not None else None
-        message = ["q", rid, session, pending.body] if pending.block is None else \
-            ["b", rid, session, pending.block.payload()]
+        if pending.block is not None:
+            message = ["b", rid, session, pending.block.payload()]
+        elif pending.key_base is not None:
+            message = ["k", rid, session, pending.body, pending.key_base, pending.dialect]
+        else:
+            message = ["q", rid, session, pending.body]
         if not self._send(leader, message):
             self._retry_later(rid, CommandError(ErrorCode.NO_LEADER, f"no link to {leader}, partition "
                                                                      f"{pending.p}'s leader"))
@@ -522,11 +572,15 @@ class Relay:
             self.dispatcher.handle_pushes(conn, _pushes_of(block.queue, block.req_ids, block.datas, block.keys,
                                                            block.names))
             return
-        frame = decode_request(pending.body, raw_data=True)
         try:
+            frame = decode_forwarded(pending.body)
+            if pending.key_base is not None:
+                key_jobs(frame, pending.key_base)
             self.dispatcher.handle(conn, frame)
         except CommandError as exc:
             conn.reply_error(pending.req_id, exc)
+        except ProtocolError as exc:  # bytes this node decoded once already: not expected
+            conn.reply_error(pending.req_id, CommandError(ErrorCode.INVALID, str(exc)))
 
     def _retry_later(self, rid: int, why: CommandError) -> None:
         pending = self._pending.get(rid)
@@ -719,6 +773,12 @@ class Relay:
             if kind == "q":
                 _, rid, session, body = message
                 self._serve(peer, rid, session, body)
+            elif kind == "k":
+                _, rid, session, body, key_base, dialect = message
+                if type(key_base) is not str or len(key_base) > _KEY_BASE_CHARS_MAX \
+                        or not key_base.startswith((FORWARDED_KEY_PREFIX, FORWARDED_AGAIN_PREFIX)):
+                    raise ValueError("not a forwarding node's key base")
+                self._serve(peer, rid, session, body, key_base, dialect is True)
             elif kind == "r":
                 _, rid, body, code, ids = message
                 self._replied(peer, rid, body, code, ids)
@@ -762,16 +822,28 @@ class Relay:
         except (ValueError, TypeError, KeyError, ProtocolError) as exc:
             log.warning("malformed relay message %r from %s: %s", kind, peer, exc)
 
-    def _serve(self, peer: str, rid: int, session: str | None, body: bytes) -> None:
+    def _serve(self, peer: str, rid: int, session: str | None, body: bytes, key_base: str | None = None,
+               dialect: bool = False) -> None:
+        """A peer's forwarded command (``q``), or a ``PUSHB`` as its client sent it (``k``: its
+        jobs keyed with ``key_base``, read in bunqueue's dialect when ``dialect``)."""
+        if type(body) is not bytes:
+            raise ValueError("a forwarded command's body is not bytes")
         if len(self._served) >= SERVED_MAX:
             self._send(peer, ["r", rid, encode_body(CommandError(
                 ErrorCode.OVERLOADED, "the leader serves too many forwarded commands").to_reply()),
                 ErrorCode.OVERLOADED.value, None])
             return
-        frame = decode_request(body, raw_data=True)
+        try:
+            frame = decode_forwarded(body)
+        except ProtocolError as exc:  # the forwarding node decoded it: a bug there, answered
+            error = CommandError(ErrorCode.INVALID, str(exc))
+            self._send(peer, ["r", rid, encode_body(error.to_reply()), error.code.value, None])
+            return
+        if key_base is not None:
+            key_jobs(frame, key_base)
         req_id = frame.get("reqId")
         session, conn_id = self._session_of(peer, session)
-        call = _Call(self, peer, rid, session, conn_id, req_id)
+        call = (_DialectCall if dialect else _Call)(self, peer, rid, session, conn_id, req_id)
         self._served[(peer, rid)] = call
         peer_command = self._peer_commands.get(frame.get("cmd"))  # type: ignore[arg-type]
         try:
@@ -1083,6 +1155,41 @@ class Relay:
         return {"forwarding": len(self._pending), "serving": len(self._served), "forwarded": self.forwarded,
                 "retried": self.retried, "followed": self.followed, "sessionsAdopted": self.sessions_adopted,
                 "sessionsReleased": self.sessions_released}
+
+
+def key_jobs(frame: dict[str, Any], base: str) -> None:
+    """Give each job of a forwarded ``PUSHB`` (as its client sent it) that has neither a key nor
+    a custom id (Shoal's ``customId`` or bunqueue's ``jobId``) the forwarding node's key:
+    ``base`` and the job's index in hex (in place). Anything else is the schema's to refuse."""
+    jobs = frame.get("jobs")
+    if frame.get("cmd") != "PUSHB" or type(jobs) is not list:
+        return
+    try:
+        fields = set().union(*jobs)  # in C: which names any job holds
+    except TypeError:
+        fields = _KEYED_FIELDS  # a job that is not a map: look at each
+    if len(jobs) <= L.batch_jobs_max and fields.isdisjoint(_KEYED_FIELDS) and all(type(job) is dict for job in jobs):
+        # The usual bulk add: no job has a key or a custom id of its own.
+        for job, suffix in zip(jobs, _hex_suffixes(len(jobs))):
+            job["idempotencyKey"] = base + suffix
+        return
+    for i, job in enumerate(jobs):
+        if type(job) is dict and job.get("idempotencyKey") is None and job.get("customId") is None \
+                and job.get("jobId") is None:
+            job["idempotencyKey"] = f"{base}{i:x}"
+
+
+#: The fields that give a job an identity of its own: such a job gets no key of the node's.
+_KEYED_FIELDS = frozenset({"idempotencyKey", "customId", "jobId"})
+_HEX_SUFFIXES: list[str] = []
+
+
+def _hex_suffixes(n: int) -> list[str]:
+    """``["0", "1", ..., f"{n - 1:x}"]`` (at least; ``n`` at most a bulk add's limit): made once,
+    as bulk adds reach a new size."""
+    if len(_HEX_SUFFIXES) < n:
+        _HEX_SUFFIXES.extend(f"{i:x}" for i in range(len(_HEX_SUFFIXES), n))
+    return _HEX_SUFFIXES
 
 
 def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:

@@ -18,6 +18,8 @@ class Forwarder(Protocol):
 
     def forward_pushes(self, conn: Any, frames: list[PlainPush], p: int, away: bool = False) -> None: ...
 
+    def forward_received(self, conn: Any, frame: dict[str, Any], body: bytes, p: int, custom_ids: bool) -> None: ...
+
 
 class RemotePartition:
     """Partition ``id``, led by another node: what is submitted goes to its leader.
@@ -47,3 +49,10 @@ class RemotePartition:
         """Send a block of plain PUSHes to one queue of this partition to its leader as one
         message; each push's reply goes to ``conn``."""
         self._forwarder.forward_pushes(conn, frames, self.id, away)
+
+    def submit_received(self, conn: Any, frame: dict[str, Any], body: bytes, custom_ids: bool) -> None:
+        """Send a ``PUSHB`` to this partition's leader as its client sent it (``body``; ``frame``
+        is its decoded, unchecked form): the leader checks it and gives each job without a key
+        or custom id the forwarding node's key. ``custom_ids``: some job may carry one, which
+        this node then learns the partition of."""
+        self._forwarder.forward_received(conn, frame, body, self.id, custom_ids)

@@ -97,3 +97,29 @@ def test_a_leader_that_hands_over_is_followed(cluster3: LocalCluster) -> None:
 
         counts = eventually(answered, "the queue's counts from the new leader", 20, poll_s=0.1)
         assert counts["counts"]["waiting"] == 100
+
+
+def test_a_bulk_add_through_a_follower_is_sent_on_as_received_and_checked_at_the_leader(
+        cluster3: LocalCluster) -> None:
+    queue = "fw-bulk"
+    with RawConn(away(cluster3, queue), hello=False) as c:
+        jobs = [{"data": {"name": "from-envelope", "n": 0}},  # bunqueue's envelope: the name is in the data
+                {"name": "named", "data": 1}, {"data": 2, "jobId": "bulk-c1"}, {"data": 3, "idempotencyKey": "bk"}]
+        added = c.call({"cmd": "PUSHB", "queue": queue, "jobs": jobs})
+        assert added["ok"], added
+        ids = added["ids"]
+        assert len(set(ids)) == 4 and ids[2] == "bulk-c1"
+        # The leader read it in bunqueue's dialect, and keeps the client's own key.
+        job = c.call({"cmd": "GetJob", "id": ids[0]})["job"]
+        assert job["name"] == "from-envelope" and job["data"] == {"n": 0}
+        assert c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 3, "idempotencyKey": "bk"}]})["ids"] == [ids[3]]
+        # The leader checks the frame: one bad job refuses the whole add, answered to its reqId.
+        bad = c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 1}, {"data": 2, "priority": "high"}]})
+        assert bad["ok"] is False and bad["code"] == "INVALID" and "jobs[1]" in bad["error"]
+        # A large frame (the decoder's path for frames of map data over 512 bytes).
+        big = c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"name": "b", "data": {"n": i}} for i in range(1_000)]})
+        assert big["ok"] and len(set(big["ids"])) == 1_000
+        assert c.call({"cmd": "GetJobCounts", "queue": queue})["counts"]["waiting"] == 1_004
+    # A node that has not seen the custom id finds its partition.
+    with RawConn(cluster3.addresses[0], hello=False) as other:
+        assert other.call({"cmd": "GetState", "id": "bulk-c1"})["state"] == "waiting"

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _strategies import any_request, msgpack_values
-from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, encode, unraw
+from shoal.cluster.codec import RECEIVED_BYTES, FrameDecoder, PlainPush, Raw, ReceivedBytes, decode_request, encode, unraw
 from shoal.cluster.errors import ErrorCode, ProtocolError
 
 LIMIT = 1 << 16
@@ -59,6 +59,12 @@ def _drained(stream: bytes, cuts: list[int]) -> list[Any]:
             elif type(item) is PlainPush:
                 out.append(item.to_frame(Raw))
             else:
+                received = item.pop(RECEIVED_BYTES, None)
+                if item["cmd"] == "PUSHB" and type(received) is ReceivedBytes:
+                    # what a forwarding node sends on: the client's bytes of this very frame
+                    assert unraw(decode_request(received.body, raw_data=True)) == unraw(item)
+                else:
+                    assert received is None, item
                 out.append(item)
     return out
 

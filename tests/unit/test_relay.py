@@ -84,6 +84,8 @@ class Dispatcher:
 class Client:
     """A client connection of this node (binary protocol: takes encoded replies)."""
 
+    bunqueue_envelope = False
+
     def __init__(self, conn_id: int = 5, session: str = "s5") -> None:
         self.conn_id = conn_id
         self.session = session
@@ -333,6 +335,83 @@ def test_each_job_of_a_batch_without_key_or_custom_id_gets_a_key_and_keeps_it_wh
     assert [job["data"] for job in again["jobs"]] == [job["data"] for job in first["jobs"]]
 
 
+def _bulk_body(jobs: list[dict[str, Any]], req_id: Any = 1, queue: str = "q") -> tuple[dict[str, Any], bytes]:
+    """A client's PUSHB as the node's decoder hands it on: its decoded form and its bytes."""
+    body = msgpack.packb({"cmd": "PUSHB", "queue": queue, "jobs": jobs, "reqId": req_id}, use_bin_type=True)
+    return decode_request(body, raw_data=True), body
+
+
+def test_a_bulk_add_goes_on_as_its_client_sent_it_with_a_key_base_kept_when_sent_again(node: Node) -> None:
+    client = Client()
+    client.bunqueue_envelope = True
+    frame, body = _bulk_body([{"data": 0}, {"data": 1, "jobId": "c1"}, {"data": 2, "customId": "c2"}], req_id=4)
+    node.relay.forward_received(client, frame, body, 0, True)
+    ((peer, message),) = node.sent
+    kind, rid, session, sent, base, dialect = message
+    assert (peer, kind, session, dialect) == ("n2", "k", "s5", True)
+    assert sent is body  # the client's bytes, not decoded and encoded again
+    assert base == f"{node.relay._key_prefix}{rid:x}."
+    # Its custom ids (Shoal's name and bunqueue's) are placed before the leader answers.
+    assert node.dispatcher.locator.get("c1") == 0 and node.dispatcher.locator.get("c2") == 0
+    # A lost link sends the same bytes again, with the key base in its again form.
+    node.info.lead(0, "n3")
+    node.relay.peer_lost("n2")
+    node.loop.advance(RETRY_DELAY_S)
+    peer, (kind, again_rid, _, again_body, again_base, _) = node.sent[-1]
+    assert (peer, kind, again_rid, again_body) == ("n3", "k", rid, body)
+    assert again_base == f"{node.relay._again_prefix}{rid:x}."
+    node.relay.on_message("n3", ["r", rid, ok(4, ids=["0-1", "c1", "c2"]), None, None])
+    assert client.answers == [(4, {"ok": True, "reqId": 4, "ids": ["0-1", "c1", "c2"]})]
+
+
+def test_a_bulk_add_sent_as_received_runs_here_keyed_when_this_node_came_to_lead(node: Node) -> None:
+    client = Client()
+    frame, body = _bulk_body([{"data": 0}, {"data": 1, "idempotencyKey": "theirs"}], queue="other")
+    node.info.lead(1, "n1")
+    node.relay.forward_received(client, frame, body, 1, False)
+    ((conn, handled),) = node.dispatcher.handled
+    assert conn is client and node.sent == []
+    first, theirs = (job.get("idempotencyKey") for job in handled["jobs"])
+    assert first.startswith(node.relay._key_prefix) and first.endswith(".0") and theirs == "theirs"
+    assert node.relay.stats()["forwarding"] == 0
+
+
+def test_a_peers_bulk_add_as_its_client_sent_it_gets_the_forwarding_nodes_keys_here(node: Node) -> None:
+    _, body = _bulk_body([{"data": 0}, {"data": 1, "customId": "c"}, {"data": 2, "jobId": "j"},
+                          {"data": 3, "idempotencyKey": "theirs"}, {"data": 4, "idempotencyKey": None}], req_id=8)
+    base = f"{FORWARDED_KEY_PREFIX}n2.abc:1f."
+    node.relay.on_message("n2", ["k", 31, "remote-s", body, base, True])
+    ((call, frame),) = node.dispatcher.handled
+    assert call.bunqueue_envelope is True and call.wants_forwarding is False and call.req_id == 8
+    assert [job.get("idempotencyKey") for job in frame["jobs"]] == [f"{base}0", None, None, "theirs", f"{base}4"]
+    assert type(frame["jobs"][0]["data"]) is Raw  # job data stays raw
+    # Without the dialect flag, the jobs are read in Shoal's own names.
+    again = f"{FORWARDED_AGAIN_PREFIX}n2.abc:1f."
+    node.relay.on_message("n2", ["k", 32, None, body, again, False])
+    call, frame = node.dispatcher.handled[-1]
+    assert call.bunqueue_envelope is False and frame["jobs"][0]["idempotencyKey"] == f"{again}0"
+    call.reply(8, {"ids": ["0-1"]})
+    peer, (kind, rid, reply, code, _) = node.sent[-1]
+    assert (peer, kind, rid, code) == ("n2", "r", 32, None) and decode_response(reply)["ids"] == ["0-1"]
+
+
+@pytest.mark.parametrize("jobs", [
+    [{"data": i} for i in range(300)],                                  # the usual bulk add: every job keyed
+    [{"data": 0}, {"data": 1, "idempotencyKey": None}, {"data": 2, "jobId": "j"}],
+    [{"data": 0}, "not a map", {"data": 2}],
+])
+def test_keys_for_a_bulk_add_sent_as_received_name_each_unkeyed_job_by_its_index(jobs: list[Any]) -> None:
+    frame = {"cmd": "PUSHB", "queue": "q", "jobs": [dict(j) if type(j) is dict else j for j in jobs]}
+    relay_module.key_jobs(frame, "~fwd:n2.x:7.")
+    for i, (job, given) in enumerate(zip(frame["jobs"], jobs)):
+        if type(given) is not dict:
+            assert job == given
+        elif given.get("idempotencyKey") is None and given.get("jobId") is None:
+            assert job == {**given, "idempotencyKey": f"~fwd:n2.x:7.{i:x}"}
+        else:
+            assert job == given
+
+
 def test_whether_a_command_is_safe_to_repeat() -> None:
     safe = relay_module._safe_to_repeat
     spec = relay_module.COMMANDS
@@ -415,9 +494,18 @@ def test_commands_served_for_peers_are_bounded(node: Node, monkeypatch: pytest.M
 
 def test_malformed_messages_are_ignored(node: Node) -> None:
     for message in ({"q": 1}, [], [1, 2], ["z"], ["q", 1], ["r", 1, b"", None], ["w", "aid", [], False],
-                    ["q", 1, None, b"\xc1not msgpack"]):
+                    ["q", 1, None, "not bytes"], ["k", 1, None, b"\x80", 5, False],
+                    ["k", 1, None, b"\x80", "not a node's key base", False]):
         node.relay.on_message("n2", message)
     assert node.dispatcher.handled == [] and node.sent == []
+
+
+def test_a_forwarded_body_that_does_not_decode_is_answered_invalid(node: Node) -> None:
+    node.relay.on_message("n2", ["q", 1, None, b"\xc1not msgpack"])
+    ((peer, (kind, rid, body, code, ids)),) = node.sent
+    assert (peer, kind, rid, code, ids) == ("n2", "r", 1, "INVALID", None)
+    assert decode_response(body)["error"].startswith("undecodable MessagePack frame")
+    assert node.dispatcher.handled == []
 
 
 # --- bunqueue's events of queues led elsewhere ------------------------------------------------------------
