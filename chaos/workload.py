@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.client import AsyncClient, ConnectionOptions
+from shoal.client import AsyncClient, ConnectionOptions, RetryPolicy
 from shoal.client.exceptions import (AuthError, InvalidCommand, InvalidState, LeaseMismatch, NotFound,
                                      ShoalError)
 from shoal.cluster.codec import FrameDecoder, encode
@@ -148,8 +148,12 @@ class Workload:
 
     def _options(self) -> ConnectionOptions:
         c = self.config
+        # Reconnects at least once a second: the time until writes are back after a heal is the
+        # cluster's, not the client's backoff (its default doubles to 6.4 s after a few seconds
+        # of every node down, past the recovery bound a full restart is held to).
         return ConnectionOptions(command_timeout=c.command_timeout_s, ping_interval=1.0, max_ping_failures=2,
-                                 max_command_timeouts=2, connect_timeout=1.0, pool_size=1)
+                                 max_command_timeouts=2, connect_timeout=1.0, pool_size=1,
+                                 reconnect=RetryPolicy(base_s=0.1, factor=2.0, max_s=1.0))
 
     async def run(self, produce_s: float, until: "asyncio.Future[Any] | None" = None, overrun_s: float = 0.0) -> None:
         """Produce for ``produce_s`` seconds (faults happen meanwhile), and on while ``until`` is not
