@@ -189,9 +189,9 @@ class Dispatcher:
         if cmd in self._flow_commands:  # PushFlow and the flow commands peers send
             self.flows.handle(conn, frame)
             return
-        if cmd == "PUSHB":
-            received = frame.pop(RECEIVED_BYTES, None)
-            if received is not None and self._sent_as_received(conn, frame, received):
+        if cmd == "PUSHB" and type(frame.get(RECEIVED_BYTES)) is ReceivedBytes:
+            # (a client's own field of that name is left for the schema to refuse)
+            if self._sent_as_received(conn, frame, frame.pop(RECEIVED_BYTES).body):
                 return
         if (cmd == "PUSH" or cmd == "PUSHB" or cmd == "Cron") and conn.bunqueue_envelope:
             open_envelope(frame)
@@ -231,14 +231,14 @@ class Dispatcher:
             p = self._partition_of(spec.routing, frame)
         self._route(conn, frame, p, forwards)
 
-    def _sent_as_received(self, conn: Replier, frame: dict[str, Any], received: Any) -> bool:
+    def _sent_as_received(self, conn: Replier, frame: dict[str, Any], body: bytes) -> bool:
         """Send a ``PUSHB`` for a partition led elsewhere on to its leader as the client sent it
-        (``received``), for the leader to check once, as it checks its own clients' frames;
+        (``body``), for the leader to check once, as it checks its own clients' frames;
         False, sending nothing, when it takes the general path: this node leads the partition,
         the client routes for itself, or the frame is not plainly a bulk add to a valid queue
         (the general path names what is wrong), or holds bunqueue's repeating jobs (which
         become job schedulers here)."""
-        if type(received) is not ReceivedBytes or self.relay is None or not conn.wants_forwarding:
+        if self.relay is None or not conn.wants_forwarding:
             return False
         queue, jobs = frame.get("queue"), frame.get("jobs")
         if type(queue) is not str or type(jobs) is not list or not jobs:
@@ -254,8 +254,7 @@ class Dispatcher:
         part = self.directory.partitions.get(p)
         if part is not None and part.replica.is_leader():
             return False
-        self._remote(p).submit_received(conn, frame, received.body,
-                                        "customId" in fields or "jobId" in fields)
+        self._remote(p).submit_received(conn, frame, body, "customId" in fields or "jobId" in fields)
         return True
 
     def _flow_tree(self, conn: Replier, frame: dict[str, Any]) -> None:

@@ -116,6 +116,9 @@ def test_a_bulk_add_through_a_follower_is_sent_on_as_received_and_checked_at_the
         # The leader checks the frame: one bad job refuses the whole add, answered to its reqId.
         bad = c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 1}, {"data": 2, "priority": "high"}]})
         assert bad["ok"] is False and bad["code"] == "INVALID" and "jobs[1]" in bad["error"]
+        # A client's own field named where the node keeps a frame's bytes is just an unknown field.
+        odd = c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"data": 1}], "\x00received": b"PUSHB"})
+        assert odd["ok"] is False and odd["code"] == "INVALID" and "unknown field" in odd["error"]
         # A large frame (the decoder's path for frames of map data over 512 bytes).
         big = c.call({"cmd": "PUSHB", "queue": queue, "jobs": [{"name": "b", "data": {"n": i}} for i in range(1_000)]})
         assert big["ok"] and len(set(big["ids"])) == 1_000
