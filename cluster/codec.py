@@ -460,15 +460,9 @@ class FrameDecoder:
             if length > DEPTH_MAX and self._raw and self._requests:
                 # A job frame the schema fits nests only inside its data (every other field is
                 # a scalar): its data spans are checked, not the whole frame.
-                body = src[start:pos]
-                frame = _schema_job_frame(body)
+                frame = self._job_frame(src[start:pos])
                 if frame is not None:
-                    if _job_data_too_deep(frame):
-                        out.append(_too_deep(frame.get("reqId")))
-                        continue
-                    if plain and frame["cmd"] == "PUSHB":
-                        frame[RECEIVED_BYTES] = ReceivedBytes(body)
-                    out.append(frame)
+                    out.append(_too_deep(frame.get("reqId")) if _job_data_too_deep(frame) else frame)
                     continue
             if length > DEPTH_MAX and msgpack_too_deep(src[start:pos]):
                 # Refused before any decoder recurses into it (msgspec gives up near 1,000 levels).
@@ -482,13 +476,19 @@ class FrameDecoder:
             buf += view[pos:]
         return out
 
+    def _job_frame(self, payload: bytes) -> dict[str, Any] | None:
+        """:func:`_schema_job_frame`; the node's decoder (``plain_push``) keeps a ``PUSHB``'s
+        bytes in it (:class:`ReceivedBytes`) for a node that sends it on."""
+        frame = _schema_job_frame(payload)
+        if frame is not None and self._plain and frame["cmd"] == "PUSHB":
+            frame[RECEIVED_BYTES] = ReceivedBytes(payload)
+        return frame
+
     def _decode(self, payload: bytes) -> dict[str, Any]:
         if self._requests:
             if self._raw:
-                frame = _schema_job_frame(payload)
+                frame = self._job_frame(payload)
                 if frame is not None:
-                    if self._plain and frame["cmd"] == "PUSHB":
-                        frame[RECEIVED_BYTES] = ReceivedBytes(payload)
                     return frame
             try:
                 return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)

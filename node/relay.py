@@ -446,10 +446,7 @@ class Relay:
         pending.dialect = conn.bunqueue_envelope
         self.forwarded += 1
         if custom_ids:
-            for job in frame["jobs"]:
-                custom = job.get("customId", job.get("jobId")) if type(job) is dict else None
-                if type(custom) is str:
-                    self.locator.learn(custom, p)
+            self._learn_request(frame, p)
         self._send_first(rid, pending, conn)
 
     def _check_room(self) -> None:
@@ -684,14 +681,16 @@ class Relay:
             conn.reply_many(done_ids, done, "PUSH", self.loop.time() - pending.started)
 
     def _learn_request(self, frame: dict[str, Any], p: int) -> None:
-        custom = frame.get("customId")
+        """Learn that the custom ids of a request's jobs live in partition ``p``: Shoal's
+        ``customId``, or bunqueue's ``jobId`` in a frame sent on as its client sent it."""
+        custom = _custom_id_of(frame)
         if type(custom) is str:
             self.locator.learn(custom, p)
         jobs = frame.get("jobs")
         if type(jobs) is list:
             for job in jobs:
-                if type(job) is dict and type(job.get("customId")) is str:
-                    self.locator.learn(job["customId"], p)
+                if type(job) is dict and type(custom := _custom_id_of(job)) is str:
+                    self.locator.learn(custom, p)
 
     def connection_closed(self, conn: "Replier", how: str | None = None) -> None:
         """A client went away: drop what waits for it, tell the leaders, end its subscriptions.
@@ -1177,6 +1176,12 @@ def key_jobs(frame: dict[str, Any], base: str) -> None:
         if type(job) is dict and job.get("idempotencyKey") is None and job.get("customId") is None \
                 and job.get("jobId") is None:
             job["idempotencyKey"] = f"{base}{i:x}"
+
+
+def _custom_id_of(job: dict[str, Any]) -> Any:
+    """A job's custom id: ``customId``, else bunqueue's ``jobId`` (what normalizing renames)."""
+    custom = job.get("customId")
+    return job.get("jobId") if custom is None else custom
 
 
 #: The fields that give a job an identity of its own: such a job gets no key of the node's.
