@@ -124,6 +124,10 @@ class FileHandle(ABC):
         io.note_written(nbytes)
         return offset
 
+    def put_parts(self, offset: int, parts: list[bytes | memoryview]) -> int:
+        """:meth:`put` of ``parts`` joined, without a free-space check."""
+        return self.put(offset, b"".join(parts))
+
     def pwrite(self, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` (used to rewrite, never to grow past the end by a hole)."""
         view = memoryview(data)
@@ -294,6 +298,30 @@ class _RealFile(FileHandle):
 
     def pread(self, offset: int, size: int) -> bytes:
         return os.pread(self._fd, size, offset)
+
+    def put_parts(self, offset: int, parts: list[bytes | memoryview]) -> int:
+        """One ``pwritev`` of ``parts`` (no joined copy of them); a short write or an error
+        goes on as :meth:`put` of what is left, with its all-or-nothing rule."""
+        try:
+            written = os.pwritev(self._fd, parts, offset)
+        except OSError:
+            written = 0
+        nbytes = sum(len(part) for part in parts)
+        if written:
+            self._size = max(self._size, offset + written)
+        if written == nbytes:
+            self._io.note_written(nbytes)
+            return offset
+        if written:
+            self._io.note_written(written)
+        rest = b"".join(parts)[written:]
+        try:
+            self.put(offset + written, rest)
+        except BaseException:
+            if written:
+                self.truncate(offset)
+            raise
+        return offset
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)

@@ -172,6 +172,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import google_crc32c
 
@@ -234,10 +235,10 @@ def _segment_header_fields(header: bytes) -> tuple[bytes, int, int] | None:
     return magic, version, bound
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class SyncMark:
+class SyncMark(NamedTuple):
     """How much of a journal is known durable: entries up to ``index``, and in the segment
-    starting at index ``segment`` the bytes before ``offset``. ``segment == 0``: nothing."""
+    starting at index ``segment`` the bytes before ``offset``. ``segment == 0``: nothing.
+    (A tuple: one is made at every sync, and marks compare in field order.)"""
 
     index: int
     segment: int
@@ -319,6 +320,9 @@ _COPY_HEADER = struct.Struct("<8sIQQQ")
 COPY_HEADER_BYTES = _COPY_HEADER.size
 #: The copy starts in a block of its own: damage to one 4 KiB block leaves a batch or its copy.
 COPY_ALIGN = 4096
+#: Zeros to write (zeros ahead, a copy's padding), sliced without copying. One buffer for the
+#: process: a new one per write would fault its pages in again for every megabyte written.
+_ZEROS = memoryview(bytes(ZEROS_AHEAD_BYTES + COPY_ALIGN))
 #: The largest batch a copy holds, and so how far past a damaged record recovery looks for one
 #: (a journal written with copies of up to this size stays restorable).
 COPY_BYTES_MAX = 256 * 1024
@@ -425,14 +429,26 @@ def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: 
     return copy_at, length
 
 
-def _copy_crc(segment: int, start: int, end: int, copy_at: int, data: bytes) -> int:
-    """The CRC32C a copy's header holds: its fields, its segment's first index and the copied bytes."""
-    return google_crc32c.extend(google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment)), data)
+def _copy_crc(segment: int, start: int, end: int, copy_at: int, data: bytes | list[bytes]) -> int:
+    """The CRC32C a copy's header holds: its fields, its segment's first index and the copied
+    bytes (``data`` whole, or in parts)."""
+    crc = google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment))
+    if type(data) is list:
+        for part in data:
+            crc = google_crc32c.extend(crc, part)
+        return crc
+    return google_crc32c.extend(crc, data)
+
+
+def _copy_header(segment: int, start: int, end: int, copy_at: int, data: bytes | list[bytes]) -> bytes:
+    """The header of the copy of bytes ``start``..``end`` (``data``) of segment ``segment``,
+    written at ``copy_at`` right before them."""
+    return _COPY_HEADER.pack(_COPY_MAGIC, _copy_crc(segment, start, end, copy_at, data), start, end, copy_at)
 
 
 def _copy_block(segment: int, start: int, end: int, copy_at: int, data: bytes) -> bytes:
     """The copy of bytes ``start``..``end`` of segment ``segment``, as written at ``copy_at``."""
-    return _COPY_HEADER.pack(_COPY_MAGIC, _copy_crc(segment, start, end, copy_at, data), start, end, copy_at) + data
+    return _copy_header(segment, start, end, copy_at, data) + data
 
 
 def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: int) -> tuple[int, int, bytes] | None:
@@ -595,6 +611,12 @@ class Journal:
         self.leader_appends = False
         self._segments: list[_Segment] = []
         self._active: FileHandle | None = None
+        #: The records written to the active segment since its last sync, while they are
+        #: contiguous and few enough to copy: the copy then needs no read back (``_batch_of``).
+        self._batch_parts: list[bytes] = []
+        self._batch_seg: _Segment | None = None
+        self._batch_from = 0
+        self._batch_end = 0
         self._first_index = 1
         self._last_index = 0
         self._run_index = array("q")
@@ -714,6 +736,15 @@ class Journal:
         if self.zeros_ahead and seg.size + len(record) > active.size:
             self._write_zeros_ahead(seg.size + len(record))
         at = active.put(seg.size, record, check_space=check_space)
+        if at == self._batch_end and seg is self._batch_seg:
+            if self._batch_end - self._batch_from + len(record) <= self.copy_bytes_max:
+                self._batch_parts.append(record)
+            else:
+                self._batch_seg = None  # too large to copy: no parts kept
+            self._batch_end = at + len(record)
+        else:
+            self._batch_parts = [record]
+            self._batch_seg, self._batch_from, self._batch_end = seg, at, at + len(record)
         if marked:
             seg.marked = at
             offset = at + MARK_RECORD_BYTES
@@ -736,7 +767,8 @@ class Journal:
         active = self._active
         assert active is not None
         try:
-            active.append(bytes(end + ZEROS_AHEAD_BYTES - active.size))
+            n = end + ZEROS_AHEAD_BYTES - active.size
+            active.append(_ZEROS[:n] if n <= len(_ZEROS) else bytes(n))
         except NoSpace:
             pass  # the append cut what it wrote; the record's own write says whether it fits
 
@@ -918,6 +950,8 @@ class Journal:
         self._copied = self._write_copy(seg, self._active, zeros_ahead=zeros_ahead)
         size = seg.size  # taken first: a mark record must never vouch for a byte written after it
         self._datasync(self._active)
+        self._batch_parts = []
+        self._batch_seg = None
         seg.synced_size = seg.batch_start = size
         self._data_dirty = False
         self._unsynced_bytes = 0
@@ -930,21 +964,32 @@ class Journal:
         if seg.version < _COPIES_SINCE_VERSION or not 0 < end - start <= self.copy_bytes_max:
             return False
         copy_at = _copy_at(end)
-        data = active.pread(start, end - start)
-        assert len(data) == end - start, f"batch {start}..{end} of {seg.path} reads back {len(data)} bytes"
-        block = (_copy_record(seg.first_index, end, copy_at, end - start)
-                 + bytes(copy_at - end - COPY_RECORD_BYTES) + _copy_block(seg.first_index, start, end, copy_at, data))
-        if zeros_ahead and self.zeros_ahead and end + len(block) > active.size:
-            self._write_zeros_ahead(end + len(block))
+        data = self._batch_of(seg, start, end)
+        parts = [_copy_record(seg.first_index, end, copy_at, end - start),
+                 _ZEROS[:copy_at - end - COPY_RECORD_BYTES],
+                 _copy_header(seg.first_index, start, end, copy_at, data), *data]
+        block_end = copy_at + COPY_HEADER_BYTES + end - start
+        if zeros_ahead and self.zeros_ahead and block_end > active.size:
+            self._write_zeros_ahead(block_end)
         try:
-            active.put(end, block, check_space=False)
+            active.put_parts(end, parts)
         except NoSpace:
             return False  # the write was cut back: this batch gets a durable mark instead
         except OSError as exc:
             self._failed = f"{self.directory}: writing the copy of a batch failed ({exc}); reopen the journal"
             raise SyncFailed(self._failed) from exc
-        seg.size = end + len(block)
+        seg.size = block_end
         return True
+
+    def _batch_of(self, seg: _Segment, start: int, end: int) -> list[bytes]:
+        """The bytes ``start``..``end`` of ``seg``, the active segment, in parts: the records as
+        appended when they are exactly those bytes, else read back."""
+        if seg is self._batch_seg and self._batch_from == start and self._batch_end == end:
+            return self._batch_parts
+        assert self._active is not None
+        data = self._active.pread(start, end - start)
+        assert len(data) == end - start, f"batch {start}..{end} of {seg.path} reads back {len(data)} bytes"
+        return [data]
 
     def _sync_dir_if_dirty(self) -> None:
         """fsync the directory when a segment was created or removed since the last one."""

@@ -122,19 +122,44 @@ def test_the_first_entry_after_each_sync_carries_a_mark_record_naming_its_own_of
         assert struct.unpack_from("<Q", raw, offset + 16)[0] == offset  # the offset it names is its own
 
 
+@pytest.mark.parametrize("cut", [None, 15, 11, 9])
+def test_a_copy_made_from_the_records_as_written_is_the_copy_read_back(tmp_path, cut) -> None:
+    """The copy of a batch is made from its records as appended; a cut inside the batch (or
+    below it) makes the journal read the batch back instead. The segments come out the same."""
+    segments = []
+    for name, read_back in (("kept", False), ("read", True)):
+        j = Journal(real(), str(tmp_path / name))
+        fill(j, 1, 10)
+        j.sync()
+        fill(j, 11, 20)
+        if cut is not None:
+            j.delete_from(cut)
+            fill(j, cut, 24)
+        if read_back:
+            j._batch_seg = None  # as if the records were not kept: the copy reads them back
+        j.sync()
+        j.close()
+        segments.append(open(segment(tmp_path / name), "rb").read())
+    kept, read = segments
+    assert kept == read
+    assert [kind for kind, _, _ in layout(kept)][-1] == "copy"
+
+
 def test_the_mark_record_costs_no_write_call_and_no_sync_of_its_own(tmp_path, monkeypatch) -> None:
     j = Journal(real(), str(tmp_path))
     fill(j, 1, 10)
     j.sync()
     calls: list[str] = []
-    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+    real_pwrite, real_pwritev, real_fdatasync = os.pwrite, os.pwritev, os.fdatasync
     monkeypatch.setattr(os, "pwrite", lambda fd, data, at: (calls.append("pwrite"), real_pwrite(fd, data, at))[1])
+    monkeypatch.setattr(os, "pwritev", lambda fd, parts, at: (calls.append("pwritev"), real_pwritev(fd, parts, at))[1])
     monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
     fill(j, 11, 20)
     j.sync()
-    # one write per entry (the first with the mark record ahead of it), the batch's copy and the
-    # segment's fdatasync; the ``synced`` file is written once in MARK_WRITE_EVERY such syncs
-    assert calls == ["pwrite"] * 11 + ["fdatasync"]
+    # one write per entry (the first with the mark record ahead of it), one of the batch's copy
+    # (its record, padding and block, from the entries as written) and the segment's fdatasync;
+    # the ``synced`` file is written once in MARK_WRITE_EVERY such syncs
+    assert calls == ["pwrite"] * 10 + ["pwritev", "fdatasync"]
     j.close()
 
 
