@@ -219,6 +219,10 @@ class _DeferredFile(_RealFile):
         self._size = max(self._size, offset + len(data))
         return len(data)
 
+    #: Every write goes through ``_write_at`` (``_RealFile``'s one ``pwritev`` would pass the
+    #: bytes held in memory by).
+    put_parts = FileHandle.put_parts
+
     def pread(self, offset: int, size: int) -> bytes:
         head = b""
         if offset < self._durable_size:
