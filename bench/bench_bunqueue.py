@@ -21,6 +21,15 @@ limit raised out of the way.
     python bench/bench_bunqueue.py --rounds 5
     python bench/bench_bunqueue.py --rounds 3 --workloads single,drain --targets bunqueue-memory,shoal-3,shoal-3-forwarded
     python bench/bench_bunqueue.py --rounds 5 --workloads drain --disk-class
+    BQ_SINGLES=150000 python bench/bench_bunqueue.py --workloads single --targets shoal-3,shoal-3-forwarded --cpu
+
+``--cpu`` adds the CPU time each process spent per job during each run (utime + stime from
+``/proc`` before and after, divided by the jobs) and a table of its medians: bunqueue's client
+(Bun), and each server process, a Shoal node named by its part (the leader of the queue's
+partition, the node the client talks to when that is another, the other replicas). The workloads'
+sizes come from ``BQ_BULK_BATCHES``, ``BQ_BULK_SIZE``, ``BQ_SINGLES`` and ``BQ_DRAIN``
+(``bench_bunqueue.ts``); the default 20,000 single adds take under a second, too short for a
+steady CPU figure.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -54,8 +64,11 @@ TARGETS = ("bunqueue-sqlite", "bunqueue-memory", "shoal-1", "shoal-3", "shoal-3-
 LABELS = {"bunqueue-sqlite": "bunqueue, SQLite", "bunqueue-memory": "bunqueue, memory",
           "shoal-1": "Shoal 1 node", "shoal-3": "Shoal 3 nodes",
           "shoal-3-forwarded": "Shoal 3 nodes, through a node that leads none"}
-ROWS = {"bulk": "bulk adds, 100 × 1,000", "single": "20,000 single adds",
-        "drain": "drain 50,000 (PULLB 10 + ACKB, 50 in hand)"}
+#: The workloads' sizes, as ``bench_bunqueue.ts`` reads them.
+_BULK = (int(os.environ.get("BQ_BULK_BATCHES", "100")), int(os.environ.get("BQ_BULK_SIZE", "1000")))
+ROWS = {"bulk": f"bulk adds, {_BULK[0]:,} × {_BULK[1]:,}",
+        "single": f"{int(os.environ.get('BQ_SINGLES', '20000')):,} single adds",
+        "drain": f"drain {int(os.environ.get('BQ_DRAIN', '50000')):,} (PULLB 10 + ACKB, 50 in hand)"}
 RUN_TIMEOUT_S = 600
 SERVER_START_TIMEOUT_S = 30
 
@@ -140,6 +153,43 @@ def create_disk_class_queue(port: int, queue: str) -> None:
         raise RuntimeError(f"CreateQueue {queue}: {reply}")
 
 
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` so far, in seconds (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have ended (the Bun client after its run)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_parts(server: Any, queue: str, port: int) -> dict[str, int]:
+    """{part: pid} of a target's server processes: bunqueue's server, or each Shoal node named
+    by its part for ``queue`` (``leader``, ``entry`` when the client talks to another node,
+    ``replica`` for the others)."""
+    if not isinstance(server, LocalCluster):
+        return {"server": server.proc.pid}
+    leader = server.leader_of(partition_for(queue, server.config.partitions))
+    parts: dict[str, int] = {}
+    others: list[int] = []
+    for node, pid in server.pids.items():
+        if node == leader:
+            parts["leader"] = pid
+        elif int(server.address_of(node).rsplit(":", 1)[1]) == port:
+            parts["entry"] = pid
+        else:
+            others.append(pid)
+    for i, pid in enumerate(others, 1):
+        parts["replica" if len(others) == 1 else f"replica{i}"] = pid
+    return parts
+
+
 def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str,
                  keep_queue: bool = False) -> dict[str, Any]:
     env = {**os.environ, "BQ_HOST": "127.0.0.1", "BQ_PORT": str(port), "BQ_QUEUE": queue, "BQ_WORKLOAD": workload,
@@ -161,11 +211,14 @@ def main() -> None:
                         help="on 3 nodes, connect to a node that leads none of the queue's partition")
     parser.add_argument("--disk-class", action="store_true",
                         help="create each Shoal queue with durable: false (synced within sync_interval_ms)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU time per job of the client and of each server process (see above)")
     args = parser.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
     targets = [t for t in args.targets.split(",") if t]
     root = client_root()
     results: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], dict[str, list[float]]] = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-bunqueue-") as tmp:
         tmpdir = Path(tmp)
         workdir = tmpdir / "client"
@@ -206,8 +259,17 @@ def main() -> None:
                             create_disk_class_queue(port, queue)
                     else:
                         queue, port = f"bench-{tag}", server.port
+                    parts = server_parts(server, queue, port) if args.cpu else {}
+                    before = {part: process_cpu_s(pid) for part, pid in parts.items()}
+                    client_before = children_cpu_s()
                     got = run_workload(root, workdir, port, queue, workload,
                                        keep_queue=args.disk_class and isinstance(server, LocalCluster))
+                    if args.cpu:
+                        used = {"client": children_cpu_s() - client_before,
+                                **{part: process_cpu_s(pid) - before[part] for part, pid in parts.items()}}
+                        got["cpu_us_per_job"] = {part: round(s * 1e6 / got["jobs"], 1) for part, s in used.items()}
+                        for part, us in got["cpu_us_per_job"].items():
+                            cpu.setdefault((workload, target), {}).setdefault(part, []).append(us)
                     results.setdefault((workload, target), []).append(got["rate"])
                     print(json.dumps({"round": r, "target": target, **got}), flush=True)
     print()
@@ -216,6 +278,14 @@ def main() -> None:
     for workload in workloads:
         cells = [f"{statistics.median(results[(workload, t)]):,.0f}" for t in targets]
         print(f"| {ROWS[workload]} | " + " | ".join(cells) + " |")
+    if cpu:
+        print()
+        print("| CPU µs per job | target | " + " | ".join(f"{p}" for p in ("client", "total")) + " | by process |")
+        print("|---|---|---|---|---|")
+        for (workload, target), parts in cpu.items():
+            medians = {part: statistics.median(values) for part, values in parts.items()}
+            by = ", ".join(f"{part} {us:.1f}" for part, us in medians.items() if part != "client")
+            print(f"| {ROWS[workload]} | {LABELS[target]} | {medians['client']:.1f} | {sum(medians.values()):.1f} | {by} |")
 
 
 if __name__ == "__main__":
