@@ -54,7 +54,8 @@ from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_snapshot import Conn  # noqa: E402 (bench/ is this script's directory)
+from bench_node import process_cpu_s  # noqa: E402 (bench/ is this script's directory)
+from bench_snapshot import Conn  # noqa: E402
 
 BUN_VERSION = "1.4.5"
 BUNQUEUE_VERSION = "2.9.5"
@@ -151,16 +152,6 @@ def create_disk_class_queue(port: int, queue: str) -> None:
         conn.close()
     if not reply.get("ok"):
         raise RuntimeError(f"CreateQueue {queue}: {reply}")
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of process ``pid`` so far, in seconds (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_s() -> float:

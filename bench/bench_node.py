@@ -418,23 +418,24 @@ async def raft_batching(cluster: LocalCluster) -> tuple[int, int]:
     return entries, commands
 
 
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` so far, in seconds (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class CpuMeter:
     """CPU seconds each node and this driver used during one phase (from /proc and getrusage)."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
 
-    @staticmethod
-    def _proc_cpu_s(pid: int) -> float:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
     def _sample(self) -> dict[str, float]:
-        out = {node_id: self._proc_cpu_s(pid) for node_id, pid in self.cluster.pids.items()}
+        out = {node_id: process_cpu_s(pid) for node_id, pid in self.cluster.pids.items()}
         usage = resource.getrusage(resource.RUSAGE_SELF)
         out["driver"] = usage.ru_utime + usage.ru_stime
         return out
