@@ -271,7 +271,7 @@ def main() -> None:
         print(f"| {ROWS[workload]} | " + " | ".join(cells) + " |")
     if cpu:
         print()
-        print("| CPU µs per job | target | " + " | ".join(f"{p}" for p in ("client", "total")) + " | by process |")
+        print("| CPU µs per job | target | client | total | by process |")
         print("|---|---|---|---|---|")
         for (workload, target), parts in cpu.items():
             medians = {part: statistics.median(values) for part, values in parts.items()}

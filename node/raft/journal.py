@@ -429,26 +429,19 @@ def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: 
     return copy_at, length
 
 
-def _copy_crc(segment: int, start: int, end: int, copy_at: int, data: bytes | list[bytes]) -> int:
+def _copy_crc(segment: int, start: int, end: int, copy_at: int, parts: list[bytes]) -> int:
     """The CRC32C a copy's header holds: its fields, its segment's first index and the copied
-    bytes (``data`` whole, or in parts)."""
+    bytes (``parts`` in order)."""
     crc = google_crc32c.value(struct.pack("<QQQQ", start, end, copy_at, segment))
-    if type(data) is list:
-        for part in data:
-            crc = google_crc32c.extend(crc, part)
-        return crc
-    return google_crc32c.extend(crc, data)
+    for part in parts:
+        crc = google_crc32c.extend(crc, part)
+    return crc
 
 
-def _copy_header(segment: int, start: int, end: int, copy_at: int, data: bytes | list[bytes]) -> bytes:
-    """The header of the copy of bytes ``start``..``end`` (``data``) of segment ``segment``,
+def _copy_header(segment: int, start: int, end: int, copy_at: int, parts: list[bytes]) -> bytes:
+    """The header of the copy of bytes ``start``..``end`` (``parts``) of segment ``segment``,
     written at ``copy_at`` right before them."""
-    return _COPY_HEADER.pack(_COPY_MAGIC, _copy_crc(segment, start, end, copy_at, data), start, end, copy_at)
-
-
-def _copy_block(segment: int, start: int, end: int, copy_at: int, data: bytes) -> bytes:
-    """The copy of bytes ``start``..``end`` of segment ``segment``, as written at ``copy_at``."""
-    return _copy_header(segment, start, end, copy_at, data) + data
+    return _COPY_HEADER.pack(_COPY_MAGIC, _copy_crc(segment, start, end, copy_at, parts), start, end, copy_at)
 
 
 def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: int) -> tuple[int, int, bytes] | None:
@@ -462,7 +455,7 @@ def _copy_block_fields(buf: bytes | memoryview, at: int, copy_at: int, segment: 
     data = bytes(buf[at + COPY_HEADER_BYTES : at + COPY_HEADER_BYTES + end - start])
     if len(data) != end - start:
         return None
-    if _copy_crc(segment, start, end, copy_at, data) != crc:
+    if _copy_crc(segment, start, end, copy_at, [data]) != crc:
         return None
     return start, end, data
 
