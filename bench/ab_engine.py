@@ -8,7 +8,8 @@ every round; prints the median CPU microseconds per job of each. One process and
 alternating rounds keep both sides under the same load on a shared machine; the figures are
 process CPU time (``time.process_time``), not wall time. Both engines use this tree's
 ``shoal.cluster``. The workloads are ``bench_engine.py``'s: PUSH, PULL+ACK, PUSHB (100 per
-batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups).
+batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); and adds
+with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end).
 """
 
 from __future__ import annotations
@@ -89,7 +90,31 @@ def utube(engine: Any, groups: int = 10_000) -> dict[str, float]:
     return {"utube put": put_s / groups, "utube take+ack": (clock() - t) / groups}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube]
+def keyed(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
+    """Adds as the client sends them, each with an idempotency key: PUSHes, PUSHB items, each
+    PUSH sent again (a duplicate), and the ``_Tick`` that drops the window when it ends."""
+    pushes = [{"cmd": "PUSH", "queue": "q", "data": DATA, "idempotencyKey": f"s-{i:08d}"} for i in range(n)]
+    frames = [{"cmd": "PUSHB", "queue": "q", "jobs": [{"data": DATA, "idempotencyKey": f"b-{k:06d}.{i}"}
+                                                      for i in range(size)]} for k in range(n // size)]
+    t = clock()
+    for cmd in pushes:
+        engine.apply(cmd, NOW)
+    push_s = clock() - t
+    t = clock()
+    for cmd in frames:
+        engine.apply(cmd, NOW)
+    pushb_s = clock() - t
+    t = clock()
+    for cmd in pushes:
+        engine.apply(cmd, NOW + 1)
+    again_s = clock() - t
+    t = clock()
+    engine.apply({"cmd": "_Tick"}, NOW + 10 * 60_000)
+    return {"keyed PUSH": push_s / n, "keyed PUSHB": pushb_s / n, "PUSH again": again_s / n,
+            "window's end": (clock() - t) / (2 * n)}
+
+
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:

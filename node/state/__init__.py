@@ -49,11 +49,11 @@ anything, so a refused command leaves no trace.
 Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_model`` (Job, Queue, defaults, presets), ``_store`` (lookup, materializing, listings),
 ``_ready`` (what a pull takes next), ``_moves`` (state moves, removal, history trimming),
-``_push``, ``_dedupe`` (dedupe and debounce of adds), ``_forwarded`` (the keys of adds
-forwarded by another node), ``_pull``, ``_limits`` (rate limits and
-concurrency), ``_ack`` (ack/fail/retry and leases), ``_cancel`` (cancelling a running job),
-``_timers`` (expiry, cron, ``_Tick``), ``_control`` (per-job and per-queue commands, log
-queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
+``_push``, ``_idempotency`` (the keys clients give their adds, kept two minutes), ``_dedupe``
+(dedupe and debounce of adds), ``_forwarded`` (the keys of adds forwarded by another node),
+``_pull``, ``_limits`` (rate limits and concurrency), ``_ack`` (ack/fail/retry and leases),
+``_cancel`` (cancelling a running job), ``_timers`` (expiry, cron, ``_Tick``), ``_control``
+(per-job and per-queue commands, log queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
 state diagram), ``_commands`` (the typed compact commands the node replicates) and
 ``_engine`` (``PartitionEngine.apply``).
 """

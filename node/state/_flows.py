@@ -126,9 +126,7 @@ class FlowOps(Store):
             q.custom_ids[job.custom_id] = seq
         key = get("idempotencyKey")
         if key is not None:
-            expires = now + IDEMPOTENCY_WINDOW_MS
-            self.idempotency[(q.name, key)] = (format_job_id(self.partition, seq), expires)
-            self.idempotency_order.append((expires, (q.name, key)))
+            self._remember_key(q.name, key, seq, now + IDEMPOTENCY_WINDOW_MS)  # type: ignore[attr-defined]
         self.jobs[seq] = job
         self.flow_parents[seq] = FlowParent(item["_expect"])
         q.totals["enqueued"] += 1

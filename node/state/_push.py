@@ -12,6 +12,7 @@ from shoal.cluster.jobid import format_job_id
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
+from ._idempotency import IdempotencyWindow
 from ._segments import Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
@@ -23,7 +24,7 @@ check_transition(NEW, WAITING)
 check_transition(NEW, DELAYED)
 
 
-class PushOps(Store):
+class PushOps(IdempotencyWindow):
     """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
 
     def _check_log_capacity(self, q: Queue, adding: int) -> None:
@@ -65,9 +66,9 @@ class PushOps(Store):
                 if earlier is not None:
                     return self._wire_id_of(earlier)
             else:
-                entry = self.idempotency.get((q.name, key))
-                if entry is not None and entry[1] > self.now_ms:
-                    return self._wire_id_of(entry[0])
+                seq = self._key_seq(q.name, key)
+                if seq is not None:
+                    return self._wire_id_of_seq(seq)
         custom = options.get("customId")
         if custom is not None:
             seq = q.custom_ids.get(custom)
@@ -82,6 +83,13 @@ class PushOps(Store):
         if job is not None and job.custom_id is not None:
             return job.custom_id
         return job_id
+
+    def _wire_id_of_seq(self, seq: int) -> str:
+        """The wire id of job ``seq`` of this partition (its custom id, if it has one)."""
+        job = self.jobs.get(seq)
+        if job is not None and job.custom_id is not None:
+            return job.custom_id
+        return format_job_id(self.partition, seq)
 
     def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
         # The hottest function of a push (it runs on every replica): locals, one .get each.
@@ -113,9 +121,7 @@ class PushOps(Store):
             if key is not None and key.startswith(FORWARDED_FORMS):
                 self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
             elif key is not None:
-                expires = now + IDEMPOTENCY_WINDOW_MS
-                self.idempotency[(name, key)] = (format_job_id(self.partition, seq), expires)
-                self.idempotency_order.append((expires, (name, key)))
+                self._remember_key(name, key, seq, now + IDEMPOTENCY_WINDOW_MS)
         self.jobs[seq] = job
         q.totals["enqueued"] += 1
         if preset["ttl"]:
@@ -176,7 +182,7 @@ class PushOps(Store):
             first_sends, keys = keys, None  # a forwarding node's first sends: recorded, never looked up
         if keys is not None or room is not None:
             plan = [None] * len(datas)
-            idem = self.idempotency
+            key_seq = self._key_seq
             first_in_batch: dict[str, int] = {}
             for i in range(len(datas)):
                 key = keys[i] if keys is not None else None
@@ -188,9 +194,9 @@ class PushOps(Store):
                             continue
                         key = first_form(key)  # copies of one add in this batch find each other
                     else:
-                        entry = idem.get((name, key))
-                        if entry is not None and entry[1] > now:
-                            plan[i] = entry[0]
+                        earlier_seq = key_seq(name, key)
+                        if earlier_seq is not None:
+                            plan[i] = prefix + str(earlier_seq)
                             continue
                     earlier = first_in_batch.get(key)
                     if earlier is not None:
@@ -217,7 +223,7 @@ class PushOps(Store):
         if plan is not None:
             seq = first
             expires = now + IDEMPOTENCY_WINDOW_MS
-            order = self.idempotency_order
+            remember = self._remember_key
             forwarded_seqs: list[int] = []
             forwarded_keys: list[str] = []
             for i, step in enumerate(plan):
@@ -229,8 +235,7 @@ class PushOps(Store):
                             forwarded_seqs.append(seq)
                             forwarded_keys.append(first_form(key))
                         else:
-                            self.idempotency[(name, key)] = (job_id, expires)
-                            order.append((expires, (name, key)))
+                            remember(name, key, seq, expires)
                     seq += 1
                     ids.append(job_id)
                 elif step is _FULL:

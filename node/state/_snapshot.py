@@ -36,6 +36,11 @@ _SHARED_INTS = (7, 8, 9, 10, 11, 14, 23)
 _INTS_MEMO_MAX = 1 << 16
 
 
+def _seq_of_id(job_id: str) -> int:
+    """The seq of Shoal's own job id ``<partition>-<seq>`` (what the idempotency window names)."""
+    return int(job_id.rpartition("-")[2])
+
+
 def _plain_waiting(t: list[Any]) -> bool:
     """True when job tuple ``t`` is what a segment's waiting slot gives (:func:`~._model.slot_job`):
     priority 0, never attempted, due at creation, no TTL, only ``name`` beside its data."""
@@ -134,8 +139,7 @@ class SnapshotOps(Store):
         yield b"".join(map(pack, (
             [q.settings() for q in self.queues.values()],
             {s: list(seqs) for s, seqs in self.sessions.items()},
-            [(t, list(k)) for t, k in self.idempotency_order],
-            [(*k, *v) for k, v in self.idempotency.items()],
+            *self.idempotency_state(),  # type: ignore[attr-defined]  # IdempotencyWindow
             {n: dict(c) for n, c in self.crons.items()},
             *extras,
         )))
@@ -199,16 +203,23 @@ class SnapshotOps(Store):
         if run:
             eng._keep_run(run, segments)
         queues, sessions = unpacker.unpack(), unpacker.unpack()
-        # The idempotency window can hold an entry per recent job: read entry by entry (not as
-        # one list of lists), one str per queue name and key shared by the order and the map.
-        order: deque[tuple[int, tuple[str, str]]] = deque()
-        for _ in range(unpacker.read_array_header()):
-            t, (q_name, key) = unpacker.unpack()
-            order.append((same_int(t), (share(q_name, q_name), share(key, key))))
-        idem: dict[tuple[str, str], tuple[str, int]] = {}
-        for _ in range(unpacker.read_array_header()):
-            q_name, key, job_id, expires = unpacker.unpack()
-            idem[(share(q_name, q_name), share(key, key))] = (job_id, same_int(expires))
+        # The idempotency window can hold an entry per recent job: streamed entry by entry into
+        # the window's own structures, one str per queue name and key shared by both lists.
+        jobs = eng.jobs
+
+        def idempotency_order() -> Iterator[tuple[int, str, str]]:
+            for _ in range(unpacker.read_array_header()):
+                t, (q_name, key) = unpacker.unpack()
+                yield same_int(t), share(q_name, q_name), share(key, key)
+
+        def idempotency_entries() -> Iterator[tuple[str, str, int, int]]:
+            for _ in range(unpacker.read_array_header()):
+                q_name, key, job_id, expires = unpacker.unpack()
+                key_seq = _seq_of_id(job_id)
+                job = jobs.get(key_seq)  # its own int where the job holds one
+                yield share(q_name, q_name), share(key, key), key_seq if job is None else job.seq, expires
+
+        eng.load_idempotency(idempotency_order(), idempotency_entries())  # type: ignore[attr-defined]
         del strs, ints
         crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}
@@ -227,8 +238,6 @@ class SnapshotOps(Store):
             if name in turns:
                 q.group_tags = dict(turns[name])  # vtime restarts at 0: tags are kept relative to it
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
-        eng.idempotency_order = order
-        eng.idempotency = idem
         eng.crons = crons
         if "flows" in extras:
             eng.restore_flows(extras["flows"])

@@ -55,8 +55,10 @@ class Store:
         self.leases: list[tuple[int, int, str, int]] = []
         self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
         self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
-        self.idempotency: dict[tuple[str, str], tuple[str, int]] = {}
-        self.idempotency_order: deque[tuple[int, tuple[str, str]]] = deque()
+        # The idempotency window (``_idempotency``): queue -> key -> seq of the job it added, and
+        # the keys as given, in runs [expires_ms, queue, keys, last seq], oldest first.
+        self.idempotency: dict[str, dict[str, int]] = {}
+        self.idempotency_runs: deque[list[Any]] = deque()
         self.crons: dict[str, dict[str, Any]] = {}
         # Flows (``_flows``): parents waiting here, children living here, unacknowledged reports.
         self.flow_parents: dict[int, Any] = {}

@@ -117,19 +117,11 @@ class TimerOps(Store):
             cron["nextRunAt"] = _next_run(cron, self.now_ms)
         return job_id
 
-    def _purge_idempotency(self) -> None:
-        order = self.idempotency_order
-        while order and order[0][0] <= self.now_ms:
-            _, key = order.popleft()
-            entry = self.idempotency.get(key)
-            if entry is not None and entry[1] <= self.now_ms:
-                del self.idempotency[key]
-        self._purge_forwarded()  # type: ignore[attr-defined]  # ForwardedKeys
-
     def _op_Tick(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self._expire()
         self._fire_crons()
-        self._purge_idempotency()
+        self._purge_idempotency()  # type: ignore[attr-defined]  # IdempotencyWindow
+        self._purge_forwarded()  # type: ignore[attr-defined]  # ForwardedKeys
         self._purge_dedupe()  # type: ignore[attr-defined]  # DedupeOps
         for q in self.queues.values():
             lim = q.limiter

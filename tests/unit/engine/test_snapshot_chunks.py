@@ -16,8 +16,7 @@ def packed_whole(e: PartitionEngine) -> bytes:
              [j.to_tuple() for j in e._all_jobs()],
              [q.settings() for q in e.queues.values()],
              {s: list(seqs) for s, seqs in e.sessions.items()},
-             [(t, list(k)) for t, k in e.idempotency_order],
-             [(*k, *v) for k, v in e.idempotency.items()],
+             *e.idempotency_state(),
              {n: dict(c) for n, c in e.crons.items()})
     return msgpack.packb(state, use_bin_type=True)
 
