@@ -26,8 +26,9 @@ the heap of turns until they may run again, so limits keep a pull O(log n) in th
 of groups. Dedupe and debounce entries (:mod:`._dedupe`) are replicated too.
 
 Per-operation costs stay O(log n) with heaps and lazy deletion: a queue keeps a ready
-heap of ``(priority, seq)`` for jobs without a group and, for groups (utube), one
-``(priority, seq)`` heap per group plus a heap of the groups that may run, keyed by the
+heap of ints ordered as ``(-priority, seq)`` (``_model.ready_key``: a priority-0 job's
+entry is its seq) for jobs without a group and, for groups (utube), one
+``(-priority, seq)`` heap per group plus a heap of the groups that may run, keyed by the
 virtual finish tags of weighted fair turns (:mod:`._ready`), so a pull from a queue with
 100,000 groups is a few heap operations. The partition keeps heaps of delayed run times, lease
 deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry

@@ -10,7 +10,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
-from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue, pack
+from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue, pack, ready_key
 from ._reads import dlq_match
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
@@ -91,8 +91,10 @@ class ControlOps(Store):
             q.prio_counts[new] = q.prio_counts.get(new, 0) + 1
             job.priority = new
             # The old entry goes stale; a group job takes its new place among its group's jobs.
-            heap = q.ready if job.group is None else q.group_fifo.setdefault(job.group, [])
-            heapq.heappush(heap, (-new, job.seq))
+            if job.group is None:
+                heapq.heappush(q.ready, ready_key(new, job.seq))
+            else:
+                heapq.heappush(q.group_fifo.setdefault(job.group, []), (-new, job.seq))
             return {}
         job.priority = new
         return {}

@@ -10,7 +10,8 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import SessionPull
 from ._decimal import decimal_run
-from ._model import JOB_WIRE_BYTES_OVERHEAD, REPLY_BYTES_OVERHEAD, Job, Queue, wire_bytes_max
+from ._model import (JOB_WIRE_BYTES_OVERHEAD, READY_SEQ_BITS, READY_SEQ_MASK, REPLY_BYTES_OVERHEAD, Job, Queue,
+                     wire_bytes_max)
 from ._segments import Segment
 from ._store import DEFAULT_NAME, Store
 from ._transitions import ACTIVE, WAITING, check_transition
@@ -156,7 +157,8 @@ class PullOps(Store):
         taken = 0
         full = False  # the reply's byte budget is spent
         while taken < count and ready and not full:
-            seq = ready[0][1]
+            key = ready[0]
+            seq = key & READY_SEQ_MASK
             job = all_jobs.get(seq)
             if job is None and segments:
                 seg = segments.find(seq)
@@ -168,7 +170,7 @@ class PullOps(Store):
                         continue
                 job = self._materialize(seq, waiting_only=True)
             if (job is None or job.state != WAITING or job.group is not None or job.queue != name
-                    or -job.priority != ready[0][0]):
+                    or -job.priority != key >> READY_SEQ_BITS):
                 heappop(ready)  # stale entry (lazy deletion)
                 continue
             if budget:
@@ -225,8 +227,8 @@ class PullOps(Store):
         i = first - seg.first
         limit = min(len(seg.datas), i + want)
         for child in ready[1:3]:
-            if child[0] == 0 and child[1] - seg.first < limit:
-                limit = child[1] - seg.first
+            if 0 <= child <= READY_SEQ_MASK and child - seg.first < limit:  # priority 0: the key is the seq
+                limit = child - seg.first
         end = seg.run_end(i, limit)
         full = False
         if budget:
@@ -249,7 +251,7 @@ class PullOps(Store):
         deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
         seg.lease_run(i, k, base, deadline, session)
         if seg.left:
-            heapq.heapreplace(ready, (0, seg.low))
+            heapq.heapreplace(ready, seg.low)
         else:
             heapq.heappop(ready)
         prefix = f"{self.partition}."

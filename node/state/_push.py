@@ -9,7 +9,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
-from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue
+from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, ready_key
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
@@ -145,7 +145,7 @@ class PushOps(IdempotencyWindow):
             prio = job.priority
             q.prio_counts[prio] = q.prio_counts.get(prio, 0) + 1
             if job.group is None:
-                heapq.heappush(q.ready, (-prio, seq))
+                heapq.heappush(q.ready, ready_key(prio, seq))
             else:
                 self._group_moved(q, job.group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
                 self._enqueue_ready(q, job)

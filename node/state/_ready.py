@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import heapq
 
-from ._model import Job, Queue
+from ._model import READY_SEQ_BITS, READY_SEQ_MASK, Job, Queue, ready_key
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
@@ -73,7 +73,7 @@ class ReadyIndex(Store):
 
     def _enqueue_ready(self, q: Queue, job: Job) -> None:
         if job.group is None:
-            heapq.heappush(q.ready, (-job.priority, job.seq))
+            heapq.heappush(q.ready, ready_key(job.priority, job.seq))
             return
         group = job.group
         fifo = q.group_fifo.get(group)
@@ -214,13 +214,14 @@ class ReadyIndex(Store):
         """``(-priority, seq)`` of ``q``'s next waiting job without a group, cleaning stale heap tops."""
         ready = q.ready
         while ready:
-            prio, seq = ready[0]
+            key = ready[0]
+            seq = key & READY_SEQ_MASK
             job = self.jobs.get(seq)
             if job is None and self.segments:
                 job = self._materialize(seq, waiting_only=True)
             if (job is not None and job.state == WAITING and job.group is None and job.queue == q.name
-                    and -job.priority == prio):
-                return ready[0]
+                    and -job.priority == key >> READY_SEQ_BITS):
+                return key >> READY_SEQ_BITS, seq
             heapq.heappop(ready)
         return None
 

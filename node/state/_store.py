@@ -147,7 +147,7 @@ class Store:
         """Take ``seg``'s waiting jobs into ``q``: one ready-heap entry at its first slot, the counts."""
         n = len(seg.datas)
         self.segments.add(seg)
-        heapq.heappush(q.ready, (0, seg.first))
+        heapq.heappush(q.ready, seg.first)  # priority 0: the key is the seq
         q.counts[WAITING] += n
         q.prio_counts[0] = q.prio_counts.get(0, 0) + n
 
@@ -187,9 +187,9 @@ class Store:
         if waiting:
             ready = self.queues[seg.queue].ready
             if not was_low:
-                heapq.heappush(ready, (0, seq))
+                heapq.heappush(ready, seq)  # priority 0: the key is the seq
             elif seg.left:
-                heapq.heappush(ready, (0, seg.low))
+                heapq.heappush(ready, seg.low)
         return job
 
     def _materialize_active(self, q: Queue) -> None:
