@@ -30,8 +30,8 @@ heap of ints ordered as ``(-priority, seq)`` (``_model.ready_key``: a priority-0
 entry is its seq) for jobs without a group and, for groups (utube), one
 ``(-priority, seq)`` heap per group plus a heap of the groups that may run, keyed by the
 virtual finish tags of weighted fair turns (:mod:`._ready`), so a pull from a queue with
-100,000 groups is a few heap operations. The partition keeps heaps of delayed run times, lease
-deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry
+100,000 groups is a few heap operations. The partition keeps heaps of delayed run times (ints
+ordered as ``(run_at_ms, seq)``, ``_model.due_key``), lease deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry
 happens lazily when a pull applies and in the leader's periodic ``_Tick`` command.
 
 Bulk ingest: a ``PUSHB`` whose items carry only ``data`` is stored as one

@@ -10,7 +10,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
-from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, Queue, pack, ready_key
+from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
@@ -48,7 +48,8 @@ class ControlOps(Store):
         q = self._queue(cmd["queue"])
         limit = cmd.get("count")
         seqs: list[int] = []
-        for _, seq in sorted(self.delayed):
+        for key in sorted(self.delayed):
+            seq = key & SEQ_MASK
             job = self.jobs.get(seq)
             if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seqs:
                 seqs.append(seq)
@@ -68,7 +69,7 @@ class ControlOps(Store):
         self._count(q, "MoveToDelayed")
         if job.state == DELAYED:
             job.run_at_ms = self.now_ms + cmd["delay"]
-            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
         else:
             self._to_waiting(q, job, max(1, cmd["delay"]))
         return {}

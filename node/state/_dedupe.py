@@ -24,7 +24,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
-from ._model import Job, Queue
+from ._model import Job, Queue, due_key
 from ._store import Store
 from ._transitions import DELAYED, WAITING
 
@@ -91,7 +91,7 @@ class DedupeOps(Store):
             run_at = min(run_at, entry[3] + wait)
         if run_at != job.run_at_ms:
             job.run_at_ms = run_at
-            heapq.heappush(self.delayed, (run_at, job.seq))  # the old entry goes stale
+            heapq.heappush(self.delayed, due_key(run_at, job.seq))  # the old entry goes stale
             self._set_expiry(q.name, spec["id"], entry, run_at)
         return self._wire_id(job)
 

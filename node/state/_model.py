@@ -12,7 +12,7 @@ from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
 __all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event",
-           "READY_SEQ_BITS", "READY_SEQ_MASK", "ready_key"]
+           "SEQ_BITS", "SEQ_MASK", "ready_key", "due_key"]
 
 
 #: Defaults for a queue created by its first PUSH ("standard") and for presets.
@@ -45,18 +45,24 @@ PAGE_LIMIT_MAX = 10_000  # ListQueues/CronList page (cluster.limits.page_limit_m
 SNAPSHOT_VERSION = 1
 
 
-#: A queue's ready heap holds one int per entry, :func:`ready_key`: ``key & READY_SEQ_MASK`` is the
-#: seq and ``key >> READY_SEQ_BITS`` the negated priority. Ints order as the ``(-priority, seq)``
-#: pairs they stand for while seqs stay below 2**48 (a partition adding a million jobs a second
-#: reaches that in nine years), cost less than a tuple, compare faster in the heap, and a
-#: priority-0 job's entry is its own seq.
-READY_SEQ_BITS = 48
-READY_SEQ_MASK = (1 << READY_SEQ_BITS) - 1
+#: A queue's ready heap and the partition's delayed heap hold one int per entry, a job's seq in
+#: its low SEQ_BITS bits under what orders it: :func:`ready_key` (``key >> SEQ_BITS`` the negated
+#: priority) and :func:`due_key` (the run-at time). Ints order as the pairs they stand for while
+#: seqs stay below 2**48 (a partition adding a million jobs a second reaches that in nine
+#: years), cost less than a tuple, compare faster in a heap, and a priority-0 job's ready
+#: entry is its own seq.
+SEQ_BITS = 48
+SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 def ready_key(priority: int, seq: int) -> int:
-    """The ready-heap entry of a waiting job of ``priority`` and ``seq``."""
-    return seq - (priority << READY_SEQ_BITS) if priority else seq
+    """The ready-heap entry of a waiting job of ``priority`` and ``seq``: ordered as ``(-priority, seq)``."""
+    return seq - (priority << SEQ_BITS) if priority else seq
+
+
+def due_key(run_at_ms: int, seq: int) -> int:
+    """The delayed-heap entry of job ``seq`` due at ``run_at_ms``: ordered as ``(run_at_ms, seq)``."""
+    return (run_at_ms << SEQ_BITS) | seq
 
 
 # Upper bounds of a PULLB reply's bytes beside job data and strings: the reply's own

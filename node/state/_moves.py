@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from itertools import islice
 
-from ._model import Job, Queue
+from ._model import Job, Queue, due_key
 from ._segments import SLOT_COMPLETED, SLOT_GONE, Segment
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, REMOVED, WAITING, check_transition
@@ -56,7 +56,7 @@ class Moves(Store):
         if delay_ms > 0:
             job.run_at_ms = self.now_ms + delay_ms
             self._set_state(q, job, DELAYED)
-            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
         else:
             job.run_at_ms = self.now_ms
             self._set_state(q, job, WAITING)

@@ -10,7 +10,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import SessionPull
 from ._decimal import decimal_run
-from ._model import (JOB_WIRE_BYTES_OVERHEAD, READY_SEQ_BITS, READY_SEQ_MASK, REPLY_BYTES_OVERHEAD, Job, Queue,
+from ._model import (JOB_WIRE_BYTES_OVERHEAD, SEQ_BITS, SEQ_MASK, REPLY_BYTES_OVERHEAD, Job, Queue,
                      wire_bytes_max)
 from ._segments import Segment
 from ._store import DEFAULT_NAME, Store
@@ -158,7 +158,7 @@ class PullOps(Store):
         full = False  # the reply's byte budget is spent
         while taken < count and ready and not full:
             key = ready[0]
-            seq = key & READY_SEQ_MASK
+            seq = key & SEQ_MASK
             job = all_jobs.get(seq)
             if job is None and segments:
                 seg = segments.find(seq)
@@ -170,7 +170,7 @@ class PullOps(Store):
                         continue
                 job = self._materialize(seq, waiting_only=True)
             if (job is None or job.state != WAITING or job.group is not None or job.queue != name
-                    or -job.priority != key >> READY_SEQ_BITS):
+                    or -job.priority != key >> SEQ_BITS):
                 heappop(ready)  # stale entry (lazy deletion)
                 continue
             if budget:
@@ -227,7 +227,7 @@ class PullOps(Store):
         i = first - seg.first
         limit = min(len(seg.datas), i + want)
         for child in ready[1:3]:
-            if 0 <= child <= READY_SEQ_MASK and child - seg.first < limit:  # priority 0: the key is the seq
+            if 0 <= child <= SEQ_MASK and child - seg.first < limit:  # priority 0: the key is the seq
                 limit = child - seg.first
         end = seg.run_end(i, limit)
         full = False

@@ -9,7 +9,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
-from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, ready_key
+from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
@@ -135,7 +135,7 @@ class PushOps(IdempotencyWindow):
             job.state = DELAYED
             q.counts[DELAYED] += 1
             job.run_at_ms = now + delay
-            heapq.heappush(self.delayed, (job.run_at_ms, seq))
+            heapq.heappush(self.delayed, due_key(job.run_at_ms, seq))
             if job.group is not None:
                 self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         else:

@@ -8,7 +8,7 @@ from typing import Any
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ._model import PAGE_DEFAULT, PAGE_LIMIT_MAX, Queue
+from ._model import PAGE_DEFAULT, PAGE_LIMIT_MAX, SEQ_MASK, Queue
 from ._store import Store, wire_state
 from ._transitions import ACTIVE, DELAYED, STATES, WAITING
 
@@ -125,7 +125,8 @@ class ReadOps(Store):
         counts = dict(q.prio_counts)
         if q.counts[DELAYED]:
             seen: set[int] = set()
-            for _, seq in self.delayed:  # a delayed job is never a segment's
+            for key in self.delayed:  # a delayed job is never a segment's
+                seq = key & SEQ_MASK
                 job = self.jobs.get(seq)
                 if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seen:
                     seen.add(seq)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import heapq
 
-from ._model import READY_SEQ_BITS, READY_SEQ_MASK, Job, Queue, ready_key
+from ._model import SEQ_BITS, SEQ_MASK, Job, Queue, ready_key
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
@@ -215,13 +215,13 @@ class ReadyIndex(Store):
         ready = q.ready
         while ready:
             key = ready[0]
-            seq = key & READY_SEQ_MASK
+            seq = key & SEQ_MASK
             job = self.jobs.get(seq)
             if job is None and self.segments:
                 job = self._materialize(seq, waiting_only=True)
             if (job is not None and job.state == WAITING and job.group is None and job.queue == q.name
-                    and -job.priority == key >> READY_SEQ_BITS):
-                return key >> READY_SEQ_BITS, seq
+                    and -job.priority == key >> SEQ_BITS):
+                return key >> SEQ_BITS, seq
             heapq.heappop(ready)
         return None
 

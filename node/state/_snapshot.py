@@ -12,7 +12,7 @@ from typing import Any, Self
 
 import msgpack
 
-from ._model import SNAPSHOT_VERSION, Job, Queue, slot_job
+from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job
 from ._segments import Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
@@ -296,7 +296,7 @@ class SnapshotOps(Store):
                 self._group_moved(q, job.group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
             self._enqueue_ready(q, job)
         elif job.state == DELAYED:
-            heapq.heappush(self.delayed, (job.run_at_ms, job.seq))
+            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
             if job.group is not None:
                 self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         elif job.state == ACTIVE:

@@ -49,7 +49,7 @@ class Store:
         self.segments = SegmentStore()  # plain PUSHB jobs not materialized yet
         self._jobs_unordered = False    # a materialized job was inserted behind later seqs
         self.queues: dict[str, Queue] = {}
-        self.delayed: list[tuple[int, int]] = []          # (run_at_ms, seq)
+        self.delayed: list[int] = []                      # due_key(run_at_ms, seq)
         # (deadline_ms, seq, token, 0) per lease, or (deadline_ms, first seq, its token, last seq) per
         # run of segment jobs leased by one pull (see _expire_run)
         self.leases: list[tuple[int, int, str, int]] = []

@@ -13,7 +13,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import parse_job_id
 
-from ._model import PAGE_LIMIT_MAX, Job, pack
+from ._model import PAGE_LIMIT_MAX, SEQ_BITS, SEQ_MASK, Job, pack
 from ._segments import SLOT_ACTIVE
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
@@ -27,8 +27,9 @@ class TimerOps(Store):
     def _expire(self) -> None:
         now = self.now_ms
         delayed = self.delayed
-        while delayed and delayed[0][0] <= now:
-            run_at, seq = heapq.heappop(delayed)
+        while delayed and delayed[0] >> SEQ_BITS <= now:
+            key = heapq.heappop(delayed)
+            run_at, seq = key >> SEQ_BITS, key & SEQ_MASK
             job = self.jobs.get(seq)
             if job is not None and job.state == DELAYED and job.run_at_ms == run_at:
                 q = self.queues[job.queue]
