@@ -31,8 +31,9 @@ entry is its seq) for jobs without a group and, for groups (utube), one
 ``(-priority, seq)`` heap per group plus a heap of the groups that may run, keyed by the
 virtual finish tags of weighted fair turns (:mod:`._ready`), so a pull from a queue with
 100,000 groups is a few heap operations. The partition keeps heaps of delayed run times (ints
-ordered as ``(run_at_ms, seq)``, ``_model.due_key``), lease deadlines and TTL deadlines; stale heap entries are skipped when they surface. Expiry
-happens lazily when a pull applies and in the leader's periodic ``_Tick`` command.
+ordered as ``(run_at_ms, seq)``, ``_model.due_key``), lease deadlines and TTL deadlines; stale
+heap entries are skipped when they surface. Expiry happens lazily when a pull applies and in
+the leader's periodic ``_Tick`` command.
 
 Bulk ingest: a ``PUSHB`` whose items carry only ``data`` is stored as one
 :class:`~._segments.Segment` (a list of data bytes) with one ready-heap entry pointing at
@@ -54,9 +55,9 @@ Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 (dedupe and debounce of adds), ``_forwarded`` (the keys of adds forwarded by another node),
 ``_pull``, ``_limits`` (rate limits and concurrency), ``_ack`` (ack/fail/retry and leases),
 ``_cancel`` (cancelling a running job), ``_timers`` (expiry, cron, ``_Tick``), ``_control``
-(per-job and per-queue commands, log queues), ``_reads``, ``_snapshot``, ``_segments`` (plain batch jobs), ``_transitions`` (the
-state diagram), ``_commands`` (the typed compact commands the node replicates) and
-``_engine`` (``PartitionEngine.apply``).
+(per-job and per-queue commands, log queues), ``_reads``, ``_snapshot``, ``_segments`` (plain
+batch jobs), ``_transitions`` (the state diagram), ``_commands`` (the typed compact commands the
+node replicates) and ``_engine`` (``PartitionEngine.apply``).
 """
 
 from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue

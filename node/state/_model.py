@@ -56,7 +56,7 @@ SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 def ready_key(priority: int, seq: int) -> int:
-    """The ready-heap entry of a waiting job of ``priority`` and ``seq``: ordered as ``(-priority, seq)``."""
+    """The ready-heap entry of waiting job ``seq`` of ``priority``: ordered as ``(-priority, seq)``."""
     return seq - (priority << SEQ_BITS) if priority else seq
 
 
@@ -160,7 +160,7 @@ class Queue:
         self.type = qtype
         self.opts = {**DEFAULTS, **(opts or {})}
         self.paused = False
-        self.ready: list[int] = []                          # ready_key(priority, seq), jobs without a group: the highest first
+        self.ready: list[int] = []                          # ready_key(priority, seq) of jobs without a group
         # Groups (see ``_ready``): each group's waiting jobs, and the fair turns between groups.
         self.group_fifo: dict[str, list[tuple[int, int]]] = {}  # group -> (-priority, seq) heap of waiting jobs
         self.group_active: dict[str, int] = {}              # group -> how many of its jobs are active

@@ -87,9 +87,7 @@ class PushOps(IdempotencyWindow):
     def _wire_id_of_seq(self, seq: int) -> str:
         """The wire id of job ``seq`` of this partition (its custom id, if it has one)."""
         job = self.jobs.get(seq)
-        if job is not None and job.custom_id is not None:
-            return job.custom_id
-        return format_job_id(self.partition, seq)
+        return self._wire_id(job) if job is not None else format_job_id(self.partition, seq)
 
     def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
         # The hottest function of a push (it runs on every replica): locals, one .get each.

@@ -12,6 +12,8 @@ from typing import Any, Self
 
 import msgpack
 
+from shoal.cluster.jobid import parse_job_id
+
 from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job
 from ._segments import Segment
 from ._store import Store
@@ -34,11 +36,6 @@ _SHARED_INTS = (7, 8, 9, 10, 11, 14, 23)
 #: Distinct such ints remembered at once while restoring (jobs come in seq order, so neighbours
 #: share most of them).
 _INTS_MEMO_MAX = 1 << 16
-
-
-def _seq_of_id(job_id: str) -> int:
-    """The seq of Shoal's own job id ``<partition>-<seq>`` (what the idempotency window names)."""
-    return int(job_id.rpartition("-")[2])
 
 
 def _plain_waiting(t: list[Any]) -> bool:
@@ -215,7 +212,7 @@ class SnapshotOps(Store):
         def idempotency_entries() -> Iterator[tuple[str, str, int, int]]:
             for _ in range(unpacker.read_array_header()):
                 q_name, key, job_id, expires = unpacker.unpack()
-                key_seq = _seq_of_id(job_id)
+                key_seq = parse_job_id(job_id)[1]
                 job = jobs.get(key_seq)  # its own int where the job holds one
                 yield share(q_name, q_name), share(key, key), key_seq if job is None else job.seq, expires
 
