@@ -421,6 +421,8 @@ class _SimFile(FileHandle):
             if fit <= 0:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             data = data[:fit]
+        if offset > len(inode.data):  # a write past the end leaves a hole, read as zeros
+            inode.data.extend(bytes(offset - len(inode.data)))
         inode.data[offset : offset + len(data)] = data
         io._step(f"write {self.path}")
         return len(data)

@@ -11,7 +11,7 @@ records of three kinds, little-endian::
     entry:  length u32 | crc32c u32 | term u64 | index u64 | payload (length bytes)
     mark:   0xFFFFFFFF | crc32c u32 | "SHOALMRK" | offset u64 | index u64
     copy:   0xFFFFFFFE | crc32c u32 | "SHOALCPY" | offset u64 | copy_at u64 | length u64
-            zeros up to copy_at (a 4 KiB boundary), then
+    and, at copy_at (a 4 KiB boundary ahead of the records), the copy itself:
             "SHOALDUP" | crc32c u32 | start u64 | end u64 | copy_at u64 | the copied bytes
 
 An entry's CRC32C covers ``length, term, index`` and the payload. A mark record
@@ -22,10 +22,11 @@ CRC32C of a mark or copy record covers its fields and the segment's first index;
 the copy's own header's covers its fields, that index and the copied bytes. No
 payload is 0xFFFFFFFE bytes long or more, so the kinds cannot be confused.
 Records are appended with ordinary writes; a segment is sealed (fdatasync'ed)
-when it reaches ``segment_bytes`` and the next one is started. Version 4
-segments may hold mark and copy records; version 3 (marks, no copies) and 2
-(entries only) are read, and an older last segment is sealed at the first
-append rather than continued.
+when it reaches ``segment_bytes`` and the next one is started. Version 5
+segments may hold mark and copy records, with the copies ahead of the records;
+version 4 (each copy right after its copy record, the next records after it), 3
+(marks, no copies) and 2 (entries only) are read, and an older last segment is
+sealed at the first append rather than continued.
 
 Durability is explicit. :meth:`Journal.append` only writes (it syncs on its
 own only when sealing a segment, or when more than ``unsynced_bytes_max``
@@ -44,9 +45,9 @@ still holds some covered entries is kept until all of it is covered.
 
 Recovery at open scans the segments from the first needed one. Only the
 unsynced tail can be torn by a power cut, and it lies in the last segment,
-beyond the last synced offset, and spans at most twice ``unsynced_bytes_max``
-bytes and a block (recorded in each segment's header; the batch and its copy)
-or one record and its copy. A record that fails its checks beyond everything
+beyond the last synced offset, and spans at most ``unsynced_bytes_max`` bytes
+(recorded in each segment's header) or one record, and the copies written ahead
+of the records (version 4: twice that bound and a block, the batch and its copy). A record that fails its checks beyond everything
 known synced and close enough to the end is a torn write or damage to the
 newest batch a sync returned: a whole copy of its batch past it puts the batch
 back (see *Copies*); without one it is a torn tail, and the segment is cut at
@@ -60,11 +61,22 @@ in the page cache.
 
 Copies
 ------
-Every sync of a batch up to :data:`COPY_BATCH_BYTES` bytes writes, in the same
-write call and ahead of the same fdatasync, a copy record and a copy of the
-batch (the bytes written since the previous sync) starting on the next 4 KiB
-boundary, so that no block holds both a byte of the batch and a byte of its
-copy. The sync returns only once both are on stable storage. After any power
+Every sync of a batch up to :data:`COPY_BATCH_BYTES` bytes writes, ahead of the
+same fdatasync, a copy of the batch (the bytes written since the previous sync)
+on a 4 KiB boundary ahead of the records, and a copy record naming it right
+after the batch, so that no block holds both a byte of the batch and a byte of
+its copy. The sync returns only once both are on stable storage. The copy lies
+in the zeros written ahead (see *Zeros ahead*), so the file does not grow by
+it: the records grow by the copy record alone, and later records are written
+over copies no longer needed. Consecutive copies take turns between two places
+(:func:`_copy_places`): four copied batches past the batch's own block, so
+that the next batch does not reach the copy before its sync makes a mark
+record vouch for the batch, and one copy and batch further, so that a copy is
+never written over the one still vouching for the batch before it. A batch
+that would reach the copy still vouching (a large one), the trim of the zeros
+ahead (sealing a segment, a clean close) and a suffix deletion first make the
+synced mark durable (an fdatasync of the mark file), which then vouches
+instead. A sealed segment ends with its last record and holds no copy. After any power
 cut, then, a batch whose sync returned survives whole in at least one of the
 two places if one block of the medium is damaged. Where nothing else vouches
 for a failing record (past the synced mark and every mark record: the newest
@@ -73,8 +85,11 @@ holds and logs what it restored; damage anywhere else is refused, copy or
 not. A batch whose sync never returned may have left its copy whole and itself
 torn: the copy puts back entries that were never acknowledged, which Raft
 allows (a log may hold entries nobody was told of).
-A copy counts only at the offset its header names and for the segment its
-checksum covers, so a copy of one inside a payload restores nothing.
+A copy counts only at the offset its header names, for the segment its
+checksum covers and within reach of the batch it copies (right after its copy
+record's block in version 4, at most :data:`_COPY_AHEAD_MAX` past it in version
+5), and recovery looks for one only past the damaged record, where no synced
+record lies; a copy of a copy kept inside a payload elsewhere restores nothing.
 
 This is what protects the newest synced batch, which nothing written after it
 vouches for, without a second flush: telling damage in it from a torn write
@@ -132,21 +147,23 @@ the ``synced`` file does not name it yet (its writeback has not reached the
 disk, or it waits for its turn of :data:`MARK_WRITE_EVERY`), is vouched for by
 its copy alone. Damage to both the batch and its copy (two blocks) looks like a
 torn write and is cut; so does a file cut short past the offset the ``synced``
-file names, which takes the mark records after the cut with it.
+file names (a file system losing the tail of a synced file), which takes the mark
+records and the copy after the cut with it: nothing left in the segment names
+a byte past the cut.
 
 Zeros ahead
 -----------
 With ``zeros_ahead`` (the node's journals), the active segment's file is kept
-up to :data:`ZEROS_AHEAD_BYTES` longer than its records, in zeros written
-before the records that go over them. The fdatasync after a record then finds
-the file's size and blocks as the last extension left them, and skips the
-file-system journal commit a growing file costs. Only one sync in so many
-pays for an extension. A sealed segment, and the
-active one at a clean close, are cut to their last record. At recovery the
+up to :data:`ZEROS_AHEAD_BYTES` longer than its records and the copy ahead of
+them, in zeros written before the records or copies that go over them. The
+fdatasync after a record then finds the file's size and blocks as the last
+extension left them, and skips the file-system journal commit a growing file
+costs. Only one sync in so many pays for an extension. A sealed segment, and
+the active one at a clean close, are cut to their last record. At recovery the
 zeros are a bad record (length 0, a checksum that does not hold) beyond the
 synced mark and within the tail a power cut may leave: they are cut like a
-torn tail, logged as zeros when nothing else is there. The torn-tail bounds
-below allow for them.
+torn tail with the copies among them, logged as written ahead when the bad
+record is zeros. The torn-tail bounds below allow for them.
 
 The directory also holds ``meta`` (term, vote, commit hint: :mod:`.meta`),
 ``start`` (the durable first index after a prefix drop) and ``synced``.
@@ -208,12 +225,13 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 ZEROS_AHEAD_BYTES = 1024 * 1024
 UNSYNCED_BYTES_MAX = 8 * 1024 * 1024
 _SEGMENT_MAGIC = b"SHOALWAL"
-#: Version 4 segments may hold copy records, version 3 mark records; versions 2 (entry records
-#: only) and 3 are still read.
-_SEGMENT_VERSION = 4
-_SEGMENT_VERSIONS_READ = (2, 3, 4)
+#: Version 5 segments hold copies ahead of their records, version 4 right after each batch,
+#: version 3 mark records only; versions 2 (entry records only) to 4 are still read.
+_SEGMENT_VERSION = 5
+_SEGMENT_VERSIONS_READ = (2, 3, 4, 5)
 _MARKS_SINCE_VERSION = 3
 _COPIES_SINCE_VERSION = 4
+_COPIES_AHEAD_SINCE_VERSION = 5
 #: magic, version, the unsynced-bytes bound, CRC32C of the three: a header torn by a power cut
 #: (it is unsynced until the segment's first sync) is told from one that states a wrong bound.
 _SEGMENT_HEADER = struct.Struct("<8sIII")
@@ -333,6 +351,8 @@ COPY_BATCH_BYTES = 32 * 1024
 #: After a sync whose batch was copied, the synced mark file is written once in this many such
 #: syncs (a non-copied sync, a new segment and a clean close write it at once); see *The synced mark*.
 MARK_WRITE_EVERY = 8
+#: How far past its copy record's 4 KiB boundary a version 5 copy may begin (see *Copies*).
+_COPY_AHEAD_MAX = 4 * COPY_BYTES_MAX
 #: Restores from a copy one scan of the last segment tries at most.
 _RESTORES_MAX = 4
 _START = struct.Struct("<8sQI")
@@ -406,6 +426,22 @@ def _copy_at(end: int) -> int:
     return -(-(end + COPY_RECORD_BYTES) // COPY_ALIGN) * COPY_ALIGN
 
 
+def _copy_places(end: int, copy_bytes_max: int) -> tuple[int, int]:
+    """The two places a version 5 copy of a batch ending at ``end`` may begin (see *Copies*):
+    four copied batches past its copy record's block, so that the next batch seldom reaches it
+    before its own sync, and one copy and batch further, so consecutive copies never overlap."""
+    near = _copy_at(end) + _copy_at(min(4 * copy_bytes_max, COPY_BYTES_MAX))
+    return near, near + _copy_at(2 * copy_bytes_max + COPY_HEADER_BYTES) + COPY_ALIGN
+
+
+def _copy_place_valid(copy_at: int, end: int, ahead: bool) -> bool:
+    """Whether a copy of a batch ending at ``end`` may begin at ``copy_at``: right after its
+    copy record's block (version 4) or past it within :data:`_COPY_AHEAD_MAX` (version 5)."""
+    if not ahead:
+        return copy_at == _copy_at(end)
+    return _copy_at(end) < copy_at <= _copy_at(end) + _COPY_AHEAD_MAX and copy_at % COPY_ALIGN == 0
+
+
 def _copy_record(segment: int, offset: int, copy_at: int, length: int) -> bytes:
     """The copy record written at ``offset`` of segment ``segment``: the ``length`` bytes before
     it are copied at ``copy_at``."""
@@ -414,8 +450,9 @@ def _copy_record(segment: int, offset: int, copy_at: int, length: int) -> bytes:
     return _COPY_RECORD.pack(_COPY_LENGTH, crc, _COPY_RECORD_MAGIC, offset, copy_at, length)
 
 
-def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: int) -> tuple[int, int] | None:
-    """``(copy_at, length)`` of a whole, valid copy record at ``buf[at:]`` that sits at file
+def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: int,
+                        ahead: bool) -> tuple[int, int] | None:
+    """``(copy_at, length)`` of a whole, valid copy record (``ahead``: of a version 5 segment) at ``buf[at:]`` that sits at file
     offset ``offset`` of segment ``segment``; None if there is no such record there."""
     if at < 0 or at + COPY_RECORD_BYTES > len(buf):
         return None
@@ -424,7 +461,7 @@ def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: 
         return None
     if google_crc32c.value(_COPY_RECORD_CRC.pack(sentinel, magic, named, copy_at, length, segment)) != crc:
         return None
-    if copy_at != _copy_at(offset) or length > offset - SEGMENT_HEADER_BYTES:
+    if not _copy_place_valid(copy_at, offset, ahead) or length > offset - SEGMENT_HEADER_BYTES:
         return None
     return copy_at, length
 
@@ -629,6 +666,11 @@ class Journal:
         #: Whether the last sync of the log wrote a copy of its batch (see *Copies*): if not, the
         #: mark naming it is made durable before the sync returns.
         self._copied = False
+        #: The bytes ``[start, end)`` of the active segment holding the copy that alone vouches
+        #: for its newest synced batch (version 5: ahead of the records), or None.
+        self._copy_live: tuple[int, int] | None = None
+        #: Which of its two places (:func:`_copy_places`) the next copy takes.
+        self._copy_far = False
         #: Batches larger than this are synced without a copy, with a durable mark (0: never copy);
         #: at most :data:`COPY_BYTES_MAX`, the reach within which recovery looks for copies.
         self.copy_bytes_max = COPY_BATCH_BYTES
@@ -726,6 +768,8 @@ class Journal:
             # durable with the entry. It names only bytes a completed sync made durable, so it
             # is true whatever a power cut does to this write.
             record = _mark_record(seg.first_index, seg.size, index - 1) + record
+        if self._copy_live is not None and seg.size + len(record) > self._copy_live[0]:
+            self._retire_copy()  # a large batch reaches the copy ahead: the mark vouches instead
         if self.zeros_ahead and seg.size + len(record) > active.size:
             self._write_zeros_ahead(seg.size + len(record))
         at = active.put(seg.size, record, check_space=check_space)
@@ -802,6 +846,7 @@ class Journal:
         if self._active is not None:
             self._active.close()
         self._active = handle
+        self._copy_live = None
         self._unsynced_bytes = SEGMENT_HEADER_BYTES
         seg = _Segment(path, first_index, unsynced_max=self.unsynced_bytes_max)
         self._segments.append(seg)
@@ -815,11 +860,11 @@ class Journal:
         # so after a power cut only the last segment can have a torn tail.
         assert self._active is not None
         old = self._active
+        self._retire_copy()  # the trim below cuts the copy ahead
         self._trim_zeros_ahead()  # a sealed segment ends with its last record
-        self._sync_active(zeros_ahead=False)
-        if not self._dir_dirty:
-            self._note_synced()
-            self._synced_index = self._last_index
+        # Its last batch is synced without a copy (nothing may follow a sealed segment's
+        # records), so the mark naming it is made durable now, after the directory.
+        self._sync(zeros_ahead=False)
         try:
             return self._new_segment(next_index)
         except NoSpace:
@@ -902,6 +947,7 @@ class Journal:
             raise SyncFailed(self._failed) from exc
         if durable:
             self._datasync(self._mark_handle)
+            self._copy_live = None  # the mark vouches for everything synced
         self._mark_lazy = not durable
         self._mark_slot ^= 1
         self._mark = mark
@@ -923,6 +969,7 @@ class Journal:
         self._mark, self._mark_slot = mark, 0
         self._mark_lazy = False
         self._marks_held = 0
+        self._copy_live = None
 
     def _create_mark(self, mark: SyncMark) -> None:
         """Write the mark file anew, durably (a new journal, or one whose mark was unreadable)."""
@@ -930,6 +977,7 @@ class Journal:
             self._mark_handle.close()
             self._mark_handle = None
         self._io.write_atomic(self._mark_path, [_mark_file(mark)])
+        self._copy_live = None
         self._mark, self._mark_slot = mark, 0
         self._mark_lazy = False
         self._marks_held = 0
@@ -950,29 +998,41 @@ class Journal:
         self._unsynced_bytes = 0
 
     def _write_copy(self, seg: _Segment, active: FileHandle, *, zeros_ahead: bool) -> bool:
-        """Write the copy record and the copy of the bytes since the last sync, if the segment
-        takes copies and the batch is small enough; return whether it did."""
+        """Write the copy of the bytes since the last sync ahead of the records, and the copy
+        record naming it after them, if the segment takes copies, stays active (``zeros_ahead``)
+        and the batch is small enough; return whether it did (see *Copies*)."""
         start, end = seg.batch_start, seg.size
         assert self.copy_bytes_max <= COPY_BYTES_MAX, "a copy recovery would not look for"
-        if seg.version < _COPIES_SINCE_VERSION or not 0 < end - start <= self.copy_bytes_max:
+        if seg.version < _COPIES_AHEAD_SINCE_VERSION or not zeros_ahead or not 0 < end - start <= self.copy_bytes_max:
             return False
-        copy_at = _copy_at(end)
+        near, far = _copy_places(end, self.copy_bytes_max)
+        copy_at = far if self._copy_far else near
+        copy_end = copy_at + COPY_HEADER_BYTES + end - start
+        live = self._copy_live
+        if live is not None and copy_at < live[1] and live[0] < copy_end:
+            return False  # it would overwrite the copy still vouching (copy_bytes_max was raised)
+        assert _copy_place_valid(copy_at, end, ahead=True), f"copy at {copy_at} for a batch ending at {end}"
         data = self._batch_of(seg, start, end)
-        parts = [_copy_record(seg.first_index, end, copy_at, end - start),
-                 _ZEROS[:copy_at - end - COPY_RECORD_BYTES],
-                 _copy_header(seg.first_index, start, end, copy_at, data), *data]
-        block_end = copy_at + COPY_HEADER_BYTES + end - start
-        if zeros_ahead and self.zeros_ahead and block_end > active.size:
-            self._write_zeros_ahead(block_end)
+        if self.zeros_ahead and copy_end > active.size:
+            self._write_zeros_ahead(copy_end)
         try:
-            active.put_parts(end, parts)
+            active.put_parts(copy_at, [_copy_header(seg.first_index, start, end, copy_at, data), *data])
+            active.put_parts(end, [_copy_record(seg.first_index, end, copy_at, end - start)])
         except NoSpace:
             return False  # the write was cut back: this batch gets a durable mark instead
         except OSError as exc:
             self._failed = f"{self.directory}: writing the copy of a batch failed ({exc}); reopen the journal"
             raise SyncFailed(self._failed) from exc
-        seg.size = block_end
+        seg.size = end + COPY_RECORD_BYTES
+        self._copy_live = (copy_at, copy_end)
+        self._copy_far = not self._copy_far
         return True
+
+    def _retire_copy(self) -> None:
+        """Make the synced mark durable if a copy ahead of the records alone vouches for the
+        newest synced batch, which the caller is about to cut or overwrite."""
+        if self._copy_live is not None:
+            self._write_mark(self._mark)
 
     def _batch_of(self, seg: _Segment, start: int, end: int) -> list[bytes]:
         """The bytes ``start``..``end`` of ``seg``, the active segment, in parts: the records as
@@ -1006,6 +1066,7 @@ class Journal:
         end = SyncMark(index - 1, kept.first_index, kept.offsets[keep] if 0 <= keep < len(kept.offsets) else kept.size)
         if self._mark > end:
             self._store_mark(end)
+        self._retire_copy()  # the cut below may take the copy ahead with it
         # Whole segments go first, durably, then the one left is cut: every state a
         # power cut can leave on the way is a prefix of the log before the call.
         dropped = False
@@ -1108,6 +1169,7 @@ class Journal:
         """Sync and close the files (after a failed sync: only close them)."""
         try:
             if self._active is not None and self._failed is None:
+                self._retire_copy()  # the trim cuts the copy ahead
                 self._trim_zeros_ahead()
                 self._sync(zeros_ahead=False)
                 if self._marks_held:
@@ -1206,10 +1268,11 @@ class Journal:
                     pos += MARK_RECORD_BYTES
                     continue
                 if length == _COPY_LENGTH:  # a batch's copy: nothing to read
-                    fields = _copy_record_fields(view, pos, lo + pos, seg.first_index)
+                    ahead = seg.version >= _COPIES_AHEAD_SINCE_VERSION
+                    fields = _copy_record_fields(view, pos, lo + pos, seg.first_index, ahead)
                     if fields is None:
                         raise JournalCorrupt(seg.path, lo + pos, "copy record fails its check on read")
-                    pos = fields[0] + COPY_HEADER_BYTES + fields[1] - lo
+                    pos = pos + COPY_RECORD_BYTES if ahead else fields[0] + COPY_HEADER_BYTES + fields[1] - lo
                     continue
                 payload = bytes(view[pos + RECORD_HEADER_BYTES : pos + RECORD_HEADER_BYTES + length])
                 if idx != index or len(payload) != length or _crc(length, term, idx, payload) != crc:
@@ -1340,6 +1403,7 @@ class Journal:
             seg.version = version
             marks = version >= _MARKS_SINCE_VERSION
             copies = version >= _COPIES_SINCE_VERSION
+            ahead = version >= _COPIES_AHEAD_SINCE_VERSION
             offset = SEGMENT_HEADER_BYTES
             index = first
             chunk_bytes = 4 * 1024 * 1024
@@ -1372,10 +1436,13 @@ class Journal:
                     if rel + COPY_RECORD_BYTES > len(buf):
                         buf = handle.pread(offset, chunk_bytes)
                         buf_at, rel = offset, 0
-                    fields = _copy_record_fields(buf, rel, offset, first)
+                    fields = _copy_record_fields(buf, rel, offset, first, ahead)
                     if fields is None:
                         problem = "copy record fails its checks"
                         break
+                    if ahead:  # the copy lies ahead of the records, read only to restore the batch
+                        offset += COPY_RECORD_BYTES
+                        continue
                     after = fields[0] + COPY_HEADER_BYTES + fields[1]
                     if after > size:
                         problem = "copy cut short"
@@ -1414,7 +1481,7 @@ class Journal:
                 if not is_last or synced_end is None or offset < synced_end:
                     raise JournalCorrupt(path, offset, problem + self._not_torn_because(is_last, synced_end))
                 zeros = self._zeros_at_end(handle, offset, size)
-                if not self._may_be_torn(handle, offset, size - zeros, unsynced_max, marks, copies):
+                if not self._may_be_torn(handle, offset, size - zeros, unsynced_max, marks, copies, ahead):
                     raise JournalCorrupt(
                         path, offset, f"{problem}, {size - offset} bytes before the end: more than the "
                         f"{unsynced_max} bytes that can be unsynced, so not a torn write"
@@ -1429,7 +1496,7 @@ class Journal:
                 # batch a sync returned, which its copy (flushed with it) tells apart and undoes.
                 found = None
                 if copies and restored < _RESTORES_MAX:
-                    found = self._copy_covering(handle, offset, size, first)
+                    found = self._copy_covering(handle, offset, size, first, ahead)
                 if found is not None:
                     start, end, copy_at, data = found
                     log.warning("journal %s: %s at offset %d; bytes %d..%d restored from their copy at %d",
@@ -1443,10 +1510,14 @@ class Journal:
                 if zeros == size - offset:
                     log.info("journal %s: the %d bytes of zeros written ahead of the records cut at offset %d",
                              path, size - offset, offset)
+                elif ahead and not any(handle.pread(offset, RECORD_HEADER_BYTES)):
+                    log.info("journal %s: the %d bytes of zeros and copies written ahead of the records cut at "
+                             "offset %d", path, size - offset, offset)
                 else:
                     log.warning(
-                        "journal %s: torn tail cut at offset %d (%d bytes dropped: %s)",
+                        "journal %s: torn tail cut at offset %d (%d bytes dropped: %s%s)",
                         path, offset, size - offset, problem,
+                        "; or what was written ahead of the records" if ahead else "",
                     )
                 handle.truncate(offset)
                 handle.datasync()
@@ -1498,12 +1569,15 @@ class Journal:
         return len(tail) - len(tail.rstrip(b"\0"))
 
     @staticmethod
-    def _copy_covering(handle: FileHandle, offset: int, size: int, segment: int) -> tuple[int, int, int, bytes] | None:
+    def _copy_covering(handle: FileHandle, offset: int, size: int, segment: int,
+                       ahead: bool) -> tuple[int, int, int, bytes] | None:
         """``(start, end, copy_at, data)`` of a whole copy past ``offset`` of bytes ``start``..
         ``end`` with ``start <= offset <= end`` (the damage is in the batch or its copy record),
-        or None. Copies begin on 4 KiB boundaries within reach of the batch they copy."""
+        or None. Copies begin on 4 KiB boundaries within reach of the batch they copy: right
+        after it (``ahead`` False, version 4) or up to :data:`_COPY_AHEAD_MAX` past that."""
         first = -(-(offset + 1) // COPY_ALIGN) * COPY_ALIGN
-        last = min(size - COPY_HEADER_BYTES, _copy_at(offset + COPY_BYTES_MAX))
+        last = min(size - COPY_HEADER_BYTES,
+                   _copy_at(offset + COPY_BYTES_MAX) + (_COPY_AHEAD_MAX if ahead else 0))
         if first > last:
             return None
         buf = handle.pread(first, last - first + COPY_HEADER_BYTES + COPY_BYTES_MAX)
@@ -1512,13 +1586,13 @@ class Journal:
             if buf[at : at + len(_COPY_MAGIC)] != _COPY_MAGIC:
                 continue
             fields = _copy_block_fields(buf, at, copy_at, segment)
-            if fields is not None and fields[0] <= offset <= fields[1] and _copy_at(fields[1]) == copy_at:
+            if fields is not None and fields[0] <= offset <= fields[1] and _copy_place_valid(copy_at, fields[1], ahead):
                 return fields[0], fields[1], copy_at, fields[2]
         return None
 
     @staticmethod
     def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool,
-                     copies: bool) -> bool:
+                     copies: bool, ahead: bool = False) -> bool:
         """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
 
         Only the unsynced tail can be torn, and it is at most ``unsynced_max``
@@ -1526,11 +1600,19 @@ class Journal:
         came before it, and writes the record after a mark record), in which
         case the bad record reaches the end of file (``size``: where the zeros
         written ahead of the records begin, if the file ends with them). With
-        ``copies``, the batch's copy record and copy may follow it.
+        ``copies``, the batch's copy record and copy may follow it; ``ahead``
+        (version 5), copies of it and of the batch before lie up to
+        :data:`_COPY_AHEAD_MAX` further.
         """
-        slack = COPY_RECORD_BYTES + COPY_ALIGN + COPY_HEADER_BYTES + MARK_RECORD_BYTES if copies else 0
-        if size - offset <= unsynced_max * (2 if copies else 1) + slack:
-            return True
+        if ahead:
+            slack = (COPY_RECORD_BYTES + MARK_RECORD_BYTES + 2 * COPY_ALIGN + _COPY_AHEAD_MAX
+                     + COPY_HEADER_BYTES + COPY_BYTES_MAX)
+            if size - offset <= unsynced_max + slack:
+                return True
+        else:
+            slack = COPY_RECORD_BYTES + COPY_ALIGN + COPY_HEADER_BYTES + MARK_RECORD_BYTES if copies else 0
+            if size - offset <= unsynced_max * (2 if copies else 1) + slack:
+                return True
         header = handle.pread(offset, MARK_RECORD_BYTES + RECORD_HEADER_BYTES)
         if marks and len(header) >= RECORD_HEADER_BYTES and _RECORD.unpack_from(header)[0] == _MARK_LENGTH:
             offset += MARK_RECORD_BYTES
@@ -1541,6 +1623,8 @@ class Journal:
         if length > PAYLOAD_BYTES_MAX:
             return False
         reach = RECORD_HEADER_BYTES + length
+        if ahead:
+            return offset + reach + slack >= size
         return offset + reach + (reach + slack if copies else 0) >= size
 
     # ------------------------------------------------------------------ term, vote, commit hint

@@ -24,9 +24,10 @@ A failed fdatasync stops the node (exit status :data:`EXIT_SYNC_FAILED`): Linux 
 have dropped the dirty pages, answers claiming durability may already be queued,
 and only a restart (recovery reads what really is on disk) is safe.
 
-Test mode: ``SHOAL_TEST_IO=deferred`` keeps every byte not yet synced in process
-memory (:class:`DeferredIO`), so killing the process loses exactly what a power
-cut would; the power-cut tests kill real nodes with SIGKILL under it.
+Test mode: ``SHOAL_TEST_IO=deferred`` keeps every write not yet synced in process
+memory (:class:`DeferredIO`), appends and rewrites in place alike, so killing the
+process loses what a power cut may; the power-cut tests kill real nodes with
+SIGKILL under it.
 """
 
 from __future__ import annotations
@@ -199,23 +200,17 @@ def make_io(disk_free_min_bytes: int = DISK_FREE_MIN_BYTES) -> FileIO:
 
 
 class _DeferredFile(_RealFile):
-    """A real file whose bytes past ``_durable_size`` live in memory until a sync writes them."""
+    """A real file whose writes since its last sync live in memory until a sync writes them."""
 
     def __init__(self, io: RealIO, path: str, fd: int) -> None:
         super().__init__(io, path, fd)
         self._durable_size = self._size
-        self._pending = bytearray()  # the bytes from _durable_size to _size
+        #: The writes since the last sync, in order: appends, writes over zeros or copies
+        #: written ahead, and rewrites in place alike (a power cut may lose any of them).
+        self._writes: list[tuple[int, bytes]] = []
 
     def _write_at(self, offset: int, data: bytes | memoryview) -> int:
-        if offset < self._durable_size:
-            # A rewrite in place (the journal's synced mark after each sync, a torn segment
-            # header at recovery) goes to the file: a crashed process leaves it in the page cache.
-            self._write_out()
-            return super()._write_at(offset, data)
-        rel = offset - self._durable_size
-        if rel > len(self._pending):
-            self._pending.extend(b"\0" * (rel - len(self._pending)))
-        self._pending[rel:rel + len(data)] = data
+        self._writes.append((offset, bytes(data)))
         self._size = max(self._size, offset + len(data))
         return len(data)
 
@@ -224,32 +219,32 @@ class _DeferredFile(_RealFile):
     put_parts = FileHandle.put_parts
 
     def pread(self, offset: int, size: int) -> bytes:
-        head = b""
-        if offset < self._durable_size:
-            head = os.pread(self._fd, min(size, self._durable_size - offset), offset)
-            if len(head) == size:
-                return head
-            offset += len(head)
-            size -= len(head)
-        rel = offset - self._durable_size
-        return head + bytes(self._pending[rel:rel + size])
+        end = min(offset + size, self._size)
+        if end <= offset:
+            return b""
+        buf = bytearray(os.pread(self._fd, min(end, self._durable_size) - offset, offset)
+                        if offset < self._durable_size else b"")
+        buf.extend(bytes(end - offset - len(buf)))  # past what is on disk: a hole, or held below
+        for at, data in self._writes:
+            lo, hi = max(at, offset), min(at + len(data), end)
+            if lo < hi:
+                buf[lo - offset : hi - offset] = data[lo - at : hi - at]
+        return bytes(buf)
 
     def truncate(self, size: int) -> None:
-        if size >= self._durable_size:
-            del self._pending[size - self._durable_size:]
-        else:
-            self._pending.clear()
+        self._writes = [(at, data[: size - at]) for at, data in self._writes if at < size]
+        if size < self._durable_size:
             os.ftruncate(self._fd, size)
             self._durable_size = size
         self._size = size
 
     def _write_out(self) -> None:
-        if self._pending:
-            os.pwrite(self._fd, bytes(self._pending), self._durable_size)
+        for at, data in self._writes:
+            os.pwrite(self._fd, data, at)
         if os.fstat(self._fd).st_size != self._size:
             os.ftruncate(self._fd, self._size)
         self._durable_size = self._size
-        self._pending.clear()
+        self._writes.clear()
 
     def datasync(self) -> None:
         # The process's death is the power cut: bytes in the page cache survive it, so a

@@ -27,7 +27,7 @@ from shoal.node.raft.journal import (
     read_sync_mark,
 )
 
-from journal_layout import copy_of, entry_offset, layout
+from journal_layout import copy_of, entry_offset, layout, records_end
 
 RECORD = RECORD_HEADER_BYTES + 100
 
@@ -173,10 +173,10 @@ def test_the_mark_record_costs_no_write_call_and_no_sync_of_its_own(tmp_path, mo
     monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
     fill(j, 11, 20)
     j.sync()
-    # one write per entry (the first with the mark record ahead of it), one of the batch's copy
-    # (its record, padding and block, from the entries as written) and the segment's fdatasync;
-    # the ``synced`` file is written once in MARK_WRITE_EVERY such syncs
-    assert calls == ["pwrite"] * 10 + ["pwritev", "fdatasync"]
+    # one write per entry (the first with the mark record ahead of it), two of the batch's copy
+    # (the copy ahead, from the entries as written, and its record after them) and the
+    # segment's fdatasync; the ``synced`` file is written once in MARK_WRITE_EVERY such syncs
+    assert calls == ["pwrite"] * 10 + ["pwritev", "pwritev", "fdatasync"]
     j.close()
 
 
@@ -248,7 +248,9 @@ def test_a_process_crash_keeps_the_mark_record_written_with_the_next_append(tmp_
     raw = open(path, "rb").read()
     offset = entry_offset(raw, 28)
     flip(path, offset + RECORD_HEADER_BYTES)
-    flip(path, copy_of(raw, offset + RECORD_HEADER_BYTES))
+    copy = copy_of(raw, offset + RECORD_HEADER_BYTES)
+    if copy is not None:  # a clean close cut it with the zeros ahead
+        flip(path, copy)
     with pytest.raises(JournalCorrupt) as err:
         Journal(real(), d)
     assert (err.value.path, err.value.offset) == (path, offset)
@@ -384,7 +386,7 @@ def test_a_torn_record_larger_than_the_unsynced_bound_after_its_mark_record_is_a
     crash(j)
     path = segment(tmp_path)
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) - 500)
+        f.truncate(records_end(open(path, "rb").read()) - 500)
     assert Journal(real(), str(tmp_path)).last_index == 3
 
 
@@ -486,7 +488,7 @@ def test_a_version_2_segment_is_read_and_sealed_at_the_first_append(tmp_path, ca
     assert struct.unpack_from("<I", open(path, "rb").read(), 8)[0] == 2  # left as it was
     assert not [k for k, _, _ in layout(open(path, "rb").read()) if k == "mark"]
     newer = os.path.join(d, f"{21:020d}.wal")
-    assert struct.unpack_from("<I", open(newer, "rb").read(), 8)[0] == 4
+    assert struct.unpack_from("<I", open(newer, "rb").read(), 8)[0] == 5
     j = Journal(real(), d)
     assert j.entries(1, 100) == [(payload(i), i, 1) for i in range(1, 31)]
 

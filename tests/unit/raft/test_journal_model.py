@@ -29,6 +29,7 @@ from journal_layout import copy_of, layout
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import (
     COPY_HEADER_BYTES,
+    COPY_RECORD_BYTES,
     MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -383,6 +384,7 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int, int]]:
         path = f"{directory}/{name}"
         raw = io.read_all(path)
         offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
+        ahead = len(raw) >= 12 and struct.unpack_from("<I", raw, 8)[0] >= 5  # copies ahead of the records
         marks = []
         while offset + RECORD_HEADER_BYTES <= len(raw):
             length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)
@@ -392,7 +394,7 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int, int]]:
                 continue
             if length == 0xFFFFFFFE:  # a batch's copy: skipped as recovery skips it
                 copy_at, copied = struct.unpack_from("<QQ", raw, offset + 24)
-                offset = copy_at + COPY_HEADER_BYTES + copied
+                offset = offset + COPY_RECORD_BYTES if ahead else copy_at + COPY_HEADER_BYTES + copied
                 continue
             end = offset + RECORD_HEADER_BYTES + length
             if idx != index or end > len(raw):

@@ -43,9 +43,10 @@ def test_deferred_io_keeps_unsynced_bytes_in_the_process_until_a_kill(tmp_path) 
     j.close()
 
 
-def test_under_deferred_io_the_mark_survives_a_kill_and_synced_damage_is_refused(tmp_path) -> None:
-    # The mark is rewritten in place after each sync, and the test mode keeps in-place writes:
-    # damage to the batch it names is refused (no copy stands in for a record the mark vouches for).
+def test_under_deferred_io_a_kill_loses_unsynced_rewrites_and_synced_damage_is_refused(tmp_path) -> None:
+    # The synced mark is rewritten in place without a flush of its own after a copied sync: a
+    # kill loses it as a power cut may. The mark record written ahead of entry 101, synced with
+    # it, still vouches for the first batch: damage to it is refused, not cut as a torn tail.
     code = textwrap.dedent(f"""
         import os, signal
         from shoal.node.raft.storage import DeferredIO
@@ -54,21 +55,28 @@ def test_under_deferred_io_the_mark_survives_a_kill_and_synced_damage_is_refused
         for i in range(1, 101):
             j.append(i, 1, b"%04d" % i * 25)
         j.sync()
-        j.append(101, 1, b"lost")
+        j.append(101, 1, b"kept"); j.sync()
+        j.append(102, 1, b"lost")
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True)
     assert done.returncode == -9, done.stderr.decode()
     io = RealIO(disk_free_min_bytes=0)
-    assert read_sync_mark(io, str(tmp_path / "j")).index == 100
+    assert read_sync_mark(io, str(tmp_path / "j")).index == 0  # its lazy writes died with the process
     (segment,) = [p for p in (tmp_path / "j").iterdir() if p.suffix == ".wal"]
-    raw = bytearray(segment.read_bytes())
+    clean = segment.read_bytes()
+    raw = bytearray(clean)
     offset = SEGMENT_HEADER_BYTES + 49 * (RECORD_HEADER_BYTES + 100)  # entry 50
     raw[offset + RECORD_HEADER_BYTES] ^= 0x04
     segment.write_bytes(bytes(raw))
     with pytest.raises(JournalCorrupt) as err:
         Journal(io, str(tmp_path / "j"))
     assert (err.value.path, err.value.offset) == (str(segment), offset)
+    assert "mark record" in str(err.value)
+    segment.write_bytes(clean)
+    j = Journal(io, str(tmp_path / "j"))
+    assert j.last_index == 101 and j.entries(101, 102)[0][0] == b"kept"
+    j.close()
 
 
 def test_deferred_io_truncate_and_rewrite(tmp_path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from shoal.node.raft._io import SimIO
-from shoal.node.raft.journal import SEGMENT_HEADER_BYTES, SyncMark
+from shoal.node.raft.journal import SEGMENT_HEADER_BYTES, SyncMark, read_sync_mark
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
 from shoal.node.raft.snapshots import SnapshotFile, SnapshotSettings, snapshot_content, verify_snapshot
@@ -106,8 +106,9 @@ def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *,
     segment past its header (a segment header torn by a power cut is rewritten, by design).
     The last segment only with ``synced``, the journal's synced mark as its syncs reported it
     before the node stopped, and only in the bytes that mark names (see :func:`_reported`):
-    the journal must refuse damage to any of them. Past them is the unsynced tail, where
-    damage is a torn tail to the journal by design.
+    the journal must refuse or restore a flip in any of them, and refuse a cut within the
+    bytes its ``synced`` file names (a cut past them is what the journal leaves unprotected).
+    Past them is the unsynced tail, where damage is a torn tail to the journal by design.
     """
     journal_dir = os.path.join(data_dir, f"p{partition}.raft")
     segments = sorted(os.path.join(journal_dir, n) for n in io.listdir(journal_dir) if n.endswith(".wal"))
@@ -125,11 +126,30 @@ def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *,
     path = rng.choice(candidates)
     low = SEGMENT_HEADER_BYTES if path.endswith(".wal") else 0
     offset = rng.randrange(low, reach[path])
-    if rng.random() < 0.7:
+    flip = rng.random() < 0.7
+    if not flip and segments and path == segments[-1] and synced is not None:
+        # A file cut short takes every record past the cut with it, so only a ``synced`` file
+        # naming bytes past the cut tells it from a torn write (the journal's docstring, "What
+        # is left"): the cut falls in what the file names, or the damage is a flip there.
+        named = _named_on_disk(io, journal_dir, path)
+        if named > low:
+            offset = low + (offset - low) * (named - low) // (reach[path] - low)
+        else:
+            flip = True
+    if flip:
         io.flip_bits(path, offset, 1 << rng.randrange(8))
         return Damage(path, "flip", offset)
     io.cut_file(path, offset)
     return Damage(path, "cut", offset)
+
+
+def _named_on_disk(io: SimIO, journal_dir: str, path: str) -> int:
+    """The end of the bytes of the last segment ``path`` its ``synced`` file names now."""
+    mark = read_sync_mark(io, journal_dir)
+    first = int(os.path.basename(path)[:-4])
+    if mark is None or mark.segment < first:
+        return SEGMENT_HEADER_BYTES
+    return _size(io, path) if mark.segment > first else min(mark.offset, _size(io, path))
 
 
 def _reported(io: SimIO, path: str, synced: SyncMark) -> int:
