@@ -1,11 +1,12 @@
 """Interleaved A/B pairs of ``bench_node.py`` in two checkouts, with the nodes' CPU time per operation.
 
 On a shared or noisy machine wall throughput swings by tens of percent within minutes; the CPU
-the node processes spend per operation swings far less. This runs ``bench_node.py`` of checkout A,
-then of checkout B, ``--rounds`` times (each with its own virtualenv's Python), and prints per
-phase the median wall rate and the median CPU microseconds per operation of the three nodes
-together and of the busiest node (the leader of the benchmark's queue), from the CPU shares
-``bench_node.py`` prints (utime + stime of each node over the phase ÷ operations).
+the node processes spend per operation swings far less. This runs ``bench_node.py`` of checkout
+A and of checkout B, ``--rounds`` times, in turns (A first in even rounds, B first in odd ones;
+each with its own virtualenv's Python), and prints per phase the median wall rate and the
+median CPU microseconds per operation of the three nodes together and of the busiest node (the
+leader of the benchmark's queue), from the CPU shares ``bench_node.py`` prints (utime + stime of
+each node over the phase ÷ operations).
 
 Both sides run checkout B's ``bench_node.py`` (the same driver, so only the nodes differ), each
 with its own checkout's package; ``--own-driver`` runs each checkout's own script instead.
@@ -69,8 +70,12 @@ def main() -> None:
     parser.add_argument("--own-driver", action="store_true", help="each checkout runs its own bench_node.py")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    sides = (("A", args.a), ("B", args.b))
     for i in range(args.rounds):
-        for side, checkout in (("A", args.a), ("B", args.b)):
+        # A then B in even rounds, B then A in odd ones, so that whatever going first or second
+        # does to a run (a build once beat its own twin without the journal's protection when
+        # it always ran second) falls on both sides alike.
+        for side, checkout in (sides if i % 2 == 0 else sides[::-1]):
             driver = checkout if args.own_driver else args.b
             metrics = run_once(checkout.resolve(), driver.resolve() / "bench" / "bench_node.py", args)
             results[side].append(metrics)
