@@ -50,7 +50,8 @@ def layout(raw: bytes) -> list[tuple[str, int, int]]:
             offset = offset + COPY_RECORD_BYTES if ahead else copy_at + COPY_HEADER_BYTES + copied
             continue
         end = offset + RECORD_HEADER_BYTES + length
-        if end > len(raw) or encode_record(index, term, bytes(raw[offset + RECORD_HEADER_BYTES : end])) != raw[offset:end]:
+        body = bytes(raw[offset + RECORD_HEADER_BYTES : end])
+        if end > len(raw) or encode_record(index, term, body) != raw[offset:end]:
             break  # torn, or bytes written ahead of the records (zeros, an old copy)
         if last and index != last + 1:
             break  # an old copy's records

@@ -47,7 +47,8 @@ Recovery at open scans the segments from the first needed one. Only the
 unsynced tail can be torn by a power cut, and it lies in the last segment,
 beyond the last synced offset, and spans at most ``unsynced_bytes_max`` bytes
 (recorded in each segment's header) or one record, and the copies written ahead
-of the records (version 4: twice that bound and a block, the batch and its copy). A record that fails its checks beyond everything
+of the records (version 4: twice that bound and a block, the batch and its
+copy). A record that fails its checks beyond everything
 known synced and close enough to the end is a torn write or damage to the
 newest batch a sync returned: a whole copy of its batch past it puts the batch
 back (see *Copies*); without one it is a torn tail, and the segment is cut at
@@ -76,9 +77,9 @@ never written over the one still vouching for the batch before it. A batch
 that would reach the copy still vouching (a large one), the trim of the zeros
 ahead (sealing a segment, a clean close) and a suffix deletion first make the
 synced mark durable (an fdatasync of the mark file), which then vouches
-instead. A sealed segment ends with its last record and holds no copy. After any power
-cut, then, a batch whose sync returned survives whole in at least one of the
-two places if one block of the medium is damaged. Where nothing else vouches
+instead. A sealed segment ends with its last record and holds no copy.
+After any power cut, then, a batch whose sync returned survives whole in at
+least one of the two places if one block of the medium is damaged. Where nothing else vouches
 for a failing record (past the synced mark and every mark record: the newest
 batch), recovery restores its batch byte for byte from a copy whose checksum
 holds and logs what it restored; damage anywhere else is refused, copy or
@@ -452,8 +453,9 @@ def _copy_record(segment: int, offset: int, copy_at: int, length: int) -> bytes:
 
 def _copy_record_fields(buf: bytes | memoryview, at: int, offset: int, segment: int,
                         ahead: bool) -> tuple[int, int] | None:
-    """``(copy_at, length)`` of a whole, valid copy record (``ahead``: of a version 5 segment) at ``buf[at:]`` that sits at file
-    offset ``offset`` of segment ``segment``; None if there is no such record there."""
+    """``(copy_at, length)`` of a whole, valid copy record at ``buf[at:]`` that sits at file
+    offset ``offset`` of segment ``segment`` (``ahead``: a version 5 segment, whose copies lie
+    ahead of the records); None if there is no such record there."""
     if at < 0 or at + COPY_RECORD_BYTES > len(buf):
         return None
     sentinel, crc, magic, named, copy_at, length = _COPY_RECORD.unpack_from(buf, at)
@@ -1031,7 +1033,7 @@ class Journal:
     def _retire_copy(self) -> None:
         """Make the synced mark durable if a copy ahead of the records alone vouches for the
         newest synced batch, which the caller is about to cut or overwrite."""
-        if self._copy_live is not None:
+        if self._copy_live is not None and self._mark_ready:
             self._write_mark(self._mark)
 
     def _batch_of(self, seg: _Segment, start: int, end: int) -> list[bytes]:
