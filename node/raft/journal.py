@@ -339,9 +339,6 @@ _COPY_HEADER = struct.Struct("<8sIQQQ")
 COPY_HEADER_BYTES = _COPY_HEADER.size
 #: The copy starts in a block of its own: damage to one 4 KiB block leaves a batch or its copy.
 COPY_ALIGN = 4096
-#: Zeros to write (zeros ahead, a copy's padding), sliced without copying. One buffer for the
-#: process: a new one per write would fault its pages in again for every megabyte written.
-_ZEROS = memoryview(bytes(ZEROS_AHEAD_BYTES + COPY_ALIGN))
 #: The largest batch a copy holds, and so how far past a damaged record recovery looks for one
 #: (a journal written with copies of up to this size stays restorable).
 COPY_BYTES_MAX = 256 * 1024
@@ -354,6 +351,10 @@ COPY_BATCH_BYTES = 32 * 1024
 MARK_WRITE_EVERY = 8
 #: How far past its copy record's 4 KiB boundary a version 5 copy may begin (see *Copies*).
 _COPY_AHEAD_MAX = 4 * COPY_BYTES_MAX
+#: Zeros to write ahead, sliced without copying: enough for an extension past the farthest copy
+#: (the records' end, the copy's reach and the copy itself). One buffer for the process: a new
+#: one per write would fault its pages in again for every megabyte written.
+_ZEROS = memoryview(bytes(ZEROS_AHEAD_BYTES + COPY_ALIGN + _COPY_AHEAD_MAX + COPY_HEADER_BYTES + COPY_BYTES_MAX))
 #: Restores from a copy one scan of the last segment tries at most.
 _RESTORES_MAX = 4
 _START = struct.Struct("<8sQI")
@@ -812,7 +813,9 @@ class Journal:
             pass  # the append cut what it wrote; the record's own write says whether it fits
 
     def _trim_zeros_ahead(self) -> None:
-        """Cut the active segment's zeros ahead (it is sealed, or the journal closes)."""
+        """Cut the active segment's zeros ahead (it is sealed, or the journal closes), and the
+        copy among them once the synced mark vouches instead."""
+        self._retire_copy()
         if self._active is not None and self._segments and self._active.size > self._segments[-1].size:
             self._active.truncate(self._segments[-1].size)
             self._data_dirty = True
@@ -862,7 +865,6 @@ class Journal:
         # so after a power cut only the last segment can have a torn tail.
         assert self._active is not None
         old = self._active
-        self._retire_copy()  # the trim below cuts the copy ahead
         self._trim_zeros_ahead()  # a sealed segment ends with its last record
         # Its last batch is synced without a copy (nothing may follow a sealed segment's
         # records), so the mark naming it is made durable now, after the directory.
@@ -1171,7 +1173,6 @@ class Journal:
         """Sync and close the files (after a failed sync: only close them)."""
         try:
             if self._active is not None and self._failed is None:
-                self._retire_copy()  # the trim cuts the copy ahead
                 self._trim_zeros_ahead()
                 self._sync(zeros_ahead=False)
                 if self._marks_held:
@@ -1594,7 +1595,7 @@ class Journal:
 
     @staticmethod
     def _may_be_torn(handle: FileHandle, offset: int, size: int, unsynced_max: int, marks: bool,
-                     copies: bool, ahead: bool = False) -> bool:
+                     copies: bool, ahead: bool) -> bool:
         """Could the bytes from ``offset`` to the end be a write a power cut interrupted?
 
         Only the unsynced tail can be torn, and it is at most ``unsynced_max``

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from journal_layout import copy_of, layout
+from journal_layout import copy_of, layout, version
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import (
@@ -384,7 +384,7 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int, int]]:
         path = f"{directory}/{name}"
         raw = io.read_all(path)
         offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
-        ahead = len(raw) >= 12 and struct.unpack_from("<I", raw, 8)[0] >= 5  # copies ahead of the records
+        ahead = version(raw) >= 5  # copies ahead of the records
         marks = []
         while offset + RECORD_HEADER_BYTES <= len(raw):
             length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)

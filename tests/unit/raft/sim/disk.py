@@ -146,10 +146,7 @@ def damage(io: SimIO, data_dir: str, partition: int, rng: random.Random, *,
 def _named_on_disk(io: SimIO, journal_dir: str, path: str) -> int:
     """The end of the bytes of the last segment ``path`` its ``synced`` file names now."""
     mark = read_sync_mark(io, journal_dir)
-    first = int(os.path.basename(path)[:-4])
-    if mark is None or mark.segment < first:
-        return SEGMENT_HEADER_BYTES
-    return _size(io, path) if mark.segment > first else min(mark.offset, _size(io, path))
+    return SEGMENT_HEADER_BYTES if mark is None else _reported(io, path, mark)
 
 
 def _reported(io: SimIO, path: str, synced: SyncMark) -> int:
