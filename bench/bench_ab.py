@@ -72,9 +72,8 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     sides = (("A", args.a), ("B", args.b))
     for i in range(args.rounds):
-        # A then B in even rounds, B then A in odd ones, so that whatever going first or second
-        # does to a run (a build once beat its own twin without the journal's protection when
-        # it always ran second) falls on both sides alike.
+        # A then B in even rounds, B then A in odd ones: going second can favour a run on this
+        # machine, and alternating puts that on both sides alike.
         for side, checkout in (sides if i % 2 == 0 else sides[::-1]):
             driver = checkout if args.own_driver else args.b
             metrics = run_once(checkout.resolve(), driver.resolve() / "bench" / "bench_node.py", args)
