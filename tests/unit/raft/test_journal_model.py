@@ -24,15 +24,12 @@ from collections.abc import Callable
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from journal_layout import copy_of, layout, version
+from journal_layout import copy_of, layout
 
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.journal import (
-    COPY_HEADER_BYTES,
-    COPY_RECORD_BYTES,
     MARK_RECORD_BYTES,
     RECORD_HEADER_BYTES,
-    SEGMENT_HEADER_BYTES,
     Journal,
     JournalCorrupt,
     _mark_record_index,
@@ -383,25 +380,14 @@ def _records(io: SimIO, directory: str) -> list[tuple[str, int, int, int]]:
     for name in names:
         path = f"{directory}/{name}"
         raw = io.read_all(path)
-        offset, index = SEGMENT_HEADER_BYTES, int(name[:-4])
-        ahead = version(raw) >= 5  # copies ahead of the records
-        marks = []
-        while offset + RECORD_HEADER_BYTES <= len(raw):
-            length, _, _, idx = struct.unpack_from("<IIQQ", raw, offset)
-            if length == 0xFFFFFFFF:
+        marks: list[int] = []
+        for kind, offset, index in layout(raw):
+            if kind == "mark":
                 marks.append(offset)
-                offset += MARK_RECORD_BYTES
-                continue
-            if length == 0xFFFFFFFE:  # a batch's copy: skipped as recovery skips it
-                copy_at, copied = struct.unpack_from("<QQ", raw, offset + 24)
-                offset = offset + COPY_RECORD_BYTES if ahead else copy_at + COPY_HEADER_BYTES + copied
-                continue
-            end = offset + RECORD_HEADER_BYTES + length
-            if idx != index or end > len(raw):
-                break
-            out.extend((path, at, at + MARK_RECORD_BYTES, index) for at in marks)
-            out.append((path, offset, end, index))
-            offset, index, marks = end, index + 1, []
+            elif kind == "entry":
+                out.extend((path, at, at + MARK_RECORD_BYTES, index) for at in marks)
+                out.append((path, offset, offset + RECORD_HEADER_BYTES + struct.unpack_from("<I", raw, offset)[0], index))
+                marks = []
     return out
 
 
