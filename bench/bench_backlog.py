@@ -23,6 +23,25 @@ journal (``(after restart - before) / jobs``; the bulk phase's "before" is the R
 restarted after the single phase). Each phase ends by checking ``GetJobCounts``: waiting +
 prioritized + delayed equal what was added (with the expected split), nothing else.
 
+Each phase also reports, per node, the snapshot of the queue's partition as it stands once the
+jobs are counted: the file's size, how many the replica wrote, and the last one's duration and
+fork time (a snapshot is due after ``SHOAL_SNAPSHOT_INTERVAL_S`` once ``SHOAL_SNAPSHOT_ENTRIES_MIN``
+entries were applied; ``--node-env`` sets both).
+
+With ``--push-rate``: once the phases' jobs are held, and again at the very end after every queue
+was removed (``Obliterate``), ``PUSH`` (each with an ``idempotencyKey``, as ``queue.add()`` sends
+a job with no options; ``--window`` in flight) and ``PUSHB`` (1,000 per frame, 4 in flight) for
+``--push-seconds`` each into queues of their own: the add rates with and without the backlog, and
+their ratio. (At the end, so that no measurement's jobs weigh on the phases' RSS.) Each starts once
+no node runs a child process writing its state: the ``Stats`` calls of this benchmark start a
+digest of a big replica in a forked child, and a snapshot is one too; how many run when a
+measurement ends is reported.
+
+With ``--add-node`` (``--nodes 3``), once the phases' jobs are held: ``shoal cluster add-node``
+(the operator's command, on this cluster's directory) adds a fourth node and waits until it holds
+and leads its share of the partitions; the command's time, the new node's RSS, and every queue's
+counts checked again.
+
 With ``--pull-rate``, at the end: PULLB 100 + ACKB (16 in flight on one connection, as
 ``bench_node.py``) for ``--pull-seconds`` from each big queue and from a queue of 20,000 jobs
 (filled like ``bulk``): jobs/s and the big queues' rate as a share of the small one's.
@@ -33,7 +52,8 @@ the RSS right after a phase includes them; ``--no-idempotency-keys`` leaves them
     python bench/bench_backlog.py                                # 200,000 single + 500,000 bulk, 1 node
     python bench/bench_backlog.py --single 20000 --bulk 50000    # a quick check
     python bench/bench_backlog.py --nodes 3 --single 5000 --bulk 20000 --no-restart
-    python bench/bench_backlog.py --payload-bytes 4096 --pull-rate
+    python bench/bench_backlog.py --payload-bytes 4096 --pull-rate --push-rate
+    python bench/bench_backlog.py --nodes 3 --single 20000 --bulk 200000 --no-restart --add-node
     python bench/bench_backlog.py --single 50000 --bulk 0 --settle 8 \
         --node-env SHOAL_SNAPSHOT_INTERVAL_S=3 --node-env SHOAL_SNAPSHOT_ENTRIES_MIN=2   # restart from a snapshot
 
@@ -46,10 +66,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import string
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +93,7 @@ from shoal.cluster.partitioning import partition_for  # noqa: E402
 SINGLE_QUEUE = "backlog-single"
 BULK_QUEUE = "backlog-bulk"
 SMALL_QUEUE = "backlog-small"
+PUSH_QUEUE = "backlog-push"    # PUSH_QUEUE-with, PUSH_QUEUEb-without, ...: the add-rate measurements
 SMALL_JOBS = 20_000
 BULK_BATCH = 1_000
 BULK_WINDOW = 4
@@ -316,6 +339,16 @@ def single_expected(n: int) -> dict[str, int]:
     return {"delayed": delayed, "waiting": waiting, "prioritized": n - delayed - waiting}
 
 
+def plain_frames(queue: str, payload: Payloads, keys: str | None, first: int) -> Callable[[int], tuple[dict[str, Any], int]]:
+    """PUSH frame ``i``: what ``queue.add(data)`` sends (data and an idempotency key, no options)."""
+    def make(i: int) -> tuple[dict[str, Any], int]:
+        frame: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": payload(first + i)}
+        if keys is not None:
+            frame["idempotencyKey"] = f"{keys}-{first + i}"
+        return frame, 1
+    return make
+
+
 def bulk_frames(queue: str, payload: Payloads, keys: str | None, jobs: int,
                 first: int) -> Callable[[int], tuple[dict[str, Any], int]]:
     """PUSHB frame ``k`` of ``BULK_BATCH`` items (the last one shorter): what ``add_bulk`` sends."""
@@ -436,7 +469,141 @@ def pull_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payload
     return {"phase": "pull-rate", "batch": PULL_BATCH, "in_flight": PULL_SLOTS, "queues": rates}
 
 
-def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str, Any] | None) -> None:
+def snapshot_report(cluster: LocalCluster, data_dir: Path, queue: str) -> dict[str, dict[str, Any]]:
+    """Per node, the snapshot of ``queue``'s partition: file bytes (0: none yet), how many the
+    replica wrote, the last one's duration and fork time."""
+    p = partition_for(queue, cluster.config.partitions)
+    out: dict[str, dict[str, Any]] = {}
+    for node_id in cluster.node_ids:
+        view = call(cluster.address_of(node_id), {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
+        files = list((data_dir / node_id).glob(f"**/p{p}.snap"))
+        stats = view["snapshots"] if view else {}
+        out[node_id] = {"bytes": sum(f.stat().st_size for f in files), "written": stats.get("written", 0),
+                        "last_ms": stats.get("lastDurationMs", 0.0), "fork_ms": stats.get("lastForkMs", 0.0)}
+    return out
+
+
+def node_children(data_dir: Path) -> int:
+    """Processes whose parent is one of the cluster's nodes (by their pid files): a snapshot or a
+    digest a node forked to write its state."""
+    nodes = set()
+    for pid_file in data_dir.glob("*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            nodes.add(int(pid_file.read_text().strip()))
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        count += ppid in nodes
+    return count
+
+
+def wait_quiet(data_dir: Path, budget: Budget) -> float:
+    """Wait until no node has a snapshot or digest child running (``Stats`` starts digests of big
+    states, which would compete with a rate measurement for the CPU); seconds waited."""
+    t0 = time.monotonic()
+    deadline = t0 + budget.left(WAIT_S_MAX)
+    while node_children(data_dir):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the nodes' snapshot or digest children never finished")
+        time.sleep(POLL_S)
+    return time.monotonic() - t0
+
+
+def push_rates(cluster: LocalCluster, data_dir: Path, args: argparse.Namespace, payload: Payloads,
+               keys: str | None, when: str, held: int, budget: Budget) -> dict[str, Any]:
+    """``PUSH`` and ``PUSHB`` add rates for ``--push-seconds`` each into queues of their own
+    (``when``: ``with`` or ``without`` the backlog), each started once no node has a child
+    process writing its state; ``forked``: such children running when a measurement ended."""
+    first = 10_000_000_000 if when == "with" else 20_000_000_000  # payloads and keys of their own
+    out: dict[str, Any] = {"when": when, "jobs_held": held, "added": 0, "forked": 0}
+    for kind, queue, make, frames, window in (
+            ("push", f"{PUSH_QUEUE}-{when}", plain_frames(f"{PUSH_QUEUE}-{when}", payload, keys, first), 10**9,
+             args.window),
+            ("pushb", f"{PUSH_QUEUE}b-{when}",
+             bulk_frames(f"{PUSH_QUEUE}b-{when}", payload, keys, 10**9, first + 5_000_000_000), 10**6, BULK_WINDOW)):
+        address = leader_address(cluster, queue)
+        wait_quiet(data_dir, budget)
+        jobs, dt = uvloop.run(add_frames(address, make, frames, window, budget.left(args.push_seconds)))
+        out[kind] = round(jobs / dt)
+        out["added"] += jobs
+        out["forked"] += node_children(data_dir)
+    print(f"  add rates {when} the backlog ({held:,} jobs held): PUSH {out['push']:,} jobs/s, "
+          f"PUSHB {out['pushb']:,} jobs/s; snapshot or digest children at the end {out['forked']}", flush=True)
+    return out
+
+
+def remove_queues(cluster: LocalCluster, queues: list[str], budget: Budget) -> None:
+    """``Obliterate`` each of ``queues`` at its leader; wait until none holds a job."""
+    for queue in queues:
+        reply = call(leader_address(cluster, queue), {"cmd": "Obliterate", "queue": queue}, budget.left(WAIT_S_MAX))
+        if not reply.get("ok"):
+            raise RuntimeError(f"Obliterate {queue}: {reply}")
+    wait_counted(cluster, {q: {} for q in queues}, budget)
+
+
+def wait_caught_up(cluster: LocalCluster, node_id: str, budget: Budget) -> tuple[list[int], float]:
+    """Wait until ``node_id`` applied, in every partition it holds, what the partition's leader had
+    committed when this was called; (its partitions, seconds waited)."""
+    t0 = time.perf_counter()
+    topo = cluster.topology()
+    node = topo.nodes[node_id]
+    address = f"{node.host}:{node.port}"
+    held = sorted(int(p) for p in call(address, {"cmd": "Stats", "local": True})["replicas"])
+    targets = {}
+    for p in held:
+        leader = topo.leader_of(p)
+        if leader is None:
+            raise RuntimeError(f"partition {p} has no leader")
+        view = call(f"{leader.host}:{leader.port}", {"cmd": "Stats", "local": True, "partition": p})["replicas"][str(p)]
+        targets[p] = view["commitIndex"]
+    deadline = time.monotonic() + budget.left(WAIT_S_MAX)
+    while True:
+        views = call(address, {"cmd": "Stats", "local": True})["replicas"]
+        behind = [p for p in held if str(p) not in views or views[str(p)]["appliedIndex"] < targets[p]]
+        if not behind:
+            return held, time.perf_counter() - t0
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{node_id} never applied partitions {behind}")
+        time.sleep(POLL_S)
+
+
+def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], held: int,
+                   node_env: dict[str, str], budget: Budget) -> dict[str, Any]:
+    """``shoal cluster add-node`` on this cluster's directory with ``held`` jobs in it, timed; the new
+    node's RSS; the phases' counts checked again."""
+    before = set(cluster.node_ids)
+    print(f"add-node with {held:,} jobs held ...", flush=True)
+    t0 = time.perf_counter()
+    limit = budget.left(WAIT_S_MAX)
+    proc = subprocess.run([sys.executable, "-m", "shoal.cli", "cluster", "add-node", "--data", str(data_dir),
+                           "--timeout", str(int(limit))], capture_output=True, text=True, timeout=limit + 30,
+                          stdin=subprocess.DEVNULL, env={**os.environ, **node_env})
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"shoal cluster add-node failed (exit {proc.returncode}): {proc.stderr or proc.stdout}")
+    joined = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    pid_files = {f.stem: f for f in data_dir.glob("*.pid")}
+    new_ids = sorted(set(pid_files) - before)
+    if len(new_ids) != 1:
+        raise RuntimeError(f"expected one new node's pid file, found {new_ids}")
+    node_id = new_ids[0]
+    partitions, caught_s = wait_caught_up(cluster, node_id, budget)
+    counts = wait_counted(cluster, {p.queue: p.expected for p in phases}, budget)
+    new_rss = {node_id: proc_memory(int(pid_files[node_id].read_text().strip()))["VmRSS"]}
+    print(f"  {joined} ({seconds:.1f} s); it applied its partitions {partitions} {caught_s:.1f} s later; "
+          f"RSS {fmt_mib(new_rss)}; counts verified", flush=True)
+    return {"phase": "add-node", "jobs_held": held, "seconds": round(seconds, 3), "joined": joined,
+            "partitions": partitions, "caught_up_s": round(caught_s, 3), "rss": new_rss, "counts": counts}
+
+
+def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str, Any] | None,
+                  pushes: list[dict[str, Any]], added: dict[str, Any] | None) -> None:
     print()
     print(f"{args.nodes} node(s), {args.partitions} partitions, payload {args.payload_bytes:,} bytes, "
           f"idempotency keys {'on' if args.idempotency_keys else 'off'}")
@@ -457,6 +624,28 @@ def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str,
                 cells += ([f"{p.restart[node] / MIB:,.1f}", f"{again[node]:,.0f}", f"{p.restart_s:.1f}"]
                           if node in p.restart else ["", "", ""])
             print("| " + " | ".join(cells) + " |")
+    snaps = [(p, node, v) for p in phases for node, v in p.extra.get("snapshots", {}).items()]
+    if snaps:
+        print()
+        print("| phase | node | snapshot (MiB) | written | last write (ms) | fork (ms) |")
+        print("|---|---|---:|---:|---:|---:|")
+        for p, node, v in snaps:
+            print(f"| {p.name} | {node} | {v['bytes'] / MIB:,.1f} | {v['written']} | {v['last_ms']:,.0f} | "
+                  f"{v['fork_ms']:,.1f} |")
+    if pushes:
+        print()
+        print("| add rate into a new queue | jobs held | PUSH (jobs/s) | PUSHB (jobs/s) | children at the end |")
+        print("|---|---:|---:|---:|---:|")
+        for r in pushes:
+            print(f"| {r['when']} the backlog | {r['jobs_held']:,} | {r['push']:,} | {r['pushb']:,} | {r['forked']} |")
+        if len(pushes) == 2 and pushes[1]["push"] and pushes[1]["pushb"]:
+            print(f"| with the backlog / without | | {pushes[0]['push'] / pushes[1]['push']:.2f} | "
+                  f"{pushes[0]['pushb'] / pushes[1]['pushb']:.2f} | |")
+    if added:
+        print()
+        print(f"add-node with {added['jobs_held']:,} jobs held: {added['seconds']:.1f} s "
+              f"({added['joined']}), its partitions applied {added['caught_up_s']:.1f} s later; "
+              f"new node's RSS {fmt_mib(added['rss'])}")
     if pull:
         print()
         print("| pull+ack (PULLB 100 + ACKB) | jobs held | jobs/s | vs 20,000-job queue |")
@@ -466,8 +655,8 @@ def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str,
     print()
     for p in phases:
         print(json.dumps(p.record()))
-    if pull:
-        print(json.dumps(pull))
+    for record in (*pushes, *([added] if added else []), *([pull] if pull else [])):
+        print(json.dumps(record))
 
 
 def main() -> None:
@@ -486,6 +675,11 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before each RSS reading")
     parser.add_argument("--pull-rate", action="store_true", help="PULLB+ACKB rate of big vs 20,000-job queues")
     parser.add_argument("--pull-seconds", type=float, default=5.0)
+    parser.add_argument("--push-rate", action="store_true",
+                        help="PUSH and PUSHB add rates with the phases' jobs held and once every queue is removed")
+    parser.add_argument("--push-seconds", type=float, default=3.0)
+    parser.add_argument("--add-node", action="store_true",
+                        help="(--nodes 3) shoal cluster add-node with the phases' jobs held, timed")
     parser.add_argument("--timeout", type=float, default=1800.0, help="time limit of the whole run, seconds")
     parser.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
                         help="an environment variable of the nodes (repeatable), e.g. the snapshot settings")
@@ -495,6 +689,8 @@ def main() -> None:
         parser.error("--node-env takes KEY=VALUE")
     if args.single < 0 or args.bulk < 0 or args.payload_bytes < 1 or not 1 <= args.window <= 10_000:
         parser.error("--single/--bulk must be >= 0, --payload-bytes >= 1, --window 1..10000")
+    if args.add_node and args.nodes != 3:
+        parser.error("--add-node needs --nodes 3")
     budget = Budget(args.timeout)
     payload = Payloads(args.payload_bytes)
     keys = os.urandom(8).hex() if args.idempotency_keys else None
@@ -502,9 +698,15 @@ def main() -> None:
           f"(zlib ratio {payload.compression_ratio():.1f}x)")
     phases: list[Phase] = []
     pull: dict[str, Any] | None = None
+    pushes: list[dict[str, Any]] = []
+    added: dict[str, Any] | None = None
+    spare = 1 if args.add_node else 0  # the added node's ports
     with tempfile.TemporaryDirectory(prefix="shoal-backlog-") as tmp, \
             LocalCluster(nodes=args.nodes, partitions=args.partitions, data_dir=tmp,
-                         base_port=free_base_port(args.nodes, args.partitions), extra_env=node_env) as cluster:
+                         base_port=free_base_port(args.nodes + spare, args.partitions), extra_env=node_env) as cluster, \
+            contextlib.ExitStack() as stack:
+        if args.add_node:
+            stack.callback(cluster.stop_all)  # also the node add-node starts, known by its pid file alone
         if args.nodes > 1:
             cluster.wait_balanced(budget.left(30.0))
         expected: dict[str, dict[str, int]] = {}
@@ -526,7 +728,8 @@ def main() -> None:
             queues = list(expected)
             counts, phase.after = settle_and_measure(cluster, queues, expected, budget, args.settle)
             phase.counts = counts[phase.queue]
-            phase.extra = {"peak_rss": peak_rss(cluster), "disk_bytes": disk_bytes(Path(tmp))}
+            phase.extra = {"peak_rss": peak_rss(cluster), "disk_bytes": disk_bytes(Path(tmp)),
+                           "snapshots": snapshot_report(cluster, Path(tmp), phase.queue)}
             print(f"  added {phase.added:,} in {phase.seconds:.1f} s ({phase.rate:,.0f} jobs/s); RSS after "
                   f"{fmt_mib(phase.after)}; per job "
                   + ", ".join(f"{n} {v:,.0f} B" for n, v in phase.per_job(phase.after).items())
@@ -543,9 +746,18 @@ def main() -> None:
         print("counts verified: " + "; ".join(
             f"{p.queue} " + " + ".join(f"{p.counts.get(s, 0):,} {s}" for s in COUNTED)
             + f" = {sum(p.counts.get(s, 0) for s in COUNTED):,} (added {p.added:,})" for p in phases))
+        if args.push_rate:
+            pushes.append(push_rates(cluster, Path(tmp), args, payload, keys, "with", sum(p.added for p in phases), budget))
+        if args.add_node:
+            held = sum(p.added for p in phases) + sum(r["added"] for r in pushes)
+            added = add_node_phase(cluster, Path(tmp), phases, held, node_env, budget)
         if args.pull_rate:
             pull = pull_phase(cluster, args, payload, keys, budget)
-    print_summary(phases, args, pull)
+        if args.push_rate:
+            used = [p.queue for p in phases] + [f"{PUSH_QUEUE}-with", f"{PUSH_QUEUE}b-with"]
+            remove_queues(cluster, used + ([SMALL_QUEUE] if args.pull_rate else []), budget)
+            pushes.append(push_rates(cluster, Path(tmp), args, payload, keys, "without", 0, budget))
+    print_summary(phases, args, pull, pushes, added)
     print(f"load average at end: {os.getloadavg()}")
 
 

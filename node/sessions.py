@@ -63,15 +63,7 @@ class SessionTable:
 
     def detach(self, session: str, conn_id: int) -> None:
         """A connection of ``session`` closed; end the session after the grace if it was the last."""
-        conns = self._conns.get(session)
-        if conns is None:
-            return
-        conns.discard(conn_id)
-        self._unwatch_if_gone(session, conns)
-        if conns:
-            return
-        del self._conns[session]
-        if session not in self._partitions:
+        if not self._drop_conn(session, conn_id) or session not in self._partitions:
             return
         if self.grace_ms <= 0:
             self._end(session)
@@ -84,23 +76,25 @@ class SessionTable:
 
     def forget(self, session: str, conn_id: int) -> None:
         """Drop ``conn_id`` without ending the session: its leases live until their ttr (REST pulls)."""
-        conns = self._conns.get(session)
-        if conns is not None:
-            conns.discard(conn_id)
-            self._unwatch_if_gone(session, conns)
-            if not conns:
-                del self._conns[session]
-                self._partitions.pop(session, None)
+        if self._drop_conn(session, conn_id):
+            self._partitions.pop(session, None)
 
     def end_now(self, session: str, conn_id: int) -> None:
         """Detach ``conn_id`` and end ``session`` at once, ignoring the grace (push-mode streams)."""
-        conns = self._conns.get(session)
-        if conns is not None:
-            conns.discard(conn_id)
-            self._unwatch_if_gone(session, conns)
-            if not conns:
-                del self._conns[session]
+        self._drop_conn(session, conn_id)
         self._end(session)
+
+    def _drop_conn(self, session: str, conn_id: int) -> bool:
+        """Take ``conn_id`` out of ``session``; True when it was the session's last connection here."""
+        conns = self._conns.get(session)
+        if conns is None:
+            return False
+        conns.discard(conn_id)
+        self._unwatch_if_gone(session, conns)
+        if conns:
+            return False
+        del self._conns[session]
+        return True
 
     def release(self, session: str, partitions: set[int]) -> None:
         """Release ``session``'s leases on ``partitions`` now (an audit found no node holding it)."""
