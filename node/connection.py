@@ -39,6 +39,7 @@ from shoal.cluster.commands import PRE_AUTH_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
+from .ports import answer_guarded
 from .pushes import encode_replies, take_block
 
 if TYPE_CHECKING:
@@ -372,13 +373,7 @@ class ClientConnection(asyncio.Protocol):
             elif type(req_id) is str and req_id[:1] == ORDER_PREFIX:
                 self.reply_error(req_id[1:], CommandError(ErrorCode.INVALID, "reqId: may not start with NUL"))
                 continue
-            try:
-                self.dispatcher.handle(self, frame)
-            except CommandError as exc:
-                self.reply_error(req_id, exc)
-            except Exception as exc:
-                log.exception("dispatch failed for %s", frame.get("cmd"))
-                self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+            answer_guarded(self.dispatcher.handle, self, frame, req_id)
         if not backlog:
             self._backlog_bytes = 0
         if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and not self._write_paused:

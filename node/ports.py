@@ -10,6 +10,7 @@ the clock.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from .sessions import SessionTable
 
 __all__ = ["Clock", "Replier", "DecodingReplier", "PartitionDirectory", "NodeInfo", "Metrics", "FlowHandler",
-           "EventListener", "CommandHandler", "error_of_reply", "error_of"]
+           "EventListener", "CommandHandler", "error_of_reply", "error_of", "answer_guarded"]
+
+log = logging.getLogger(__name__)
 
 #: Receives published job events (the dashboard's and the HTTP streams' listeners).
 EventListener = Callable[[list[dict[str, Any]]], None]
@@ -94,6 +97,21 @@ def error_of(frame: dict[str, Any]) -> CommandError:
         return CommandError(ErrorCode.INTERNAL, "undecodable reply from the leader")
     extra = {k: v for k, v in frame.items() if k not in ("ok", "code", "error", "reqId")}
     return CommandError(code, str(frame.get("error", "")), **extra)
+
+
+def answer_guarded(handle: Callable[[Any, dict[str, Any]], None], conn: Replier, frame: dict[str, Any],
+                   req_id: Any) -> None:
+    """Run ``handle(conn, frame)`` (the dispatcher's, or a peer command's handler); a refusal is
+    answered to ``conn`` as ``req_id``'s error reply, and anything unexpected is logged and
+    answered ``INTERNAL``: a bug in one command must not take a connection, a peer's link or
+    the HTTP server down."""
+    try:
+        handle(conn, frame)
+    except CommandError as exc:
+        conn.reply_error(req_id, exc)
+    except Exception as exc:
+        log.exception("command %s failed", frame.get("cmd"))
+        conn.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
 
 
 class DecodingReplier:

@@ -83,7 +83,7 @@ from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
 
-from .ports import DecodingReplier, error_of, error_of_reply
+from .ports import DecodingReplier, answer_guarded, error_of, error_of_reply
 from .audits import AUDIT_ANSWER_TIMEOUT_S, AUDIT_INTERVAL_S, AUDIT_SESSIONS_MAX, SCAN_SESSIONS_MAX, SessionAudit
 from .sessions import KEPT_SESSION_PREFIX, SESSION_CHARS_MAX
 from .state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS
@@ -845,16 +845,7 @@ class Relay:
         call = (_DialectCall if dialect else _Call)(self, peer, rid, session, conn_id, req_id)
         self._served[(peer, rid)] = call
         peer_command = self._peer_commands.get(frame.get("cmd"))  # type: ignore[arg-type]
-        try:
-            if peer_command is not None:
-                peer_command(call, frame)
-            else:
-                self.dispatcher.handle(call, frame)
-        except CommandError as exc:
-            call.reply_error(req_id, exc)
-        except Exception as exc:
-            log.exception("serving a forwarded %s failed", frame.get("cmd"))
-            call.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+        answer_guarded(peer_command or self.dispatcher.handle, call, frame, req_id)
 
     def _session_of(self, peer: str, session: str | None) -> tuple[str, int]:
         """The session a peer's forwarded command runs in, and its connection id here."""

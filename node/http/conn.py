@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from ..ports import DecodingReplier
+from ..ports import DecodingReplier, answer_guarded
 
 if TYPE_CHECKING:
     from ..dispatch import Dispatcher
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpConnection"]
 
-log = logging.getLogger(__name__)
 _ids = itertools.count(1 << 40)  # far from the binary connections' ids, so logs never mix them up
 
 
@@ -78,13 +76,7 @@ class HttpConnection(DecodingReplier):
         metrics.http_inflight += 1
         started = time.perf_counter()
         try:
-            try:
-                self.dispatcher.handle(self, {**frame, "reqId": req_id})  # type: ignore[arg-type]
-            except CommandError as exc:
-                self.reply_error(req_id, exc)
-            except Exception as exc:  # the dispatcher must never take the HTTP server down
-                log.exception("dispatch failed for %s", frame.get("cmd"))
-                self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
+            answer_guarded(self.dispatcher.handle, self, {**frame, "reqId": req_id}, req_id)  # type: ignore[arg-type]
             return await fut
         finally:
             metrics.http_inflight -= 1

@@ -13,7 +13,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 from shoal.node.clock import WallClock
 from shoal.node.dispatch import Dispatcher
-from shoal.node.ports import DecodingReplier, Replier
+from shoal.node.ports import DecodingReplier, Replier, answer_guarded
 
 
 class FixedClock:
@@ -136,6 +136,27 @@ def test_commands_for_a_partition_led_elsewhere_get_the_directory_s_refusal(part
     assert refused.value.code is ErrorCode.NO_LEADER
     dispatcher.handle(link, {"cmd": "PushFlow", "reqId": 9})
     assert flows.handled == [{"cmd": "PushFlow", "reqId": 9}]
+
+
+def test_every_caller_of_the_dispatcher_answers_a_refusal_and_survives_a_bug(parts: Any,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """``answer_guarded`` (the client connections', the relay's and HTTP's way to run a command):
+    a refusal becomes the command's error reply, an unexpected exception an ``INTERNAL`` reply and
+    a logged traceback, and nothing propagates."""
+    dispatcher, _, _ = parts
+    link = Link()
+    dispatcher.connection_opened(link)
+    answer_guarded(dispatcher.handle, link, {"cmd": "GetJob", "id": "1-5", "reqId": 7}, 7)
+    assert link.replies == [(7, ErrorCode.NO_LEADER)]
+
+    def broken(conn: Any, frame: dict[str, Any]) -> None:
+        raise KeyError("a bug")
+
+    answer_guarded(broken, link, {"cmd": "Ping", "reqId": 8}, 8)
+    assert link.replies[-1] == (8, ErrorCode.INTERNAL)
+    assert "command Ping failed" in caplog.text
+    answer_guarded(dispatcher.handle, link, {"cmd": "Ping", "reqId": 9}, 9)
+    assert link.replies[-1][0] == 9 and link.replies[-1][1]["pong"] is True
 
 
 def test_the_wall_clock_never_goes_back() -> None:
