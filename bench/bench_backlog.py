@@ -225,16 +225,21 @@ def wait_applied(cluster: LocalCluster, queues: list[str], budget: Budget) -> No
     """Every replica of the queues' partitions applied what its leader had committed (3 nodes)."""
     if len(cluster.node_ids) == 1:
         return  # the leader's counts are its applied state
-    partitions = sorted({partition_for(q, cluster.config.partitions) for q in queues})
+    wait_applied_at(cluster.addresses, sorted({partition_for(q, cluster.config.partitions) for q in queues}), budget)
+
+
+def wait_applied_at(addresses: list[str], partitions: list[int], budget: Budget) -> None:
+    """Every replica at ``addresses`` of ``partitions`` applied the highest commit index any of them
+    reported when this was called (the leader's among them)."""
     deadline = time.monotonic() + budget.left(WAIT_S_MAX)
     targets: dict[int, int] = {}
     for p in partitions:
         views = [call(a, {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
-                 for a in cluster.addresses]
+                 for a in addresses]
         targets[p] = max(v["commitIndex"] for v in views if v)
     while True:
         behind = []
-        for a in cluster.addresses:
+        for a in addresses:
             for p in partitions:
                 view = call(a, {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
                 if view is not None and view["appliedIndex"] < targets[p]:
@@ -547,32 +552,6 @@ def remove_queues(cluster: LocalCluster, queues: list[str], budget: Budget) -> N
     wait_counted(cluster, {q: {} for q in queues}, budget)
 
 
-def wait_caught_up(cluster: LocalCluster, node_id: str, budget: Budget) -> tuple[list[int], float]:
-    """Wait until ``node_id`` applied, in every partition it holds, what the partition's leader had
-    committed when this was called; (its partitions, seconds waited)."""
-    t0 = time.perf_counter()
-    topo = cluster.topology()
-    node = topo.nodes[node_id]
-    address = f"{node.host}:{node.port}"
-    held = sorted(int(p) for p in call(address, {"cmd": "Stats", "local": True})["replicas"])
-    targets = {}
-    for p in held:
-        leader = topo.leader_of(p)
-        if leader is None:
-            raise RuntimeError(f"partition {p} has no leader")
-        view = call(f"{leader.host}:{leader.port}", {"cmd": "Stats", "local": True, "partition": p})["replicas"][str(p)]
-        targets[p] = view["commitIndex"]
-    deadline = time.monotonic() + budget.left(WAIT_S_MAX)
-    while True:
-        views = call(address, {"cmd": "Stats", "local": True})["replicas"]
-        behind = [p for p in held if str(p) not in views or views[str(p)]["appliedIndex"] < targets[p]]
-        if not behind:
-            return held, time.perf_counter() - t0
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{node_id} never applied partitions {behind}")
-        time.sleep(POLL_S)
-
-
 def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], held: int,
                    node_env: dict[str, str], budget: Budget) -> dict[str, Any]:
     """``shoal cluster add-node`` on this cluster's directory with ``held`` jobs in it, timed; the new
@@ -593,7 +572,12 @@ def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], h
     if len(new_ids) != 1:
         raise RuntimeError(f"expected one new node's pid file, found {new_ids}")
     node_id = new_ids[0]
-    partitions, caught_s = wait_caught_up(cluster, node_id, budget)
+    node = cluster.topology().nodes[node_id]
+    address = f"{node.host}:{node.port}"
+    partitions = sorted(int(p) for p in call(address, {"cmd": "Stats", "local": True})["replicas"])
+    t1 = time.perf_counter()
+    wait_applied_at([*cluster.addresses, address], partitions, budget)  # the new node's partitions, everywhere
+    caught_s = time.perf_counter() - t1
     counts = wait_counted(cluster, {p.queue: p.expected for p in phases}, budget)
     new_rss = {node_id: proc_memory(int(pid_files[node_id].read_text().strip()))["VmRSS"]}
     print(f"  {joined} ({seconds:.1f} s); it applied its partitions {partitions} {caught_s:.1f} s later; "
