@@ -43,6 +43,9 @@ Issue 41's findings 1 and 3-7, re-created the same way, are each caught by the s
 :data:`ISSUE_41_CAUGHT` (finding 2, a paused transfer target, by a scene of its own), and
 every one of those seeds passes without its defect.
 
+A change that gives the seeds other histories may leave a named seed passing with its defect
+too; ``python -m sim.find_seeds`` (from ``tests/unit/raft``) finds seeds that catch it again.
+
 The regression seeds of the defects the simulation found are listed in :data:`REGRESSIONS`;
 defects that need a scene of their own (a lost answer, a repair under a steady leader) have
 their own tests.
@@ -55,6 +58,7 @@ from typing import Any
 import pytest
 from sim.checkers import Violation
 from sim.cluster import Features, SimConfig, SimRun, run_seed
+from sim.find_seeds import Find, find_seeds
 
 from shoal.node.raft.core import RaftCore
 from sim.defects import (commit_on_snapshot_chunk, configs_of_the_commit_hint, disk_class_as_durable,
@@ -360,3 +364,9 @@ def test_issue_41_finding_is_caught_by_seed(finding: int, seed: int, chaos_s: fl
             run_seed(seed, chaos_s=chaos_s)
     message = str(caught.value).splitlines()[0]
     assert any(sign in message for sign in signs), message
+
+
+def test_find_seeds_yields_a_seed_that_fails_with_its_defect_and_passes_without_it() -> None:
+    caught = list(find_seeds(loading_replicas_lead, range(674, 675), signs=("while it loads its snapshot",)))
+    assert [hit.seed for hit in caught] == [674] and isinstance(caught[0], Find)
+    assert list(find_seeds(loading_replicas_lead, range(674, 675), signs=("no checker says this",))) == []
