@@ -41,7 +41,7 @@ class Find:
 def _failure(seed: int, chaos_s: float, classic: bool,
              defect: Callable[[], AbstractContextManager[None]] | None) -> str | None:
     """The first line of what the checkers (or an invariant) say of the run, or None if it passes."""
-    run = SimRun(seed, chaos_s=chaos_s, features=Features.none()) if classic else SimRun(seed, chaos_s=chaos_s)
+    run = SimRun(seed, chaos_s=chaos_s, features=Features.none() if classic else None)
     try:
         if defect is None:
             run.run()
