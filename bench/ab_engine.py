@@ -8,8 +8,9 @@ every round; prints the median CPU microseconds per job of each. One process and
 alternating rounds keep both sides under the same load on a shared machine; the figures are
 process CPU time (``time.process_time``), not wall time. Both engines use this tree's
 ``shoal.cluster``. The workloads are ``bench_engine.py``'s: PUSH, PULL+ACK, PUSHB (100 per
-batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); and adds
-with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end).
+batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); adds
+with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end); and
+adds with a priority, a delay and a name (what ``queue.add()`` sends), then pulled and acked.
 """
 
 from __future__ import annotations
@@ -114,7 +115,23 @@ def keyed(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
             "window's end": (clock() - t) / (2 * n)}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed]
+def client_adds(engine: Any, n: int = 20_000) -> dict[str, float]:
+    """Adds as ``queue.add()`` sends them with options (priorities 0..6, every other one delayed
+    by 1 ms, a name), then each pulled and acked once due."""
+    adds = [{"cmd": "PUSH", "queue": "c", "data": DATA, "priority": i % 7, "name": "mail",
+             **({"delay": 1} if i % 2 else {})} for i in range(n)]
+    t = clock()
+    for cmd in adds:
+        engine.apply(cmd, NOW)
+    push_s = clock() - t
+    t = clock()
+    for _ in range(n):
+        r = result(engine.apply(leased(engine, {"cmd": "PULL", "queue": "c"}), NOW + 10))
+        engine.apply({"cmd": "ACK", "id": r["job"]["id"], "token": r["token"]}, NOW + 10)
+    return {"add (options)": push_s / n, "its PULL+ACK": (clock() - t) / n}
+
+
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:

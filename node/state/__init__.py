@@ -38,12 +38,17 @@ the leader's periodic ``_Tick`` command.
 Bulk ingest: a ``PUSHB`` whose items carry only ``data`` is stored as one
 :class:`~._segments.Segment` (a list of data bytes) with one ready-heap entry pointing at
 its lowest untaken job; a pull leases a segment's consecutive jobs as one run, and an
-``ACKB`` of that run completes it slice by slice. A segment's job becomes a ``Job``
-object ("materialized") when a command names it. Materializing changes the
+``ACKB`` of that run completes it slice by slice. Single adds to one queue that carry at most
+a priority, a delay, a name and an idempotency key (what ``queue.add()`` sends) become slots of
+the partition's last segment when it ends just before them (the first two of a burst start
+one): a prioritized slot has its own ready-heap entry and a delayed one its delayed-heap
+entry, a delayed slot comes due in place, and a pull and an ``ACK`` lease and complete a slot
+in place, so such a job's whole life makes no ``Job`` object. A segment's job becomes one
+("materialized") when a command names it otherwise. Materializing changes the
 representation, never the state: snapshots, digests and listings see every job in seq
-order either way. A restore keeps runs of plain waiting jobs (consecutive seqs of one queue,
-pushed together) as segments again, except where only the per-job path makes them (a log
-queue's records, jobs a flow or a dedupe entry names).
+order either way. A restore keeps runs of jobs a slot can hold (consecutive seqs of one
+queue, waiting or delayed, never attempted) as segments again, except where only the per-job
+path makes them (a log queue's records, jobs a flow or a dedupe entry names).
 
 Every command is atomic: it checks everything that can fail before it changes
 anything, so a refused command leaves no trace.

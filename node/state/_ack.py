@@ -28,6 +28,15 @@ class AckOps(Store):
     """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
 
     def _op_ACK(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        if self.segments and cmd.get("result") is None and not cmd.get("removeOnComplete"):
+            slot = self._active_slot(cmd["id"], cmd.get("token"))  # None at once for a job object
+            if slot is not None:  # a leased segment job completes in place, as in an ACKB
+                seg, i = slot
+                q = self.queues[seg.queue]
+                self._complete_slot(q, seg, i)
+                if len(q.history) > q.opts["historyMax"]:
+                    self._trim_history(q)
+                return {}
         job = self._job(cmd["id"])
         self._require_active(job, cmd)
         q = self.queues[job.queue]
@@ -147,6 +156,43 @@ class AckOps(Store):
         if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
             return None
         return seg, i
+
+    def _active_slot(self, job_id: Any, token: Any) -> tuple[Segment, int] | None:
+        """The segment and slot of ``job_id`` when it is a leased segment job of this partition
+        and ``token`` (if given) is its lease's, else None (the per-job path then answers)."""
+        seq = shoal_seq(job_id, self.partition) if type(job_id) is str else None
+        if seq is None or seq <= 0 or seq in self.jobs:
+            return None
+        seg = self.segments.find(seq)
+        if seg is None:
+            return None
+        i = seq - seg.first
+        if seg.states[i] != SLOT_ACTIVE or (token is not None and str(token) != f"{self.partition}.{seg.lease_nos[i]}"):
+            return None
+        return seg, i
+
+    def _complete_slot(self, q: Queue, seg: Segment, i: int) -> None:
+        """An ACK's completion of leased slot ``i`` of ``seg`` (``_complete_slots`` of one)."""
+        check_transition(ACTIVE, COMPLETED)
+        seq = seg.first + i
+        seg.states[i] = SLOT_COMPLETED
+        seg.finished[i] = self.now_ms
+        session = seg.sessions[i]
+        if session is not None:
+            seg.sessions[i] = None
+            leased = self.sessions.get(session)
+            if leased is not None:
+                leased.pop(seq, None)
+                if not leased:
+                    del self.sessions[session]
+        counts = q.counts
+        counts[ACTIVE] -= 1
+        counts[COMPLETED] += 1
+        if self._events is not None:
+            self._events.append((q.name, seq, COMPLETED, ACTIVE))
+        q.history.append(seq)
+        q.totals["completed"] += 1
+        q.calls["ACK"] = q.calls.get("ACK", 0) + 1
 
     def _complete_slots(self, q: Queue, seg: Segment, i: int, k: int) -> None:
         """ACKB's completion of leased slots ``i .. i+k-1`` of ``seg``, without a result: the

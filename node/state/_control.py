@@ -50,13 +50,13 @@ class ControlOps(Store):
         seqs: list[int] = []
         for key in sorted(self.delayed):
             seq = key & SEQ_MASK
-            job = self.jobs.get(seq)
+            job = self._delayed_job(seq, detached=True)
             if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seqs:
                 seqs.append(seq)
                 if limit is not None and len(seqs) >= limit:
                     break
         for seq in seqs:
-            self._to_waiting(q, self.jobs[seq])
+            self._to_waiting(q, self._delayed_job(seq))  # type: ignore[arg-type]  # found above
         self._count(q, "PromoteJobs")
         return {"count": len(seqs)}
 

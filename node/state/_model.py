@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 
 from ._limits import group_concurrency_of, limiter_of
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
 __all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event",
@@ -195,16 +195,23 @@ class Queue:
 def slot_job(seg: Segment, i: int, partition: int) -> Job:
     """Slot ``i`` of ``seg`` as the job the per-job path would hold in the same state.
 
-    A plain push makes a waiting job at priority 0; a pull leases it for the first time
-    (attempt 1); an ack without a result completes it and ends its lease.
+    An add makes a waiting (or, with a delay, delayed) job never attempted; a pull leases a
+    waiting slot for the first time (attempt 1); an ack without a result completes it and ends
+    its lease.
     """
-    job = Job(seg.first + i, seg.queue, seg.datas[i], 0, seg.created_ms,  # type: ignore[arg-type]
-              seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+    createds, priorities = seg.createds, seg.priorities
+    job = Job(seg.first + i, seg.queue, seg.datas[i],  # type: ignore[arg-type]
+              priorities[i] if priorities is not None else 0,
+              createds[i] if createds is not None else seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
+    if seg.run_ats is not None:
+        job.run_at_ms = seg.run_ats[i]
     names = seg.names
     if names is not None:
         job.name = names[i]
     code = seg.states[i]
-    if code != SLOT_WAITING:
+    if code == SLOT_DELAYED:
+        job.state = DELAYED
+    elif code != SLOT_WAITING and code != SLOT_READY:
         job.attempts = 1
         if code == SLOT_ACTIVE:
             job.state = ACTIVE
@@ -226,7 +233,7 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-#: The segment slot codes a job state can have (delayed and failed jobs never stay in a segment).
-SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING,), ACTIVE: (SLOT_ACTIVE,),
-                                          COMPLETED: (SLOT_COMPLETED,), DELAYED: (), FAILED: (),
+#: The segment slot codes a job state can have (failed jobs never stay in a segment).
+SLOT_CODES: dict[str, tuple[int, ...]] = {WAITING: (SLOT_WAITING, SLOT_READY), ACTIVE: (SLOT_ACTIVE,),
+                                          COMPLETED: (SLOT_COMPLETED,), DELAYED: (SLOT_DELAYED,), FAILED: (),
                                           WAITING_CHILDREN: (), CANCELLED: ()}

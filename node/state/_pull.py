@@ -12,7 +12,7 @@ from ._commands import SessionPull
 from ._decimal import decimal_run
 from ._model import (JOB_WIRE_BYTES_OVERHEAD, SEQ_BITS, SEQ_MASK, REPLY_BYTES_OVERHEAD, Job, Queue,
                      wire_bytes_max)
-from ._segments import Segment
+from ._segments import SLOT_READY, SLOT_WAITING, Segment
 from ._store import DEFAULT_NAME, Store
 from ._transitions import ACTIVE, WAITING, check_transition
 
@@ -162,11 +162,25 @@ class PullOps(Store):
             job = all_jobs.get(seq)
             if job is None and segments:
                 seg = segments.find(seq)
-                if seg is not None and seg.low == seq and seg.queue == name:
-                    k, full, used = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms,
-                                                    session, jobs, tokens)
-                    if k or full:
-                        taken += k
+                if seg is not None and seg.queue == name:
+                    i = seq - seg.first
+                    code = seg.states[i]
+                    if seg.low == seq and count - taken > 1:
+                        k, full, used = self._lease_run(q, seg, count - taken, budget, used, taken > 0, ttr_ms,
+                                                        session, jobs, tokens)
+                        if k or full:
+                            taken += k
+                            continue
+                    elif seg.low == seq or (code == SLOT_READY and -seg.priority(i) == key >> SEQ_BITS):
+                        if budget:
+                            used += self._slot_bytes(seg, i, job_bytes_fixed)
+                            if taken and used > budget:
+                                break
+                        self._lease_slot(q, seg, i, ttr_ms, session, jobs, tokens)
+                        taken += 1
+                        continue
+                    elif code != SLOT_WAITING:
+                        heappop(ready)  # stale entry: the slot was leased, moved or let go
                         continue
                 job = self._materialize(seq, waiting_only=True)
             if (job is None or job.state != WAITING or job.group is not None or job.queue != name
@@ -210,6 +224,53 @@ class PullOps(Store):
             del sessions[session]  # type: ignore[arg-type]
         return jobs, tokens
 
+    @staticmethod
+    def _slot_bytes(seg: Segment, i: int, fixed: int) -> int:
+        """:func:`~._model.wire_bytes_max` of slot ``i``'s job (``fixed``: its bytes beside data and name)."""
+        size = len(seg.datas[i]) + fixed  # type: ignore[arg-type]
+        names = seg.names
+        if names is not None and names[i] is not None:
+            size += 8 * len(names[i])  # type: ignore[arg-type]
+        return size
+
+    def _lease_slot(self, q: Queue, seg: Segment, i: int, ttr_ms: int | None, session: str | None,
+                    jobs: list[Any], tokens: list[str]) -> None:
+        """Lease waiting slot ``i`` of ``seg``, the top of ``q``'s ready heap, in place: what
+        ``_lease`` does to a job object (its lease entry is a one-job run's, ``_expire_run``);
+        the reply's job and token go to ``jobs`` and ``tokens``."""
+        check_transition(WAITING, ACTIVE)
+        seq = seg.first + i
+        self.lease_seq = lease_no = self.lease_seq + 1
+        now = self.now_ms
+        deadline = now + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
+        ready = q.ready
+        priorities = seg.priorities
+        prio = priorities[i] if priorities is not None else 0
+        if seg.lease_one(i, lease_no, deadline, session) and seg.left:
+            heapq.heapreplace(ready, seg.low)
+        else:
+            heapq.heappop(ready)
+        token = f"{self.partition}.{lease_no}"
+        heapq.heappush(self.leases, (deadline, seq, token, seq))
+        self._drop_prio(q, prio)  # type: ignore[attr-defined]  # MoveOps
+        counts = q.counts
+        counts[WAITING] -= 1
+        counts[ACTIVE] += 1
+        if session is not None:
+            self.sessions[session][seq] = None  # the pull's session dict exists (_pull_ungrouped)
+        if self._events is not None:
+            self._events.append((q.name, seq, ACTIVE, WAITING))
+        if self._replies:
+            tokens.append(token)
+            names, createds, run_ats = seg.names, seg.createds, seg.run_ats
+            created = createds[i] if createds is not None else seg.created_ms
+            jobs.append({"id": f"{self.partition}-{seq}", "queue": q.name,
+                         "name": (names[i] if names is not None else None) or DEFAULT_NAME,
+                         "data": Raw(seg.datas[i]), "priority": prio, "state": ACTIVE, "attempts": 0,
+                         "maxAttempts": seg.max_attempts, "backoff": seg.backoff_ms,
+                         "createdAt": float(created), "runAt": float(run_ats[i] if run_ats is not None else created),
+                         "startedAt": float(now), "progress": 0, "leaseDeadline": float(deadline)})
+
     def _lease_run(self, q: Queue, seg: Segment, want: int, budget: int, used: int, any_taken: bool,
                    ttr_ms: int | None, session: str | None, jobs: list[Any],
                    tokens: list[str]) -> tuple[int, bool, int]:
@@ -237,7 +298,7 @@ class PullOps(Store):
             for j in range(i, end):
                 size = len(datas[j]) + fixed  # type: ignore[arg-type]
                 if names is not None and names[j] is not None:
-                    size += 4 * len(names[j])  # type: ignore[arg-type]
+                    size += 8 * len(names[j])  # type: ignore[arg-type]  # as wire_bytes_max counts it
                 if used + size > budget and (any_taken or j > i):
                     end, full = j, True
                     break
@@ -292,6 +353,10 @@ class PullOps(Store):
                 for job, job_name in zip(wire, names[i:end]):
                     if job_name is not None:
                         job["name"] = job_name
+            if seg.createds is not None or seg.run_ats is not None:  # single adds: their own times
+                for j, job in enumerate(wire, i):
+                    job["createdAt"] = float(seg.created(j))
+                    job["runAt"] = float(seg.run_at(j))
             jobs.extend(wire)
         return k, full, used
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from array import array
 from typing import Any
 
 from shoal.cluster.codec import Raw
@@ -13,7 +14,7 @@ from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
-from ._segments import Segment, split_plain
+from ._segments import SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
 
@@ -314,7 +315,90 @@ class PushOps(IdempotencyWindow):
             return self._push_deduped(q, cmd)  # type: ignore[attr-defined, no-any-return]  # DedupeOps
         self._check_push(q, cmd)
         self._count(q, "PUSH")
+        if cmd.keys() <= SLOT_PUSH_FIELDS and not (q.preset["ttl"] and q.opts["ttl"]):
+            if self._push_slot(q, cmd):
+                return {"id": f"{self.partition}-{self.seq}"}
+            job = self._new_job(q, cmd["data"], cmd)
+            self._slot_hint = job.seq  # the next such add to the queue may hold both as a segment
+            return {"id": f"{self.partition}-{job.seq}"}
         return {"id": self._wire_id(self._new_job(q, cmd["data"], cmd))}
+
+    def _push_slot(self, q: Queue, cmd: dict[str, Any]) -> bool:
+        """Add ``cmd``'s job (checked, fields within :data:`SLOT_PUSH_FIELDS`) as the next slot of
+        the partition's last segment when that segment ends just before it with jobs of ``q``
+        pushed under the same defaults, or as the second slot of a new one when the job just
+        before it is a job object such an add made (:meth:`_segment_of`). False when neither
+        holds (the caller makes a job object). Same outcome as :meth:`_new_job`."""
+        seq = self.seq + 1
+        opts = q.opts
+        seg = self.segments.last() if self.segments else None
+        if seg is None or seg.end != seq or seg.queue != q.name or seg.max_attempts != opts["attempts"] \
+                or seg.backoff_ms != opts["backoff"] or seg.ttr_ms != opts["ttr"]:
+            seg = self._segment_of(q, seq - 1)
+            if seg is None:
+                return False
+        get = cmd.get
+        preset = q.preset
+        prio = (get("priority") or 0) if preset["priority"] else 0
+        delay = (get("delay") or 0) if preset["delay"] else 0
+        now = self.now_ms
+        data = cmd["data"]
+        self.seq = seq
+        self.segments.append(seg, data.packed if type(data) is Raw else data,
+                             SLOT_DELAYED if delay else SLOT_READY if prio else SLOT_WAITING,
+                             prio, now, now + delay, get("name"))
+        name = q.name
+        key = get("idempotencyKey")
+        if key is not None and key.startswith(FORWARDED_FORMS):
+            self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
+        elif key is not None:
+            self._remember_key(name, key, seq, now + IDEMPOTENCY_WINDOW_MS)
+        q.totals["enqueued"] += 1
+        events = self._events
+        if delay:
+            if events is not None:
+                events.append((name, seq, DELAYED, None))
+            q.counts[DELAYED] += 1
+            heapq.heappush(self.delayed, due_key(now + delay, seq))
+            return True
+        if events is not None:
+            events.append((name, seq, WAITING, None))
+        q.counts[WAITING] += 1
+        q.prio_counts[prio] = q.prio_counts.get(prio, 0) + 1
+        if prio:
+            heapq.heappush(q.ready, ready_key(prio, seq))
+        elif seg.low == seq:
+            heapq.heappush(q.ready, seq)  # the segment's first waiting slot: its heap entry
+        return True
+
+    def _segment_of(self, q: Queue, seq: int) -> Segment | None:
+        """A new segment holding job ``seq`` of ``q`` as its only slot, when ``seq`` is the job
+        object the previous add made through ``_op_PUSH`` (:meth:`_push_slot` found no segment
+        to extend) and nothing has changed it beyond what a slot records: still waiting or
+        delayed, never attempted, under ``q``'s present defaults. Its heap entry (the ready
+        heap's or the delayed heap's) stays and passes to the slot. None otherwise."""
+        job = self.jobs.get(seq)
+        if (job is None or self._slot_hint != seq or job.queue != q.name or job.attempts
+                or (job.state != WAITING and job.state != DELAYED) or type(job.data) is not bytes):
+            return None
+        opts = q.opts
+        if (job.group is not None or job.custom_id is not None or job.tag is not None or job.meta is not None
+                or job.result is not None or job.error is not None or job.message is not None
+                or job.logs is not None or job.token is not None or job.session is not None
+                or job.progress != 0 or type(job.progress) is not int or job.finished_ms or job.ttl_deadline_ms
+                or job.lease_deadline_ms or job.max_attempts != opts["attempts"]
+                or job.backoff_ms != opts["backoff"] or job.ttr_ms != opts["ttr"]
+                or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox):
+            return None
+        prio = job.priority
+        code = SLOT_DELAYED if job.state == DELAYED else SLOT_READY if prio else SLOT_WAITING
+        seg = Segment(seq, [job.data], q.name, job.created_ms, job.max_attempts, job.backoff_ms, job.ttr_ms,
+                      [job.name] if job.name is not None else None, states=bytearray([code]),
+                      priorities=[prio] if prio else None,
+                      run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None)
+        del self.jobs[seq]
+        self.segments.add(seg)
+        return seg
 
     def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"], create=True)
@@ -403,6 +487,10 @@ class PushOps(IdempotencyWindow):
         return {"ids": ids, "deduped": deduped} if deduped else {"ids": ids}
 
 
+#: The fields of a PUSH whose job can be held as a segment's slot (``_push_slot``): what
+#: ``queue.add()`` sends with a priority, a delay or a name (``waitMs`` is the dispatcher's).
+SLOT_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "name", "priority", "delay",
+                              "waitMs"})
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
 #: Job options kept in ``Job.meta`` (rare: no slot of their own).

@@ -125,9 +125,9 @@ class ReadOps(Store):
         counts = dict(q.prio_counts)
         if q.counts[DELAYED]:
             seen: set[int] = set()
-            for key in self.delayed:  # a delayed job is never a segment's
+            for key in self.delayed:
                 seq = key & SEQ_MASK
-                job = self.jobs.get(seq)
+                job = self._delayed_job(seq, detached=True)
                 if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seen:
                     seen.add(seq)
                     counts[job.priority] = counts.get(job.priority, 0) + 1

@@ -1,13 +1,15 @@
-"""Plain batch-pushed jobs kept as one record per batch until each is touched.
+"""Plain jobs kept as slots of one record per run of adds until each is touched.
 
-A ``PUSHB`` whose items carry nothing but ``data`` (the bulk-ingest case) would
-otherwise build one :class:`~._core.Job` object, one heap entry and one dict
-slot per job on every replica. A :class:`Segment` holds the whole batch as a
-list of data bytes plus the few fields its jobs share (queue, creation time and
-the queue's defaults at push time). The engine turns a segment's job into a
-real ``Job`` ("materializes" it) the first time anything needs it as one: a
-pull reaching it, a command naming its id, a listing. Until then it is waiting
-at priority 0, exactly as if it had been pushed on its own.
+A ``PUSHB`` whose items carry nothing but ``data`` (the bulk-ingest case), and single
+PUSHes to one queue that carry at most a priority, a delay, a name and an idempotency key
+(what ``queue.add()`` sends), would otherwise build one :class:`~._model.Job` object and one
+dict slot per job on every replica. A :class:`Segment` holds consecutive such jobs as a list
+of data bytes plus the few fields its jobs share (queue and the queue's defaults at push
+time) and, only where its jobs differ, their priorities, creation and run-at times in packed
+arrays. The engine turns a segment's job into a real ``Job`` ("materializes" it) the first
+time anything needs it as one: a pull reaching it out of its segment's order, a command
+naming its id, a delayed job coming due. Until then it is waiting (or delayed), exactly as
+if it had been pushed on its own.
 
 Segments cover disjoint, increasing seq ranges, so a seq is found by bisecting
 the segments' first seqs. No I/O, clock or randomness: part of the engine.
@@ -15,6 +17,7 @@ the segments' first seqs. No I/O, clock or randomness: part of the engine.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
@@ -23,10 +26,17 @@ from shoal.cluster.codec import Raw
 
 from ._decimal import joined_decimal_run
 
-__all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE", "SLOT_COMPLETED"]
+__all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE",
+           "SLOT_COMPLETED", "SLOT_READY", "SLOT_DELAYED", "SLOT_HELD"]
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
-SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED = 0, 1, 2, 3
+#: ``SLOT_WAITING`` is a waiting job of priority 0, which the segment's one ready-heap entry (at
+#: ``low``) covers; ``SLOT_READY`` a waiting job with a ready-heap entry of its own (one with a
+#: priority, or one that came due after a delay), and ``SLOT_DELAYED`` a delayed job with its
+#: delayed-heap entry, as a job object has them.
+SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED = 0, 1, 2, 3, 4, 5
+#: Every code of a slot that holds a job.
+SLOT_HELD = (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED)
 
 _PLAIN_FIELDS = frozenset({"data", "idempotencyKey", "name"})
 
@@ -103,19 +113,25 @@ def _number_after(prefix: str, texts: list[Any]) -> int | None:
 
 
 class Segment:
-    """The jobs of one plain ``PUSHB`` still held as a batch (any state but delayed and failed).
+    """Consecutive plain jobs of one queue still held as one record.
 
     Per slot ``i`` (job ``first + i``): ``datas[i]`` is its data, or None once the slot is
     gone (the job materialized or removed); ``states[i]`` is one of the ``SLOT_*`` codes.
-    A leased slot keeps its lease number, deadline and session, a completed one its finish
-    time; those four lists exist only once the segment's first job is leased.
+    ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's value differs from
+    the common one (priority 0, ``created_ms``, its creation time). A leased slot keeps its
+    lease number, deadline and session, a completed one its finish time; those four lists
+    exist only once the segment's first job is leased. Waiting slots are leased in place
+    (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
     """
 
     __slots__ = ("first", "datas", "queue", "created_ms", "max_attempts", "backoff_ms", "ttr_ms",
-                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished", "names")
+                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished", "names",
+                 "priorities", "createds", "run_ats")
 
     def __init__(self, first: int, datas: list[bytes | None], queue: str, created_ms: int,
-                 max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None) -> None:
+                 max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None,
+                 states: bytearray | None = None, priorities: list[int] | None = None,
+                 createds: array | None = None, run_ats: array | None = None) -> None:
         self.first = first
         self.datas = datas
         self.names = names         # per slot its job's name (bunqueue's), or None when none has one
@@ -124,24 +140,95 @@ class Segment:
         self.max_attempts = max_attempts
         self.backoff_ms = backoff_ms
         self.ttr_ms = ttr_ms
+        self.priorities = priorities
+        self.createds = createds
+        self.run_ats = run_ats
         n = len(datas)
-        self.low = first           # lowest waiting seq (0: none): the one the ready heap points at
-        self.left = n              # waiting slots
+        self.states = bytearray([SLOT_WAITING]) * n if states is None else states
+        self.left = self.states.count(SLOT_WAITING) if states is not None else n   # SLOT_WAITING slots
+        low = self.states.find(SLOT_WAITING) if states is not None else 0
+        self.low = first + low if self.left else 0   # lowest SLOT_WAITING seq (0: none): the ready heap's entry
         self.held = n              # slots not gone
-        self.states = bytearray([SLOT_WAITING]) * n
         self.lease_nos: list[int] = []
         self.deadlines: list[int] = []
         self.sessions: list[str | None] = []
         self.finished: list[int] = []
 
-    def lease_run(self, i: int, k: int, lease_base: int, deadline: int, session: str | None) -> None:
-        """Lease waiting slots ``i .. i+k-1`` (lease numbers from ``lease_base + 1``); moves ``low`` on."""
+    @property
+    def end(self) -> int:
+        """The seq after the segment's last slot."""
+        return self.first + len(self.datas)
+
+    def priority(self, i: int) -> int:
+        return self.priorities[i] if self.priorities is not None else 0
+
+    def created(self, i: int) -> int:
+        return self.createds[i] if self.createds is not None else self.created_ms
+
+    def run_at(self, i: int) -> int:
+        return self.run_ats[i] if self.run_ats is not None else self.created(i)
+
+    def append(self, data: bytes, code: int, priority: int, created: int, run_at: int, name: str | None) -> None:
+        """One more slot, the job ``end`` (see :meth:`SegmentStore.append`)."""
+        n = len(self.datas)
+        if priority and self.priorities is None:
+            self.priorities = [0] * n
+        if created != self.created_ms and self.createds is None:
+            self.createds = array("q", [self.created_ms]) * n
+        if run_at != created and self.run_ats is None:
+            self.run_ats = array("q", [self.created(i) for i in range(n)])
+        if name is not None and self.names is None:
+            self.names = [None] * n
+        if self.priorities is not None:
+            self.priorities.append(priority)
+        if self.createds is not None:
+            self.createds.append(created)
+        if self.run_ats is not None:
+            self.run_ats.append(run_at)
+        if self.names is not None:
+            self.names.append(name)
+        if self.lease_nos:
+            self.lease_nos.append(0)
+            self.deadlines.append(0)
+            self.sessions.append(None)
+            self.finished.append(0)
+        self.datas.append(data)
+        self.states.append(code)
+        self.held += 1
+        if code == SLOT_WAITING:
+            if not self.left:
+                self.low = self.first + n
+            self.left += 1
+
+    def _lease_lists(self) -> None:
         if not self.lease_nos:
             n = len(self.datas)
             self.lease_nos = [0] * n
             self.deadlines = [0] * n
             self.sessions = [None] * n
             self.finished = [0] * n
+
+    def lease_one(self, i: int, lease_no: int, deadline: int, session: str | None) -> bool:
+        """Lease waiting slot ``i`` under lease number ``lease_no``; True when it was a
+        ``SLOT_WAITING`` slot (``low`` then moved on to the next one, or to 0)."""
+        if not self.lease_nos:
+            self._lease_lists()
+        states = self.states
+        plain = states[i] == SLOT_WAITING
+        states[i] = SLOT_ACTIVE
+        self.lease_nos[i] = lease_no
+        self.deadlines[i] = deadline
+        self.sessions[i] = session
+        if plain:
+            self.left -= 1
+            nxt = states.find(SLOT_WAITING, i + 1) if self.left else -1
+            self.low = 0 if nxt < 0 else self.first + nxt
+        return plain
+
+    def lease_run(self, i: int, k: int, lease_base: int, deadline: int, session: str | None) -> None:
+        """Lease ``SLOT_WAITING`` slots ``i .. i+k-1`` (lease numbers from ``lease_base + 1``);
+        moves ``low`` on."""
+        self._lease_lists()
         end = i + k
         self.states[i:end] = bytes([SLOT_ACTIVE]) * k
         self.lease_nos[i:end] = range(lease_base + 1, lease_base + k + 1)
@@ -152,9 +239,9 @@ class Segment:
         self.low = 0 if nxt < 0 else self.first + nxt
 
     def run_end(self, i: int, limit: int) -> int:
-        """First index in ``i .. limit`` that is not a waiting slot (``limit`` if none)."""
+        """First index in ``i .. limit`` that is not a ``SLOT_WAITING`` slot (``limit`` if none)."""
         states = self.states
-        for code in (SLOT_GONE, SLOT_ACTIVE, SLOT_COMPLETED):
+        for code in (SLOT_GONE, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED):
             j = states.find(code, i, limit)
             if j >= 0:
                 limit = j
@@ -183,6 +270,16 @@ class SegmentStore:
         self._by_first[segment.first] = segment
         self._firsts.append(segment.first)
         self.jobs += segment.held
+
+    def last(self) -> Segment | None:
+        """The segment holding the highest seqs, if any."""
+        return self._by_first[self._firsts[-1]] if self._firsts else None
+
+    def append(self, segment: Segment, data: bytes, code: int, priority: int, created: int, run_at: int,
+               name: str | None) -> None:
+        """Job ``segment.end`` as one more slot of ``segment``, the last segment (seqs stay disjoint)."""
+        segment.append(data, code, priority, created, run_at, name)
+        self.jobs += 1
 
     def find(self, seq: int) -> Segment | None:
         """The segment still holding ``seq`` (in any state), if any."""

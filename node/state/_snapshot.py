@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -15,7 +16,7 @@ import msgpack
 from shoal.cluster.jobid import parse_job_id
 
 from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job
-from ._segments import Segment
+from ._segments import SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
 
@@ -38,27 +39,57 @@ _SHARED_INTS = (7, 8, 9, 10, 11, 14, 23)
 _INTS_MEMO_MAX = 1 << 16
 
 
-def _plain_waiting(t: list[Any]) -> bool:
-    """True when job tuple ``t`` is what a segment's waiting slot gives (:func:`~._model.slot_job`):
-    priority 0, never attempted, due at creation, no TTL, only ``name`` beside its data."""
-    return (t[3] == 0 and t[4] == WAITING and t[5] == 0 and t[9] == t[8] and t[10] == 0
+def _slot_like(t: list[Any]) -> bool:
+    """True when job tuple ``t`` is what a segment's slot gives (:func:`~._model.slot_job`) for a
+    job never attempted: waiting or delayed, no TTL, only a name beside its data and times."""
+    return ((t[4] == WAITING or t[4] == DELAYED) and t[5] == 0 and t[10] == 0 and type(t[3]) is int
             and tuple(t[12:24]) == _PLAIN_TAIL and (len(t) < 26 or t[25] is None)
             and type(t[2]) is bytes and (len(t) < 25 or t[24] is None or type(t[24]) is str))
 
 
-def _run_segment(run: list[list[Any]]) -> Segment:
-    """The segment holding ``run``: consecutive plain waiting jobs sharing queue, creation time
-    and the queue defaults they were pushed under."""
-    head = run[0]
-    names = [t[24] if len(t) > 24 else None for t in run]
-    return Segment(head[0], [t[2] for t in run], head[1], head[8], head[6], head[7], head[11],
-                   names if any(n is not None for n in names) else None)
+class _Run:
+    """Consecutive slot-like jobs of one queue pushed under the same queue defaults, as a restore
+    reads them: each job's fields are taken as it comes (its tuple is not kept, so a long run
+    leaves no trail of freed tuples between the objects the engine keeps), then one segment."""
 
+    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states")
 
-def _continues(run: list[list[Any]], t: list[Any]) -> bool:
-    last = run[-1]
-    return (t[0] == last[0] + 1 and t[1] == last[1] and t[8] == last[8] and t[6] == last[6]
-            and t[7] == last[7] and t[11] == last[11] and len(run) < _RUN_SLOTS_MAX)
+    def __init__(self, t: list[Any]) -> None:
+        self.head = t  # kept whole: a run of one stays a job object
+        self.datas: list[bytes] = []
+        self.names: list[str | None] = []
+        self.priorities: list[int] = []
+        self.createds: list[int] = []
+        self.run_ats: list[int] = []
+        self.states = bytearray()
+        self.add(t)
+
+    def __len__(self) -> int:
+        return len(self.datas)
+
+    def continues(self, t: list[Any]) -> bool:
+        head = self.head
+        return (t[0] == head[0] + len(self.datas) and t[1] == head[1] and t[6] == head[6]
+                and t[7] == head[7] and t[11] == head[11] and len(self.datas) < _RUN_SLOTS_MAX)
+
+    def add(self, t: list[Any]) -> None:
+        self.datas.append(t[2])
+        self.names.append(t[24] if len(t) > 24 else None)
+        self.priorities.append(t[3])
+        self.createds.append(t[8])
+        self.run_ats.append(t[9])
+        self.states.append(SLOT_DELAYED if t[4] == DELAYED else SLOT_READY if t[3] else SLOT_WAITING)
+
+    def segment(self) -> Segment:
+        """The segment holding the run (priorities and times kept only where they differ)."""
+        head = self.head
+        created = head[8]
+        createds, run_ats, priorities, names = self.createds, self.run_ats, self.priorities, self.names
+        return Segment(head[0], self.datas, head[1], created, head[6], head[7], head[11],
+                       names if any(n is not None for n in names) else None, states=self.states,
+                       priorities=priorities if any(priorities) else None,
+                       createds=array("q", createds) if any(c != created for c in createds) else None,
+                       run_ats=array("q", run_ats) if run_ats != createds else None)
 
 
 #: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group
@@ -171,10 +202,10 @@ class SnapshotOps(Store):
                 ints.clear()
             return ints.setdefault(value, value)
 
-        # Runs of plain waiting jobs (what bulk pushes leave) come back as segments, as they
-        # were held before the snapshot, rather than one Job object each.
+        # Runs of jobs a segment's slots can hold (what bulk pushes and runs of single adds leave)
+        # come back as segments, as they were held before the snapshot, rather than one Job each.
         segments: list[Segment] = []
-        run: list[list[Any]] = []
+        run: _Run | None = None
         job_count = unpacker.read_array_header()
         for _ in range(job_count):
             t = unpacker.unpack()
@@ -184,20 +215,22 @@ class SnapshotOps(Store):
             for i in _SHARED_INTS:
                 if i < len(t) and type(t[i]) is int and t[i] > 256:
                     t[i] = same_int(t[i])
-            if _plain_waiting(t):
-                if run and not _continues(run, t):
+            if _slot_like(t):
+                if run is not None and run.continues(t):
+                    run.add(t)
+                    continue
+                if run is not None:
                     eng._keep_run(run, segments)
-                    run = []
-                run.append(t)
+                run = _Run(t)
                 continue
-            if run:
+            if run is not None:
                 eng._keep_run(run, segments)
-                run = []
+                run = None
             job = Job.from_tuple(t)
             if job.logs is not None:
                 job.logs = [(stamp, line) for stamp, line in job.logs]
             eng.jobs[job.seq] = job
-        if run:
+        if run is not None:
             eng._keep_run(run, segments)
         queues, sessions = unpacker.unpack(), unpacker.unpack()
         # The idempotency window can hold an entry per recent job: streamed entry by entry into
@@ -253,15 +286,15 @@ class SnapshotOps(Store):
     def restore_flows(self, state: list[object]) -> None:
         raise NotImplementedError  # ``_flows.FlowOps``
 
-    def _keep_run(self, run: list[list[Any]], segments: list[Segment]) -> None:
-        """A run of restored plain waiting jobs: one segment, or a job when it is alone."""
+    def _keep_run(self, run: _Run, segments: list[Segment]) -> None:
+        """A run of restored slot-like jobs: one segment, or a job when it is alone."""
         if len(run) == 1:
-            self.jobs[run[0][0]] = Job.from_tuple(run[0])
+            self.jobs[run.head[0]] = Job.from_tuple(run.head)
         else:
-            segments.append(_run_segment(run))
+            segments.append(run.segment())
 
     def _place_run(self, seg: Segment, named: list[int]) -> None:
-        """Keep a restored run as a segment: one ready-heap entry at its first slot, its counts.
+        """Keep a restored run as a segment: its heap entries and counts (``_hold_segment``).
 
         Where the per-job path alone made such jobs, they stay jobs (indexed with the rest):
         a log queue's records, and jobs a flow or a dedupe entry names (their code reads

@@ -11,9 +11,9 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
-from ._model import SLOT_CODES, Event, Job, Queue, seq_of, slot_job
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_WAITING, Segment, SegmentStore
-from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING
+from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job
+from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
 
 #: The wire's job name when none was given (bunqueue's default).
 DEFAULT_NAME = "default"
@@ -48,6 +48,9 @@ class Store:
         self.jobs: dict[int, Job] = {}
         self.segments = SegmentStore()  # plain PUSHB jobs not materialized yet
         self._jobs_unordered = False    # a materialized job was inserted behind later seqs
+        # The job object the latest add made that a segment's slot could hold (``_push_slot``):
+        # how the representation is chosen, never state (a restored engine starts with none).
+        self._slot_hint = 0
         self.queues: dict[str, Queue] = {}
         self.delayed: list[int] = []                      # due_key(run_at_ms, seq)
         # (deadline_ms, seq, token, 0) per lease, or (deadline_ms, first seq, its token, last seq) per
@@ -144,12 +147,29 @@ class Store:
         return q is not None and not q.opts.get("durable", True)
 
     def _hold_segment(self, q: Queue, seg: Segment) -> None:
-        """Take ``seg``'s waiting jobs into ``q``: one ready-heap entry at its first slot, the counts."""
-        n = len(seg.datas)
+        """Take ``seg``'s waiting and delayed jobs into ``q``: one ready-heap entry at its lowest
+        priority-0 waiting slot, one per other waiting or delayed slot, the counts."""
         self.segments.add(seg)
-        heapq.heappush(q.ready, seg.first)  # priority 0: the key is the seq
-        q.counts[WAITING] += n
-        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
+        states = seg.states
+        plain = seg.left
+        if plain:
+            heapq.heappush(q.ready, seg.low)  # priority 0: the key is the seq
+            q.prio_counts[0] = q.prio_counts.get(0, 0) + plain
+        prio_counts = q.prio_counts
+        waiting = plain
+        i = states.find(SLOT_READY)
+        while i >= 0:
+            prio = seg.priority(i)
+            heapq.heappush(q.ready, ready_key(prio, seg.first + i))
+            prio_counts[prio] = prio_counts.get(prio, 0) + 1
+            waiting += 1
+            i = states.find(SLOT_READY, i + 1)
+        q.counts[WAITING] += waiting
+        i = states.find(SLOT_DELAYED)
+        while i >= 0:
+            heapq.heappush(self.delayed, due_key(seg.run_at(i), seg.first + i))
+            q.counts[DELAYED] += 1
+            i = states.find(SLOT_DELAYED, i + 1)
 
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""
@@ -165,32 +185,66 @@ class Store:
     def _materialize(self, seq: int, waiting_only: bool = False) -> Job | None:
         """Turn a segment's job ``seq`` into a ``Job`` in the same state; None if no segment holds it.
 
-        Keeps the invariant that every waiting job has exactly one ready-heap entry: the
-        segment's entry (at its lowest waiting seq) passes to the job when that is the one
-        taken, and the segment gets a new entry at its next seq; any other job gets its own.
-        A leased job keeps no heap entry of its own: its run's lease entry covers it
-        (``_expire_run``). ``waiting_only``: leave a leased or completed job where it is.
+        Keeps the invariant that every waiting job has exactly one ready-heap entry: for a
+        ``SLOT_WAITING`` slot the segment's entry (at its lowest such seq) passes to the job
+        when that is the one taken, and the segment gets a new entry at its next seq; any
+        other such slot's job gets its own. A ``SLOT_READY`` or ``SLOT_DELAYED`` slot's own
+        heap entry passes to the job. A leased job keeps no heap entry of its own: its run's
+        lease entry covers it (``_expire_run``). ``waiting_only``: leave a job that is not
+        waiting where it is.
         """
         segments = self.segments
         seg = segments.find(seq)
         if seg is None:
             return None
         i = seq - seg.first
-        waiting = seg.states[i] == SLOT_WAITING
-        if not waiting and waiting_only:
+        code = seg.states[i]
+        if waiting_only and code != SLOT_WAITING and code != SLOT_READY:
             return None
         job = slot_job(seg, i, self.partition)
         was_low = seq == seg.low
         segments.take(seg, seq)
         self.jobs[seq] = job
         self._jobs_unordered = True
-        if waiting:
+        if code == SLOT_WAITING:  # a prioritized or delayed slot's own heap entry passes to the job
             ready = self.queues[seg.queue].ready
             if not was_low:
                 heapq.heappush(ready, seq)  # priority 0: the key is the seq
             elif seg.left:
                 heapq.heappush(ready, seg.low)
         return job
+
+    def _slot_due(self, seq: int, run_at: int) -> None:
+        """A delayed-heap entry ``(run_at, seq)`` came due: when it is a segment's delayed slot's,
+        the job waits now, in place (what ``_set_state`` and ``_enqueue_ready`` do to an object)."""
+        seg = self.segments.find(seq)
+        if seg is None:
+            return
+        i = seq - seg.first
+        if seg.states[i] != SLOT_DELAYED or seg.run_at(i) != run_at:
+            return  # stale: the slot was let go or moved
+        check_transition(DELAYED, WAITING)
+        q = self.queues[seg.queue]
+        seg.states[i] = SLOT_READY
+        prio = seg.priority(i)
+        counts = q.counts
+        counts[DELAYED] -= 1
+        counts[WAITING] += 1
+        q.prio_counts[prio] = q.prio_counts.get(prio, 0) + 1
+        if self._events is not None:
+            self._events.append((q.name, seq, WAITING, DELAYED))
+        heapq.heappush(q.ready, ready_key(prio, seq))
+
+    def _delayed_job(self, seq: int, detached: bool = False) -> Job | None:
+        """Job ``seq`` when it is held as an object or in a segment's delayed slot (materialized,
+        or with ``detached`` a copy that is not stored: for reads); None otherwise."""
+        job = self.jobs.get(seq)
+        if job is not None or not self.segments:
+            return job
+        seg = self.segments.find(seq)
+        if seg is None or seg.states[seq - seg.first] != SLOT_DELAYED:
+            return None
+        return slot_job(seg, seq - seg.first, self.partition) if detached else self._materialize(seq)
 
     def _materialize_active(self, q: Queue) -> None:
         """Materialize every leased segment job of ``q`` (before a scan of ``self.jobs``)."""
@@ -234,7 +288,7 @@ class Store:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
         own = (j for j in self.jobs.values() if j.queue == queue and (state is None or j.state == state))
-        codes = SLOT_CODES.get(state) if state is not None else (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED)
+        codes = SLOT_CODES.get(state) if state is not None else SLOT_HELD
         if not codes or not self.segments:
             return own
         p = self.partition

@@ -31,7 +31,11 @@ class TimerOps(Store):
             key = heapq.heappop(delayed)
             run_at, seq = key >> SEQ_BITS, key & SEQ_MASK
             job = self.jobs.get(seq)
-            if job is not None and job.state == DELAYED and job.run_at_ms == run_at:
+            if job is None:
+                if self.segments:
+                    self._slot_due(seq, run_at)
+                continue
+            if job.state == DELAYED and job.run_at_ms == run_at:
                 q = self.queues[job.queue]
                 self._set_state(q, job, WAITING)
                 self._enqueue_ready(q, job)

@@ -1,0 +1,203 @@
+"""Single adds held as segment slots behave exactly like the job objects they stand for.
+
+``queue.add()`` sends a PUSH with a priority, a delay, a name and an idempotency key; the
+engine holds such jobs as slots of the partition's last segment (waiting, prioritized or
+delayed) instead of one ``Job`` object each. Two engines get the same commands, except that
+the reference's PUSHes carry ``tag: None``, which keeps them on the per-job path: every reply
+and every snapshot (``digest``) must stay equal after every step, through pulls, acks, fails,
+priority changes, promotions, delays coming due, drains and restores.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from shoal.cluster.codec import raw_of, unraw
+from shoal.cluster.errors import CommandError
+from shoal.node.state import PartitionEngine, SessionPull
+
+QUEUES = ["a", "b"]
+TTR_MS = 1_000
+
+
+def apply_both(engine: PartitionEngine, reference: PartitionEngine, cmd: Any, now: int,
+               ref_cmd: Any = None) -> Any:
+    """The same reply or the same refusal from both engines, and equal snapshots after."""
+    try:
+        reply = engine.apply(cmd, now).result
+    except CommandError as exc:
+        with pytest.raises(CommandError) as ref_exc:
+            reference.apply(ref_cmd or cmd, now)
+        assert (ref_exc.value.code, str(ref_exc.value)) == (exc.code, str(exc))
+        raise
+    ref_reply = reference.apply(ref_cmd or cmd, now).result
+    assert unraw(reply) == unraw(ref_reply), f"{cmd!r}: {reply} != {ref_reply}"
+    assert engine.digest() == reference.digest(), f"snapshots differ after {cmd!r}"
+    return reply
+
+
+class SlotsVsPerJob(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = PartitionEngine(0)
+        self.reference = PartitionEngine(0)
+        self.now = 1_000
+        self.seqs: list[int] = []              # every job added
+        self.tokens: dict[int, str] = {}       # the latest token handed out per job
+        for queue in QUEUES:
+            self.both({"cmd": "CreateQueue", "queue": queue, "options": {"ttr": TTR_MS, "backoff": 0}})
+
+    def both(self, cmd: Any, ref_cmd: Any = None) -> Any:
+        return apply_both(self.engine, self.reference, cmd, self.now, ref_cmd)
+
+    def attempt(self, cmd: Any) -> Any:
+        try:
+            return self.both(cmd)
+        except CommandError:
+            return None
+
+    @rule(queue=st.sampled_from(QUEUES), prio=st.sampled_from([0, 0, 0, 1, 3, -2]),
+          delay=st.sampled_from([0, 0, 0, 400, 1_500]), key=st.sampled_from([None, None, "k1", "k2", "k3"]),
+          name=st.sampled_from([None, None, "mail"]), n=st.integers(1, 4))
+    def add(self, queue: str, prio: int, delay: int, key: str | None, name: str | None, n: int) -> None:
+        """``n`` adds in a row (one entry's worth), as ``queue.add()`` sends them."""
+        for i in range(n):
+            cmd: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": raw_of([queue, len(self.seqs), i])}
+            if prio or i % 2:
+                cmd["priority"] = prio
+            if delay:
+                cmd["delay"] = delay
+            if key is not None:
+                cmd["idempotencyKey"] = f"{key}-{i}"
+            if name is not None:
+                cmd["name"] = name
+            reply = self.both(cmd, {**cmd, "tag": None})
+            seq = int(reply["id"].split("-")[1])
+            if seq not in self.seqs:
+                self.seqs.append(seq)
+
+    @rule(queue=st.sampled_from(QUEUES), n=st.integers(2, 6))
+    def add_bulk(self, queue: str, n: int) -> None:
+        items = [{"data": raw_of(["bulk", len(self.seqs), i])} for i in range(n)]
+        reply = self.both({"cmd": "PUSHB", "queue": queue, "jobs": items},
+                          {"cmd": "PUSHB", "queue": queue, "jobs": [dict(it, priority=0) for it in items]})
+        self.seqs.extend(int(i.split("-")[1]) for i in reply["ids"])
+
+    @rule(queue=st.sampled_from(QUEUES), count=st.integers(1, 6), session=st.sampled_from([None, "s1"]))
+    def pull(self, queue: str, count: int, session: str | None) -> None:
+        cmd = {"cmd": "PULLB", "queue": queue, "count": count}
+        reply = self.both(SessionPull(cmd, session, 0) if session else cmd)
+        for job, token in zip(reply["jobs"], reply["tokens"]):
+            self.tokens[int(job["id"].split("-")[1])] = token
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), action=st.sampled_from(["ACK", "FAIL", "Release"]))
+    def settle(self, data: st.DataObject, action: str) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.attempt({"cmd": action, "id": f"0-{seq}", "token": self.tokens.pop(seq)})
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), prio=st.sampled_from([0, 2, 7]))
+    def change_priority(self, data: st.DataObject, prio: int) -> None:
+        seq = data.draw(st.sampled_from(self.seqs))
+        self.attempt({"cmd": "ChangePriority", "id": f"0-{seq}", "priority": prio})
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), action=st.sampled_from(["Promote", "MoveToDelayed", "GetJob", "Cancel"]))
+    def touch_one(self, data: st.DataObject, action: str) -> None:
+        seq = data.draw(st.sampled_from(self.seqs))
+        cmd: dict[str, Any] = {"cmd": action, "id": f"0-{seq}"}
+        if action == "MoveToDelayed":
+            cmd["delay"] = 700
+        self.attempt(cmd)
+
+    @rule(queue=st.sampled_from(QUEUES), count=st.sampled_from([None, 1, 3]))
+    def promote_jobs(self, queue: str, count: int | None) -> None:
+        cmd: dict[str, Any] = {"cmd": "PromoteJobs", "queue": queue}
+        if count is not None:
+            cmd["count"] = count
+        self.both(cmd)
+
+    @rule(queue=st.sampled_from(QUEUES), state=st.sampled_from(["waiting", "prioritized", "delayed", "active"]))
+    def list_jobs(self, queue: str, state: str) -> None:
+        self.both({"cmd": "GetJobs", "queue": queue, "state": state, "limit": 5})
+
+    @rule(queue=st.sampled_from(QUEUES))
+    def drain(self, queue: str) -> None:
+        self.both({"cmd": "Drain", "queue": queue})
+
+    @rule(dt=st.sampled_from([200, 500, 1_200]))
+    def advance(self, dt: int) -> None:
+        self.now += dt
+        self.both({"cmd": "_Tick"})
+
+    @rule()
+    def restart(self) -> None:
+        """The engine under test restored from its snapshot (as a restarted node is)."""
+        self.engine = PartitionEngine.restore(self.engine.snapshot())
+        assert self.engine.digest() == self.reference.digest()
+
+    @invariant()
+    def counts_agree(self) -> None:
+        for queue in QUEUES:
+            for read in ({"cmd": "GetJobCounts", "queue": queue}, {"cmd": "GetCountsPerPriority", "queue": queue}):
+                assert self.engine.apply(read, self.now).result == self.reference.apply(read, self.now).result
+
+
+TestSlotsVsPerJob = SlotsVsPerJob.TestCase
+TestSlotsVsPerJob.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+def test_single_adds_to_one_queue_hold_no_job_objects_before_or_after_a_restore() -> None:
+    """What ``bench/bench_backlog.py``'s single phase adds: one entry of adds at a time,
+    priorities 0..6 and every other job delayed, each with an idempotency key."""
+    e = PartitionEngine(0)
+    for k in range(2_000):
+        cmd: dict[str, Any] = {"cmd": "PUSH", "queue": "q", "data": raw_of(k), "priority": k % 7,
+                               "idempotencyKey": f"key-{k}"}
+        if k % 2:
+            cmd["delay"] = 3_600_000
+        e.apply(cmd, 1_000 + k // 10)
+    assert len(e.jobs) == 0 and e.segments.jobs == 2_000
+    counts = e.apply({"cmd": "GetJobCounts", "queue": "q"}, 5_000).result["counts"]
+    assert (counts["waiting"], counts["prioritized"], counts["delayed"]) == (143, 857, 1_000)
+    restored = PartitionEngine.restore(e.snapshot())
+    assert restored.digest() == e.digest()
+    assert len(restored.jobs) == 0 and restored.segments.jobs == 2_000
+    first = restored.apply({"cmd": "PULLB", "queue": "q", "count": 3, "ttr": 9_000_000}, 6_000).result["jobs"]
+    assert [j["priority"] for j in first] == [6, 6, 6]
+    due = restored.apply({"cmd": "_Tick"}, 1_000 + 3_600_000 + 200).result
+    assert due is not None
+    counts = restored.apply({"cmd": "GetJobCounts", "queue": "q"}, 3_700_000).result["counts"]
+    assert counts["delayed"] == 0 and counts["waiting"] + counts["prioritized"] == 1_997
+
+
+def test_a_restored_engine_holds_no_more_than_the_one_that_wrote_the_snapshot() -> None:
+    """Memory the Python allocator counts (tracemalloc): slots come back as slots."""
+    payload = b"x" * 1_000
+    e = PartitionEngine(0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(5_000):
+            cmd: dict[str, Any] = {"cmd": "PUSH", "queue": "q", "data": payload + str(k).encode(),
+                                   "priority": k % 7, "idempotencyKey": f"key-{k}"}
+            if k % 2:
+                cmd["delay"] = 3_600_000
+            e.apply(cmd, 1_000 + k // 100)
+        held = tracemalloc.get_traced_memory()[0] - before
+        snapshot = e.snapshot()
+        before = tracemalloc.get_traced_memory()[0]
+        restored = PartitionEngine.restore(snapshot)
+        gc.collect()
+        restored_held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert restored.digest() == e.digest() and len(restored.jobs) == 0
+    assert restored_held <= held * 1.02
