@@ -10,7 +10,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
-from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_MASK, Queue, due_key, pack, ready_key
+from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_BITS, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
 from ._store import Store
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
@@ -51,7 +51,10 @@ class ControlOps(Store):
         for key in sorted(self.delayed):
             seq = key & SEQ_MASK
             job = self._delayed_job(seq, detached=True)
-            if job is not None and job.state == DELAYED and job.queue == q.name and seq not in seqs:
+            # An entry counts only while it is the job's own (its run-at time): stale entries are
+            # not in a restored engine's heap, so they must not decide which jobs come first.
+            if (job is not None and job.state == DELAYED and job.queue == q.name and job.run_at_ms == key >> SEQ_BITS
+                    and seq not in seqs):
                 seqs.append(seq)
                 if limit is not None and len(seqs) >= limit:
                     break

@@ -201,3 +201,18 @@ def test_a_restored_engine_holds_no_more_than_the_one_that_wrote_the_snapshot() 
         tracemalloc.stop()
     assert restored.digest() == e.digest() and len(restored.jobs) == 0
     assert restored_held <= held * 1.02
+
+
+def test_promote_jobs_takes_the_same_jobs_on_a_replica_restored_from_a_snapshot() -> None:
+    """Job objects only: a delay moved leaves a stale delayed-heap entry that a restored replica
+    does not have; ``PromoteJobs`` with a count must not let it decide which job comes first."""
+    live = PartitionEngine(0)
+    for k in range(2):
+        live.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(k), "delay": 400, "tag": None}, 1_000)
+    live.apply({"cmd": "MoveToDelayed", "id": "0-1", "delay": 700}, 1_000)
+    restored = PartitionEngine.restore(live.snapshot())
+    for engine in (live, restored):
+        assert engine.apply({"cmd": "PromoteJobs", "queue": "q", "count": 1}, 1_000).result == {"count": 1}
+    assert live.digest() == restored.digest()
+    state = live.apply({"cmd": "GetJob", "id": "0-2"}, 1_000).result["job"]["state"]
+    assert state == "waiting"  # due at 1,400: before job 1, moved to 1,700
