@@ -77,9 +77,16 @@ class Clients:
             return {"cmd": "PUSHB", "queue": queue, "jobs": items}
         if kind < 0.3:
             self.pushed += 1
-            cmd = {"cmd": "PUSH", "queue": queue, "data": raw_of(self.pushed), "priority": rng.randint(0, 3),
-                   "delay": rng.choice([0, 0, 0, 700]), "ttl": rng.choice([0, 0, 3_000])}
-            if queue == "ut":
+            # What queue.add() sends: a priority and a delay only when given (such adds to one
+            # queue become segment slots); a TTL or a group takes the per-job path.
+            cmd = {"cmd": "PUSH", "queue": queue, "data": raw_of(self.pushed)}
+            for field, value in (("priority", rng.randint(0, 3)), ("delay", rng.choice([0, 0, 0, 700])),
+                                 ("ttl", rng.choice([0, 0, 0, 3_000]))):
+                if value:
+                    cmd[field] = value
+            if rng.random() < 0.3:
+                cmd["idempotencyKey"] = f"a{rng.randint(0, 50)}"
+            if queue == "ut" and rng.random() < 0.7:
                 cmd["group"] = f"g{rng.randint(0, 4)}"
             return cmd
         if kind < 0.35:
@@ -105,8 +112,14 @@ class Clients:
             return {"cmd": "Cancel", "id": f"0-{rng.randint(1, self.pushed + 1)}"}
         if kind < 0.95:
             return {"cmd": "Kick", "queue": queue, "count": 10}
-        if kind < 0.97:
+        if kind < 0.96:
             return {"cmd": "Clean", "queue": queue, "grace": 0, "limit": 20}
+        if kind < 0.975:
+            job_id = f"0-{rng.randint(1, self.pushed + 1)}"
+            return rng.choice([{"cmd": "ChangePriority", "id": job_id, "priority": rng.randint(0, 3)},
+                               {"cmd": "MoveToDelayed", "id": job_id, "delay": rng.choice([200, 900])},
+                               {"cmd": "Promote", "id": job_id},
+                               {"cmd": "PromoteJobs", "queue": queue, "count": rng.randint(1, 3)}])
         return {"cmd": "GetJob", "id": f"0-{rng.randint(1, self.pushed + 1)}"}  # materializes a segment job
 
     def answered(self, cmd: Command, reply: Any) -> None:
