@@ -8,7 +8,7 @@ The baseline for moving job payloads to disk. Against a local cluster of real no
    ``queue.add()`` sends them (data, ``priority``, ``delay`` in ms and an ``idempotencyKey``),
    ``--window`` (256) in flight on one connection to the queue's leader; priorities cycle
    0..6 and every other job is delayed one hour, so the queue holds waiting, prioritized and
-   delayed jobs;
+   delayed jobs (``--plain``: no options, as ``queue.add(data)`` sends them, all waiting);
 2. ``bulk``: ``--bulk`` jobs (default 500,000) to another queue in ``PUSHB`` frames of 1,000
    (each item data and an ``idempotencyKey``, as ``add_bulk`` sends them), 4 frames in flight.
 
@@ -652,6 +652,8 @@ def main() -> None:
     parser.add_argument("--bulk", type=int, default=500_000, help="jobs added in PUSHB frames of 1,000")
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--window", type=int, default=256, help="PUSH frames in flight in the single phase")
+    parser.add_argument("--plain", action="store_true",
+                        help="single phase: PUSHes without options, as queue.add(data) sends them (all waiting)")
     parser.add_argument("--no-restart", dest="restart", action="store_false",
                         help="skip restarting the nodes after each phase")
     parser.add_argument("--no-idempotency-keys", dest="idempotency_keys", action="store_false",
@@ -696,8 +698,12 @@ def main() -> None:
         expected: dict[str, dict[str, int]] = {}
         plans = []
         if args.single:
-            plans.append((Phase("single", SINGLE_QUEUE, single_expected(args.single)),
-                          single_frames(SINGLE_QUEUE, payload, keys), args.single, args.window))
+            if args.plain:
+                plans.append((Phase("single", SINGLE_QUEUE, {"waiting": args.single}),
+                              plain_frames(SINGLE_QUEUE, payload, keys, 0), args.single, args.window))
+            else:
+                plans.append((Phase("single", SINGLE_QUEUE, single_expected(args.single)),
+                              single_frames(SINGLE_QUEUE, payload, keys), args.single, args.window))
         if args.bulk:
             plans.append((Phase("bulk", BULK_QUEUE, {"waiting": args.bulk}),
                           bulk_frames(BULK_QUEUE, payload, keys, args.bulk, args.single),

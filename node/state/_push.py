@@ -14,7 +14,7 @@ from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
-from ._segments import SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment, split_plain
+from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
 
@@ -245,10 +245,15 @@ class PushOps(IdempotencyWindow):
                 self._note_forwarded(forwarded_seqs, forwarded_keys)  # type: ignore[attr-defined]
         if n:
             opts = q.opts
-            # A copy: the segment marks taken slots in its list, and a command may be applied
-            # twice (the same dict on two engines in tests).
-            self._hold_segment(q, Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"],
-                                          opts["ttr"], list(names) if names is not None and any(names) else None))
+            names = list(names) if names is not None and any(names) else None
+            last = self.segments.last() if self.segments else None
+            if last is not None and self._extends(last, q, first, n):
+                self._extend_segment(q, last, fresh, now, names)
+            else:
+                # A copy: the segment marks taken slots in its list, and a command may be applied
+                # twice (the same dict on two engines in tests).
+                self._hold_segment(q, Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"],
+                                              opts["ttr"], names))
             q.totals["enqueued"] += n
             if per_item:
                 q.calls["PUSH"] = q.calls.get("PUSH", 0) + n  # as n accepted PUSH commands count
@@ -330,10 +335,8 @@ class PushOps(IdempotencyWindow):
         before it is a job object such an add made (:meth:`_segment_of`). False when neither
         holds (the caller makes a job object). Same outcome as :meth:`_new_job`."""
         seq = self.seq + 1
-        opts = q.opts
         seg = self.segments.last() if self.segments else None
-        if seg is None or seg.end != seq or seg.queue != q.name or seg.max_attempts != opts["attempts"] \
-                or seg.backoff_ms != opts["backoff"] or seg.ttr_ms != opts["ttr"]:
+        if seg is None or not self._extends(seg, q, seq, 1):
             seg = self._segment_of(q, seq - 1)
             if seg is None:
                 return False
@@ -370,6 +373,28 @@ class PushOps(IdempotencyWindow):
         elif seg.low == seq:
             heapq.heappush(q.ready, seq)  # the segment's first waiting slot: its heap entry
         return True
+
+    @staticmethod
+    def _extends(seg: Segment, q: Queue, first: int, n: int) -> bool:
+        """True when ``n`` jobs of ``q`` from seq ``first`` on may be added as more slots of
+        ``seg``: it ends just before them, holds ``q``'s jobs pushed under ``q``'s present
+        defaults, and stays within :data:`SEGMENT_SLOTS_MAX` slots."""
+        opts = q.opts
+        return (seg.end == first and seg.queue == q.name and len(seg.datas) + n <= SEGMENT_SLOTS_MAX
+                and seg.max_attempts == opts["attempts"] and seg.backoff_ms == opts["backoff"]
+                and seg.ttr_ms == opts["ttr"])
+
+    def _extend_segment(self, q: Queue, seg: Segment, datas: list[Any], now: int,
+                        names: list[str | None] | None) -> None:
+        """Plain waiting jobs ``seg.end ..`` as more slots of ``seg`` (what ``_hold_segment``
+        does for a new segment of them)."""
+        plain = seg.left
+        self.segments.extend(seg, datas, now, names)
+        if not plain:
+            heapq.heappush(q.ready, seg.low)  # priority 0: the key is the seq
+        n = len(datas)
+        q.counts[WAITING] += n
+        q.prio_counts[0] = q.prio_counts.get(0, 0) + n
 
     def _segment_of(self, q: Queue, seq: int) -> Segment | None:
         """A new segment holding job ``seq`` of ``q`` as its only slot, when ``seq`` is the job

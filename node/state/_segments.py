@@ -27,7 +27,7 @@ from shoal.cluster.codec import Raw
 from ._decimal import joined_decimal_run
 
 __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE",
-           "SLOT_COMPLETED", "SLOT_READY", "SLOT_DELAYED", "SLOT_HELD"]
+           "SLOT_COMPLETED", "SLOT_READY", "SLOT_DELAYED", "SLOT_HELD", "SEGMENT_SLOTS_MAX"]
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 #: ``SLOT_WAITING`` is a waiting job of priority 0, which the segment's one ready-heap entry (at
@@ -37,6 +37,9 @@ __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", 
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED = 0, 1, 2, 3, 4, 5
 #: Every code of a slot that holds a job.
 SLOT_HELD = (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED)
+#: Most slots later adds extend a segment to (a restore cuts its runs at the same size): a
+#: segment's per-slot lease lists are made whole at its first lease.
+SEGMENT_SLOTS_MAX = 10_000
 
 _PLAIN_FIELDS = frozenset({"data", "idempotencyKey", "name"})
 
@@ -208,6 +211,34 @@ class Segment:
             self.sessions = [None] * n
             self.finished = [0] * n
 
+    def extend(self, datas: list[Any], created: int, names: list[str | None] | None) -> None:
+        """``len(datas)`` more waiting priority-0 slots, jobs added at ``created`` (see
+        :meth:`SegmentStore.extend`)."""
+        n, k = len(self.datas), len(datas)
+        if created != self.created_ms and self.createds is None:
+            self.createds = array("q", [self.created_ms]) * n
+        if names is not None and self.names is None:
+            self.names = [None] * n
+        if self.priorities is not None:
+            self.priorities.extend([0] * k)
+        if self.createds is not None:
+            self.createds.extend(array("q", [created]) * k)
+        if self.run_ats is not None:
+            self.run_ats.extend(array("q", [created]) * k)
+        if self.names is not None:
+            self.names.extend(names if names is not None else [None] * k)
+        if self.lease_nos:
+            self.lease_nos.extend([0] * k)
+            self.deadlines.extend([0] * k)
+            self.sessions.extend([None] * k)
+            self.finished.extend([0] * k)
+        self.datas.extend(datas)
+        self.states.extend(bytes([SLOT_WAITING]) * k)
+        self.held += k
+        if not self.left:
+            self.low = self.first + n
+        self.left += k
+
     def lease_one(self, i: int, lease_no: int, deadline: int, session: str | None) -> bool:
         """Lease waiting slot ``i`` under lease number ``lease_no``; True when it was a
         ``SLOT_WAITING`` slot (``low`` then moved on to the next one, or to 0)."""
@@ -280,6 +311,11 @@ class SegmentStore:
         """Job ``segment.end`` as one more slot of ``segment``, the last segment (seqs stay disjoint)."""
         segment.append(data, code, priority, created, run_at, name)
         self.jobs += 1
+
+    def extend(self, segment: Segment, datas: list[Any], created: int, names: list[str | None] | None) -> None:
+        """Jobs ``segment.end ..`` as more waiting slots of ``segment``, the last segment."""
+        segment.extend(datas, created, names)
+        self.jobs += len(datas)
 
     def find(self, seq: int) -> Segment | None:
         """The segment still holding ``seq`` (in any state), if any."""

@@ -16,7 +16,7 @@ import msgpack
 from shoal.cluster.jobid import parse_job_id
 
 from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job
-from ._segments import SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
+from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
 
@@ -27,8 +27,6 @@ _READ_BYTES = 1 << 20
 #: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``finished_ms`` as a
 #: plain push leaves them: nothing leased, grouped, named by id, tagged, finished or logged.
 _PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
-#: Most slots one restored segment holds (a plain PUSHB's segment is one batch).
-_RUN_SLOTS_MAX = 10_000
 #: Positions in a job tuple of strings that many jobs hold alike (queue, state, group, tag, name).
 _SHARED_FIELDS = (1, 4, 15, 17, 24)
 #: Positions of times and durations that neighbouring jobs often hold alike (backoff, created,
@@ -70,7 +68,7 @@ class _Run:
     def continues(self, t: list[Any]) -> bool:
         head = self.head
         return (t[0] == head[0] + len(self.datas) and t[1] == head[1] and t[6] == head[6]
-                and t[7] == head[7] and t[11] == head[11] and len(self.datas) < _RUN_SLOTS_MAX)
+                and t[7] == head[7] and t[11] == head[11] and len(self.datas) < SEGMENT_SLOTS_MAX)
 
     def add(self, t: list[Any]) -> None:
         self.datas.append(t[2])

@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
-from shoal.node.state import PartitionEngine, SessionPull
+from shoal.node.state import PartitionEngine, PushRun, SessionPull
+from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
 QUEUES = ["a", "b"]
 TTR_MS = 1_000
@@ -216,3 +217,20 @@ def test_promote_jobs_takes_the_same_jobs_on_a_replica_restored_from_a_snapshot(
     assert live.digest() == restored.digest()
     state = live.apply({"cmd": "GetJob", "id": "0-2"}, 1_000).result["job"]["state"]
     assert state == "waiting"  # due at 1,400: before job 1, moved to 1,700
+
+
+def test_plain_adds_one_per_entry_fill_one_segment_up_to_its_size_limit() -> None:
+    """``queue.add(data)`` one at a time: each arrives as a PushRun of one (the node's fast path),
+    and each extends the last segment instead of making a segment of one."""
+    e = PartitionEngine(0)
+    n = SEGMENT_SLOTS_MAX + 5
+    for k in range(n):
+        e.apply(PushRun("q", [raw_of(k).packed], [f"key-{k}"], None), 1_000 + k)
+    segments = list(e.segments)
+    assert len(e.jobs) == 0 and [len(s.datas) for s in segments] == [SEGMENT_SLOTS_MAX, 5]
+    e.apply(PushRun("other", [raw_of("o").packed], None, None), 30_000)
+    e.apply(PushRun("q", [raw_of("q").packed], None, None), 30_000)
+    assert len(list(e.segments)) == 4  # another queue's add in between starts new segments
+    reply = e.apply({"cmd": "PULLB", "queue": "q", "count": 3}, 40_000).result
+    assert [j["id"] for j in reply["jobs"]] == ["0-1", "0-2", "0-3"]
+    assert [j["createdAt"] for j in reply["jobs"]] == [1_000.0, 1_001.0, 1_002.0]
