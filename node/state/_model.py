@@ -11,7 +11,7 @@ from ._limits import group_concurrency_of, limiter_of
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
-__all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "seq_of", "pack", "SLOT_CODES", "Event",
+__all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "slot_like", "seq_of", "pack", "SLOT_CODES", "Event",
            "SEQ_BITS", "SEQ_MASK", "ready_key", "due_key"]
 
 
@@ -222,6 +222,20 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
             job.state = COMPLETED
             job.finished_ms = seg.finished[i]
     return job
+
+
+#: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``finished_ms`` as a
+#: plain push leaves them: nothing leased, grouped, named by id, tagged, finished or logged.
+_PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
+
+
+def slot_like(t: list[Any] | tuple[Any, ...]) -> bool:
+    """True when job tuple ``t`` (:meth:`Job.to_tuple`) is what a segment's slot gives
+    (:func:`slot_job`) for a job never attempted: waiting or delayed, no TTL, only a name beside
+    its data and times."""
+    return ((t[4] == WAITING or t[4] == DELAYED) and t[5] == 0 and t[10] == 0 and type(t[3]) is int
+            and tuple(t[12:24]) == _PLAIN_TAIL and type(t[20]) is int and (len(t) < 26 or t[25] is None)
+            and type(t[2]) is bytes and (len(t) < 25 or t[24] is None or type(t[24]) is str))
 
 
 def seq_of(job: Job) -> int:

@@ -241,8 +241,7 @@ class PullOps(Store):
         check_transition(WAITING, ACTIVE)
         seq = seg.first + i
         self.lease_seq = lease_no = self.lease_seq + 1
-        now = self.now_ms
-        deadline = now + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
+        deadline = self.now_ms + (ttr_ms or seg.ttr_ms or q.opts["ttr"])
         ready = q.ready
         priorities = seg.priorities
         prio = priorities[i] if priorities is not None else 0
@@ -262,14 +261,27 @@ class PullOps(Store):
             self._events.append((q.name, seq, ACTIVE, WAITING))
         if self._replies:
             tokens.append(token)
-            names, createds, run_ats = seg.names, seg.createds, seg.run_ats
-            created = createds[i] if createds is not None else seg.created_ms
-            jobs.append({"id": f"{self.partition}-{seq}", "queue": q.name,
-                         "name": (names[i] if names is not None else None) or DEFAULT_NAME,
-                         "data": Raw(seg.datas[i]), "priority": prio, "state": ACTIVE, "attempts": 0,
-                         "maxAttempts": seg.max_attempts, "backoff": seg.backoff_ms,
-                         "createdAt": float(created), "runAt": float(run_ats[i] if run_ats is not None else created),
-                         "startedAt": float(now), "progress": 0, "leaseDeadline": float(deadline)})
+            job = self._slot_wire(q, seg, deadline)
+            job["id"] = f"{self.partition}-{seq}"
+            job["data"] = Raw(seg.datas[i])
+            job["priority"] = prio
+            names = seg.names
+            if names is not None and names[i] is not None:
+                job["name"] = names[i]
+            if seg.createds is not None or seg.run_ats is not None:
+                job["createdAt"] = float(seg.created(i))
+                job["runAt"] = float(seg.run_at(i))
+            jobs.append(job)
+
+    def _slot_wire(self, q: Queue, seg: Segment, deadline: int) -> dict[str, Any]:
+        """The wire form of a job of ``seg`` leased now until ``deadline`` (what a worker reads of
+        :meth:`~._store.Store.pulled_job`'s record), but for its id, data and the fields a slot
+        holds apart (priority, name, times): the caller sets those."""
+        created = float(seg.created_ms)
+        return {"id": None, "queue": q.name, "name": DEFAULT_NAME, "data": None, "priority": 0,
+                "state": ACTIVE, "attempts": 0, "maxAttempts": seg.max_attempts, "backoff": seg.backoff_ms,
+                "createdAt": created, "runAt": created, "startedAt": float(self.now_ms), "progress": 0,
+                "leaseDeadline": float(deadline)}
 
     def _lease_run(self, q: Queue, seg: Segment, want: int, budget: int, used: int, any_taken: bool,
                    ttr_ms: int | None, session: str | None, jobs: list[Any],
@@ -333,16 +345,10 @@ class PullOps(Store):
         if events is not None:
             events.extend([(q.name, s, ACTIVE, WAITING) for s in seqs])
         if self._replies:
-            name = q.name
             tokens.extend(decimal_run(prefix, base + 1, k))
-            # The wire form of each job (what a worker reads of wire_job's record): copies of one
-            # template, then the fields that differ (a third cheaper than a literal per job).
-            created = float(seg.created_ms)
-            template = {"id": None, "queue": name, "name": DEFAULT_NAME, "data": None, "priority": 0,
-                        "state": ACTIVE, "attempts": 0, "maxAttempts": seg.max_attempts, "backoff": seg.backoff_ms,
-                        "createdAt": created, "runAt": created, "startedAt": float(self.now_ms), "progress": 0,
-                        "leaseDeadline": float(deadline)}
-            copy = template.copy
+            # The wire form of each job: copies of one template, then the fields that differ (a
+            # third cheaper than a literal per job).
+            copy = self._slot_wire(q, seg, deadline).copy
             wire = [copy() for _ in seqs]
             id_prefix = f"{self.partition}-"
             for job, job_id, d in zip(wire, decimal_run(id_prefix, first, k), seg.datas[i:end]):

@@ -10,7 +10,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
-from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key
+from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key, slot_like
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
@@ -90,6 +90,16 @@ class PushOps(IdempotencyWindow):
         job = self.jobs.get(seq)
         return self._wire_id(job) if job is not None else format_job_id(self.partition, seq)
 
+    def _note_key(self, queue: str, key: str | None, seq: int, now: int) -> None:
+        """Keep the idempotency key (if any) of an add that made job ``seq`` of ``queue``: in the
+        window, or with the forwarded keys when a forwarding node gave it."""
+        if key is None:
+            return
+        if key.startswith(FORWARDED_FORMS):
+            self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
+        else:
+            self._remember_key(queue, key, seq, now + IDEMPOTENCY_WINDOW_MS)
+
     def _new_job(self, q: Queue, data: Any, options: dict[str, Any]) -> Job:
         # The hottest function of a push (it runs on every replica): locals, one .get each.
         get = options.get
@@ -116,11 +126,7 @@ class PushOps(IdempotencyWindow):
             meta = {k: options[k] for k in META_OPTIONS if options.get(k) is not None}
             if meta:
                 job.meta = meta
-            key = get("idempotencyKey")
-            if key is not None and key.startswith(FORWARDED_FORMS):
-                self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
-            elif key is not None:
-                self._remember_key(name, key, seq, now + IDEMPOTENCY_WINDOW_MS)
+            self._note_key(name, get("idempotencyKey"), seq, now)
         self.jobs[seq] = job
         q.totals["enqueued"] += 1
         if preset["ttl"]:
@@ -351,11 +357,7 @@ class PushOps(IdempotencyWindow):
                              SLOT_DELAYED if delay else SLOT_READY if prio else SLOT_WAITING,
                              prio, now, now + delay, get("name"))
         name = q.name
-        key = get("idempotencyKey")
-        if key is not None and key.startswith(FORWARDED_FORMS):
-            self._note_forwarded(seq, [first_form(key)])  # type: ignore[attr-defined]  # ForwardedKeys
-        elif key is not None:
-            self._remember_key(name, key, seq, now + IDEMPOTENCY_WINDOW_MS)
+        self._note_key(name, get("idempotencyKey"), seq, now)
         q.totals["enqueued"] += 1
         events = self._events
         if delay:
@@ -403,17 +405,11 @@ class PushOps(IdempotencyWindow):
         delayed, never attempted, under ``q``'s present defaults. Its heap entry (the ready
         heap's or the delayed heap's) stays and passes to the slot. None otherwise."""
         job = self.jobs.get(seq)
-        if (job is None or self._slot_hint != seq or job.queue != q.name or job.attempts
-                or (job.state != WAITING and job.state != DELAYED) or type(job.data) is not bytes):
-            return None
         opts = q.opts
-        if (job.group is not None or job.custom_id is not None or job.tag is not None or job.meta is not None
-                or job.result is not None or job.error is not None or job.message is not None
-                or job.logs is not None or job.token is not None or job.session is not None
-                or job.progress != 0 or type(job.progress) is not int or job.finished_ms or job.ttl_deadline_ms
-                or job.lease_deadline_ms or job.max_attempts != opts["attempts"]
+        if (job is None or self._slot_hint != seq or job.queue != q.name or job.max_attempts != opts["attempts"]
                 or job.backoff_ms != opts["backoff"] or job.ttr_ms != opts["ttr"]
-                or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox):
+                or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox
+                or not slot_like(job.to_tuple())):
             return None
         prio = job.priority
         code = SLOT_DELAYED if job.state == DELAYED else SLOT_READY if prio else SLOT_WAITING

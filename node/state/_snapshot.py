@@ -15,7 +15,7 @@ import msgpack
 
 from shoal.cluster.jobid import parse_job_id
 
-from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job
+from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job, slot_like
 from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
@@ -24,9 +24,6 @@ __all__ = ["SnapshotOps"]
 
 #: Bytes the streaming restore reads from its chunks at a time.
 _READ_BYTES = 1 << 20
-#: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``finished_ms`` as a
-#: plain push leaves them: nothing leased, grouped, named by id, tagged, finished or logged.
-_PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
 #: Positions in a job tuple of strings that many jobs hold alike (queue, state, group, tag, name).
 _SHARED_FIELDS = (1, 4, 15, 17, 24)
 #: Positions of times and durations that neighbouring jobs often hold alike (backoff, created,
@@ -35,14 +32,6 @@ _SHARED_INTS = (7, 8, 9, 10, 11, 14, 23)
 #: Distinct such ints remembered at once while restoring (jobs come in seq order, so neighbours
 #: share most of them).
 _INTS_MEMO_MAX = 1 << 16
-
-
-def _slot_like(t: list[Any]) -> bool:
-    """True when job tuple ``t`` is what a segment's slot gives (:func:`~._model.slot_job`) for a
-    job never attempted: waiting or delayed, no TTL, only a name beside its data and times."""
-    return ((t[4] == WAITING or t[4] == DELAYED) and t[5] == 0 and t[10] == 0 and type(t[3]) is int
-            and tuple(t[12:24]) == _PLAIN_TAIL and (len(t) < 26 or t[25] is None)
-            and type(t[2]) is bytes and (len(t) < 25 or t[24] is None or type(t[24]) is str))
 
 
 class _Run:
@@ -213,7 +202,7 @@ class SnapshotOps(Store):
             for i in _SHARED_INTS:
                 if i < len(t) and type(t[i]) is int and t[i] > 256:
                     t[i] = same_int(t[i])
-            if _slot_like(t):
+            if slot_like(t):
                 if run is not None and run.continues(t):
                     run.add(t)
                     continue
