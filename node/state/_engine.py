@@ -101,7 +101,7 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
 
     def next_due_ms(self) -> int | None:
         """Earliest time a delayed job, lease, TTL or cron becomes due."""
-        if not (self.queues or self.delayed or self.leases or self.ttls or self.crons or self.idempotency_runs
+        if not (self.queues or self.delayed or self.leases or self.ttls or self.crons or self.idem.runs
                 or self.forwarded):
             return None  # the node's tick loop asks every led partition several times a second
         due = [h[0][0] for h in (self.leases, self.ttls) if h]
@@ -110,8 +110,8 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
         if self.forwarded:  # dropped in passing: at most one tick a second for them, never one per entry
             due.append(self.forwarded[0][0] + FORWARDED_PURGE_LATE_MS)
         due += [c["nextRunAt"] for c in self.crons.values()]
-        if self.idempotency_runs:
-            due.append(self.idempotency_runs[0][0])
+        if self.idem.runs:
+            due.append(self.idem.runs[0][0])
         for q in self.queues.values():  # a parked long poll wakes when a rate window frees up
             if q.limiter is not None and q.counts[WAITING]:
                 budget_ms = q.limiter.next_budget_ms(q.counts[ACTIVE])

@@ -2,34 +2,40 @@
 
 Every add the client library sends carries a key, so the window holds one entry per job added
 in the last two minutes: at a steady ingest it is the engine's largest structure after the jobs
-themselves. It is kept small:
+themselves, and a bulk ingest of millions of jobs holds millions of keys. A key is kept as its
+hash in a packed table (``_key_table``, 20 bytes a slot), never as its string. The engine's
+``idem`` (a :class:`KeyWindow`) holds:
 
-- ``idempotency``: queue name -> key -> the seq of the job the key added. The key is the
-  string the command brought; the seq is the job's own int where the job holds one.
-- ``idempotency_runs``: the keys in the order they were given, as runs
-  ``[expires_ms, queue, keys, last_seq]`` of one queue and one expiry (the adds of one
-  entry), oldest first; ``last_seq`` is the highest seq a key of the run added.
+- ``table``: hash of (queue, key) -> the seq of the job the key added; ``moving``: the table
+  it replaced while its live entries move over (``cursor`` the next slot, ``step`` slots an add).
+- ``runs``: ``[expires_ms, last_seq, keys]`` per run of keys given with one expiry, oldest
+  first: ``last_seq`` is the highest seq a key of the run added.
+- ``over``: every key whose seq is at most this is over (the runs a ``_Tick`` dropped).
+- ``live``: the keys the runs hold (a key given again counts twice): sizes the table.
 
 Seqs grow with the partition clock, so the runs due at ``now`` hold exactly the keys whose seq
-is at most the last of them, and a key found in the map is live when its seq is above that.
-A key given again once its entry is due but before a ``_Tick`` dropped it (a new job) is in two
-runs: only the run that holds its seq (the later one) drops it.
+is at most the last of them, and a key found in the table is live when its seq is above that:
+dropping a run is raising ``over``, with nothing done per key.
 
-Snapshots hold it as ``(expires, [queue, key])`` per key given, oldest first, then
-``(queue, key, job id, expires)`` per live key (``docs/formats.md``).
+Snapshots hold ``[over, runs]`` and then ``[h, c, seq]`` per live key in seq order
+(engine state version 2, ``docs/formats.md``); version 1 held the keys' strings, and is read by
+hashing them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shoal.cluster.jobid import format_job_id
-
+from ._key_table import MIN_SLOTS, KeyTable, KeyWindow, key_hash, slots_for
 from ._store import Store
 
 __all__ = ["IdempotencyWindow"]
+
+#: Slots of a replaced table a ``_Tick`` moves over (a window that stops taking keys still
+#: finishes its move, a few milliseconds a tick).
+_TICK_MOVE_SLOTS = 1 << 15
 
 
 class IdempotencyWindow(Store):
@@ -37,103 +43,115 @@ class IdempotencyWindow(Store):
 
     def _remember_key(self, name: str, key: str, seq: int, expires: int) -> None:
         """Key ``key`` of queue ``name`` added job ``seq``; it is kept until ``expires``."""
-        keys_of = self.idempotency.get(name)
-        if keys_of is None:
-            keys_of = self.idempotency[name] = {}
-        keys_of[key] = seq
-        runs = self.idempotency_runs
-        if runs:
-            run = runs[-1]
-            if run[0] == expires and run[1] == name:
-                run[2].append(key)
-                run[3] = seq
-                return
-        runs.append([expires, name, [key], seq])
+        w = self.idem
+        # A single add's lookup (_key_seq) hashed its key just before: taken from there.
+        last = w.last
+        if last[1] is key and last[0] == name:
+            h, c = last[2], last[3]
+        else:
+            h, c = key_hash(name, key)
+        w.add_run(seq, 1, expires)
+        table = w.table
+        if table is None or (table.used + 1) * 5 > (table.mask + 1) * 3:
+            table = w.resize()
+        elif w.moving is not None:
+            w.move(w.step)
+        table.put(h, c, seq, w.over)
+
+    def _remember_hashes(self, hs: Sequence[int], cs: Sequence[int], seqs: Sequence[int],
+                         expires: int) -> None:
+        """The keys hashed ``(hs[i], cs[i])`` added jobs ``seqs[i]`` (in seq order); they are kept
+        until ``expires``."""
+        w = self.idem
+        n = len(seqs)
+        w.add_run(seqs[-1], n, expires)
+        table = w.table
+        if table is None or not table.room(n):
+            table = w.resize()
+        elif w.moving is not None:
+            w.move(w.step * n)
+        table.put_many(hs, cs, seqs, w.over)
 
     def _key_seq(self, name: str, key: str) -> int | None:
         """The seq of the job ``key`` added to queue ``name`` while the key is live, else None."""
-        keys_of = self.idempotency.get(name)
-        if keys_of is None:
+        w = self.idem
+        if w.table is None:
             return None
-        seq = keys_of.get(key)
-        if seq is None:
-            return None
-        runs = self.idempotency_runs
-        if runs and runs[0][0] <= self.now_ms and seq <= self._due_through():
-            return None  # due, not dropped yet
-        return seq
+        h, c = key_hash(name, key)
+        w.last = (name, key, h, c)
+        return w.seq_of(h, c, self.now_ms)
 
-    def _due_through(self) -> int:
-        """The highest seq a key of the runs due now added (-1: none)."""
-        now = self.now_ms
-        through = -1
-        for expires, _, _, last_seq in self.idempotency_runs:
-            if expires > now:
-                break
-            if last_seq > through:
-                through = last_seq
-        return through
+    def _hash_seq(self, h: int, c: int) -> int | None:
+        """The seq of the job the key hashed ``(h, c)`` added while the key is live, else None."""
+        return self.idem.seq_of(h, c, self.now_ms)
 
     def _purge_idempotency(self) -> None:
-        """Drop the keys whose window has passed."""
-        runs = self.idempotency_runs
+        """Drop the keys whose window has passed, and move or shrink the table a step."""
+        w = self.idem
+        runs = w.runs
         now = self.now_ms
-        window = self.idempotency
         while runs and runs[0][0] <= now:
-            _, name, keys, last_seq = runs.popleft()
-            keys_of = window.get(name)
-            if keys_of is None:
-                continue
-            for key in keys:
-                seq = keys_of.get(key)
-                if seq is not None and seq <= last_seq:
-                    del keys_of[key]
-            if not keys_of:
-                del window[name]
+            _, last_seq, keys = runs.popleft()
+            if last_seq > w.over:
+                w.over = last_seq
+            w.live -= keys
+        table = w.table
+        if table is None:
+            return
+        if not runs:
+            w.table = w.moving = None
+            w.cursor = 0
+        elif w.moving is not None:
+            w.move(_TICK_MOVE_SLOTS)
+        elif table.size > MIN_SLOTS and 4 * slots_for(w.live) <= table.size:
+            w.resize()  # most keys are over: a smaller table
 
     def idempotency_state(self) -> tuple[list[Any], list[Any]]:
-        """The window as snapshots hold it: ``(order, entries)`` (see the module docstring)."""
-        order: list[Any] = []
-        entries: list[Any] = []
-        partition = self.partition
-        window = self.idempotency
-        for expires, name, keys, last_seq in self.idempotency_runs:
-            keys_of = window.get(name, {})
-            for key in keys:
-                order.append((expires, [name, key]))
-                seq = keys_of.get(key)
-                if seq is not None and seq <= last_seq:
-                    entries.append((name, key, format_job_id(partition, seq), expires))
-        return order, entries
+        """The window as snapshots hold it: ``([over, runs], entries)`` (see the module
+        docstring). The same keys give the same entries whatever the tables' layout."""
+        w = self.idem
+        over = w.over
+        live: dict[tuple[int, int], int] = {}
+        if w.moving is not None:  # the slots not moved yet
+            for h, c, seq in w.moving.live(over, w.cursor):
+                live[h, c] = seq
+        if w.table is not None:
+            for h, c, seq in w.table.live(over):
+                live[h, c] = seq  # a key given again since: its later job
+        entries = [[h, c, seq] for seq, h, c in sorted((seq, h, c) for (h, c), seq in live.items())]
+        return [over, [list(run) for run in w.runs]], entries
 
-    def load_idempotency(self, order: Iterable[tuple[int, str, str]],
-                         entries: Iterable[tuple[str, str, int, int]]) -> None:
-        """The window from a snapshot, read as it streams: ``order`` gives ``(expires, queue,
-        key)`` per giving, oldest first, then ``entries`` ``(queue, key, seq, expires)`` per live
-        key.
+    def load_idempotency(self, head: list[Any], entries: Iterable[tuple[int, int, int]]) -> None:
+        """The window from a version-2 snapshot: ``head`` is ``[over, runs]``, ``entries`` gives
+        ``(h, c, seq)`` per live key, read as they stream."""
+        w = self.idem = KeyWindow()
+        w.over, runs = head
+        w.runs = deque([expires, last_seq, keys] for expires, last_seq, keys in runs)
+        w.live = sum(run[2] for run in w.runs)
+        table = KeyTable(slots_for(w.live, loaded=True)) if w.live else None
+        for h, c, seq in entries:
+            assert table is not None, "an idempotency entry without a run"
+            table.put(h, c, seq, w.over)
+        w.table = table
 
-        Nothing per key is held beyond what the window keeps: the runs are built as the order
-        comes, and a run's last seq is the highest seq of the live keys of its queue and expiry
-        (a key given again lists under a later expiry, so it never counts for its earlier run).
-        """
-        runs: deque[list[Any]] = deque()
-        for expires, name, key in order:
-            if runs:
-                run = runs[-1]
-                if run[0] == expires and run[1] == name:
-                    run[2].append(key)
-                    continue
-            runs.append([expires, name, [key], -1])
-        window: dict[str, dict[str, int]] = {}
-        highest: dict[tuple[str, int], int] = {}  # (queue, expires) -> the highest live seq
+    def load_idempotency_v1(self, order: Iterable[tuple[int, str, str]],
+                            entries: Iterable[tuple[str, str, int, int]]) -> None:
+        """The window from a version-1 snapshot, which held key strings: ``order`` gives
+        ``(expires, queue, key)`` per giving, oldest first, then ``entries`` ``(queue, key, seq,
+        expires)`` per live key. A run's last seq is the highest seq of the live keys of its
+        expiry (a key given again lists under a later expiry, so it never counts for its earlier
+        run)."""
+        w = self.idem = KeyWindow()
+        for expires, _, _ in order:
+            w.add_run(-1, 1, expires)
+        table = KeyTable(slots_for(w.live, loaded=True)) if w.live else None
+        highest: dict[int, int] = {}  # expires -> the highest live seq
         for name, key, seq, expires in entries:
-            keys_of = window.get(name)
-            if keys_of is None:
-                keys_of = window[name] = {}
-            keys_of[key] = seq
-            if seq > highest.get((name, expires), -1):
-                highest[name, expires] = seq
-        for run in runs:
-            run[3] = highest.get((run[1], run[0]), -1)
-        self.idempotency = window
-        self.idempotency_runs = runs
+            assert table is not None, "an idempotency entry without a giving"
+            h, c = key_hash(name, key)
+            table.put(h, c, seq, -1)
+            if seq > highest.get(expires, -1):
+                highest[expires] = seq
+        for run in w.runs:
+            run[1] = highest.get(run[0], -1)
+        w.table = table

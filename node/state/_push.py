@@ -14,6 +14,7 @@ from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key, slot_
 from ._commands import PushBatch, PushRun
 from ._forwarded import FORWARDED_FORMS, first_form, first_sends_only
 from ._idempotency import IdempotencyWindow
+from ._key_table import key_hash
 from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment, split_plain
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, WAITING, check_transition
@@ -187,7 +188,8 @@ class PushOps(IdempotencyWindow):
             first_sends, keys = keys, None  # a forwarding node's first sends: recorded, never looked up
         if keys is not None or room is not None:
             plan = [None] * len(datas)
-            key_seq = self._key_seq
+            hashed: list[Any] = [None] * len(datas)  # each client key's hash, taken once
+            hash_seq = self._hash_seq
             first_in_batch: dict[str, int] = {}
             for i in range(len(datas)):
                 key = keys[i] if keys is not None else None
@@ -199,7 +201,8 @@ class PushOps(IdempotencyWindow):
                             continue
                         key = first_form(key)  # copies of one add in this batch find each other
                     else:
-                        earlier_seq = key_seq(name, key)
+                        hashed[i] = hc = key_hash(name, key)
+                        earlier_seq = hash_seq(*hc)
                         if earlier_seq is not None:
                             plan[i] = prefix + str(earlier_seq)
                             continue
@@ -227,26 +230,30 @@ class PushOps(IdempotencyWindow):
             self._note_forwarded(first, first_sends)  # type: ignore[attr-defined]  # ForwardedKeys
         if plan is not None:
             seq = first
-            expires = now + IDEMPOTENCY_WINDOW_MS
-            remember = self._remember_key
             forwarded_seqs: list[int] = []
             forwarded_keys: list[str] = []
+            hs: list[int] = []
+            cs: list[int] = []
+            key_seqs: list[int] = []
             for i, step in enumerate(plan):
                 if step is None:
                     job_id = prefix + str(seq)
-                    key = keys[i] if keys is not None else None
-                    if key is not None:
-                        if key.startswith(FORWARDED_FORMS):
-                            forwarded_seqs.append(seq)
-                            forwarded_keys.append(first_form(key))
-                        else:
-                            remember(name, key, seq, expires)
+                    hc = hashed[i]
+                    if hc is not None:
+                        hs.append(hc[0])
+                        cs.append(hc[1])
+                        key_seqs.append(seq)
+                    elif keys is not None and keys[i] is not None:  # a forwarding node's key
+                        forwarded_seqs.append(seq)
+                        forwarded_keys.append(first_form(keys[i]))
                     seq += 1
                     ids.append(job_id)
                 elif step is _FULL:
                     ids.append(None)
                 else:
                     ids.append(ids[step] if type(step) is int else self._wire_id_of(step))
+            if hs:
+                self._remember_hashes(hs, cs, key_seqs, now + IDEMPOTENCY_WINDOW_MS)
             if forwarded_keys:
                 self._note_forwarded(forwarded_seqs, forwarded_keys)  # type: ignore[attr-defined]
         if n:

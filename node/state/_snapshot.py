@@ -15,7 +15,7 @@ import msgpack
 
 from shoal.cluster.jobid import parse_job_id
 
-from ._model import SNAPSHOT_VERSION, Job, Queue, due_key, slot_job, slot_like
+from ._model import READ_SNAPSHOT_VERSIONS, SNAPSHOT_VERSION, Job, Queue, due_key, slot_job, slot_like
 from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
@@ -174,12 +174,12 @@ class SnapshotOps(Store):
         if fields < 11:
             raise ValueError(f"snapshot has {fields} fields, expected at least 11")
         version, partition, seq, lease_seq, now_ms = (unpacker.unpack() for _ in range(5))
-        if version != SNAPSHOT_VERSION:
+        if version not in READ_SNAPSHOT_VERSIONS:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition)
-        # One str per distinct queue name, state, group, tag and job name (and key of the
-        # idempotency window below), as the engine that wrote them held them: decoded anew for
-        # each job they would cost a string per job and field. States are the engine's own.
+        # One str per distinct queue name, state, group, tag and job name, as the engine that
+        # wrote them held them: decoded anew for each job they would cost a string per job and
+        # field. States are the engine's own.
         strs: dict[str, str] = {state: state for state in STATES}
         share = strs.setdefault
         ints: dict[int, int] = {}
@@ -221,22 +221,27 @@ class SnapshotOps(Store):
             eng._keep_run(run, segments)
         queues, sessions = unpacker.unpack(), unpacker.unpack()
         # The idempotency window can hold an entry per recent job: streamed entry by entry into
-        # the window's own structures, one str per queue name and key shared by both lists.
-        jobs = eng.jobs
+        # the window's own table.
+        if version == 1:  # key strings: hashed as they come
+            def idempotency_order() -> Iterator[tuple[int, str, str]]:
+                for _ in range(unpacker.read_array_header()):
+                    t, (q_name, key) = unpacker.unpack()
+                    yield t, q_name, key
 
-        def idempotency_order() -> Iterator[tuple[int, str, str]]:
-            for _ in range(unpacker.read_array_header()):
-                t, (q_name, key) = unpacker.unpack()
-                yield same_int(t), share(q_name, q_name), share(key, key)
+            def idempotency_entries() -> Iterator[tuple[str, str, int, int]]:
+                for _ in range(unpacker.read_array_header()):
+                    q_name, key, job_id, expires = unpacker.unpack()
+                    yield q_name, key, parse_job_id(job_id)[1], expires
 
-        def idempotency_entries() -> Iterator[tuple[str, str, int, int]]:
-            for _ in range(unpacker.read_array_header()):
-                q_name, key, job_id, expires = unpacker.unpack()
-                key_seq = parse_job_id(job_id)[1]
-                job = jobs.get(key_seq)  # its own int where the job holds one
-                yield share(q_name, q_name), share(key, key), key_seq if job is None else job.seq, expires
+            eng.load_idempotency_v1(idempotency_order(), idempotency_entries())  # type: ignore[attr-defined]
+        else:
+            head = unpacker.unpack()
 
-        eng.load_idempotency(idempotency_order(), idempotency_entries())  # type: ignore[attr-defined]
+            def idempotency_hashes() -> Iterator[tuple[int, int, int]]:
+                for _ in range(unpacker.read_array_header()):
+                    yield unpacker.unpack()
+
+            eng.load_idempotency(head, idempotency_hashes())  # type: ignore[attr-defined]
         del strs, ints
         crons = unpacker.unpack()
         extras = unpacker.unpack() if fields > 11 else {}

@@ -11,6 +11,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
+from ._key_table import KeyWindow
 from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
@@ -58,10 +59,7 @@ class Store:
         self.leases: list[tuple[int, int, str, int]] = []
         self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
         self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
-        # The idempotency window (``_idempotency``): queue -> key -> seq of the job it added, and
-        # the keys as given, in runs [expires_ms, queue, keys, last seq], oldest first.
-        self.idempotency: dict[str, dict[str, int]] = {}
-        self.idempotency_runs: deque[list[Any]] = deque()
+        self.idem = KeyWindow()  # the idempotency window (``_idempotency``)
         self.crons: dict[str, dict[str, Any]] = {}
         # Flows (``_flows``): parents waiting here, children living here, unacknowledged reports.
         self.flow_parents: dict[int, Any] = {}

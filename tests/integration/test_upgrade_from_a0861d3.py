@@ -194,6 +194,6 @@ def test_a_rolling_upgrade_node_by_node_keeps_every_write_and_never_mixes_format
             router.close()
         logs = {node: cluster.log_file(node).read_text() for node in cluster.node_ids}
     assert all("UnpicklingError" not in text for text in logs.values()), "a release node was sent a format-1 entry"
-    assert any("Raft link version '4', this node '5'" in text or "Raft link version '5', this node '4'" in text
+    assert any("Raft link version '4', this node '6'" in text or "Raft link version '6', this node '4'" in text
                for text in logs.values())
     assert FORMAT_VERSION in payload_versions(data_dir, 0)
