@@ -6,13 +6,14 @@ slots, and the packed table answers as a dict of keys would while it fills, move
 
 from __future__ import annotations
 
-import random
 import statistics
 import tracemalloc
 from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from shoal.node.state import PartitionEngine, PushBatch, PushRun
 from shoal.node.state import _idempotency, _key_table
@@ -124,41 +125,69 @@ def test_a_key_costs_a_few_packed_slots() -> None:
     assert max(per_key[10:]) <= 100 and statistics.mean(per_key[10:]) < 65  # past the smallest tables
 
 
-@pytest.mark.parametrize("seed", range(6))
+class WindowMachine(RuleBasedStateMachine):
+    """Adds (single and in runs), re-givings, time, ticks and restores, against the window's
+    definition: a key answers its latest job until that giving is WINDOW old. The tables are
+    tiny (MIN_SLOTS 8, set by the test), so they fill, move and shrink within a few adds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = PartitionEngine(0)
+        self.model: dict[tuple[str, str], tuple[str, int]] = {}  # (queue, key) -> (job id, expires)
+        self.now = T0
+
+    def _check(self, queue: str, items: list[str], got: list[str]) -> None:
+        for item, job_id in zip(items, got):
+            earlier = self.model.get((queue, item))
+            if earlier is not None and earlier[1] > self.now:
+                assert job_id == earlier[0], (queue, item)
+            else:
+                assert earlier is None or job_id != earlier[0]
+                self.model[queue, item] = (job_id, self.now + WINDOW)
+
+    @rule(queue=st.sampled_from(("q", "r")), key=st.integers(0, 60))
+    def add(self, queue: str, key: int) -> None:
+        self._check(queue, [f"k{key}"], [push(self.engine, f"k{key}", self.now, queue=queue)["id"]])
+
+    @rule(queue=st.sampled_from(("q", "r")), keys=st.lists(st.integers(0, 60), min_size=1, max_size=12))
+    def add_run(self, queue: str, keys: list[int]) -> None:
+        items = [f"k{k}" for k in keys]
+        results = self.engine.apply(PushRun(queue, [b"\x01"] * len(items), items, None), self.now).result["results"]
+        self._check(queue, items, [r["id"] for r in results])
+
+    @rule(ms=st.sampled_from((1, 50, 5_000, WINDOW // 2, WINDOW)))
+    def wait(self, ms: int) -> None:
+        self.now += ms
+
+    @rule()
+    def tick(self) -> None:
+        tick(self.engine, self.now)
+
+    @rule()
+    def restore(self) -> None:
+        restored = PartitionEngine.restore(self.engine.snapshot())
+        assert restored.digest() == self.engine.digest()
+        self.engine = restored
+
+    @invariant()
+    def live_keys_answer(self) -> None:
+        now = self.engine.now_ms  # the time of the last command applied: what a lookup sees
+        for (queue, key), (job_id, expires) in self.model.items():
+            seq = self.engine._key_seq(queue, key)
+            if expires > now:
+                assert seq is not None and f"0-{seq}" == job_id, (queue, key)
+            else:
+                assert seq is None, (queue, key)
+
+
 def test_the_window_answers_as_a_dict_of_keys_would_through_resizes_and_restores(
-        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Random adds, re-givings, ticks and restores over small tables (so they fill, move and
-    shrink often), against the window's definition: a key answers its latest job until that
-    giving is WINDOW old."""
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_key_table, "MIN_SLOTS", 8)
     monkeypatch.setattr(_idempotency, "MIN_SLOTS", 8)
-    rnd = random.Random(seed)
+    run_state_machine_as_test(WindowMachine, settings=settings(max_examples=150, stateful_step_count=60,
+                                                               deadline=None))
     e = PartitionEngine(0)
-    model: dict[tuple[str, str], tuple[str, int]] = {}  # (queue, key) -> (job id, expires)
-    now = T0
-    for step in range(3_000):
-        now += rnd.choice((0, 1, 50, 400, 5_000))
-        action = rnd.random()
-        if action < 0.05:
-            tick(e, now)
-        elif action < 0.06:
-            restored = PartitionEngine.restore(e.snapshot())
-            assert restored.digest() == e.digest()
-            e = restored
-        else:
-            queue = rnd.choice(("q", "r"))
-            key = f"k{rnd.randrange(400 if step < 1_500 else 40)}"
-            if action < 0.3:
-                items = [f"k{rnd.randrange(400)}" for _ in range(rnd.randrange(1, 6))]
-                got = [r["id"] for r in e.apply(PushRun(queue, [b"\x01"] * len(items), items, None),
-                                                  now).result["results"]]
-            else:
-                items, got = [key], [push(e, key, now, queue=queue)["id"]]
-            for item, job_id in zip(items, got):
-                earlier = model.get((queue, item))
-                if earlier is not None and earlier[1] > now:
-                    assert job_id == earlier[0], (step, queue, item)
-                else:
-                    model[queue, item] = (job_id, now + WINDOW)
-    tick(e, now + WINDOW)
+    for i in range(200):  # and a window that empties frees its table
+        push(e, f"k{i}", T0 + i)
+    tick(e, T0 + 200 + WINDOW)
     assert e.idem.table is None and e.idem.live == 0
