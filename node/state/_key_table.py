@@ -8,8 +8,8 @@ between 30 % and 60 % full. Collisions are resolved by linear probing.
 Entries are never deleted one by one: the window drops keys by seq (every key whose seq is at
 most a watermark is over), so a slot holding such a seq is free to take a new key (a probe
 passes over it, an insert may reuse it). A table that fills up is replaced by one sized for the
-live keys, and the old one's live entries move over a few slots per insert (``migrate``), so no
-single add pays for copying the table.
+live keys, and the old one's live entries move over a few slots per insert (``KeyWindow.move``),
+so no single add pays for copying the table.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def key_hash(queue: str, key: str) -> tuple[int, int]:
     """The hash of ``key`` given to an add of ``queue``: 64 bits (never 0) and 32 more.
 
     BLAKE2b, not ``hash()``: replicas of several processes and releases must agree, and ``hash``
-    of a str is salted per process. 96 bits make a false match between the keys a partition
-    holds at once (millions at most) about as likely as ``1e-16``.
+    of a str is salted per process. With 96 bits, the chance that any two of ten million keys
+    held at once match falsely (an add answered with another key's job) is about 6e-16.
     """
     h, c = _split(_blake2b(f"{len(queue)}:{queue}{key}".encode(), digest_size=12).digest())
     return h or 1, c
