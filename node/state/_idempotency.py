@@ -50,27 +50,14 @@ class IdempotencyWindow(Store):
             h, c = last[2], last[3]
         else:
             h, c = key_hash(name, key)
-        w.add_run(seq, 1, expires)
-        table = w.table
-        if table is None or (table.used + 1) * 5 > (table.mask + 1) * 3:
-            table = w.resize()
-        elif w.moving is not None:
-            w.move(w.step)
-        table.put(h, c, seq, w.over)
+        w.admit(seq, 1, expires).put(h, c, seq, w.over)
 
     def _remember_hashes(self, hs: Sequence[int], cs: Sequence[int], seqs: Sequence[int],
                          expires: int) -> None:
         """The keys hashed ``(hs[i], cs[i])`` added jobs ``seqs[i]`` (in seq order); they are kept
         until ``expires``."""
         w = self.idem
-        n = len(seqs)
-        w.add_run(seqs[-1], n, expires)
-        table = w.table
-        if table is None or not table.room(n):
-            table = w.resize()
-        elif w.moving is not None:
-            w.move(w.step * n)
-        table.put_many(hs, cs, seqs, w.over)
+        w.admit(seqs[-1], len(seqs), expires).put_many(hs, cs, seqs, w.over)
 
     def _key_seq(self, name: str, key: str) -> int | None:
         """The seq of the job ``key`` added to queue ``name`` while the key is live, else None."""

@@ -105,15 +105,6 @@ class KeyTable:
         """Whether ``n`` more entries keep the table at most 60 % full."""
         return (self.used + n) * 5 <= (self.mask + 1) * 3
 
-    def move_into(self, table: KeyTable, start: int, stop: int, over: int) -> None:
-        """Put the entries of slots ``start:stop`` whose seq is above ``over`` into ``table``,
-        but where it holds their hash already (a key given again since)."""
-        hashes, checks, seqs, put = self.hashes, self.checks, self.seqs, table.put
-        for i in range(start, stop):
-            h = hashes[i]
-            if h and seqs[i] > over:
-                put(h, checks[i], seqs[i], over, False)
-
     def live(self, over: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, int, int]]:
         """``(h, c, seq)`` of the entries in slots ``start:stop`` whose seq is above ``over``."""
         hashes, checks, seqs = self.hashes, self.checks, self.seqs
@@ -169,7 +160,9 @@ class KeyWindow:
         assert old is not None and self.table is not None
         start = self.cursor
         stop = min(start + slots, old.size)
-        old.move_into(self.table, start, stop, self.over)
+        put, over = self.table.put, self.over
+        for h, c, seq in old.live(over, start, stop):
+            put(h, c, seq, over, False)  # a key given again since is in the new table already
         if stop == old.size:
             self.moving = None
             self.cursor = 0
@@ -200,6 +193,19 @@ class KeyWindow:
             if last_seq > through:
                 through = last_seq
         return through
+
+    def admit(self, last_seq: int, n: int, expires: int) -> KeyTable:
+        """The table to put ``n`` keys more in (given with ``expires``, the last of them adding
+        job ``last_seq``), counted in the runs: a new one if they would take the present one
+        past 60 % full, else the present one after a step of the move its predecessor's keys
+        make."""
+        self.add_run(last_seq, n, expires)
+        table = self.table
+        if table is None or not table.room(n):
+            return self.resize()
+        if self.moving is not None:
+            self.move(self.step * n)
+        return table
 
     def add_run(self, last_seq: int, n: int, expires: int) -> None:
         """``n`` keys more, given with ``expires``, the last of them adding job ``last_seq``."""
