@@ -1,7 +1,7 @@
 """A packed hash table from a key's 96-bit hash to a job's seq, for the idempotency window.
 
-A Python dict of key strings costs about 170 bytes a key (the string, a dict slot, the seq's
-int). Here a key is three packed array slots: the first 64 bits of its hash (0 marks an empty
+A key kept as a string in a dict would cost its string, a dict slot and the seq's int. Here a
+key is three packed array slots: the first 64 bits of its hash (0 marks an empty
 slot), 32 more bits that must match too, and the seq: 20 bytes a slot, with the table kept
 between 30 % and 60 % full. Collisions are resolved by linear probing.
 

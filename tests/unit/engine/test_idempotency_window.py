@@ -105,8 +105,7 @@ def test_a_version_1_snapshot_with_key_strings_is_read_by_hashing_them() -> None
 def test_a_key_costs_a_few_packed_slots() -> None:
     """200,000 keys of coalesced adds: a slot is 20 bytes, and the tables the window holds
     (between 30 % and 60 % full, plus the one being replaced while its keys move over) come to
-    at most 100 bytes a key right after the table grows and about 60 on average; a dict of
-    the keys' strings took about 170."""
+    at most 100 bytes a key right after the table grows and about 60 on average."""
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
