@@ -115,7 +115,7 @@ def unraw(value: Any) -> Any:
 
 def _encode_hook(obj: Any) -> Any:
     """msgspec's fallback for what it does not know: a Raw is spliced verbatim."""
-    if type(obj) is Raw:
+    if isinstance(obj, Raw):  # a Raw, or a subclass whose bytes are read now (the engine's Stored)
         return msgspec.Raw(obj.packed)
     if isinstance(obj, Mapping):
         return dict(obj)

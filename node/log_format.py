@@ -190,7 +190,7 @@ def _wrap_ext(value: Any) -> Any:
 
 def _enc_hook(value: Any) -> Any:
     kind = type(value)
-    if kind is Raw:
+    if kind is Raw or isinstance(value, Raw):  # or the engine's Stored, read now
         return msgspec.msgpack.Ext(EXT_RAW, value.packed)
     if kind is msgpack.Timestamp:
         return msgspec.msgpack.Ext(EXT_TIMESTAMP, value.to_bytes())

@@ -43,6 +43,7 @@ from .metrics import NodeMetrics
 from .moves import MoveService
 from .cluster_map import ClusterMap
 from .partition import Partition, PartitionMachine
+from .payload_files import PAYLOADS_DIR, PayloadFiles
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
@@ -54,6 +55,9 @@ __all__ = ["Node", "run_node"]
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.02
+#: How often released payload files are looked for (one is deleted a collection after it was
+#: found released, so a reply naming its bytes has long been written).
+PAYLOAD_COLLECT_INTERVAL_MS = 1000
 TICK_IDLE_MS = 1_000
 TOPOLOGY_INTERVAL_S = 0.1
 PEER_POLL_INTERVAL_S = 1.0
@@ -105,6 +109,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._led: list[int] = []
         self._tick_idle_ms = TICK_IDLE_MS
+        self._payloads_collected_ms = 0
         self.raft_network: RaftNetwork | None = None
         self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -248,7 +253,8 @@ class Node:
             boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
             membership = Membership.of(boot) if me in boot else Membership.of([])
         peers = [m for m in target if m != me]
-        replica = PartitionReplica(p, self.raft_network, peers, application=PartitionMachine(p),
+        payloads = PayloadFiles(self.data_dir / PAYLOADS_DIR / f"p{p}")
+        replica = PartitionReplica(p, self.raft_network, peers, application=PartitionMachine(p, payloads),
                                    data_dir=str(self.data_dir), loop=self.loop,
                                    scheduler=self.scheduler, preferred=bool(target) and target[0] == me,
                                    groups=self._hosted_hint, storage=self.storage, repair=self.config.repair_damaged,
@@ -399,6 +405,10 @@ class Node:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
             now = self.now_ms()
+            if now - self._payloads_collected_ms >= PAYLOAD_COLLECT_INTERVAL_MS:
+                self._payloads_collected_ms = now
+                for part in self.partitions.values():
+                    part.replica.application.payloads.collect()
             for p in self._led:  # the partitions this node led at the last topology refresh
                 part = self.partitions[p]
                 replica = part.replica
@@ -548,6 +558,7 @@ class Node:
         self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()
         replica.delete_files()
+        replica.application.payloads.close()
         log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
 
 

@@ -20,8 +20,9 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ..raft._io import FileIO
 from ..raft.membership import Membership
+from ..payload_files import PayloadFiles
 from ..raft.snapshots import load_snapshot, snapshot_content
-from ..state import EVENTS_MAX, Command, Event, PartitionEngine, command_name
+from ..state import EVENTS_MAX, Command, Event, PartitionEngine, PayloadSpace, command_name
 from .entries import decode_batch, encode_batch
 from .view import PartitionView
 
@@ -44,9 +45,11 @@ class PartitionMachine:
     everything outside this package reads it through :attr:`view`.
     """
 
-    def __init__(self, partition: int) -> None:
+    def __init__(self, partition: int, payloads: PayloadFiles | None = None) -> None:
         self.partition = partition
-        self.engine = PartitionEngine(partition)
+        #: Where each engine keeps its segments' job data: files on disk, or process memory.
+        self.payloads = payloads
+        self.engine = PartitionEngine(partition, self._space())
         self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
         #: Set by the node: False while nobody listens to job events (the engine then skips them).
         self.record_events = True
@@ -104,18 +107,33 @@ class PartitionMachine:
         return self.engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
 
     def load_snapshot(self, chunks: Iterator[bytes]) -> PartitionEngine:
-        """A new engine restored from snapshot content (the live one is not touched)."""
-        return PartitionEngine.restore_chunks(chunks)
+        """A new engine restored from snapshot content (the live one is not touched); its job
+        data goes to a payload space of its own as it is read."""
+        space = self._space()
+        try:
+            return PartitionEngine.restore_chunks(chunks, space)
+        except BaseException:
+            self._discard(space)
+            raise
 
     def install(self, state: object) -> None:
         """Make an engine :meth:`load_snapshot` built the partition's state."""
         if not isinstance(state, PartitionEngine):
             raise TypeError(f"partition {self.partition}: cannot install a {type(state).__name__} as the engine")
-        self.engine = state
+        old, self.engine = self.engine, state
+        self._discard(old.segments.space)
 
     def reset(self) -> None:
         """An empty engine replaces the state."""
-        self.engine = PartitionEngine(self.partition)
+        old, self.engine = self.engine, PartitionEngine(self.partition, self._space())
+        self._discard(old.segments.space)
+
+    def _space(self) -> PayloadSpace | None:
+        return self.payloads.new() if self.payloads is not None else None
+
+    def _discard(self, space: PayloadSpace) -> None:
+        if self.payloads is not None:
+            self.payloads.discard(space)
 
     def describe(self) -> str:
         return f"{self.engine.job_count()} jobs"

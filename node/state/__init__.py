@@ -50,6 +50,11 @@ order either way. A restore keeps runs of jobs a slot can hold (consecutive seqs
 queue, waiting or delayed, never attempted) as segments again, except where only the per-job
 path makes them (a log queue's records, jobs a flow or a dedupe entry names).
 
+A segment keeps its jobs' data in the partition's payload space (``_payloads``), 8 + 4 bytes
+of offset and length a job in memory: the engine's own space is process memory, a node's is
+files on disk. Replies carry a segment job's data as a ``Stored`` reference the frame encoder
+reads; snapshots and digests carry the data itself, never where a replica keeps it.
+
 Every command is atomic: it checks everything that can fail before it changes
 anything, so a refused command leaves no trace.
 
@@ -59,7 +64,7 @@ Modules, one concern each, as mixins over one :class:`~._store.Store` of fields:
 ``_push``, ``_idempotency`` (the keys clients give their adds, kept two minutes), ``_dedupe``
 (dedupe and debounce of adds), ``_forwarded`` (the keys of adds forwarded by another node),
 ``_pull``, ``_limits`` (rate limits and concurrency), ``_ack`` (ack/fail/retry and leases),
-``_cancel`` (cancelling a running job), ``_timers`` (expiry, cron, ``_Tick``), ``_control``
+``_cancel`` (cancelling a running job), ``_payloads`` (where segment jobs' data lives), ``_timers`` (expiry, cron, ``_Tick``), ``_control``
 (per-job and per-queue commands, log queues), ``_reads``, ``_snapshot``, ``_segments`` (plain
 batch jobs), ``_transitions`` (the state diagram), ``_commands`` (the typed compact commands the
 node replicates) and ``_engine`` (``PartitionEngine.apply``).
@@ -69,8 +74,9 @@ from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCo
 from ._pull import TERM_LEASE_BITS
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
+from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
            "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
-           "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS"]
+           "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS", "PayloadSpace", "MemorySpace", "Stored"]

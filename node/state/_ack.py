@@ -86,7 +86,7 @@ class AckOps(Store):
             seq = int(tail) if tail.isdigit() and tail.isascii() and len(job_id) <= 40 else 0
             job = all_jobs.get(seq) if seq else None
             if job is None and seq and segments and result is None and not removes:
-                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                if seg is None or not 0 <= seq - seg.first < len(seg.states):
                     seg = segments.find(seq)
                 if seg is not None:
                     i = seq - seg.first
@@ -151,7 +151,7 @@ class AckOps(Store):
             return None
         i = first - seg.first
         end = i + k
-        if end > len(seg.datas) or seg.states.count(SLOT_ACTIVE, i, end) != k:
+        if end > len(seg.states) or seg.states.count(SLOT_ACTIVE, i, end) != k:
             return None
         if lease >= 0 and seg.lease_nos[i:end] != list(range(lease, lease + k)):
             return None
@@ -370,7 +370,7 @@ class AckOps(Store):
             if seg is None:
                 return None
             i = first - seg.first
-            limit = min(k, start + len(seg.datas) - i)  # a run ends where its segment does
+            limit = min(k, start + len(seg.states) - i)  # a run ends where its segment does
             end = start + 1
             while end < limit and seqs[end] == first + end - start:
                 end += 1

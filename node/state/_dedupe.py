@@ -27,6 +27,7 @@ from shoal.cluster.jobid import format_job_id
 from ._model import Job, Queue, due_key
 from ._store import Store
 from ._transitions import DELAYED, WAITING
+from ._payloads import PayloadSpace
 
 __all__ = ["DedupeOps", "DEDUPE", "DEBOUNCE"]
 
@@ -37,8 +38,8 @@ DEBOUNCE = "b"
 class DedupeOps(Store):
     """Mixin of :class:`~._engine.PartitionEngine` (see its module for the theory of operation)."""
 
-    def __init__(self, partition: int) -> None:
-        super().__init__(partition)
+    def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
+        super().__init__(partition, space)
         # (queue, id) -> [kind, seq, expires_ms, first_ms]: dedupe expires at its TTL, a
         # debounce entry when its job is due (it cannot match after that)
         self.dedupe: dict[tuple[str, str], list[Any]] = {}

@@ -17,6 +17,7 @@ from ._forwarded import FORWARDED_PURGE_LATE_MS, ForwardedKeys
 from ._dedupe import DedupeOps
 from ._model import SEQ_BITS, Event
 from ._moves import Moves
+from ._payloads import PayloadSpace
 from ._pull import PullOps
 from ._push import PushOps
 from ._reads import ReadOps
@@ -42,8 +43,10 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
                       ReadOps, SnapshotOps, Moves, ReadyIndex):
     """All queues of one partition, driven by :meth:`apply` (see the package docstring)."""
 
-    def __init__(self, partition: int) -> None:
-        super().__init__(partition)
+    def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
+        """An empty partition ``partition``; its segments' job data goes to ``space`` (a
+        :class:`~._payloads.MemorySpace` when None)."""
+        super().__init__(partition, space)
         self._handlers = {name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
         self._typed: dict[type, Any] = {PushRun: self._apply_push_run, PushBatch: self._apply_push_batch,
                                         AckRun: self._apply_ack_run, SessionPull: self._apply_session_pull}

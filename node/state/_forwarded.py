@@ -31,6 +31,7 @@ from shoal.cluster.jobid import format_job_id
 
 from ._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS
 from ._store import Store
+from ._payloads import PayloadSpace
 
 __all__ = ["ForwardedKeys", "FORWARDED_FORMS", "FORWARDED_PURGE_LATE_MS", "first_form", "first_sends_only"]
 
@@ -59,8 +60,8 @@ def first_sends_only(keys: list[str | None]) -> bool:
 class ForwardedKeys(Store):
     """Mixin of :class:`~._engine.PartitionEngine` (see this module's docstring)."""
 
-    def __init__(self, partition: int) -> None:
-        super().__init__(partition)
+    def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
+        super().__init__(partition, space)
         self.forwarded: deque[tuple[int, Any, list[str]]] = deque()
         # The lookup cache: first-form key -> seq, over records numbered below _forwarded_indexed
         # (records are numbered from 0 as added; _forwarded_popped of them were dropped).

@@ -203,7 +203,7 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
     its lease.
     """
     createds, priorities = seg.createds, seg.priorities
-    job = Job(seg.first + i, seg.queue, seg.datas[i],  # type: ignore[arg-type]
+    job = Job(seg.first + i, seg.queue, seg.data(i),
               priorities[i] if priorities is not None else 0,
               createds[i] if createds is not None else seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
     if seg.run_ats is not None:

@@ -147,7 +147,7 @@ class Moves(Store):
             job = all_jobs.get(seq)
             if job is None:
                 # A completed segment job: let its slot go without making it an object first.
-                if seg is None or not 0 <= seq - seg.first < len(seg.datas):
+                if seg is None or not 0 <= seq - seg.first < len(seg.states):
                     seg = segments.find(seq)
                 i = seq - seg.first if seg is not None else 0
                 if seg is None or seg.states[i] != SLOT_COMPLETED:
@@ -175,7 +175,7 @@ class Moves(Store):
         i = first - seg.first
         end = i + n
         history = q.history
-        if end > len(seg.datas) or seg.states.count(SLOT_COMPLETED, i, end) != n or history[n - 1] != first + n - 1:
+        if end > len(seg.states) or seg.states.count(SLOT_COMPLETED, i, end) != n or history[n - 1] != first + n - 1:
             return False
         if list(islice(history, n)) != list(range(first, first + n)):
             return False
@@ -186,7 +186,7 @@ class Moves(Store):
         """Remove completed slots ``i .. i+n-1`` of ``seg``, the ``n`` oldest entries of the history."""
         check_transition(COMPLETED, REMOVED)  # the callers found the slots completed
         end = i + n
-        seg.datas[i:end] = [None] * n
+        seg.release(i, end)
         seg.states[i:end] = bytes([SLOT_GONE]) * n
         self.segments.gone(seg, n)
         q.counts[COMPLETED] -= n

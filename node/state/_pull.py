@@ -227,7 +227,7 @@ class PullOps(Store):
     @staticmethod
     def _slot_bytes(seg: Segment, i: int, fixed: int) -> int:
         """:func:`~._model.wire_bytes_max` of slot ``i``'s job (``fixed``: its bytes beside data and name)."""
-        size = len(seg.datas[i]) + fixed  # type: ignore[arg-type]
+        size = seg.data_len(i) + fixed
         names = seg.names
         if names is not None and names[i] is not None:
             size += 8 * len(names[i])  # type: ignore[arg-type]
@@ -263,7 +263,7 @@ class PullOps(Store):
             tokens.append(token)
             job = self._slot_wire(q, seg, deadline)
             job["id"] = f"{self.partition}-{seq}"
-            job["data"] = Raw(seg.datas[i])
+            job["data"] = seg.stored(i)
             job["priority"] = prio
             names = seg.names
             if names is not None and names[i] is not None:
@@ -298,7 +298,7 @@ class PullOps(Store):
         ready = q.ready
         first = seg.low
         i = first - seg.first
-        limit = min(len(seg.datas), i + want)
+        limit = min(len(seg.states), i + want)
         for child in ready[1:3]:
             if 0 <= child <= SEQ_MASK and child - seg.first < limit:  # priority 0: the key is the seq
                 limit = child - seg.first
@@ -306,9 +306,9 @@ class PullOps(Store):
         full = False
         if budget:
             fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
-            datas, names = seg.datas, seg.names
+            names, data_len = seg.names, seg.data_len
             for j in range(i, end):
-                size = len(datas[j]) + fixed  # type: ignore[arg-type]
+                size = data_len(j) + fixed
                 if names is not None and names[j] is not None:
                     size += 8 * len(names[j])  # type: ignore[arg-type]  # as wire_bytes_max counts it
                 if used + size > budget and (any_taken or j > i):
@@ -351,9 +351,10 @@ class PullOps(Store):
             copy = self._slot_wire(q, seg, deadline).copy
             wire = [copy() for _ in seqs]
             id_prefix = f"{self.partition}-"
-            for job, job_id, d in zip(wire, decimal_run(id_prefix, first, k), seg.datas[i:end]):
+            stored = seg.stored
+            for j, job, job_id in zip(range(i, end), wire, decimal_run(id_prefix, first, k)):
                 job["id"] = job_id
-                job["data"] = Raw(d)
+                job["data"] = stored(j)
             names = seg.names
             if names is not None:
                 for job, job_name in zip(wire, names[i:end]):

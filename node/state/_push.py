@@ -263,10 +263,8 @@ class PushOps(IdempotencyWindow):
             if last is not None and self._extends(last, q, first, n):
                 self._extend_segment(q, last, fresh, now, names)
             else:
-                # A copy: the segment marks taken slots in its list, and a command may be applied
-                # twice (the same dict on two engines in tests).
-                self._hold_segment(q, Segment(first, list(fresh), name, now, opts["attempts"], opts["backoff"],
-                                              opts["ttr"], names))
+                self._hold_segment(q, Segment(first, fresh, name, now, opts["attempts"], opts["backoff"],
+                                              opts["ttr"], names, space=self.segments.space))
             q.totals["enqueued"] += n
             if per_item:
                 q.calls["PUSH"] = q.calls.get("PUSH", 0) + n  # as n accepted PUSH commands count
@@ -389,7 +387,7 @@ class PushOps(IdempotencyWindow):
         ``seg``: it ends just before them, holds ``q``'s jobs pushed under ``q``'s present
         defaults, and stays within :data:`SEGMENT_SLOTS_MAX` slots."""
         opts = q.opts
-        return (seg.end == first and seg.queue == q.name and len(seg.datas) + n <= SEGMENT_SLOTS_MAX
+        return (seg.end == first and seg.queue == q.name and len(seg.states) + n <= SEGMENT_SLOTS_MAX
                 and seg.max_attempts == opts["attempts"] and seg.backoff_ms == opts["backoff"]
                 and seg.ttr_ms == opts["ttr"])
 
@@ -423,7 +421,8 @@ class PushOps(IdempotencyWindow):
         seg = Segment(seq, [job.data], q.name, job.created_ms, job.max_attempts, job.backoff_ms, job.ttr_ms,
                       [job.name] if job.name is not None else None, states=bytearray([code]),
                       priorities=[prio] if prio else None,
-                      run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None)
+                      run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None,
+                      space=self.segments.space)
         del self.jobs[seq]
         self.segments.add(seg)
         return seg

@@ -20,11 +20,13 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 from shoal.cluster.codec import Raw
 
 from ._decimal import joined_decimal_run
+from ._payloads import PayloadSpace, Stored
 
 __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE",
            "SLOT_COMPLETED", "SLOT_READY", "SLOT_DELAYED", "SLOT_HELD", "SEGMENT_SLOTS_MAX"]
@@ -118,25 +120,31 @@ def _number_after(prefix: str, texts: list[Any]) -> int | None:
 class Segment:
     """Consecutive plain jobs of one queue still held as one record.
 
-    Per slot ``i`` (job ``first + i``): ``datas[i]`` is its data, or None once the slot is
-    gone (the job materialized or removed); ``states[i]`` is one of the ``SLOT_*`` codes.
-    ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's value differs from
-    the common one (priority 0, ``created_ms``, its creation time). A leased slot keeps its
-    lease number, deadline and session, a completed one its finish time; those four lists
-    exist only once the segment's first job is leased. Waiting slots are leased in place
-    (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
+    Per slot ``i`` (job ``first + i``): ``states[i]`` is one of the ``SLOT_*`` codes
+    (``SLOT_GONE`` once the job materialized or was removed); its data is the ``lens[i]``
+    bytes at ``offs[i]`` of the partition's payload ``space`` (:mod:`._payloads`), or, in a
+    segment whose jobs' data is not all bytes (tools and tests may push Python values),
+    ``inline[i]``. ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's
+    value differs from the common one (priority 0, ``created_ms``, its creation time). A
+    leased slot keeps its lease number, deadline and session, a completed one its finish time;
+    those four lists exist only once the segment's first job is leased. Waiting slots are
+    leased in place (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
     """
 
-    __slots__ = ("first", "datas", "queue", "created_ms", "max_attempts", "backoff_ms", "ttr_ms",
-                 "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished", "names",
-                 "priorities", "createds", "run_ats")
+    __slots__ = ("first", "space", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
+                 "ttr_ms", "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished",
+                 "names", "priorities", "createds", "run_ats")
 
-    def __init__(self, first: int, datas: list[bytes | None], queue: str, created_ms: int,
+    def __init__(self, first: int, datas: list[Any], queue: str, created_ms: int,
                  max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None,
                  states: bytearray | None = None, priorities: list[int] | None = None,
-                 createds: array | None = None, run_ats: array | None = None) -> None:
+                 createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace) -> None:
         self.first = first
-        self.datas = datas
+        self.space = space
+        self.offs: array | None = None
+        self.lens: array | None = None
+        self.inline: list[Any] | None = None
+        self._place(datas)
         self.names = names         # per slot its job's name (bunqueue's), or None when none has one
         self.queue = queue
         self.created_ms = created_ms
@@ -157,10 +165,67 @@ class Segment:
         self.sessions: list[str | None] = []
         self.finished: list[int] = []
 
+    def _place(self, datas: list[Any]) -> None:
+        """Keep ``datas`` as the data of slots ``len(self.states) ..``: in one append to the
+        space when they are all bytes and the segment keeps its data there."""
+        if not datas:
+            return
+        if self.inline is None and all(type(d) is bytes for d in datas):
+            start = self.space.append(datas[0] if len(datas) == 1 else b"".join(datas))
+            lens = array("I", map(len, datas))
+            if self.offs is None:
+                self.offs = array("q", accumulate(lens[:-1], initial=start))
+                self.lens = lens
+            else:
+                self.offs.extend(accumulate(lens[:-1], initial=start))
+                self.lens.extend(lens)  # type: ignore[union-attr]
+            return
+        if self.inline is None:
+            held = [self.data(i) if self.states[i] != SLOT_GONE else None for i in range(len(self.offs))] \
+                if self.offs is not None else []
+            if self.offs is not None:
+                self.release(0, len(self.offs))
+            self.inline, self.offs, self.lens = held, None, None
+        self.inline.extend(datas)
+
     @property
     def end(self) -> int:
         """The seq after the segment's last slot."""
-        return self.first + len(self.datas)
+        return self.first + len(self.states)
+
+    def data(self, i: int) -> Any:
+        """Slot ``i``'s data (read from the space)."""
+        if self.inline is not None:
+            return self.inline[i]
+        start = self.offs[i]  # type: ignore[index]
+        return self.space.read(start, start + self.lens[i])  # type: ignore[index]
+
+    def stored(self, i: int) -> Raw:
+        """Slot ``i``'s data as a reply carries it: where it is stored, read when encoded."""
+        if self.inline is not None:
+            return Raw(self.inline[i])
+        start = self.offs[i]  # type: ignore[index]
+        return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
+
+    def data_len(self, i: int) -> int:
+        """Bytes of slot ``i``'s data."""
+        return len(self.inline[i]) if self.inline is not None else self.lens[i]  # type: ignore[index]
+
+    def release(self, i: int, j: int) -> None:
+        """Slots ``i .. j-1``, all held until now, are gone: their data's bytes are released
+        (neighbouring slots' bytes in one call)."""
+        if self.inline is not None:
+            self.inline[i:j] = [None] * (j - i)
+            return
+        offs, lens, space = self.offs, self.lens, self.space
+        start = end = offs[i]  # type: ignore[index]
+        for k in range(i, j):
+            at = offs[k]  # type: ignore[index]
+            if at != end:
+                space.release(start, end)
+                start = at
+            end = at + lens[k]  # type: ignore[index]
+        space.release(start, end)
 
     def priority(self, i: int) -> int:
         return self.priorities[i] if self.priorities is not None else 0
@@ -173,7 +238,7 @@ class Segment:
 
     def append(self, data: bytes, code: int, priority: int, created: int, run_at: int, name: str | None) -> None:
         """One more slot, the job ``end`` (see :meth:`SegmentStore.append`)."""
-        n = len(self.datas)
+        n = len(self.states)
         if priority and self.priorities is None:
             self.priorities = [0] * n
         if created != self.created_ms and self.createds is None:
@@ -195,7 +260,7 @@ class Segment:
             self.deadlines.append(0)
             self.sessions.append(None)
             self.finished.append(0)
-        self.datas.append(data)
+        self._place([data])
         self.states.append(code)
         self.held += 1
         if code == SLOT_WAITING:
@@ -205,7 +270,7 @@ class Segment:
 
     def _lease_lists(self) -> None:
         if not self.lease_nos:
-            n = len(self.datas)
+            n = len(self.states)
             self.lease_nos = [0] * n
             self.deadlines = [0] * n
             self.sessions = [None] * n
@@ -214,7 +279,7 @@ class Segment:
     def extend(self, datas: list[Any], created: int, names: list[str | None] | None) -> None:
         """``len(datas)`` more waiting priority-0 slots, jobs added at ``created`` (see
         :meth:`SegmentStore.extend`)."""
-        n, k = len(self.datas), len(datas)
+        n, k = len(self.states), len(datas)
         if created != self.created_ms and self.createds is None:
             self.createds = array("q", [self.created_ms]) * n
         if names is not None and self.names is None:
@@ -232,7 +297,7 @@ class Segment:
             self.deadlines.extend([0] * k)
             self.sessions.extend([None] * k)
             self.finished.extend([0] * k)
-        self.datas.extend(datas)
+        self._place(datas)
         self.states.extend(bytes([SLOT_WAITING]) * k)
         self.held += k
         if not self.left:
@@ -280,11 +345,12 @@ class Segment:
 
 
 class SegmentStore:
-    """Every segment of one partition, by first seq."""
+    """Every segment of one partition, by first seq, and the payload space holding their data."""
 
-    __slots__ = ("_by_first", "_firsts", "jobs")
+    __slots__ = ("_by_first", "_firsts", "jobs", "space")
 
-    def __init__(self) -> None:
+    def __init__(self, space: PayloadSpace) -> None:
+        self.space = space
         self._by_first: dict[int, Segment] = {}
         self._firsts: list[int] = []   # ascending: seqs only grow
         self.jobs = 0                  # held jobs over all segments
@@ -324,21 +390,20 @@ class SegmentStore:
             return None
         segment = self._by_first[firsts[bisect_right(firsts, seq) - 1]]
         i = seq - segment.first
-        if i < len(segment.datas) and segment.datas[i] is not None:
+        states = segment.states
+        if i < len(states) and states[i] != SLOT_GONE:
             return segment
         return None
 
-    def take(self, segment: Segment, seq: int) -> bytes:
-        """Let go of slot ``seq`` (its job materialized or removed); returns its data.
+    def take(self, segment: Segment, seq: int) -> None:
+        """Let go of slot ``seq`` (its job materialized or removed), and of its data.
 
         A waiting slot that was ``low`` moves ``low`` to the next waiting one.
         """
-        datas = segment.datas
         i = seq - segment.first
-        data = datas[i]
-        assert data is not None
-        datas[i] = None
         states = segment.states
+        assert states[i] != SLOT_GONE
+        segment.release(i, i + 1)
         was_waiting = states[i] == SLOT_WAITING
         states[i] = SLOT_GONE
         self.gone(segment, 1)
@@ -347,10 +412,10 @@ class SegmentStore:
             if seq == segment.low:
                 nxt = states.find(SLOT_WAITING, i + 1) if segment.left else -1
                 segment.low = 0 if nxt < 0 else segment.first + nxt
-        return data
 
     def gone(self, segment: Segment, n: int) -> None:
-        """``n`` slots of ``segment`` were let go (their ``datas``/``states`` already cleared)."""
+        """``n`` slots of ``segment`` were let go (their states already ``SLOT_GONE``, their data
+        released)."""
         segment.held -= n
         self.jobs -= n
         if segment.held == 0:

@@ -15,6 +15,7 @@ import msgpack
 
 from shoal.cluster.jobid import parse_job_id
 
+from ._payloads import PayloadSpace
 from ._model import READ_SNAPSHOT_VERSIONS, SNAPSHOT_VERSION, Job, Queue, due_key, slot_job, slot_like
 from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
@@ -43,7 +44,7 @@ class _Run:
 
     def __init__(self, t: list[Any]) -> None:
         self.head = t  # kept whole: a run of one stays a job object
-        self.datas: list[bytes] = []
+        self.datas: list[Any] = []
         self.names: list[str | None] = []
         self.priorities: list[int] = []
         self.createds: list[int] = []
@@ -67,8 +68,9 @@ class _Run:
         self.run_ats.append(t[9])
         self.states.append(SLOT_DELAYED if t[4] == DELAYED else SLOT_READY if t[3] else SLOT_WAITING)
 
-    def segment(self) -> Segment:
-        """The segment holding the run (priorities and times kept only where they differ)."""
+    def segment(self, space: PayloadSpace) -> Segment:
+        """The segment holding the run, its data in ``space`` (priorities and times kept only
+        where they differ)."""
         head = self.head
         created = head[8]
         createds, run_ats, priorities, names = self.createds, self.run_ats, self.priorities, self.names
@@ -76,7 +78,7 @@ class _Run:
                        names if any(n is not None for n in names) else None, states=self.states,
                        priorities=priorities if any(priorities) else None,
                        createds=array("q", createds) if any(c != created for c in createds) else None,
-                       run_ats=array("q", run_ats) if run_ats != createds else None)
+                       run_ats=array("q", run_ats) if run_ats != createds else None, space=space)
 
 
 #: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group
@@ -129,7 +131,7 @@ class SnapshotOps(Store):
         pack = packer.pack
         head = (SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
         jobs = self._all_jobs_iter()
-        count = len(self.jobs) + sum(len(seg.datas) - seg.datas.count(None) for seg in self.segments)
+        count = self.job_count()
         # Flows, flow-control windows and dedupe/debounce entries, in one trailing map present only
         # when one of them holds something: a partition using none of them keeps its digest.
         more: dict[str, Any] = {}
@@ -165,9 +167,10 @@ class SnapshotOps(Store):
         return cls.restore_chunks((data,))
 
     @classmethod
-    def restore_chunks(cls, chunks: Iterable[bytes]) -> Self:
+    def restore_chunks(cls, chunks: Iterable[bytes], space: PayloadSpace | None = None) -> Self:
         """The engine whose :meth:`snapshot_chunks` gave ``chunks``, read as they come: a large
-        snapshot is never held whole, nor its jobs as one list of tuples."""
+        snapshot is never held whole, nor its jobs as one list of tuples. Its segments' data
+        goes to ``space`` as it is read (see :class:`~._engine.PartitionEngine`)."""
         unpacker = msgpack.Unpacker(_ChunkReader(chunks), raw=False, strict_map_key=False,
                                     read_size=_READ_BYTES, max_buffer_size=0)
         fields = unpacker.read_array_header()
@@ -176,7 +179,7 @@ class SnapshotOps(Store):
         version, partition, seq, lease_seq, now_ms = (unpacker.unpack() for _ in range(5))
         if version not in READ_SNAPSHOT_VERSIONS:
             raise ValueError(f"unsupported snapshot version {version}")
-        eng = cls(partition)
+        eng = cls(partition, space)
         # One str per distinct queue name, state, group, tag and job name, as the engine that
         # wrote them held them: decoded anew for each job they would cost a string per job and
         # field. States are the engine's own.
@@ -283,7 +286,7 @@ class SnapshotOps(Store):
         if len(run) == 1:
             self.jobs[run.head[0]] = Job.from_tuple(run.head)
         else:
-            segments.append(run.segment())
+            segments.append(run.segment(self.segments.space))
 
     def _place_run(self, seg: Segment, named: list[int]) -> None:
         """Keep a restored run as a segment: its heap entries and counts (``_hold_segment``).
@@ -292,12 +295,13 @@ class SnapshotOps(Store):
         a log queue's records, and jobs a flow or a dedupe entry names (their code reads
         them as jobs). ``named``: those seqs, ascending."""
         q = self.queues[seg.queue]
-        n = len(seg.datas)
+        n = len(seg.states)
         k = bisect_left(named, seg.first)
         if q.type == "log" or (k < len(named) and named[k] < seg.first + n):
             for i in range(n):
                 job = slot_job(seg, i, self.partition)
                 self.jobs[job.seq] = job
+            seg.release(0, n)
             self._jobs_unordered = True
             return
         self._hold_segment(q, seg)

@@ -12,6 +12,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
 from ._key_table import KeyWindow
+from ._payloads import MemorySpace, PayloadSpace
 from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
@@ -41,13 +42,14 @@ __all__ = ["Store"]
 class Store:
     """The fields every part of the engine works on, and how jobs are found."""
 
-    def __init__(self, partition: int) -> None:
+    def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
         self.partition = partition
         self.seq = 0
         self.lease_seq = 0
         self.now_ms = 0
         self.jobs: dict[int, Job] = {}
-        self.segments = SegmentStore()  # plain PUSHB jobs not materialized yet
+        # plain jobs not materialized yet, their data in ``space`` (process memory when none is given)
+        self.segments = SegmentStore(space if space is not None else MemorySpace())
         self._jobs_unordered = False    # a materialized job was inserted behind later seqs
         # The job object the latest add made that a segment's slot could hold (``_push_slot``):
         # how the representation is chosen, never state (a restored engine starts with none).
@@ -110,7 +112,7 @@ class Store:
         if type(cmd) is AckRun:
             first, last = cmd.first, cmd.first + cmd.count - 1
             seg = self.segments.find(first) if self.segments else None
-            if seg is not None and last < seg.first + len(seg.datas):
+            if seg is not None and last < seg.end:
                 return self._lazy_queue(seg.queue)  # one pull's run: one segment
             seqs: Iterable[int | None] = range(first, last + 1)
         elif type(cmd) is dict and ("ids" in cmd or "id" in cmd):
@@ -263,7 +265,7 @@ class Store:
         if self.segments:
             p = self.partition
             for seg in self.segments:
-                jobs.extend(slot_job(seg, i, p) for i, d in enumerate(seg.datas) if d is not None)
+                jobs.extend(slot_job(seg, i, p) for i, code in enumerate(seg.states) if code)  # not SLOT_GONE
             jobs.sort(key=seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
@@ -275,7 +277,7 @@ class Store:
         if not self.segments:
             return iter(list(self.jobs.values()))
         p = self.partition
-        seg_jobs = (slot_job(seg, i, p) for seg in self.segments for i, d in enumerate(seg.datas) if d is not None)
+        seg_jobs = (slot_job(seg, i, p) for seg in self.segments for i, code in enumerate(seg.states) if code)
         return heapq.merge(list(self.jobs.values()), seg_jobs, key=seq_of)
 
     def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
@@ -295,9 +297,8 @@ class Store:
             for seg in self.segments:
                 if seg.queue != queue:
                     continue
-                states, datas = seg.states, seg.datas
-                for i in range(len(datas)):
-                    if states[i] in codes and datas[i] is not None:
+                for i, code in enumerate(seg.states):
+                    if code in codes:
                         yield slot_job(seg, i, p)
 
         return heapq.merge(own, slots(), key=seq_of)

@@ -11,7 +11,10 @@ priority changes, promotions, delays coming due, drains and restores.
 from __future__ import annotations
 
 import gc
+import shutil
+import tempfile
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
+from shoal.node.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import PartitionEngine, PushRun, SessionPull
 from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
@@ -44,15 +48,28 @@ def apply_both(engine: PartitionEngine, reference: PartitionEngine, cmd: Any, no
 
 
 class SlotsVsPerJob(RuleBasedStateMachine):
+    """The engine under test keeps its segments' data in payload files (tiny files and buffer, so
+    appends, reads and releases cross every boundary); the reference keeps job objects."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.engine = PartitionEngine(0)
+        self.payloads = PayloadFiles(Path(tempfile.mkdtemp(prefix="shoal-slots-")) / "payloads")
+        self.engine = PartitionEngine(0, self._space())
         self.reference = PartitionEngine(0)
         self.now = 1_000
         self.seqs: list[int] = []              # every job added
         self.tokens: dict[int, str] = {}       # the latest token handed out per job
         for queue in QUEUES:
             self.both({"cmd": "CreateQueue", "queue": queue, "options": {"ttr": TTR_MS, "backoff": 0}})
+
+    def _space(self) -> FileSpace:
+        space = self.payloads.new()
+        space.file_bytes, space.buffer_bytes, space.read_ahead = 160, 48, 40
+        return space
+
+    def teardown(self) -> None:
+        self.payloads.close()
+        shutil.rmtree(self.payloads.root.parent, ignore_errors=True)
 
     def both(self, cmd: Any, ref_cmd: Any = None) -> Any:
         return apply_both(self.engine, self.reference, cmd, self.now, ref_cmd)
@@ -137,13 +154,23 @@ class SlotsVsPerJob(RuleBasedStateMachine):
     def advance(self, dt: int) -> None:
         self.now += dt
         self.both({"cmd": "_Tick"})
+        self.payloads.collect()
 
     @rule()
     def restart(self) -> None:
         """The engine under test restored from its snapshot (as a restarted node is)."""
-        self.engine = PartitionEngine.restore(self.engine.snapshot())
+        old = self.engine
+        self.engine = PartitionEngine.restore_chunks((old.snapshot(),), self._space())
+        self.payloads.discard(old.segments.space)
         assert self.engine.digest() == self.reference.digest()
 
+    @invariant()
+    def payload_bytes_are_those_of_held_slots(self) -> None:
+        """Every held slot's data bytes are live in the space and nothing else is: no leak, no
+        double release; the files hold exactly the live ones' file numbers (after a collect)."""
+        space = self.engine.segments.space
+        held = sum(seg.data_len(i) for seg in self.engine.segments for i, code in enumerate(seg.states) if code)
+        assert space.stats()["liveBytes"] == held
     @invariant()
     def counts_agree(self) -> None:
         for queue in QUEUES:
@@ -227,7 +254,7 @@ def test_plain_adds_one_per_entry_fill_one_segment_up_to_its_size_limit() -> Non
     for k in range(n):
         e.apply(PushRun("q", [raw_of(k).packed], [f"key-{k}"], None), 1_000 + k)
     segments = list(e.segments)
-    assert len(e.jobs) == 0 and [len(s.datas) for s in segments] == [SEGMENT_SLOTS_MAX, 5]
+    assert len(e.jobs) == 0 and [len(s.states) for s in segments] == [SEGMENT_SLOTS_MAX, 5]
     e.apply(PushRun("other", [raw_of("o").packed], None, None), 30_000)
     e.apply(PushRun("q", [raw_of("q").packed], None, None), 30_000)
     assert len(list(e.segments)) == 4  # another queue's add in between starts new segments

@@ -1,0 +1,127 @@
+"""Where the data of a segment's jobs lives: a payload space, and a reference into it.
+
+A :class:`~._segments.Segment` keeps no job's data itself, only where it starts in its
+partition's payload space (8 bytes a job). The space is a port the engine is given: it
+stores appended bytes at the offsets it returns and gives them back. The engine's own
+:class:`MemorySpace` keeps them in process memory (tests, the simulation, tools); a node
+gives each engine a space of files on disk (``shoal.node.payload_files``), so a waiting
+job's data costs disk and page cache, not the process's memory.
+
+Offsets are a replica's own: the replicated state (snapshots, digests) carries the data
+itself, never where a replica keeps it. The engine hands a job's data out as a
+:class:`Stored` reference, read only when the reply is encoded; it reads bytes itself only
+where it turns a slot into a job object or writes a snapshot.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Protocol
+
+from shoal.cluster.codec import Raw
+
+__all__ = ["PayloadSpace", "MemorySpace", "Stored"]
+
+
+class PayloadSpace(Protocol):
+    """Append-only byte storage of one engine's job data."""
+
+    def append(self, blob: bytes) -> int:
+        """Keep ``blob``; returns the offset of its first byte (offsets only grow)."""
+
+    def read(self, start: int, end: int) -> bytes:
+        """The bytes ``start .. end`` of what was appended (a range some append covered)."""
+
+    def release(self, start: int, end: int) -> None:
+        """Bytes ``start .. end`` are no longer referenced (each byte is released once)."""
+
+
+class Stored(Raw):
+    """Job data ``start .. end`` of ``space``: a :class:`Raw` whose bytes are read when asked for
+    (by the frame encoder, as a reply is written), not when the engine builds the reply."""
+
+    __slots__ = ("space", "start", "end")
+
+    def __init__(self, space: PayloadSpace, start: int, end: int) -> None:  # noqa: D107 - no Raw.__init__
+        self.space = space
+        self.start = start
+        self.end = end
+
+    @property  # type: ignore[override]
+    def packed(self) -> bytes:  # noqa: D102
+        return self.space.read(self.start, self.end)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Raw) and other.packed == self.packed
+
+    def __hash__(self) -> int:
+        return hash(self.packed)
+
+    def __repr__(self) -> str:
+        return f"Stored({self.start}..{self.end})"
+
+    def __reduce__(self) -> tuple[type, tuple[bytes]]:
+        return (Raw, (self.packed,))
+
+
+class MemorySpace:
+    """A payload space in process memory: each appended blob kept as it came, dropped once all
+    its bytes are released. Pure (no I/O); the engine's default."""
+
+    __slots__ = ("_starts", "_blobs", "_live", "end")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []          # ascending start of each kept blob
+        self._blobs: dict[int, bytes] = {}    # start -> blob
+        self._live: dict[int, int] = {}       # start -> bytes not released
+        self.end = 0
+
+    def append(self, blob: bytes) -> int:
+        start = self.end
+        if blob:
+            self._starts.append(start)
+            self._blobs[start] = blob
+            self._live[start] = len(blob)
+            self.end = start + len(blob)
+        return start
+
+    def _blob_at(self, offset: int) -> int:
+        starts = self._starts
+        k = bisect_right(starts, offset) - 1
+        if k < 0 or offset >= starts[k] + len(self._blobs[starts[k]]):
+            raise KeyError(f"payload offset {offset} is not held")
+        return starts[k]
+
+    def read(self, start: int, end: int) -> bytes:
+        if start == end:
+            return b""
+        parts = []
+        at = start
+        while at < end:
+            first = self._blob_at(at)
+            blob = self._blobs[first]
+            upto = min(end, first + len(blob))
+            parts.append(blob[at - first:upto - first])
+            at = upto
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def release(self, start: int, end: int) -> None:
+        at = start
+        while at < end:
+            first = self._blob_at(at)
+            upto = min(end, first + len(self._blobs[first]))
+            left = self._live[first] - (upto - at)
+            if left:
+                self._live[first] = left
+            else:
+                del self._live[first], self._blobs[first]
+                del self._starts[bisect_right(self._starts, first) - 1]
+            at = upto
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the blobs still kept (a blob goes when its last byte is released)."""
+        return sum(len(b) for b in self._blobs.values())

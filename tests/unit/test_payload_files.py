@@ -1,0 +1,109 @@
+"""Payload files: what is appended reads back from the buffer, the last block or the files;
+released files are deleted, one collection later; a failed write keeps the bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from shoal.cluster.codec import encode_body, raw_of
+from shoal.node.payload_files import FileSpace, PayloadFiles
+from shoal.node.state import MemorySpace, PartitionEngine, Stored
+
+
+def _files(space: FileSpace) -> set[str]:
+    return set(os.listdir(space.directory)) if space.directory.exists() else set()
+
+
+@settings(max_examples=60, deadline=None)
+@given(blobs=st.lists(st.binary(min_size=1, max_size=90), min_size=1, max_size=40),
+       file_bytes=st.sampled_from([64, 100, 1 << 20]), buffer_bytes=st.sampled_from([1, 50, 1 << 20]),
+       read_ahead=st.sampled_from([1, 30, 500]), data=st.data())
+def test_every_append_reads_back_across_buffer_blocks_and_files(tmp_path_factory: Any, blobs: list[bytes],
+                                                                  file_bytes: int, buffer_bytes: int,
+                                                                  read_ahead: int, data: st.DataObject) -> None:
+    space = FileSpace(tmp_path_factory.mktemp("space"), file_bytes, buffer_bytes, read_ahead)
+    memory = MemorySpace()
+    starts = [(space.append(b), memory.append(b), b) for b in blobs]
+    assert all(s == m for s, m, _ in starts)
+    if data.draw(st.booleans()):
+        space.flush()
+    for start, _, blob in data.draw(st.permutations(starts)):
+        assert space.read(start, start + len(blob)) == blob
+        cut = data.draw(st.integers(0, len(blob)))
+        assert space.read(start + cut, start + len(blob)) == memory.read(start + cut, start + len(blob))
+    whole = b"".join(blobs)
+    assert space.read(0, len(whole)) == whole
+
+
+def test_a_file_goes_one_collection_after_its_last_bytes_are_released(tmp_path: Path) -> None:
+    space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1)
+    for _ in range(5):
+        space.append(b"x" * 50)           # files 0, 1 and half of 2
+    assert _files(space) == {"00000000.pay", "00000001.pay", "00000002.pay"}
+    space.release(0, 100)                 # file 0 all released
+    space.release(100, 150)               # file 1 half
+    space.release(200, 250)               # file 2, still written to
+    assert space.collect() == 0 and _files(space) == {"00000000.pay", "00000001.pay", "00000002.pay"}
+    assert space.collect() == 1 and _files(space) == {"00000001.pay", "00000002.pay"}
+    assert space.read(150, 200) == b"x" * 50
+    assert space.append(b"y" * 60) == 250  # the rest of file 2 and 10 bytes of file 3
+    space.release(250, 300)               # file 2 all released, and no longer written to
+    space.collect()
+    assert space.collect() == 1 and _files(space) == {"00000001.pay", "00000003.pay"}
+    assert space.stats() == {"files": 2, "liveBytes": 50 + 10, "end": 310}
+    assert space.read(300, 310) == b"y" * 10
+
+
+def test_a_failed_write_keeps_the_bytes_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    space = FileSpace(tmp_path / "s", file_bytes=1 << 20, buffer_bytes=1 << 20)
+    start = space.append(b"kept in memory")
+
+    def full(start: int, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(space, "_pwrite", full)
+    space.flush()
+    assert space.read(start, start + 14) == b"kept in memory"
+    assert space.read(start + 5, start + 7) == b"in"
+
+
+def test_stored_data_is_read_when_the_frame_is_encoded(tmp_path: Path) -> None:
+    space = FileSpace(tmp_path / "s", buffer_bytes=1)
+    start = space.append(raw_of({"n": 1}).packed)
+    ref = Stored(space, start, space.end)
+    assert encode_body({"data": ref}) == encode_body({"data": raw_of({"n": 1})})
+    assert ref == raw_of({"n": 1}) and len(ref) == len(raw_of({"n": 1}).packed)
+
+
+def test_an_engine_on_payload_files_answers_and_snapshots_as_one_in_memory(tmp_path: Path) -> None:
+    """Bulk and single adds, pulls, acks and a restore: the same replies and digests."""
+    payloads = PayloadFiles(tmp_path / "payloads")
+    on_disk, in_memory = PartitionEngine(0, payloads.new()), PartitionEngine(0)
+    cmds: list[dict[str, Any]] = [
+        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"i": i, "pad": "p" * i})} for i in range(300)]},
+        *({"cmd": "PUSH", "queue": "q", "data": raw_of(i), "priority": i % 3} for i in range(50)),
+        {"cmd": "PULLB", "queue": "q", "count": 120},
+    ]
+    for now, cmd in enumerate(cmds, 1_000):
+        assert encode_body(on_disk.apply(cmd, now).result) == encode_body(in_memory.apply(cmd, now).result)
+    assert on_disk.digest() == in_memory.digest()
+    restored = PartitionEngine.restore_chunks(on_disk.snapshot_chunks(jobs_per_chunk=7), payloads.new())
+    payloads.discard(on_disk.segments.space)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 500}
+    assert encode_body(restored.apply(pull, 2_000).result) == encode_body(in_memory.apply(pull, 2_000).result)
+    assert restored.digest() == in_memory.digest()
+    payloads.close()
+    assert not payloads.root.exists()
+
+
+def test_payload_files_of_an_earlier_run_are_removed(tmp_path: Path) -> None:
+    root = tmp_path / "payloads"
+    PayloadFiles(root).new().append(b"left over")
+    (root / "g1" / "00000000.pay").write_bytes(b"left over")
+    fresh = PayloadFiles(root)
+    assert not root.exists() and fresh.new().end == 0
