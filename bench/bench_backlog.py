@@ -608,6 +608,20 @@ def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str,
                 cells += ([f"{p.restart[node] / MIB:,.1f}", f"{again[node]:,.0f}", f"{p.restart_s:.1f}"]
                           if node in p.restart else ["", "", ""])
             print("| " + " | ".join(cells) + " |")
+    if len(phases) > 1:  # what the node holds for every job of every phase, from before the first
+        first, last = phases[0], phases[-1]
+        total = sum(p.added for p in phases)
+        for node in last.after:
+            if node not in first.before:
+                continue
+            grown = (last.after[node] - first.before[node]) / max(total, 1)
+            cells = ["all phases", node, f"{total:,}", "", f"{first.before[node] / MIB:,.1f}",
+                     f"{last.after[node] / MIB:,.1f}", f"{grown:,.0f}"]
+            if restarted:
+                cells += ([f"{last.restart[node] / MIB:,.1f}",
+                           f"{(last.restart[node] - first.before[node]) / max(total, 1):,.0f}", ""]
+                          if node in last.restart else ["", "", ""])
+            print("| " + " | ".join(cells) + " |")
     snaps = [(p, node, v) for p in phases for node, v in p.extra.get("snapshots", {}).items()]
     if snaps:
         print()

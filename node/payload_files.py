@@ -130,12 +130,9 @@ class FileSpace:
         return len(dead)
 
     def discard(self) -> None:
-        """The engine is gone: delete every file of the space (an open descriptor, as a
-        snapshot child's, still reads what it had)."""
+        """The engine is gone: delete every file of the space. Descriptors stay open until the
+        space itself goes, so a reply still naming its bytes (or a snapshot child) reads them."""
         self.discarded = True
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def stats(self) -> dict[str, int]:
@@ -243,9 +240,20 @@ class PayloadFiles:
             space.discard()
 
     def collect(self) -> None:
-        """Delete the spaces' all-released files."""
-        for space in self.spaces:
+        """Write what the running engine's space buffers, and delete its all-released files.
+
+        Only that one: the running engine's space is the oldest one kept (``install`` and
+        ``reset`` discard it once the next takes over), and a newer one belongs to a snapshot
+        being loaded on another thread, which alone touches it until it is installed."""
+        if self.spaces:
+            space = self.spaces[0]
+            space.flush()
             space.collect()
+
+    def stats(self) -> dict[str, int]:
+        """The running engine's payload files, bytes not released and bytes appended
+        (:meth:`FileSpace.stats`; zeros before the first engine)."""
+        return self.spaces[0].stats() if self.spaces else {"files": 0, "liveBytes": 0, "end": 0}
 
     def close(self) -> None:
         """The partition left this node: every space and file goes."""

@@ -341,7 +341,8 @@ class Node:
                            "appliedIndex": replica.applied_index(), "digest": digest,
                            "digestIndex": digest_index, "snapshots": replica.snapshots.stats(),
                            "pendingCommands": part.group_commit.pending, "elections": replica.elections,
-                           "transferElections": replica.transfer_elections, "raft": replica.status()}
+                           "transferElections": replica.transfer_elections, "raft": replica.status(),
+                           "payloads": replica.application.payloads.stats()}
         net = self.raft_network
         raft = {"elections": sum(r.elections for r in replicas.values()),
                 "transferElections": sum(r.transfer_elections for r in replicas.values()),

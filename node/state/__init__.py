@@ -50,10 +50,10 @@ order either way. A restore keeps runs of jobs a slot can hold (consecutive seqs
 queue, waiting or delayed, never attempted) as segments again, except where only the per-job
 path makes them (a log queue's records, jobs a flow or a dedupe entry names).
 
-A segment keeps its jobs' data in the partition's payload space (``_payloads``), 8 + 4 bytes
-of offset and length a job in memory: the engine's own space is process memory, a node's is
-files on disk. Replies carry a segment job's data as a ``Stored`` reference the frame encoder
-reads; snapshots and digests carry the data itself, never where a replica keeps it.
+Job data lives in the partition's payload space (``_payloads``): a segment keeps 8 + 4 bytes
+of offset and length a job, a job object a ``Stored`` reference; the engine's own space is
+process memory, a node's is files on disk. Replies carry the reference, which the frame
+encoder reads; snapshots and digests carry the data itself, never where a replica keeps it.
 
 Every command is atomic: it checks everything that can fail before it changes
 anything, so a refused command leaves no trace.

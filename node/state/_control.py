@@ -107,7 +107,7 @@ class ControlOps(Store):
         """Replace a job's data (bunqueue's ``updateData``)."""
         job = self._job(cmd["id"])
         data = cmd["data"]
-        job.data = data.packed if type(data) is Raw else pack(data)
+        self._replace_data(job, data if type(data) is Raw else Raw(pack(data)))
         self._count(self.queues[job.queue], "Update")
         return {}
 

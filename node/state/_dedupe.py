@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 
@@ -74,7 +73,7 @@ class DedupeOps(Store):
             if spec.get("extend"):
                 self._set_expiry(q.name, spec["id"], entry, now + spec["ttlMs"])
             if spec.get("replace") and job is not None and job.state in (WAITING, DELAYED):
-                _swap_data(job, options["data"])
+                self._replace_data(job, options["data"])  # type: ignore[attr-defined]  # Store
             return self._wire_id(job) if job is not None else format_job_id(self.partition, entry[1])
         spec = options["debounce"]
         entry = self.dedupe.get((q.name, spec["id"]))
@@ -85,7 +84,7 @@ class DedupeOps(Store):
             # The burst's job is due already (moved, or due at this instant but not yet
             # promoted by a tick): this add starts a new burst.
             return None
-        _swap_data(job, options["data"])
+        self._replace_data(job, options["data"])  # type: ignore[attr-defined]  # Store
         run_at = now + spec["delayMs"]
         wait = spec.get("maxWaitMs")
         if wait is not None:
@@ -156,6 +155,3 @@ class DedupeOps(Store):
             self.dedupe[(queue, dedupe_id)] = [kind, seq, expires, first]
             heapq.heappush(self.dedupe_order, (expires, queue, dedupe_id))
 
-
-def _swap_data(job: Job, data: Any) -> None:
-    job.data = data.packed if type(data) is Raw else data

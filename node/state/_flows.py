@@ -113,8 +113,7 @@ class FlowOps(Store):
         self.seq = seq = self.seq + 1
         get, opts, now = item.get, q.opts, self.now_ms
         data = item["data"]
-        job = Job(seq, q.name, data.packed if type(data) is Raw else data,
-                  (get("priority") or 0) if q.preset["priority"] else 0, now)
+        job = Job(seq, q.name, self._keep(data), (get("priority") or 0) if q.preset["priority"] else 0, now)
         job.state = WAITING_CHILDREN
         job.max_attempts = get("attempts") or opts["attempts"]
         backoff = get("backoff")

@@ -8,6 +8,7 @@ from typing import Any
 import msgpack
 
 from ._limits import group_concurrency_of, limiter_of
+from ._payloads import Stored
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
@@ -137,8 +138,13 @@ class Job:
         self.name: str | None = None
         self.meta: dict[str, Any] | None = None
 
-    def to_tuple(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, s) for s in Job.__slots__)
+    def to_tuple(self, stored: bool = False) -> tuple[Any, ...]:
+        """The job's fields in ``__slots__`` order, its data as bytes (read from the payload
+        space), or with ``stored`` as the job holds it (no read)."""
+        t = tuple(getattr(self, s) for s in Job.__slots__)
+        if not stored and type(t[2]) is Stored:
+            t = (t[0], t[1], t[2].packed, *t[3:])
+        return t
 
     @classmethod
     def from_tuple(cls, t: tuple[Any, ...]) -> "Job":
@@ -203,7 +209,7 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
     its lease.
     """
     createds, priorities = seg.createds, seg.priorities
-    job = Job(seg.first + i, seg.queue, seg.data(i),
+    job = Job(seg.first + i, seg.queue, seg.job_data(i),
               priorities[i] if priorities is not None else 0,
               createds[i] if createds is not None else seg.created_ms, seg.max_attempts, seg.backoff_ms, seg.ttr_ms)
     if seg.run_ats is not None:
@@ -232,13 +238,18 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
 _PLAIN_TAIL = (None, None, 0, None, None, None, None, None, 0, None, None, 0)
 
 
+#: What a job's data is when a segment's slot can hold it: bytes (a restore's), or where the
+#: payload space holds them (a job object's).
+_SLOT_DATA = (bytes, Stored)
+
+
 def slot_like(t: list[Any] | tuple[Any, ...]) -> bool:
     """True when job tuple ``t`` (:meth:`Job.to_tuple`) is what a segment's slot gives
     (:func:`slot_job`) for a job never attempted: waiting or delayed, no TTL, only a name beside
     its data and times."""
     return ((t[4] == WAITING or t[4] == DELAYED) and t[5] == 0 and t[10] == 0 and type(t[3]) is int
             and tuple(t[12:24]) == _PLAIN_TAIL and type(t[20]) is int and (len(t) < 26 or t[25] is None)
-            and type(t[2]) is bytes and (len(t) < 25 or t[24] is None or type(t[24]) is str))
+            and type(t[2]) in _SLOT_DATA and (len(t) < 25 or t[24] is None or type(t[24]) is str))
 
 
 def seq_of(job: Job) -> int:

@@ -123,6 +123,7 @@ class Moves(Store):
         if self.flow_children or self.flow_parents:
             self._flow_forget(job)
         del self.jobs[job.seq]
+        self._let_go(job.data)
         if job.group is not None and job.state in (WAITING, DELAYED, ACTIVE):
             self._group_moved(q, job.group, job.state, REMOVED)  # type: ignore[attr-defined]  # ReadyIndex
         events = self._events

@@ -1,7 +1,8 @@
 """Where the data of a segment's jobs lives: a payload space, and a reference into it.
 
-A :class:`~._segments.Segment` keeps no job's data itself, only where it starts in its
-partition's payload space (8 bytes a job). The space is a port the engine is given: it
+A :class:`~._segments.Segment` keeps no job's data itself, only where it is in its
+partition's payload space (offset and length, 12 bytes a job), and a job object keeps a
+:class:`Stored` reference in its ``data``. The space is a port the engine is given: it
 stores appended bytes at the offsets it returns and gives them back. The engine's own
 :class:`MemorySpace` keeps them in process memory (tests, the simulation, tools); a node
 gives each engine a space of files on disk (``shoal.node.payload_files``), so a waiting
@@ -10,7 +11,7 @@ job's data costs disk and page cache, not the process's memory.
 Offsets are a replica's own: the replicated state (snapshots, digests) carries the data
 itself, never where a replica keeps it. The engine hands a job's data out as a
 :class:`Stored` reference, read only when the reply is encoded; it reads bytes itself only
-where it turns a slot into a job object or writes a snapshot.
+as it writes a snapshot (in a node's forked child).
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import SessionPull

@@ -111,8 +111,7 @@ class PushOps(IdempotencyWindow):
         now = self.now_ms
         name = q.name
         events = self._events
-        job = Job(seq, name, data.packed if type(data) is Raw else data,
-                  (get("priority") or 0) if preset["priority"] else 0, now)
+        job = Job(seq, name, self._keep(data), (get("priority") or 0) if preset["priority"] else 0, now)
         job.max_attempts = get("attempts") or opts["attempts"]
         backoff = get("backoff")
         job.backoff_ms = opts["backoff"] if backoff is None else backoff
@@ -414,7 +413,7 @@ class PushOps(IdempotencyWindow):
         if (job is None or self._slot_hint != seq or job.queue != q.name or job.max_attempts != opts["attempts"]
                 or job.backoff_ms != opts["backoff"] or job.ttr_ms != opts["ttr"]
                 or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox
-                or not slot_like(job.to_tuple())):
+                or not slot_like(job.to_tuple(stored=True))):
             return None
         prio = job.priority
         code = SLOT_DELAYED if job.state == DELAYED else SLOT_READY if prio else SLOT_WAITING

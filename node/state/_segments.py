@@ -170,6 +170,13 @@ class Segment:
         space when they are all bytes and the segment keeps its data there."""
         if not datas:
             return
+        if self.inline is None and all(type(d) is Stored and d.space is self.space for d in datas):
+            # Data a job object held (``_push._segment_of``): the slot takes over its bytes.
+            if self.offs is None:
+                self.offs, self.lens = array("q"), array("I")
+            self.offs.extend(d.start for d in datas)
+            self.lens.extend(d.end - d.start for d in datas)  # type: ignore[union-attr]
+            return
         if self.inline is None and all(type(d) is bytes for d in datas):
             start = self.space.append(datas[0] if len(datas) == 1 else b"".join(datas))
             lens = array("I", map(len, datas))
@@ -199,6 +206,14 @@ class Segment:
             return self.inline[i]
         start = self.offs[i]  # type: ignore[index]
         return self.space.read(start, start + self.lens[i])  # type: ignore[index]
+
+    def job_data(self, i: int) -> Any:
+        """Slot ``i``'s data as a job object made of the slot holds it: where it is stored (a
+        :class:`Stored`), or the value itself in a segment that holds its data inline."""
+        if self.inline is not None:
+            return self.inline[i]
+        start = self.offs[i]  # type: ignore[index]
+        return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
 
     def stored(self, i: int) -> Raw:
         """Slot ``i``'s data as a reply carries it: where it is stored, read when encoded."""
@@ -260,7 +275,11 @@ class Segment:
             self.deadlines.append(0)
             self.sessions.append(None)
             self.finished.append(0)
-        self._place([data])
+        if self.offs is not None and type(data) is bytes:
+            self.offs.append(self.space.append(data))
+            self.lens.append(len(data))  # type: ignore[union-attr]
+        else:
+            self._place([data])
         self.states.append(code)
         self.held += 1
         if code == SLOT_WAITING:
@@ -396,14 +415,16 @@ class SegmentStore:
         return None
 
     def take(self, segment: Segment, seq: int) -> None:
-        """Let go of slot ``seq`` (its job materialized or removed), and of its data.
+        """Let go of slot ``seq``: its job materialized, and the job object made of it
+        (:func:`~._model.slot_job`) holds its data now.
 
         A waiting slot that was ``low`` moves ``low`` to the next waiting one.
         """
         i = seq - segment.first
         states = segment.states
         assert states[i] != SLOT_GONE
-        segment.release(i, i + 1)
+        if segment.inline is not None:
+            segment.inline[i] = None
         was_waiting = states[i] == SLOT_WAITING
         states[i] = SLOT_GONE
         self.gone(segment, 1)

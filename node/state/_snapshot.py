@@ -217,6 +217,7 @@ class SnapshotOps(Store):
                 eng._keep_run(run, segments)
                 run = None
             job = Job.from_tuple(t)
+            job.data = eng._keep(job.data)
             if job.logs is not None:
                 job.logs = [(stamp, line) for stamp, line in job.logs]
             eng.jobs[job.seq] = job
@@ -284,7 +285,8 @@ class SnapshotOps(Store):
     def _keep_run(self, run: _Run, segments: list[Segment]) -> None:
         """A run of restored slot-like jobs: one segment, or a job when it is alone."""
         if len(run) == 1:
-            self.jobs[run.head[0]] = Job.from_tuple(run.head)
+            job = self.jobs[run.head[0]] = Job.from_tuple(run.head)
+            job.data = self._keep(job.data)
         else:
             segments.append(run.segment(self.segments.space))
 
@@ -300,8 +302,7 @@ class SnapshotOps(Store):
         if q.type == "log" or (k < len(named) and named[k] < seg.first + n):
             for i in range(n):
                 job = slot_job(seg, i, self.partition)
-                self.jobs[job.seq] = job
-            seg.release(0, n)
+                self.jobs[job.seq] = job  # holds its slot's data now
             self._jobs_unordered = True
             return
         self._hold_segment(q, seg)

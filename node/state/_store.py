@@ -12,7 +12,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
 from ._key_table import KeyWindow
-from ._payloads import MemorySpace, PayloadSpace
+from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
@@ -72,6 +72,28 @@ class Store:
         # command's events go to ``_events``, or nowhere when it is None.
         self._replies = True
         self._events: list[Event] | None = None
+
+    def _keep(self, data: Any) -> Any:
+        """Data as a job object holds it: bytes (or a Raw's) go to the payload space and the job
+        keeps a :class:`~._payloads.Stored` reference; other values (tools, tests) stay."""
+        if type(data) is Raw:
+            data = data.packed
+        if type(data) is not bytes:
+            return data
+        space = self.segments.space
+        start = space.append(data)
+        return Stored(space, start, start + len(data))
+
+    @staticmethod
+    def _let_go(data: Any) -> None:
+        """A job object's data is no longer held (the job removed, or its data replaced)."""
+        if type(data) is Stored:
+            data.space.release(data.start, data.end)
+
+    def _replace_data(self, job: Job, data: Any) -> None:
+        """``job``'s data becomes ``data`` (a Raw, or a value tools and tests give)."""
+        self._let_go(job.data)
+        job.data = self._keep(data)
 
     def _queue(self, name: str, create: bool = False) -> Queue:
         q = self.queues.get(name)
@@ -365,8 +387,8 @@ class Store:
         """A job just leased, as a pull's reply shows it: what a worker reads of the record
         (``_lease_run`` builds the same for a segment's jobs). Leased now: ``startedAt`` is now."""
         out: dict[str, Any] = {
-            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME, "data": Raw(job.data),
-            "priority": job.priority, "state": ACTIVE, "attempts": job.attempts - 1,
+            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME,
+            "data": job.data if type(job.data) is Stored else Raw(job.data), "priority": job.priority, "state": ACTIVE, "attempts": job.attempts - 1,
             "maxAttempts": job.max_attempts, "backoff": job.backoff_ms, "createdAt": float(job.created_ms),
             "runAt": float(job.run_at_ms), "startedAt": float(self.now_ms), "progress": job.progress,
             "leaseDeadline": float(job.lease_deadline_ms),
@@ -409,8 +431,9 @@ class Store:
         finished = float(job.finished_ms) if job.finished_ms else None
         error = job.error
         out: dict[str, Any] = {
-            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME, "data": Raw(job.data),
-            "priority": job.priority, "state": wire_state(job), "attempts": attempts,
+            "id": self._wire_id(job), "queue": job.queue, "name": job.name or DEFAULT_NAME,
+            "data": job.data if type(job.data) is Stored else Raw(job.data), "priority": job.priority,
+            "state": wire_state(job), "attempts": attempts,
             "maxAttempts": job.max_attempts, "backoff": job.backoff_ms,
             "backoffConfig": {"type": meta["backoffType"], "delay": job.backoff_ms}
             if meta is not None and "backoffType" in meta else None,

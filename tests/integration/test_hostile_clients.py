@@ -361,12 +361,19 @@ def test_memory_budget_refuses_new_jobs_while_consumers_drain(tmp_path_factory: 
         queue, payload = "budget", b"x" * MiB
         pushed: list[str] = []
         refusal: dict[str, Any] | None = None
-        for _ in range(400):  # bounded: ~3 MiB of RSS per 1 MiB job crosses the mark well before
-            reply = c.call({"cmd": "PUSH", "queue": queue, "data": payload})
+        # Job data lives in payload files, not in memory; a completed job's result does not: every
+        # other job is taken and completed with a 1 MiB result. Bounded: ~2-3 MiB of RSS per such
+        # result crosses the mark well before 400 jobs.
+        for _ in range(400):
+            reply = c.call({"cmd": "PUSH", "queue": queue, "data": 1})
             if not reply["ok"]:
                 refusal = reply
                 break
             pushed.append(reply["id"])
+            if len(pushed) % 2 == 0:
+                got = c.call({"cmd": "PULL", "queue": queue})
+                assert got["ok"] and got["job"] is not None, got
+                assert c.call({"cmd": "ACK", "id": got["job"]["id"], "token": got["token"], "result": payload})["ok"]
             if len(pushed) % 10 == 0:
                 time.sleep(0.15)  # let the watchdog sample (every 0.1 s)
         assert refusal is not None and refusal["code"] == "OVERLOADED", refusal

@@ -107,3 +107,28 @@ def test_payload_files_of_an_earlier_run_are_removed(tmp_path: Path) -> None:
     (root / "g1" / "00000000.pay").write_bytes(b"left over")
     fresh = PayloadFiles(root)
     assert not root.exists() and fresh.new().end == 0
+
+
+def test_job_objects_keep_their_data_in_the_space_until_removed_or_replaced(tmp_path: Path) -> None:
+    """Grouped and custom-id jobs (job objects), a slot made a job object, new data, removals."""
+    payloads = PayloadFiles(tmp_path / "payloads")
+    space = payloads.new()
+    engine = PartitionEngine(0, space)
+    pushes: list[dict[str, Any]] = [
+        {"cmd": "PUSH", "queue": "q", "data": raw_of("grouped"), "group": "g"},
+        {"cmd": "PUSH", "queue": "q", "data": raw_of("custom"), "customId": "c-1"},
+        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(f"bulk-{i}")} for i in range(5)]},
+    ]
+    ids = [engine.apply(cmd, 1_000).result.get("id") for cmd in pushes]
+    assert type(engine.jobs[1].data) is Stored and space.stats()["liveBytes"] > 0
+    engine.apply({"cmd": "Update", "id": ids[0], "data": raw_of("grouped, updated")}, 1_001)
+    engine.apply({"cmd": "GetJob", "id": "0-5"}, 1_002)  # a slot's job, made a job object by its id
+    got = engine.apply({"cmd": "GetJob", "id": ids[0]}, 1_003).result
+    assert got["job"]["data"] == raw_of("grouped, updated")
+    held = sum(len(j.data) for j in engine.jobs.values()) + sum(
+        seg.data_len(i) for seg in engine.segments for i, code in enumerate(seg.states) if code)
+    assert space.stats()["liveBytes"] == held
+    restored = PartitionEngine.restore_chunks(engine.snapshot_chunks(), payloads.new())
+    assert restored.digest() == engine.digest()
+    engine.apply({"cmd": "Obliterate", "queue": "q"}, 1_004)
+    assert space.stats()["liveBytes"] == 0

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
 from shoal.node.payload_files import FileSpace, PayloadFiles
-from shoal.node.state import PartitionEngine, PushRun, SessionPull
+from shoal.node.state import PartitionEngine, PushRun, SessionPull, Stored
 from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
 QUEUES = ["a", "b"]
@@ -166,11 +166,12 @@ class SlotsVsPerJob(RuleBasedStateMachine):
 
     @invariant()
     def payload_bytes_are_those_of_held_slots(self) -> None:
-        """Every held slot's data bytes are live in the space and nothing else is: no leak, no
-        double release; the files hold exactly the live ones' file numbers (after a collect)."""
-        space = self.engine.segments.space
-        held = sum(seg.data_len(i) for seg in self.engine.segments for i, code in enumerate(seg.states) if code)
-        assert space.stats()["liveBytes"] == held
+        """The data bytes of every held slot and job object are live in the space and nothing
+        else is: no leak, no double release."""
+        engine = self.engine
+        held = sum(seg.data_len(i) for seg in engine.segments for i, code in enumerate(seg.states) if code)
+        held += sum(len(job.data) for job in engine.jobs.values() if type(job.data) is Stored)
+        assert engine.segments.space.stats()["liveBytes"] == held
     @invariant()
     def counts_agree(self) -> None:
         for queue in QUEUES:
