@@ -350,10 +350,9 @@ class PullOps(Store):
             copy = self._slot_wire(q, seg, deadline).copy
             wire = [copy() for _ in seqs]
             id_prefix = f"{self.partition}-"
-            stored = seg.stored
-            for j, job, job_id in zip(range(i, end), wire, decimal_run(id_prefix, first, k)):
+            for job, job_id, data in zip(wire, decimal_run(id_prefix, first, k), seg.run_data(i, end)):
                 job["id"] = job_id
-                job["data"] = stored(j)
+                job["data"] = data
             names = seg.names
             if names is not None:
                 for job, job_name in zip(wire, names[i:end]):

@@ -170,30 +170,38 @@ class Segment:
         space when they are all bytes and the segment keeps its data there."""
         if not datas:
             return
-        if self.inline is None and all(type(d) is Stored and d.space is self.space for d in datas):
+        if self.inline is None and type(datas[0]) is bytes:
+            try:
+                blob = b"".join(datas)  # a TypeError at the first item that is not bytes
+            except TypeError:
+                blob = None
+            if blob is not None:
+                start = self.space.append(blob)
+                sizes = list(map(len, datas))  # lists and fromlist: a third cheaper than arrays of iterators
+                if self.offs is None:
+                    self.offs, self.lens = array("q"), array("I")
+                self.lens.fromlist(sizes)  # type: ignore[union-attr]
+                offs = self.offs
+                offs.fromlist(list(accumulate(sizes, initial=start)))
+                offs.pop()  # where the last one ends
+                return
+        if self.inline is None and type(datas[0]) is Stored and all(
+                type(d) is Stored and d.space is self.space for d in datas):
             # Data a job object held (``_push._segment_of``): the slot takes over its bytes.
             if self.offs is None:
                 self.offs, self.lens = array("q"), array("I")
             self.offs.extend(d.start for d in datas)
             self.lens.extend(d.end - d.start for d in datas)  # type: ignore[union-attr]
             return
-        if self.inline is None and all(type(d) is bytes for d in datas):
-            start = self.space.append(datas[0] if len(datas) == 1 else b"".join(datas))
-            lens = array("I", map(len, datas))
-            if self.offs is None:
-                self.offs = array("q", accumulate(lens[:-1], initial=start))
-                self.lens = lens
-            else:
-                self.offs.extend(accumulate(lens[:-1], initial=start))
-                self.lens.extend(lens)  # type: ignore[union-attr]
-            return
-        if self.inline is None:
-            held = [self.data(i) if self.states[i] != SLOT_GONE else None for i in range(len(self.offs))] \
-                if self.offs is not None else []
+        if self.inline is None:  # a value that is not bytes: every slot's data kept inline from now on
+            held: list[Any] = []
             if self.offs is not None:
-                self.release(0, len(self.offs))
+                for i, code in enumerate(self.states):
+                    held.append(self.data(i) if code != SLOT_GONE else None)
+                    if code != SLOT_GONE:
+                        self.release(i, i + 1)
             self.inline, self.offs, self.lens = held, None, None
-        self.inline.extend(datas)
+        self.inline.extend(d.packed if type(d) is Stored else d for d in datas)
 
     @property
     def end(self) -> int:
@@ -222,6 +230,20 @@ class Segment:
         start = self.offs[i]  # type: ignore[index]
         return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
 
+    def run_data(self, i: int, j: int) -> list[Raw]:
+        """The data of slots ``i .. j-1`` as a pull's reply carries it: read at once where they
+        are stored one after another (a batch's jobs are), else slot by slot."""
+        if self.inline is not None:
+            return [Raw(d) for d in self.inline[i:j]]
+        offs, lens = self.offs, self.lens
+        base = offs[i]  # type: ignore[index]
+        end = offs[j - 1] + lens[j - 1]  # type: ignore[index]
+        if end - base != sum(lens[i:j]):  # type: ignore[index]
+            read = self.space.read
+            return [Raw(read(o, o + n)) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
+        blob = self.space.read(base, end)
+        return [Raw(blob[o - base:o - base + n]) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
+
     def data_len(self, i: int) -> int:
         """Bytes of slot ``i``'s data."""
         return len(self.inline[i]) if self.inline is not None else self.lens[i]  # type: ignore[index]
@@ -233,7 +255,12 @@ class Segment:
             self.inline[i:j] = [None] * (j - i)
             return
         offs, lens, space = self.offs, self.lens, self.space
-        start = end = offs[i]  # type: ignore[index]
+        start = offs[i]  # type: ignore[index]
+        end = offs[j - 1] + lens[j - 1]  # type: ignore[index]
+        if end - start == sum(lens[i:j]):  # type: ignore[index]  # stored one after another
+            space.release(start, end)
+            return
+        end = start
         for k in range(i, j):
             at = offs[k]  # type: ignore[index]
             if at != end:
