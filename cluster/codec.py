@@ -115,7 +115,9 @@ def unraw(value: Any) -> Any:
 
 def _encode_hook(obj: Any) -> Any:
     """msgspec's fallback for what it does not know: a Raw is spliced verbatim."""
-    if isinstance(obj, Raw):  # a Raw, or a subclass whose bytes are read now (the engine's Stored)
+    if type(obj) is Raw:
+        return msgspec.Raw(obj.packed)
+    if isinstance(obj, Raw):  # a subclass whose bytes are read now (the engine's Stored)
         return msgspec.Raw(obj.packed)
     if isinstance(obj, Mapping):
         return dict(obj)

@@ -242,7 +242,8 @@ class Segment:
             read = self.space.read
             return [Raw(read(o, o + n)) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
         blob = self.space.read(base, end)
-        return [Raw(blob[o - base:o - base + n]) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
+        cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
+        return list(map(Raw, map(blob.__getitem__, map(slice, cuts, cuts[1:]))))  # in C but for Raw()
 
     def data_len(self, i: int) -> int:
         """Bytes of slot ``i``'s data."""
