@@ -122,7 +122,8 @@ class Segment:
 
     Per slot ``i`` (job ``first + i``): ``states[i]`` is one of the ``SLOT_*`` codes
     (``SLOT_GONE`` once the job materialized or was removed); its data is the ``lens[i]``
-    bytes at ``offs[i]`` of the partition's payload ``space`` (:mod:`._payloads`), or, in a
+    bytes at ``base + offs[i]`` of the partition's payload ``space`` (:mod:`._payloads`; 4-byte
+    offsets from the segment's first, 8-byte ones once they span 4 GiB), or, in a
     segment whose jobs' data is not all bytes (tools and tests may push Python values),
     ``inline[i]``. ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's
     value differs from the common one (priority 0, ``created_ms``, its creation time). A
@@ -131,7 +132,7 @@ class Segment:
     leased in place (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
     """
 
-    __slots__ = ("first", "space", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
+    __slots__ = ("first", "space", "base", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
                  "ttr_ms", "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished",
                  "names", "priorities", "createds", "run_ats")
 
@@ -141,6 +142,7 @@ class Segment:
                  createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace) -> None:
         self.first = first
         self.space = space
+        self.base = 0
         self.offs: array | None = None
         self.lens: array | None = None
         self.inline: list[Any] | None = None
@@ -179,19 +181,17 @@ class Segment:
                 start = self.space.append(blob)
                 sizes = list(map(len, datas))  # lists and fromlist: a third cheaper than arrays of iterators
                 if self.offs is None:
-                    self.offs, self.lens = array("q"), array("I")
-                self.lens.fromlist(sizes)  # type: ignore[union-attr]
-                offs = self.offs
-                offs.fromlist(list(accumulate(sizes, initial=start)))
-                offs.pop()  # where the last one ends
+                    self.base = start
+                starts = list(accumulate(sizes, initial=start - self.base))
+                starts.pop()  # where the last one ends
+                self._add(starts, sizes)
                 return
         if self.inline is None and type(datas[0]) is Stored and all(
                 type(d) is Stored and d.space is self.space for d in datas):
             # Data a job object held (``_push._segment_of``): the slot takes over its bytes.
             if self.offs is None:
-                self.offs, self.lens = array("q"), array("I")
-            self.offs.extend(d.start for d in datas)
-            self.lens.extend(d.end - d.start for d in datas)  # type: ignore[union-attr]
+                self.base = datas[0].start
+            self._add([d.start - self.base for d in datas], [d.end - d.start for d in datas])
             return
         if self.inline is None:  # a value that is not bytes: every slot's data kept inline from now on
             held: list[Any] = []
@@ -203,6 +203,17 @@ class Segment:
             self.inline, self.offs, self.lens = held, None, None
         self.inline.extend(d.packed if type(d) is Stored else d for d in datas)
 
+    def _add(self, starts: list[int], sizes: list[int]) -> None:
+        """Offsets (from ``base``) and lengths of more slots' data."""
+        if self.offs is None:
+            self.offs, self.lens = array("I"), array("I")
+        try:
+            self.offs.fromlist(starts)  # unchanged when a value does not fit
+        except OverflowError:  # the segment's data spans 4 GiB of the space: 8-byte offsets
+            self.offs = array("q", self.offs)
+            self.offs.fromlist(starts)
+        self.lens.fromlist(sizes)  # type: ignore[union-attr]
+
     @property
     def end(self) -> int:
         """The seq after the segment's last slot."""
@@ -212,7 +223,7 @@ class Segment:
         """Slot ``i``'s data (read from the space)."""
         if self.inline is not None:
             return self.inline[i]
-        start = self.offs[i]  # type: ignore[index]
+        start = self.base + self.offs[i]  # type: ignore[index]
         return self.space.read(start, start + self.lens[i])  # type: ignore[index]
 
     def job_data(self, i: int) -> Any:
@@ -220,14 +231,14 @@ class Segment:
         :class:`Stored`), or the value itself in a segment that holds its data inline."""
         if self.inline is not None:
             return self.inline[i]
-        start = self.offs[i]  # type: ignore[index]
+        start = self.base + self.offs[i]  # type: ignore[index]
         return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
 
     def stored(self, i: int) -> Raw:
         """Slot ``i``'s data as a reply carries it: where it is stored, read when encoded."""
         if self.inline is not None:
             return Raw(self.inline[i])
-        start = self.offs[i]  # type: ignore[index]
+        start = self.base + self.offs[i]  # type: ignore[index]
         return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
 
     def run_data(self, i: int, j: int) -> list[Raw]:
@@ -235,12 +246,12 @@ class Segment:
         are stored one after another (a batch's jobs are), else slot by slot."""
         if self.inline is not None:
             return [Raw(d) for d in self.inline[i:j]]
-        offs, lens = self.offs, self.lens
-        base = offs[i]  # type: ignore[index]
-        end = offs[j - 1] + lens[j - 1]  # type: ignore[index]
+        offs, lens, at = self.offs, self.lens, self.base
+        base = at + offs[i]  # type: ignore[index]
+        end = at + offs[j - 1] + lens[j - 1]  # type: ignore[index]
         if end - base != sum(lens[i:j]):  # type: ignore[index]
             read = self.space.read
-            return [Raw(read(o, o + n)) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
+            return [Raw(read(at + o, at + o + n)) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
         blob = self.space.read(base, end)
         cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
         return list(map(Raw, map(blob.__getitem__, map(slice, cuts, cuts[1:]))))  # in C but for Raw()
@@ -255,19 +266,19 @@ class Segment:
         if self.inline is not None:
             self.inline[i:j] = [None] * (j - i)
             return
-        offs, lens, space = self.offs, self.lens, self.space
-        start = offs[i]  # type: ignore[index]
-        end = offs[j - 1] + lens[j - 1]  # type: ignore[index]
+        offs, lens, space, at = self.offs, self.lens, self.space, self.base
+        start = at + offs[i]  # type: ignore[index]
+        end = at + offs[j - 1] + lens[j - 1]  # type: ignore[index]
         if end - start == sum(lens[i:j]):  # type: ignore[index]  # stored one after another
             space.release(start, end)
             return
         end = start
         for k in range(i, j):
-            at = offs[k]  # type: ignore[index]
-            if at != end:
+            here = at + offs[k]  # type: ignore[index]
+            if here != end:
                 space.release(start, end)
-                start = at
-            end = at + lens[k]  # type: ignore[index]
+                start = here
+            end = here + lens[k]  # type: ignore[index]
         space.release(start, end)
 
     def priority(self, i: int) -> int:
@@ -304,8 +315,7 @@ class Segment:
             self.sessions.append(None)
             self.finished.append(0)
         if self.offs is not None and type(data) is bytes:
-            self.offs.append(self.space.append(data))
-            self.lens.append(len(data))  # type: ignore[union-attr]
+            self._add([self.space.append(data) - self.base], [len(data)])
         else:
             self._place([data])
         self.states.append(code)

@@ -132,3 +132,26 @@ def test_job_objects_keep_their_data_in_the_space_until_removed_or_replaced(tmp_
     assert restored.digest() == engine.digest()
     engine.apply({"cmd": "Obliterate", "queue": "q"}, 1_004)
     assert space.stats()["liveBytes"] == 0
+
+
+class _SparseSpace(MemorySpace):
+    """A memory space whose appends land 3 GiB apart (as a partition's other queues' data would
+    put them): a segment's offsets outgrow 4 bytes."""
+
+    def append(self, blob: bytes) -> int:
+        self.end += 3 << 30
+        return super().append(blob)
+
+
+def test_a_segment_whose_data_spans_4_gib_widens_its_offsets() -> None:
+    from shoal.node.state._segments import Segment
+
+    space = _SparseSpace()
+    seg = Segment(1, [b"a", b"bb"], "q", 0, 1, 0, 0, space=space)
+    assert seg.offs is not None and seg.offs.typecode == "I"
+    for k in range(3):
+        seg.append(b"x" * (k + 1), 1, 0, 0, 0, None)
+    assert seg.offs.typecode == "q" and [seg.data(i) for i in range(5)] == [b"a", b"bb", b"x", b"xx", b"xxx"]
+    assert [r.packed for r in seg.run_data(0, 5)] == [b"a", b"bb", b"x", b"xx", b"xxx"]
+    seg.release(0, 5)
+    assert space.held_bytes == 0
