@@ -79,6 +79,16 @@ class NodeCollector(Collector):
                     lag.add_metric(follower, max(0, last - pr.match))
                     silence.add_metric(follower, max(0.0, now - pr.last_heard))
         yield from (lag, silence)
+        payload_bytes = GaugeMetricFamily("shoal_payload_bytes", "Bytes of job data this node's replica of the "
+                                          "partition holds in its payload files (not yet released)",
+                                          labels=["partition"])
+        payload_files = GaugeMetricFamily("shoal_payload_files", "Payload files of the partition's replica "
+                                          "holding unreleased job data", labels=["partition"])
+        for p, part in sorted(node.partitions.items()):
+            stats = part.replica.application.payloads.stats()
+            payload_bytes.add_metric([str(p)], stats["liveBytes"])
+            payload_files.add_metric([str(p)], stats["files"])
+        yield from (payload_bytes, payload_files)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "

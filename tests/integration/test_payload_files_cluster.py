@@ -73,6 +73,10 @@ def test_payload_files_on_every_replica_through_a_snapshot_install_and_a_restart
             assert len({v["payloads"]["liveBytes"] for v in views}) == 1, views
             assert "loaded snapshot" in cluster.log_file(lagging).read_text()
             assert_data(router, ids)
+            with RawConn(cluster.address_of(lagging)) as c:
+                text = c.call({"cmd": "Prometheus"})["text"]
+            live = views[0]["payloads"]["liveBytes"]
+            assert f'shoal_payload_bytes{{partition="0"}} {float(live)}' in text, text
         finally:
             router.close()
 
