@@ -11,7 +11,8 @@ job's data costs disk and page cache, not the process's memory.
 Offsets are a replica's own: the replicated state (snapshots, digests) carries the data
 itself, never where a replica keeps it. The engine hands a job's data out as a
 :class:`Stored` reference, read only when the reply is encoded; it reads bytes itself only
-as it writes a snapshot (in a node's forked child).
+for a pull's run of a segment's jobs (one read for the run, cut per job) and as it writes a
+snapshot (in a node's forked child).
 """
 
 from __future__ import annotations
