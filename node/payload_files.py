@@ -59,7 +59,6 @@ class FileSpace:
         self._dying: set[int] = set()    # files found so by the last collect(): deleted by this one
         self._writing = 0                # the file appends go to
         self._unwritten: dict[int, bytes] = {}  # start -> bytes a failed write kept in memory
-        self.discarded = False
 
     # --- the payload space -----------------------------------------------------------------------
 
@@ -132,7 +131,6 @@ class FileSpace:
     def discard(self) -> None:
         """The engine is gone: delete every file of the space. Descriptors stay open until the
         space itself goes, so a reply still naming its bytes (or a snapshot child) reads them."""
-        self.discarded = True
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def stats(self) -> dict[str, int]:

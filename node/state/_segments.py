@@ -236,10 +236,8 @@ class Segment:
 
     def stored(self, i: int) -> Raw:
         """Slot ``i``'s data as a reply carries it: where it is stored, read when encoded."""
-        if self.inline is not None:
-            return Raw(self.inline[i])
-        start = self.base + self.offs[i]  # type: ignore[index]
-        return Stored(self.space, start, start + self.lens[i])  # type: ignore[index]
+        data = self.job_data(i)
+        return data if self.inline is None else Raw(data)
 
     def run_data(self, i: int, j: int) -> list[Raw]:
         """The data of slots ``i .. j-1`` as a pull's reply carries it: read at once where they
