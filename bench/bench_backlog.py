@@ -46,6 +46,14 @@ With ``--pull-rate``, at the end: PULLB 100 + ACKB (16 in flight on one connecti
 ``bench_node.py``) for ``--pull-seconds`` from each big queue and from a queue of 20,000 jobs
 (filled like ``bulk``): jobs/s and the big queues' rate as a share of the small one's.
 
+With ``--sparse N``, at the end: N jobs in ``PUSHB`` frames of 1,000 where every
+``--sparse-keep``-th (10th) is delayed an hour, then every ready job pulled and acked
+(PULLB 100 + ACKB, 16 in flight), so the payload files are left mostly released with a few
+jobs waiting in each. Per node, from the ``payloads`` of its ``Stats``: bytes appended, bytes
+still referenced, bytes on disk before and after the drain and once compaction has settled
+(no compaction under way or finished for 3 s), the bytes compactions copied (over bytes appended: the write
+amplification), and how long compaction took; the delayed jobs counted again at the end.
+
 The idempotency keys the client sends are kept by the node for 120 s (its dedupe window), so
 the RSS right after a phase includes them; ``--no-idempotency-keys`` leaves them out.
 
@@ -54,6 +62,7 @@ the RSS right after a phase includes them; ``--no-idempotency-keys`` leaves them
     python bench/bench_backlog.py --nodes 3 --single 5000 --bulk 20000 --no-restart
     python bench/bench_backlog.py --payload-bytes 4096 --pull-rate --push-rate
     python bench/bench_backlog.py --nodes 3 --single 20000 --bulk 200000 --no-restart --add-node
+    python bench/bench_backlog.py --single 0 --bulk 0 --sparse 1000000          # compaction of payload files
     python bench/bench_backlog.py --single 50000 --bulk 0 --settle 8 \
         --node-env SHOAL_SNAPSHOT_INTERVAL_S=3 --node-env SHOAL_SNAPSHOT_ENTRIES_MIN=2   # restart from a snapshot
 
@@ -93,6 +102,7 @@ from shoal.cluster.partitioning import partition_for  # noqa: E402
 SINGLE_QUEUE = "backlog-single"
 BULK_QUEUE = "backlog-bulk"
 SMALL_QUEUE = "backlog-small"
+SPARSE_QUEUE = "backlog-sparse"
 PUSH_QUEUE = "backlog-push"    # PUSH_QUEUE-with, PUSH_QUEUEb-without, ...: the add-rate measurements
 SMALL_JOBS = 20_000
 BULK_BATCH = 1_000
@@ -474,6 +484,96 @@ def pull_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payload
     return {"phase": "pull-rate", "batch": PULL_BATCH, "in_flight": PULL_SLOTS, "queues": rates}
 
 
+def payload_stats(cluster: LocalCluster, queue: str) -> dict[str, dict[str, int]]:
+    """Per node, the ``payloads`` of its replica of ``queue``'s partition (``Stats``)."""
+    p = partition_for(queue, cluster.config.partitions)
+    out = {}
+    for node_id, address in zip(cluster.node_ids, cluster.addresses):
+        view = call(address, {"cmd": "Stats", "local": True, "partition": p})["replicas"].get(str(p))
+        if view is not None:
+            out[node_id] = view["payloads"]
+    return out
+
+
+def sparse_frames(queue: str, payload: Payloads, keys: str | None, jobs: int, keep: int,
+                  first: int) -> Callable[[int], tuple[dict[str, Any], int]]:
+    """PUSHB frame ``k`` of ``BULK_BATCH`` items, every ``keep``-th delayed an hour."""
+    def make(k: int) -> tuple[dict[str, Any], int]:
+        lo, hi = k * BULK_BATCH, min(jobs, (k + 1) * BULK_BATCH)
+        items = []
+        for i in range(lo, hi):
+            item: dict[str, Any] = {"data": payload(first + i)}
+            if i % keep == 0:
+                item["delay"] = DELAY_MS
+            if keys is not None:
+                item["idempotencyKey"] = f"{keys}-{first + i}"
+            items.append(item)
+        return {"cmd": "PUSHB", "queue": queue, "jobs": items}, hi - lo
+    return make
+
+
+def wait_drained(cluster: LocalCluster, queue: str, delayed: int, budget: Budget) -> dict[str, int]:
+    """Poll until ``queue`` holds ``delayed`` delayed jobs and nothing waiting or active (the
+    drained jobs are completed, as many kept as the queue's history keeps); the counts."""
+    deadline = time.monotonic() + budget.left(WAIT_S_MAX)
+    while True:
+        got = job_counts(cluster, queue)
+        if got is not None and got.get("delayed") == delayed and not any(
+                got.get(state) for state in ("waiting", "prioritized", "active", "failed")):
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue}: never drained to {delayed:,} delayed jobs; last seen {got}")
+        time.sleep(POLL_S)
+
+
+def sparse_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payloads, keys: str | None,
+                 budget: Budget) -> dict[str, Any]:
+    """Fill a queue, every ``--sparse-keep``-th job delayed; drain the rest; watch compaction."""
+    n, keep = args.sparse, args.sparse_keep
+    delayed = -(-n // keep)
+    phase = Phase("sparse", SPARSE_QUEUE, {"waiting": n - delayed, "delayed": delayed})
+    run_adds(cluster, phase, sparse_frames(SPARSE_QUEUE, payload, keys, n, keep, 10_000_000),
+             -(-n // BULK_BATCH), BULK_WINDOW, budget)
+    settle_and_measure(cluster, [SPARSE_QUEUE], {SPARSE_QUEUE: phase.expected}, budget, 0)
+    filled = payload_stats(cluster, SPARSE_QUEUE)
+    print(f"sparse: {n:,} jobs added in {phase.seconds:.1f} s, one in {keep} delayed; payloads "
+          + "; ".join(f"{k} {v}" for k, v in filled.items()), flush=True)
+    acked, drain_s = 0, 0.0
+    for _ in range(100):  # each drive ends when the queue has nothing ready
+        got, dt = uvloop.run(pull_rate(leader_address(cluster, SPARSE_QUEUE), SPARSE_QUEUE, budget.left(600)))
+        acked, drain_s = acked + got, drain_s + dt
+        if acked >= n - delayed:
+            break
+    wait_drained(cluster, SPARSE_QUEUE, delayed, budget)
+    wait_applied(cluster, [SPARSE_QUEUE], budget)
+    t0 = time.perf_counter()
+    drained = payload_stats(cluster, SPARSE_QUEUE)
+    last, settled_at = drained, t0
+    deadline = t0 + budget.left(WAIT_S_MAX)
+    while time.perf_counter() - settled_at < 3.0:  # settled: no compaction or deletion for 3 s
+        if time.perf_counter() > deadline:
+            raise TimeoutError("payload files never settled")
+        time.sleep(0.5)
+        now = payload_stats(cluster, SPARSE_QUEUE)
+        if any(v["compacting"] or v["compactions"] != last[k]["compactions"]
+               or v["diskBytes"] != last[k]["diskBytes"] for k, v in now.items()):
+            settled_at = time.perf_counter()
+        last = now
+    counts = wait_drained(cluster, SPARSE_QUEUE, delayed, budget)
+    nodes = {k: {"appended": v["end"], "live": v["liveBytes"], "disk_filled": filled[k]["diskBytes"],
+                 "disk_drained": drained[k]["diskBytes"], "disk_compacted": v["diskBytes"],
+                 "copied": v["copiedBytes"], "compactions": v["compactions"],
+                 "write_amplification": round(v["copiedBytes"] / max(v["end"], 1), 3)}
+             for k, v in last.items()}
+    for k, v in nodes.items():
+        print(f"  {k}: appended {v['appended'] / MIB:,.1f} MiB, live {v['live'] / MIB:,.1f} MiB, disk "
+              f"{v['disk_drained'] / MIB:,.1f} -> {v['disk_compacted'] / MIB:,.1f} MiB after "
+              f"{v['compactions']} compactions copying {v['copied'] / MIB:,.1f} MiB", flush=True)
+    return {"phase": "sparse", "jobs": n, "keep_every": keep, "add_rate": round(phase.rate),
+            "drain_rate": round(acked / drain_s) if drain_s else 0, "acked": acked,
+            "compaction_s": round(settled_at - t0, 1), "counts": counts, "nodes": nodes}
+
+
 def snapshot_report(cluster: LocalCluster, data_dir: Path, queue: str) -> dict[str, dict[str, Any]]:
     """Per node, the snapshot of ``queue``'s partition: file bytes (0: none yet), how many the
     replica wrote, the last one's duration and fork time."""
@@ -587,7 +687,8 @@ def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], h
 
 
 def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str, Any] | None,
-                  pushes: list[dict[str, Any]], added: dict[str, Any] | None) -> None:
+                  pushes: list[dict[str, Any]], added: dict[str, Any] | None,
+                  sparse: dict[str, Any] | None = None) -> None:
     print()
     print(f"{args.nodes} node(s), {args.partitions} partitions, payload {args.payload_bytes:,} bytes, "
           f"idempotency keys {'on' if args.idempotency_keys else 'off'}")
@@ -650,10 +751,22 @@ def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str,
         print("|---|---:|---:|---:|")
         for queue, r in pull["queues"].items():
             print(f"| {queue} | {r['jobs_held']:,} | {r['rate']:,} | {r['vs_small']:.2f} |")
+    if sparse:
+        print()
+        print(f"sparse: {sparse['jobs']:,} jobs, one in {sparse['keep_every']} delayed, the rest drained at "
+              f"{sparse['drain_rate']:,} jobs/s; compaction settled {sparse['compaction_s']:.1f} s after the drain")
+        print()
+        print("| node | appended (MiB) | live (MiB) | on disk full (MiB) | drained (MiB) | compacted (MiB) "
+              "| copied (MiB) | compactions | write amplification |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for node, v in sparse["nodes"].items():
+            print(f"| {node} | {v['appended'] / MIB:,.1f} | {v['live'] / MIB:,.1f} | {v['disk_filled'] / MIB:,.1f} | "
+                  f"{v['disk_drained'] / MIB:,.1f} | {v['disk_compacted'] / MIB:,.1f} | {v['copied'] / MIB:,.1f} | "
+                  f"{v['compactions']} | {v['write_amplification']:.3f} |")
     print()
     for p in phases:
         print(json.dumps(p.record()))
-    for record in (*pushes, *([added] if added else []), *([pull] if pull else [])):
+    for record in (*pushes, *([added] if added else []), *([pull] if pull else []), *([sparse] if sparse else [])):
         print(json.dumps(record))
 
 
@@ -680,6 +793,9 @@ def main() -> None:
     parser.add_argument("--push-seconds", type=float, default=3.0)
     parser.add_argument("--add-node", action="store_true",
                         help="(--nodes 3) shoal cluster add-node with the phases' jobs held, timed")
+    parser.add_argument("--sparse", type=int, default=0,
+                        help="jobs of a queue left sparse (one in --sparse-keep delayed, the rest drained)")
+    parser.add_argument("--sparse-keep", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=1800.0, help="time limit of the whole run, seconds")
     parser.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
                         help="an environment variable of the nodes (repeatable), e.g. the snapshot settings")
@@ -689,6 +805,8 @@ def main() -> None:
         parser.error("--node-env takes KEY=VALUE")
     if args.single < 0 or args.bulk < 0 or args.payload_bytes < 1 or not 1 <= args.window <= 10_000:
         parser.error("--single/--bulk must be >= 0, --payload-bytes >= 1, --window 1..10000")
+    if args.sparse < 0 or args.sparse_keep < 1:
+        parser.error("--sparse must be >= 0, --sparse-keep >= 1")
     if args.add_node and args.nodes != 3:
         parser.error("--add-node needs --nodes 3")
     budget = Budget(args.timeout)
@@ -698,6 +816,7 @@ def main() -> None:
           f"(zlib ratio {payload.compression_ratio():.1f}x)")
     phases: list[Phase] = []
     pull: dict[str, Any] | None = None
+    sparse: dict[str, Any] | None = None
     pushes: list[dict[str, Any]] = []
     added: dict[str, Any] | None = None
     spare = 1 if args.add_node else 0  # the added node's ports
@@ -757,11 +876,13 @@ def main() -> None:
             added = add_node_phase(cluster, Path(tmp), phases, held, node_env, budget)
         if args.pull_rate:
             pull = pull_phase(cluster, args, payload, keys, budget)
+        if args.sparse:
+            sparse = sparse_phase(cluster, args, payload, keys, budget)
         if args.push_rate:
             used = [p.queue for p in phases] + [f"{PUSH_QUEUE}-with", f"{PUSH_QUEUE}b-with"]
             remove_queues(cluster, used + ([SMALL_QUEUE] if args.pull_rate else []), budget)
             pushes.append(push_rates(cluster, Path(tmp), args, payload, keys, "without", 0, budget))
-    print_summary(phases, args, pull, pushes, added)
+    print_summary(phases, args, pull, pushes, added, sparse)
     print(f"load average at end: {os.getloadavg()}")
 
 

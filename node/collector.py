@@ -84,11 +84,18 @@ class NodeCollector(Collector):
                                           labels=["partition"])
         payload_files = GaugeMetricFamily("shoal_payload_files", "Payload files of the partition's replica "
                                           "holding unreleased job data", labels=["partition"])
+        payload_disk = GaugeMetricFamily("shoal_payload_disk_bytes", "Bytes the partition replica's payload "
+                                         "files take on disk (released bytes until their file is deleted "
+                                         "or compacted)", labels=["partition"])
+        payload_copied = CounterMetricFamily("shoal_payload_copied_bytes", "Bytes compactions of the "
+                                             "partition replica's payload files copied", labels=["partition"])
         for p, part in sorted(node.partitions.items()):
             stats = part.replica.application.payloads.stats()
             payload_bytes.add_metric([str(p)], stats["liveBytes"])
             payload_files.add_metric([str(p)], stats["files"])
-        yield from (payload_bytes, payload_files)
+            payload_disk.add_metric([str(p)], stats["diskBytes"])
+            payload_copied.add_metric([str(p)], stats["copiedBytes"])
+        yield from (payload_bytes, payload_files, payload_disk, payload_copied)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "

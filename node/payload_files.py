@@ -12,6 +12,14 @@ a node removes what an earlier run left (:meth:`PayloadFiles.__init__`). A file 
 are all released (their jobs done and gone) is deleted by :meth:`FileSpace.collect`, which
 the node calls from its timer, never while a reply that refers to it can still be encoded.
 
+A file whose jobs are mostly gone but a few wait on (delayed a week, say) is *compacted*:
+its bytes still referenced are copied into a smaller file, and reads of that file's offsets
+go through a map of the copied ranges. Offsets never change, so the engine is not told. A
+file is compacted once at least half of it, and at least a quarter of a file's size, is
+released, one file at a time; so each byte is copied at most twice and every copy frees at
+least as many bytes as it writes (:meth:`FileSpace.collect`). The copying is done in steps
+of :data:`COMPACT_STEP_BYTES` (:meth:`FileSpace.compact`) the node spreads over its timer.
+
 A write that fails (the disk full, say) keeps the bytes in memory instead, so an applied
 command is never half-applied and nothing is lost; the node's free-space watermark refuses
 new pushes long before that (``NO_SPACE``).
@@ -22,9 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from array import array
+from bisect import bisect_right
 from pathlib import Path
 
-__all__ = ["FileSpace", "PayloadFiles", "FILE_BYTES", "PAYLOADS_DIR"]
+__all__ = ["FileSpace", "PayloadFiles", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB", "file_bytes_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +42,71 @@ log = logging.getLogger(__name__)
 PAYLOADS_DIR = "payloads"
 #: Bytes of one payload file: the unit in which released data is given back to the disk.
 FILE_BYTES = 64 << 20
+#: Overrides :data:`FILE_BYTES`, in MiB (1 to 1,024): smaller files give disk back sooner, at
+#: more files and more compactions.
+ENV_FILE_MIB = "SHOAL_PAYLOAD_FILE_MIB"
 #: Appended bytes held before they are written (one ``pwrite`` per block, not per job).
 BUFFER_BYTES = 256 << 10
 #: Bytes read at once from a file: a pull's run of jobs, stored one after another, is one read.
 READ_AHEAD_BYTES = 64 << 10
+#: Bytes read or written at once while a file is compacted.
+COPY_BYTES = 1 << 20
+#: Bytes one :meth:`FileSpace.compact` call copies: a compaction is spread over calls so that
+#: none holds the event loop for long (a few ms for 1 MiB of small jobs).
+COMPACT_STEP_BYTES = 1 << 20
+
+
+def file_bytes_from_env(env: dict[str, str] | None = None) -> int:
+    """:data:`FILE_BYTES`, or ``SHOAL_PAYLOAD_FILE_MIB`` MiB; ValueError naming it if it is not 1..1024."""
+    raw = (os.environ if env is None else env).get(ENV_FILE_MIB)
+    if not raw:
+        return FILE_BYTES
+    try:
+        mib = int(raw)
+    except ValueError:
+        mib = 0
+    if not 1 <= mib <= 1024:
+        raise ValueError(f"{ENV_FILE_MIB} must be a whole number of MiB from 1 to 1024, not {raw!r}")
+    return mib << 20
+
+
+class _Compaction:
+    """A compaction under way: file ``n``'s ranges ``ranges`` (of its file, or of its earlier
+    copy) less the released ``cut_starts[k] .. cut_ends[k]``, being copied into ``into``; the
+    copy has reached range ``r``, cut ``k``, offset ``at``."""
+
+    __slots__ = ("n", "ranges", "cut_starts", "cut_ends", "into", "holes", "r", "k", "at")
+
+    def __init__(self, n: int, ranges: list[tuple[int, int]], holes: "array[int]", into: "_Compacted") -> None:
+        self.n, self.ranges, self.holes, self.into = n, ranges, holes, into
+        # Released ranges never overlap, so their starts and their ends sort into the same order.
+        self.cut_starts = array("q", sorted(holes[::2]))
+        self.cut_ends = array("q", sorted(holes[1::2]))
+        self.r = self.k = 0
+        self.at = ranges[0][0]
+
+
+class _Compacted:
+    """Where a compacted file's ranges are: logical ``starts[i] .. ends[i]`` of the space are
+    bytes ``at[i] ..`` of the file ``fd``, ``size`` bytes in all."""
+
+    __slots__ = ("starts", "ends", "at", "fd", "path", "size")
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.starts = array("q")
+        self.ends = array("q")
+        self.at = array("q")
+        self.fd = fd
+        self.path = path
+        self.size = 0
+
+    def find(self, start: int) -> int:
+        """Index of the range holding offset ``start``, or -1 (its bytes were not kept)."""
+        i = bisect_right(self.starts, start) - 1
+        return i if i >= 0 and start < self.ends[i] else -1
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return list(zip(self.starts, self.ends))
 
 
 class FileSpace:
@@ -59,6 +130,17 @@ class FileSpace:
         self._dying: set[int] = set()    # files found so by the last collect(): deleted by this one
         self._writing = 0                # the file appends go to
         self._unwritten: dict[int, bytes] = {}  # start -> bytes a failed write kept in memory
+        # Released ranges per file, as flat [start, end, start, end, ...]: those released before
+        # the last collect() (a compaction may drop them) and those since (a reply being
+        # written may still read them, as it may a dead file's).
+        self._holes: dict[int, array[int]] = {}
+        self._fresh: dict[int, array[int]] = {}
+        self._compacted: dict[int, _Compacted] = {}
+        self.copied = 0                  # bytes compactions copied
+        self.compactions = 0
+        self._paused = 0                 # collections to skip compacting after a failed one
+        self._compaction: _Compaction | None = None
+        self.compact_step = COMPACT_STEP_BYTES
 
     # --- the payload space -----------------------------------------------------------------------
 
@@ -86,8 +168,16 @@ class FileSpace:
             kept = self._read_unwritten(start, end)
             if kept is not None:
                 return kept
-        upto = min(max(end, start + self.read_ahead), self._buf_start)
-        block = self._pread(start, upto)
+        # Read ahead only within what surely reads back: the file (the next may be deleted) or
+        # a compacted file's range (the bytes after it were not kept).
+        n = start // self.file_bytes
+        ahead = min(start + self.read_ahead, (n + 1) * self.file_bytes, self._buf_start)
+        kept_range = self._compacted.get(n)
+        if kept_range is not None:
+            i = kept_range.find(start)
+            if i >= 0:
+                ahead = min(ahead, kept_range.ends[i])
+        block = self._pread(start, max(end, ahead))
         self._cache, self._cache_start = block, start
         return block[:end - start]
 
@@ -113,29 +203,67 @@ class FileSpace:
 
     def collect(self) -> int:
         """Delete the files found all released at the previous call (a reply that named their
-        bytes was written in between); returns how many were deleted."""
+        bytes was written in between) and compact at most one mostly released file; returns
+        how many files were deleted.
+
+        A compaction drops only ranges released before the previous call, for the same reason.
+        It picks the file with the most released bytes, if they are at least half of the file
+        and a quarter of :attr:`file_bytes`: so a compacted file is at most half a file, is
+        compacted again only while it is at least a quarter, and no byte is copied more than
+        twice. The copying is done by :meth:`compact`; reads go to the file being compacted
+        until the copy is whole."""
         dead, self._dying, self._dead = self._dying, self._dead, set()
         for n in dead:
-            fd = self._fds.pop(n, None)
-            if fd is not None:
-                os.close(fd)
-            try:
-                os.unlink(self._path(n))
-            except FileNotFoundError:
-                pass
+            self._remove_file(n)
         if self._unwritten:
             self._unwritten = {s: b for s, b in self._unwritten.items()
                                if self._live.get(s // self.file_bytes)}
+        if self._paused:
+            self._paused -= 1
+        elif self._compaction is None:
+            try:
+                self._compaction = self._next_compaction()
+            except OSError as exc:
+                self._compaction_failed(exc)
+        for n, fresh in self._fresh.items():
+            holes = self._holes.get(n)
+            if holes is None:
+                self._holes[n] = fresh
+            else:
+                holes.extend(fresh)
+        self._fresh = {}
         return len(dead)
+
+    @property
+    def compacting(self) -> bool:
+        """A compaction :meth:`collect` started is not finished."""
+        return self._compaction is not None
+
+    def compact(self) -> bool:
+        """Copy up to :attr:`compact_step` bytes of the compaction under way (once all are,
+        reads of its file go to the copy and the file is deleted); True while one is left."""
+        if self._compaction is not None:
+            try:
+                self._compact_step()
+            except OSError as exc:
+                self._compaction_failed(exc)
+        return self._compaction is not None
 
     def discard(self) -> None:
         """The engine is gone: delete every file of the space. Descriptors stay open until the
         space itself goes, so a reply still naming its bytes (or a snapshot child) reads them."""
+        self._abort_compaction()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def stats(self) -> dict[str, int]:
-        """Files held and bytes not released (for ``Stats``)."""
-        return {"files": len(self._live), "liveBytes": sum(self._live.values()), "end": self.end}
+        """Files held, bytes not released, bytes appended, bytes the files take on disk, what
+        compactions copied and whether one is under way (for ``Stats`` and the metrics)."""
+        files = set(self._live) | self._dead | self._dying
+        if self.end > self._writing * self.file_bytes:  # written to, even if all released already
+            files.add(self._writing)
+        return {"files": len(self._live), "liveBytes": sum(self._live.values()), "end": self.end,
+                "diskBytes": sum(self._disk_size(n) for n in files), "compactions": self.compactions,
+                "copiedBytes": self.copied, "compacting": int(self._compaction is not None)}
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -150,8 +278,12 @@ class FileSpace:
             left = live.get(n, 0) + sign * (upto - at)
             if left:
                 live[n] = left
+                if sign < 0:
+                    self._note_hole(n, at, upto)
             else:
                 del live[n]
+                self._holes.pop(n, None)
+                self._fresh.pop(n, None)
                 if n < self._writing:
                     self._dead.add(n)
             at = upto
@@ -160,6 +292,143 @@ class FileSpace:
             if last != self._writing:
                 self._dead.update(n for n in range(self._writing, last) if n not in live)
                 self._writing = last
+
+    def _note_hole(self, n: int, start: int, end: int) -> None:
+        fresh = self._fresh.get(n)
+        if fresh is None:
+            self._fresh[n] = array("q", (start, end))
+        elif fresh[-1] == start:  # released in the order appended: one range grows
+            fresh[-1] = end
+        else:
+            fresh.append(start)
+            fresh.append(end)
+
+    def _disk_size(self, n: int) -> int:
+        kept = self._compacted.get(n)
+        if kept is not None:
+            return kept.size
+        return min(self.end, (n + 1) * self.file_bytes) - n * self.file_bytes
+
+    def _next_compaction(self) -> _Compaction | None:
+        """The file most worth compacting (see :meth:`collect`), with a new file to copy it to."""
+        size = self.file_bytes
+        best, most = -1, max(size // 4, 1) - 1
+        for n, live in self._live.items():
+            if n >= self._writing or n not in self._holes or (n + 1) * size > self._buf_start:
+                continue
+            disk = self._disk_size(n)
+            released = disk - live
+            if released > most and 2 * released >= disk:
+                fresh = self._fresh.get(n)
+                if fresh is not None:  # still readable, so copied: they do not count
+                    released -= sum(fresh[1::2]) - sum(fresh[::2])
+                if released > most and 2 * released >= disk:
+                    best, most = n, released
+        if best < 0 or self._overlaps_unwritten(best):
+            return None
+        old = self._compacted.get(best)
+        ranges = old.ranges() if old is not None else [(best * size, (best + 1) * size)]
+        path = self.directory / f"{best:08d}.{self.compactions + 1}.pay"
+        into = _Compacted(os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600), path)
+        return _Compaction(best, ranges, self._holes.pop(best), into)
+
+    def _compact_step(self) -> None:
+        job = self._compaction
+        assert job is not None
+        n, into, ranges = job.n, job.into, job.ranges
+        cut_starts, cut_ends, cuts = job.cut_starts, job.cut_ends, len(job.cut_starts)
+        old = self._compacted.get(n)
+        src = self._fd(n) if old is None else old.fd
+        out = bytearray()
+        budget = self.compact_step
+        # The kept bytes lie in the file in order: it is read a block at a time and they are cut
+        # out, so a file of small jobs costs a few reads per block, not one per job; a step
+        # also ends after so many released ranges skipped, however little it copied.
+        block, block_at = b"", -1
+        at, r, k = job.at, job.r, job.k
+        for _ in range(1 << 16):
+            if r >= len(ranges) or len(out) >= budget:
+                break
+            start, end = ranges[r]
+            if at < start:
+                at = start
+            while k < cuts and cut_ends[k] <= at:
+                k += 1
+            if k < cuts and cut_starts[k] <= at:  # at a released range: skip it
+                at = cut_ends[k]
+                k += 1
+            else:
+                upto = min(end, cut_starts[k] if k < cuts else end, at + budget - len(out))
+                where = at - n * self.file_bytes if old is None else old.at[r] + at - start
+                if not block_at <= where < block_at + len(block):
+                    block_at = where
+                    block = os.pread(src, max(COPY_BYTES, upto - at), where)
+                    if not block:
+                        raise OSError(f"payload file {self._path(n) if old is None else old.path}: "
+                                      f"nothing to read at offset {where}")
+                piece = block[where - block_at:where - block_at + upto - at]
+                if into.ends and into.ends[-1] == at:  # continues the range copied last
+                    into.ends[-1] = at + len(piece)
+                else:
+                    into.starts.append(at)
+                    into.ends.append(at + len(piece))
+                    into.at.append(into.size + len(out))
+                out += piece
+                at += len(piece)
+            if at >= end:
+                r += 1
+        job.at, job.r, job.k = at, r, k
+        into.size += self._write_all(into.fd, out, into.size)
+        if r < len(ranges):
+            return
+        self._compaction = None
+        self._remove_file(n, keep_holes=True)
+        self._compacted[n] = into
+        self.compactions += 1
+        self.copied += into.size
+
+    def _compaction_failed(self, exc: OSError) -> None:
+        log.error("payload files %s: cannot compact (%s); tried again in a minute", self.directory, exc)
+        self._abort_compaction()
+        self._paused = 60
+
+    def _abort_compaction(self) -> None:
+        """Drop the compaction under way: its copy goes, its file's released ranges come back."""
+        job, self._compaction = self._compaction, None
+        if job is None:
+            return
+        os.close(job.into.fd)
+        job.into.path.unlink(missing_ok=True)
+        if job.n in self._live:
+            holes = self._holes.get(job.n)
+            self._holes[job.n] = job.holes if holes is None else job.holes + holes
+
+    @staticmethod
+    def _write_all(fd: int, data: bytearray, at: int) -> int:
+        if data and os.pwrite(fd, data, at) != len(data):
+            raise OSError("short write while compacting")
+        return len(data)
+
+    def _remove_file(self, n: int, keep_holes: bool = False) -> None:
+        """Close and delete file ``n`` (the one appended to or its compacted copy)."""
+        if not keep_holes and self._compaction is not None and self._compaction.n == n:
+            self._abort_compaction()  # all its bytes were released while it was copied
+        fd = self._fds.pop(n, None)
+        if fd is not None:
+            os.close(fd)
+        kept = self._compacted.pop(n, None)
+        if kept is not None:
+            os.close(kept.fd)
+            kept.path.unlink(missing_ok=True)
+        else:
+            self._path(n).unlink(missing_ok=True)
+        if not keep_holes:
+            self._holes.pop(n, None)
+            self._fresh.pop(n, None)
+
+    def _overlaps_unwritten(self, n: int) -> bool:
+        lo, hi = n * self.file_bytes, (n + 1) * self.file_bytes
+        return any(s < hi and s + len(b) > lo for s, b in self._unwritten.items())
 
     def _path(self, n: int) -> Path:
         return self.directory / f"{n:08d}.pay"
@@ -191,9 +460,19 @@ class FileSpace:
         while at < end:
             n = at // size
             upto = min(end, (n + 1) * size)
-            got = os.pread(self._fd(n), upto - at, at - n * size)
+            kept = self._compacted.get(n)
+            if kept is None:
+                fd, path, where = self._fd(n), self._path(n), at - n * size
+            else:
+                i = kept.find(at)
+                if i < 0:
+                    raise OSError(f"payload file {kept.path}: offset {at} of the space was released "
+                                  "and not kept")
+                upto = min(upto, kept.ends[i])
+                fd, path, where = kept.fd, kept.path, kept.at[i] + at - kept.starts[i]
+            got = os.pread(fd, upto - at, where)
             if len(got) != upto - at:
-                raise OSError(f"payload file {self._path(n)}: {upto - at} bytes at offset {at - n * size} "
+                raise OSError(f"payload file {path}: {upto - at} bytes at offset {where} "
                               f"could not be read (got {len(got)})")
             parts.append(got)
             at = upto
@@ -211,14 +490,20 @@ class FileSpace:
                 os.close(fd)
             except OSError:
                 pass
+        for kept in getattr(self, "_compacted", {}).values():
+            try:
+                os.close(kept.fd)
+            except OSError:
+                pass
 
 
 class PayloadFiles:
     """The payload spaces of one partition on a node: one directory per engine (the running
     one and, while a snapshot is loaded, the next), under ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, file_bytes: int = FILE_BYTES) -> None:
         self.root = root
+        self.file_bytes = file_bytes
         # Files of an earlier run hold nothing the journal and snapshots do not: start afresh.
         shutil.rmtree(root, ignore_errors=True)
         self._next = 0
@@ -227,7 +512,7 @@ class PayloadFiles:
     def new(self) -> FileSpace:
         """A space for a new engine."""
         self._next += 1
-        space = FileSpace(self.root / f"g{self._next}")
+        space = FileSpace(self.root / f"g{self._next}", self.file_bytes)
         self.spaces.append(space)
         return space
 
@@ -236,6 +521,16 @@ class PayloadFiles:
         if isinstance(space, FileSpace) and space in self.spaces:
             self.spaces.remove(space)
             space.discard()
+
+    @property
+    def compacting(self) -> bool:
+        """The running engine's space has a compaction under way."""
+        return bool(self.spaces) and self.spaces[0].compacting
+
+    def compact(self) -> bool:
+        """A step of the running engine's compaction (:meth:`FileSpace.compact`); True while
+        one is left."""
+        return bool(self.spaces) and self.spaces[0].compact()
 
     def collect(self) -> None:
         """Write what the running engine's space buffers, and delete its all-released files.
@@ -249,9 +544,11 @@ class PayloadFiles:
             space.collect()
 
     def stats(self) -> dict[str, int]:
-        """The running engine's payload files, bytes not released and bytes appended
-        (:meth:`FileSpace.stats`; zeros before the first engine)."""
-        return self.spaces[0].stats() if self.spaces else {"files": 0, "liveBytes": 0, "end": 0}
+        """The running engine's :meth:`FileSpace.stats` (zeros before the first engine)."""
+        if self.spaces:
+            return self.spaces[0].stats()
+        return {"files": 0, "liveBytes": 0, "end": 0, "diskBytes": 0, "compactions": 0, "copiedBytes": 0,
+                "compacting": 0}
 
     def close(self) -> None:
         """The partition left this node: every space and file goes."""

@@ -43,7 +43,7 @@ from .metrics import NodeMetrics
 from .moves import MoveService
 from .cluster_map import ClusterMap
 from .partition import Partition, PartitionMachine
-from .payload_files import PAYLOADS_DIR, PayloadFiles
+from .payload_files import PAYLOADS_DIR, PayloadFiles, file_bytes_from_env
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
@@ -58,6 +58,9 @@ TICK_INTERVAL_S = 0.02
 #: How often released payload files are looked for (one is deleted a collection after it was
 #: found released, so a reply naming its bytes has long been written).
 PAYLOAD_COLLECT_INTERVAL_MS = 1000
+#: How often one partition's payload compaction copies its next step (``COMPACT_STEP_BYTES``,
+#: a few ms): at most a few percent of the loop, whatever the number of partitions.
+PAYLOAD_COMPACT_INTERVAL_MS = 100
 TICK_IDLE_MS = 1_000
 TOPOLOGY_INTERVAL_S = 0.1
 PEER_POLL_INTERVAL_S = 1.0
@@ -110,6 +113,9 @@ class Node:
         self._led: list[int] = []
         self._tick_idle_ms = TICK_IDLE_MS
         self._payloads_collected_ms = 0
+        self._payloads_compacted_ms = 0
+        self._compact_turn = 0
+        self._payload_file_bytes = file_bytes_from_env()
         self.raft_network: RaftNetwork | None = None
         self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -253,7 +259,7 @@ class Node:
             boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
             membership = Membership.of(boot) if me in boot else Membership.of([])
         peers = [m for m in target if m != me]
-        payloads = PayloadFiles(self.data_dir / PAYLOADS_DIR / f"p{p}")
+        payloads = PayloadFiles(self.data_dir / PAYLOADS_DIR / f"p{p}", self._payload_file_bytes)
         replica = PartitionReplica(p, self.raft_network, peers, application=PartitionMachine(p, payloads),
                                    data_dir=str(self.data_dir), loop=self.loop,
                                    scheduler=self.scheduler, preferred=bool(target) and target[0] == me,
@@ -402,6 +408,13 @@ class Node:
 
     # --- background loops ----------------------------------------------------------------------
 
+    def _compact_payloads(self) -> None:
+        """One step of one partition's payload compaction, the partitions taking turns."""
+        compacting = [part for part in self.partitions.values() if part.replica.application.payloads.compacting]
+        if compacting:
+            self._compact_turn += 1
+            compacting[self._compact_turn % len(compacting)].replica.application.payloads.compact()
+
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
@@ -410,6 +423,9 @@ class Node:
                 self._payloads_collected_ms = now
                 for part in self.partitions.values():
                     part.replica.application.payloads.collect()
+            if now - self._payloads_compacted_ms >= PAYLOAD_COMPACT_INTERVAL_MS:
+                self._payloads_compacted_ms = now
+                self._compact_payloads()
             for p in self._led:  # the partitions this node led at the last topology refresh
                 part = self.partitions[p]
                 replica = part.replica

@@ -1,6 +1,6 @@
 """Job data in payload files on real node processes: every replica writes them, a follower that
 installs a snapshot writes its own from it, a restart rebuilds them, and every job's data reads
-back the same; removed jobs give their bytes back."""
+back the same; removed jobs give their bytes back, and files mostly released are compacted."""
 
 from __future__ import annotations
 
@@ -93,5 +93,56 @@ def test_payload_files_on_every_replica_through_a_snapshot_install_and_a_restart
             for node in cluster.node_ids:
                 eventually(lambda node=node: local_payloads(cluster, node)["liveBytes"] == 0,
                            f"{node} released every job's bytes")
+        finally:
+            router.close()
+
+
+def test_mostly_released_payload_files_are_compacted_on_every_replica(tmp_path: Path) -> None:
+    """1 MiB payload files; every tenth job delayed, the rest pulled and acked (and removed, not
+    kept as history): each replica copies the delayed jobs' bytes out of the drained files,
+    and they read back the same."""
+    env = {"SHOAL_PAYLOAD_FILE_MIB": "1"}
+    with LocalCluster(nodes=3, partitions=1, data_dir=tmp_path / "c", base_port=free_base_port(3, 1),
+                      extra_env=env, node_command=NODE_COMMAND) as cluster:
+        cluster.wait_balanced()
+        router = Router(cluster.addresses)
+        try:
+            kept: dict[str, int] = {}
+            for first in range(0, 4000, 500):  # ~3.6 MB: files 0..3
+                reply = router.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": [
+                    {"data": data_of(i), **({"delay": 3_600_000} if i % 10 == 0 else {})}
+                    for i in range(first, first + 500)]}, timeout_s=20)
+                assert reply["ok"], reply
+                kept.update((job_id, i) for job_id, i in zip(reply["ids"], range(first, first + 500))
+                            if i % 10 == 0)
+            acked = 0
+            for _ in range(100):  # bounded: 3,600 ready jobs, 100 a pull
+                reply = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 100}, timeout_s=20)
+                assert reply["ok"], reply
+                if not reply["jobs"]:
+                    break
+                done = router.call({"cmd": "ACKB", "ids": [j["id"] for j in reply["jobs"]],
+                                    "tokens": reply["tokens"],
+                                    "removeOnCompletes": [True] * len(reply["jobs"])},
+                                   timeout_s=20)
+                assert done["ok"], done
+                acked += len(reply["jobs"])
+            assert acked == 3600
+            for node in cluster.node_ids:
+                eventually(lambda node=node: local_payloads(cluster, node)["compactions"] >= 1,
+                           f"{node} compacted a drained payload file")
+            for node in cluster.node_ids:
+                stats = local_payloads(cluster, node)
+                assert stats["copiedBytes"] < stats["end"] // 2, stats
+                assert stats["diskBytes"] < stats["end"], stats
+            assert_data(router, kept)
+            with RawConn(cluster.address_of(cluster.node_ids[0])) as c:
+                text = c.call({"cmd": "Prometheus"})["text"]
+            assert 'shoal_payload_copied_bytes_total{partition="0"}' in text, text
+            reply = router.call({"cmd": "PromoteJobs", "queue": QUEUE, "count": 1000}, timeout_s=20)
+            assert reply["ok"], reply
+            reply = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 1000}, timeout_s=20)
+            assert reply["ok"] and {j["id"]: j["data"] for j in reply["jobs"]} == {
+                job_id: data_of(i) for job_id, i in kept.items()}
         finally:
             router.close()

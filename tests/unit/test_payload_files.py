@@ -19,6 +19,15 @@ def _files(space: FileSpace) -> set[str]:
     return set(os.listdir(space.directory)) if space.directory.exists() else set()
 
 
+def _collect(space: FileSpace) -> int:
+    """A collection, and the compaction it started copied to its end; files deleted."""
+    deleted = space.collect()
+    for _ in range(10_000):
+        if not space.compact():
+            break
+    return deleted
+
+
 @settings(max_examples=60, deadline=None)
 @given(blobs=st.lists(st.binary(min_size=1, max_size=90), min_size=1, max_size=40),
        file_bytes=st.sampled_from([64, 100, 1 << 20]), buffer_bytes=st.sampled_from([1, 50, 1 << 20]),
@@ -48,15 +57,117 @@ def test_a_file_goes_one_collection_after_its_last_bytes_are_released(tmp_path: 
     space.release(0, 100)                 # file 0 all released
     space.release(100, 150)               # file 1 half
     space.release(200, 250)               # file 2, still written to
-    assert space.collect() == 0 and _files(space) == {"00000000.pay", "00000001.pay", "00000002.pay"}
-    assert space.collect() == 1 and _files(space) == {"00000001.pay", "00000002.pay"}
+    assert _collect(space) == 0 and _files(space) == {"00000000.pay", "00000001.pay", "00000002.pay"}
+    # File 0 goes; file 1, half released before the last collection, is compacted to its half.
+    assert _collect(space) == 1 and _files(space) == {"00000001.1.pay", "00000002.pay"}
     assert space.read(150, 200) == b"x" * 50
     assert space.append(b"y" * 60) == 250  # the rest of file 2 and 10 bytes of file 3
     space.release(250, 300)               # file 2 all released, and no longer written to
-    space.collect()
-    assert space.collect() == 1 and _files(space) == {"00000001.pay", "00000003.pay"}
-    assert space.stats() == {"files": 2, "liveBytes": 50 + 10, "end": 310}
+    _collect(space)
+    assert _collect(space) == 1 and _files(space) == {"00000001.1.pay", "00000003.pay"}
+    assert space.stats() == {"files": 2, "liveBytes": 50 + 10, "end": 310, "diskBytes": 50 + 10,
+                             "compactions": 1, "copiedBytes": 50, "compacting": 0}
     assert space.read(300, 310) == b"y" * 10
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 70)),
+                              st.tuples(st.just("release"), st.integers(0, 10_000)),
+                              st.tuples(st.just("collect"), st.just(0)),
+                              st.tuples(st.just("compact"), st.just(0))), min_size=40, max_size=160),
+       file_bytes=st.sampled_from([64, 100, 256]), read_ahead=st.sampled_from([1, 30, 500]),
+       step=st.sampled_from([1, 16, 1 << 20]))
+def test_compaction_keeps_every_byte_still_referenced_and_copies_each_at_most_twice(
+        tmp_path_factory: Any, ops: list[tuple[str, int]], file_bytes: int, read_ahead: int, step: int) -> None:
+    space = FileSpace(tmp_path_factory.mktemp("space"), file_bytes, buffer_bytes=16, read_ahead=read_ahead)
+    space.compact_step = step
+    held: dict[int, bytes] = {}       # start -> bytes of each append not released
+    readable: dict[int, bytes] = {}   # ... and of those released since the last collection
+    for i, (op, arg) in enumerate(ops):
+        if op == "append":
+            blob = bytes([i % 251]) * arg
+            start = space.append(blob)
+            held[start] = readable[start] = blob
+        elif op == "release" and held:
+            start = sorted(held)[arg % len(held)]
+            space.release(start, start + len(held.pop(start)))
+        elif op == "collect":
+            space.flush()
+            space.collect()
+            readable = dict(held)
+        elif op == "compact":
+            space.compact()
+        for start, blob in readable.items():
+            assert space.read(start, start + len(blob)) == blob
+    space.flush()
+    for _ in range(10_000):
+        if not space.compact():
+            break
+    stats = space.stats()
+    on_disk = sum(os.path.getsize(space.directory / name) for name in _files(space))
+    assert stats["diskBytes"] == on_disk and stats["liveBytes"] == sum(map(len, held.values()))
+    assert stats["copiedBytes"] <= 2 * space.end
+
+
+def test_a_mostly_released_file_is_compacted_and_its_bytes_read_through_the_map(tmp_path: Path) -> None:
+    space = FileSpace(tmp_path / "s", file_bytes=1000, buffer_bytes=1, read_ahead=400)
+    for k in range(30):
+        space.append(bytes([k]) * 100)    # files 0, 1, 2: ten jobs each
+    for k in range(20):
+        if k % 5:
+            space.release(k * 100, k * 100 + 100)  # all but jobs 0, 5, 10 and 15
+    _collect(space)                       # released before this one: may be dropped by the next
+    _collect(space)                       # file 0: the fuller of the two (800 of 1000 released)
+    assert _files(space) == {"00000000.1.pay", "00000001.pay", "00000002.pay"}
+    _collect(space)
+    assert _files(space) == {"00000000.1.pay", "00000001.2.pay", "00000002.pay"}
+    assert space.stats()["diskBytes"] == 200 + 200 + 1000 and space.stats()["copiedBytes"] == 400
+    for k in (0, 5, 10, 15, 20, 29):
+        assert space.read(k * 100, k * 100 + 100) == bytes([k]) * 100
+    assert space.read(520, 540) == bytes([5]) * 20
+    space.release(0, 100)
+    space.release(500, 600)               # file 0 all released: deleted, compacted copy and all
+    _collect(space)
+    _collect(space)
+    assert _files(space) == {"00000001.2.pay", "00000002.pay"}
+    with pytest.raises(OSError, match="released and not kept"):
+        space.read(1100, 1200)            # the map knows what was dropped
+
+
+def test_a_read_ahead_stops_at_the_end_of_its_file(tmp_path: Path) -> None:
+    """A job at the end of a file whose successor is all released and deleted still reads."""
+    space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1, read_ahead=500)
+    for _ in range(6):
+        space.append(b"x" * 50)           # files 0, 1 and 2
+    space.release(0, 50)                  # file 0 keeps its second half
+    space.release(100, 200)               # file 1 all released
+    _collect(space)
+    _collect(space)
+    assert "00000001.pay" not in _files(space)
+    assert space.read(50, 100) == b"x" * 50
+
+
+def test_a_compaction_that_cannot_write_leaves_the_file_as_it_was(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1)
+    for k in range(4):
+        space.append(bytes([k]) * 50)
+    space.release(0, 50)
+    _collect(space)
+
+    def full(fd: int, data: Any, at: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(space, "_write_all", full)
+    _collect(space)
+    assert _files(space) == {"00000000.pay", "00000001.pay"} and space.compactions == 0
+    assert space.read(50, 100) == bytes([1]) * 50
+    monkeypatch.undo()
+    for _ in range(60):                   # compaction rests a minute of collections, then retries
+        _collect(space)
+    assert space.compactions == 0
+    _collect(space)
+    assert _files(space) == {"00000000.1.pay", "00000001.pay"} and space.read(50, 100) == bytes([1]) * 50
 
 
 def test_a_failed_write_keeps_the_bytes_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,7 +64,7 @@ class SlotsVsPerJob(RuleBasedStateMachine):
 
     def _space(self) -> FileSpace:
         space = self.payloads.new()
-        space.file_bytes, space.buffer_bytes, space.read_ahead = 160, 48, 40
+        space.file_bytes, space.buffer_bytes, space.read_ahead, space.compact_step = 160, 48, 40, 30
         return space
 
     def teardown(self) -> None:
@@ -155,6 +155,7 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         self.now += dt
         self.both({"cmd": "_Tick"})
         self.payloads.collect()
+        self.payloads.compact()
 
     @rule()
     def restart(self) -> None:
