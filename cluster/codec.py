@@ -118,7 +118,10 @@ def _encode_hook(obj: Any) -> Any:
     if type(obj) is Raw:
         return msgspec.Raw(obj.packed)
     if isinstance(obj, Raw):  # a subclass whose bytes are read now (the engine's Stored)
-        return msgspec.Raw(obj.packed)
+        try:
+            return msgspec.Raw(obj.packed)
+        except OSError as exc:  # a payload file that cannot be read: this reply fails, clearly
+            raise ProtocolError(f"job data could not be read: {exc}", ErrorCode.INTERNAL) from exc
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(f"cannot encode a {type(obj).__name__}")

@@ -89,13 +89,17 @@ class NodeCollector(Collector):
                                          "or compacted)", labels=["partition"])
         payload_copied = CounterMetricFamily("shoal_payload_copied_bytes", "Bytes compactions of the "
                                              "partition replica's payload files copied", labels=["partition"])
+        payload_errors = CounterMetricFamily("shoal_payload_read_errors", "Reads of the partition replica's "
+                                             "payload files that failed (a damaged file: restart the node)",
+                                             labels=["partition"])
         for p, part in sorted(node.partitions.items()):
             stats = part.replica.application.payloads.stats()
             payload_bytes.add_metric([str(p)], stats["liveBytes"])
             payload_files.add_metric([str(p)], stats["files"])
             payload_disk.add_metric([str(p)], stats["diskBytes"])
             payload_copied.add_metric([str(p)], stats["copiedBytes"])
-        yield from (payload_bytes, payload_files, payload_disk, payload_copied)
+            payload_errors.add_metric([str(p)], stats["readErrors"])
+        yield from (payload_bytes, payload_files, payload_disk, payload_copied, payload_errors)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "

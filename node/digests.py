@@ -74,7 +74,8 @@ class ReplicaDigests:
         self.forks = 0
 
     def get(self, partition: int, replica: _Replica, replicas: Mapping[int, _Replica]) -> tuple[str | None, int]:
-        """``(digest, applied index it is of)``; digest None while the first one is being computed.
+        """``(digest, applied index it is of)``; digest None while the first one is being computed
+        or when the replica's job data cannot be read.
 
         ``replicas`` are all the node's replicas: one child hashes every stale large one.
         """
@@ -84,7 +85,11 @@ class ReplicaDigests:
         if known is not None and known[0] == state and known[1] == index:
             return known[2], index
         if view.job_count() <= self.inline_jobs_max:
-            digest = view.digest()
+            try:
+                digest = view.digest()
+            except OSError as exc:  # job data that cannot be read (a damaged payload file)
+                log.warning("digest of partition %d: %s", partition, exc)
+                return None, index
             self._known[partition] = (state, index, digest)
             return digest, index
         self._start(replicas)
@@ -181,7 +186,12 @@ def _child(fd: int, stale: Mapping[int, tuple["PartitionView", int, int]]) -> No
     code = 1
     try:
         become_background_child()
-        results = [[p, index, view.digest()] for p, (view, _, index) in stale.items()]
+        results = []
+        for p, (view, _, index) in stale.items():
+            try:
+                results.append([p, index, view.digest()])
+            except OSError:
+                continue  # job data that cannot be read (a damaged payload file): no digest
         view = memoryview(msgpack.packb(results))
         while view:
             view = view[os.write(fd, view):]

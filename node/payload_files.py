@@ -137,6 +137,7 @@ class FileSpace:
         self._fresh: dict[int, array[int]] = {}
         self._compacted: dict[int, _Compacted] = {}
         self.copied = 0                  # bytes compactions copied
+        self.read_errors = 0
         self.compactions = 0
         self._paused = 0                 # collections to skip compacting after a failed one
         self._compaction: _Compaction | None = None
@@ -257,13 +258,15 @@ class FileSpace:
 
     def stats(self) -> dict[str, int]:
         """Files held, bytes not released, bytes appended, bytes the files take on disk, what
-        compactions copied and whether one is under way (for ``Stats`` and the metrics)."""
+        compactions copied, whether one is under way, and reads that failed (for ``Stats``
+        and the metrics)."""
         files = set(self._live) | self._dead | self._dying
         if self.end > self._writing * self.file_bytes:  # written to, even if all released already
             files.add(self._writing)
         return {"files": len(self._live), "liveBytes": sum(self._live.values()), "end": self.end,
                 "diskBytes": sum(self._disk_size(n) for n in files), "compactions": self.compactions,
-                "copiedBytes": self.copied, "compacting": int(self._compaction is not None)}
+                "copiedBytes": self.copied, "compacting": int(self._compaction is not None),
+                "readErrors": self.read_errors}
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -470,10 +473,18 @@ class FileSpace:
                                   "and not kept")
                 upto = min(upto, kept.ends[i])
                 fd, path, where = kept.fd, kept.path, kept.at[i] + at - kept.starts[i]
-            got = os.pread(fd, upto - at, where)
-            if len(got) != upto - at:
-                raise OSError(f"payload file {path}: {upto - at} bytes at offset {where} "
-                              f"could not be read (got {len(got)})")
+            try:
+                got = os.pread(fd, upto - at, where)
+                if len(got) != upto - at:
+                    raise OSError(f"payload file {path}: {upto - at} bytes at offset {where} "
+                                  f"could not be read (got {len(got)})")
+            except OSError as exc:
+                self.read_errors += 1
+                if self.read_errors == 1 or self.read_errors % 1000 == 0:
+                    log.error("payload files %s: a read failed (%d so far; a restart of the node "
+                              "rewrites the files from its snapshot and journal): %s",
+                              self.directory, self.read_errors, exc)
+                raise
             parts.append(got)
             at = upto
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -548,7 +559,7 @@ class PayloadFiles:
         if self.spaces:
             return self.spaces[0].stats()
         return {"files": 0, "liveBytes": 0, "end": 0, "diskBytes": 0, "compactions": 0, "copiedBytes": 0,
-                "compacting": 0}
+                "compacting": 0, "readErrors": 0}
 
     def close(self) -> None:
         """The partition left this node: every space and file goes."""

@@ -32,7 +32,10 @@ class PayloadSpace(Protocol):
         """Keep ``blob``; returns the offset of its first byte (offsets only grow)."""
 
     def read(self, start: int, end: int) -> bytes:
-        """The bytes ``start .. end`` of what was appended (a range some append covered)."""
+        """The bytes ``start .. end`` of what was appended (a range some append covered).
+
+        May raise OSError (files on disk): the engine never lets that interrupt a command's
+        apply, and a reply that cannot read a job's data is refused as it is encoded."""
 
     def release(self, start: int, end: int) -> None:
         """Bytes ``start .. end`` are no longer referenced (each byte is released once)."""

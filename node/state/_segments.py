@@ -241,16 +241,20 @@ class Segment:
 
     def run_data(self, i: int, j: int) -> list[Raw]:
         """The data of slots ``i .. j-1`` as a pull's reply carries it: read at once where they
-        are stored one after another (a batch's jobs are), else slot by slot."""
+        are stored one after another (a batch's jobs are), else as references read when the
+        reply is encoded. A read that fails gives references too: the pull is applied alike on
+        every replica, and the failure is its reply's (the frame encoder's refusal)."""
         if self.inline is not None:
             return [Raw(d) for d in self.inline[i:j]]
         offs, lens, at = self.offs, self.lens, self.base
         base = at + offs[i]  # type: ignore[index]
         end = at + offs[j - 1] + lens[j - 1]  # type: ignore[index]
         if end - base != sum(lens[i:j]):  # type: ignore[index]
-            read = self.space.read
-            return [Raw(read(at + o, at + o + n)) for o, n in zip(offs[i:j], lens[i:j])]  # type: ignore[index]
-        blob = self.space.read(base, end)
+            return [self.stored(k) for k in range(i, j)]
+        try:
+            blob = self.space.read(base, end)
+        except OSError:
+            return [self.stored(k) for k in range(i, j)]
         cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
         return list(map(Raw, map(blob.__getitem__, map(slice, cuts, cuts[1:]))))  # in C but for Raw()
 

@@ -4,6 +4,7 @@ back the same; removed jobs give their bytes back, and files mostly released are
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -144,5 +145,38 @@ def test_mostly_released_payload_files_are_compacted_on_every_replica(tmp_path: 
             reply = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 1000}, timeout_s=20)
             assert reply["ok"] and {j["id"]: j["data"] for j in reply["jobs"]} == {
                 job_id: data_of(i) for job_id, i in kept.items()}
+        finally:
+            router.close()
+
+
+def test_a_damaged_payload_file_is_named_in_the_refusal_and_a_restart_rewrites_it(tmp_path: Path) -> None:
+    with LocalCluster(nodes=1, partitions=1, data_dir=tmp_path / "c", base_port=free_base_port(1, 1),
+                      node_command=NODE_COMMAND) as cluster:
+        cluster.wait_ready()
+        router = Router(cluster.addresses)
+        try:
+            reply = router.call({"cmd": "PUSHB", "queue": QUEUE, "jobs": [{"data": data_of(i)} for i in range(200)]},
+                                timeout_s=20)
+            assert reply["ok"], reply
+            ids = dict(zip(reply["ids"], range(200)))
+            node = cluster.node_ids[0]
+            first = cluster.config.node_data_dir(node) / "payloads" / "p0" / "g1" / "00000000.pay"
+            eventually(lambda: first.exists() and first.stat().st_size > 100 * 900, "job data written to a payload file")
+            os.truncate(first, 1000)  # damage: most of the jobs' data gone
+            reply = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 50}, timeout_s=20)
+            assert not reply["ok"] and reply["code"] == "INTERNAL", reply
+            assert "job data could not be read" in reply["error"] and "00000000.pay" in reply["error"], reply
+            assert router.call({"cmd": "Ping"}, timeout_s=20)["ok"]
+            assert local_payloads(cluster, node)["readErrors"] >= 1
+            counts = router.call({"cmd": "GetJobCounts", "queue": QUEUE}, timeout_s=20)["counts"]
+            assert counts["active"] == 50 and counts["waiting"] == 150, counts  # the pull was applied whole
+        finally:
+            router.close()
+        assert "a read failed" in cluster.log_file(node).read_text()
+        cluster.stop()  # the payload files are written again from the snapshot and journal
+        cluster.start()
+        router = Router(cluster.addresses)
+        try:
+            assert_data(router, ids)
         finally:
             router.close()

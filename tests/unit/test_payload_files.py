@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from shoal.cluster.codec import encode_body, raw_of
+from shoal.cluster.errors import ProtocolError
 from shoal.node.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import MemorySpace, PartitionEngine, Stored
 
@@ -66,7 +67,8 @@ def test_a_file_goes_one_collection_after_its_last_bytes_are_released(tmp_path: 
     _collect(space)
     assert _collect(space) == 1 and _files(space) == {"00000001.1.pay", "00000003.pay"}
     assert space.stats() == {"files": 2, "liveBytes": 50 + 10, "end": 310, "diskBytes": 50 + 10,
-                             "compactions": 1, "copiedBytes": 50, "compacting": 0}
+                             "compactions": 1, "copiedBytes": 50, "compacting": 0,
+                             "readErrors": 0}
     assert space.read(300, 310) == b"y" * 10
 
 
@@ -210,6 +212,26 @@ def test_an_engine_on_payload_files_answers_and_snapshots_as_one_in_memory(tmp_p
     assert restored.digest() == in_memory.digest()
     payloads.close()
     assert not payloads.root.exists()
+
+
+def test_a_pull_whose_data_cannot_be_read_is_applied_whole_and_its_reply_refused(tmp_path: Path) -> None:
+    """A damaged payload file must not cut a pull short on one replica (the others apply all
+    of it): the engine leases the same jobs, and the reply is refused as it is encoded."""
+    space = FileSpace(tmp_path / "s", file_bytes=1 << 20, buffer_bytes=1)
+    damaged, reference = PartitionEngine(0, space), PartitionEngine(0)
+    push = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"i": i, "pad": "p" * 200})} for i in range(50)]}
+    damaged.apply(push, 1_000)
+    reference.apply(push, 1_000)
+    os.truncate(space.directory / "00000000.pay", 100)
+    pull = {"cmd": "PULLB", "queue": "q", "count": 30}
+    reply = damaged.apply(pull, 2_000).result
+    assert len(reply["jobs"]) == len(reference.apply(pull, 2_000).result["jobs"]) == 30
+    counts = {"cmd": "GetJobCounts", "queue": "q"}
+    assert damaged.apply(counts, 2_001).result == reference.apply(counts, 2_001).result
+    assert damaged.lease_seq == reference.lease_seq
+    with pytest.raises(ProtocolError, match=r"job data could not be read: payload file .*00000000\.pay"):
+        encode_body(reply)
+    assert space.stats()["readErrors"] >= 1
 
 
 def test_payload_files_of_an_earlier_run_are_removed(tmp_path: Path) -> None:
