@@ -78,6 +78,8 @@ class Raw:
         self.packed = packed
 
     def __eq__(self, other: object) -> bool:
+        if type(other) is msgspec.Raw:  # the engine's pull replies carry those
+            return bytes(other) == self.packed
         return isinstance(other, Raw) and other.packed == self.packed
 
     def __hash__(self) -> int:
@@ -102,10 +104,18 @@ def raw_of(value: Any) -> Raw:
     return Raw(msgpack.packb(value, use_bin_type=True))
 
 
+def raw_bytes(value: Raw | msgspec.Raw) -> bytes:
+    """The MessagePack bytes of a :class:`Raw` (or the engine's ``Stored``) or of the
+    ``msgspec.Raw`` a pull's reply carries for a run of jobs."""
+    return bytes(value) if type(value) is msgspec.Raw else value.packed
+
+
 def unraw(value: Any) -> Any:
-    """Replace every :class:`Raw` inside ``value`` by the value it encodes."""
+    """Replace every :class:`Raw` (or ``msgspec.Raw``) inside ``value`` by the value it encodes."""
     if isinstance(value, Raw):
         return value.decode()
+    if type(value) is msgspec.Raw:
+        return Raw(bytes(value)).decode()
     if isinstance(value, dict):
         return {k: unraw(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

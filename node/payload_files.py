@@ -194,7 +194,7 @@ class FileSpace:
             return
         start = self._buf_start
         try:
-            self._pwrite(start, bytes(buf))
+            self._pwrite(start, buf)  # a new buffer takes its place: no copy needed
         except OSError as exc:
             log.error("payload files %s: cannot write %d bytes at %d (%s); kept in memory",
                       self.directory, len(buf), start, exc)
@@ -442,7 +442,7 @@ class FileSpace:
             fd = self._fds[n] = os.open(self._path(n), os.O_RDWR | os.O_CREAT, 0o600)
         return fd
 
-    def _pwrite(self, start: int, data: bytes) -> None:
+    def _pwrite(self, start: int, data: bytes | bytearray) -> None:
         size = self.file_bytes
         view = memoryview(data)
         at, done = start, 0

@@ -59,11 +59,8 @@ class Stored(Raw):
     def __len__(self) -> int:
         return self.end - self.start
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Raw) and other.packed == self.packed
-
-    def __hash__(self) -> int:
-        return hash(self.packed)
+    __eq__ = Raw.__eq__  # as a Raw of its bytes (read now)
+    __hash__ = Raw.__hash__
 
     def __repr__(self) -> str:
         return f"Stored({self.start}..{self.end})"

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 
-from shoal.cluster.codec import Raw
+from shoal.cluster.codec import Raw, raw_bytes
 from shoal.cluster.commands import READ_COMMANDS, validate
 from shoal.cluster.errors import CommandError
 from shoal.node.state import Command, PartitionEngine, PushRun, SessionPull
@@ -189,8 +190,8 @@ def fmt(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         return repr(value)
-    if isinstance(value, Raw):
-        return json.dumps(msgpack.unpackb(value.packed, raw=False))
+    if isinstance(value, (Raw, msgspec.Raw)):
+        return json.dumps(msgpack.unpackb(raw_bytes(value), raw=False))
     if isinstance(value, bytes):
         return json.dumps(msgpack.unpackb(value, raw=False))
     if isinstance(value, str):

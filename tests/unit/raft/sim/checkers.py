@@ -34,6 +34,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from shoal.cluster.codec import raw_bytes
 from shoal.cluster.errors import CommandError
 from shoal.node.raft.replica import PartitionReplica
 
@@ -202,7 +203,7 @@ class Checkers:
                 if not lost_ok:
                     self.fail(f"acknowledged push {key} (job {push.job_id}) is lost: {exc}")
                 continue
-            if job["data"].packed != push.data:
+            if raw_bytes(job["data"]) != push.data:
                 if not lost_ok:
                     self.fail(f"job {push.job_id} holds other data than push {key} sent")
                 continue
