@@ -42,9 +42,12 @@ With ``--add-node`` (``--nodes 3``), once the phases' jobs are held: ``shoal clu
 and leads its share of the partitions; the command's time, the new node's RSS, and every queue's
 counts checked again.
 
-With ``--pull-rate``, at the end: PULLB 100 + ACKB (16 in flight on one connection, as
-``bench_node.py``) for ``--pull-seconds`` from each big queue and from a queue of 20,000 jobs
-(filled like ``bulk``): jobs/s and the big queues' rate as a share of the small one's.
+With ``--pull-rate``, at the end: first every job of the bulk queue and of a queue of 20,000
+jobs (filled like ``bulk``) listed in ``GetJobs`` pages of 5,000 after the last seq (as the
+Spark connector reads a queue): jobs/s, the slowest page, and the time of the last page asked
+for by offset instead; then PULLB 100 + ACKB (16 in flight on one connection, as
+``bench_node.py``) for ``--pull-seconds`` from each big queue and from the small one: jobs/s and
+the big queues' rate as a share of the small one's.
 
 With ``--sparse N``, at the end: N jobs in ``PUSHB`` frames of 1,000 where every
 ``--sparse-keep``-th (10th) is delayed an hour, then every ready job pulled and acked
@@ -108,6 +111,7 @@ SMALL_JOBS = 20_000
 BULK_BATCH = 1_000
 BULK_WINDOW = 4
 PULL_BATCH = 100
+LIST_PAGE = 5_000              # GetJobs page of the listing rate (the Spark connector's default)
 PULL_SLOTS = 16
 PRIORITIES = 7                 # priorities cycle 0..6
 DELAY_MS = 3_600_000           # every other single job: one hour
@@ -470,6 +474,13 @@ def pull_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payload
     run_adds(cluster, small, bulk_frames(SMALL_QUEUE, payload, keys, SMALL_JOBS, args.single + args.bulk),
              -(-SMALL_JOBS // BULK_BATCH), BULK_WINDOW, budget)
     wait_counted(cluster, {SMALL_QUEUE: small.expected}, budget)
+    listed: dict[str, dict[str, Any]] = {}
+    for queue, held in ((BULK_QUEUE, args.bulk), (SMALL_QUEUE, SMALL_JOBS)):
+        if held:
+            listed[queue] = list_rate(leader_address(cluster, queue), queue, held, budget)
+            print(f"  GetJobs pages of {LIST_PAGE:,} after a seq over {queue} ({held:,} jobs): "
+                  f"{listed[queue]['rate']:,} jobs/s, slowest page {listed[queue]['slowest_ms']:,.0f} ms; "
+                  f"the last page by offset {listed[queue]['last_by_offset_ms']:,.0f} ms", flush=True)
     rates: dict[str, dict[str, Any]] = {}
     for queue, held in ((BULK_QUEUE, args.bulk), (SINGLE_QUEUE, args.single), (SMALL_QUEUE, SMALL_JOBS)):
         if not held:
@@ -481,7 +492,35 @@ def pull_phase(cluster: LocalCluster, args: argparse.Namespace, payload: Payload
     base = rates[SMALL_QUEUE]["rate"]
     for r in rates.values():
         r["vs_small"] = round(r["rate"] / base, 3) if base else None
-    return {"phase": "pull-rate", "batch": PULL_BATCH, "in_flight": PULL_SLOTS, "queues": rates}
+    return {"phase": "pull-rate", "batch": PULL_BATCH, "in_flight": PULL_SLOTS, "queues": rates, "listed": listed}
+
+
+def list_rate(address: str, queue: str, held: int, budget: Budget) -> dict[str, Any]:
+    """Every job of ``queue`` listed in ``GetJobs`` pages after the last seq (as the Spark
+    connector reads), and the last page asked for by offset instead: jobs/s and page times."""
+    conn = Conn(address, timeout_s=budget.left(120.0))
+    try:
+        frame = {"cmd": "GetJobs", "queue": queue, "limit": LIST_PAGE}
+        after, listed, slowest = 0, 0, 0.0
+        t0 = time.perf_counter()
+        for _ in range(held // LIST_PAGE + 2):  # bounded: one page per LIST_PAGE jobs
+            t = time.perf_counter()
+            reply = conn.call({**frame, "afterSeq": after})
+            slowest = max(slowest, time.perf_counter() - t)
+            listed += len(reply["jobs"])
+            after = reply["lastSeq"]
+            if len(reply["jobs"]) < LIST_PAGE:
+                break
+        dt = time.perf_counter() - t0
+        t = time.perf_counter()
+        conn.call({**frame, "offset": max(0, held - LIST_PAGE)})
+        by_offset = time.perf_counter() - t
+    finally:
+        conn.close()
+    if listed != held:
+        raise RuntimeError(f"{queue}: listed {listed:,} jobs of {held:,}")
+    return {"jobs": listed, "seconds": round(dt, 3), "rate": round(listed / dt), "slowest_ms": round(slowest * 1000, 1),
+            "last_by_offset_ms": round(by_offset * 1000, 1)}
 
 
 def payload_stats(cluster: LocalCluster, queue: str) -> dict[str, dict[str, int]]:
@@ -751,6 +790,12 @@ def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str,
         print("|---|---:|---:|---:|")
         for queue, r in pull["queues"].items():
             print(f"| {queue} | {r['jobs_held']:,} | {r['rate']:,} | {r['vs_small']:.2f} |")
+        print()
+        print(f"| listing (GetJobs {LIST_PAGE:,} after a seq) | jobs | jobs/s | slowest page (ms) | "
+              "last page by offset (ms) |")
+        print("|---|---:|---:|---:|---:|")
+        for queue, r in pull["listed"].items():
+            print(f"| {queue} | {r['jobs']:,} | {r['rate']:,} | {r['slowest_ms']:,.0f} | {r['last_by_offset_ms']:,.0f} |")
     if sparse:
         print()
         print(f"sparse: {sparse['jobs']:,} jobs, one in {sparse['keep_every']} delayed, the rest drained at "

@@ -373,7 +373,7 @@ _SPECS = [
     _spec("GetState", "id", _ID, read=True),
     _spec("GetResult", "id", _ID, read=True),
     _spec("GetJobs", "queue", _Q, {"state": _listed_state, "offset": _offset, "limit": _limit, "tag": _key,
-                                   "asc": F.boolean}, read=True),
+                                   "asc": F.boolean, "afterSeq": _seq}, read=True),
     _spec("GetJobCounts", "queue", _Q, read=True),
     _spec("GetCountsPerPriority", "queue", _Q, read=True),
     _spec("GetProgress", "id", _ID, read=True),

@@ -6,11 +6,12 @@ the end it had when the task started. Both come back as Arrow record batches,
 one per page.
 
 A read is not a snapshot: jobs keep moving while it runs. Pages are in job
-order (sequence numbers rise), so a task skips anything at or below the last
-sequence it returned and never yields a job twice; a job that leaves the
-listed states between two pages shifts the offsets and can make the task miss
-one that was further on. Read a queue that is paused, or a log, for an exact
-copy.
+order (sequence numbers rise), each asked for after the last sequence number
+the previous one returned (``afterSeq``), so a page costs the node its own
+jobs however deep into the queue it is, no job comes twice, and a job leaving
+the listed states between two pages makes no other one be missed. A job that
+moves back into them behind the cursor (a retry) is not read again. Read a
+queue that is paused, or a log, for an exact copy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pyspark.sql.datasource import DataSourceReader, EqualTo, Filter, In, InputP
 from pyspark.sql.types import StructType
 
 from shoal.client import Client, NotFound
-from shoal.cluster.jobid import parse_job_id
 
 from ._cluster import Layout, connected, wire_names
 from ._convert import job_columns, log_columns, to_record_batch
@@ -60,18 +60,13 @@ class QueuePartition(InputPartition):
         return f"QueuePartition({self.queue!r}, shard={self.shard}, start={self.start}, end={self.end})"
 
 
-def _seq(job_id: str) -> int:
-    return parse_job_id(job_id)[1]
-
-
 def _list_jobs(client: Client, queue: str, state: str | None, page_size: int) -> Iterator[list[dict[str, Any]]]:
     """Pages of ``queue``'s jobs (in ``state``), in job order, each job once."""
     frame: dict[str, Any] = {"cmd": "GetJobs", "queue": queue, "limit": page_size}
     if state:
         frame["state"] = state
-    first = client.call({**frame, "offset": 0})
+    first = client.call({**frame, "afterSeq": 0})
     pages_max = int(first.get("total") or 0) // page_size + _PAGES_SLACK
-    offset, last_seq = 0, 0
     # The next page is asked for before this one is handed on: the node and the network work on it
     # while the caller converts this one. One request ahead at most.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shoal-read") as ahead:
@@ -79,12 +74,9 @@ def _list_jobs(client: Client, queue: str, state: str | None, page_size: int) ->
         reply = first
         for _ in range(pages_max):  # bounded: the total at the start, plus slack for jobs added meanwhile
             jobs = reply.get("jobs") or []
-            offset += len(jobs)
-            upcoming = ahead.submit(client.call, {**frame, "offset": offset}) if len(jobs) == page_size else None
-            if jobs and _seq(jobs[0]["id"]) <= last_seq:  # the listing shifted: drop what was already returned
-                jobs = [j for j in jobs if _seq(j["id"]) > last_seq]
+            upcoming = (ahead.submit(client.call, {**frame, "afterSeq": int(reply["lastSeq"])})
+                        if len(jobs) == page_size else None)
             if jobs:
-                last_seq = _seq(jobs[-1]["id"])  # pages are in job order
                 yield jobs
             if upcoming is None:
                 return

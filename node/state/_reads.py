@@ -74,11 +74,14 @@ class ReadOps(Store):
     def _op_GetJobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
         if q is None:
-            return {"jobs": [], "total": 0}
+            return {"jobs": [], "total": 0, **({"lastSeq": cmd["afterSeq"]} if "afterSeq" in cmd else {})}
         state = cmd.get("state")
         tag = cmd.get("tag")
         offset = cmd.get("offset") or 0
         limit = cmd.get("limit") or PAGE_DEFAULT
+        after = cmd.get("afterSeq")
+        if after is not None and cmd.get("asc") is False:
+            raise CommandError(ErrorCode.INVALID, "afterSeq pages in ascending order: leave asc out or true")
         # bunqueue lists waiting jobs with a priority as "prioritized", apart from "waiting".
         by_priority = None
         if state == WAITING or state == PRIORITIZED:
@@ -91,20 +94,26 @@ class ReadOps(Store):
             total = q.counts[state] if state else sum(q.counts.values())
         page: list[dict[str, Any]] = []
         matched = 0
-        for job in self._queue_jobs(q.name, state):  # seq order, built lazily: a page costs its offset
+        last = after or 0
+        # Seq order, built lazily: a page costs its offset, or, given afterSeq, only itself.
+        for job in self._queue_jobs(q.name, state, after or 0):
             if tag is not None and job.tag != tag:
                 continue
             if by_priority is not None and bool(job.priority) != by_priority:
                 continue
             matched += 1
             if matched <= offset or len(page) >= limit:
-                if tag is None and len(page) >= limit:
+                if (tag is None or after is not None) and len(page) >= limit:
                     break  # the total is known from the counters; with a tag it is counted here
                 continue
             page.append(self.wire_job(job))
+            last = job.seq
         if cmd.get("asc") is False:
             page.reverse()
-        return {"jobs": page, "total": matched if tag is not None else total}
+        reply: dict[str, Any] = {"jobs": page, "total": matched if tag is not None and after is None else total}
+        if after is not None:
+            reply["lastSeq"] = last  # the afterSeq of the next page
+        return reply
 
     def _op_GetJobCounts(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Jobs by state, as bunqueue counts them: ``waiting`` (priority 0) apart from

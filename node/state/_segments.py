@@ -427,6 +427,12 @@ class SegmentStore:
         by_first = self._by_first
         return (by_first[f] for f in list(self._firsts))
 
+    def since(self, seq: int) -> Iterator[Segment]:
+        """Segments in seq order from the one that may hold ``seq`` on (found by bisection)."""
+        firsts = self._firsts
+        by_first = self._by_first
+        return (by_first[f] for f in firsts[max(0, bisect_right(firsts, seq) - 1):])
+
     def add(self, segment: Segment) -> None:
         self._by_first[segment.first] = segment
         self._firsts.append(segment.first)

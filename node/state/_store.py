@@ -302,24 +302,27 @@ class Store:
         seg_jobs = (slot_job(seg, i, p) for seg in self.segments for i, code in enumerate(seg.states) if code)
         return heapq.merge(list(self.jobs.values()), seg_jobs, key=seq_of)
 
-    def _queue_jobs(self, queue: str, state: str | None) -> Iterator[Job]:
-        """Jobs of ``queue`` (in ``state``, if given) in seq order, a segment's as detached copies
-        made only when reached: listing the first page of a large batch-pushed queue does not
-        build a job per slot the way :meth:`_all_jobs` does."""
+    def _queue_jobs(self, queue: str, state: str | None, after: int = 0) -> Iterator[Job]:
+        """Jobs of ``queue`` (in ``state``, if given) numbered above ``after``, in seq order; a
+        segment's as detached copies made only when reached: listing the first page of a large
+        batch-pushed queue does not build a job per slot the way :meth:`_all_jobs` does, and a
+        page after a given seq starts at its segment (job objects are still all looked at)."""
         if self._jobs_unordered:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
-        own = (j for j in self.jobs.values() if j.queue == queue and (state is None or j.state == state))
+        own = (j for j in self.jobs.values()
+               if j.queue == queue and (state is None or j.state == state) and j.seq > after)
         codes = SLOT_CODES.get(state) if state is not None else SLOT_HELD
         if not codes or not self.segments:
             return own
         p = self.partition
 
         def slots() -> Iterator[Job]:
-            for seg in self.segments:
+            for seg in self.segments.since(after + 1):
                 if seg.queue != queue:
                     continue
-                for i, code in enumerate(seg.states):
+                start = max(0, after + 1 - seg.first)
+                for i, code in enumerate(seg.states[start:], start):
                     if code in codes:
                         yield slot_job(seg, i, p)
 

@@ -97,7 +97,7 @@ FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "message": st.text(max_size=50),
     "type": st.sampled_from(QUEUE_TYPES),
     "options": _optional_map(_QUEUE_OPTIONS, {}),
-    "fromSeq": st.integers(0, 2**62), "beforeSeq": st.integers(0, 2**62),
+    "fromSeq": st.integers(0, 2**62), "beforeSeq": st.integers(0, 2**62), "afterSeq": st.integers(0, 2**62),
     "limit": st.integers(1, L.page_limit_max),
     "offset": st.integers(0, 2**62),
     "state": st.sampled_from(JOB_STATES),

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from shoal.cluster.codec import raw_bytes, raw_of, unraw
 from shoal.cluster.errors import CommandError
 from shoal.node.state import Command, PartitionEngine, PushRun, SessionPull
+from shoal.node.state import _store as _store_module
 
 
 def copied(cmd: Command) -> Command:
@@ -493,3 +494,30 @@ def test_getjobs_pages_match_a_full_listing(seed: int, offset: int, limit: int) 
             every = [j for j in e._all_jobs() if j.queue == queue and listed(j, state)]
             assert [j["id"] for j in got["jobs"]] == [f"0-{j.seq}" for j in every[offset:offset + limit]]
             assert unraw(got["jobs"]) == unraw([e.wire_job(j) for j in every[offset:offset + limit]])
+
+
+def test_get_jobs_after_a_seq_pages_deep_queues_at_the_cost_of_the_page() -> None:
+    """``afterSeq`` starts a page at the segment that holds the seq: the last page of a
+    100,000-job queue is listed without walking the jobs before it."""
+    e = PartitionEngine(0)
+    for k in range(20):
+        run(e, {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(i)} for i in range(k * 5_000, (k + 1) * 5_000)]},
+            1_000 + k)
+    made = []
+    original = _store_module.slot_job
+
+    def counting(*args: Any) -> Any:
+        made.append(1)
+        return original(*args)
+
+    _store_module.slot_job = counting
+    try:
+        r = run(e, {"cmd": "GetJobs", "queue": "q", "afterSeq": 99_990, "limit": 50}, 2_000)
+    finally:
+        _store_module.slot_job = original
+    assert [unraw(j["data"]) for j in r["jobs"]] == list(range(99_990, 100_000))
+    assert r["lastSeq"] == 100_000 and r["total"] == 100_000 and len(made) == 10
+    assert run(e, {"cmd": "GetJobs", "queue": "q", "afterSeq": 100_000}, 2_000)["jobs"] == []
+    assert run(e, {"cmd": "GetJobs", "queue": "none", "afterSeq": 7}, 2_000) == {"jobs": [], "total": 0, "lastSeq": 7}
+    with pytest.raises(CommandError, match="afterSeq pages in ascending order"):
+        run(e, {"cmd": "GetJobs", "queue": "q", "afterSeq": 5, "asc": False}, 2_000)

@@ -146,6 +146,26 @@ class SlotsVsPerJob(RuleBasedStateMachine):
     def list_jobs(self, queue: str, state: str) -> None:
         self.both({"cmd": "GetJobs", "queue": queue, "state": state, "limit": 5})
 
+    @rule(queue=st.sampled_from(QUEUES), state=st.sampled_from([None, "waiting", "prioritized", "delayed",
+                                                                "active", "completed"]),
+          limit=st.integers(1, 4))
+    def list_by_cursor(self, queue: str, state: str | None, limit: int) -> None:
+        """Pages after a seq (afterSeq) list what one page from offset 0 does, in order."""
+        frame: dict[str, Any] = {"cmd": "GetJobs", "queue": queue, "limit": 1000}
+        if state is not None:
+            frame["state"] = state
+        whole = unraw(self.engine.apply(frame, self.now).result["jobs"])
+        got: list[Any] = []
+        after = 0
+        for _ in range(len(whole) + 2):
+            reply = self.engine.apply({**frame, "limit": limit, "afterSeq": after}, self.now).result
+            got += unraw(reply["jobs"])
+            assert reply["lastSeq"] >= after
+            after = reply["lastSeq"]
+            if len(reply["jobs"]) < limit:
+                break
+        assert got == whole
+
     @rule(queue=st.sampled_from(QUEUES))
     def drain(self, queue: str) -> None:
         self.both({"cmd": "Drain", "queue": queue})
