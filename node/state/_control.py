@@ -4,6 +4,8 @@ retry, purge), and log queues (Truncate, Read)."""
 from __future__ import annotations
 
 import heapq
+import re
+from operator import itemgetter
 from typing import Any
 
 from shoal.cluster.codec import Raw
@@ -13,7 +15,8 @@ from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, l
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_BITS, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
 from ._store import Store
-from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_GONE, SLOT_READY, SLOT_WAITING
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, REMOVED, STATES, WAITING, check_transition
 
 __all__ = ["ControlOps"]
 
@@ -189,8 +192,8 @@ class ControlOps(Store):
     def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
                       limit: int | None = None, removed: list[str] | None = None) -> int:
         victims = []
-        for job in self._all_jobs():
-            if job.queue != q.name or job.state not in states:
+        for job in self._queue_jobs(q.name, None):  # seq order; other queues' jobs not made at all
+            if job.state not in states:
                 continue
             stamp = job.finished_ms or job.created_ms
             if older_than_ms is not None and stamp > older_than_ms:
@@ -204,6 +207,34 @@ class ControlOps(Store):
                 removed.append(self._wire_id(job))  # type: ignore[arg-type]
             self._remove(q, job)  # type: ignore[arg-type]
         return len(victims)
+
+    def _drop_segments(self, q: Queue) -> None:
+        """Every segment slot of ``q`` goes at once (the queue is being removed): data released
+        a run of held slots at a time, an active slot's session entry dropped, a ``removed``
+        event each. Heap entries naming them are skipped when they come due, as a removed
+        job object's are (the segment is no longer found)."""
+        segments, sessions, events = self.segments, self.sessions, self._events
+        for seg in [s for s in segments if s.queue == q.name]:
+            states = seg.states
+            for code in set(states) - {SLOT_GONE}:
+                check_transition(SLOT_STATE[code], REMOVED)
+            if seg.sessions is not None:
+                for i, session in enumerate(seg.sessions):
+                    if session is not None and states[i] == SLOT_ACTIVE:
+                        leased = sessions.get(session)
+                        if leased is not None:
+                            leased.pop(seg.first + i, None)
+                            if not leased:
+                                del sessions[session]
+            if events is not None:
+                events.extend((q.name, seg.first + i, "removed", SLOT_STATE[code])
+                              for i, code in enumerate(states) if code != SLOT_GONE)
+            for run in _HELD_RUN.finditer(states):
+                seg.release(run.start(), run.end())
+            held = seg.held
+            states[:] = bytes(len(states))  # SLOT_GONE
+            seg.left = 0
+            segments.gone(seg, held)
 
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
@@ -224,7 +255,12 @@ class ControlOps(Store):
         q = self.queues.get(cmd["queue"])
         if q is None:
             return {}
-        self._remove_where(q, STATES)
+        events = self._events
+        mark = len(events) if events is not None else 0
+        self._drop_segments(q)
+        dropped = len(events) - mark if events is not None else 0
+        if self._remove_where(q, STATES) and dropped:  # the queue's job objects, after its slots
+            events[mark:] = sorted(events[mark:], key=_event_seq)  # type: ignore[index]  # seq order, as one by one
         self.crons = {n: c for n, c in self.crons.items() if c["queue"] != q.name}
         del self.queues[q.name]
         return {}
@@ -320,3 +356,10 @@ def _stored_options(cmd: dict[str, Any]) -> dict[str, Any]:
     """The options of a CreateQueue/UpdateQueue the engine keeps (the others are the node's)."""
     return {k: v for k, v in (cmd.get("options") or {}).items()
             if v is not None and (k in DEFAULTS or k in LIMIT_OPTIONS)}
+
+
+#: A segment slot's state as a job's (what a ``removed`` event names).
+SLOT_STATE = {SLOT_WAITING: WAITING, SLOT_READY: WAITING, SLOT_ACTIVE: ACTIVE, SLOT_COMPLETED: COMPLETED,
+              SLOT_DELAYED: DELAYED}
+_HELD_RUN = re.compile(b"[^\\x00]+")  # a run of slots not SLOT_GONE (0)
+_event_seq = itemgetter(1)

@@ -167,6 +167,20 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         assert got == whole
 
     @rule(queue=st.sampled_from(QUEUES))
+    def obliterate(self, queue: str) -> None:
+        """The queue's segments go at once; the reference removes its jobs one by one. The
+        same events too, in seq order."""
+        got = self.engine.apply({"cmd": "Obliterate", "queue": queue}, self.now, events=True).events
+        want = self.reference.apply({"cmd": "Obliterate", "queue": queue}, self.now, events=True).events
+        assert got == want
+        assert self.engine.digest() == self.reference.digest()
+        self.both({"cmd": "CreateQueue", "queue": queue, "options": {"ttr": TTR_MS, "backoff": 0}})
+
+    @rule()
+    def release_session(self) -> None:
+        self.both({"cmd": "_ReleaseSession", "session": "s1"})
+
+    @rule(queue=st.sampled_from(QUEUES))
     def drain(self, queue: str) -> None:
         self.both({"cmd": "Drain", "queue": queue})
 
