@@ -236,10 +236,54 @@ class ControlOps(Store):
             seg.left = 0
             segments.gone(seg, held)
 
+    def _drain_segments(self, q: Queue) -> int:
+        """``q``'s waiting and delayed segment slots go, a run of them at a time (their data
+        released in one call, the queue's counters moved once); how many. Ready-heap and
+        delayed-heap entries naming them are skipped when they surface, as stale ones are."""
+        segments, events, prio_counts = self.segments, self._events, q.prio_counts
+        waiting = delayed = 0
+        for seg in [s for s in segments if s.queue == q.name]:
+            states = seg.states
+            gone = 0
+            for run in _DRAINABLE_RUN.finditer(states):
+                i, j = run.span()
+                chunk = states[i:j]
+                w = j - i - chunk.count(SLOT_DELAYED)
+                if w:
+                    check_transition(WAITING, REMOVED)
+                    if seg.priorities is None:
+                        _drop_prios(prio_counts, 0, w)
+                    else:
+                        for k in range(i, j):
+                            if states[k] != SLOT_DELAYED:
+                                _drop_prios(prio_counts, seg.priorities[k], 1)
+                if w < j - i:
+                    check_transition(DELAYED, REMOVED)
+                if events is not None:
+                    events.extend((q.name, seg.first + k, "removed", SLOT_STATE[states[k]]) for k in range(i, j))
+                seg.release(i, j)
+                states[i:j] = bytes(j - i)  # SLOT_GONE
+                waiting += w
+                delayed += j - i - w
+                gone += j - i
+            if gone:
+                seg.left = 0
+                seg.low = 0
+                segments.gone(seg, gone)
+        q.counts[WAITING] -= waiting
+        q.counts[DELAYED] -= delayed
+        return waiting + delayed
+
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
         self._count(q, "Drain")
-        return {"count": self._remove_where(q, (WAITING, DELAYED))}
+        events = self._events
+        mark = len(events) if events is not None else 0
+        slots = self._drain_segments(q)
+        objects = self._remove_where(q, (WAITING, DELAYED))  # the queue's job objects
+        if slots and objects and events is not None:
+            events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
+        return {"count": slots + objects}
 
     def _op_Clean(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
@@ -363,3 +407,12 @@ SLOT_STATE = {SLOT_WAITING: WAITING, SLOT_READY: WAITING, SLOT_ACTIVE: ACTIVE, S
               SLOT_DELAYED: DELAYED}
 _HELD_RUN = re.compile(b"[^\\x00]+")  # a run of slots not SLOT_GONE (0)
 _event_seq = itemgetter(1)
+_DRAINABLE_RUN = re.compile(b"[\\x01\\x04\\x05]+")  # a run of SLOT_WAITING, SLOT_READY or SLOT_DELAYED slots
+
+
+def _drop_prios(prio_counts: dict[int, int], priority: int, n: int) -> None:
+    left = prio_counts.get(priority, 0) - n
+    if left:
+        prio_counts[priority] = left
+    else:
+        prio_counts.pop(priority, None)
