@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 __all__ = ["NodeCollector", "MoveWatch"]
 
 
+#: Per partition, from its payload files' ``stats()``: (family, name, help, stats key).
+_PAYLOAD_METRICS: tuple[tuple[Any, str, str, str], ...] = (
+    (GaugeMetricFamily, "shoal_payload_bytes", "Bytes of job data this node's replica of the partition holds "
+     "in its payload files (not yet released)", "liveBytes"),
+    (GaugeMetricFamily, "shoal_payload_files", "Payload files of the partition's replica holding unreleased "
+     "job data", "files"),
+    (GaugeMetricFamily, "shoal_payload_disk_bytes", "Bytes the partition replica's payload files take on disk "
+     "(released bytes until their file is deleted or compacted)", "diskBytes"),
+    (CounterMetricFamily, "shoal_payload_copied_bytes", "Bytes compactions of the partition replica's payload "
+     "files copied", "copiedBytes"),
+    (CounterMetricFamily, "shoal_payload_read_errors", "Reads of the partition replica's payload files that "
+     "failed (a damaged file: restart the node)", "readErrors"),
+)
+
+
 def _syncs(storage: Any) -> CounterMetricFamily:
     family = CounterMetricFamily("shoal_journal_syncs", "Journal fdatasyncs by the sync barrier (fsync class) "
                                  "and by the sync_interval_ms timer (disk class)", labels=["kind"])
@@ -79,27 +94,12 @@ class NodeCollector(Collector):
                     lag.add_metric(follower, max(0, last - pr.match))
                     silence.add_metric(follower, max(0.0, now - pr.last_heard))
         yield from (lag, silence)
-        payload_bytes = GaugeMetricFamily("shoal_payload_bytes", "Bytes of job data this node's replica of the "
-                                          "partition holds in its payload files (not yet released)",
-                                          labels=["partition"])
-        payload_files = GaugeMetricFamily("shoal_payload_files", "Payload files of the partition's replica "
-                                          "holding unreleased job data", labels=["partition"])
-        payload_disk = GaugeMetricFamily("shoal_payload_disk_bytes", "Bytes the partition replica's payload "
-                                         "files take on disk (released bytes until their file is deleted "
-                                         "or compacted)", labels=["partition"])
-        payload_copied = CounterMetricFamily("shoal_payload_copied_bytes", "Bytes compactions of the "
-                                             "partition replica's payload files copied", labels=["partition"])
-        payload_errors = CounterMetricFamily("shoal_payload_read_errors", "Reads of the partition replica's "
-                                             "payload files that failed (a damaged file: restart the node)",
-                                             labels=["partition"])
+        payloads = [(kind(name, text, labels=["partition"]), key) for kind, name, text, key in _PAYLOAD_METRICS]
         for p, part in sorted(node.partitions.items()):
             stats = part.replica.application.payloads.stats()
-            payload_bytes.add_metric([str(p)], stats["liveBytes"])
-            payload_files.add_metric([str(p)], stats["files"])
-            payload_disk.add_metric([str(p)], stats["diskBytes"])
-            payload_copied.add_metric([str(p)], stats["copiedBytes"])
-            payload_errors.add_metric([str(p)], stats["readErrors"])
-        yield from (payload_bytes, payload_files, payload_disk, payload_copied, payload_errors)
+            for family, key in payloads:
+                family.add_metric([str(p)], stats[key])
+        yield from (family for family, _ in payloads)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "

@@ -204,8 +204,8 @@ class FileSpace:
 
     def collect(self) -> int:
         """Delete the files found all released at the previous call (a reply that named their
-        bytes was written in between) and compact at most one mostly released file; returns
-        how many files were deleted.
+        bytes was written in between) and, unless one is under way, start compacting the
+        mostly released file most worth it; returns how many files were deleted.
 
         A compaction drops only ranges released before the previous call, for the same reason.
         It picks the file with the most released bytes, if they are at least half of the file

@@ -15,7 +15,7 @@ from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, l
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_BITS, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
 from ._store import Store
-from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_GONE, SLOT_READY, SLOT_WAITING
+from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, REMOVED, STATES, WAITING, check_transition
 
 __all__ = ["ControlOps"]
@@ -208,78 +208,56 @@ class ControlOps(Store):
             self._remove(q, job)  # type: ignore[arg-type]
         return len(victims)
 
-    def _drop_segments(self, q: Queue) -> None:
-        """Every segment slot of ``q`` goes at once (the queue is being removed): data released
-        a run of held slots at a time, an active slot's session entry dropped, a ``removed``
-        event each. Heap entries naming them are skipped when they come due, as a removed
-        job object's are (the segment is no longer found)."""
-        segments, sessions, events = self.segments, self.sessions, self._events
-        for seg in [s for s in segments if s.queue == q.name]:
-            states = seg.states
-            for code in set(states) - {SLOT_GONE}:
-                check_transition(SLOT_STATE[code], REMOVED)
-            if seg.sessions is not None:
-                for i, session in enumerate(seg.sessions):
-                    if session is not None and states[i] == SLOT_ACTIVE:
-                        leased = sessions.get(session)
-                        if leased is not None:
-                            leased.pop(seg.first + i, None)
-                            if not leased:
-                                del sessions[session]
-            if events is not None:
-                events.extend((q.name, seg.first + i, "removed", SLOT_STATE[code])
-                              for i, code in enumerate(states) if code != SLOT_GONE)
-            for run in _HELD_RUN.finditer(states):
-                seg.release(run.start(), run.end())
-            held = seg.held
-            states[:] = bytes(len(states))  # SLOT_GONE
-            seg.left = 0
-            segments.gone(seg, held)
-
-    def _drain_segments(self, q: Queue) -> int:
-        """``q``'s waiting and delayed segment slots go, a run of them at a time (their data
-        released in one call, the queue's counters moved once); how many. Ready-heap and
-        delayed-heap entries naming them are skipped when they surface, as stale ones are."""
-        segments, events, prio_counts = self.segments, self._events, q.prio_counts
-        waiting = delayed = 0
+    def _drop_slots(self, q: Queue, runs: re.Pattern[bytes]) -> int:
+        """``q``'s segment slots that ``runs`` matches go a run of them at a time: their data
+        released in one call, the queue's counters moved once per run, an active slot's
+        session entry dropped, a ``removed`` event each; how many. Ready-, delayed- and
+        lease-heap entries naming them are skipped as stale when they surface (the slot is
+        gone, or its segment no longer found), as a removed job object's are."""
+        segments, sessions, events, counts = self.segments, self.sessions, self._events, q.counts
+        dropped = 0
         for seg in [s for s in segments if s.queue == q.name]:
             states = seg.states
             gone = 0
-            for run in _DRAINABLE_RUN.finditer(states):
+            for run in runs.finditer(states):
                 i, j = run.span()
-                chunk = states[i:j]
-                w = j - i - chunk.count(SLOT_DELAYED)
-                if w:
-                    check_transition(WAITING, REMOVED)
-                    if seg.priorities is None:
-                        _drop_prios(prio_counts, 0, w)
-                    else:
-                        for k in range(i, j):
-                            if states[k] != SLOT_DELAYED:
-                                _drop_prios(prio_counts, seg.priorities[k], 1)
-                if w < j - i:
-                    check_transition(DELAYED, REMOVED)
+                for code in set(states[i:j]):
+                    check_transition(SLOT_STATE[code], REMOVED)
+                    counts[SLOT_STATE[code]] -= states.count(code, i, j)
+                waiting = states.count(SLOT_WAITING, i, j) + states.count(SLOT_READY, i, j)
+                if waiting and seg.priorities is None:
+                    self._drop_prio(q, 0, waiting)  # type: ignore[attr-defined]  # Moves
+                elif waiting:
+                    for k in range(i, j):
+                        if states[k] == SLOT_WAITING or states[k] == SLOT_READY:
+                            self._drop_prio(q, seg.priorities[k])  # type: ignore[attr-defined]  # Moves
+                if seg.sessions is not None and states.find(SLOT_ACTIVE, i, j) >= 0:
+                    for k in range(i, j):
+                        session = seg.sessions[k]
+                        if states[k] == SLOT_ACTIVE and session is not None:
+                            leased = sessions.get(session)
+                            if leased is not None:
+                                leased.pop(seg.first + k, None)
+                                if not leased:
+                                    del sessions[session]
                 if events is not None:
                     events.extend((q.name, seg.first + k, "removed", SLOT_STATE[states[k]]) for k in range(i, j))
                 seg.release(i, j)
                 states[i:j] = bytes(j - i)  # SLOT_GONE
-                waiting += w
-                delayed += j - i - w
                 gone += j - i
             if gone:
-                seg.left = 0
+                seg.left = 0  # every waiting slot went (both patterns match them)
                 seg.low = 0
                 segments.gone(seg, gone)
-        q.counts[WAITING] -= waiting
-        q.counts[DELAYED] -= delayed
-        return waiting + delayed
+                dropped += gone
+        return dropped
 
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
         self._count(q, "Drain")
         events = self._events
         mark = len(events) if events is not None else 0
-        slots = self._drain_segments(q)
+        slots = self._drop_slots(q, _DRAINABLE_RUN)
         objects = self._remove_where(q, (WAITING, DELAYED))  # the queue's job objects
         if slots and objects and events is not None:
             events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
@@ -301,10 +279,9 @@ class ControlOps(Store):
             return {}
         events = self._events
         mark = len(events) if events is not None else 0
-        self._drop_segments(q)
-        dropped = len(events) - mark if events is not None else 0
-        if self._remove_where(q, STATES) and dropped:  # the queue's job objects, after its slots
-            events[mark:] = sorted(events[mark:], key=_event_seq)  # type: ignore[index]  # seq order, as one by one
+        slots = self._drop_slots(q, _HELD_RUN)
+        if self._remove_where(q, STATES) and slots and events is not None:  # the queue's job objects
+            events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
         self.crons = {n: c for n, c in self.crons.items() if c["queue"] != q.name}
         del self.queues[q.name]
         return {}
@@ -408,11 +385,3 @@ SLOT_STATE = {SLOT_WAITING: WAITING, SLOT_READY: WAITING, SLOT_ACTIVE: ACTIVE, S
 _HELD_RUN = re.compile(b"[^\\x00]+")  # a run of slots not SLOT_GONE (0)
 _event_seq = itemgetter(1)
 _DRAINABLE_RUN = re.compile(b"[\\x01\\x04\\x05]+")  # a run of SLOT_WAITING, SLOT_READY or SLOT_DELAYED slots
-
-
-def _drop_prios(prio_counts: dict[int, int], priority: int, n: int) -> None:
-    left = prio_counts.get(priority, 0) - n
-    if left:
-        prio_counts[priority] = left
-    else:
-        prio_counts.pop(priority, None)

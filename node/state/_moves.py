@@ -131,10 +131,11 @@ class Moves(Store):
             events.append((q.name, job.seq, "removed", job.state))
 
     @staticmethod
-    def _drop_prio(q: Queue, priority: int) -> None:
-        n = q.prio_counts.get(priority, 0) - 1
-        if n:
-            q.prio_counts[priority] = n
+    def _drop_prio(q: Queue, priority: int, n: int = 1) -> None:
+        """``n`` waiting jobs of ``priority`` fewer."""
+        left = q.prio_counts.get(priority, 0) - n
+        if left:
+            q.prio_counts[priority] = left
         else:
             q.prio_counts.pop(priority, None)
 

@@ -424,8 +424,7 @@ class SegmentStore:
 
     def __iter__(self) -> Iterator[Segment]:
         """Segments in seq order."""
-        by_first = self._by_first
-        return (by_first[f] for f in list(self._firsts))
+        return self.since(0)
 
     def since(self, seq: int) -> Iterator[Segment]:
         """Segments in seq order from the one that may hold ``seq`` on (found by bisection)."""
