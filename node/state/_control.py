@@ -14,7 +14,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_BITS, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
-from ._store import Store
+from ._store import Store, _slot_runs
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, REMOVED, STATES, WAITING, check_transition
 
@@ -192,7 +192,7 @@ class ControlOps(Store):
     def _remove_where(self, q: Queue, states: tuple[str, ...], older_than_ms: int | None = None,
                       limit: int | None = None, removed: list[str] | None = None) -> int:
         victims = []
-        for job in self._queue_jobs(q.name, None):  # seq order; other queues' jobs not made at all
+        for job in self._queue_jobs_in(q.name, states):  # seq order; other slots not made jobs
             if job.state not in states:
                 continue
             stamp = job.finished_ms or job.created_ms
@@ -246,22 +246,29 @@ class ControlOps(Store):
                 states[i:j] = bytes(j - i)  # SLOT_GONE
                 gone += j - i
             if gone:
-                seg.left = 0  # every waiting slot went (both patterns match them)
+                seg.left = 0  # every waiting slot went (the callers' states include waiting)
                 seg.low = 0
                 segments.gone(seg, gone)
                 dropped += gone
         return dropped
 
+    def _drop_jobs(self, q: Queue, states: tuple[str, ...]) -> int:
+        """Remove every job of ``q`` in ``states`` (waiting among them: the segments' waiting
+        slots all go): segment slots a run at a time (:meth:`_drop_slots`), then job objects one
+        by one; ``removed`` events in seq order."""
+        events = self._events
+        mark = len(events) if events is not None else 0
+        runs = _slot_runs(states)
+        slots = self._drop_slots(q, runs) if runs is not None else 0
+        objects = self._remove_where(q, states)
+        if slots and objects and events is not None:
+            events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
+        return slots + objects
+
     def _op_Drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
         self._count(q, "Drain")
-        events = self._events
-        mark = len(events) if events is not None else 0
-        slots = self._drop_slots(q, _DRAINABLE_RUN)
-        objects = self._remove_where(q, (WAITING, DELAYED))  # the queue's job objects
-        if slots and objects and events is not None:
-            events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
-        return {"count": slots + objects}
+        return {"count": self._drop_jobs(q, (WAITING, DELAYED))}
 
     def _op_Clean(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
@@ -277,11 +284,7 @@ class ControlOps(Store):
         q = self.queues.get(cmd["queue"])
         if q is None:
             return {}
-        events = self._events
-        mark = len(events) if events is not None else 0
-        slots = self._drop_slots(q, _HELD_RUN)
-        if self._remove_where(q, STATES) and slots and events is not None:  # the queue's job objects
-            events[mark:] = sorted(events[mark:], key=_event_seq)  # seq order, as one by one
+        self._drop_jobs(q, STATES)
         self.crons = {n: c for n, c in self.crons.items() if c["queue"] != q.name}
         del self.queues[q.name]
         return {}
@@ -343,8 +346,7 @@ class ControlOps(Store):
     def _op_Truncate(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self._queue(cmd["queue"])
         if q.type != "log":
-            count = self._remove_where(q, (WAITING, DELAYED, COMPLETED, FAILED))  # tarantool truncate
-            return {"count": count}
+            return {"count": self._drop_jobs(q, (WAITING, DELAYED, COMPLETED, FAILED))}  # tarantool truncate
         before, tag = cmd.get("beforeSeq"), cmd.get("tag")
         victims = [s for s, (_, t, _) in q.log.items()
                    if (before is not None and s < before) or (tag is not None and t == tag)]
@@ -382,6 +384,4 @@ def _stored_options(cmd: dict[str, Any]) -> dict[str, Any]:
 #: A segment slot's state as a job's (what a ``removed`` event names).
 SLOT_STATE = {SLOT_WAITING: WAITING, SLOT_READY: WAITING, SLOT_ACTIVE: ACTIVE, SLOT_COMPLETED: COMPLETED,
               SLOT_DELAYED: DELAYED}
-_HELD_RUN = re.compile(b"[^\\x00]+")  # a run of slots not SLOT_GONE (0)
 _event_seq = itemgetter(1)
-_DRAINABLE_RUN = re.compile(b"[\\x01\\x04\\x05]+")  # a run of SLOT_WAITING, SLOT_READY or SLOT_DELAYED slots

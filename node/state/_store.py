@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
-from collections import deque
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -37,6 +38,14 @@ def wire_state(job: Job) -> str:
     return state
 
 __all__ = ["Store"]
+
+
+@functools.cache
+def _slot_runs(states: tuple[str, ...] | None) -> re.Pattern[bytes] | None:
+    """A pattern matching runs of the slot codes of ``states`` (every held code: None); None
+    when no slot holds a job in any of them (failed, cancelled, waiting for children)."""
+    codes = sorted(SLOT_HELD if states is None else {c for s in states for c in SLOT_CODES.get(s, ())})
+    return re.compile(b"[" + b"".join(b"\\x%02x" % c for c in codes) + b"]+") if codes else None
 
 
 class Store:
@@ -307,13 +316,19 @@ class Store:
         segment's as detached copies made only when reached: listing the first page of a large
         batch-pushed queue does not build a job per slot the way :meth:`_all_jobs` does, and a
         page after a given seq starts at its segment (job objects are still all looked at)."""
+        return self._queue_jobs_in(queue, (state,) if state is not None else None, after)
+
+    def _queue_jobs_in(self, queue: str, states: tuple[str, ...] | None, after: int = 0) -> Iterator[Job]:
+        """:meth:`_queue_jobs` of jobs in any of ``states`` (every state: None). A segment's
+        slots in other states are passed over by a scan of its state bytes in C, never made
+        jobs: cleaning a queue's few completed jobs costs them, not its waiting millions."""
         if self._jobs_unordered:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
         own = (j for j in self.jobs.values()
-               if j.queue == queue and (state is None or j.state == state) and j.seq > after)
-        codes = SLOT_CODES.get(state) if state is not None else SLOT_HELD
-        if not codes or not self.segments:
+               if j.queue == queue and (states is None or j.state in states) and j.seq > after)
+        runs = _slot_runs(states)
+        if runs is None or not self.segments:
             return own
         p = self.partition
 
@@ -321,9 +336,8 @@ class Store:
             for seg in self.segments.since(after + 1):
                 if seg.queue != queue:
                     continue
-                start = max(0, after + 1 - seg.first)
-                for i, code in enumerate(seg.states[start:], start):
-                    if code in codes:
+                for run in runs.finditer(seg.states, max(0, after + 1 - seg.first)):
+                    for i in range(*run.span()):
                         yield slot_job(seg, i, p)
 
         return heapq.merge(own, slots(), key=seq_of)

@@ -189,6 +189,24 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         assert (got.result, got.events) == (want.result, want.events)
         assert self.engine.digest() == self.reference.digest()
 
+    @rule(queue=st.sampled_from(QUEUES))
+    def truncate(self, queue: str) -> None:
+        """tarantool's truncate: waiting, delayed and completed slots go a run at a time."""
+        got = self.engine.apply({"cmd": "Truncate", "queue": queue}, self.now, events=True)
+        want = self.reference.apply({"cmd": "Truncate", "queue": queue}, self.now, events=True)
+        assert (got.result, got.events) == (want.result, want.events)
+        assert self.engine.digest() == self.reference.digest()
+
+    @rule(queue=st.sampled_from(QUEUES), state=st.sampled_from(["completed", "waiting", "delayed", "failed"]),
+          grace=st.sampled_from([0, 700, 10_000]), limit=st.sampled_from([None, 1, 3]))
+    def clean(self, queue: str, state: str, grace: int, limit: int | None) -> None:
+        """Only the slots in the cleaned state are looked at; the same jobs go, oldest first."""
+        cmd = {"cmd": "Clean", "queue": queue, "state": state, "grace": grace, "limit": limit}
+        got = self.engine.apply(cmd, self.now, events=True)
+        want = self.reference.apply(cmd, self.now, events=True)
+        assert (got.result, got.events) == (want.result, want.events)
+        assert self.engine.digest() == self.reference.digest()
+
     @rule(dt=st.sampled_from([200, 500, 1_200]))
     def advance(self, dt: int) -> None:
         self.now += dt
