@@ -48,10 +48,6 @@ def backlog(payloads: PayloadFiles, jobs: int, completed: int) -> PartitionEngin
     return e
 
 
-def count_of(reply: dict[str, Any]) -> int:
-    return reply["count"] if "count" in reply else len(reply.get("jobs", ()))
-
-
 #: (label, command); a command given as a callable is built from the engine (a cursor near the end).
 COMMANDS: list[tuple[str, Callable[[PartitionEngine], dict[str, Any]]]] = [
     ("Clean completed, limit 100", lambda e: {"cmd": "Clean", "queue": "q", "state": "completed", "grace": 0,
@@ -82,11 +78,13 @@ def main() -> None:
         for label, make in COMMANDS:
             e = backlog(payloads, args.jobs, args.completed)
             cmd = make(e)
+            held = e.job_count()
             gc.collect()
             t = time.perf_counter()
             reply = e.apply(cmd, NOW + 10_000, events=args.events).result
             ms = (time.perf_counter() - t) * 1000
-            print(f"{label:<45} {count_of(reply or {}):>10,} jobs {ms:>10.1f} ms")
+            jobs = len(reply["jobs"]) if reply and "jobs" in reply else held - e.job_count()  # listed, or removed
+            print(f"{label:<45} {jobs:>10,} jobs {ms:>10.1f} ms")
             payloads.discard(e.segments.space)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
