@@ -8,10 +8,13 @@ its content in bounded chunks (:meth:`~.application.Application.snapshot_chunks`
 and writes it with :func:`~.snapshot_file.write_snapshot` (temp
 file, fsync, rename, directory fsync), then exits 0. The parent returns at once and
 :meth:`ForkSnapshotter.poll` reaps the child without blocking. A child that runs
-longer than :attr:`SnapshotSettings.child_time_limit_s` is killed. Only when the
-child exited 0 and the file verifies (:func:`verify_snapshot`: header, trailer and
-the CRC32C of the whole content) is the snapshot reported, which is when the
-replica drops the journal prefix it covers. A failure is logged, the journal keeps
+longer than :attr:`SnapshotSettings.child_time_limit_s` is killed. The child also
+reads the file it wrote back whole (:func:`verify_snapshot`: header, trailer and the
+CRC32C of the whole content) and hands the parent its size and whole-file CRC32C
+through a pipe: a snapshot of gigabytes is read back in the child, never on the
+parent's event loop. Only when the child exited 0 with that record, and the file's
+size and metadata say the same, is the snapshot reported, which is when the replica
+drops the journal prefix it covers. A failure is logged, the journal keeps
 its prefix, and the next attempt waits a backoff from :data:`RETRY_MIN_S` to
 :data:`RETRY_MAX_S`.
 
@@ -69,6 +72,10 @@ READ_BYTES = 1024 * 1024
 _META_LEN = struct.Struct("<I")
 _META_VERSION = 2
 _META_BYTES_MAX = 64 * 1024
+#: What a child that wrote and verified its snapshot writes to its pipe: a tag no error message
+#: starts with, then the file's last index, last term, size and whole-file CRC32C.
+_VERIFIED = struct.Struct("<4sQQQI")
+_VERIFIED_TAG = b"\0VFY"
 ENV_ENTRIES_MIN = "SHOAL_SNAPSHOT_ENTRIES_MIN"
 ENV_INTERVAL_S = "SHOAL_SNAPSHOT_INTERVAL_S"
 ENV_CHILD_LIMIT_S = "SHOAL_SNAPSHOT_CHILD_LIMIT_S"
@@ -305,6 +312,8 @@ class ForkSnapshotter:
         try:
             become_background_child()
             write_snapshot(self._io, self.path, index, term, snapshot_content(index, term, membership, state()))
+            snap = verify_snapshot(self._io, self.path)
+            os.write(error_fd, _VERIFIED.pack(_VERIFIED_TAG, snap.index, snap.term, snap.size, snap.file_crc))
             code = 0
         except BaseException as exc:  # reported to the parent, which logs it
             try:
@@ -332,10 +341,11 @@ class ForkSnapshotter:
             return None
         self._pid = 0
         _SLOTS.release()
-        message = self._child_error()
+        report = self._child_report()
+        message = report.decode(errors="replace")
         if status == 0:
             try:
-                snap = verify_snapshot(self._io, self.path)
+                snap = self._verified(report)
             except (OSError, SnapshotCorrupt) as exc:
                 message = f"snapshot file does not verify after writing: {exc}"
             else:
@@ -352,14 +362,32 @@ class ForkSnapshotter:
         self._failed(message)
         return None
 
-    def _child_error(self) -> str:
+    def _verified(self, report: bytes) -> SnapshotFile:
+        """The snapshot the child wrote and verified, from its report (:data:`_VERIFIED`) and the
+        file's envelope and metadata (a few bytes read: the child read the whole file)."""
+        if len(report) != _VERIFIED.size or not report.startswith(_VERIFIED_TAG):
+            raise SnapshotCorrupt(f"{self.path}: the child reported no verification ({report[:200]!r})")
+        _, index, term, size, file_crc = _VERIFIED.unpack(report)
+        meta_index, meta_term, membership = read_snapshot_meta(self._io, self.path)
+        handle = self._io.open(self.path, create=False)
+        try:
+            on_disk = handle.size
+        finally:
+            handle.close()
+        if (meta_index, meta_term, on_disk) != (index, term, size):
+            raise SnapshotCorrupt(f"{self.path}: entry {meta_index}/{meta_term}, {on_disk} bytes on disk; the child "
+                                  f"verified entry {index}/{term}, {size} bytes")
+        return SnapshotFile(self.path, index, term, membership, size, file_crc)
+
+    def _child_report(self) -> bytes:
+        """What the child wrote to its pipe: an error message, or its :data:`_VERIFIED` record."""
         fd, self._error_fd = self._error_fd, -1
         if fd < 0:
-            return ""
+            return b""
         try:
-            return os.read(fd, ERROR_BYTES_MAX).decode(errors="replace")
+            return os.read(fd, ERROR_BYTES_MAX)
         except OSError:
-            return ""
+            return b""
         finally:
             os.close(fd)
 
@@ -381,7 +409,7 @@ class ForkSnapshotter:
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-        self._child_error()
+        self._child_report()
         self._io.unlink(self.path + ".tmp")
 
     def cancel(self) -> None:

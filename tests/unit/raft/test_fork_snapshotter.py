@@ -1,5 +1,6 @@
-"""ForkSnapshotter and the snapshot file's checks: a forked child writes the snapshot, the parent
-polls without blocking, verifies the whole file before reporting it, kills a child past its time
+"""ForkSnapshotter and the snapshot file's checks: a forked child writes the snapshot and reads it
+back whole, the parent polls without blocking and checks the child's report against the file's
+envelope before reporting it, kills a child past its time
 limit, keeps the journal prefix on failure and retries after a backoff; one child at a time."""
 
 from __future__ import annotations
@@ -162,6 +163,54 @@ def test_a_file_that_ends_at_another_entry_is_not_reported(tmp_path: Path, made:
     monkeypatch.setattr(snapshots, "write_snapshot", elsewhere)
     snap = make(made, tmp_path)
     assert snap.start(state_of(engine_with(5)), INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None and snap.failed == 1
+
+
+def test_the_child_reads_the_file_back_and_the_parent_only_its_envelope(tmp_path: Path, made: list,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot of gigabytes is read back whole in the child, never on the node's loop."""
+    snap = make(made, tmp_path)
+    assert snap.start(state_of(engine_with(50)), INDEX, TERM, MEMBERS)
+
+    def whole_read(*_args: object) -> None:
+        raise AssertionError("the parent read the whole snapshot")
+
+    monkeypatch.setattr(snapshots, "verify_snapshot", whole_read)  # the forked child kept the real one
+    monkeypatch.setattr(snapshots.SnapshotChecker, "update_from_file", whole_read)
+    written = wait_done(snap)
+    assert written is not None and written.size == os.path.getsize(snap.path)
+    monkeypatch.undo()
+    assert written == verify_snapshot(io(), snap.path)
+
+
+def test_a_write_that_does_not_read_back_is_not_reported(tmp_path: Path, made: list, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    real = snapshots.write_snapshot
+
+    def damaged(io_: object, path: str, *args: object) -> object:
+        info = real(io_, path, *args)  # type: ignore[arg-type]
+        with open(path, "r+b") as f:  # a bit flipped on its way to the disk
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 1]))
+        return info
+
+    monkeypatch.setattr(snapshots, "write_snapshot", damaged)
+    caplog.set_level(logging.ERROR, logger="shoal.node.raft.snapshots")
+    snap = make(made, tmp_path)
+    assert snap.start(state_of(engine_with(50)), INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None and snap.failed == 1
+    assert "SnapshotCorrupt" in caplog.text and snap.path in caplog.text
+
+
+def test_a_file_changed_after_the_child_verified_it_is_not_reported(tmp_path: Path, made: list) -> None:
+    snap = make(made, tmp_path)
+    assert snap.start(state_of(engine_with(50)), INDEX, TERM, MEMBERS)
+    child = snap._pid
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # exited, not reaped: poll() still reaps it
+    with open(snap.path, "ab") as f:
+        f.write(b"x")
     assert wait_done(snap) is None and snap.failed == 1
 
 
