@@ -12,7 +12,7 @@ from ._payloads import Stored
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, STATES, WAITING, WAITING_CHILDREN
 
-__all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "slot_like", "seq_of", "pack", "SLOT_CODES", "Event",
+__all__ = ["DEFAULTS", "QUEUE_PRESETS", "Job", "Queue", "wire_bytes_max", "slot_job", "slot_tuples", "slot_like", "seq_of", "pack", "SLOT_CODES", "Event",
            "SEQ_BITS", "SEQ_MASK", "ready_key", "due_key"]
 
 
@@ -231,6 +231,39 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
             job.state = COMPLETED
             job.finished_ms = seg.finished[i]
     return job
+
+
+def slot_tuples(seg: Segment, i: int, j: int, partition: int) -> list[tuple[Any, ...]]:
+    """``slot_job(seg, k, partition).to_tuple()`` for each slot ``k`` in ``i .. j-1`` (all held),
+    made without a job object each and with the run's data read at once (a snapshot writes
+    millions of them)."""
+    datas = seg.run_bytes(i, j)
+    first, queue, created = seg.first, seg.queue, seg.created_ms
+    max_attempts, backoff_ms, ttr_ms = seg.max_attempts, seg.backoff_ms, seg.ttr_ms
+    createds, run_ats, priorities, names, states = seg.createds, seg.run_ats, seg.priorities, seg.names, seg.states
+    if (createds is None and run_ats is None and priorities is None and names is None
+            and states.count(SLOT_WAITING, i, j) == j - i):  # a bulk push's waiting run
+        tail = (WAITING, 0, max_attempts, backoff_ms, created, created, 0, ttr_ms, *_PLAIN_TAIL, None, None)
+        return [(first + k, queue, data, 0, *tail) for k, data in zip(range(i, j), datas)]
+    out = []
+    for k, data in zip(range(i, j), datas):
+        code = states[k]
+        made = createds[k] if createds is not None else created
+        state, attempts, token, session, lease_deadline, finished = WAITING, 0, None, None, 0, 0
+        if code == SLOT_DELAYED:
+            state = DELAYED
+        elif code != SLOT_WAITING and code != SLOT_READY:
+            attempts = 1
+            if code == SLOT_ACTIVE:
+                state, token = ACTIVE, f"{partition}.{seg.lease_nos[k]}"  # type: ignore[index]
+                session, lease_deadline = seg.sessions[k], seg.deadlines[k]  # type: ignore[index]
+            else:
+                state, finished = COMPLETED, seg.finished[k]  # type: ignore[index]
+        out.append((first + k, queue, data, priorities[k] if priorities is not None else 0, state, attempts,
+                    max_attempts, backoff_ms, made, run_ats[k] if run_ats is not None else made, 0, ttr_ms,
+                    token, session, lease_deadline, None, None, None, None, None, 0, None, None, finished,
+                    names[k] if names is not None else None, None))
+    return out
 
 
 #: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``finished_ms`` as a

@@ -263,6 +263,21 @@ class Segment:
         # encoder splices it without calling back into Python for each job.
         return list(map(msgspec.Raw, map(memoryview(blob).__getitem__, map(slice, cuts, cuts[1:]))))
 
+    def run_bytes(self, i: int, j: int) -> list[Any]:
+        """The data of slots ``i .. j-1`` (all held) as values: bytes read at once where they are
+        stored one after another, else one read each (a snapshot's; OSError if a read fails)."""
+        if self.inline is not None:
+            return self.inline[i:j]
+        offs, lens, read = self.offs, self.lens, self.space.read
+        base = self.base + offs[i]  # type: ignore[index]
+        end = self.base + offs[j - 1] + lens[j - 1]  # type: ignore[index]
+        if end - base != sum(lens[i:j]):  # type: ignore[index]
+            starts = [self.base + offs[k] for k in range(i, j)]  # type: ignore[index]
+            return [bytes(read(a, a + n)) for a, n in zip(starts, lens[i:j])]  # type: ignore[index]
+        blob = bytes(read(base, end))
+        cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
+        return list(map(blob.__getitem__, map(slice, cuts, cuts[1:])))
+
     def data_len(self, i: int) -> int:
         """Bytes of slot ``i``'s data."""
         return len(self.inline[i]) if self.inline is not None else self.lens[i]  # type: ignore[index]

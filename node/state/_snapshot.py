@@ -130,7 +130,7 @@ class SnapshotOps(Store):
         packer = msgpack.Packer(use_bin_type=True)
         pack = packer.pack
         head = (SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
-        jobs = self._all_jobs_iter()
+        jobs = self._all_tuples_iter()
         count = self.job_count()
         # Flows, flow-control windows and dedupe/debounce entries, in one trailing map present only
         # when one of them holds something: a partition using none of them keeps its digest.
@@ -151,7 +151,7 @@ class SnapshotOps(Store):
         # A packed array is its header followed by its packed items, so packing the job list
         # piecewise gives the same bytes as packing it whole.
         yield packer.pack_array_header(11 + len(extras)) + b"".join(map(pack, head)) + packer.pack_array_header(count)
-        while chunk := [pack(j.to_tuple()) for j in islice(jobs, jobs_per_chunk)]:
+        while chunk := [pack(t) for t in islice(jobs, jobs_per_chunk)]:
             yield b"".join(chunk)
         yield b"".join(map(pack, (
             [q.settings() for q in self.queues.values()],

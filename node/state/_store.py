@@ -6,6 +6,7 @@ import functools
 import heapq
 import re
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from shoal.cluster.codec import Raw
@@ -14,7 +15,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._commands import AckRun, Command, command_queue
 from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
-from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job
+from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
 
@@ -37,7 +38,10 @@ def wire_state(job: Job) -> str:
         return "prioritized"
     return state
 
-__all__ = ["Store"]
+__all__ = ["Store", "TUPLE_RUN_MAX"]
+
+#: Slots a snapshot makes tuples of (and reads the data of) at once: 1 MiB of 1 KiB jobs.
+TUPLE_RUN_MAX = 1024
 
 
 @functools.cache
@@ -300,16 +304,26 @@ class Store:
             jobs.sort(key=seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
-    def _all_jobs_iter(self) -> Iterator[Job]:
-        """:meth:`_all_jobs` one job at a time (segment jobs made only when reached)."""
+    def _all_tuples_iter(self) -> Iterator[tuple[Any, ...]]:
+        """Every job's :meth:`~._model.Job.to_tuple` in seq order, as a snapshot writes them: a
+        segment's made from its slots without a job object each (:func:`~._model.slot_tuples`),
+        :data:`TUPLE_RUN_MAX` at a time."""
         if self._jobs_unordered:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
+        own = (job.to_tuple() for job in list(self.jobs.values()))
         if not self.segments:
-            return iter(list(self.jobs.values()))
-        p = self.partition
-        seg_jobs = (slot_job(seg, i, p) for seg in self.segments for i, code in enumerate(seg.states) if code)
-        return heapq.merge(list(self.jobs.values()), seg_jobs, key=seq_of)
+            return own
+        held, p = _slot_runs(None), self.partition
+
+        def slots() -> Iterator[tuple[Any, ...]]:
+            for seg in self.segments:
+                for run in held.finditer(seg.states):  # type: ignore[union-attr]
+                    i, j = run.span()
+                    for k in range(i, j, TUPLE_RUN_MAX):
+                        yield from slot_tuples(seg, k, min(j, k + TUPLE_RUN_MAX), p)
+
+        return heapq.merge(own, slots(), key=itemgetter(0))
 
     def _queue_jobs(self, queue: str, state: str | None, after: int = 0) -> Iterator[Job]:
         """Jobs of ``queue`` (in ``state``, if given) numbered above ``after``, in seq order; a

@@ -25,6 +25,7 @@ from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
 from shoal.node.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import PartitionEngine, PushRun, SessionPull, Stored
+from shoal.node.state._model import slot_job, slot_tuples
 from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
 QUEUES = ["a", "b"]
@@ -230,6 +231,17 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         held = sum(seg.data_len(i) for seg in engine.segments for i, code in enumerate(seg.states) if code)
         held += sum(len(job.data) for job in engine.jobs.values() if type(job.data) is Stored)
         assert engine.segments.space.stats()["liveBytes"] == held
+    @invariant()
+    def slot_tuples_are_those_of_the_slots_jobs(self) -> None:
+        """What a snapshot writes of a segment's slots is what their job objects would give."""
+        for seg in self.engine.segments:
+            held = [i for i, code in enumerate(seg.states) if code]
+            if held:
+                i, j = held[0], held[-1] + 1
+                if all(seg.states[i:j]):
+                    assert slot_tuples(seg, i, j, 0) == [slot_job(seg, k, 0).to_tuple() for k in range(i, j)]
+                assert slot_tuples(seg, i, i + 1, 0) == [slot_job(seg, i, 0).to_tuple()]
+
     @invariant()
     def counts_agree(self) -> None:
         for queue in QUEUES:
