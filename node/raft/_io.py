@@ -31,6 +31,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -339,6 +340,38 @@ class _RealFile(FileHandle):
             self._fd = -1
 
 
+#: A file at least this big that a rename replaces or an unlink removes is let go in a thread:
+#: the kernel frees its blocks when its last name and descriptor go (seconds for a snapshot of
+#: gigabytes, here), and that must not be on the event loop.
+RETIRE_BYTES_MIN = 64 << 20
+_retiring: ThreadPoolExecutor | None = None
+
+
+def _hold_if_large(path: str) -> int:
+    """A descriptor of ``path`` when it is a file of at least :data:`RETIRE_BYTES_MIN`, else -1."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        if os.fstat(fd).st_size >= RETIRE_BYTES_MIN:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
+
+
+def _release_later(fd: int) -> None:
+    """Close ``fd`` (the last reference to a file no name refers to) on the retiring thread."""
+    global _retiring
+    if fd < 0:
+        return
+    if _retiring is None:
+        _retiring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shoal-retire")
+    _retiring.submit(os.close, fd)
+
+
 class RealIO(FileIO):
     """Real files through ``os`` calls."""
 
@@ -362,13 +395,17 @@ class RealIO(FileIO):
         os.makedirs(directory, exist_ok=True)
 
     def rename(self, src: str, dst: str) -> None:
+        kept = _hold_if_large(dst)
         os.replace(src, dst)
+        _release_later(kept)
 
     def unlink(self, path: str) -> None:
+        kept = _hold_if_large(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        _release_later(kept)
 
     def fsync_dir(self, directory: str) -> None:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 
 import pytest
+from waiting import eventually
 
 from shoal.node.raft._io import NoSpace, PowerCut, RealIO, SimIO
 
@@ -168,3 +171,36 @@ def test_sim_directory_rename_is_durable_after_the_parent_fsync() -> None:
     assert io.listdir("/d") == ["j.old"] and io.read_all("/d/j.old/meta") == b"m"
     with pytest.raises(FileNotFoundError):
         io.rename("/d/nothing", "/d/x")
+
+
+def test_a_big_file_replaced_or_removed_is_let_go_off_the_calling_thread(tmp_path, monkeypatch) -> None:
+    """The kernel frees a file's blocks as its last reference goes: for a snapshot of gigabytes,
+    seconds. A rename over it, or its unlink, returns once the name is gone; a worker thread
+    closes the last descriptor."""
+    from shoal.node.raft import _io
+
+    monkeypatch.setattr(_io, "RETIRE_BYTES_MIN", 1 << 20)
+    closed: list[int] = []
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        if threading.current_thread().name.startswith("shoal-retire"):
+            closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(_io.os, "close", close)  # the retiring thread's close
+    io = RealIO(disk_free_min_bytes=0)
+    old, new, small = tmp_path / "snap", tmp_path / "snap.next", tmp_path / "small"
+    old.write_bytes(b"o" * (2 << 20))
+    new.write_bytes(b"n" * 10)
+    small.write_bytes(b"s" * 10)
+    io.rename(str(new), str(old))
+    assert old.read_bytes() == b"n" * 10 and not new.exists()
+    eventually(lambda: len(closed) == 1, "the replaced file's descriptor closed")
+    big = tmp_path / "big"
+    big.write_bytes(b"b" * (2 << 20))
+    io.unlink(str(big))
+    io.unlink(str(small))  # small files go at once, no descriptor held
+    assert not big.exists() and not small.exists()
+    eventually(lambda: len(closed) == 2, "the removed file's descriptor closed")
+    io.unlink(str(tmp_path / "never-there"))
