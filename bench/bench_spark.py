@@ -1,6 +1,7 @@
 """Spark connector benchmark: the plain client vs Spark ``local[2]`` vs a Spark standalone cluster.
 
     python bench/bench_spark.py [--rows 200000] [--rounds 3] [--shards 4] [--no-standalone]
+    python bench/bench_spark.py --backlog 10000000 [--rows 200000] [--rounds 3]
 
 One local 3-node Shoal cluster (RF 3, 8 partitions). Every round writes ``--rows`` rows
 ``{id, user, amount}`` into a fresh queue of ``--shards`` shards, then reads them all back:
@@ -16,6 +17,12 @@ Each Spark phase pays its start-up once, untimed (a 10,000-row write and read). 
 client is measured in every round right before the Spark run it is compared with, so each
 ratio comes from the same minutes of a shared machine. Prints rows/s per round and the median.
 Every loop is bounded by the row count and the number of rounds.
+
+With ``--backlog N`` it measures reads from a big queue instead: ``N`` rows go into one queue
+of ``--shards`` shards through the plain client (``add_bulk``, 100,000 rows at a time), and
+``--rows`` into another; then each round reads the big queue and the small one through Spark
+``local[2]`` (``spark.read.format("shoal")``, materialised with ``noop``): rows/s of each and
+their ratio. The queues' counts are checked before the reads.
 """
 
 from __future__ import annotations
@@ -60,11 +67,7 @@ def _spark_round(spark: Any, df: Any, seeds: str, queue: str, n: int, shards: in
     df.write.format("shoal").option("seeds", seeds).option("queue", queue).option("shards", str(shards)) \
         .mode("append").save()
     write_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    spark.read.format("shoal").option("seeds", seeds).option("queue", queue).option("shards", str(shards)) \
-        .option("queueType", "jobs").load().write.format("noop").mode("overwrite").save()
-    read_s = time.perf_counter() - t0
-    return n / write_s, n / read_s
+    return n / write_s, _read_rate(spark, seeds, queue, n, shards)
 
 
 def _phase(name: str, spark: Any, client: Any, seeds: str, rows: list[dict[str, Any]], args: argparse.Namespace,
@@ -93,12 +96,54 @@ def _phase(name: str, spark: Any, client: Any, seeds: str, rows: list[dict[str, 
               f"read {s[1]:9,.0f} rows/s | ratio write {s[0] / c[0]:4.0%} read {s[1] / c[1]:4.0%}", flush=True)
 
 
+def _read_rate(spark: Any, seeds: str, queue: str, n: int, shards: int) -> float:
+    """Rows/s of reading the ``n`` rows of ``queue`` through the connector (one task per shard)."""
+    t0 = time.perf_counter()
+    spark.read.format("shoal").option("seeds", seeds).option("queue", queue).option("shards", str(shards)) \
+        .option("queueType", "jobs").load().write.format("noop").mode("overwrite").save()
+    return n / (time.perf_counter() - t0)
+
+
+def _held(client: Any, queue: str, shards: int) -> int:
+    """Jobs waiting in ``queue``'s shards."""
+    return sum(client.call({"cmd": "GetJobCounts", "queue": f"{queue}#{k}"})["counts"]["waiting"] for k in range(shards))
+
+
+def _backlog_phase(spark: Any, client: Any, seeds: str, args: argparse.Namespace) -> None:
+    spark.sparkContext.setLogLevel("ERROR")
+    step = 100_000
+    big, small = client.queue("backlog", shards=args.shards), client.queue("small", shards=args.shards)
+    t0 = time.perf_counter()
+    for start in range(0, args.backlog, step):
+        big.add_bulk([{"id": i, "user": f"user-{i % 1000}", "amount": i * 0.5}
+                      for i in range(start, min(args.backlog, start + step))], batch_size=2000)
+    added_s = time.perf_counter() - t0
+    small.add_bulk([{"id": i, "user": f"user-{i % 1000}", "amount": i * 0.5} for i in range(args.rows)],
+                   batch_size=2000)
+    held = (_held(client, "backlog", args.shards), _held(client, "small", args.shards))
+    assert held == (args.backlog, args.rows), held
+    print(f"added {args.backlog:,} rows to backlog in {added_s:.1f} s ({args.backlog / added_s:,.0f} rows/s), "
+          f"{args.rows:,} to small; counts checked", flush=True)
+    _read_rate(spark, seeds, "small", args.rows, args.shards)  # start-up: Python workers, discovery, JIT
+    rates: list[tuple[float, float]] = []
+    for r in range(args.rounds):
+        rate_big = _read_rate(spark, seeds, "backlog", args.backlog, args.shards)
+        rate_small = _read_rate(spark, seeds, "small", args.rows, args.shards)
+        rates.append((rate_big, rate_small))
+        print(f"  round {r + 1}: read {args.backlog:,} rows {rate_big:9,.0f} rows/s | {args.rows:,} rows "
+              f"{rate_small:9,.0f} rows/s | ratio {rate_big / rate_small:.2f}", flush=True)
+    print(f"\nmedians over {args.rounds} rounds, {args.shards} shards, Spark local[2]: read {args.backlog:,} rows "
+          f"{statistics.median(b for b, _ in rates):,.0f} rows/s, {args.rows:,} rows "
+          f"{statistics.median(s for _, s in rates):,.0f} rows/s, ratio {statistics.median(b / s for b, s in rates):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--no-standalone", action="store_true", help="skip the standalone-cluster phase")
+    parser.add_argument("--backlog", type=int, default=0, help="read a queue of this many rows against --rows")
     args = parser.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -119,6 +164,9 @@ def main() -> None:
                 spark = SparkSession.builder.master("local[2]").appName("shoal-bench") \
                     .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate()
                 try:
+                    if args.backlog:
+                        _backlog_phase(spark, client, seeds, args)
+                        return
                     _phase("local[2]", spark, client, seeds, rows, args, results)
                 finally:
                     spark.stop()
