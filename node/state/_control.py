@@ -14,7 +14,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._limits import LIMIT_OPTIONS, check_limit_options, group_concurrency_of, limiter_of
 from ._model import DEFAULTS, JOB_LOGS_MAX, PAGE_DEFAULT, SEQ_BITS, SEQ_MASK, Queue, due_key, pack, ready_key
 from ._reads import dlq_match
-from ._store import Store, _slot_runs
+from ._store import Store, slot_runs
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, REMOVED, STATES, WAITING, check_transition
 
@@ -258,7 +258,7 @@ class ControlOps(Store):
         by one; ``removed`` events in seq order."""
         events = self._events
         mark = len(events) if events is not None else 0
-        runs = _slot_runs(states)
+        runs = slot_runs(states)
         slots = self._drop_slots(q, runs) if runs is not None else 0
         objects = self._remove_where(q, states)
         if slots and objects and events is not None:

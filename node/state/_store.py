@@ -38,14 +38,14 @@ def wire_state(job: Job) -> str:
         return "prioritized"
     return state
 
-__all__ = ["Store", "TUPLE_RUN_MAX"]
+__all__ = ["Store", "TUPLE_RUN_MAX", "slot_runs"]
 
 #: Slots a snapshot makes tuples of (and reads the data of) at once: 1 MiB of 1 KiB jobs.
 TUPLE_RUN_MAX = 1024
 
 
 @functools.cache
-def _slot_runs(states: tuple[str, ...] | None) -> re.Pattern[bytes] | None:
+def slot_runs(states: tuple[str, ...] | None) -> re.Pattern[bytes] | None:
     """A pattern matching runs of the slot codes of ``states`` (every held code: None); None
     when no slot holds a job in any of them (failed, cancelled, waiting for children)."""
     codes = sorted(SLOT_HELD if states is None else {c for s in states for c in SLOT_CODES.get(s, ())})
@@ -314,7 +314,7 @@ class Store:
         own = (job.to_tuple() for job in list(self.jobs.values()))
         if not self.segments:
             return own
-        held, p = _slot_runs(None), self.partition
+        held, p = slot_runs(None), self.partition
 
         def slots() -> Iterator[tuple[Any, ...]]:
             for seg in self.segments:
@@ -341,7 +341,7 @@ class Store:
             self._jobs_unordered = False
         own = (j for j in self.jobs.values()
                if j.queue == queue and (states is None or j.state in states) and j.seq > after)
-        runs = _slot_runs(states)
+        runs = slot_runs(states)
         if runs is None or not self.segments:
             return own
         p = self.partition
