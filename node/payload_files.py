@@ -34,6 +34,8 @@ from array import array
 from bisect import bisect_right
 from pathlib import Path
 
+from .raft._io import close_later
+
 __all__ = ["FileSpace", "PayloadFiles", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB", "file_bytes_from_env"]
 
 log = logging.getLogger(__name__)
@@ -413,18 +415,18 @@ class FileSpace:
         return len(data)
 
     def _remove_file(self, n: int, keep_holes: bool = False) -> None:
-        """Close and delete file ``n`` (the one appended to or its compacted copy)."""
+        """Delete file ``n`` (the one appended to or its compacted copy), then close it on the
+        retiring thread: the kernel frees a file's blocks as its last descriptor goes, and a
+        drained queue's files go by the hundred in one call."""
         if not keep_holes and self._compaction is not None and self._compaction.n == n:
             self._abort_compaction()  # all its bytes were released while it was copied
         fd = self._fds.pop(n, None)
-        if fd is not None:
-            os.close(fd)
         kept = self._compacted.pop(n, None)
+        (kept.path if kept is not None else self._path(n)).unlink(missing_ok=True)
+        if fd is not None:
+            close_later(fd)
         if kept is not None:
-            os.close(kept.fd)
-            kept.path.unlink(missing_ok=True)
-        else:
-            self._path(n).unlink(missing_ok=True)
+            close_later(kept.fd)
         if not keep_holes:
             self._holes.pop(n, None)
             self._fresh.pop(n, None)
@@ -496,16 +498,11 @@ class FileSpace:
         return None
 
     def __del__(self) -> None:
+        # A discarded space's files have no names left: their blocks go as these close.
         for fd in getattr(self, "_fds", {}).values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            close_later(fd)
         for kept in getattr(self, "_compacted", {}).values():
-            try:
-                os.close(kept.fd)
-            except OSError:
-                pass
+            close_later(kept.fd)
 
 
 class PayloadFiles:

@@ -42,6 +42,7 @@ __all__ = [
     "PowerCut",
     "RealIO",
     "SimIO",
+    "close_later",
 ]
 
 DISK_FREE_MIN_BYTES = 256 * 1024 * 1024
@@ -362,14 +363,25 @@ def _hold_if_large(path: str) -> int:
     return -1
 
 
-def _release_later(fd: int) -> None:
-    """Close ``fd`` (the last reference to a file no name refers to) on the retiring thread."""
+def close_later(fd: int) -> None:
+    """Close ``fd`` (the last reference to a file no name refers to) on the retiring thread, where
+    the kernel frees the file's blocks; -1 is nothing."""
     global _retiring
     if fd < 0:
         return
     if _retiring is None:
         _retiring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shoal-retire")
-    _retiring.submit(os.close, fd)
+    try:
+        _retiring.submit(_close_quietly, fd)
+    except RuntimeError:  # the interpreter is shutting down: no new work for threads
+        _close_quietly(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class RealIO(FileIO):
@@ -397,7 +409,7 @@ class RealIO(FileIO):
     def rename(self, src: str, dst: str) -> None:
         kept = _hold_if_large(dst)
         os.replace(src, dst)
-        _release_later(kept)
+        close_later(kept)
 
     def unlink(self, path: str) -> None:
         kept = _hold_if_large(path)
@@ -405,7 +417,7 @@ class RealIO(FileIO):
             os.unlink(path)
         except FileNotFoundError:
             pass
-        _release_later(kept)
+        close_later(kept)
 
     def fsync_dir(self, directory: str) -> None:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -14,6 +14,7 @@ from shoal.cluster.codec import encode_body, raw_of
 from shoal.cluster.errors import ProtocolError
 from shoal.node.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import MemorySpace, PartitionEngine, Stored
+from waiting import eventually
 
 
 def _files(space: FileSpace) -> set[str]:
@@ -70,6 +71,27 @@ def test_a_file_goes_one_collection_after_its_last_bytes_are_released(tmp_path: 
                              "compactions": 1, "copiedBytes": 50, "compacting": 0,
                              "readErrors": 0}
     assert space.read(300, 310) == b"y" * 10
+
+
+def test_a_deleted_file_is_closed_on_the_retiring_thread(tmp_path: Path) -> None:
+    """Its name goes at once; its descriptor, whose closing frees the file's blocks, on a worker."""
+    space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1)
+    for _ in range(3):
+        space.append(b"x" * 50)
+    assert space.read(0, 100) == b"x" * 100  # file 0 opened
+    fd = space._fds[0]
+    space.release(0, 100)
+    _collect(space)
+    assert _collect(space) == 1 and "00000000.pay" not in _files(space)
+
+    def closed() -> bool:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return True
+        return False
+
+    eventually(closed, "the deleted file's descriptor closed")
 
 
 @settings(max_examples=80, deadline=None)
