@@ -28,7 +28,7 @@ _PAYLOAD_METRICS: tuple[tuple[Any, str, str, str], ...] = (
     (CounterMetricFamily, "shoal_payload_copied_bytes", "Bytes compactions of the partition replica's payload "
      "files copied", "copiedBytes"),
     (CounterMetricFamily, "shoal_payload_read_errors", "Reads of the partition replica's payload files that "
-     "failed (a damaged file: restart the node)", "readErrors"),
+     "failed (a damaged file: the replica is rebuilt from its snapshot and journal)", "readErrors"),
 )
 
 
@@ -100,6 +100,9 @@ class NodeCollector(Collector):
             for family, key in payloads:
                 family.add_metric([str(p)], stats[key])
         yield from (family for family, _ in payloads)
+        yield CounterMetricFamily("shoal_payload_rebuilds", "Replicas this node rebuilt from their snapshot and "
+                                  "journal after a read of their payload files failed",
+                                  value=node.payload_repair.rebuilds)
         storage = node.storage
         if storage is not None:
             yield GaugeMetricFamily("shoal_disk_space_low", "1 while free space on the data directory is below "

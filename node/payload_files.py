@@ -32,11 +32,14 @@ import os
 import shutil
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from pathlib import Path
 
+from .payload_checks import BlockChecks, PayloadDamaged, read_checked
 from .raft._io import close_later
 
-__all__ = ["FileSpace", "PayloadFiles", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB", "file_bytes_from_env"]
+__all__ = ["FileSpace", "PayloadFiles", "PayloadDamaged", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB",
+           "file_bytes_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +93,9 @@ class _Compaction:
 
 class _Compacted:
     """Where a compacted file's ranges are: logical ``starts[i] .. ends[i]`` of the space are
-    bytes ``at[i] ..`` of the file ``fd``, ``size`` bytes in all."""
+    bytes ``at[i] ..`` of the file ``fd``, ``size`` bytes in all, checked by ``checks``."""
 
-    __slots__ = ("starts", "ends", "at", "fd", "path", "size")
+    __slots__ = ("starts", "ends", "at", "fd", "path", "size", "checks")
 
     def __init__(self, fd: int, path: Path) -> None:
         self.starts = array("q")
@@ -101,6 +104,7 @@ class _Compacted:
         self.fd = fd
         self.path = path
         self.size = 0
+        self.checks = BlockChecks()
 
     def find(self, start: int) -> int:
         """Index of the range holding offset ``start``, or -1 (its bytes were not kept)."""
@@ -115,8 +119,11 @@ class FileSpace:
     """Payload space of one engine: files ``<n>.pay`` in ``directory`` (see the module docstring)."""
 
     def __init__(self, directory: Path, file_bytes: int = FILE_BYTES, buffer_bytes: int = BUFFER_BYTES,
-                 read_ahead: int = READ_AHEAD_BYTES) -> None:
+                 read_ahead: int = READ_AHEAD_BYTES, on_damage: Callable[[OSError], None] | None = None) -> None:
         self.directory = directory
+        #: Told of every read from the disk that fails (a block failing its checksum, a file cut
+        #: short): the node rebuilds the replica's state, which the files only mirror.
+        self.on_damage = on_damage
         directory.mkdir(parents=True, exist_ok=True)
         self.file_bytes = file_bytes
         self.buffer_bytes = buffer_bytes
@@ -127,6 +134,7 @@ class FileSpace:
         self._cache = b""               # the last block read, from _cache_start on
         self._cache_start = 0
         self._fds: dict[int, int] = {}  # file number -> open descriptor
+        self._checks: dict[int, BlockChecks] = {}  # file number -> its blocks' checksums
         self._live: dict[int, int] = {}  # file number -> bytes appended and not released
         self._dead: set[int] = set()     # files found all released since the last collect()
         self._dying: set[int] = set()    # files found so by the last collect(): deleted by this one
@@ -180,7 +188,12 @@ class FileSpace:
             i = kept_range.find(start)
             if i >= 0:
                 ahead = min(ahead, kept_range.ends[i])
-        block = self._pread(start, max(end, ahead))
+        try:
+            block = self._pread(start, max(end, ahead))
+        except OSError:
+            if ahead <= end:
+                raise
+            block = self._pread(start, end)  # the damage may lie only in what was read ahead
         self._cache, self._cache_start = block, start
         return block[:end - start]
 
@@ -343,7 +356,8 @@ class FileSpace:
         n, into, ranges = job.n, job.into, job.ranges
         cut_starts, cut_ends, cuts = job.cut_starts, job.cut_ends, len(job.cut_starts)
         old = self._compacted.get(n)
-        src = self._fd(n) if old is None else old.fd
+        src, src_path, src_checks = (self._fd(n), self._path(n), self._checks.get(n)) if old is None else \
+            (old.fd, old.path, old.checks)
         out = bytearray()
         budget = self.compact_step
         # The kept bytes lie in the file in order: it is read a block at a time and they are cut
@@ -367,10 +381,13 @@ class FileSpace:
                 where = at - n * self.file_bytes if old is None else old.at[r] + at - start
                 if not block_at <= where < block_at + len(block):
                     block_at = where
-                    block = os.pread(src, max(COPY_BYTES, upto - at), where)
-                    if not block:
-                        raise OSError(f"payload file {self._path(n) if old is None else old.path}: "
-                                      f"nothing to read at offset {where}")
+                    try:  # checked: a damaged block must not be copied where a checksum vouches for it
+                        block = read_checked(src, src_path, src_checks, where, where + max(COPY_BYTES, upto - at))
+                        if not block:
+                            raise OSError(f"payload file {src_path}: nothing to read at offset {where}")
+                    except OSError as exc:
+                        self._damaged(exc)
+                        raise
                 piece = block[where - block_at:where - block_at + upto - at]
                 if into.ends and into.ends[-1] == at:  # continues the range copied last
                     into.ends[-1] = at + len(piece)
@@ -383,7 +400,9 @@ class FileSpace:
             if at >= end:
                 r += 1
         job.at, job.r, job.k = at, r, k
-        into.size += self._write_all(into.fd, out, into.size)
+        wrote = self._write_all(into.fd, out, into.size)
+        into.checks.wrote(into.size, out)
+        into.size += wrote
         if r < len(ranges):
             return
         self._compaction = None
@@ -421,6 +440,7 @@ class FileSpace:
         if not keep_holes and self._compaction is not None and self._compaction.n == n:
             self._abort_compaction()  # all its bytes were released while it was copied
         fd = self._fds.pop(n, None)
+        self._checks.pop(n, None)
         kept = self._compacted.pop(n, None)
         (kept.path if kept is not None else self._path(n)).unlink(missing_ok=True)
         if fd is not None:
@@ -455,6 +475,10 @@ class FileSpace:
             written = os.pwrite(self._fd(n), chunk, at - n * size)
             if written != len(chunk):
                 raise OSError(f"short write to {self._path(n)}")
+            checks = self._checks.get(n)
+            if checks is None:
+                checks = self._checks[n] = BlockChecks()
+            checks.wrote(at - n * size, chunk)
             at += written
             done += written
 
@@ -467,29 +491,33 @@ class FileSpace:
             upto = min(end, (n + 1) * size)
             kept = self._compacted.get(n)
             if kept is None:
-                fd, path, where = self._fd(n), self._path(n), at - n * size
+                fd, path, where, checks = self._fd(n), self._path(n), at - n * size, self._checks.get(n)
             else:
                 i = kept.find(at)
                 if i < 0:
                     raise OSError(f"payload file {kept.path}: offset {at} of the space was released "
                                   "and not kept")
                 upto = min(upto, kept.ends[i])
-                fd, path, where = kept.fd, kept.path, kept.at[i] + at - kept.starts[i]
+                fd, path, where, checks = kept.fd, kept.path, kept.at[i] + at - kept.starts[i], kept.checks
             try:
-                got = os.pread(fd, upto - at, where)
+                got = read_checked(fd, path, checks, where, where + upto - at)
                 if len(got) != upto - at:
                     raise OSError(f"payload file {path}: {upto - at} bytes at offset {where} "
                                   f"could not be read (got {len(got)})")
             except OSError as exc:
-                self.read_errors += 1
-                if self.read_errors == 1 or self.read_errors % 1000 == 0:
-                    log.error("payload files %s: a read failed (%d so far; a restart of the node "
-                              "rewrites the files from its snapshot and journal): %s",
-                              self.directory, self.read_errors, exc)
+                self._damaged(exc)
                 raise
             parts.append(got)
             at = upto
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _damaged(self, exc: OSError) -> None:
+        self.read_errors += 1
+        if self.read_errors == 1 or self.read_errors % 1000 == 0:
+            log.error("payload files %s: a read failed (%d so far; the replica's state is rebuilt "
+                      "from its snapshot and journal): %s", self.directory, self.read_errors, exc)
+        if self.on_damage is not None:
+            self.on_damage(exc)
 
     def _read_unwritten(self, start: int, end: int) -> bytes | None:
         for s, blob in self._unwritten.items():
@@ -509,9 +537,11 @@ class PayloadFiles:
     """The payload spaces of one partition on a node: one directory per engine (the running
     one and, while a snapshot is loaded, the next), under ``root``."""
 
-    def __init__(self, root: Path, file_bytes: int = FILE_BYTES) -> None:
+    def __init__(self, root: Path, file_bytes: int = FILE_BYTES,
+                 on_damage: Callable[[OSError], None] | None = None) -> None:
         self.root = root
         self.file_bytes = file_bytes
+        self.on_damage = on_damage  # given to every space (FileSpace.on_damage)
         # Files of an earlier run hold nothing the journal and snapshots do not: start afresh.
         shutil.rmtree(root, ignore_errors=True)
         self._next = 0
@@ -520,7 +550,7 @@ class PayloadFiles:
     def new(self) -> FileSpace:
         """A space for a new engine."""
         self._next += 1
-        space = FileSpace(self.root / f"g{self._next}", self.file_bytes)
+        space = FileSpace(self.root / f"g{self._next}", self.file_bytes, on_damage=self.on_damage)
         self.spaces.append(space)
         return space
 

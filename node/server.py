@@ -44,6 +44,7 @@ from .moves import MoveService
 from .cluster_map import ClusterMap
 from .partition import Partition, PartitionMachine
 from .payload_files import PAYLOADS_DIR, PayloadFiles, file_bytes_from_env
+from .payload_repair import PayloadRepair
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership
 from .raft.storage import NodeStorage, make_io
@@ -116,6 +117,7 @@ class Node:
         self._payloads_compacted_ms = 0
         self._compact_turn = 0
         self._payload_file_bytes = file_bytes_from_env()
+        self.payload_repair = PayloadRepair(self.loop, self._hosted_replica, self._rebuild)
         self.raft_network: RaftNetwork | None = None
         self.relay: Relay | None = None
         self.scheduler = TickScheduler(self.loop)
@@ -214,6 +216,7 @@ class Node:
             self.dispatcher.fail_parked(part, err)
         for task in self._tasks:
             task.cancel()
+        self.payload_repair.close()
         for conn in list(self.dispatcher.connections):
             conn.close()
         if self.relay is not None:
@@ -259,7 +262,8 @@ class Node:
             boot = self.cluster_map.registry.bootstrap_placement().get(p, [])
             membership = Membership.of(boot) if me in boot else Membership.of([])
         peers = [m for m in target if m != me]
-        payloads = PayloadFiles(self.data_dir / PAYLOADS_DIR / f"p{p}", self._payload_file_bytes)
+        payloads = PayloadFiles(self.data_dir / PAYLOADS_DIR / f"p{p}", self._payload_file_bytes,
+                                on_damage=lambda exc: self.payload_repair.damaged(p, exc))
         replica = PartitionReplica(p, self.raft_network, peers, application=PartitionMachine(p, payloads),
                                    data_dir=str(self.data_dir), loop=self.loop,
                                    scheduler=self.scheduler, preferred=bool(target) and target[0] == me,
@@ -568,15 +572,32 @@ class Node:
                 self._retire(p)
 
     def _retire(self, p: int) -> None:
+        replica = self._close_replica(p)
+        replica.delete_files()
+        log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
+
+    def _hosted_replica(self, p: int) -> PartitionReplica | None:
+        part = self.partitions.get(p)
+        return part.replica if part is not None else None
+
+    def _rebuild(self, p: int) -> None:
+        """Close partition ``p``'s replica and open it again from its snapshot and journal (its
+        payload files are written afresh): :class:`.payload_repair.PayloadRepair`'s repair."""
+        self._close_replica(p)
+        self._open_replica(p, start=True)
+        self.refresh_topology()
+
+    def _close_replica(self, p: int) -> PartitionReplica:
+        """Stop hosting partition ``p``: what waits on it is answered, its replica closed, its
+        payload files deleted; returns the closed replica."""
         part = self.partitions.pop(p)
         replica = part.replica
         part.group_commit.fail_all(self.not_leader_error(p))
         self.dispatcher.fail_parked(part, self.not_leader_error(p))
         self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()
-        replica.delete_files()
         replica.application.payloads.close()
-        log.info("partition %d: this node was removed from the group; replica closed and its files deleted", p)
+        return replica
 
 
 def _tick_done(part: Partition) -> None:

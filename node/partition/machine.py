@@ -11,6 +11,7 @@ events of a leader's applies (until the node takes them) and the read-only
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -137,6 +138,13 @@ class PartitionMachine:
 
     def describe(self) -> str:
         return f"{self.engine.job_count()} jobs"
+
+    def snapshot_failed(self, message: str) -> None:
+        """A snapshot child that could not read a payload file (its error names the file) tells
+        the node as a read of its own would: on a follower, the child may be its only reader."""
+        payloads = self.payloads
+        if payloads is not None and payloads.on_damage is not None and f"{payloads.root}{os.sep}" in message:
+            payloads.on_damage(OSError(message))
 
     # --- for the node ---------------------------------------------------------------------------
 

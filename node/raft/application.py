@@ -58,3 +58,8 @@ class Application(Protocol):
     def describe(self) -> str:
         """A few words on the size of the state, for the log."""
         ...
+
+    def snapshot_failed(self, message: str) -> None:
+        """A snapshot of the state could not be written; ``message`` is the forked child's error
+        (what :meth:`snapshot_chunks` raised there, a file it could not read, say)."""
+        ...

@@ -224,6 +224,7 @@ class PartitionReplica(Generic[A]):
         # reaches them (_snapshot_written).
         self.snapshots = snapshotter(self.snapshot_path + NEXT_SUFFIX, partition, self._io, self.settings)
         self.snapshots.on_slot = self.snapshot_now
+        self.snapshots.on_failed = self.application.snapshot_failed
         self._receiver = SnapshotReceiver(self.snapshot_path, self._io, partition)
         self._senders: dict[str, SnapshotSender] = {}
         #: Peers a stream delivered a snapshot to: (its index, until when the journal waits for them).

@@ -252,6 +252,8 @@ class ForkSnapshotter:
         self._failures = 0
         #: Called when this snapshotter waited for a child slot and one came free.
         self.on_slot: Callable[[], None] | None = None
+        #: Called with the message of every snapshot that failed.
+        self.on_failed: Callable[[str], None] | None = None
         self.waiting = False
         self.written = 0
         self.failed = 0
@@ -398,6 +400,8 @@ class ForkSnapshotter:
         self._retry_at = self._clock() + delay
         log.error("partition %d: snapshot at entry %d failed, journal prefix kept, retry in %.0f s: %s",
                   self.partition, self._index, delay, message)
+        if self.on_failed is not None:
+            self.on_failed(message)
 
     def _kill(self) -> None:
         pid, self._pid = self._pid, 0

@@ -71,7 +71,8 @@ def test_the_check_catches_bad_imports() -> None:
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
     ("partitions", frozenset({"raft", "partition", "group_commit", "pushes", "clock", "digests", "identity",
-                              "cluster_map", "moves", "log_format", "heap", "payload_files"})),
+                              "cluster_map", "moves", "log_format", "heap", "payload_files", "payload_checks",
+                              "payload_repair"})),
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "audits", "metrics", "relay", "bunqueue", "writes",
                             "locator"})),
     ("view", frozenset({"view"})),

@@ -17,7 +17,8 @@ from shoal.node.raft import snapshots
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
-from shoal.node.partition.machine import SNAPSHOT_JOBS_PER_CHUNK, load_engine, snapshot_chunks
+from shoal.node.partition.machine import SNAPSHOT_JOBS_PER_CHUNK, PartitionMachine, load_engine, snapshot_chunks
+from shoal.node.payload_files import PayloadFiles
 from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, read_snapshot_meta,
                                        verify_snapshot)
 from shoal.node.state import PartitionEngine
@@ -299,3 +300,26 @@ def test_settings_from_env() -> None:
     for bad in ({"SHOAL_SNAPSHOT_ENTRIES_MIN": "1"}, {"SHOAL_SNAPSHOT_CHILD_LIMIT_S": "0"}):
         with pytest.raises(ValueError):
             SnapshotSettings.from_env(bad)
+
+
+def test_a_child_that_cannot_read_a_payload_file_tells_the_application(tmp_path: Path, made: list) -> None:
+    """On a follower the snapshot child may be the only reader of its payload files: what it could
+    not read reaches the machine, which tells the node as a read of its own would; a failure of
+    the snapshot's own file tells it nothing."""
+    told: list[OSError] = []
+    machine = PartitionMachine(0, PayloadFiles(tmp_path / "payloads", on_damage=told.append))
+    for k in range(100):
+        machine.engine.apply({"cmd": "PUSH", "queue": "q", "data": bytes([k]) * 20_000}, 1_000 + k)
+    space = machine.payloads.spaces[0]
+    space.flush()
+    with open(space.directory / "00000000.pay", "r+b") as f:
+        f.seek(40_000)
+        f.write(b"\xff")
+    snap = make(made, tmp_path / "snaps")
+    snap.on_failed = machine.snapshot_failed
+    assert snap.start(machine.snapshot_chunks, INDEX, TERM, MEMBERS)
+    assert wait_done(snap) is None
+    assert len(told) == 1 and "00000000.pay: the 16384 bytes at offset 32768 fail their checksum" in str(told[0])
+
+    machine.snapshot_failed("IsADirectoryError: [Errno 21] Is a directory: " + snap.path + ".tmp")
+    assert len(told) == 1

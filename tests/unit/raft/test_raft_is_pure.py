@@ -74,6 +74,7 @@ class Tally:
         self.counts: dict[str, int] = {}
         self.applied: list[tuple[int, int, bool, bool]] = []  # (batch size, term, leading, replies)
         self.installs = 0
+        self.failures: list[str] = []
 
     def encode(self, now_ms: int, commands: list[Any]) -> bytes:
         return bytes([ENTRY_DATA]) + msgpack.packb([now_ms, commands])
@@ -106,6 +107,9 @@ class Tally:
 
     def describe(self) -> str:
         return f"{len(self.counts)} counters"
+
+    def snapshot_failed(self, message: str) -> None:
+        self.failures.append(message)
 
 
 def _conforms(app: Application) -> Application:
@@ -185,7 +189,8 @@ def test_the_partition_machine_has_every_method_of_the_protocol(name: str) -> No
 
 def test_the_protocol_is_what_the_replica_needs() -> None:
     # which entries are disk class and which commands wait for space is the partition's business
-    assert PROTOCOL_METHODS == ["apply", "describe", "encode", "install", "load_snapshot", "reset", "snapshot_chunks"]
+    assert PROTOCOL_METHODS == ["apply", "describe", "encode", "install", "load_snapshot", "reset", "snapshot_chunks",
+                                "snapshot_failed"]
 
 
 def test_the_machine_applies_a_batch_as_the_engine_does_and_records_events_only_while_leading() -> None:

@@ -347,8 +347,10 @@ ISSUE_41_CAUGHT = {
     4: (disk_class_as_durable, [(177, CHAOS_S), (375, CHAOS_S)], ("applied a different entry",)),
     5: (repeated_tokens, [(366, CHAOS_S), (63, CHAOS_S)], ("which an earlier take handed out",)),
     # Damage to the newest synced batch, with no copy and a mark that did not reach the disk,
-    # passes for a torn tail: a replica votes with a log shorter than it acknowledged.
-    6: (unprotected_last_batch, [(1761, SOAK_CHAOS_S)], ("applied a different entry",)),
+    # passes for a torn tail: a replica votes with a log shorter than it acknowledged, and two
+    # replicas apply different entries at one index (1761) or hold different digests (8670).
+    6: (unprotected_last_batch, [(1761, SOAK_CHAOS_S), (8670, SOAK_CHAOS_S)],
+        ("applied a different entry", "holds digest")),
     7: (loading_replicas_lead, [(674, CHAOS_S), (526, CHAOS_S)], ("while it loads its snapshot",)),
 }
 _ISSUE_41_CASES = [(finding, seed, chaos_s) for finding, (_, seeds, _) in sorted(ISSUE_41_CAUGHT.items())
