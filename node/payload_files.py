@@ -134,7 +134,7 @@ class FileSpace:
         self._cache = b""               # the last block read, from _cache_start on
         self._cache_start = 0
         self._fds: dict[int, int] = {}  # file number -> open descriptor
-        self._checks: dict[int, BlockChecks] = {}  # file number -> its blocks' checksums
+        self._checks: dict[int, BlockChecks | None] = {}  # file number -> its blocks' checksums
         self._live: dict[int, int] = {}  # file number -> bytes appended and not released
         self._dead: set[int] = set()     # files found all released since the last collect()
         self._dying: set[int] = set()    # files found so by the last collect(): deleted by this one
@@ -475,12 +475,21 @@ class FileSpace:
             written = os.pwrite(self._fd(n), chunk, at - n * size)
             if written != len(chunk):
                 raise OSError(f"short write to {self._path(n)}")
-            checks = self._checks.get(n)
-            if checks is None:
-                checks = self._checks[n] = BlockChecks()
-            checks.wrote(at - n * size, chunk)
+            self._note_written(n, at - n * size, chunk)
             at += written
             done += written
+
+    def _note_written(self, n: int, at: int, data: memoryview) -> None:
+        if n not in self._checks:
+            self._checks[n] = BlockChecks()
+        checks = self._checks[n]
+        if checks is None:
+            return
+        try:
+            checks.wrote(at, data)
+        except ValueError as exc:  # files are written in order; were one not, it goes unchecked
+            log.error("payload files %s: %s; file %d is no longer checked", self.directory, exc, n)
+            self._checks[n] = None
 
     def _pread(self, start: int, end: int) -> bytes:
         size = self.file_bytes

@@ -89,7 +89,11 @@ class PayloadRepair:
                 return  # closed meanwhile (removed from its group, or the node stopping)
             self._rebuilt_at[p] = self._clock()
             self.rebuilds += 1
-            self._rebuild(p)
+            try:
+                self._rebuild(p)
+            except Exception:  # the node runs on without the partition until it restarts
+                log.exception("partition %d: the replica could not be reopened", p)
+                return
             log.info("partition %d: replica reopened from its snapshot and journal; its payload files are "
                      "written afresh", p)
         finally:

@@ -19,6 +19,7 @@ import asyncio
 import gc
 from dataclasses import replace
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -584,7 +585,12 @@ class Node:
         """Close partition ``p``'s replica and open it again from its snapshot and journal (its
         payload files are written afresh): :class:`.payload_repair.PayloadRepair`'s repair."""
         self._close_replica(p)
-        self._open_replica(p, start=True)
+        try:
+            self._open_replica(p, start=True)
+        except ReplicaDamaged as exc:  # repair is off: as at a start, the node refuses to run on it
+            log.critical("node %s stops: %s", self.node_id, exc)
+            logging.shutdown()
+            os._exit(EXIT_DAMAGED)
         self.refresh_topology()
 
     def _close_replica(self, p: int) -> PartitionReplica:
