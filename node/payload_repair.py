@@ -51,6 +51,7 @@ class PayloadRepair:
         self._pid = os.getpid()
         self._pending: dict[int, asyncio.Task[None]] = {}
         self._rebuilt_at: dict[int, float] = {}
+        self._closed = False
         self.rebuilds = 0
 
     def damaged(self, p: int, exc: OSError) -> None:
@@ -62,12 +63,13 @@ class PayloadRepair:
 
     def close(self) -> None:
         """The node stops: repairs not yet done are dropped (a restart rebuilds every file)."""
+        self._closed = True
         for task in self._pending.values():
             task.cancel()
         self._pending.clear()
 
     def _start(self, p: int, why: str) -> None:
-        if p in self._pending or self._replica_of(p) is None:
+        if self._closed or p in self._pending or self._replica_of(p) is None:
             return
         self._pending[p] = self.loop.create_task(self._repair(p, why))
 

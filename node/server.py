@@ -599,6 +599,7 @@ class Node:
         part = self.partitions.pop(p)
         replica = part.replica
         part.group_commit.fail_all(self.not_leader_error(p))
+        part.group_commit.abandon_inflight()  # a lone leader's proposals: outcome unknown (TIMEOUT)
         self.dispatcher.fail_parked(part, self.not_leader_error(p))
         self.moves.retired_snapshot_bytes += int(replica.status()["snapshotBytesSent"])
         replica.close()

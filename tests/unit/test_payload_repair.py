@@ -115,6 +115,9 @@ def test_a_replica_is_rebuilt_at_most_once_per_interval() -> None:
         repair.close()
         await asyncio.sleep(0)
         assert not repair._pending  # noqa: SLF001
+        repair.damaged(0, OSError("damaged while the node stops"))
+        await asyncio.sleep(0.05)
+        assert not repair._pending and len(node.rebuilt) == 1  # noqa: SLF001
 
     asyncio.run(scenario())
     assert REBUILD_INTERVAL_S >= 10
