@@ -842,6 +842,9 @@ def main() -> None:
                         help="jobs of a queue left sparse (one in --sparse-keep delayed, the rest drained)")
     parser.add_argument("--sparse-keep", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=1800.0, help="time limit of the whole run, seconds")
+    parser.add_argument("--data-dir", default="",
+                        help="the cluster's directory, kept afterwards with the nodes' logs (default: a "
+                             "temporary one, removed)")
     parser.add_argument("--node-env", action="append", default=[], metavar="KEY=VALUE",
                         help="an environment variable of the nodes (repeatable), e.g. the snapshot settings")
     args = parser.parse_args()
@@ -865,7 +868,8 @@ def main() -> None:
     pushes: list[dict[str, Any]] = []
     added: dict[str, Any] | None = None
     spare = 1 if args.add_node else 0  # the added node's ports
-    with tempfile.TemporaryDirectory(prefix="shoal-backlog-") as tmp, \
+    with (contextlib.nullcontext(args.data_dir) if args.data_dir else
+          tempfile.TemporaryDirectory(prefix="shoal-backlog-")) as tmp, \
             LocalCluster(nodes=args.nodes, partitions=args.partitions, data_dir=tmp,
                          base_port=free_base_port(args.nodes + spare, args.partitions), extra_env=node_env) as cluster, \
             contextlib.ExitStack() as stack:

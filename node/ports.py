@@ -184,6 +184,11 @@ class PartitionDirectory(Protocol):
         """The refusal for a command on partition ``p``, which this node does not lead."""
         ...
 
+    def leads(self, p: int) -> bool:
+        """This node's replica of partition ``p`` leads its group now (the topology may still
+        name this node after it stopped, or not yet once it started)."""
+        ...
+
 
 class NodeInfo(Protocol):
     """What the node-level commands report or start."""

@@ -536,6 +536,10 @@ class Relay:
             pending.keyed = False
         leader = self._leader_of(pending.p)
         me = self.info.node_id
+        if leader == me and not self.dispatcher.directory.leads(pending.p):
+            # The topology still names this node, whose replica no longer leads (or not yet): run
+            # here, the dispatcher would hand the command straight back. Wait to learn who leads.
+            leader = None
         if leader is None or leader == me:
             # No leader known yet, or this node became it: wait a moment (or answer locally).
             if leader == me and pending.conn is not None and not pending.conn.closed and not pending.away:

@@ -330,6 +330,11 @@ class Node:
 
     # --- helpers used by the dispatcher ------------------------------------------------------------
 
+    def leads(self, p: int) -> bool:
+        """This node's replica of partition ``p`` leads its group now."""
+        part = self.partitions.get(p)
+        return part is not None and part.replica.is_leader()
+
     def not_leader_error(self, p: int) -> CommandError:
         info = self.topology.partition_map[p]
         leader = self.topology.nodes.get(info.leader) if info.leader else None

@@ -55,8 +55,16 @@ class Config:
 
 
 class Directory:
-    def __init__(self) -> None:
+    """The hosted partitions; a partition's replica here leads while the node's view names this
+    node, unless a test says it stepped down (``not_leading``)."""
+
+    def __init__(self, info: Info) -> None:
         self.partitions: dict[int, Partition] = {}
+        self.info = info
+        self.not_leading: set[int] = set()
+
+    def leads(self, p: int) -> bool:
+        return self.info.topology.partition_map[p].leader == self.info.node_id and p not in self.not_leading
 
 
 class Dispatcher:
@@ -64,10 +72,10 @@ class Dispatcher:
 
     config = Config()
 
-    def __init__(self, loop: ManualLoop) -> None:
+    def __init__(self, loop: ManualLoop, info: Info) -> None:
         self.released: list[tuple[str, set[int]]] = []
         self.sessions = SessionTable("n1", loop, 0, self._release)  # type: ignore[arg-type]
-        self.directory = Directory()
+        self.directory = Directory(info)
         self.locator = JobLocator()
         self.handled: list[tuple[Any, dict[str, Any]]] = []
         self.raises: Exception | None = None
@@ -130,7 +138,7 @@ class Node:
     def __init__(self) -> None:
         self.loop = ManualLoop()
         self.info = Info()
-        self.dispatcher = Dispatcher(self.loop)
+        self.dispatcher = Dispatcher(self.loop, self.info)
         self.sent: list[tuple[str, list[Any]]] = []
         self.links = {"n2", "n3"}
         self.relay = Relay(self.dispatcher, self.info, self.loop, self._send)  # type: ignore[arg-type]
@@ -195,6 +203,19 @@ def test_a_command_for_a_partition_this_node_came_to_lead_is_answered_here(node:
     node.relay.forward(client, {"cmd": "GetJob", "id": "1-1", "reqId": 1}, 1)
     assert node.sent == [] and node.dispatcher.handled == [(client, {"cmd": "GetJob", "id": "1-1", "reqId": 1})]
     assert node.relay.stats()["forwarding"] == 0
+
+
+def test_a_command_for_a_partition_this_node_is_named_to_lead_but_does_not_waits(node: Node) -> None:
+    """The view names this node while its replica no longer leads (it just stepped down): running
+    the command here would hand it straight back to the relay, again and again."""
+    client = Client()
+    node.info.lead(1, "n1")
+    node.dispatcher.directory.not_leading.add(1)
+    node.relay.forward(client, {"cmd": "GetJob", "id": "1-1", "reqId": 1}, 1)
+    assert node.dispatcher.handled == [] and node.sent == [] and client.answers == []
+    node.info.lead(1, "n3")
+    node.loop.advance(RETRY_DELAY_S)
+    assert [(peer, frame["id"]) for peer, _, frame in node.requests()] == [("n3", "1-1")]
 
 
 def test_a_command_refused_here_on_leaving_the_lead_goes_to_the_next_leader_first(node: Node) -> None:
@@ -594,7 +615,8 @@ def test_a_call_of_the_nodes_own_returns_the_leaders_reply_or_raises_its_error()
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         sent: list[tuple[str, list[Any]]] = []
-        r = Relay(Dispatcher(ManualLoop()), Info(), loop, lambda peer, m: sent.append((peer, m)) or True)
+        info = Info()
+        r = Relay(Dispatcher(ManualLoop(), info), info, loop, lambda peer, m: sent.append((peer, m)) or True)
 
         def answer(body: bytes, code: str | None) -> None:
             peer, message = sent[-1]
