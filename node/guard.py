@@ -11,7 +11,9 @@ One task wakes every :data:`GUARD_INTERVAL_S`:
   system when there is much of it (:class:`~.heap.HeapTrimmer`), so memory freed
   inside the process counts neither against the budget nor as growth;
 - it records how late it woke up in the ``shoal_event_loop_lag_seconds``
-  histogram: whatever held the loop delayed it;
+  histogram: whatever held the loop delayed it; a lag of :data:`LAG_WARN_S` or more is
+  also logged (at most every :data:`LAG_LOG_EVERY_S`), as Raft's heartbeats and elections
+  waited meanwhile;
 - it closes client connections whose frame has been arriving longer than
   ``frame_timeout_ms`` or that stayed silent and unauthenticated longer than
   ``unauthenticated_idle_ms``.
@@ -49,6 +51,10 @@ _TRIM_EARLY_EVERY = round(1 / GUARD_INTERVAL_S)
 #: Free heap bytes worth a trim when the node is about to refuse new jobs for memory.
 _TRIM_BEFORE_REFUSING_BYTES = 1024 * 1024
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: A lag this long is logged: a follower may start an election after 0.8 s without its leader.
+LAG_WARN_S = 0.5
+#: Least time between two such log lines.
+LAG_LOG_EVERY_S = 10.0
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -76,7 +82,26 @@ class NodeGuard(Collector):
         self._lag_counts = [0] * (len(_LAG_BUCKETS) + 1)
         self._lag_sum = 0.0
         self.lag_max_s = 0.0
+        self._lag_logged_at = -LAG_LOG_EVERY_S
+        self._lags_unlogged = 0
         self.trimmer = HeapTrimmer(rss_bytes)
+
+    def record_lag(self, lag: float, now: float) -> None:
+        """The watchdog woke ``lag`` seconds late at loop time ``now``: counted, and logged when long."""
+        self._lag_counts[bisect_left(_LAG_BUCKETS, lag)] += 1
+        self._lag_sum += lag
+        self.lag_max_s = max(self.lag_max_s, lag)
+        if lag < LAG_WARN_S:
+            return
+        if now - self._lag_logged_at < LAG_LOG_EVERY_S:
+            self._lags_unlogged += 1
+            return
+        more = f" ({self._lags_unlogged} more of {LAG_WARN_S} s or more since the last such line)" \
+            if self._lags_unlogged else ""
+        log.warning("the event loop was held %.2f s: Raft's heartbeats and elections waited (a busy "
+                    "machine, a long command, a slow disk's sync)%s", lag, more)
+        self._lag_logged_at = now
+        self._lags_unlogged = 0
 
     def memory(self) -> dict[str, Any]:
         """The budget and its use (``/health``)."""
@@ -90,9 +115,7 @@ class NodeGuard(Collector):
             expected = loop.time() + GUARD_INTERVAL_S
             await asyncio.sleep(GUARD_INTERVAL_S)
             lag = max(0.0, loop.time() - expected)
-            self._lag_counts[bisect_left(_LAG_BUCKETS, lag)] += 1
-            self._lag_sum += lag
-            self.lag_max_s = max(self.lag_max_s, lag)
+            self.record_lag(lag, loop.time())
             self.check_memory()
             tick += 1
             if tick % _SWEEP_EVERY == 0:
