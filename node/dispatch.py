@@ -251,8 +251,7 @@ class Dispatcher:
         if conn.bunqueue_envelope and "repeat" in fields:
             return False
         p = self._partition_of("queue", frame)
-        part = self.directory.partitions.get(p)
-        if part is not None and part.replica.is_leader():
+        if self.directory.leads(p):  # the relay's test too: it runs the frame here only then
             return False
         self._remote(p).submit_received(conn, frame, body, "customId" in fields or "jobId" in fields)
         return True

@@ -52,14 +52,14 @@ class BlockChecks:
         failed write's: its blocks are not checked)."""
         if at < self.written:
             raise ValueError(f"payload checks: a write at {at} goes back before {self.written}")
-        blob = bytes(data)  # google_crc32c takes bytes, not views
+        view = memoryview(data)
         if at > self.written:
             self._skip(at)
-        crcs, done, total = self.crcs, 0, len(blob)
+        crcs, done, total = self.crcs, 0, len(view)
         while done < total:
             k, into = divmod(at + done, BLOCK_BYTES)
             n = min(BLOCK_BYTES - into, total - done)
-            piece = blob[done:done + n] if n < total else blob
+            piece = bytes(view[done:done + n])  # one copy per block: google_crc32c takes bytes, not views
             if into:
                 crcs[k] = google_crc32c.extend(crcs[k], piece)
             else:
@@ -73,8 +73,6 @@ class BlockChecks:
         self.unknown.update(range(first, last + 1))
         while len(self.crcs) <= last:
             self.crcs.append(0)
-        if at % BLOCK_BYTES == 0:  # the next write starts a block afresh
-            self.crcs = self.crcs[:at // BLOCK_BYTES]
         self.written = at
 
     def check(self, at: int, data: bytes, path: Path) -> None:

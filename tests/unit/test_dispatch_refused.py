@@ -41,6 +41,9 @@ class Refusing:
 class Directory:
     partitions = {p: Partition(p, Leading(), Refusing()) for p in (0, 1)}  # type: ignore[arg-type]
 
+    def leads(self, p: int) -> bool:
+        return p in self.partitions and self.partitions[p].replica.is_leader()
+
     def not_leader_error(self, p: int) -> CommandError:
         return CommandError(ErrorCode.NOT_LEADER, f"not leader of {p}")
 

@@ -53,6 +53,9 @@ class Directory:
         self.partitions = {p: Partition(p, Replica(p in led), Recording())  # type: ignore[arg-type]
                            for p in range(PARTITIONS)}
 
+    def leads(self, p: int) -> bool:
+        return p in self.partitions and self.partitions[p].replica.is_leader()
+
     def not_leader_error(self, p: int) -> CommandError:
         return CommandError(ErrorCode.NOT_LEADER, f"not leader of {p}")
 
