@@ -101,7 +101,7 @@ class ControlOps(Store):
             if job.group is None:
                 heapq.heappush(q.ready, ready_key(new, job.seq))
             else:
-                heapq.heappush(q.group_fifo.setdefault(job.group, []), (-new, job.seq))
+                heapq.heappush(q.group_fifo.setdefault(job.group, []), ready_key(new, job.seq))
             return {}
         job.priority = new
         return {}
@@ -231,6 +231,11 @@ class ControlOps(Store):
                     for k in range(i, j):
                         if states[k] == SLOT_WAITING or states[k] == SLOT_READY:
                             self._drop_prio(q, seg.priorities[k])  # type: ignore[attr-defined]  # Moves
+                if seg.groups is not None:  # grouped slots wait or are delayed: their groups shrink
+                    groups, moved = seg.groups, self._group_moved  # type: ignore[attr-defined]  # ReadyIndex
+                    for k in range(i, j):
+                        if groups[k] is not None:
+                            moved(q, groups[k], SLOT_STATE[states[k]], REMOVED)
                 if seg.sessions is not None and states.find(SLOT_ACTIVE, i, j) >= 0:
                     for k in range(i, j):
                         session = seg.sessions[k]

@@ -89,7 +89,7 @@ class PullOps(Store):
                 top = self._peek_ready(q)
                 if top is None:
                     break
-                used += wire_bytes_max(self.jobs[top[1]])
+                used += wire_bytes_max(self._get(top[1]))  # type: ignore[arg-type]  # found by the peek
                 if jobs and used > budget:
                     break
             job = self._pop_ready(q)
@@ -115,7 +115,8 @@ class PullOps(Store):
                 top = self._ungrouped_head(q)
                 job = self.jobs[top[1]] if top is not None else None
             else:
-                job = self._group_ready(q, group)
+                seq = self._group_ready(q, group)
+                job = self._get(seq) if seq is not None else None
             if job is None:
                 break
             if budget:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import heapq
 
 from ._model import SEQ_BITS, SEQ_MASK, Job, Queue, ready_key
+from ._segments import SLOT_READY
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
@@ -74,24 +75,36 @@ class ReadyIndex(Store):
     def _enqueue_ready(self, q: Queue, job: Job) -> None:
         if job.group is None:
             heapq.heappush(q.ready, ready_key(job.priority, job.seq))
-            return
-        group = job.group
+        else:
+            self._enqueue_group(q, job.group, ready_key(job.priority, job.seq))
+
+    def _enqueue_group(self, q: Queue, group: str, key: int) -> None:
+        """A waiting job of ``group`` (a job object or a segment's slot), its ready key ``key``."""
         fifo = q.group_fifo.get(group)
         if fifo is None:
             fifo = q.group_fifo[group] = []
-        heapq.heappush(fifo, (-job.priority, job.seq))
+        heapq.heappush(fifo, key)
         if group not in q.group_listed:
             self._list_group(q, group)
 
     def _group_head(self, q: Queue, group: str) -> tuple[int, int] | None:
-        """``(-priority, seq)`` of ``group``'s next waiting job, cleaning stale heap tops."""
+        """``(-priority, seq)`` of ``group``'s next waiting job, cleaning stale heap tops. A
+        segment's slot is looked at where it is, not made a job object."""
         fifo = q.group_fifo.get(group)
-        jobs = self.jobs
+        jobs, segments = self.jobs, self.segments
         while fifo:
-            prio, seq = fifo[0]
+            key = fifo[0]
+            prio, seq = key >> SEQ_BITS, key & SEQ_MASK
             job = jobs.get(seq)
-            if job is not None and job.state == WAITING and job.group == group and -job.priority == prio:
-                return fifo[0]
+            if job is not None:
+                if job.state == WAITING and job.group == group and -job.priority == prio:
+                    return prio, seq
+            elif segments:
+                seg = segments.find(seq)
+                if seg is not None and seg.groups is not None:
+                    i = seq - seg.first
+                    if seg.states[i] == SLOT_READY and seg.groups[i] == group and -seg.priority(i) == prio:
+                        return prio, seq
             heapq.heappop(fifo)
         q.group_fifo.pop(group, None)
         return None
@@ -243,6 +256,7 @@ class ReadyIndex(Store):
         if group is None:
             heapq.heappop(q.ready)
             return self.jobs[top[1]]
+        job = self._get(top[1])  # a slot becomes a job object as it is taken
         heapq.heappop(q.group_fifo[group])
         self._take_turn(q, group)
         conc = q.group_conc
@@ -255,12 +269,12 @@ class ReadyIndex(Store):
         else:
             heapq.heappop(q.group_heads)
             del q.group_listed[group]  # listed again when a job of it ends its lease
-        return self.jobs[top[1]]
+        return job
 
     # --- pulls limited to one group, or to jobs without one ---------------------------------
 
-    def _group_ready(self, q: Queue, group: str) -> Job | None:
-        """``group``'s next waiting job if the group may run it now (room under
+    def _group_ready(self, q: Queue, group: str) -> int | None:
+        """The seq of ``group``'s next waiting job if the group may run it now (room under
         ``groupConcurrency``, rate budget), else None. A group found out of budget is parked, so
         the leader ticks when its window frees (a parked long poll of the group then wakes)."""
         head = self._group_head(q, group)
@@ -270,7 +284,7 @@ class ReadyIndex(Store):
         if lim is not None and not lim.group_open(group, self.now_ms):
             lim.park(group)  # its listed entry, if any, leaves the turns when it surfaces
             return None
-        return self.jobs[head[1]]
+        return head[1]
 
     def _pop_group(self, q: Queue, group: str) -> None:
         """Take ``group``'s head (what :meth:`_group_ready` returned) out of its heap; it counts

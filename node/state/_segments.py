@@ -1,14 +1,14 @@
 """Plain jobs kept as slots of one record per run of adds until each is touched.
 
 A ``PUSHB`` whose items carry nothing but ``data`` (the bulk-ingest case), and single
-PUSHes to one queue that carry at most a priority, a delay, a name and an idempotency key
-(what ``queue.add()`` sends), would otherwise build one :class:`~._model.Job` object and one
+PUSHes to one queue that carry at most a priority, a delay, a name, a group and an idempotency
+key (what ``queue.add()`` sends), would otherwise build one :class:`~._model.Job` object and one
 dict slot per job on every replica. A :class:`Segment` holds consecutive such jobs as a list
 of data bytes plus the few fields its jobs share (queue and the queue's defaults at push
 time) and, only where its jobs differ, their priorities, creation and run-at times in packed
-arrays. The engine turns a segment's job into a real ``Job`` ("materializes" it) the first
-time anything needs it as one: a pull reaching it out of its segment's order, a command
-naming its id, a delayed job coming due. Until then it is waiting (or delayed), exactly as
+arrays and their groups in a list. The engine turns a segment's job into a real ``Job``
+("materializes" it) the first time anything needs it as one: a pull reaching it out of its
+segment's order, a command naming its id. Until then it is waiting (or delayed), exactly as
 if it had been pushed on its own.
 
 Segments cover disjoint, increasing seq ranges, so a seq is found by bisecting
@@ -36,8 +36,8 @@ __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 #: ``SLOT_WAITING`` is a waiting job of priority 0, which the segment's one ready-heap entry (at
 #: ``low``) covers; ``SLOT_READY`` a waiting job with a ready-heap entry of its own (one with a
-#: priority, or one that came due after a delay), and ``SLOT_DELAYED`` a delayed job with its
-#: delayed-heap entry, as a job object has them.
+#: priority, or one that came due after a delay; a grouped one's is in its group's heap), and
+#: ``SLOT_DELAYED`` a delayed job with its delayed-heap entry, as a job object has them.
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED = 0, 1, 2, 3, 4, 5
 #: Every code of a slot that holds a job.
 SLOT_HELD = (SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED)
@@ -54,7 +54,8 @@ def split_plain(items: list[dict[str, Any]]) -> tuple[list[Any], list[str | None
     ``idempotencyKey`` and ``name``, bunqueue's job name).
 
     ``keys`` / ``names`` are None when no item has one; the result is None when any item
-    has another field (priority, delay, group, ...): such a batch takes the per-job path. A
+    has another field (priority, delay, group, ...): such a batch's items are added one by
+    one (as slots where a single add's would be, ``_push._push_batch``). A
     ``Raw`` data becomes its packed bytes (what the engine stores); any other value stays.
     """
     keyed = named = False
@@ -128,7 +129,9 @@ class Segment:
     offsets from the segment's first, 8-byte ones once they span 4 GiB), or, in a
     segment whose jobs' data is not all bytes (tools and tests may push Python values),
     ``inline[i]``. ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's
-    value differs from the common one (priority 0, ``created_ms``, its creation time). A
+    value differs from the common one (priority 0, ``created_ms``, its creation time), and
+    ``groups`` only once some slot's job has a group (a grouped waiting slot is ``SLOT_READY``:
+    its heap entry is in its group's heap, never the queue's ready heap). A
     leased slot keeps its lease number, deadline and session, a completed one its finish time;
     those four lists exist only once the segment's first job is leased. Waiting slots are
     leased in place (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
@@ -136,12 +139,13 @@ class Segment:
 
     __slots__ = ("first", "space", "base", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
                  "ttr_ms", "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished",
-                 "names", "priorities", "createds", "run_ats")
+                 "names", "priorities", "createds", "run_ats", "groups")
 
     def __init__(self, first: int, datas: list[Any], queue: str, created_ms: int,
                  max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None,
                  states: bytearray | None = None, priorities: list[int] | None = None,
-                 createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace) -> None:
+                 createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace,
+                 groups: list[str | None] | None = None) -> None:
         self.first = first
         self.space = space
         self.base = 0
@@ -158,6 +162,7 @@ class Segment:
         self.priorities = priorities
         self.createds = createds
         self.run_ats = run_ats
+        self.groups = groups       # per slot its job's group, or None when none has one
         n = len(datas)
         self.states = bytearray([SLOT_WAITING]) * n if states is None else states
         self.left = self.states.count(SLOT_WAITING) if states is not None else n   # SLOT_WAITING slots
@@ -312,9 +317,14 @@ class Segment:
     def run_at(self, i: int) -> int:
         return self.run_ats[i] if self.run_ats is not None else self.created(i)
 
-    def append(self, data: bytes, code: int, priority: int, created: int, run_at: int, name: str | None) -> None:
+    def append(self, data: bytes, code: int, priority: int, created: int, run_at: int, name: str | None,
+               group: str | None = None) -> None:
         """One more slot, the job ``end`` (see :meth:`SegmentStore.append`)."""
         n = len(self.states)
+        if group is not None and self.groups is None:
+            self.groups = [None] * n
+        if self.groups is not None:
+            self.groups.append(group)
         if priority and self.priorities is None:
             self.priorities = [0] * n
         if created != self.created_ms and self.createds is None:
@@ -371,6 +381,8 @@ class Segment:
             self.run_ats.extend(array("q", [created]) * k)
         if self.names is not None:
             self.names.extend(names if names is not None else [None] * k)
+        if self.groups is not None:
+            self.groups.extend([None] * k)
         if self.lease_nos:
             self.lease_nos.extend([0] * k)
             self.deadlines.extend([0] * k)
@@ -457,9 +469,9 @@ class SegmentStore:
         return self._by_first[self._firsts[-1]] if self._firsts else None
 
     def append(self, segment: Segment, data: bytes, code: int, priority: int, created: int, run_at: int,
-               name: str | None) -> None:
+               name: str | None, group: str | None = None) -> None:
         """Job ``segment.end`` as one more slot of ``segment``, the last segment (seqs stay disjoint)."""
-        segment.append(data, code, priority, created, run_at, name)
+        segment.append(data, code, priority, created, run_at, name, group)
         self.jobs += 1
 
     def extend(self, segment: Segment, datas: list[Any], created: int, names: list[str | None] | None) -> None:

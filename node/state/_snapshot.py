@@ -40,7 +40,7 @@ class _Run:
     reads them: each job's fields are taken as it comes (its tuple is not kept, so a long run
     leaves no trail of freed tuples between the objects the engine keeps), then one segment."""
 
-    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states")
+    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states", "groups")
 
     def __init__(self, t: list[Any]) -> None:
         self.head = t  # kept whole: a run of one stays a job object
@@ -50,6 +50,7 @@ class _Run:
         self.createds: list[int] = []
         self.run_ats: list[int] = []
         self.states = bytearray()
+        self.groups: list[str | None] = []
         self.add(t)
 
     def __len__(self) -> int:
@@ -66,7 +67,9 @@ class _Run:
         self.priorities.append(t[3])
         self.createds.append(t[8])
         self.run_ats.append(t[9])
-        self.states.append(SLOT_DELAYED if t[4] == DELAYED else SLOT_READY if t[3] else SLOT_WAITING)
+        self.groups.append(t[15])
+        self.states.append(SLOT_DELAYED if t[4] == DELAYED else SLOT_READY if t[3] or t[15] is not None
+                           else SLOT_WAITING)
 
     def segment(self, space: PayloadSpace) -> Segment:
         """The segment holding the run, its data in ``space`` (priorities and times kept only
@@ -78,7 +81,8 @@ class _Run:
                        names if any(n is not None for n in names) else None, states=self.states,
                        priorities=priorities if any(priorities) else None,
                        createds=array("q", createds) if any(c != created for c in createds) else None,
-                       run_ats=array("q", run_ats) if run_ats != createds else None, space=space)
+                       run_ats=array("q", run_ats) if run_ats != createds else None, space=space,
+                       groups=self.groups if any(g is not None for g in self.groups) else None)
 
 
 #: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group

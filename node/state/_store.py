@@ -17,7 +17,7 @@ from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
-from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, WAITING, check_transition
+from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, NEW, WAITING, check_transition
 
 #: The wire's job name when none was given (bunqueue's default).
 DEFAULT_NAME = "default"
@@ -183,7 +183,8 @@ class Store:
 
     def _hold_segment(self, q: Queue, seg: Segment) -> None:
         """Take ``seg``'s waiting and delayed jobs into ``q``: one ready-heap entry at its lowest
-        priority-0 waiting slot, one per other waiting or delayed slot, the counts."""
+        priority-0 waiting slot, one per other waiting (in its group's heap, if it has one) or
+        delayed slot, the counts and group sizes."""
         self.segments.add(seg)
         states = seg.states
         plain = seg.left
@@ -191,11 +192,17 @@ class Store:
             heapq.heappush(q.ready, seg.low)  # priority 0: the key is the seq
             q.prio_counts[0] = q.prio_counts.get(0, 0) + plain
         prio_counts = q.prio_counts
+        groups = seg.groups
         waiting = plain
         i = states.find(SLOT_READY)
         while i >= 0:
             prio = seg.priority(i)
-            heapq.heappush(q.ready, ready_key(prio, seg.first + i))
+            group = groups[i] if groups is not None else None
+            if group is None:
+                heapq.heappush(q.ready, ready_key(prio, seg.first + i))
+            else:
+                self._group_moved(q, group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
+                self._enqueue_group(q, group, ready_key(prio, seg.first + i))  # type: ignore[attr-defined]
             prio_counts[prio] = prio_counts.get(prio, 0) + 1
             waiting += 1
             i = states.find(SLOT_READY, i + 1)
@@ -204,6 +211,8 @@ class Store:
         while i >= 0:
             heapq.heappush(self.delayed, due_key(seg.run_at(i), seg.first + i))
             q.counts[DELAYED] += 1
+            if groups is not None and groups[i] is not None:
+                self._group_moved(q, groups[i], NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
             i = states.find(SLOT_DELAYED, i + 1)
 
     def job_count(self) -> int:
@@ -268,7 +277,11 @@ class Store:
         q.prio_counts[prio] = q.prio_counts.get(prio, 0) + 1
         if self._events is not None:
             self._events.append((q.name, seq, WAITING, DELAYED))
-        heapq.heappush(q.ready, ready_key(prio, seq))
+        group = seg.groups[i] if seg.groups is not None else None
+        if group is None:
+            heapq.heappush(q.ready, ready_key(prio, seq))
+        else:
+            self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]  # ReadyIndex
 
     def _delayed_job(self, seq: int, detached: bool = False) -> Job | None:
         """Job ``seq`` when it is held as an object or in a segment's delayed slot (materialized,

@@ -30,6 +30,10 @@ from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
 QUEUES = ["a", "b"]
 TTR_MS = 1_000
+#: Queue "b" runs two jobs of a group at once and gives group g2 twice the turns of the others
+#: (queue "a" keeps the default: one job of a group at a time).
+QUEUE_OPTIONS = {"a": {"ttr": TTR_MS, "backoff": 0},
+                 "b": {"ttr": TTR_MS, "backoff": 0, "groupConcurrency": 2, "groupWeights": {"g2": 2}}}
 
 
 def apply_both(engine: PartitionEngine, reference: PartitionEngine, cmd: Any, now: int,
@@ -61,7 +65,7 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         self.seqs: list[int] = []              # every job added
         self.tokens: dict[int, str] = {}       # the latest token handed out per job
         for queue in QUEUES:
-            self.both({"cmd": "CreateQueue", "queue": queue, "options": {"ttr": TTR_MS, "backoff": 0}})
+            self.both({"cmd": "CreateQueue", "queue": queue, "options": QUEUE_OPTIONS[queue]})
 
     def _space(self) -> FileSpace:
         space = self.payloads.new()
@@ -83,9 +87,12 @@ class SlotsVsPerJob(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(QUEUES), prio=st.sampled_from([0, 0, 0, 1, 3, -2]),
           delay=st.sampled_from([0, 0, 0, 400, 1_500]), key=st.sampled_from([None, None, "k1", "k2", "k3"]),
-          name=st.sampled_from([None, None, "mail"]), n=st.integers(1, 4))
-    def add(self, queue: str, prio: int, delay: int, key: str | None, name: str | None, n: int) -> None:
-        """``n`` adds in a row (one entry's worth), as ``queue.add()`` sends them."""
+          name=st.sampled_from([None, None, "mail"]), n=st.integers(1, 4),
+          group=st.sampled_from([None, None, "g1", "g2", "g3"]))
+    def add(self, queue: str, prio: int, delay: int, key: str | None, name: str | None, n: int,
+            group: str | None) -> None:
+        """``n`` adds in a row (one entry's worth), as ``queue.add()`` sends them; with a group,
+        every other one in it."""
         for i in range(n):
             cmd: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": raw_of([queue, len(self.seqs), i])}
             if prio or i % 2:
@@ -96,6 +103,8 @@ class SlotsVsPerJob(RuleBasedStateMachine):
                 cmd["idempotencyKey"] = f"{key}-{i}"
             if name is not None:
                 cmd["name"] = name
+            if group is not None and i % 2 == 0:
+                cmd["group"] = group
             reply = self.both(cmd, {**cmd, "tag": None})
             seq = int(reply["id"].split("-")[1])
             if seq not in self.seqs:
@@ -108,9 +117,36 @@ class SlotsVsPerJob(RuleBasedStateMachine):
                           {"cmd": "PUSHB", "queue": queue, "jobs": [dict(it, priority=0) for it in items]})
         self.seqs.extend(int(i.split("-")[1]) for i in reply["ids"])
 
-    @rule(queue=st.sampled_from(QUEUES), count=st.integers(1, 6), session=st.sampled_from([None, "s1"]))
-    def pull(self, queue: str, count: int, session: str | None) -> None:
-        cmd = {"cmd": "PULLB", "queue": queue, "count": count}
+    @rule(queue=st.sampled_from(QUEUES), data=st.data(), n=st.integers(1, 6))
+    def add_bulk_with_options(self, queue: str, data: st.DataObject, n: int) -> None:
+        """A PUSHB whose items carry what single adds may (a priority, a delay, a group, a name,
+        a key), some of them an option no slot holds (their own attempts)."""
+        items = []
+        for i in range(n):
+            item: dict[str, Any] = {"data": raw_of(["bulk+", len(self.seqs), i])}
+            for field, values in (("priority", [1, 4]), ("delay", [300, 900]), ("group", ["g1", "g2", "g3"]),
+                                  ("name", ["mail"]), ("idempotencyKey", ["k1", "k4"]), ("attempts", [3])):
+                if data.draw(st.integers(0, 3)) == 0:
+                    item[field] = data.draw(st.sampled_from(values))
+            items.append(item)
+        try:
+            reply = self.both({"cmd": "PUSHB", "queue": queue, "jobs": items},
+                              {"cmd": "PUSHB", "queue": queue, "jobs": [dict(it, tag=None) for it in items]})
+        except CommandError:
+            return
+        for job_id in reply["ids"]:
+            if int(job_id[2:]) not in self.seqs:
+                self.seqs.append(int(job_id[2:]))
+
+    @rule(queue=st.sampled_from(QUEUES), count=st.integers(1, 6), session=st.sampled_from([None, "s1"]),
+          only=st.sampled_from([None, None, "g1", "g2", "ungrouped"]))
+    def pull(self, queue: str, count: int, session: str | None, only: str | None) -> None:
+        """A pull of the queue's turns, or limited to one group or to jobs without one."""
+        cmd: dict[str, Any] = {"cmd": "PULLB", "queue": queue, "count": count}
+        if only == "ungrouped":
+            cmd["ungrouped"] = True
+        elif only is not None:
+            cmd["group"] = only
         reply = self.both(SessionPull(cmd, session, 0) if session else cmd)
         for job, token in zip(reply["jobs"], reply["tokens"]):
             self.tokens[int(job["id"].split("-")[1])] = token
@@ -175,7 +211,7 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         want = self.reference.apply({"cmd": "Obliterate", "queue": queue}, self.now, events=True).events
         assert got == want
         assert self.engine.digest() == self.reference.digest()
-        self.both({"cmd": "CreateQueue", "queue": queue, "options": {"ttr": TTR_MS, "backoff": 0}})
+        self.both({"cmd": "CreateQueue", "queue": queue, "options": QUEUE_OPTIONS[queue]})
 
     @rule()
     def release_session(self) -> None:
@@ -248,6 +284,22 @@ class SlotsVsPerJob(RuleBasedStateMachine):
             for read in ({"cmd": "GetJobCounts", "queue": queue}, {"cmd": "GetCountsPerPriority", "queue": queue}):
                 assert self.engine.apply(read, self.now).result == self.reference.apply(read, self.now).result
 
+    @invariant()
+    def groups_agree(self) -> None:
+        """Each group's size, running jobs and turn, and whether a pull would find work, are the
+        same whether its waiting jobs are slots or job objects."""
+        for queue in QUEUES:
+            q, ref = self.engine.queues.get(queue), self.reference.queues.get(queue)
+            if q is None or ref is None:
+                assert q is ref
+                continue
+            # A restore restarts the virtual clock at 0: turns compare relative to it.
+            turns = {g: t - q.group_vtime for g, t in q.group_tags.items()}
+            ref_turns = {g: t - ref.group_vtime for g, t in ref.group_tags.items()}
+            assert (q.group_sizes, q.group_active, turns) == (ref.group_sizes, ref.group_active, ref_turns)
+            for only in (None, "g1", "g2", "g3"):
+                assert self.engine.has_ready(queue, only) == self.reference.has_ready(queue, only)
+
 
 TestSlotsVsPerJob = SlotsVsPerJob.TestCase
 TestSlotsVsPerJob.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
@@ -275,6 +327,46 @@ def test_single_adds_to_one_queue_hold_no_job_objects_before_or_after_a_restore(
     assert due is not None
     counts = restored.apply({"cmd": "GetJobCounts", "queue": "q"}, 3_700_000).result["counts"]
     assert counts["delayed"] == 0 and counts["waiting"] + counts["prioritized"] == 1_997
+
+
+def test_grouped_single_adds_hold_no_job_objects_before_or_after_a_restore() -> None:
+    """Adds in 50 groups (every fifth with a priority, every third delayed) wait as slots; a pull
+    makes job objects of what it takes, one per group under groupConcurrency 1, in turns."""
+    e = PartitionEngine(0)
+    for k in range(3_000):
+        cmd: dict[str, Any] = {"cmd": "PUSH", "queue": "q", "data": raw_of(k), "group": f"tenant-{k % 50}",
+                               "idempotencyKey": f"key-{k}"}
+        if k % 5 == 0:
+            cmd["priority"] = 2
+        if k % 3 == 1:
+            cmd["delay"] = 3_600_000
+        e.apply(cmd, 1_000 + k // 10)
+    assert len(e.jobs) == 0 and e.segments.jobs == 3_000
+    restored = PartitionEngine.restore(e.snapshot())
+    assert restored.digest() == e.digest()
+    assert len(restored.jobs) == 0 and restored.segments.jobs == 3_000
+    for engine in (e, restored):
+        taken = engine.apply({"cmd": "PULLB", "queue": "q", "count": 100, "ttr": 9_000_000}, 6_000).result["jobs"]
+        assert len(taken) == 50 and len({job["group"] for job in taken}) == 50
+        assert len(engine.jobs) == 50  # the taken ones, active
+    assert restored.digest() == e.digest()
+    due = 1_000 + 300 + 3_600_000
+    for engine in (e, restored):
+        engine.apply({"cmd": "_Tick"}, due)
+        assert engine.apply({"cmd": "GetJobCounts", "queue": "q"}, due).result["counts"]["delayed"] == 0
+        assert len(engine.jobs) == 50  # the delayed slots came due in place
+    assert restored.digest() == e.digest()
+
+
+def test_one_string_per_group_and_name_however_many_jobs_hold_it() -> None:
+    """Each add's frame decodes its own copy of the group and the name; waiting jobs share one."""
+    e = PartitionEngine(0)
+    for k in range(100):
+        e.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(k), "group": "".join(["tenant-", "7"]),
+                 "name": "".join(["send-", "mail"])}, 1_000)
+    seg = next(iter(e.segments))
+    assert seg.groups is not None and seg.names is not None
+    assert len({id(g) for g in seg.groups}) == 1 and len({id(n) for n in seg.names}) == 1
 
 
 def test_a_restored_engine_holds_no_more_than_the_one_that_wrote_the_snapshot() -> None:
