@@ -231,6 +231,12 @@ class ControlOps(Store):
                     for k in range(i, j):
                         if states[k] == SLOT_WAITING or states[k] == SLOT_READY:
                             self._drop_prio(q, seg.priorities[k])  # type: ignore[attr-defined]  # Moves
+                if seg.custom_ids is not None:  # their custom ids are free again
+                    customs = q.custom_ids
+                    for k in range(i, j):
+                        custom = seg.custom_ids[k]
+                        if custom is not None and customs.get(custom) == seg.first + k:
+                            del customs[custom]
                 if seg.groups is not None:  # grouped slots wait or are delayed: their groups shrink
                     groups, moved = seg.groups, self._group_moved  # type: ignore[attr-defined]  # ReadyIndex
                     for k in range(i, j):

@@ -171,7 +171,8 @@ class PullOps(Store):
                         if k or full:
                             taken += k
                             continue
-                    elif seg.low == seq or (code == SLOT_READY and -seg.priority(i) == key >> SEQ_BITS):
+                    elif seg.low == seq or (code == SLOT_READY and -seg.priority(i) == key >> SEQ_BITS
+                                            and seg.custom_id(i) is None):
                         if budget:
                             used += self._slot_bytes(seg, i, job_bytes_fixed)
                             if taken and used > budget:
@@ -179,9 +180,10 @@ class PullOps(Store):
                         self._lease_slot(q, seg, i, ttr_ms, session, jobs, tokens)
                         taken += 1
                         continue
-                    elif code != SLOT_WAITING:
+                    elif code != SLOT_WAITING and (code != SLOT_READY or seg.custom_id(i) is None):
                         heappop(ready)  # stale entry: the slot was leased, moved or let go
                         continue
+                    # else a slot with a custom id, leased as a job object (its wire id is that id)
                 job = self._materialize(seq, waiting_only=True)
             if (job is None or job.state != WAITING or job.group is not None or job.queue != name
                     or -job.priority != key >> SEQ_BITS):

@@ -9,7 +9,6 @@ from typing import Any
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.cluster.jobid import format_job_id
 
 from ._model import IDEMPOTENCY_WINDOW_MS, Job, Queue, due_key, ready_key, slot_like
 from ._commands import PushBatch, PushRun
@@ -72,26 +71,19 @@ class PushOps(IdempotencyWindow):
             else:
                 seq = self._key_seq(q.name, key)
                 if seq is not None:
-                    return self._wire_id_of_seq(seq)
+                    return self.wire_id_of_seq(seq)
         custom = options.get("customId")
         if custom is not None:
             seq = q.custom_ids.get(custom)
-            if seq is not None and seq in self.jobs:
+            if seq is not None and self._holds(seq):
                 return custom
         return None
 
     def _wire_id_of(self, job_id: str) -> str:
         """The wire id of the job Shoal's id ``job_id`` names (its custom id, if it has one)."""
         seq = int(job_id.rpartition("-")[2]) if "-" in job_id else 0
-        job = self.jobs.get(seq)
-        if job is not None and job.custom_id is not None:
-            return job.custom_id
-        return job_id
-
-    def _wire_id_of_seq(self, seq: int) -> str:
-        """The wire id of job ``seq`` of this partition (its custom id, if it has one)."""
-        job = self.jobs.get(seq)
-        return self._wire_id(job) if job is not None else format_job_id(self.partition, seq)
+        custom = self._custom_of(seq) if seq > 0 else None
+        return custom if custom is not None else job_id
 
     def _note_key(self, queue: str, key: str | None, seq: int, now: int) -> None:
         """Keep the idempotency key (if any) of an add that made job ``seq`` of ``queue``: in the
@@ -335,11 +327,11 @@ class PushOps(IdempotencyWindow):
         self._check_push(q, cmd)
         self._count(q, "PUSH")
         if cmd.keys() <= SLOT_PUSH_FIELDS and not (q.preset["ttl"] and q.opts["ttl"]):
-            if self._push_slot(q, cmd):
-                return {"id": f"{self.partition}-{self.seq}"}
-            job = self._new_job(q, cmd["data"], cmd)
-            self._slot_hint = job.seq  # the next such add to the queue may hold both as a segment
-            return {"id": f"{self.partition}-{job.seq}"}
+            if not self._push_slot(q, cmd):
+                # A job object; the next such add to the queue may hold both as a segment.
+                self._slot_hint = self._new_job(q, cmd["data"], cmd).seq
+            custom = cmd.get("customId")
+            return {"id": custom if custom is not None else f"{self.partition}-{self.seq}"}
         return {"id": self._wire_id(self._new_job(q, cmd["data"], cmd))}
 
     def _push_slot(self, q: Queue, cmd: dict[str, Any]) -> bool:
@@ -359,13 +351,19 @@ class PushOps(IdempotencyWindow):
         prio = (get("priority") or 0) if preset["priority"] else 0
         delay = (get("delay") or 0) if preset["delay"] else 0
         group = shared(get("group"))  # _check_push refused one where the queue's type has no groups
+        custom = get("customId")
         now = self.now_ms
         data = cmd["data"]
         self.seq = seq
+        # A slot with a priority or a custom id has a ready-heap entry of its own, a grouped one
+        # an entry in its group's heap: none is leased as part of a run.
+        own_entry = prio or group is not None or custom is not None
         self.segments.append(seg, data.packed if type(data) is Raw else data,
-                             SLOT_DELAYED if delay else SLOT_READY if prio or group is not None else SLOT_WAITING,
-                             prio, now, now + delay, shared(get("name")), group)
+                             SLOT_DELAYED if delay else SLOT_READY if own_entry else SLOT_WAITING,
+                             prio, now, now + delay, shared(get("name")), group, custom)
         name = q.name
+        if custom is not None:
+            q.custom_ids[custom] = seq
         self._note_key(name, get("idempotencyKey"), seq, now)
         q.totals["enqueued"] += 1
         events = self._events
@@ -384,7 +382,7 @@ class PushOps(IdempotencyWindow):
         if group is not None:
             self._group_moved(q, group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
             self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]  # ReadyIndex
-        elif prio:
+        elif own_entry:
             heapq.heappush(q.ready, ready_key(prio, seq))
         elif seg.low == seq:
             heapq.heappush(q.ready, seq)  # the segment's first waiting slot: its heap entry
@@ -425,13 +423,15 @@ class PushOps(IdempotencyWindow):
                 or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox
                 or not slot_like(job.to_tuple(stored=True))):
             return None
-        prio, group = job.priority, job.group
-        code = SLOT_DELAYED if job.state == DELAYED else SLOT_READY if prio or group is not None else SLOT_WAITING
+        prio, group, custom = job.priority, job.group, job.custom_id
+        code = (SLOT_DELAYED if job.state == DELAYED
+                else SLOT_READY if prio or group is not None or custom is not None else SLOT_WAITING)
         seg = Segment(seq, [job.data], q.name, job.created_ms, job.max_attempts, job.backoff_ms, job.ttr_ms,
                       [job.name] if job.name is not None else None, states=bytearray([code]),
                       priorities=[prio] if prio else None,
                       run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None,
-                      space=self.segments.space, groups=[group] if group is not None else None)
+                      space=self.segments.space, groups=[group] if group is not None else None,
+                      custom_ids=[custom] if custom is not None else None)
         del self.jobs[seq]
         self.segments.add(seg)
         return seg
@@ -523,7 +523,8 @@ class PushOps(IdempotencyWindow):
                 # are held so here too, each as that add would be.
                 if not self._push_slot(q, item):
                     self._slot_hint = new_job(q, item["data"], item).seq
-                ids.append(prefix + str(self.seq))
+                custom = item.get("customId")
+                ids.append(custom if custom is not None else prefix + str(self.seq))
                 continue
             job = new_job(q, item["data"], item)
             custom = job.custom_id
@@ -538,9 +539,10 @@ def shared(text: Any) -> Any:
 
 
 #: The fields of a PUSH whose job can be held as a segment's slot (``_push_slot``): what
-#: ``queue.add()`` sends with a priority, a delay, a name or a group (``waitMs`` is the dispatcher's).
+#: ``queue.add()`` sends with a priority, a delay, a name, a group or a custom id (``waitMs`` is the
+#: dispatcher's).
 SLOT_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "name", "priority", "delay",
-                              "group", "waitMs"})
+                              "group", "customId", "waitMs"})
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
 #: Job options kept in ``Job.meta`` (rare: no slot of their own).

@@ -32,7 +32,7 @@ class ReadOps(Store):
     def _op_GetJobByCustomId(self, cmd: dict[str, Any]) -> dict[str, Any]:
         q = self.queues.get(cmd["queue"])
         seq = q.custom_ids.get(cmd["customId"]) if q else None
-        job = self.jobs.get(seq) if seq is not None else None
+        job = self._peek(seq) if seq is not None else None
         return {"job": self.wire_job(job) if job else None}
 
     def _op_GetState(self, cmd: dict[str, Any]) -> dict[str, Any]:

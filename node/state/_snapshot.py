@@ -40,7 +40,7 @@ class _Run:
     reads them: each job's fields are taken as it comes (its tuple is not kept, so a long run
     leaves no trail of freed tuples between the objects the engine keeps), then one segment."""
 
-    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states", "groups")
+    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states", "groups", "custom_ids")
 
     def __init__(self, t: list[Any]) -> None:
         self.head = t  # kept whole: a run of one stays a job object
@@ -51,6 +51,7 @@ class _Run:
         self.run_ats: list[int] = []
         self.states = bytearray()
         self.groups: list[str | None] = []
+        self.custom_ids: list[str | None] = []
         self.add(t)
 
     def __len__(self) -> int:
@@ -68,8 +69,9 @@ class _Run:
         self.createds.append(t[8])
         self.run_ats.append(t[9])
         self.groups.append(t[15])
-        self.states.append(SLOT_DELAYED if t[4] == DELAYED else SLOT_READY if t[3] or t[15] is not None
-                           else SLOT_WAITING)
+        self.custom_ids.append(t[16])
+        self.states.append(SLOT_DELAYED if t[4] == DELAYED
+                           else SLOT_READY if t[3] or t[15] is not None or t[16] is not None else SLOT_WAITING)
 
     def segment(self, space: PayloadSpace) -> Segment:
         """The segment holding the run, its data in ``space`` (priorities and times kept only
@@ -82,7 +84,8 @@ class _Run:
                        priorities=priorities if any(priorities) else None,
                        createds=array("q", createds) if any(c != created for c in createds) else None,
                        run_ats=array("q", run_ats) if run_ats != createds else None, space=space,
-                       groups=self.groups if any(g is not None for g in self.groups) else None)
+                       groups=self.groups if any(g is not None for g in self.groups) else None,
+                       custom_ids=self.custom_ids if any(c is not None for c in self.custom_ids) else None)
 
 
 #: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group
@@ -196,6 +199,7 @@ class SnapshotOps(Store):
                 ints.clear()
             return ints.setdefault(value, value)
 
+        customs: dict[str, str] = {}
         # Runs of jobs a segment's slots can hold (what bulk pushes and runs of single adds leave)
         # come back as segments, as they were held before the snapshot, rather than one Job each.
         segments: list[Segment] = []
@@ -209,6 +213,8 @@ class SnapshotOps(Store):
             for i in _SHARED_INTS:
                 if i < len(t) and type(t[i]) is int and t[i] > 256:
                     t[i] = same_int(t[i])
+            if len(t) > 16 and type(t[16]) is str:  # a custom id: the queue's index keys by the same str
+                customs[t[16]] = t[16]
             if slot_like(t):
                 if run is not None and run.continues(t):
                     run.add(t)
@@ -258,6 +264,8 @@ class SnapshotOps(Store):
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
         for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
             q = eng.queues[name] = Queue(name, qtype, opts)
+            if customs:  # keys as the jobs hold them (one str per custom id), in their order
+                custom_ids = {customs.get(k, k): seq for k, seq in custom_ids.items()}
             q.paused, q.custom_ids, q.calls, q.totals, q.log_next = paused, custom_ids, calls, totals, log_next
             q.log = {lseq: (rec[0], rec[1], rec[2]) for lseq, rec in log.items()}
             # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
@@ -267,6 +275,7 @@ class SnapshotOps(Store):
                 q.limiter.load(limits[name])
             if name in turns:
                 q.group_tags = dict(turns[name])  # vtime restarts at 0: tags are kept relative to it
+        del customs
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
         eng.crons = crons
         if "flows" in extras:

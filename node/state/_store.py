@@ -131,9 +131,36 @@ class Store:
         queue of this partition that has one."""
         for q in self.queues.values():
             seq = q.custom_ids.get(custom_id)
-            if seq is not None and seq in self.jobs:
+            if seq is not None and self._holds(seq):
                 return seq
         return None
+
+    def _holds(self, seq: int) -> bool:
+        """True while job ``seq`` is held, as a job object or a segment's slot."""
+        return seq in self.jobs or (bool(self.segments) and self.segments.find(seq) is not None)
+
+    def _custom_of(self, seq: int) -> str | None:
+        """Job ``seq``'s custom id (a job object's, or a slot's), if it has one and is held."""
+        job = self.jobs.get(seq)
+        if job is not None:
+            return job.custom_id
+        seg = self.segments.find(seq) if self.segments.custom_ids else None
+        return seg.custom_id(seq - seg.first) if seg is not None else None
+
+    def wire_id_of_seq(self, seq: int) -> str:
+        """Job ``seq``'s id on the wire: its custom id if it has one, else Shoal's own id (also
+        for a job no longer held)."""
+        custom = self._custom_of(seq)
+        return custom if custom is not None else f"{self.partition}-{seq}"
+
+    def _peek(self, seq: int) -> Job | None:
+        """Job ``seq`` for a read: the object, or a detached copy of its slot (not stored)."""
+        job = self.jobs.get(seq)
+        if job is None and self.segments:
+            seg = self.segments.find(seq)
+            if seg is not None:
+                job = slot_job(seg, seq - seg.first, self.partition)
+        return job
 
     def disk_class(self, cmd: Command) -> bool:
         """True when every queue ``cmd`` writes to exists and is of the disk class (``durable:
@@ -195,14 +222,18 @@ class Store:
         groups = seg.groups
         waiting = plain
         i = states.find(SLOT_READY)
+        customs = seg.custom_ids
         while i >= 0:
             prio = seg.priority(i)
             group = groups[i] if groups is not None else None
+            seq = seg.first + i
+            if not prio and customs is not None and customs[i] is not None:
+                seq = q.custom_ids.get(customs[i], seq)  # the index's int: one object for both
             if group is None:
-                heapq.heappush(q.ready, ready_key(prio, seg.first + i))
+                heapq.heappush(q.ready, ready_key(prio, seq))
             else:
                 self._group_moved(q, group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
-                self._enqueue_group(q, group, ready_key(prio, seg.first + i))  # type: ignore[attr-defined]
+                self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]
             prio_counts[prio] = prio_counts.get(prio, 0) + 1
             waiting += 1
             i = states.find(SLOT_READY, i + 1)

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
 from shoal.node.payload_files import FileSpace, PayloadFiles
-from shoal.node.state import PartitionEngine, PushRun, SessionPull, Stored
+from shoal.node.state import PartitionEngine, PushRun, SessionPull, Stored, event_dicts
 from shoal.node.state._model import slot_job, slot_tuples
 from shoal.node.state._segments import SEGMENT_SLOTS_MAX
 
@@ -63,7 +63,7 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         self.reference = PartitionEngine(0)
         self.now = 1_000
         self.seqs: list[int] = []              # every job added
-        self.tokens: dict[int, str] = {}       # the latest token handed out per job
+        self.tokens: dict[str, str] = {}       # the latest token handed out per job, by its wire id
         for queue in QUEUES:
             self.both({"cmd": "CreateQueue", "queue": queue, "options": QUEUE_OPTIONS[queue]})
 
@@ -75,6 +75,12 @@ class SlotsVsPerJob(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.payloads.close()
         shutil.rmtree(self.payloads.root.parent, ignore_errors=True)
+
+    def seq_of(self, queue: str, job_id: str) -> int:
+        """The seq of the job ``job_id`` names: Shoal's own id, or a custom id of ``queue``."""
+        if job_id.startswith("0-"):
+            return int(job_id[2:])
+        return self.engine.queues[queue].custom_ids[job_id]
 
     def both(self, cmd: Any, ref_cmd: Any = None) -> Any:
         return apply_both(self.engine, self.reference, cmd, self.now, ref_cmd)
@@ -88,11 +94,13 @@ class SlotsVsPerJob(RuleBasedStateMachine):
     @rule(queue=st.sampled_from(QUEUES), prio=st.sampled_from([0, 0, 0, 1, 3, -2]),
           delay=st.sampled_from([0, 0, 0, 400, 1_500]), key=st.sampled_from([None, None, "k1", "k2", "k3"]),
           name=st.sampled_from([None, None, "mail"]), n=st.integers(1, 4),
-          group=st.sampled_from([None, None, "g1", "g2", "g3"]))
+          group=st.sampled_from([None, None, "g1", "g2", "g3"]),
+          custom=st.sampled_from([None, None, None, "c1", "c2"]))
     def add(self, queue: str, prio: int, delay: int, key: str | None, name: str | None, n: int,
-            group: str | None) -> None:
+            group: str | None, custom: str | None) -> None:
         """``n`` adds in a row (one entry's worth), as ``queue.add()`` sends them; with a group,
-        every other one in it."""
+        every other one in it; with a custom id, the last one (a repeat of one still held is a
+        duplicate)."""
         for i in range(n):
             cmd: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": raw_of([queue, len(self.seqs), i])}
             if prio or i % 2:
@@ -105,8 +113,10 @@ class SlotsVsPerJob(RuleBasedStateMachine):
                 cmd["name"] = name
             if group is not None and i % 2 == 0:
                 cmd["group"] = group
+            if custom is not None and i == n - 1:
+                cmd["customId"] = custom
             reply = self.both(cmd, {**cmd, "tag": None})
-            seq = int(reply["id"].split("-")[1])
+            seq = self.seq_of(queue, reply["id"])
             if seq not in self.seqs:
                 self.seqs.append(seq)
 
@@ -125,7 +135,8 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         for i in range(n):
             item: dict[str, Any] = {"data": raw_of(["bulk+", len(self.seqs), i])}
             for field, values in (("priority", [1, 4]), ("delay", [300, 900]), ("group", ["g1", "g2", "g3"]),
-                                  ("name", ["mail"]), ("idempotencyKey", ["k1", "k4"]), ("attempts", [3])):
+                                  ("name", ["mail"]), ("idempotencyKey", ["k1", "k4"]), ("attempts", [3]),
+                                  ("customId", ["c3", "c4"])):
                 if data.draw(st.integers(0, 3)) == 0:
                     item[field] = data.draw(st.sampled_from(values))
             items.append(item)
@@ -135,8 +146,9 @@ class SlotsVsPerJob(RuleBasedStateMachine):
         except CommandError:
             return
         for job_id in reply["ids"]:
-            if int(job_id[2:]) not in self.seqs:
-                self.seqs.append(int(job_id[2:]))
+            seq = self.seq_of(queue, job_id)
+            if seq not in self.seqs:
+                self.seqs.append(seq)
 
     @rule(queue=st.sampled_from(QUEUES), count=st.integers(1, 6), session=st.sampled_from([None, "s1"]),
           only=st.sampled_from([None, None, "g1", "g2", "ungrouped"]))
@@ -149,13 +161,31 @@ class SlotsVsPerJob(RuleBasedStateMachine):
             cmd["group"] = only
         reply = self.both(SessionPull(cmd, session, 0) if session else cmd)
         for job, token in zip(reply["jobs"], reply["tokens"]):
-            self.tokens[int(job["id"].split("-")[1])] = token
+            self.tokens[job["id"]] = token
+
+    @rule(queue=st.sampled_from(QUEUES), custom=st.sampled_from(["c1", "c2", "c3", "c4"]))
+    def read_custom(self, queue: str, custom: str) -> None:
+        """A job found by its custom id reads the same, whether it is a slot or a job object."""
+        self.both({"cmd": "GetJobByCustomId", "queue": queue, "customId": custom})
+        self.both({"cmd": "Locate", "id": custom})
+        self.attempt({"cmd": "GetJob", "id": custom})
+
+    @rule(queue=st.sampled_from(QUEUES), count=st.integers(1, 4))
+    def pull_published(self, queue: str, count: int) -> None:
+        """The job events a pull records name each job by its wire id (a custom id where it has one)."""
+        cmd = {"cmd": "PULLB", "queue": queue, "count": count}
+        got = self.engine.apply(cmd, self.now, events=True)
+        want = self.reference.apply(cmd, self.now, events=True)
+        assert unraw(got.result) == unraw(want.result)
+        assert event_dicts(0, got.events, self.engine) == event_dicts(0, want.events, self.reference)
+        for job, token in zip(got.result["jobs"], got.result["tokens"]):
+            self.tokens[job["id"]] = token
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), action=st.sampled_from(["ACK", "FAIL", "Release"]))
     def settle(self, data: st.DataObject, action: str) -> None:
-        seq = data.draw(st.sampled_from(sorted(self.tokens)))
-        self.attempt({"cmd": action, "id": f"0-{seq}", "token": self.tokens.pop(seq)})
+        job_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.attempt({"cmd": action, "id": job_id, "token": self.tokens.pop(job_id)})
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), prio=st.sampled_from([0, 2, 7]))
@@ -370,7 +400,8 @@ def test_one_string_per_group_and_name_however_many_jobs_hold_it() -> None:
 
 
 def test_a_restored_engine_holds_no_more_than_the_one_that_wrote_the_snapshot() -> None:
-    """Memory the Python allocator counts (tracemalloc): slots come back as slots."""
+    """Memory the Python allocator counts (tracemalloc): slots come back as slots, with their
+    groups and custom ids (one string each, shared with the queue's index)."""
     payload = b"x" * 1_000
     e = PartitionEngine(0)
     tracemalloc.start()
@@ -381,6 +412,10 @@ def test_a_restored_engine_holds_no_more_than_the_one_that_wrote_the_snapshot() 
                                    "priority": k % 7, "idempotencyKey": f"key-{k}"}
             if k % 2:
                 cmd["delay"] = 3_600_000
+            if k % 3 == 0:
+                cmd["group"] = f"tenant-{k % 40}"
+            if k % 5 == 0:
+                cmd["customId"] = f"order-{k:09d}"
             e.apply(cmd, 1_000 + k // 100)
         held = tracemalloc.get_traced_memory()[0] - before
         snapshot = e.snapshot()
