@@ -223,6 +223,9 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
     custom_ids = seg.custom_ids
     if custom_ids is not None:
         job.custom_id = custom_ids[i]
+    tags = seg.tags
+    if tags is not None:
+        job.tag = tags[i]
     code = seg.states[i]
     if code == SLOT_DELAYED:
         job.state = DELAYED
@@ -247,10 +250,11 @@ def slot_tuples(seg: Segment, i: int, j: int, partition: int) -> list[tuple[Any,
     first, queue, created = seg.first, seg.queue, seg.created_ms
     max_attempts, backoff_ms, ttr_ms = seg.max_attempts, seg.backoff_ms, seg.ttr_ms
     createds, run_ats, priorities, names, states = seg.createds, seg.run_ats, seg.priorities, seg.names, seg.states
-    groups, custom_ids = seg.groups, seg.custom_ids
+    groups, custom_ids, tags = seg.groups, seg.custom_ids, seg.tags
     if (createds is None and run_ats is None and priorities is None and names is None and groups is None
-            and custom_ids is None and states.count(SLOT_WAITING, i, j) == j - i):  # a bulk push's waiting run
-        tail = (WAITING, 0, max_attempts, backoff_ms, created, created, 0, ttr_ms, *_PLAIN_LEASE, None, None,
+            and custom_ids is None and tags is None
+            and states.count(SLOT_WAITING, i, j) == j - i):  # a bulk push's waiting run
+        tail = (WAITING, 0, max_attempts, backoff_ms, created, created, 0, ttr_ms, *_PLAIN_LEASE, None, None, None,
                 *_PLAIN_TAIL, None, None)
         return [(first + k, queue, data, 0, *tail) for k, data in zip(range(i, j), datas)]
     out = []
@@ -270,16 +274,17 @@ def slot_tuples(seg: Segment, i: int, j: int, partition: int) -> list[tuple[Any,
         out.append((first + k, queue, data, priorities[k] if priorities is not None else 0, state, attempts,
                     max_attempts, backoff_ms, made, run_ats[k] if run_ats is not None else made, 0, ttr_ms,
                     token, session, lease_deadline, groups[k] if groups is not None else None,
-                    custom_ids[k] if custom_ids is not None else None, None, None, None, 0, None, None, finished,
+                    custom_ids[k] if custom_ids is not None else None, tags[k] if tags is not None else None,
+                    None, None, 0, None, None, finished,
                     names[k] if names is not None else None, None))
     return out
 
 
 #: The fields of a job tuple (``Job.__slots__`` order) from ``token`` to ``lease_deadline_ms``
-#: and from ``tag`` to ``finished_ms`` as a plain push leaves them: nothing leased, tagged,
-#: finished or logged (``group`` and ``custom_id``, between them, may hold strings).
+#: and from ``result`` to ``finished_ms`` as a plain push leaves them: nothing leased, finished
+#: or logged (``group``, ``custom_id`` and ``tag``, between them, may hold strings).
 _PLAIN_LEASE = (None, None, 0)
-_PLAIN_TAIL = (None, None, None, 0, None, None, 0)
+_PLAIN_TAIL = (None, None, 0, None, None, 0)
 
 
 #: What a job's data is when a segment's slot can hold it: bytes (a restore's), or where the
@@ -290,10 +295,11 @@ _SLOT_DATA = (bytes, Stored)
 def slot_like(t: list[Any] | tuple[Any, ...]) -> bool:
     """True when job tuple ``t`` (:meth:`Job.to_tuple`) is what a segment's slot gives
     (:func:`slot_job`) for a job never attempted: waiting or delayed, no TTL, only a name, a
-    group and a custom id beside its data and times."""
+    group, a custom id and a tag beside its data and times."""
     return ((t[4] == WAITING or t[4] == DELAYED) and t[5] == 0 and t[10] == 0 and type(t[3]) is int
             and tuple(t[12:15]) == _PLAIN_LEASE and (t[15] is None or type(t[15]) is str)
-            and (t[16] is None or type(t[16]) is str) and tuple(t[17:24]) == _PLAIN_TAIL and type(t[20]) is int
+            and (t[16] is None or type(t[16]) is str) and (t[17] is None or type(t[17]) is str)
+            and tuple(t[18:24]) == _PLAIN_TAIL and type(t[20]) is int
             and (len(t) < 26 or t[25] is None)
             and type(t[2]) in _SLOT_DATA and (len(t) < 25 or t[24] is None or type(t[24]) is str))
 

@@ -172,7 +172,7 @@ class PullOps(Store):
                             taken += k
                             continue
                     elif seg.low == seq or (code == SLOT_READY and -seg.priority(i) == key >> SEQ_BITS
-                                            and seg.custom_id(i) is None):
+                                            and not seg.leased_as_job(i)):
                         if budget:
                             used += self._slot_bytes(seg, i, job_bytes_fixed)
                             if taken and used > budget:
@@ -180,10 +180,10 @@ class PullOps(Store):
                         self._lease_slot(q, seg, i, ttr_ms, session, jobs, tokens)
                         taken += 1
                         continue
-                    elif code != SLOT_WAITING and (code != SLOT_READY or seg.custom_id(i) is None):
+                    elif code != SLOT_WAITING and (code != SLOT_READY or not seg.leased_as_job(i)):
                         heappop(ready)  # stale entry: the slot was leased, moved or let go
                         continue
-                    # else a slot with a custom id, leased as a job object (its wire id is that id)
+                    # else a slot with a custom id or a tag, leased as a job object (the reply has them)
                 job = self._materialize(seq, waiting_only=True)
             if (job is None or job.state != WAITING or job.group is not None or job.queue != name
                     or -job.priority != key >> SEQ_BITS):

@@ -114,7 +114,7 @@ class PushOps(IdempotencyWindow):
             job.name = shared(get("name"))
             job.group = shared(get("group"))
             job.custom_id = custom = get("customId")
-            job.tag = get("tag")
+            job.tag = shared(get("tag"))
             if custom is not None:
                 q.custom_ids[custom] = seq
             meta = {k: options[k] for k in META_OPTIONS if options.get(k) is not None}
@@ -351,16 +351,16 @@ class PushOps(IdempotencyWindow):
         prio = (get("priority") or 0) if preset["priority"] else 0
         delay = (get("delay") or 0) if preset["delay"] else 0
         group = shared(get("group"))  # _check_push refused one where the queue's type has no groups
-        custom = get("customId")
+        custom, tag = get("customId"), shared(get("tag"))
         now = self.now_ms
         data = cmd["data"]
         self.seq = seq
-        # A slot with a priority or a custom id has a ready-heap entry of its own, a grouped one
-        # an entry in its group's heap: none is leased as part of a run.
-        own_entry = prio or group is not None or custom is not None
+        # A slot with a priority, a custom id or a tag has a ready-heap entry of its own, a
+        # grouped one an entry in its group's heap: none is leased as part of a run.
+        own_entry = prio or group is not None or custom is not None or tag is not None
         self.segments.append(seg, data.packed if type(data) is Raw else data,
                              SLOT_DELAYED if delay else SLOT_READY if own_entry else SLOT_WAITING,
-                             prio, now, now + delay, shared(get("name")), group, custom)
+                             prio, now, now + delay, shared(get("name")), group, custom, tag)
         name = q.name
         if custom is not None:
             q.custom_ids[custom] = seq
@@ -423,15 +423,15 @@ class PushOps(IdempotencyWindow):
                 or seq in self.flow_parents or seq in self.flow_children or seq in self.flow_outbox
                 or not slot_like(job.to_tuple(stored=True))):
             return None
-        prio, group, custom = job.priority, job.group, job.custom_id
-        code = (SLOT_DELAYED if job.state == DELAYED
-                else SLOT_READY if prio or group is not None or custom is not None else SLOT_WAITING)
+        prio, group, custom, tag = job.priority, job.group, job.custom_id, job.tag
+        code = (SLOT_DELAYED if job.state == DELAYED else SLOT_READY
+                if prio or group is not None or custom is not None or tag is not None else SLOT_WAITING)
         seg = Segment(seq, [job.data], q.name, job.created_ms, job.max_attempts, job.backoff_ms, job.ttr_ms,
                       [job.name] if job.name is not None else None, states=bytearray([code]),
                       priorities=[prio] if prio else None,
                       run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None,
                       space=self.segments.space, groups=[group] if group is not None else None,
-                      custom_ids=[custom] if custom is not None else None)
+                      custom_ids=[custom] if custom is not None else None, tags=[tag] if tag is not None else None)
         del self.jobs[seq]
         self.segments.add(seg)
         return seg
@@ -539,10 +539,10 @@ def shared(text: Any) -> Any:
 
 
 #: The fields of a PUSH whose job can be held as a segment's slot (``_push_slot``): what
-#: ``queue.add()`` sends with a priority, a delay, a name, a group or a custom id (``waitMs`` is the
-#: dispatcher's).
+#: ``queue.add()`` sends with a priority, a delay, a name, a group, a custom id or a tag (``waitMs``
+#: is the dispatcher's).
 SLOT_PUSH_FIELDS = frozenset({"cmd", "reqId", "queue", "data", "idempotencyKey", "name", "priority", "delay",
-                              "group", "customId", "waitMs"})
+                              "group", "customId", "tag", "waitMs"})
 #: ``_push_segment``'s plan mark for an item refused for capacity.
 _FULL = object()
 #: Job options kept in ``Job.meta`` (rare: no slot of their own).

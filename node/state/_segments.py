@@ -1,12 +1,12 @@
 """Plain jobs kept as slots of one record per run of adds until each is touched.
 
 A ``PUSHB`` whose items carry nothing but ``data`` (the bulk-ingest case), and single
-PUSHes to one queue that carry at most a priority, a delay, a name, a group, a custom id and an
-idempotency key (what ``queue.add()`` sends), would otherwise build one :class:`~._model.Job` object and one
+PUSHes to one queue that carry at most a priority, a delay, a name, a group, a custom id, a tag
+and an idempotency key (what ``queue.add()`` sends), would otherwise build one :class:`~._model.Job` object and one
 dict slot per job on every replica. A :class:`Segment` holds consecutive such jobs as a list
 of data bytes plus the few fields its jobs share (queue and the queue's defaults at push
 time) and, only where its jobs differ, their priorities, creation and run-at times in packed
-arrays and their groups and custom ids in lists. The engine turns a segment's job into a real ``Job``
+arrays and their groups, custom ids and tags in lists. The engine turns a segment's job into a real ``Job``
 ("materializes" it) the first time anything needs it as one: a pull reaching it out of its
 segment's order, a command naming its id. Until then it is waiting (or delayed), exactly as
 if it had been pushed on its own.
@@ -131,9 +131,9 @@ class Segment:
     ``inline[i]``. ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's
     value differs from the common one (priority 0, ``created_ms``, its creation time),
     ``groups`` only once some slot's job has a group (a grouped waiting slot is ``SLOT_READY``:
-    its heap entry is in its group's heap, never the queue's ready heap), and ``custom_ids``
-    only once one has a custom id (such a slot is ``SLOT_READY`` too, and a pull makes it a job
-    object before leasing it). A
+    its heap entry is in its group's heap, never the queue's ready heap), and ``custom_ids`` and
+    ``tags`` only once one has a custom id or a tag (such a slot is ``SLOT_READY`` too, and a
+    pull makes it a job object before leasing it). A
     leased slot keeps its lease number, deadline and session, a completed one its finish time;
     those four lists exist only once the segment's first job is leased. Waiting slots are
     leased in place (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
@@ -141,13 +141,14 @@ class Segment:
 
     __slots__ = ("first", "space", "base", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
                  "ttr_ms", "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished",
-                 "names", "priorities", "createds", "run_ats", "groups", "custom_ids")
+                 "names", "priorities", "createds", "run_ats", "groups", "custom_ids", "tags")
 
     def __init__(self, first: int, datas: list[Any], queue: str, created_ms: int,
                  max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None,
                  states: bytearray | None = None, priorities: list[int] | None = None,
                  createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace,
-                 groups: list[str | None] | None = None, custom_ids: list[str | None] | None = None) -> None:
+                 groups: list[str | None] | None = None, custom_ids: list[str | None] | None = None,
+                 tags: list[str | None] | None = None) -> None:
         self.first = first
         self.space = space
         self.base = 0
@@ -166,6 +167,7 @@ class Segment:
         self.run_ats = run_ats
         self.groups = groups       # per slot its job's group, or None when none has one
         self.custom_ids = custom_ids  # per slot its job's custom id, or None when none has one
+        self.tags = tags           # per slot its job's tag, or None when none has one
         n = len(datas)
         self.states = bytearray([SLOT_WAITING]) * n if states is None else states
         self.left = self.states.count(SLOT_WAITING) if states is not None else n   # SLOT_WAITING slots
@@ -318,6 +320,12 @@ class Segment:
         """Slot ``i``'s custom id (its job's id on the wire), if it has one."""
         return self.custom_ids[i] if self.custom_ids is not None else None
 
+    def leased_as_job(self, i: int) -> bool:
+        """True when slot ``i``'s job has a custom id or a tag: a pull makes it a job object,
+        whose reply carries them, instead of leasing it in place."""
+        return ((self.custom_ids is not None and self.custom_ids[i] is not None)
+                or (self.tags is not None and self.tags[i] is not None))
+
     def created(self, i: int) -> int:
         return self.createds[i] if self.createds is not None else self.created_ms
 
@@ -325,9 +333,13 @@ class Segment:
         return self.run_ats[i] if self.run_ats is not None else self.created(i)
 
     def append(self, data: bytes, code: int, priority: int, created: int, run_at: int, name: str | None,
-               group: str | None = None, custom_id: str | None = None) -> None:
+               group: str | None = None, custom_id: str | None = None, tag: str | None = None) -> None:
         """One more slot, the job ``end`` (see :meth:`SegmentStore.append`)."""
         n = len(self.states)
+        if tag is not None and self.tags is None:
+            self.tags = [None] * n
+        if self.tags is not None:
+            self.tags.append(tag)
         if group is not None and self.groups is None:
             self.groups = [None] * n
         if self.groups is not None:
@@ -396,6 +408,8 @@ class Segment:
             self.groups.extend([None] * k)
         if self.custom_ids is not None:
             self.custom_ids.extend([None] * k)
+        if self.tags is not None:
+            self.tags.extend([None] * k)
         if self.lease_nos:
             self.lease_nos.extend([0] * k)
             self.deadlines.extend([0] * k)
@@ -485,11 +499,12 @@ class SegmentStore:
         return self._by_first[self._firsts[-1]] if self._firsts else None
 
     def append(self, segment: Segment, data: bytes, code: int, priority: int, created: int, run_at: int,
-               name: str | None, group: str | None = None, custom_id: str | None = None) -> None:
+               name: str | None, group: str | None = None, custom_id: str | None = None,
+               tag: str | None = None) -> None:
         """Job ``segment.end`` as one more slot of ``segment``, the last segment (seqs stay disjoint)."""
         if custom_id is not None:
             self.custom_ids = True
-        segment.append(data, code, priority, created, run_at, name, group, custom_id)
+        segment.append(data, code, priority, created, run_at, name, group, custom_id, tag)
         self.jobs += 1
 
     def extend(self, segment: Segment, datas: list[Any], created: int, names: list[str | None] | None) -> None:

@@ -40,7 +40,8 @@ class _Run:
     reads them: each job's fields are taken as it comes (its tuple is not kept, so a long run
     leaves no trail of freed tuples between the objects the engine keeps), then one segment."""
 
-    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states", "groups", "custom_ids")
+    __slots__ = ("head", "datas", "names", "priorities", "createds", "run_ats", "states", "groups", "custom_ids",
+                 "tags")
 
     def __init__(self, t: list[Any]) -> None:
         self.head = t  # kept whole: a run of one stays a job object
@@ -52,6 +53,7 @@ class _Run:
         self.states = bytearray()
         self.groups: list[str | None] = []
         self.custom_ids: list[str | None] = []
+        self.tags: list[str | None] = []
         self.add(t)
 
     def __len__(self) -> int:
@@ -70,8 +72,10 @@ class _Run:
         self.run_ats.append(t[9])
         self.groups.append(t[15])
         self.custom_ids.append(t[16])
+        self.tags.append(t[17])
         self.states.append(SLOT_DELAYED if t[4] == DELAYED
-                           else SLOT_READY if t[3] or t[15] is not None or t[16] is not None else SLOT_WAITING)
+                           else SLOT_READY if t[3] or t[15] is not None or t[16] is not None or t[17] is not None
+                           else SLOT_WAITING)
 
     def segment(self, space: PayloadSpace) -> Segment:
         """The segment holding the run, its data in ``space`` (priorities and times kept only
@@ -85,7 +89,8 @@ class _Run:
                        createds=array("q", createds) if any(c != created for c in createds) else None,
                        run_ats=array("q", run_ats) if run_ats != createds else None, space=space,
                        groups=self.groups if any(g is not None for g in self.groups) else None,
-                       custom_ids=self.custom_ids if any(c is not None for c in self.custom_ids) else None)
+                       custom_ids=self.custom_ids if any(c is not None for c in self.custom_ids) else None,
+                       tags=self.tags if any(g is not None for g in self.tags) else None)
 
 
 #: A group's tag is written relative to its queue's virtual time; a lag beyond this (a group

@@ -265,13 +265,13 @@ def test_payload_files_of_an_earlier_run_are_removed(tmp_path: Path) -> None:
 
 
 def test_job_objects_keep_their_data_in_the_space_until_removed_or_replaced(tmp_path: Path) -> None:
-    """Tagged jobs and jobs with their own attempts (job objects), a slot made a job object, new
-    data, removals."""
+    """Jobs with their own backoff or attempts (job objects), a slot made a job object, new data,
+    removals."""
     payloads = PayloadFiles(tmp_path / "payloads")
     space = payloads.new()
     engine = PartitionEngine(0, space)
     pushes: list[dict[str, Any]] = [
-        {"cmd": "PUSH", "queue": "q", "data": raw_of("grouped"), "tag": "t"},
+        {"cmd": "PUSH", "queue": "q", "data": raw_of("grouped"), "backoff": 5},
         {"cmd": "PUSH", "queue": "q", "data": raw_of("custom"), "attempts": 3},
         {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of(f"bulk-{i}")} for i in range(5)]},
     ]

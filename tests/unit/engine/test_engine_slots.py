@@ -1,11 +1,13 @@
 """Single adds held as segment slots behave exactly like the job objects they stand for.
 
-``queue.add()`` sends a PUSH with a priority, a delay, a name and an idempotency key; the
-engine holds such jobs as slots of the partition's last segment (waiting, prioritized or
-delayed) instead of one ``Job`` object each. Two engines get the same commands, except that
-the reference's PUSHes carry ``tag: None``, which keeps them on the per-job path: every reply
-and every snapshot (``digest``) must stay equal after every step, through pulls, acks, fails,
-priority changes, promotions, delays coming due, drains and restores.
+``queue.add()`` sends a PUSH with a priority, a delay, a name, a group, a custom id, a tag and
+an idempotency key; the engine holds such jobs (and PUSHB items like them) as slots of the
+partition's last segment (waiting, prioritized, grouped or delayed) instead of one ``Job``
+object each. Two engines get the same commands, except that the reference's adds carry
+``ttr: None``, which keeps them on the per-job path: every reply and every snapshot (``digest``)
+must stay equal after every step, through pulls (of the queue's turns, of one group, of jobs
+without one), acks, fails, priority changes, promotions, delays coming due, drains and restores,
+and so must each group's size and turn and the events' job ids.
 """
 
 from __future__ import annotations
@@ -95,12 +97,12 @@ class SlotsVsPerJob(RuleBasedStateMachine):
           delay=st.sampled_from([0, 0, 0, 400, 1_500]), key=st.sampled_from([None, None, "k1", "k2", "k3"]),
           name=st.sampled_from([None, None, "mail"]), n=st.integers(1, 4),
           group=st.sampled_from([None, None, "g1", "g2", "g3"]),
-          custom=st.sampled_from([None, None, None, "c1", "c2"]))
+          custom=st.sampled_from([None, None, None, "c1", "c2"]), tag=st.sampled_from([None, None, "t1"]))
     def add(self, queue: str, prio: int, delay: int, key: str | None, name: str | None, n: int,
-            group: str | None, custom: str | None) -> None:
+            group: str | None, custom: str | None, tag: str | None) -> None:
         """``n`` adds in a row (one entry's worth), as ``queue.add()`` sends them; with a group,
         every other one in it; with a custom id, the last one (a repeat of one still held is a
-        duplicate)."""
+        duplicate); with a tag, the first one."""
         for i in range(n):
             cmd: dict[str, Any] = {"cmd": "PUSH", "queue": queue, "data": raw_of([queue, len(self.seqs), i])}
             if prio or i % 2:
@@ -115,7 +117,9 @@ class SlotsVsPerJob(RuleBasedStateMachine):
                 cmd["group"] = group
             if custom is not None and i == n - 1:
                 cmd["customId"] = custom
-            reply = self.both(cmd, {**cmd, "tag": None})
+            if tag is not None and i == 0:
+                cmd["tag"] = tag
+            reply = self.both(cmd, {**cmd, "ttr": None})
             seq = self.seq_of(queue, reply["id"])
             if seq not in self.seqs:
                 self.seqs.append(seq)
@@ -136,13 +140,13 @@ class SlotsVsPerJob(RuleBasedStateMachine):
             item: dict[str, Any] = {"data": raw_of(["bulk+", len(self.seqs), i])}
             for field, values in (("priority", [1, 4]), ("delay", [300, 900]), ("group", ["g1", "g2", "g3"]),
                                   ("name", ["mail"]), ("idempotencyKey", ["k1", "k4"]), ("attempts", [3]),
-                                  ("customId", ["c3", "c4"])):
+                                  ("customId", ["c3", "c4"]), ("tag", ["t2"])):
                 if data.draw(st.integers(0, 3)) == 0:
                     item[field] = data.draw(st.sampled_from(values))
             items.append(item)
         try:
             reply = self.both({"cmd": "PUSHB", "queue": queue, "jobs": items},
-                              {"cmd": "PUSHB", "queue": queue, "jobs": [dict(it, tag=None) for it in items]})
+                              {"cmd": "PUSHB", "queue": queue, "jobs": [dict(it, ttr=None) for it in items]})
         except CommandError:
             return
         for job_id in reply["ids"]:
@@ -434,7 +438,7 @@ def test_promote_jobs_takes_the_same_jobs_on_a_replica_restored_from_a_snapshot(
     does not have; ``PromoteJobs`` with a count must not let it decide which job comes first."""
     live = PartitionEngine(0)
     for k in range(2):
-        live.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(k), "delay": 400, "tag": None}, 1_000)
+        live.apply({"cmd": "PUSH", "queue": "q", "data": raw_of(k), "delay": 400, "ttr": None}, 1_000)
     live.apply({"cmd": "MoveToDelayed", "id": "0-1", "delay": 700}, 1_000)
     restored = PartitionEngine.restore(live.snapshot())
     for engine in (live, restored):
