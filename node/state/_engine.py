@@ -132,14 +132,8 @@ def event_dicts(partition: int, events: Sequence[Event], engine: "PartitionEngin
     """``events`` of ``partition`` in the form the node publishes to subscribers; with the
     partition's ``engine``, a job with a custom id is named by it (its id on the wire)."""
     out = []
-    jobs = engine.jobs if engine is not None else {}
-    slots = engine is not None and engine.segments.custom_ids  # a slot may have a custom id
     for queue, seq, state, prev in events:
-        job = jobs.get(seq)
-        if job is not None or not slots:
-            job_id = job.custom_id if job is not None and job.custom_id is not None else f"{partition}-{seq}"
-        else:
-            job_id = engine.wire_id_of_seq(seq)  # type: ignore[union-attr]  # slots: an engine's
+        job_id = engine.wire_id_of_seq(seq) if engine is not None else f"{partition}-{seq}"
         if state == "progress":
             out.append({"event": "progress", "queue": queue, "id": job_id, "progress": prev, "partition": partition})
         else:

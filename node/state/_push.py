@@ -327,12 +327,17 @@ class PushOps(IdempotencyWindow):
         self._check_push(q, cmd)
         self._count(q, "PUSH")
         if cmd.keys() <= SLOT_PUSH_FIELDS and not (q.preset["ttl"] and q.opts["ttl"]):
-            if not self._push_slot(q, cmd):
-                # A job object; the next such add to the queue may hold both as a segment.
-                self._slot_hint = self._new_job(q, cmd["data"], cmd).seq
-            custom = cmd.get("customId")
-            return {"id": custom if custom is not None else f"{self.partition}-{self.seq}"}
+            return {"id": self._add_slot_like(q, cmd)}
         return {"id": self._wire_id(self._new_job(q, cmd["data"], cmd))}
+
+    def _add_slot_like(self, q: Queue, cmd: dict[str, Any]) -> str:
+        """Add ``cmd``'s job (checked, fields within :data:`SLOT_PUSH_FIELDS`, no TTL) as a slot
+        (:meth:`_push_slot`), else as a job object the next such add may hold with it in a new
+        segment; return its wire id."""
+        if not self._push_slot(q, cmd):
+            self._slot_hint = self._new_job(q, cmd["data"], cmd).seq
+        custom = cmd.get("customId")
+        return custom if custom is not None else f"{self.partition}-{self.seq}"
 
     def _push_slot(self, q: Queue, cmd: dict[str, Any]) -> bool:
         """Add ``cmd``'s job (checked, fields within :data:`SLOT_PUSH_FIELDS`) as the next slot of
@@ -519,12 +524,7 @@ class PushOps(IdempotencyWindow):
                 ids.append(self._wire_id(job))
                 continue
             if slots and item.keys() <= SLOT_PUSH_FIELDS:
-                # Items a single add could hold as a slot (a priority, a delay, a group, a name)
-                # are held so here too, each as that add would be.
-                if not self._push_slot(q, item):
-                    self._slot_hint = new_job(q, item["data"], item).seq
-                custom = item.get("customId")
-                ids.append(custom if custom is not None else prefix + str(self.seq))
+                ids.append(self._add_slot_like(q, item))  # held as a single add with the same fields
                 continue
             job = new_job(q, item["data"], item)
             custom = job.custom_id
