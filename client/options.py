@@ -15,7 +15,7 @@ from dataclasses import dataclass
 __all__ = ["ConnectionOptions", "RetryPolicy", "NODE_IN_FLIGHT_MAX"]
 
 #: Commands a node runs at once per v2 connection (``inflight_per_connection``); more wait in its backlog.
-NODE_IN_FLIGHT_MAX = 50
+NODE_IN_FLIGHT_MAX = 100
 _POOL_SIZE_MAX = 256
 _IN_FLIGHT_MAX = 100_000
 

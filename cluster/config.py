@@ -14,7 +14,7 @@ the same way. The file::
     tokens = []                 # client auth tokens; empty = no auth
     session_grace_ms = 0
     frame_bytes_max = 67108864
-    inflight_per_connection = 50
+    inflight_per_connection = 100
     data_dir = ".shoal"         # node data goes under data_dir/<node id> unless set per node
     dashboard_read_only = false # the web dashboard hides its actions and the API refuses them
 
@@ -145,7 +145,7 @@ class ClusterConfig:
     tokens: tuple[str, ...] = ()
     session_grace_ms: int = 0
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
-    inflight_per_connection: int = 50
+    inflight_per_connection: int = 100
     data_dir: str = ".shoal"
     node_id: str | None = None
     listen: str | None = None
@@ -424,7 +424,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         tokens=tokens,
         session_grace_ms=_int_env(env, "SHOAL_SESSION_GRACE_MS", int(c.get("session_grace_ms", 0))),
         frame_bytes_max=_int_env(env, "SHOAL_FRAME_BYTES_MAX", int(c.get("frame_bytes_max", FRAME_BYTES_MAX_DEFAULT))),
-        inflight_per_connection=int(c.get("inflight_per_connection", 50)),
+        inflight_per_connection=int(c.get("inflight_per_connection", 100)),
         data_dir=str(c.get("data_dir", ".shoal")),
         node_id=me,
         listen=env.get("SHOAL_LISTEN") or None,

@@ -206,11 +206,11 @@ def test_in_flight_is_capped_locally_below_the_nodes_limit() -> None:
     async def main() -> None:
         node = await ScriptedNode().start()  # never answers GetJob
         conn = Connection(node.address, ConnectionOptions(ping_interval=0, max_command_timeouts=0))
-        calls = [asyncio.ensure_future(conn.call({"cmd": "GetJob", "id": f"0-{i}"}, 0.5)) for i in range(80)]
-        # the 50th node slot stays free for pings
-        await eventually_async(lambda: conn.in_flight == 49, "49 commands in flight", 2, poll_s=0.01)
+        calls = [asyncio.ensure_future(conn.call({"cmd": "GetJob", "id": f"0-{i}"}, 0.5)) for i in range(130)]
+        # the 100th node slot stays free for pings
+        await eventually_async(lambda: conn.in_flight == 99, "99 commands in flight", 2, poll_s=0.01)
         await asyncio.sleep(0.05)
-        assert conn.in_flight == 49  # and no more
+        assert conn.in_flight == 99  # and no more
         await asyncio.gather(*calls, return_exceptions=True)
         await conn.close()
         await node.stop()
