@@ -17,7 +17,9 @@ its bytes still referenced are copied into a smaller file, and reads of that fil
 go through a map of the copied ranges. Offsets never change, so the engine is not told. A
 file is compacted once at least half of it, and at least a quarter of a file's size, is
 released, one file at a time; so each byte is copied at most twice and every copy frees at
-least as many bytes as it writes (:meth:`FileSpace.collect`). The copying is done in steps
+least as many bytes as it writes (:meth:`FileSpace.collect`). A file that consumers are
+emptying at a pace that frees it soon is left alone: copying jobs about to go would double
+the disk writes of every queue drained in order. The copying is done in steps
 of :data:`COMPACT_STEP_BYTES` (:meth:`FileSpace.compact`) the node spreads over its timer.
 
 A write that fails (the disk full, say) keeps the bytes in memory instead, so an applied
@@ -56,6 +58,10 @@ BUFFER_BYTES = 256 << 10
 READ_AHEAD_BYTES = 64 << 10
 #: Bytes read or written at once while a file is compacted.
 COPY_BYTES = 1 << 20
+#: A file whose releases since the last :meth:`FileSpace.collect` would, at that pace, free the
+#: rest of it within this many collections is being drained (a queue consumed in order) and is
+#: left to empty rather than copied.
+DRAINING_COLLECTS = 8
 #: Bytes one :meth:`FileSpace.compact` call copies: a compaction is spread over calls so that
 #: none holds the event loop for long (a few ms for 1 MiB of small jobs).
 COMPACT_STEP_BYTES = 1 << 20
@@ -226,8 +232,9 @@ class FileSpace:
         It picks the file with the most released bytes, if they are at least half of the file
         and a quarter of :attr:`file_bytes`: so a compacted file is at most half a file, is
         compacted again only while it is at least a quarter, and no byte is copied more than
-        twice. The copying is done by :meth:`compact`; reads go to the file being compacted
-        until the copy is whole."""
+        twice. A file whose releases since the previous call would empty it within
+        :data:`DRAINING_COLLECTS` calls is passed over. The copying is done by :meth:`compact`;
+        reads go to the file being compacted until the copy is whole."""
         dead, self._dying, self._dead = self._dying, self._dead, set()
         for n in dead:
             self._remove_file(n)
@@ -339,7 +346,10 @@ class FileSpace:
             if released > most and 2 * released >= disk:
                 fresh = self._fresh.get(n)
                 if fresh is not None:  # still readable, so copied: they do not count
-                    released -= sum(fresh[1::2]) - sum(fresh[::2])
+                    freed = sum(fresh[1::2]) - sum(fresh[::2])
+                    if live <= DRAINING_COLLECTS * freed:
+                        continue  # consumers are emptying it: its jobs go soon, without a copy
+                    released -= freed
                 if released > most and 2 * released >= disk:
                     best, most = n, released
         if best < 0 or self._overlaps_unwritten(best):

@@ -158,6 +158,24 @@ def test_a_mostly_released_file_is_compacted_and_its_bytes_read_through_the_map(
         space.read(1100, 1200)            # the map knows what was dropped
 
 
+def test_a_file_consumers_are_emptying_is_left_to_empty_and_compacted_once_they_stop(tmp_path: Path) -> None:
+    """A queue drained in order releases its oldest file from the front: copying the rest would
+    write every job twice. Once the releases stop short of the end, the stragglers are copied."""
+    space = FileSpace(tmp_path / "s", file_bytes=1000, buffer_bytes=1, read_ahead=400)
+    for k in range(20):
+        space.append(bytes([k]) * 100)    # files 0 and 1: ten jobs each
+    _collect(space)
+    for k in range(8):                    # one job of file 0 per collection: 2 left after 8
+        space.release(k * 100, k * 100 + 100)
+        _collect(space)
+        assert _files(space) == {"00000000.pay", "00000001.pay"}, k
+        assert space.stats()["copiedBytes"] == 0
+    _collect(space)                       # no release since the last: jobs 8 and 9 are copied
+    assert _files(space) == {"00000000.1.pay", "00000001.pay"}
+    assert space.stats()["copiedBytes"] == 200
+    assert space.read(800, 1000) == bytes([8]) * 100 + bytes([9]) * 100
+
+
 def test_a_read_ahead_stops_at_the_end_of_its_file(tmp_path: Path) -> None:
     """A job at the end of a file whose successor is all released and deleted still reads."""
     space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1, read_ahead=500)
