@@ -35,7 +35,7 @@ from . import _fields as F
 from . import flow as _flow
 from . import limits as L
 from ._fields import JOB_STATES, QUEUE_TYPES, Checker
-from .codec import Raw
+from .codec import Raw, item_fields
 from .errors import CommandError, ErrorCode
 from .jobid import parse_job_id
 
@@ -565,6 +565,8 @@ _UNSUPPORTED_JOB = {
 
 #: A PUSHB item with only these keys is in the schema's names already.
 _PLAIN_JOB_KEYS = frozenset({"data", "name", "idempotencyKey"})
+#: A PUSHB whose items hold only these keys needs no renaming at all (no key that may be nil).
+_UNNAMED_JOB_KEYS = frozenset({"data", "name"})
 
 
 def _normalize_job(where: str, job: dict[str, Any]) -> None:
@@ -652,7 +654,8 @@ def normalize(frame: dict[str, Any]) -> dict[str, Any]:
             _repeat_as_cron(frame, repeat)
     elif cmd == "PUSHB":
         jobs = frame.get("jobs")
-        if type(jobs) is list:
+        # (items with data and names only, the bulk add and bunqueue's addBulk, seen in C)
+        if type(jobs) is list and not ((fields := item_fields(jobs)) is not None and fields <= _UNNAMED_JOB_KEYS):
             for i, job in enumerate(jobs):
                 # Only data, a name and a key (what bunqueue's addBulk and a forwarding node send):
                 # nothing to rename.

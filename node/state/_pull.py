@@ -309,14 +309,21 @@ class PullOps(Store):
         if budget:
             fixed = JOB_WIRE_BYTES_OVERHEAD + 4 * len(q.name)
             names, data_len = seg.names, seg.data_len
-            for j in range(i, end):
-                size = data_len(j) + fixed
-                if names is not None and names[j] is not None:
-                    size += 8 * len(names[j])  # type: ignore[arg-type]  # as wire_bytes_max counts it
-                if used + size > budget and (any_taken or j > i):
-                    end, full = j, True
-                    break
-                used += size
+            # the whole run at once when it fits (the usual case: a frame's bound is megabytes)
+            run_bytes = seg.data_bytes(i, end) + fixed * (end - i)
+            if names is not None:
+                run_bytes += 8 * sum(map(len, filter(None, names[i:end])))
+            if used + run_bytes <= budget:
+                used += run_bytes
+            else:
+                for j in range(i, end):
+                    size = data_len(j) + fixed
+                    if names is not None and names[j] is not None:
+                        size += 8 * len(names[j])  # type: ignore[arg-type]  # as wire_bytes_max counts it
+                    if used + size > budget and (any_taken or j > i):
+                        end, full = j, True
+                        break
+                    used += size
         k = end - i
         if not k:
             return 0, full, used
@@ -362,9 +369,11 @@ class PullOps(Store):
                     if job_name is not None:
                         job["name"] = job_name
             if seg.createds is not None or seg.run_ats is not None:  # single adds: their own times
-                for j, job in enumerate(wire, i):
-                    job["createdAt"] = float(seg.created(j))
-                    job["runAt"] = float(seg.run_at(j))
+                createds = seg.createds[i:end] if seg.createds is not None else [seg.created_ms] * k
+                run_ats = seg.run_ats[i:end] if seg.run_ats is not None else createds
+                for job, created, run_at in zip(wire, map(float, createds), map(float, run_ats)):
+                    job["createdAt"] = created
+                    job["runAt"] = run_at
             jobs.extend(wire)
         return k, full, used
 

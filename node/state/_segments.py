@@ -288,6 +288,12 @@ class Segment:
         cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
         return list(map(blob.__getitem__, map(slice, cuts, cuts[1:])))
 
+    def data_bytes(self, i: int, j: int) -> int:
+        """Bytes of the data of slots ``i .. j-1``."""
+        if self.inline is not None:
+            return sum(map(len, self.inline[i:j]))  # type: ignore[arg-type]
+        return sum(self.lens[i:j])  # type: ignore[index]
+
     def data_len(self, i: int) -> int:
         """Bytes of slot ``i``'s data."""
         return len(self.inline[i]) if self.inline is not None else self.lens[i]  # type: ignore[index]

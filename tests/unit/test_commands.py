@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from _strategies import PUBLIC_COMMANDS, any_request, msgpack_values, request
 from shoal.cluster import limits as L
-from shoal.cluster.codec import Raw, raw_of
+from shoal.cluster.codec import Raw, item_fields, raw_of
 from shoal.cluster.commands import (
     COMMANDS, INTERNAL_COMMANDS, NODE_COMMANDS, READ_COMMANDS, WRITE_COMMANDS, CommandSpec, route_key,
     normalize, routing_of, validate,
@@ -241,6 +241,28 @@ def test_data_size_raw_at_bound_and_one_past() -> None:
     assert str(L.data_bytes_max) in str(err)
     invalid({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": _raw_of_size(L.data_bytes_max + 1)}]}, "jobs[0].data")
     invalid({"cmd": "ACK", "id": "1-1", "result": _raw_of_size(L.data_bytes_max + 1)}, "result")
+
+
+def test_a_bulk_add_of_plain_items_refuses_what_the_item_checks_do() -> None:
+    small = {"data": Raw(b"\x01")}
+    frame = normalize({"cmd": "PUSHB", "queue": "q", "jobs": [dict(small) for _ in range(5)]})
+    validate(frame)
+    invalid({"cmd": "PUSHB", "queue": "q", "jobs": [*[dict(small) for _ in range(5)],
+                                                    {"data": _raw_of_size(L.data_bytes_max + 1)}]}, "jobs[5].data")
+    invalid({"cmd": "PUSHB", "queue": "q", "jobs": [dict(small), {}]}, "jobs[1].data")
+    invalid({"cmd": "PUSHB", "queue": "q", "jobs": [dict(small), ["data"]]}, "jobs[1]")
+
+
+_ITEMS = st.lists(st.one_of(
+    st.builds(lambda n: {"data": Raw(b"\x01" * n)}, st.integers(0, 40)),
+    st.just({}), st.just({"data": b"\x01"}), st.just({"data": Raw(b"\x01"), "name": "n"}),
+    st.just({"name": "n"}), st.just(["data"]), st.just("data"), st.just(7)), max_size=8)
+
+
+@given(_ITEMS)
+def test_item_fields_says_what_a_look_at_each_item_says(jobs: list[Any]) -> None:
+    dicts = all(type(j) is dict for j in jobs)
+    assert item_fields(jobs) == (set().union(*jobs) if dicts else None)
 
 
 def test_data_size_decoded_value_at_bound_and_one_past() -> None:
