@@ -10,7 +10,8 @@ process CPU time (``time.process_time``), not wall time. Both engines use this t
 ``shoal.cluster``. The workloads are ``bench_engine.py``'s: PUSH, PULL+ACK, PUSHB (100 per
 batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); adds
 with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end); and
-adds with a priority, a delay and a name (what ``queue.add()`` sends), then pulled and acked.
+adds with a priority, a delay and a name (what ``queue.add()`` sends), then pulled and acked;
+and ``addBulk`` items with a priority, a group, a tag and a custom id, pulled and acked in batches.
 """
 
 from __future__ import annotations
@@ -67,15 +68,23 @@ def batches(engine: Any, n: int = 100_000, size: int = 100) -> dict[str, float]:
     for _ in range(n // size):
         engine.apply(batch, NOW)
     push_s = clock() - t
+    return {"PUSHB": push_s / n, "PULLB+ACKB": drain(engine, "q", n, size)}
+
+
+def drain(engine: Any, queue: str, n: int, size: int) -> float:
+    """CPU seconds per job of taking up to ``n`` jobs of ``queue``, ``size`` per PULLB, each
+    batch acked by one ACKB (bounded: every round takes a job or stops)."""
     t = clock()
     done = 0
-    while done < n:
-        r = result(engine.apply(leased(engine, {"cmd": "PULLB", "queue": "q", "count": size}), NOW))
+    for _ in range(n):
+        r = result(engine.apply(leased(engine, {"cmd": "PULLB", "queue": queue, "count": size}), NOW))
         if not r["jobs"]:
             break
         engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, NOW)
         done += len(r["jobs"])
-    return {"PUSHB": push_s / n, "PULLB+ACKB": (clock() - t) / max(done, 1)}
+        if done >= n:
+            break
+    return (clock() - t) / max(done, 1)
 
 
 def utube(engine: Any, groups: int = 10_000) -> dict[str, float]:
@@ -131,7 +140,20 @@ def client_adds(engine: Any, n: int = 20_000) -> dict[str, float]:
     return {"add (options)": push_s / n, "its PULL+ACK": (clock() - t) / n}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds]
+def bulk_options(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
+    """``addBulk`` items with options (a priority 0..6, one of 100 groups, a tag and a custom id
+    each), then pulled in batches (a job of each group per pull) and acked."""
+    frames = [{"cmd": "PUSHB", "queue": "o", "jobs": [
+        {"data": DATA, "priority": i % 7, "group": f"g{i % 100}", "tag": "import", "customId": f"order-{k:06d}.{i}"}
+        for i in range(size)]} for k in range(n // size)]
+    t = clock()
+    for cmd in frames:
+        engine.apply(cmd, NOW)
+    push_s = clock() - t
+    return {"PUSHB options": push_s / n, "their PULLB+ACKB": drain(engine, "o", n, size)}
+
+
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, bulk_options]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:
