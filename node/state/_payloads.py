@@ -73,12 +73,15 @@ class MemorySpace:
     """A payload space in process memory: each appended blob kept as it came, dropped once all
     its bytes are released. Pure (no I/O); the engine's default."""
 
-    __slots__ = ("_starts", "_blobs", "_live", "end")
+    __slots__ = ("_starts", "_blobs", "_live", "_dropped", "end")
 
     def __init__(self) -> None:
-        self._starts: list[int] = []          # ascending start of each kept blob
-        self._blobs: dict[int, bytes] = {}    # start -> blob
+        # Ascending start of each blob appended, dropped ones included until they are half of
+        # the list: taking each out as it went would move the list's tail every time.
+        self._starts: list[int] = []
+        self._blobs: dict[int, bytes] = {}    # start -> blob, of the blobs kept
         self._live: dict[int, int] = {}       # start -> bytes not released
+        self._dropped = 0                     # starts of dropped blobs still in _starts
         self.end = 0
 
     def append(self, blob: bytes) -> int:
@@ -93,7 +96,8 @@ class MemorySpace:
     def _blob_at(self, offset: int) -> int:
         starts = self._starts
         k = bisect_right(starts, offset) - 1
-        if k < 0 or offset >= starts[k] + len(self._blobs[starts[k]]):
+        blob = self._blobs.get(starts[k]) if k >= 0 else None
+        if blob is None or offset >= starts[k] + len(blob):
             raise KeyError(f"payload offset {offset} is not held")
         return starts[k]
 
@@ -120,7 +124,10 @@ class MemorySpace:
                 self._live[first] = left
             else:
                 del self._live[first], self._blobs[first]
-                del self._starts[bisect_right(self._starts, first) - 1]
+                self._dropped += 1
+                if 2 * self._dropped > len(self._starts):
+                    self._starts = [s for s in self._starts if s in self._blobs]
+                    self._dropped = 0
             at = upto
 
     @property

@@ -51,6 +51,32 @@ def test_every_append_reads_back_across_buffer_blocks_and_files(tmp_path_factory
     assert space.read(0, len(whole)) == whole
 
 
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.one_of(st.tuples(st.just("append"), st.integers(1, 30)),
+                              st.tuples(st.just("release"), st.integers(0, 1000))), max_size=80))
+def test_memory_space_reads_what_is_held_and_refuses_what_is_released(ops: list[tuple[str, int]]) -> None:
+    """Blobs released in any order (front first, as a drained queue releases them, or not):
+    every held byte reads back, every released blob's offsets are refused, and the blobs kept
+    are exactly those with bytes held."""
+    space = MemorySpace()
+    held: dict[int, bytes] = {}
+    gone: list[int] = []
+    for i, (op, arg) in enumerate(ops):
+        if op == "append":
+            blob = bytes([i % 251]) * arg
+            held[space.append(blob)] = blob
+        elif held:
+            start = sorted(held)[arg % len(held)]
+            space.release(start, start + len(held.pop(start)))
+            gone.append(start)
+        for start, blob in held.items():
+            assert space.read(start, start + len(blob)) == blob
+        for start in gone:
+            with pytest.raises(KeyError, match="not held"):
+                space.read(start, start + 1)
+        assert space.held_bytes == sum(map(len, held.values()))
+
+
 def test_a_file_goes_one_collection_after_its_last_bytes_are_released(tmp_path: Path) -> None:
     space = FileSpace(tmp_path / "s", file_bytes=100, buffer_bytes=1)
     for _ in range(5):
