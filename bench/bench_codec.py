@@ -29,7 +29,7 @@ import msgpack
 
 from shoal.cluster.codec import FrameDecoder, Raw, encode
 from shoal.cluster.commands import validate
-from shoal.node.pushes import encode_replies
+from shoal.node.partition.pushes import encode_replies
 
 FRAME_BYTES = 100
 CHUNK_BYTES = 64 * 1024

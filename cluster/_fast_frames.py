@@ -110,7 +110,7 @@ class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fiel
     (bunqueue's job name: its client's ``add`` sends ``{cmd, queue, name, data, reqId}``).
 
     The node's hot path: pipelined producers send these back to back, and the node
-    answers a run of them as one block (:mod:`shoal.node.pushes`). A struct is
+    answers a run of them as one block (:mod:`shoal.node.partition.pushes`). A struct is
     ~5x cheaper to decode than the general job frame (no dict, no ``Raw`` wrapper);
     ``data`` is the value's exact bytes as a :class:`msgspec.Raw`.
     """

@@ -40,7 +40,7 @@ from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
 
 from .ports import answer_guarded
-from .pushes import encode_replies, take_block
+from .partition.pushes import encode_replies, take_block
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher

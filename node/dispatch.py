@@ -40,7 +40,7 @@ from shoal.cluster.partitioning import partition_for
 from .bunqueue import EventFrames, open_envelope, open_envelopes, push_flow_graph, push_repeating
 from .partition import Parked, Partition, RemotePartition
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
-from .pushes import check_block, check_queue, each_result, session_pull
+from .partition.pushes import check_block, check_queue, each_result, session_pull
 from .locator import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
 from .writes import PendingWrites
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
 
     from .bunqueue import EventJobs
-    from .pushes import PushRun
+    from .partition.pushes import PushRun
     from .raft import PartitionReplica
     from .relay import Relay
     from .state import Event
@@ -591,11 +591,9 @@ class Dispatcher:
         empty = {"job": None} if parked.frame["cmd"] == "PULL" else {"jobs": [], "tokens": []}
         parked.conn.reply(parked.frame.get("reqId"), empty)
 
-    def on_applied(self, p: int) -> None:
-        """Partition ``p`` applied entries: wake parked commands that may now succeed."""
-        part = self.directory.partitions.get(p)
-        if part is None or not part.replica.is_leader():
-            return
+    def wake(self, part: Partition) -> None:
+        """``part``, which this node leads, applied entries: submit again the parked commands
+        that may now succeed."""
         for parked in part.wake_pulls(part.replica.application.view.has_ready):
             self._submit_pull(parked.conn, parked.frame, part, parked.deadline)
         for parked in part.wake_pushes():
@@ -823,8 +821,9 @@ class Dispatcher:
     # --- events --------------------------------------------------------------------------------
 
     def wants_events(self) -> bool:
-        """Does a connection here, or a peer for its clients, subscribe to job events?"""
-        return bool(self.subscribers or self.event_subscribers
+        """Does a connection here, a peer for its clients, or one of the node's listeners (the
+        dashboard's, an event stream's) take job events?"""
+        return bool(self.subscribers or self.event_subscribers or self.info.event_listeners
                     or (self.relay is not None and self.relay.peer_subscriptions))
 
     def publish(self, partition: int, events: Sequence[Event], view: EventJobs) -> None:

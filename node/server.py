@@ -271,11 +271,8 @@ class Node:
                                    groups=self._hosted_hint, storage=self.storage, repair=self.config.repair_damaged,
                                    member=me, membership=membership, member_of=self._member_of,
                                    snapshot_rates=[self.moves.rate])
-        replica.on_applied = self._applied
         replica.on_leadership_lost = self._leadership_lost
-        self.partitions[p] = Partition.hosted(
-            p, replica, self.loop, self.clock, serving=self.dispatcher, after_answers=lambda: self._answered(p),
-            before_output=self.dispatcher.writes.propose_first, early_answers=self.dispatcher.writes.write_now)
+        self.partitions[p] = Partition.hosted(p, replica, self.loop, self.clock, serving=self.dispatcher)
         if start:
             replica.start()
         return replica
@@ -374,41 +371,7 @@ class Node:
         for part in self.partitions.values():
             part.replica.snapshot_now()
 
-    # --- applied-batch notifications -----------------------------------------------------------
-
-    def _applied(self, p: int) -> None:
-        # Called while the replica applies committed entries; wake waiters once, afterwards.
-        part = self.partitions.get(p)
-        if part is not None and not part.applied_pending:
-            part.applied_pending = True
-            self.loop.call_soon(self._on_applied_soon, part)
-
-    def _answered(self, p: int) -> None:
-        """Partition ``p``'s group commit handed out an entry's answers: they are written at once,
-        then what the applies owe to others (events, woken long polls), while the clients read
-        their answers rather than after the loop polled and handled what came meanwhile."""
-        writes = self.dispatcher.writes
-        writes.write_now()
-        part = self.partitions.get(p)
-        if part is not None and part.applied_pending:
-            self._on_applied(part)
-            writes.write_now()
-
-    def _on_applied_soon(self, part: Partition) -> None:
-        # Not yet done right after the answers (_answered); a partition retired meanwhile owes nothing.
-        if part.applied_pending and self.partitions.get(part.id) is part:
-            self._on_applied(part)
-
-    def _on_applied(self, part: Partition) -> None:
-        part.applied_pending = False
-        replica = part.replica
-        wanted = replica.is_leader() and bool(self.event_listeners or self.dispatcher.wants_events())
-        machine = replica.application
-        machine.record_events = wanted  # nobody listens: the engine's hot paths skip their event tuples
-        events = machine.take_events()
-        if events and wanted:
-            self.dispatcher.publish(part.id, events, machine.view)
-        self.dispatcher.on_applied(part.id)
+    # --- job events ------------------------------------------------------------------------------
 
     def events_wanted(self) -> None:
         """A listener or subscriber came: engines this node leads record job events from now on."""
@@ -602,6 +565,7 @@ class Node:
         """Stop hosting partition ``p``: what waits on it is answered, its replica closed, its
         payload files deleted; returns the closed replica."""
         part = self.partitions.pop(p)
+        part.retired = True
         replica = part.replica
         part.group_commit.fail_all(self.not_leader_error(p))
         part.group_commit.abandon_inflight()  # a lone leader's proposals: outcome unknown (TIMEOUT)

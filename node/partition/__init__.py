@@ -5,10 +5,10 @@ commit, the commands parked on it); :class:`RemotePartition` takes the same comm
 partition another node leads, and sends them there. :class:`PartitionMachine` is the
 :class:`~shoal.node.raft.application.Application` a :class:`~shoal.node.raft.replica.PartitionReplica`
 drives: it owns the partition's :class:`~shoal.node.state.PartitionEngine`, writes and reads the payload of data entries
-(:mod:`.entries`), and hands the edge a read-only :class:`PartitionView` of the applied state.
+(:mod:`.log_format`), and hands the edge a read-only :class:`PartitionView` of the applied state.
 """
 
-from .entries import decode_batch, encode_batch
+from .log_format import decode_batch, encode_batch
 from .machine import SPACE_TAKING_COMMANDS, PartitionMachine, load_engine, snapshot_chunks
 from .partition import Parked, Partition, Serving
 from .remote import RemotePartition

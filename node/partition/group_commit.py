@@ -7,7 +7,7 @@ proposed as one batch the moment a slot frees. Results fan back out to each
 command's callback in order.
 
 The commands of an entry are the batch in its replicated form, which
-:mod:`~shoal.node.pushes` decides (a run of plain PUSHes as one ``PushRun``, and so on);
+:mod:`~.pushes` decides (a run of plain PUSHes as one ``PushRun``, and so on);
 each submitted command still gets its own result.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ..clock import Clock
-from ..pushes import Command, SessionPull, commands_in, fan_out, replicated_form
+from .pushes import Command, SessionPull, commands_in, fan_out, replicated_form
 from ..raft import BatchResult, PartitionReplica, fail_reason_error
 
 __all__ = ["GroupCommit", "ReplyCallback"]

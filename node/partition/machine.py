@@ -24,7 +24,7 @@ from ..raft.membership import Membership
 from ..payload_files import PayloadFiles
 from ..raft.snapshots import load_snapshot, snapshot_content
 from ..state import EVENTS_MAX, Command, Event, PartitionEngine, PayloadSpace, command_name
-from .entries import decode_batch, encode_batch
+from .log_format import decode_batch, encode_batch
 from .view import PartitionView
 
 __all__ = ["PartitionMachine", "SPACE_TAKING_COMMANDS", "SNAPSHOT_JOBS_PER_CHUNK", "snapshot_chunks",
@@ -60,7 +60,7 @@ class PartitionMachine:
     # --- the application protocol ---------------------------------------------------------------
 
     def encode(self, now_ms: int, commands: list[Command]) -> bytes:
-        """The entry payload of a batch (:func:`~.entries.encode_batch`)."""
+        """The entry payload of a batch (:func:`~.log_format.encode_batch`)."""
         return encode_batch(now_ms, commands)
 
     def apply(self, payload: bytes, term: int, *, leading: bool, replies: bool) -> list[Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from shoal.cluster.codec import PlainPush
 
     from ..raft import PartitionReplica
+    from ..state import Event
+    from ..writes import PendingWrites
     from .machine import PartitionMachine
+    from .view import PartitionView
 
 __all__ = ["Partition", "Parked", "Serving", "writes_lazily", "PARKED_PER_QUEUE_MAX", "WAKE_PER_ROUND_MAX", "NO_SPACE_ERROR"]
 
@@ -69,11 +72,25 @@ class Parked(Generic[LinkT]):
 class Serving(Protocol):
     """What answers the commands of a partition this node leads (the node's dispatcher): reads
     from the applied state, long polls, writes through group commit, each on its connection
-    (a :class:`~shoal.node.ports.Replier`, which this layer only passes on)."""
+    (a :class:`~shoal.node.ports.Replier`, which this layer only passes on).
+
+    ``writes`` holds the connections with output to write (:class:`~shoal.node.writes.PendingWrites`)."""
+
+    writes: PendingWrites
 
     def serve(self, part: Partition, conn: Any, frame: dict[str, Any]) -> None: ...
 
     def serve_pushes(self, part: Partition, conn: Any, frames: list[PlainPush]) -> None: ...
+
+    def wants_events(self) -> bool:
+        """Does anyone (a connection, a peer, a node listener) take job events now?"""
+
+    def publish(self, partition: int, events: Sequence[Event], view: PartitionView) -> None:
+        """Send one partition's job events (``view``: its applied state) to those who take them."""
+
+    def wake(self, part: Partition) -> None:
+        """Submit again the commands parked on ``part`` that may now succeed (:meth:`Partition.wake_pulls`,
+        :meth:`Partition.wake_pushes`)."""
 
 
 class Partition:
@@ -87,10 +104,11 @@ class Partition:
     2. group commit: it waits in :attr:`group_commit` with the others for the next entry;
     3. propose (:meth:`propose`): the partition's write policies (no new data while the disk is
        nearly full; the durability class), then :attr:`replica` replicates that entry;
-    4. applied: the replica applies it and sets :attr:`applied_pending`: the entry owes others
-       wake-ups (job events, :meth:`wake_pulls`, :meth:`wake_pushes`), run right after step 5;
+    4. applied: the replica applies it and calls :meth:`applied`: the entry owes others
+       wake-ups (job events, :meth:`wake_pulls`, :meth:`wake_pushes`);
     5. answer: the entry's result, or, for a full queue and a PUSH that may wait,
-       :meth:`park_push` until a later entry frees room.
+       :meth:`park_push` until a later entry frees room; then :meth:`answered` writes the
+       answers at once and runs step 4's wake-ups (:meth:`settle`) while the clients read them.
 
     A parked command is claimed (:meth:`Parked.claim`) as it leaves: a wake or a drain hands
     out only those nobody answered yet, each at most once. One that expired stays in its
@@ -98,7 +116,7 @@ class Partition:
     """
 
     __slots__ = ("id", "replica", "group_commit", "serving", "_pulls", "_parked_pulls", "_pushes", "applied_pending",
-                 "last_tick_ms", "tick_inflight")
+                 "last_tick_ms", "tick_inflight", "retired", "_loop")
 
     def __init__(self, p: int, replica: PartitionReplica, group_commit: GroupCommit | None = None,
                  serving: Serving | None = None) -> None:
@@ -120,17 +138,22 @@ class Partition:
         self.last_tick_ms = 0
         #: A ``_Tick`` of this partition is in group commit: the leader tick proposes no other.
         self.tick_inflight = False
+        #: The node no longer hosts this partition: wake-ups still scheduled do nothing.
+        self.retired = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def hosted(cls, p: int, replica: PartitionReplica, loop: asyncio.AbstractEventLoop, clock: Clock, *,
-               serving: Serving, after_answers: Callable[[], None],
-               before_output: Callable[[Callable[[], None]], None], early_answers: Callable[[], None]) -> Partition:
-        """The partition a node hosts: ``serving`` answers what is submitted to it, and its group
-        commit proposes through :meth:`propose` (``after_answers``, ``before_output``,
-        ``early_answers``: see :class:`~.group_commit.GroupCommit`)."""
+               serving: Serving) -> Partition:
+        """The partition a node hosts: ``serving`` answers what is submitted to it and writes the
+        answers; its group commit proposes through :meth:`propose`, and the replica tells it of
+        every applied entry (:meth:`applied`)."""
         part = cls(p, replica, serving=serving)
-        part.group_commit = GroupCommit(replica, loop, clock, propose=part.propose, after_answers=after_answers,
-                                        before_output=before_output, early_answers=early_answers)
+        part._loop = loop
+        writes = serving.writes
+        part.group_commit = GroupCommit(replica, loop, clock, propose=part.propose, after_answers=part.answered,
+                                        before_output=writes.propose_first, early_answers=writes.write_now)
+        replica.on_applied = part.applied
         return part
 
     # --- commands --------------------------------------------------------------------------------
@@ -171,6 +194,49 @@ class Partition:
         else:
             storage.no_space.pop(self.id, None)
         replica.propose(now_ms, commands, callback, early, lazy=writes_lazily(replica, machine, commands))
+
+    # --- after an entry is applied ------------------------------------------------------------------
+
+    def applied(self, _p: int = -1) -> None:
+        """Step 4: the replica applied entries (it calls this within each apply). Their wake-ups
+        run once, after the answers (:meth:`answered`), or at the end of the loop iteration for
+        entries nobody here waited on (a follower's, a ``_Tick``'s)."""
+        if not self.applied_pending and self._loop is not None:
+            self.applied_pending = True
+            self._loop.call_soon(self._settle_soon)
+
+    def answered(self) -> None:
+        """Step 5: the group commit handed out an entry's answers. They are written at once, then
+        what the applies owe to others (:meth:`settle`), and what that wrote, while the clients
+        read their answers rather than after the loop polled and handled what came meanwhile."""
+        assert self.serving is not None, f"partition {self.id} has nothing to write its answers"
+        writes = self.serving.writes
+        writes.write_now()
+        if self.applied_pending:
+            self.settle()
+            writes.write_now()
+
+    def _settle_soon(self) -> None:
+        if self.applied_pending and not self.retired:
+            self.settle()
+
+    def settle(self) -> None:
+        """Run what applied entries owe to others: their job events go out (and the engine records
+        them only while someone takes them, so its hot paths skip their event tuples otherwise),
+        and on a leader the parked commands that may now succeed are submitted again."""
+        self.applied_pending = False
+        serving = self.serving
+        assert serving is not None, f"partition {self.id} has nothing to serve its commands"
+        replica = self.replica
+        leads = replica.is_leader()
+        machine: PartitionMachine = replica.application  # type: ignore[assignment]
+        wanted = leads and serving.wants_events()
+        machine.record_events = wanted
+        events = machine.take_events()
+        if events and wanted:
+            serving.publish(self.id, events, machine.view)
+        if leads:
+            serving.wake(self)
 
     # --- parking ---------------------------------------------------------------------------------
 

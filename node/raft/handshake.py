@@ -52,7 +52,7 @@ __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "Handsh
            "accept_any_incarnation", "expect_incarnations"]
 
 #: Names the link's version: 6 = Raft messages with the durable index, heartbeat rounds and synced
-#: indexes, carrying data entries in format 1 of :mod:`shoal.node.log_format` and snapshots of
+#: indexes, carrying data entries in format 1 of :mod:`shoal.node.partition.log_format` and snapshots of
 #: engine state version 2. Nodes of other versions are refused by name: version 5 reads only engine
 #: state 1, version 4 only pickled data entries, and a node that cannot read an entry or a
 #: snapshot must never be sent one (docs/formats.md).

@@ -5,8 +5,8 @@ replicates something more compact or adds what only it knows (a connection's ses
 its frame limit), the command is one of these frozen values instead of a dict with
 private fields: the group-committed run of plain PUSHes, a plain PUSHB, an ACKB of one
 pull's consecutive jobs, and a pull stamped with its session. The log stores each as a
-tagged array of its fields (:mod:`shoal.node.log_format`), with no Python object per job.
-:mod:`shoal.node.pushes` decides when a command takes one of these forms.
+tagged array of its fields (:mod:`shoal.node.partition.log_format`), with no Python object per job.
+:mod:`shoal.node.partition.pushes` decides when a command takes one of these forms.
 """
 
 from __future__ import annotations

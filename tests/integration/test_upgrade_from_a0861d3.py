@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shoal.cluster.launcher import LocalCluster, free_base_port
-from shoal.node.log_format import FORMAT_VERSION, LEGACY_PICKLE, payload_version
+from shoal.node.partition.log_format import FORMAT_VERSION, LEGACY_PICKLE, payload_version
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.journal import Journal
 from shoal.node.raft.messages import ENTRY_DATA

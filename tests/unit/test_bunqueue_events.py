@@ -7,7 +7,7 @@ from typing import Any
 
 from shoal.cluster.codec import FrameDecoder, Raw, decode_response, raw_of
 from shoal.node.bunqueue import EventFrames, encode_event, events_of
-from shoal.node.pushes import replicated_form
+from shoal.node.partition.pushes import replicated_form
 from shoal.node.partition import PartitionView
 from shoal.node.state import Event, PartitionEngine, SessionPull
 

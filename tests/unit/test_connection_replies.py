@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from shoal.cluster.codec import FrameDecoder, encode_body
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.node.pushes import encode_replies
+from shoal.node.partition.pushes import encode_replies
 
 req_ids = st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=40))
 results = st.one_of(

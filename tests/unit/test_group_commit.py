@@ -1,4 +1,4 @@
-"""The replicated form of a group-commit batch (node/pushes.py; pure: no Raft, no loop)."""
+"""The replicated form of a group-commit batch (node/partition/pushes.py; pure: no Raft, no loop)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 from shoal.cluster.codec import PlainPush, Raw
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.node.pushes import (AckRun, PushBatch, PushRun, SessionPull, check_block, commands_in, fan_out,
-                               replicated_form, session_pull)
+from shoal.node.partition.pushes import (AckRun, PushBatch, PushRun, SessionPull, check_block, commands_in,
+                                         fan_out, replicated_form, session_pull)
 
 
 def push(queue: str, n: int, **extra: object) -> dict[str, object]:

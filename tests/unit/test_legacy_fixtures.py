@@ -1,7 +1,7 @@
 """A journal and a snapshot written by release a0861d3 load in this release with the same state.
 
 The fixtures (``tests/fixtures/release-a0861d3``, README there) hold pickled data entries;
-they are read by :func:`shoal.node.log_format.read_legacy_batch`, which runs nothing. Each
+they are read by :func:`shoal.node.partition.log_format.read_legacy_batch`, which runs nothing. Each
 test works on a copy: opening a journal writes to its directory.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError
-from shoal.node.log_format import FORMAT_VERSION, LEGACY_PICKLE, decode_batch, encode_batch, payload_version
+from shoal.node.partition.log_format import FORMAT_VERSION, LEGACY_PICKLE, decode_batch, encode_batch, payload_version
 from shoal.node.raft._io import RealIO
 from shoal.node.raft.journal import Journal
 from shoal.node.raft.membership import Membership, decode_change

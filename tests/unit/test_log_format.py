@@ -1,4 +1,4 @@
-"""The data entry codec (:mod:`shoal.node.log_format`): format 1 round trips, the reader of
+"""The data entry codec (:mod:`shoal.node.partition.log_format`): format 1 round trips, the reader of
 release a0861d3's pickled entries runs nothing, and any other payload is a clear error."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoal.cluster.codec import Raw
-from shoal.node import log_format
-from shoal.node.log_format import (FORMAT_VERSION, LEGACY_PICKLE, LegacyEntryError, LogFormatError, decode_batch,
-                                   encode_batch, payload_version, read_legacy_batch)
+from shoal.node.partition import log_format
+from shoal.node.partition.log_format import (FORMAT_VERSION, LEGACY_PICKLE, LegacyEntryError, LogFormatError,
+                                             decode_batch, encode_batch, payload_version, read_legacy_batch)
 from shoal.node.state import AckRun, PushBatch, PushRun, SessionPull
 
 pytestmark = pytest.mark.timeout(120)

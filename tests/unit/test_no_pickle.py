@@ -3,7 +3,7 @@
 Checked on the syntax tree of every module, so an import inside a function, a
 ``from pickle import loads`` and ``__import__("pickle")`` count as well as a top-level
 ``import pickle``. Release a0861d3's pickled log entries are read by walking their opcodes
-(:func:`shoal.node.log_format.read_legacy_batch`), which ``pickletools`` does without
+(:func:`shoal.node.partition.log_format.read_legacy_batch`), which ``pickletools`` does without
 running anything; ``pickletools`` is therefore allowed.
 """
 

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from shoal.node.partition.group_commit import GroupCommit
-from shoal.node.pushes import session_pull
+from shoal.node.partition.pushes import session_pull
 from shoal.node.writes import PendingWrites
 
 

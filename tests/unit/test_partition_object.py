@@ -308,3 +308,130 @@ def test_while_space_is_low_new_data_is_refused_in_its_place_and_the_rest_goes_o
     replica.storage.low = False
     part.propose(1, [{"cmd": "PUSH", "queue": "q"}], print)
     assert replica.storage.no_space == {} and len(replica.proposed) == 2
+
+
+# --- what an applied entry owes (Partition.applied, answered, settle) --------------------------------
+
+
+class Loop:
+    """Holds what the partition schedules for the end of the loop iteration, run by :meth:`run`."""
+
+    def __init__(self) -> None:
+        self.soon: list[Any] = []
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        self.soon.append((fn, args))
+
+    def run(self) -> None:
+        soon, self.soon = self.soon, []
+        for fn, args in soon:
+            fn(*args)
+
+
+class EventMachine:
+    """The replica's application as settling reads it: the job events its applies recorded."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.record_events = True
+        self.view = "view"
+
+    def take_events(self) -> list[str]:
+        events, self.events = self.events, []
+        return events
+
+
+class EventReplica:
+    def __init__(self, leads: bool) -> None:
+        self.leads = leads
+        self.application = EventMachine()
+        self.on_applied: Any = None
+
+    def is_leader(self) -> bool:
+        return self.leads
+
+
+class Writes:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def write_now(self) -> None:
+        self.log.append("write")
+
+    def propose_first(self, flush: Any) -> None:
+        raise AssertionError("no group commit runs in these tests")
+
+
+class Serving:
+    """The dispatcher as the partition's wake-ups see it, logging each call."""
+
+    def __init__(self, log: list[str], wants: bool = True) -> None:
+        self.log = log
+        self.wants = wants
+        self.writes = Writes(log)
+
+    def wants_events(self) -> bool:
+        return self.wants
+
+    def publish(self, partition: int, events: list[str], view: Any) -> None:
+        self.log.append(f"publish {partition} {'+'.join(events)} {view}")
+
+    def wake(self, part: Partition) -> None:
+        self.log.append(f"wake {part.id}")
+
+
+def hosted(leads: bool = True, wants: bool = True) -> tuple[Partition, EventReplica, Loop, list[str]]:
+    log: list[str] = []
+    loop = Loop()
+    replica = EventReplica(leads)
+    part = Partition.hosted(P, replica, loop, None, serving=Serving(log, wants))  # type: ignore[arg-type]
+    return part, replica, loop, log
+
+
+def test_an_applied_entry_is_settled_once_right_after_its_answers_are_written() -> None:
+    part, replica, loop, log = hosted()
+    assert replica.on_applied == part.applied  # the replica tells the partition of every apply
+    replica.application.events = ["added", "added"]
+    part.applied(P)
+    part.applied(P)  # a second entry applied in the same call: still one settling
+    assert part.applied_pending and len(loop.soon) == 1 and log == []
+    part.answered()
+    assert log == ["write", f"publish {P} added+added view", f"wake {P}", "write"]
+    assert not part.applied_pending
+    loop.run()  # the settling scheduled for the iteration's end has nothing left to do
+    assert log == ["write", f"publish {P} added+added view", f"wake {P}", "write"]
+
+
+def test_an_entry_nobody_here_waited_on_is_settled_at_the_end_of_the_iteration() -> None:
+    part, replica, loop, log = hosted()
+    part.applied(P)
+    part.answered()  # another entry's answers, before this one applied: written, nothing owed yet
+    assert log == ["write", f"wake {P}", "write"]
+    part.applied(P)
+    loop.run()
+    assert log == ["write", f"wake {P}", "write", f"wake {P}"]
+
+
+def test_a_follower_publishes_nothing_wakes_nothing_and_stops_recording_events() -> None:
+    part, replica, loop, log = hosted(leads=False)
+    replica.application.events = ["added"]
+    part.applied(P)
+    loop.run()
+    assert log == [] and replica.application.events == []  # taken and dropped
+    assert not replica.application.record_events
+
+
+def test_a_leader_nobody_takes_events_from_stops_recording_them_and_still_wakes() -> None:
+    part, replica, loop, log = hosted(wants=False)
+    replica.application.events = ["added"]
+    part.applied(P)
+    loop.run()
+    assert log == [f"wake {P}"] and not replica.application.record_events
+
+
+def test_a_retired_partition_settles_nothing_left_scheduled() -> None:
+    part, replica, loop, log = hosted()
+    part.applied(P)
+    part.retired = True  # the node stopped hosting it before the iteration ended
+    loop.run()
+    assert log == [] and part.applied_pending

@@ -180,7 +180,7 @@ class RunsVsPerJob(RuleBasedStateMachine):
             cmd["tokens"] = tokens
         if results is not None:
             cmd["results"] = results
-        # The engine under test gets what a leader replicates (node.pushes.replicated_form): a
+        # The engine under test gets what a leader replicates (node.partition.pushes.replicated_form): a
         # consecutive batch as its compact run; the reference gets the batch as sent.
         run = ack_run_of(0, cmd["ids"], tokens) if plain_ack(cmd) else None
         sent: Command = AckRun(*run) if run is not None else cmd

@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 
 from shoal.cluster.codec import Raw
-from shoal.node.pushes import replicated_form
+from shoal.node.partition.pushes import replicated_form
 from shoal.node.state import PartitionEngine, PushRun
 from shoal.node.state._forwarded import FORWARDED_PURGE_LATE_MS
 from shoal.node.state._model import FORWARDED_AGAIN_PREFIX, FORWARDED_KEY_PREFIX, FORWARDED_KEY_WINDOW_MS

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from shoal.cluster.codec import Raw, raw_of, unraw
 from shoal.cluster.commands import normalize, validate
 from shoal.cluster.errors import CommandError
-from shoal.node.pushes import replicated_form
+from shoal.node.partition.pushes import replicated_form
 from shoal.node.state import PartitionEngine
 
 

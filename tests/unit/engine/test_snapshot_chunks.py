@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 
 from shoal.cluster.codec import Raw
-from shoal.node.pushes import replicated_form
+from shoal.node.partition.pushes import replicated_form
 from shoal.node.state import PartitionEngine
 from shoal.node.state._model import SNAPSHOT_VERSION as _SNAPSHOT_VERSION
 

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.node.pushes import session_pull
+from shoal.node.partition.pushes import session_pull
 from shoal.node.raft._io import SimIO
 from shoal.node.raft.storage import NodeStorage
 from shoal.node.state import TERM_LEASE_BITS

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 
 from shoal.node.partition import PartitionMachine
-from shoal.node.pushes import session_pull
+from shoal.node.partition.pushes import session_pull
 from shoal.node.raft.storage import NodeStorage
 
 from lone_replica import LoneReplica

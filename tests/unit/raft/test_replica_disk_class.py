@@ -60,7 +60,7 @@ def test_the_disk_class_is_trusted_only_once_the_applied_state_holds_every_commi
 def test_commands_naming_jobs_take_the_class_of_the_jobs_queues(replica: Follower) -> None:
     """An ACKB (or FAIL, ...) names jobs, not a queue: it is of the disk class when every job it
     names is in a ``durable: false`` queue, and of the fsync class otherwise or when unknown."""
-    from shoal.node.pushes import replicated_form
+    from shoal.node.partition.pushes import replicated_form
 
     r = replica.replica
     engine = r.application.engine

@@ -2,7 +2,7 @@
 
 Each client works against whichever replica says it leads (as a client following
 topology hints would), through :meth:`~shoal.node.raft.replica.PartitionReplica.propose`
-with the commands in their replicated form (:func:`shoal.node.pushes.replicated_form`).
+with the commands in their replicated form (:func:`shoal.node.partition.pushes.replicated_form`).
 It retries as the real client does (:func:`shoal.client._core.retry_action`): a command
 that was never applied (``NO_LEADER``) always, one whose outcome is unknown (``TIMEOUT``,
 or no answer at all because the node died) only when it is safe to repeat — pushes carry
@@ -37,7 +37,7 @@ from shoal.client.exceptions import error_from_reply
 from shoal.cluster.codec import Raw, raw_of
 from shoal.cluster.errors import CommandError
 from shoal.node.partition import Partition
-from shoal.node.pushes import fan_out, replicated_form
+from shoal.node.partition.pushes import fan_out, replicated_form
 from shoal.node.raft.replica import FAIL_LOST, FAIL_NO_LEADER, PartitionReplica, fail_reason_error
 from shoal.node.state import SessionPull
 

@@ -34,8 +34,8 @@ import msgspec
 
 from shoal.cluster.codec import Raw
 
-from .raft.messages import ENTRY_DATA
-from .state import AckRun, Command, PushBatch, PushRun, SessionPull
+from ..raft.messages import ENTRY_DATA
+from ..state import AckRun, Command, PushBatch, PushRun, SessionPull
 
 __all__ = ["FORMAT_VERSION", "LEGACY_PICKLE", "VERSIONS_READ", "LogFormatError", "LegacyEntryError", "encode_batch",
            "decode_batch", "payload_version", "read_legacy_batch", "EXT_RAW", "EXT_FOREIGN", "EXT_TIMESTAMP"]

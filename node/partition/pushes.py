@@ -33,8 +33,8 @@ from shoal.cluster.codec import PlainPush, Raw, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ProtocolError
 
-from .state import AckRun, Command, PushBatch, PushRun, SessionPull
-from .state._segments import ack_run_of, plain_ack, split_plain
+from ..state import AckRun, Command, PushBatch, PushRun, SessionPull
+from ..state._segments import ack_run_of, plain_ack, split_plain
 
 __all__ = ["take_block", "check_block", "each_result", "encode_replies", "replicated_form", "fan_out",
            "commands_in", "session_pull", "PushRun", "PushBatch", "AckRun", "SessionPull", "Command"]
