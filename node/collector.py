@@ -84,15 +84,11 @@ class NodeCollector(Collector):
             pending.add_metric(label, gc.pending)
             batches.add_metric(label, gc.proposed_batches)
             batched.add_metric(label, gc.proposed_commands)
-            if replica.is_leader():
-                core = replica.core
-                last = core.log.last_index
-                for member, pr in sorted(core.progress.items()):
-                    if pr.learner:
-                        continue  # a learner catching up is a move (shoal_move_idle_seconds)
-                    follower = [str(p), node_of_member(member)]
-                    lag.add_metric(follower, max(0, last - pr.match))
-                    silence.add_metric(follower, max(0.0, now - pr.last_heard))
+            # a learner catching up is a move (shoal_move_idle_seconds), not lag
+            for member, behind, silent_s in replica.follower_lags(now):
+                follower = [str(p), node_of_member(member)]
+                lag.add_metric(follower, behind)
+                silence.add_metric(follower, silent_s)
         yield from (lag, silence)
         payloads = [(kind(name, text, labels=["partition"]), key) for kind, name, text, key in _PAYLOAD_METRICS]
         for p, part in sorted(node.partitions.items()):
@@ -195,7 +191,7 @@ def _move_progress(node: "NodeView", moves: list[dict[str, Any]]) -> dict[int, H
             continue
         p = move["partition"]
         if p not in marks:
-            membership = node.partitions[p].replica.core.membership
+            membership = node.partitions[p].replica.membership
             marks[p] = [tuple(membership.voters), tuple(membership.learners)]
         marks[p].append((move["toMember"], move["fromMember"], move["state"], move.get("bytesSent"),
                          move.get("matchIndex")))
@@ -234,7 +230,7 @@ def _moves(node: "NodeView", watch: MoveWatch) -> Iterator[Any]:
                                  "partition's group, as this node's replica last applied its membership",
                                  labels=["partition"])
     for p, part in sorted(node.partitions.items()):
-        membership = part.replica.core.membership
+        membership = part.replica.membership
         voters.add_metric([str(p)], len(membership.voters))
         learners.add_metric([str(p)], len(membership.learners))
     yield from (voters, learners)

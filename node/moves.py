@@ -4,7 +4,8 @@ Theory of operation. The target of a partition is its placement over the registr
 nodes (:meth:`shoal.cluster.registry.Registry.placement`): when a node joins, leaves, or is
 replaced, the targets change, and each partition's *leader* moves its own group toward its
 target — there is no central controller, and every leader computes the same targets from
-the same registry. One change at a time (Raft's single-server changes, :mod:`.raft.membership`):
+the same registry. One change at a time (Raft's single-server changes, :mod:`.raft.membership`),
+the next one chosen by :func:`~.raft.planning.plan_change`:
 
 1. a learner the target does not name is removed;
 2. a target member the group lacks joins as a learner (it catches up by snapshot and log, at
@@ -12,7 +13,7 @@ the same registry. One change at a time (Raft's single-server changes, :mod:`.ra
 3. a voter the target does not name and the leader has not heard from lately (a dead node)
    is removed, once a majority of the voters left is caught up;
 4. a learner the target names that is caught up (replicating, within
-   :data:`PROMOTE_LAG_MAX` entries of the commit index) is promoted to voter;
+   :data:`~.raft.planning.PROMOTE_LAG_MAX` entries of the commit index) is promoted to voter;
 5. a voter the target does not name is removed once every target member votes (a new replica
    counts only once caught up) and a majority of the voters left is caught up; the leader
    itself first hands leadership to a caught-up voter of the target.
@@ -35,26 +36,20 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.cluster.registry import ACTIVE, MOVE_RATE_BYTES_PER_S, node_of_member
 
-from .raft.core import REPLICATE, ProposalRefused
+from .raft.core import ProposalRefused
 from .raft.install import RATE_BYTES_PER_S, ByteRate
 from .raft.membership import ConfigChange
+from .raft.planning import HAND_OVER
 
 if TYPE_CHECKING:
     from .raft import PartitionReplica
-    from .raft.core import RaftCore
 
-__all__ = ["MoveService", "plan_change", "HAND_OVER", "RECONCILE_INTERVAL_S", "DEAD_AFTER_S"]
+__all__ = ["MoveService", "RECONCILE_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
 #: How often every led partition is compared with its target.
 RECONCILE_INTERVAL_S = 0.5
-#: A voter the leader has not heard from for this long counts as dead (removed first when it
-#: leaves the target, so the group never waits for it).
-DEAD_AFTER_S = 5.0
-#: A learner is promoted once it replicates within this many entries of the commit index (under
-#: steady writes a leader that commits alone is always a round trip ahead of it).
-PROMOTE_LAG_MAX = 100
 
 
 class MoveService:
@@ -125,10 +120,9 @@ class MoveService:
 
     def step(self, p: int, replica: "PartitionReplica", target: list[str], auto: bool) -> bool:
         """One change toward ``target`` for partition ``p``; True while the group differs from it."""
-        core = replica.core
-        if not target or not core.is_leader:
+        if not target or not replica.is_leader():
             return False
-        members = core.membership
+        members = replica.membership
         voters, learners = set(members.voters), set(members.learners)
         wanted = set(target)
         if voters == wanted and not learners:
@@ -136,7 +130,7 @@ class MoveService:
         if not auto and not self._must_move(voters | learners, wanted):
             return False
         now = time.monotonic()
-        change = plan_change(core, replica.member, target, now)
+        change = replica.plan_change(target, now)
         if change is None:
             return True  # a change pending, or waiting for a learner to catch up
         if change == HAND_OVER:
@@ -192,10 +186,9 @@ class MoveService:
         # (the first window leaves at once, the token bucket's burst).
         cap = min(float(RATE_BYTES_PER_S), self.rate.rate / max(1, sum(map(len, streams_by_p.values()))))
         for p, replica in led.items():
-            core = replica.core
             target = node.target(p)
             wanted = set(target)
-            members = core.membership
+            members = replica.membership
             joining = [m for m in members.learners if m in wanted] + [m for m in target if m not in members.members]
             leaving = [m for m in members.members if m not in wanted]
             if not joining and not leaving:
@@ -211,7 +204,7 @@ class MoveService:
                 if held:
                     entry["state"] = "pending rebalance"
                 elif to is not None and to in members.learners:
-                    pr = core.progress.get(to)
+                    match = replica.match_index(to)
                     stream = streams.get(to)
                     entry["state"] = "catching up"
                     if stream is not None:
@@ -220,68 +213,9 @@ class MoveService:
                         rate = min(stream["acked"] / elapsed, cap)
                         entry["rateBytesPerS"] = round(rate)
                         entry["etaS"] = round((stream["total"] - stream["acked"]) / rate, 1) if rate > 0 else None
-                    elif pr is not None:
-                        entry.update(matchIndex=pr.match, commitIndex=core.commit)
+                    elif match is not None:
+                        entry.update(matchIndex=match, commitIndex=replica.commit_index())
                 elif to is None:
                     entry["state"] = "removing"
                 out.append(entry)
         return out
-
-
-#: :func:`plan_change`'s answer when the leader must hand leadership over before the next change.
-HAND_OVER = "hand over"
-
-
-def plan_change(core: "RaftCore", member: str, target: list[str], now: float) -> "ConfigChange | str | None":
-    """The next single-server change that moves the group ``core`` leads toward ``target`` (its
-    member ids, preferred leader first), in the order of the module docstring: a
-    :class:`ConfigChange` to propose, :data:`HAND_OVER` when this leader (``member``) is the voter
-    to remove next, or None while nothing can be done (a change pending, no entry of its term
-    committed yet, a learner still catching up, or the group on target). Pure: the node's moves
-    and the seeded simulation decide alike (``now`` is the leader's clock)."""
-    members = core.membership
-    voters, learners = set(members.voters), set(members.learners)
-    wanted = set(target)
-    if (voters == wanted and not learners) or core.change_pending or not core.read_ready:
-        return None
-    progress = core.progress
-    for m in sorted(learners - wanted):
-        return ConfigChange("remove", m)
-    for m in target:
-        if m not in voters and m not in learners:
-            return ConfigChange("add_learner", m)
-    for m in sorted(voters - wanted):
-        pr = progress.get(m)
-        if m != member and (pr is None or now - pr.last_heard > DEAD_AFTER_S) \
-                and _caught_up_majority(core, member, voters - {m}, now):
-            return ConfigChange("remove", m)
-    for m in target:
-        pr = progress.get(m)
-        if m in learners and pr is not None and pr.state == REPLICATE and pr.match + PROMOTE_LAG_MAX >= core.commit:
-            return ConfigChange("promote", m)
-    if wanted <= voters:
-        extra = sorted(voters - wanted)
-        if extra:
-            if member in extra:
-                return HAND_OVER
-            if _caught_up_majority(core, member, voters - {extra[0]}, now):
-                return ConfigChange("remove", extra[0])
-    return None
-
-
-def _caught_up_majority(core: "RaftCore", member: str, voters: set[str], now: float) -> bool:
-    """Would a majority of ``voters`` (the leader ``member`` among them) hold the log and answer?
-
-    A voter is removed only then: the group left could otherwise need a voter that is down or
-    still being brought back (a repaired replica neither votes nor campaigns until it holds every
-    committed entry), and, losing its leader, elect nobody."""
-    progress = core.progress
-    caught_up = 0
-    for v in voters:
-        pr = progress.get(v)
-        # Answered in this term (replicating, not merely given a new leader's grace period),
-        # lately, and near the commit index.
-        if v == member or (pr is not None and pr.state == REPLICATE and pr.match + PROMOTE_LAG_MAX >= core.commit
-                           and now - pr.answered_at <= DEAD_AFTER_S):
-            caught_up += 1
-    return caught_up >= len(voters) // 2 + 1

@@ -202,13 +202,13 @@ class Node:
         deadline = time.monotonic() + STOP_HANDOVER_S
         for p, part in self.partitions.items():
             replica = part.replica
-            if replica.is_leader() and len(replica.core.membership.voters) > 1:
+            if replica.is_leader() and len(replica.membership.voters) > 1:
                 try:
                     replica.transfer_leadership()
                 except Exception:  # best effort: a follower will time out and take over anyway
                     log.debug("partition %d: transferLeadership failed", p, exc_info=True)
         while time.monotonic() < deadline and any(
-                part.replica.is_leader() and len(part.replica.core.membership.voters) > 1
+                part.replica.is_leader() and len(part.replica.membership.voters) > 1
                 for part in self.partitions.values()):
             await asyncio.sleep(0.05)
         err = CommandError(ErrorCode.SHUTTING_DOWN, "the node is shutting down; retry on another node")
@@ -445,7 +445,7 @@ class Node:
             replicas = tuple(sorted(replica.replica_nodes(),
                                     key=lambda n: (target.index(n) if n in target else len(target), n)))
             if (leader, term, replicas) != (info.leader, info.term, info.replicas):
-                topo = topo.with_leader(p, leader, term, replicas if replicas else None, replica.core.config_index)
+                topo = topo.with_leader(p, leader, term, replicas if replicas else None, replica.config_index)
         self._led = led
         if topo is not self.topology:
             self.topology = topo
@@ -533,10 +533,9 @@ class Node:
             if replica.is_leader() or me in self.target(p):
                 continue
             info = self.topology.partition_map[p]
-            core = replica.core
             removed_by_leader = (info.leader is not None and info.leader != self.node_id and info.conf > 0
-                                 and self.node_id not in info.replicas and info.conf >= core.config_index)
-            removed_here = core.config_index > 0 and replica.member not in core.membership.members
+                                 and self.node_id not in info.replicas and info.conf >= replica.config_index)
+            removed_here = replica.config_index > 0 and replica.member not in replica.membership.members
             if removed_by_leader or removed_here:
                 self._retire(p)
 

@@ -72,7 +72,7 @@ def led_memberships(node: "NodeView") -> dict[str, dict[str, Any]]:
     for p, part in sorted(node.partitions.items()):
         replica = part.replica
         if replica.is_leader():
-            members = replica.core.membership
+            members = replica.membership
             out[str(p)] = {"leader": node.node_id, "term": replica.term(), "voters": sorted(members.voters),
                            "learners": sorted(members.learners)}
     return out

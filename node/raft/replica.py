@@ -54,6 +54,7 @@ from .membership import ConfigChange, Membership, decode_change
 from .messages import (ENTRY_CONFIG, ENTRY_DATA, AppendEntries, AppendResponse, InstallSnapshot, Message, MessageError, SnapshotChunk,
                        SnapshotChunkAck)
 from .meta import MetaCorrupt
+from .planning import plan_change
 from .scheduler import TickScheduler
 from .snapshot_file import SnapshotCorrupt
 from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_snapshot, read_snapshot_meta,
@@ -1240,6 +1241,37 @@ class PartitionReplica(Generic[A]):
     def commit_index(self) -> int:
         return self.core.commit
 
+    @property
+    def membership(self) -> Membership:
+        """The group's configuration in effect: the newest one in this replica's log."""
+        return self.core.membership
+
+    @property
+    def config_index(self) -> int:
+        """The log index of the entry :attr:`membership` comes from (the snapshot's, or 0)."""
+        return self.core.config_index
+
+    def match_index(self, member: str) -> int | None:
+        """How far ``member``'s log is known to match this leader's; None if it is not a peer of
+        this leader (or this replica does not lead)."""
+        pr = self.core.progress.get(member) if self.core.is_leader else None
+        return pr.match if pr is not None else None
+
+    def follower_lags(self, now: float) -> list[tuple[str, int, float]]:
+        """``(member, entries behind, seconds since heard)`` of each voter this leader replicates
+        to, by member id; empty unless this replica leads. Learners are moves, not lag."""
+        core = self.core
+        if not core.is_leader:
+            return []
+        last = core.log.last_index
+        return [(member, max(0, last - pr.match), max(0.0, now - pr.last_heard))
+                for member, pr in sorted(core.progress.items()) if not pr.learner]
+
+    def plan_change(self, target: list[str], now: float) -> ConfigChange | str | None:
+        """The next membership change this leader makes toward ``target`` (member ids, preferred
+        leader first): see :func:`~.planning.plan_change`; ``now`` on the core's clock."""
+        return plan_change(self.core, self.member, target, now)
+
     def applied_index(self) -> int:
         """The index of the last entry the application's state holds."""
         if self._loading:
@@ -1258,7 +1290,7 @@ class PartitionReplica(Generic[A]):
 
     def has_quorum(self) -> bool:
         """True when this replica reaches a majority of its group over the links (itself included)."""
-        voters = self.core.membership.voters
+        voters = self.membership.voters
         reached = sum(1 for v in voters if v == self.member or self.peer_connected(v))
         return reached >= len(voters) // 2 + 1
 

@@ -16,7 +16,8 @@ from raft.raft_network import Cluster
 from shoal.cluster.registry import LEAVING, NodeEntry, Registry
 from shoal.cluster.topology import PartitionInfo, Topology
 from shoal.node import moves as moves_module
-from shoal.node.moves import DEAD_AFTER_S, HAND_OVER, PROMOTE_LAG_MAX, MoveService, plan_change
+from shoal.node.moves import MoveService
+from shoal.node.raft.planning import DEAD_AFTER_S, HAND_OVER, PROMOTE_LAG_MAX, plan_change
 from shoal.node.partition import Partition
 from shoal.node.raft.core import LEADER, ProposalRefused
 from shoal.node.raft.membership import ConfigChange
@@ -142,7 +143,8 @@ def test_the_leader_leaving_its_target_hands_over_first() -> None:
 
 
 class Replica:
-    """What the move service calls on a partition's replica; the core is real."""
+    """What the move service calls on a partition's replica (as :class:`~shoal.node.raft.PartitionReplica`
+    answers it); the core is real."""
 
     def __init__(self, cluster: Cluster, member: str) -> None:
         self.cluster = cluster
@@ -156,6 +158,20 @@ class Replica:
 
     def is_leader(self) -> bool:
         return bool(self.core.is_leader)
+
+    @property
+    def membership(self) -> Any:
+        return self.core.membership
+
+    def commit_index(self) -> int:
+        return int(self.core.commit)
+
+    def match_index(self, member: str) -> int | None:
+        pr = self.core.progress.get(member)
+        return pr.match if pr is not None else None
+
+    def plan_change(self, target: list[str], now: float) -> Any:
+        return plan_change(self.core, self.member, target, now)
 
     def propose_change(self, change: ConfigChange) -> None:
         if self.refuse is not None:

@@ -17,7 +17,7 @@ often nodes crash or lose data, the snapshot threshold), then:
 Besides, a run draws *features* of the cluster from its seed (:class:`Features`), each on
 in some runs: an operator that changes the group's target replication (1, 3 or 5 voters
 out of a pool of nodes) while a mover walks the group there one change at a time, with
-the node's own planner (:func:`shoal.node.moves.plan_change`), and removed nodes' files
+the node's own planner (:func:`shoal.node.raft.planning.plan_change`), and removed nodes' files
 deleted; the balancer handing leadership back to the preferred replica; paused nodes
 (stopped with their links up, then resumed); clocks that drift; a disk-class queue; and
 clients that read. They come from a generator of their own, so a seed's classic draws
@@ -36,7 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.node.moves import HAND_OVER, RECONCILE_INTERVAL_S, plan_change
+from shoal.node.moves import RECONCILE_INTERVAL_S
+from shoal.node.raft.planning import HAND_OVER, plan_change
 from shoal.node.partition import Partition
 from shoal.node.raft import install
 from shoal.node.raft.membership import ConfigChange
