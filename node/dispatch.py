@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import RECEIVED_BYTES, PlainPush, Raw, ReceivedBytes
+from shoal.cluster.codec import RECEIVED_BYTES, PlainPush, Raw, ReceivedBytes, item_fields
 from shoal.cluster.commands import (COMMANDS, LONG_POLL_COMMANDS, NEW_JOB_COMMANDS, NODE_COMMANDS,
                                     PRE_AUTH_COMMANDS, normalize, validate)
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -516,7 +516,11 @@ class Dispatcher:
             if "customId" in frame:
                 self.locator.learn(frame["customId"], p)
             return
-        for item in frame["jobs"]:
+        jobs = frame["jobs"]
+        fields = item_fields(jobs)
+        if fields is not None and "customId" not in fields:
+            return  # a bulk add without custom ids: its items are not looked at one by one
+        for item in jobs:
             if "customId" in item:
                 self.locator.learn(item["customId"], p)
 
