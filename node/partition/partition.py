@@ -212,7 +212,7 @@ class Partition:
         assert self.serving is not None, f"partition {self.id} has nothing to write its answers"
         writes = self.serving.writes
         writes.write_now()
-        if self.applied_pending:
+        if self.applied_pending and not self.retired:
             self.settle()
             writes.write_now()
 
