@@ -197,7 +197,7 @@ class Partition:
 
     # --- after an entry is applied ------------------------------------------------------------------
 
-    def applied(self, _p: int = -1) -> None:
+    def applied(self) -> None:
         """Step 4: the replica applied entries (it calls this within each apply). Their wake-ups
         run once, after the answers (:meth:`answered`), or at the end of the loop iteration for
         entries nobody here waited on (a follower's, a ``_Tick``'s)."""

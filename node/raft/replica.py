@@ -208,8 +208,9 @@ class PartitionReplica(Generic[A]):
         self.network = network
         #: The state machine this replica applies committed entries to.
         self.application: A = application
-        #: Set by the node: called on the loop after every applied batch.
-        self.on_applied: Callable[[int], None] | None = None
+        #: Set by what hosts the replica (the node's partition): called on the loop after every
+        #: applied batch.
+        self.on_applied: Callable[[], None] | None = None
         #: Set by the node: called on the loop when this replica stops leading its partition.
         self.on_leadership_lost: Callable[[int], None] | None = None
         self.applied_batches = 0
@@ -768,7 +769,7 @@ class PartitionReplica(Generic[A]):
         self.applied_batches += 1
         hook = self.on_applied
         if hook is not None:
-            hook(self.partition)
+            hook()
         return results
 
     # --- proposing -------------------------------------------------------------------------------
@@ -996,7 +997,7 @@ class PartitionReplica(Generic[A]):
             if backlog:
                 self._apply(backlog)
             if self.on_applied is not None:
-                self.on_applied(self.partition)
+                self.on_applied()
             self._book_next_tick()
 
         def load() -> None:

@@ -392,8 +392,8 @@ def test_an_applied_entry_is_settled_once_right_after_its_answers_are_written() 
     part, replica, loop, log = hosted()
     assert replica.on_applied == part.applied  # the replica tells the partition of every apply
     replica.application.events = ["added", "added"]
-    part.applied(P)
-    part.applied(P)  # a second entry applied in the same call: still one settling
+    part.applied()
+    part.applied()  # a second entry applied in the same call: still one settling
     assert part.applied_pending and len(loop.soon) == 1 and log == []
     part.answered()
     assert log == ["write", f"publish {P} added+added view", f"wake {P}", "write"]
@@ -404,10 +404,10 @@ def test_an_applied_entry_is_settled_once_right_after_its_answers_are_written() 
 
 def test_an_entry_nobody_here_waited_on_is_settled_at_the_end_of_the_iteration() -> None:
     part, replica, loop, log = hosted()
-    part.applied(P)
+    part.applied()
     part.answered()  # another entry's answers, before this one applied: written, nothing owed yet
     assert log == ["write", f"wake {P}", "write"]
-    part.applied(P)
+    part.applied()
     loop.run()
     assert log == ["write", f"wake {P}", "write", f"wake {P}"]
 
@@ -415,7 +415,7 @@ def test_an_entry_nobody_here_waited_on_is_settled_at_the_end_of_the_iteration()
 def test_a_follower_publishes_nothing_wakes_nothing_and_stops_recording_events() -> None:
     part, replica, loop, log = hosted(leads=False)
     replica.application.events = ["added"]
-    part.applied(P)
+    part.applied()
     loop.run()
     assert log == [] and replica.application.events == []  # taken and dropped
     assert not replica.application.record_events
@@ -424,14 +424,14 @@ def test_a_follower_publishes_nothing_wakes_nothing_and_stops_recording_events()
 def test_a_leader_nobody_takes_events_from_stops_recording_them_and_still_wakes() -> None:
     part, replica, loop, log = hosted(wants=False)
     replica.application.events = ["added"]
-    part.applied(P)
+    part.applied()
     loop.run()
     assert log == [f"wake {P}"] and not replica.application.record_events
 
 
 def test_a_retired_partition_settles_nothing_left_scheduled() -> None:
     part, replica, loop, log = hosted()
-    part.applied(P)
+    part.applied()
     part.retired = True  # the node stopped hosting it before the iteration ended
     loop.run()
     part.answered()  # a late answer of its group commit is still written
