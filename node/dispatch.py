@@ -245,8 +245,10 @@ class Dispatcher:
             return False
         try:
             check_queue(queue)
-            fields = set().union(*jobs)  # in C: no look at each job here
-        except (CommandError, TypeError):
+        except CommandError:
+            return False
+        fields = item_fields(jobs)  # in C: no look at each job here
+        if fields is None:
             return False
         if conn.bunqueue_envelope and "repeat" in fields:
             return False

@@ -78,7 +78,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, decode_forwarded, decode_request, decode_response, encode_body
+from shoal.cluster.codec import (PlainPush, decode_forwarded, decode_request, decode_response, encode_body,
+                                 item_fields)
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.partitioning import partition_for
@@ -1158,11 +1159,8 @@ def key_jobs(frame: dict[str, Any], base: str) -> None:
     jobs = frame.get("jobs")
     if frame.get("cmd") != "PUSHB" or type(jobs) is not list:
         return
-    try:
-        fields = set().union(*jobs)  # in C: which names any job holds
-    except TypeError:
-        fields = _KEYED_FIELDS  # a job that is not a map: look at each
-    if len(jobs) <= L.batch_jobs_max and fields.isdisjoint(_KEYED_FIELDS) and all(type(job) is dict for job in jobs):
+    fields = item_fields(jobs)  # in C: which names any job holds (None: a job that is not a map)
+    if fields is not None and len(jobs) <= L.batch_jobs_max and fields.isdisjoint(_KEYED_FIELDS):
         # The usual bulk add: no job has a key or a custom id of its own.
         for job, suffix in zip(jobs, _hex_suffixes(len(jobs))):
             job["idempotencyKey"] = base + suffix
