@@ -80,14 +80,19 @@ def main() -> None:
             results[side].append(metrics)
             print(f"round {i + 1} {side}: " + ", ".join(f"{k} {v:,.2f}" for k, v in metrics.items()), flush=True)
     keys = list(dict.fromkeys(k for side in results.values() for run in side for k in run))
-    print(f"\nmedians over {args.rounds} interleaved rounds (A = {args.a}, B = {args.b})")
-    print(f"{'metric':<34}{'A':>12}{'B':>12}{'B/A':>8}")
+    print(f"\nmedians over {args.rounds} interleaved rounds (A = {args.a}, B = {args.b}); paired: the geometric"
+          " mean of each round's B/A (the two runs of a round are minutes apart at most, so a machine whose"
+          " speed drifts moves both)")
+    print(f"{'metric':<34}{'A':>12}{'B':>12}{'B/A':>8}{'paired':>8}")
     for key in keys:
         a = [run[key] for run in results["A"] if key in run]
         b = [run[key] for run in results["B"] if key in run]
         if a and b:
             ma, mb = statistics.median(a), statistics.median(b)
-            print(f"{key:<34}{ma:>12,.2f}{mb:>12,.2f}{mb / ma if ma else float('nan'):>8.2f}")
+            pairs = [rb[key] / ra[key] for ra, rb in zip(results["A"], results["B"])
+                     if ra.get(key) and rb.get(key)]
+            paired = statistics.geometric_mean(pairs) if pairs else float("nan")
+            print(f"{key:<34}{ma:>12,.2f}{mb:>12,.2f}{mb / ma if ma else float('nan'):>8.2f}{paired:>8.2f}")
 
 
 if __name__ == "__main__":
