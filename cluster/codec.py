@@ -249,7 +249,7 @@ def _too_deep(req_id: Any) -> ProtocolError:
 
 
 class ReceivedBytes:
-    """A ``PUSHB``'s body as its client sent it, kept by the node's decoder in the decoded frame
+    """A request's body as its client sent it, kept by the node's decoder in the decoded frame
     (under :data:`RECEIVED_BYTES`) so that a node forwarding it sends those bytes on unchanged.
     Its own type, which no decoder makes, tells it from a client's field of that name."""
 
@@ -259,7 +259,7 @@ class ReceivedBytes:
         self.body = body
 
 
-#: Where the node's decoder (``plain_push``) keeps a ``PUSHB`` frame's :class:`ReceivedBytes`;
+#: Where the node's decoder (``plain_push``) keeps a request frame's :class:`ReceivedBytes`;
 #: the dispatcher takes it out before anything reads the frame's fields.
 RECEIVED_BYTES = "\x00received"
 
@@ -513,12 +513,19 @@ class FrameDecoder:
         return out
 
     def _job_frame(self, payload: bytes) -> dict[str, Any] | None:
-        """:func:`_schema_job_frame`; the node's decoder (``plain_push``) keeps a ``PUSHB``'s
-        bytes in it (:class:`ReceivedBytes`) for a node that sends it on."""
+        """:func:`_schema_job_frame`, with its bytes for the node's decoder (:meth:`_received`)."""
         frame = _schema_job_frame(payload)
-        if frame is not None and self._plain and frame["cmd"] == "PUSHB":
-            frame[RECEIVED_BYTES] = ReceivedBytes(payload)
+        if frame is not None and self._plain:
+            self._received(frame, payload)
         return frame
+
+    @staticmethod
+    def _received(frame: dict[str, Any], payload: bytes) -> None:
+        """The node's decoder (``plain_push``) keeps a request's bytes in it
+        (:class:`ReceivedBytes`), for a node that sends it on to another as it came; a client's
+        own field of that name is left for the schema to refuse."""
+        if RECEIVED_BYTES not in frame:
+            frame[RECEIVED_BYTES] = ReceivedBytes(payload)
 
     def _decode(self, payload: bytes) -> dict[str, Any]:
         if self._requests:
@@ -527,11 +534,14 @@ class FrameDecoder:
                 if frame is not None:
                     return frame
             try:
-                return decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)
+                frame = decode_request(payload, raw_data=self._raw, unpacker=self._unpacker)
             except ProtocolError:
                 if self._raw:  # a failed parse can leave bytes buffered: start the next frame clean
                     self._unpacker = new_unpacker(self._max)
                 raise
+            if self._plain:
+                self._received(frame, payload)
+            return frame
         return decode_response(payload)
 
     def __next__(self) -> dict[str, Any]:

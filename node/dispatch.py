@@ -175,6 +175,11 @@ class Dispatcher:
     def handle(self, conn: Replier, frame: dict[str, Any]) -> None:
         """Answer ``frame`` now or later; exactly one reply per frame."""
         self.commands_total += 1
+        received = frame.get(RECEIVED_BYTES)
+        if type(received) is ReceivedBytes:  # (a client's own field of that name is the schema's to refuse)
+            del frame[RECEIVED_BYTES]
+        else:
+            received = None
         cmd = frame["cmd"]
         req_id = frame.get("reqId")
         if not conn.authed and cmd not in PRE_AUTH_COMMANDS:
@@ -189,16 +194,17 @@ class Dispatcher:
         if cmd in self._flow_commands:  # PushFlow and the flow commands peers send
             self.flows.handle(conn, frame)
             return
-        if cmd == "PUSHB" and type(frame.get(RECEIVED_BYTES)) is ReceivedBytes:
-            # (a client's own field of that name is left for the schema to refuse)
-            if self._sent_as_received(conn, frame, frame.pop(RECEIVED_BYTES).body):
-                return
+        if cmd == "PUSHB" and received is not None and self._sent_as_received(conn, frame, received.body):
+            return
         if (cmd == "PUSH" or cmd == "PUSHB" or cmd == "Cron") and conn.bunqueue_envelope:
             open_envelope(frame)
             if cmd == "PUSHB" and push_repeating(self.handle, conn, frame):
                 return  # bunqueue's repeating adds: job schedulers
-        validate(normalize(frame))
+        normalize(frame)
         cmd = frame["cmd"]
+        if received is not None and cmd != "PUSHB" and self._sent_on(conn, frame, received.body):
+            return
+        validate(frame)
         if cmd in NODE_COMMANDS:
             conn.reply(req_id, self._node_command(conn, cmd, frame))
             return
@@ -257,6 +263,54 @@ class Dispatcher:
             return False
         self._remote(p).submit_received(conn, frame, body, "customId" in fields or "jobId" in fields)
         return True
+
+    def _sent_on(self, conn: Replier, frame: dict[str, Any], body: bytes) -> bool:
+        """Send a command (normalized, not checked) for a partition led elsewhere on to its
+        leader as the client sent it (``body``), for the leader to check once; False, sending
+        nothing, when it takes the general path: this node leads the partition, the client
+        routes for itself, the command is answered here (a node's command, a fan-out, a custom
+        id whose partition this node must look up), or its partition cannot be told without
+        the checks (which then name what is wrong)."""
+        if self.relay is None or not conn.wants_forwarding:
+            return False
+        cmd = frame["cmd"]
+        spec = COMMANDS.get(cmd) if type(cmd) is str else None
+        if spec is None or cmd in NODE_COMMANDS or cmd == "Cron" or (cmd == "Stats" and frame.get("local")):
+            return False
+        p = self._partition_unchecked(spec.routing, frame)
+        if p is None or self.directory.leads(p):
+            return False
+        self._remote(p).submit_received(conn, frame, body, cmd == "PUSH")
+        return True
+
+    def _partition_unchecked(self, routing: str, frame: dict[str, Any]) -> int | None:
+        """The partition a command not checked yet goes to, when its routing field alone tells
+        it; None otherwise (a fan-out, a custom id, a field the checks will refuse)."""
+        if routing == "queue":
+            queue = frame.get("queue")
+            if type(queue) is not str:
+                return None
+            try:
+                check_queue(queue)
+            except CommandError:
+                return None
+            return self._partition_of("queue", frame)
+        if routing == "id":
+            ids = frame.get("ids")
+            job_id = frame.get("id") if "id" in frame else (ids[0] if type(ids) is list and ids else None)
+            if type(job_id) is not str:
+                return None
+            try:
+                p = partition_of_job(job_id)
+            except CommandError:
+                return None  # a custom id: the general path looks its partition up
+        elif routing == "partition":
+            p = frame.get("partition")
+            if type(p) is not int:
+                return None  # none: a fan-out; another type: the checks name it
+        else:
+            return None
+        return p if 0 <= p < self.partitions else None
 
     def _flow_tree(self, conn: Replier, frame: dict[str, Any]) -> None:
         """One tree of a PUSHF graph: a PushFlow, or the PUSH of a lone job."""

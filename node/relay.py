@@ -10,8 +10,9 @@ link whose handshake proved the cluster secret.
 
 Messages (MessagePack arrays on the link):
 
-- ``["q", rid, session, body]`` request: ``body`` is the client's frame, encoded
-  (job data stays raw); ``session`` the client connection's session, so leases a
+- ``["q", rid, session, body]`` request: ``body`` is the client's frame as the client sent it
+  (checked only by the leader), or as this node encoded it (a command of its own, a
+  command for a custom id it looked up; job data stays raw); ``session`` the client connection's session, so leases a
   forwarded pull takes belong to it and go back when it ends; ``rid`` numbers the
   request at the forwarding node;
 - ``["r", rid, body, code, ids]`` reply: ``body`` the encoded reply frame (with the
@@ -22,11 +23,11 @@ Messages (MessagePack arrays on the link):
   node where the client gave none; ``names`` bunqueue's job names, or None): the leader checks
   and commits it as one run, as it would a block its own client sent, and answers
   ``["B", rid, results]``, per push its result (``{"id": ...}``) or its error reply;
-- ``["k", rid, session, body, key_base, dialect]`` a client's ``PUSHB`` for the leader, sent on
-  as the client sent it (``body``, checked only by the leader): the leader gives each job that
-  has neither a key nor a custom id the key ``key_base`` + its index in hex (this node's, in its
-  first-send form or, sent again, its again form), reads it in bunqueue's dialect when
-  ``dialect``, and answers ``["r", ...]`` as a ``q``;
+- ``["k", rid, session, body, key_base, dialect]`` a client's ``PUSHB`` or ``PUSH`` for the
+  leader, sent on as the client sent it (``body``, checked only by the leader): the leader gives
+  each job that has neither a key nor a custom id the key ``key_base`` + its index in hex (this
+  node's, in its first-send form or, sent again, its again form), reads it in bunqueue's dialect
+  when ``dialect``, and answers ``["r", ...]`` as a ``q``;
 - ``["c", rid]`` the client went away: a parked long poll is dropped;
 - ``["x", session, how?]`` the client's session ended at the forwarding node: after the
   node's grace (no ``how``), ``"now"`` (its leases go back at once: a REST client that went
@@ -433,17 +434,24 @@ class Relay:
 
     def forward_received(self, conn: "Replier", frame: dict[str, Any], body: bytes, p: int,
                          custom_ids: bool) -> None:
-        """Send a client's ``PUSHB`` for partition ``p`` (led elsewhere) to its leader as the
-        client sent it (``body``; ``frame`` its decoded form, unchecked here): the leader checks
-        it once and gives each job without a key or custom id this node's key for the request,
-        so it is safe to send again. ``custom_ids``: some job may carry a custom id (Shoal's
-        name or bunqueue's), whose partition this node learns now. Raises ``CommandError``
-        (``OVERLOADED``) when it cannot be sent at all."""
+        """Send a client's command for partition ``p`` (led elsewhere) to its leader as the
+        client sent it (``body``; ``frame`` its decoded form, normalized at most, unchecked
+        here): the leader checks it once. An add's jobs without a key or custom id get this
+        node's key for the request there, so it is safe to send again. ``custom_ids``: some
+        job may carry a custom id (Shoal's name or bunqueue's), whose partition this node
+        learns now. Raises ``CommandError`` (``OVERLOADED``) when it cannot be sent at all."""
         self._check_room()
+        cmd = frame["cmd"]
         rid = next(self._rids)
-        pending = _Pending(conn, frame.get("reqId"), body, p, True, self.loop.time() + FORWARD_TIMEOUT_S, "PUSHB")
-        pending.key_base = self._job_keys_base(rid)
-        pending.keyed = True
+        adds = cmd == "PUSH" or cmd == "PUSHB"
+        timeout = frame.get("timeout") if cmd in ("PULL", "PULLB") else None
+        # (unchecked: what the leader will refuse waits no longer than what it would take)
+        wait_s = min(timeout, L.timeout_ms_max) / 1000 if type(timeout) in (int, float) and timeout > 0 else 0.0
+        pending = _Pending(conn, frame.get("reqId"), body, p, adds or _safe_to_repeat(frame, COMMANDS.get(cmd)),
+                           self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
+        if adds:
+            pending.key_base = self._job_keys_base(rid)
+            pending.keyed = True
         pending.dialect = conn.bunqueue_envelope
         self.forwarded += 1
         if custom_ids:
@@ -578,6 +586,8 @@ class Relay:
             frame = decode_forwarded(pending.body)
             if pending.key_base is not None:
                 key_jobs(frame, pending.key_base)
+            if pending.req_id is not None:
+                frame["reqId"] = pending.req_id  # the client's bytes lack one its connection gave it
             self.dispatcher.handle(conn, frame)
         except CommandError as exc:
             conn.reply_error(pending.req_id, exc)
@@ -1153,9 +1163,14 @@ class Relay:
 
 
 def key_jobs(frame: dict[str, Any], base: str) -> None:
-    """Give each job of a forwarded ``PUSHB`` (as its client sent it) that has neither a key nor
-    a custom id (Shoal's ``customId`` or bunqueue's ``jobId``) the forwarding node's key:
-    ``base`` and the job's index in hex (in place). Anything else is the schema's to refuse."""
+    """Give each job of a forwarded ``PUSHB`` (as its client sent it), or a forwarded ``PUSH``,
+    that has neither a key nor a custom id (Shoal's ``customId`` or bunqueue's ``jobId``) the
+    forwarding node's key: ``base`` and the job's index in hex (in place). Anything else is the
+    schema's to refuse."""
+    if frame.get("cmd") == "PUSH":
+        if frame.get("idempotencyKey") is None and frame.get("customId") is None and frame.get("jobId") is None:
+            frame["idempotencyKey"] = base + "0"
+        return
     jobs = frame.get("jobs")
     if frame.get("cmd") != "PUSHB" or type(jobs) is not list:
         return

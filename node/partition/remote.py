@@ -51,8 +51,8 @@ class RemotePartition:
         self._forwarder.forward_pushes(conn, frames, self.id, away)
 
     def submit_received(self, conn: Any, frame: dict[str, Any], body: bytes, custom_ids: bool) -> None:
-        """Send a ``PUSHB`` to this partition's leader as its client sent it (``body``; ``frame``
-        is its decoded, unchecked form): the leader checks it and gives each job without a key
-        or custom id the forwarding node's key. ``custom_ids``: some job may carry one, which
-        this node then learns the partition of."""
+        """Send a command to this partition's leader as its client sent it (``body``; ``frame``
+        is its decoded, unchecked form): the leader checks it, and gives each job of an add
+        without a key or custom id the forwarding node's key. ``custom_ids``: some job may carry
+        one, which this node then learns the partition of."""
         self._forwarder.forward_received(conn, frame, body, self.id, custom_ids)

@@ -126,3 +126,29 @@ def test_a_bulk_add_through_a_follower_is_sent_on_as_received_and_checked_at_the
     # A node that has not seen the custom id finds its partition.
     with RawConn(cluster3.addresses[0], hello=False) as other:
         assert other.call({"cmd": "GetState", "id": "bulk-c1"})["state"] == "waiting"
+
+
+def test_every_command_through_a_follower_is_sent_on_as_received_and_checked_at_the_leader(
+        cluster3: LocalCluster) -> None:
+    """Not a bulk add alone: a single add with options, pulls, acks and reads go on to the leader
+    as the client sent them; the leader's checks answer a bad one, a single add gets the
+    forwarding node's key (one job for a frame the node may have to send twice), and a custom
+    id is still found."""
+    queue = "fw-any"
+    with RawConn(away(cluster3, queue), hello=False) as c:
+        one = c.call({"cmd": "PUSH", "queue": queue, "data": {"name": "enveloped", "k": 1}, "priority": 5})
+        custom = c.call({"cmd": "PUSH", "queue": queue, "data": 2, "jobId": "any-c1", "delay": 60_000})
+        assert one["ok"] and custom["ok"] and custom["id"] == "any-c1", (one, custom)
+        job = c.call({"cmd": "GetJob", "id": one["id"]})["job"]
+        assert job["name"] == "enveloped" and job["priority"] == 5 and job["data"] == {"k": 1}
+        bad = c.call({"cmd": "PULLB", "queue": queue, "count": 1, "colour": "blue"})
+        assert bad["ok"] is False and bad["code"] == "INVALID" and "colour" in bad["error"], bad
+        bad = c.call({"cmd": "ACK", "id": one["id"], "token": "t", "nonsense": 1})
+        assert bad["ok"] is False and bad["code"] == "INVALID" and "nonsense" in bad["error"], bad
+        got = c.call({"cmd": "PULLB", "queue": queue, "count": 5, "owner": "w1", "lockTtl": 30_000})
+        assert [j["id"] for j in got["jobs"]] == [one["id"]], got
+        assert c.call({"cmd": "ACK", "id": one["id"], "token": got["tokens"][0]})["ok"]
+        counts = c.call({"cmd": "GetJobCounts", "queue": queue})["counts"]
+        assert counts["completed"] == 1 and counts["delayed"] == 1, counts
+    with RawConn(cluster3.addresses[0], hello=False) as other:
+        assert other.call({"cmd": "GetState", "id": "any-c1"})["state"] == "delayed"

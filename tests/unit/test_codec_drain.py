@@ -60,11 +60,9 @@ def _drained(stream: bytes, cuts: list[int]) -> list[Any]:
                 out.append(item.to_frame(Raw))
             else:
                 received = item.pop(RECEIVED_BYTES, None)
-                if item["cmd"] == "PUSHB" and type(received) is ReceivedBytes:
-                    # what a forwarding node sends on: the client's bytes of this very frame
-                    assert unraw(decode_request(received.body, raw_data=True)) == unraw(item)
-                else:
-                    assert received is None, item
+                # what a forwarding node sends on: the client's bytes of this very frame
+                assert type(received) is ReceivedBytes, item
+                assert unraw(decode_request(received.body, raw_data=True)) == unraw(item)
                 out.append(item)
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgpack
 import pytest
 
 from shoal.cluster.config import ClusterConfig, NodeSpec
@@ -173,3 +174,60 @@ def test_an_add_teaches_the_locator_the_partition_of_its_custom_ids_only(parts: 
     learn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 5}, {"data": 6, "name": "n"}]}, {}, 0)
     learn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 7}, {"data": 8, "customId": "c8"}]}, {}, 0)
     assert {c: dispatcher.locator.get(c) for c in ("c2", "c4", "c8", "c5")} == {"c2": 1, "c4": 0, "c8": 0, "c5": None}
+
+
+class Forwarder:
+    """A relay that keeps what the dispatcher sends on (``RemotePartition``'s port)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, bytes, int, bool]] = []
+        self.forwarded: list[tuple[dict[str, Any], int]] = []
+
+    def forward(self, conn: Any, frame: dict[str, Any], p: int, away: bool = False) -> None:
+        self.forwarded.append((frame, p))
+
+    def forward_received(self, conn: Any, frame: dict[str, Any], body: bytes, p: int, custom_ids: bool) -> None:
+        self.received.append((frame["cmd"], body, p, custom_ids))
+
+    def connection_closed(self, conn: Any, how: str | None = None) -> None:
+        pass
+
+
+class LedElsewhere(NoPartitions):
+    def leads(self, p: int) -> bool:
+        return False
+
+
+def test_a_command_for_a_partition_led_elsewhere_goes_on_as_its_client_sent_it(parts: Any) -> None:
+    """The node a client talks to reads a command only as far as its partition: the client's
+    bytes go on to the leader, which checks them once (a field no command has is the leader's
+    to refuse); a node's command is answered here."""
+    from shoal.cluster.codec import FrameDecoder
+
+    dispatcher, _, _ = parts
+    dispatcher.directory = LedElsewhere()
+    relay = dispatcher.relay = Forwarder()  # type: ignore[assignment]
+    link = Link()
+    link.wants_forwarding = True  # type: ignore[attr-defined]
+    dispatcher.connection_opened(link)
+    decoder = FrameDecoder(1 << 20, requests=True, raw_data=True, plain_push=True)
+    frames = [
+        {"cmd": "PULLB", "queue": "q", "count": 10, "reqId": 1},
+        {"cmd": "ACK", "id": "1-7", "token": "t", "reqId": 2, "bogus": True},
+        {"cmd": "PUSH", "queue": "q", "data": {"x": 1}, "priority": 3, "reqId": 3},
+        {"cmd": "GetJobCounts", "queue": "q", "reqId": 4},
+        {"cmd": "Ping", "reqId": 6},
+    ]
+    stream = b"".join(len(b).to_bytes(4, "big") + b for b in (msgpack.packb(f) for f in frames))
+    for frame in decoder.drain(stream):
+        try:
+            dispatcher.handle(link, frame)
+        except CommandError as exc:
+            link.reply_error(frame.get("reqId"), exc)
+    sent = {cmd: (body, p, custom_ids) for cmd, body, p, custom_ids in relay.received}
+    assert set(sent) == {"PULLB", "ACK", "PUSH", "GetJobCounts"}
+    for f in frames[:4]:
+        body, p, _ = sent[f["cmd"]]
+        assert msgpack.unpackb(body) == f, "the client's bytes, unchecked and unchanged"
+    assert sent["ACK"][1] == 1 and sent["PUSH"][2] is True
+    assert relay.forwarded == [] and link.replies == [(6, link.replies[0][1])] and link.replies[0][1]["pong"]
