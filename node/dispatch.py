@@ -246,20 +246,16 @@ class Dispatcher:
         become job schedulers here)."""
         if self.relay is None or not conn.wants_forwarding:
             return False
-        queue, jobs = frame.get("queue"), frame.get("jobs")
-        if type(queue) is not str or type(jobs) is not list or not jobs:
-            return False
-        try:
-            check_queue(queue)
-        except CommandError:
+        jobs = frame.get("jobs")
+        if type(jobs) is not list or not jobs:
             return False
         fields = item_fields(jobs)  # in C: no look at each job here
         if fields is None:
             return False
         if conn.bunqueue_envelope and "repeat" in fields:
             return False
-        p = self._partition_of("queue", frame)
-        if self.directory.leads(p):  # the relay's test too: it runs the frame here only then
+        p = self._partition_unchecked("queue", frame)
+        if p is None or self.directory.leads(p):  # the relay's test too: it runs the frame here only then
             return False
         self._remote(p).submit_received(conn, frame, body, "customId" in fields or "jobId" in fields)
         return True
@@ -287,30 +283,22 @@ class Dispatcher:
         """The partition a command not checked yet goes to, when its routing field alone tells
         it; None otherwise (a fan-out, a custom id, a field the checks will refuse)."""
         if routing == "queue":
-            queue = frame.get("queue")
-            if type(queue) is not str:
-                return None
-            try:
-                check_queue(queue)
-            except CommandError:
-                return None
-            return self._partition_of("queue", frame)
-        if routing == "id":
+            field = frame.get("queue")
+        elif routing == "id":  # the field _routing_job_id reads, if it is there
             ids = frame.get("ids")
-            job_id = frame.get("id") if "id" in frame else (ids[0] if type(ids) is list and ids else None)
-            if type(job_id) is not str:
-                return None
-            try:
-                p = partition_of_job(job_id)
-            except CommandError:
-                return None  # a custom id: the general path looks its partition up
+            field = frame.get("id") if "id" in frame else (ids[0] if type(ids) is list and ids else None)
         elif routing == "partition":
-            p = frame.get("partition")
-            if type(p) is not int:
-                return None  # none: a fan-out; another type: the checks name it
+            field = frame.get("partition")  # none: a fan-out
         else:
             return None
-        return p if 0 <= p < self.partitions else None
+        if type(field) is not (int if routing == "partition" else str):
+            return None  # missing, or of a type the checks name
+        try:
+            if routing == "queue":
+                check_queue(field)
+            return self._partition_of(routing, frame)
+        except CommandError:
+            return None  # a custom id (the general path looks its partition up), or no such partition
 
     def _flow_tree(self, conn: Replier, frame: dict[str, Any]) -> None:
         """One tree of a PUSHF graph: a PushFlow, or the PUSH of a lone job."""

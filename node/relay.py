@@ -11,10 +11,10 @@ link whose handshake proved the cluster secret.
 Messages (MessagePack arrays on the link):
 
 - ``["q", rid, session, body]`` request: ``body`` is the client's frame as the client sent it
-  (checked only by the leader), or as this node encoded it (a command of its own, a
-  command for a custom id it looked up; job data stays raw); ``session`` the client connection's session, so leases a
-  forwarded pull takes belong to it and go back when it ends; ``rid`` numbers the
-  request at the forwarding node;
+  (checked only by the leader), or as this node encoded it (a command of its own, a command
+  for a custom id it looked up; job data stays raw); ``session`` the client connection's
+  session, so leases a forwarded pull takes belong to it and go back when it ends; ``rid``
+  numbers the request at the forwarding node;
 - ``["r", rid, body, code, ids]`` reply: ``body`` the encoded reply frame (with the
   client's ``reqId``), ``code`` its error code (None when ok), ``ids`` the custom job
   ids of the jobs it holds (for the forwarding node's :class:`JobLocator`), or None;
@@ -375,7 +375,7 @@ class Relay:
             body = encode_body(frame)
         except ProtocolError as exc:
             raise CommandError(ErrorCode.INVALID, str(exc)) from exc
-        wait_s = (frame.get("timeout") or 0) / 1000 if cmd in ("PULL", "PULLB") else 0.0
+        wait_s = _long_poll_s(frame)
         pending = _Pending(conn, frame.get("reqId"), body, p, _safe_to_repeat(frame, spec),
                            self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
         pending.away = away
@@ -444,11 +444,8 @@ class Relay:
         cmd = frame["cmd"]
         rid = next(self._rids)
         adds = cmd == "PUSH" or cmd == "PUSHB"
-        timeout = frame.get("timeout") if cmd in ("PULL", "PULLB") else None
-        # (unchecked: what the leader will refuse waits no longer than what it would take)
-        wait_s = min(timeout, L.timeout_ms_max) / 1000 if type(timeout) in (int, float) and timeout > 0 else 0.0
         pending = _Pending(conn, frame.get("reqId"), body, p, adds or _safe_to_repeat(frame, COMMANDS.get(cmd)),
-                           self.loop.time() + FORWARD_TIMEOUT_S + wait_s, cmd)
+                           self.loop.time() + FORWARD_TIMEOUT_S + _long_poll_s(frame), cmd)
         if adds:
             pending.key_base = self._job_keys_base(rid)
             pending.keyed = True
@@ -1203,6 +1200,16 @@ def _hex_suffixes(n: int) -> list[str]:
     if len(_HEX_SUFFIXES) < n:
         _HEX_SUFFIXES.extend(f"{i:x}" for i in range(len(_HEX_SUFFIXES), n))
     return _HEX_SUFFIXES
+
+
+def _long_poll_s(frame: dict[str, Any]) -> float:
+    """How long a forwarded command may wait at its leader beyond the forwarding deadline: a
+    ``PULL``'s or ``PULLB``'s long poll. The frame may be unchecked here: a wait the leader will
+    refuse counts for no more than the longest it would take."""
+    timeout = frame.get("timeout") if frame["cmd"] in ("PULL", "PULLB") else None
+    if type(timeout) not in (int, float) or timeout <= 0:
+        return 0.0
+    return min(timeout, L.timeout_ms_max) / 1000
 
 
 def _safe_to_repeat(frame: dict[str, Any], spec: Any) -> bool:
