@@ -2,7 +2,8 @@
 
 Measures PUSH ops/s (window 100; and summed over one such stream per node, each to a
 queue that node leads), PUSHB jobs/s (100 jobs per frame, 16 frames in
-flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB), the
+flight), PULLB+ACKB jobs/s (16 pipelined consumer slots, 100 jobs per PULLB, draining
+what the pushb phase left, or 1,000,000 jobs pushed first when it is not run), the
 latency of a lone PUSH (p50/p99), the seconds from a leader SIGKILL to the
 first successful write, PUSH and lone-PUSH latency of a one-node Shoal, and as a reference for the machine's speed in the same run, PUSH
 ops/s against ``bare_server.py`` (uvloop + msgpack answering frames, no Raft). Each throughput phase also prints the CPU share of every
@@ -284,12 +285,21 @@ async def bench_bare_push(seconds: float) -> float:
     return n / dt
 
 
-async def bench_pushb(cluster: LocalCluster, seconds: float) -> float:
+async def bench_pushb(cluster: LocalCluster, seconds: float, frames: int = 100_000) -> float:
     jobs = [{"data": DATA_100} for _ in range(100)]
     n, dt = await windowed(leader_address(cluster, "bench-pushb"),
-                           frame_with_req_ids({"cmd": "PUSHB", "queue": "bench-pushb", "jobs": jobs}), 100_000, 16,
+                           frame_with_req_ids({"cmd": "PUSHB", "queue": "bench-pushb", "jobs": jobs}), frames, 16,
                            seconds)
     return n * 100 / dt
+
+
+#: Jobs the pull phase finds waiting when the pushb phase (which leaves them) is not run.
+PULL_BACKLOG = 1_000_000
+
+
+async def fill_pull_backlog(cluster: LocalCluster) -> None:
+    """Push :data:`PULL_BACKLOG` jobs for the pull phase to drain, unmeasured (within 120 s)."""
+    await bench_pushb(cluster, 120.0, frames=PULL_BACKLOG // 100)
 
 
 class _ConsumeDriver(asyncio.Protocol):
@@ -544,6 +554,8 @@ async def main_async(args: argparse.Namespace) -> None:
             for name, label, unit, run in THROUGHPUT_PHASES:
                 if name not in only:
                     continue
+                if name == "pull" and "pushb" not in only:
+                    await fill_pull_backlog(cluster)
                 cluster.wait_balanced(30.0)
                 entries = await raft_batching(cluster)
                 with Profiler(cluster, args.profile, name, args.seconds), CpuMeter(cluster) as cpu:
