@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+#: Seconds a timed-out run has after its SIGTERM to stop its nodes before it is killed.
+STOP_GRACE_S = 60.0
 _RATE = re.compile(r"^(?P<label>[A-Z][^:]*?):?\s{2,}(?P<rate>[\d,]+) (?:ops|jobs)/s\s+cpu (?P<cpu>.*?)(?:,\s*[\d,]+ Raft|$)")
 _SHARE = re.compile(r"(n\d+) (\d+)%")
 _LATENCY = re.compile(r"lone PUSH latency:\s+p50 ([\d.]+) ms\s+p99 ([\d.]+) ms")
@@ -36,11 +38,20 @@ def run_once(checkout: Path, script: Path, args: argparse.Namespace) -> dict[str
     python = checkout / ".venv" / "bin" / "python"
     cmd = [str(python), str(script), "--seconds", str(args.seconds),
            "--only", args.only]
-    try:
-        out = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=args.timeout).stdout
-    except subprocess.TimeoutExpired:
-        print(f"  {checkout}: timed out after {args.timeout}s", file=sys.stderr)
-        return {}
+    with subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the driver then stops its cluster's nodes, which a SIGKILL would
+            # leave running under every later round.
+            proc.terminate()
+            try:
+                proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            print(f"  {checkout}: timed out after {args.timeout}s", file=sys.stderr)
+            return {}
     metrics: dict[str, float] = {}
     for line in out.splitlines():
         m = _RATE.match(line)

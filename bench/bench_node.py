@@ -27,6 +27,7 @@ import asyncio
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -585,6 +586,9 @@ def main() -> None:
                         help="comma list of phases: push,pushb,pull,spread,latency,failover,single,bare")
     parser.add_argument("--profile", default=None, metavar="DIR", help="py-spy flame graphs of each node per phase")
     args = parser.parse_args()
+    # A SIGTERM (bench_ab.py's timeout, a kill) unwinds as Ctrl-C does, so the cluster's context
+    # manager stops the node processes instead of leaving them running under the next run.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     uvloop.install()
     asyncio.run(main_async(args))
 
