@@ -71,7 +71,7 @@ def test_the_first_append_goes_on_where_it_ended(tmp_path) -> None:
     directory = copied(tmp_path)
     j = open_journal(directory)
     for index in range(20, 41):
-        j.append(index, 4, payload(index, 20_000))  # batches of 60 KB and more: too large to copy
+        j.append(index, 4, payload(index, 20_000))  # batches of 40 KB and more: too large to copy
         if index % 3 == 0:
             j.sync()
     j.close()
