@@ -155,7 +155,7 @@ class ControlOps(Store):
                 raise CommandError(ErrorCode.INVALID, f"type: queue {name!r} exists as {existing.type}")
             self._set_options(existing, opts)
             return {"created": False}
-        self.queues[name] = Queue(name, qtype, opts)
+        self.queues[name] = Queue(name, qtype, opts, custom_of=self._custom_of)
         return {"created": True}
 
     def _op_UpdateQueue(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -235,8 +235,8 @@ class ControlOps(Store):
                     customs = q.custom_ids
                     for k in range(i, j):
                         custom = seg.custom_ids[k]
-                        if custom is not None and customs.get(custom) == seg.first + k:
-                            del customs[custom]
+                        if custom is not None:
+                            customs.discard(custom, seg.first + k)
                 if seg.groups is not None:  # grouped slots wait or are delayed: their groups shrink
                     groups, moved = seg.groups, self._group_moved  # type: ignore[attr-defined]  # ReadyIndex
                     for k in range(i, j):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
+from ._custom_ids import CustomIds
 from ._limits import group_concurrency_of, limiter_of
 from ._payloads import Stored
 from ._segments import SLOT_ACTIVE, SLOT_COMPLETED, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
@@ -164,7 +166,10 @@ class Queue:
                  "group_listed", "group_tags", "group_sizes", "group_vtime", "counts", "prio_counts", "history",
                  "dlq", "custom_ids", "calls", "totals", "log", "log_next", "limiter", "group_conc")
 
-    def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None) -> None:
+    def __init__(self, name: str, qtype: str = "standard", opts: dict[str, Any] | None = None, *,
+                 custom_of: Callable[[int], str | None]) -> None:
+        """``custom_of(seq)``: the custom id of the engine's job ``seq``, if it holds one (the
+        index of custom ids confirms its candidates with it)."""
         self.name = name
         self.type = qtype
         self.opts = {**DEFAULTS, **(opts or {})}
@@ -182,7 +187,7 @@ class Queue:
         self.prio_counts: dict[int, int] = {}               # waiting jobs per priority
         self.history: deque[int] = deque()                  # completed seqs, oldest first
         self.dlq: dict[int, None] = {}                      # failed seqs in order
-        self.custom_ids: dict[str, int] = {}
+        self.custom_ids = CustomIds(custom_of)
         self.calls: dict[str, int] = {}
         self.totals = {"enqueued": 0, "completed": 0, "failed": 0, "reclaimed": 0, "expired": 0, "retried": 0}
         self.log: dict[int, tuple[bytes, str | None, int]] = {}  # log queues: lseq -> (data, tag, createdAt)
@@ -195,7 +200,7 @@ class Queue:
         return QUEUE_PRESETS[self.type]
 
     def settings(self) -> tuple[Any, ...]:
-        return (self.name, self.type, dict(sorted(self.opts.items())), self.paused, dict(self.custom_ids),
+        return (self.name, self.type, dict(sorted(self.opts.items())), self.paused, self.custom_ids.as_dict(),
                 dict(self.calls), dict(self.totals), dict(self.log), self.log_next, list(self.history),
                 list(self.dlq))
 

@@ -118,8 +118,8 @@ class Moves(Store):
             self._drop_prio(q, job.priority)
         q.counts[job.state] -= 1
         q.dlq.pop(job.seq, None)
-        if job.custom_id is not None and q.custom_ids.get(job.custom_id) == job.seq:
-            del q.custom_ids[job.custom_id]
+        if job.custom_id is not None:
+            q.custom_ids.discard(job.custom_id, job.seq)
         if self.flow_children or self.flow_parents:
             self._flow_forget(job)
         del self.jobs[job.seq]

@@ -6,7 +6,8 @@ and an idempotency key (what ``queue.add()`` sends), would otherwise build one :
 dict slot per job on every replica. A :class:`Segment` holds consecutive such jobs as a list
 of data bytes plus the few fields its jobs share (queue and the queue's defaults at push
 time) and, only where its jobs differ, their priorities, creation and run-at times in packed
-arrays and their groups, custom ids and tags in lists. The engine turns a segment's job into a real ``Job``
+arrays, their groups and tags in lists, and their custom ids in a
+:class:`~._str_column.StrColumn`. The engine turns a segment's job into a real ``Job``
 ("materializes" it) the first time anything needs it as one: a pull reaching it out of its
 segment's order, a command naming its id. Until then it is waiting (or delayed), exactly as
 if it had been pushed on its own.
@@ -29,6 +30,7 @@ from shoal.cluster.codec import Raw
 
 from ._decimal import joined_decimal_run
 from ._payloads import PayloadSpace, Stored
+from ._str_column import StrColumn
 
 __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE",
            "SLOT_COMPLETED", "SLOT_READY", "SLOT_DELAYED", "SLOT_HELD", "SEGMENT_SLOTS_MAX"]
@@ -166,7 +168,8 @@ class Segment:
         self.createds = createds
         self.run_ats = run_ats
         self.groups = groups       # per slot its job's group, or None when none has one
-        self.custom_ids = custom_ids  # per slot its job's custom id, or None when none has one
+        # per slot its job's custom id, or None when none has one
+        self.custom_ids = StrColumn(custom_ids) if custom_ids is not None else None
         self.tags = tags           # per slot its job's tag, or None when none has one
         n = len(datas)
         self.states = bytearray([SLOT_WAITING]) * n if states is None else states
@@ -351,7 +354,7 @@ class Segment:
         if self.groups is not None:
             self.groups.append(group)
         if custom_id is not None and self.custom_ids is None:
-            self.custom_ids = [None] * n
+            self.custom_ids = StrColumn.nones(n)
         if self.custom_ids is not None:
             self.custom_ids.append(custom_id)
         if priority and self.priorities is None:
@@ -413,7 +416,7 @@ class Segment:
         if self.groups is not None:
             self.groups.extend([None] * k)
         if self.custom_ids is not None:
-            self.custom_ids.extend([None] * k)
+            self.custom_ids.extend_nones(k)
         if self.tags is not None:
             self.tags.extend([None] * k)
         if self.lease_nos:

@@ -204,7 +204,6 @@ class SnapshotOps(Store):
                 ints.clear()
             return ints.setdefault(value, value)
 
-        customs: dict[str, str] = {}
         # Runs of jobs a segment's slots can hold (what bulk pushes and runs of single adds leave)
         # come back as segments, as they were held before the snapshot, rather than one Job each.
         segments: list[Segment] = []
@@ -218,8 +217,6 @@ class SnapshotOps(Store):
             for i in _SHARED_INTS:
                 if i < len(t) and type(t[i]) is int and t[i] > 256:
                     t[i] = same_int(t[i])
-            if len(t) > 16 and type(t[16]) is str:  # a custom id: the queue's index keys by the same str
-                customs[t[16]] = t[16]
             if slot_like(t):
                 if run is not None and run.continues(t):
                     run.add(t)
@@ -268,10 +265,9 @@ class SnapshotOps(Store):
         turns = extras.get("groups", {})
         eng.seq, eng.lease_seq, eng.now_ms = seq, lease_seq, now_ms
         for name, qtype, opts, paused, custom_ids, calls, totals, log, log_next, history, dlq in queues:
-            q = eng.queues[name] = Queue(name, qtype, opts)
-            if customs:  # keys as the jobs hold them (one str per custom id), in their order
-                custom_ids = {customs.get(k, k): seq for k, seq in custom_ids.items()}
-            q.paused, q.custom_ids, q.calls, q.totals, q.log_next = paused, custom_ids, calls, totals, log_next
+            q = eng.queues[name] = Queue(name, qtype, opts, custom_of=eng._custom_of)
+            q.custom_ids.load(custom_ids.items())
+            q.paused, q.calls, q.totals, q.log_next = paused, calls, totals, log_next
             q.log = {lseq: (rec[0], rec[1], rec[2]) for lseq, rec in log.items()}
             # Completion and dead-letter order matter (trimming, Kick), so they are kept as they were.
             q.history = deque(history)
@@ -280,7 +276,6 @@ class SnapshotOps(Store):
                 q.limiter.load(limits[name])
             if name in turns:
                 q.group_tags = dict(turns[name])  # vtime restarts at 0: tags are kept relative to it
-        del customs
         eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
         eng.crons = crons
         if "flows" in extras:

@@ -113,7 +113,7 @@ class Store:
         if q is None:
             if not create:
                 raise CommandError(ErrorCode.NOT_FOUND, f"queue {name!r} does not exist")
-            q = self.queues[name] = Queue(name)
+            q = self.queues[name] = Queue(name, custom_of=self._custom_of)
         return q
 
     def _job(self, job_id: str) -> Job:
@@ -222,13 +222,10 @@ class Store:
         groups = seg.groups
         waiting = plain
         i = states.find(SLOT_READY)
-        customs = seg.custom_ids
         while i >= 0:
             prio = seg.priority(i)
             group = groups[i] if groups is not None else None
             seq = seg.first + i
-            if not prio and customs is not None and customs[i] is not None:
-                seq = q.custom_ids.get(customs[i], seq)  # the index's int: one object for both
             if group is None:
                 heapq.heappush(q.ready, ready_key(prio, seq))
             else:
