@@ -21,9 +21,9 @@ import heapq
 from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
-from shoal.cluster.jobid import format_job_id
 
-from ._model import Job, Queue, due_key
+from ._model import Queue, due_key
+from ._push import SLOT_PUSH_FIELDS
 from ._store import Store
 from ._transitions import DELAYED, WAITING
 from ._payloads import PayloadSpace
@@ -69,22 +69,27 @@ class DedupeOps(Store):
             entry = self.dedupe.get((q.name, spec["id"]))
             if entry is None or entry[0] != DEDUPE or entry[2] <= now:
                 return None
-            job = self.jobs.get(entry[1])  # made by the per-job path: never a segment's
             if spec.get("extend"):
                 self._set_expiry(q.name, spec["id"], entry, now + spec["ttlMs"])
-            if spec.get("replace") and job is not None and job.state in (WAITING, DELAYED):
-                self._replace_data(job, options["data"])  # type: ignore[attr-defined]  # Store
-            return self._wire_id(job) if job is not None else format_job_id(self.partition, entry[1])
+            if spec.get("replace"):
+                peeked = self._peek(entry[1])
+                if peeked is not None and peeked.state in (WAITING, DELAYED):
+                    job = self._get(entry[1])  # a segment's slot becomes a job object to change
+                    assert job is not None
+                    self._replace_data(job, options["data"])
+            return self.wire_id_of_seq(entry[1])
         spec = options["debounce"]
         entry = self.dedupe.get((q.name, spec["id"]))
         if entry is None or entry[0] != DEBOUNCE:
             return None
-        job = self.jobs.get(entry[1])
+        job = self._peek(entry[1])
         if job is None or job.state != DELAYED or job.run_at_ms <= now:
             # The burst's job is due already (moved, or due at this instant but not yet
             # promoted by a tick): this add starts a new burst.
             return None
-        self._replace_data(job, options["data"])  # type: ignore[attr-defined]  # Store
+        job = self._get(entry[1])  # a segment's slot becomes a job object to change
+        assert job is not None
+        self._replace_data(job, options["data"])
         run_at = now + spec["delayMs"]
         wait = spec.get("maxWaitMs")
         if wait is not None:
@@ -106,9 +111,21 @@ class DedupeOps(Store):
             options = self._debounce_delay(options)
         self._check_push(q, options)  # type: ignore[attr-defined]  # PushOps
         self._count(q, "PUSH")
-        job = self._new_job(q, options["data"], options)  # type: ignore[attr-defined]  # PushOps
-        self._note_dedupe(q, options, job)
-        return {"id": self._wire_id(job)}
+        return {"id": self._add_deduped(q, options)}
+
+    def _add_deduped(self, q: Queue, options: dict[str, Any]) -> str:
+        """Add the job of an add with ``dedupe`` or ``debounce`` that no entry absorbed (checked,
+        its debounce delay set) and record its entry; return its wire id. Its fields otherwise
+        those of a single add, it waits as a segment's slot (``_add_slot_like``)."""
+        rest = {k: v for k, v in options.items() if k != "dedupe" and k != "debounce"}
+        if rest.keys() <= SLOT_PUSH_FIELDS and not (q.preset["ttl"] and q.opts["ttl"]):
+            wire = self._add_slot_like(q, rest)  # type: ignore[attr-defined]  # PushOps
+            seq = self.seq
+        else:
+            job = self._new_job(q, options["data"], options)  # type: ignore[attr-defined]  # PushOps
+            seq, wire = job.seq, self._wire_id(job)
+        self._note_dedupe(q, options, seq)
+        return wire
 
     def _debounce_delay(self, options: dict[str, Any]) -> dict[str, Any]:
         """The options of the job a debounced add makes: delayed by ``delayMs``."""
@@ -119,18 +136,19 @@ class DedupeOps(Store):
             delay = min(delay, wait)
         return {**options, "delay": delay}
 
-    def _note_dedupe(self, q: Queue, options: dict[str, Any], job: Job) -> None:
-        """Record the entry of a job made by an add with ``dedupe`` or ``debounce``."""
+    def _note_dedupe(self, q: Queue, options: dict[str, Any], seq: int) -> None:
+        """Record the entry of job ``seq``, made by an add with ``dedupe`` or ``debounce``
+        (delayed by ``options["delay"]``, for a debounce)."""
         spec = options.get("dedupe")
         if spec is not None:
-            entry = [DEDUPE, job.seq, 0, self.now_ms]
+            entry = [DEDUPE, seq, 0, self.now_ms]
             self.dedupe[(q.name, spec["id"])] = entry
             self._set_expiry(q.name, spec["id"], entry, self.now_ms + spec["ttlMs"])
             return
         spec = options["debounce"]
-        entry = [DEBOUNCE, job.seq, 0, self.now_ms]
+        entry = [DEBOUNCE, seq, 0, self.now_ms]
         self.dedupe[(q.name, spec["id"])] = entry
-        self._set_expiry(q.name, spec["id"], entry, job.run_at_ms)
+        self._set_expiry(q.name, spec["id"], entry, self.now_ms + options["delay"])
 
     def _set_expiry(self, queue: str, dedupe_id: str, entry: list[Any], expires_ms: int) -> None:
         entry[2] = expires_ms

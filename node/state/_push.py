@@ -519,9 +519,7 @@ class PushOps(IdempotencyWindow):
                     continue
                 if item.get("debounce") is not None:
                     item = self._debounce_delay(item)  # type: ignore[attr-defined]  # DedupeOps
-                job = new_job(q, item["data"], item)
-                self._note_dedupe(q, item, job)  # type: ignore[attr-defined]  # DedupeOps
-                ids.append(self._wire_id(job))
+                ids.append(self._add_deduped(q, item))  # type: ignore[attr-defined]  # DedupeOps
                 continue
             if slots and item.keys() <= SLOT_PUSH_FIELDS:
                 ids.append(self._add_slot_like(q, item))  # held as a single add with the same fields

@@ -307,8 +307,8 @@ class SnapshotOps(Store):
         """Keep a restored run as a segment: its heap entries and counts (``_hold_segment``).
 
         Where the per-job path alone made such jobs, they stay jobs (indexed with the rest):
-        a log queue's records, and jobs a flow or a dedupe entry names (their code reads
-        them as jobs). ``named``: those seqs, ascending."""
+        a log queue's records, and jobs a flow names (its code reads them as jobs).
+        ``named``: those seqs, ascending."""
         q = self.queues[seg.queue]
         n = len(seg.states)
         k = bisect_left(named, seg.first)
@@ -321,10 +321,8 @@ class SnapshotOps(Store):
         self._hold_segment(q, seg)
 
     def _seqs_named_elsewhere(self) -> list[int]:
-        """Seqs of jobs that flows or dedupe entries name."""
-        named = [*self.flow_parents, *self.flow_children, *self.flow_outbox]
-        named.extend(entry[1] for entry in self.dedupe.values())  # type: ignore[attr-defined]  # DedupeOps
-        return named
+        """Seqs of jobs that flows name."""
+        return [*self.flow_parents, *self.flow_children, *self.flow_outbox]
 
     def _index(self, job: Job) -> None:
         """Rebuild a restored job's place in the indexes."""

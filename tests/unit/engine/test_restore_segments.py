@@ -70,7 +70,7 @@ def test_a_restored_segment_behaves_like_the_jobs_it_replaced() -> None:
     assert restored.digest() == e.digest()
 
 
-def test_log_queue_records_and_jobs_named_by_flows_or_dedupe_stay_jobs() -> None:
+def test_log_queue_records_and_jobs_named_by_flows_stay_jobs_and_dedupe_jobs_wait_as_slots() -> None:
     e = PartitionEngine(0)
     e.apply({"cmd": "CreateQueue", "queue": "log", "type": "log"}, 1_000)
     e.apply({"cmd": "PUSHB", "queue": "log", "jobs": [{"data": raw_of(i)} for i in range(5)]}, 1_000)
@@ -87,7 +87,9 @@ def test_log_queue_records_and_jobs_named_by_flows_or_dedupe_stay_jobs() -> None
     assert answers(restored, commands, 2_000) == answers(e, commands, 2_000)
     assert restored.digest() == e.digest()
     assert restored.flow_outbox == e.flow_outbox
-    assert not PartitionEngine.restore(e.snapshot()).segments
+    again = PartitionEngine.restore(e.snapshot())
+    assert [(seg.queue, seg.held) for seg in again.segments] == [("d", 3)]  # x1's job, its data replaced, too
+    assert not any(job.queue == "d" for job in again.jobs.values())
 
 
 @settings(max_examples=40, deadline=None)
@@ -127,3 +129,22 @@ def test_restore_then_commands_agree_with_the_original(batches: list[tuple[str, 
         if cmd["cmd"] == "PULLB" and isinstance(want[0], dict) and want[0].get("jobs"):
             held.append(([j["id"] for j in want[0]["jobs"]], want[0]["tokens"]))
         assert restored.digest() == e.digest()
+
+
+def test_a_debounced_job_waits_as_a_slot_and_its_burst_moves_it_alike_after_a_restore() -> None:
+    e = PartitionEngine(0)
+    burst = {"cmd": "PUSH", "queue": "b", "debounce": {"id": "k", "delayMs": 5_000, "maxWaitMs": 8_000}}
+    for i in range(3):  # three bursts' first adds, one after another: slots of one segment
+        e.apply({**burst, "data": raw_of(i), "debounce": {**burst["debounce"], "id": f"k{i}"}}, 1_000)
+    assert not e.jobs and e.segments.jobs == 3
+    restored = PartitionEngine.restore(e.snapshot())
+    assert not restored.jobs
+    later = [{**burst, "data": raw_of("later"), "debounce": {**burst["debounce"], "id": "k1"}},
+             {"cmd": "GetJob", "id": "0-2"}, {"cmd": "GetJobCounts", "queue": "b"}]
+    assert answers(restored, later, 4_000) == answers(e, later, 4_000)
+    job = answers(e, [{"cmd": "GetJob", "id": "0-2"}], 4_000)[0]["job"]
+    assert job["runAt"] == 9_000 and job["data"] == "later"  # 4,000 + 5,000, within maxWait of 1,000 + 8,000
+    assert restored.digest() == e.digest()
+    due = [{"cmd": "_Tick"}, {"cmd": "PULLB", "queue": "b", "count": 5, "ttr": 1_000}]
+    assert answers(restored, due, 9_000) == answers(e, due, 9_000)
+    assert restored.digest() == e.digest()
