@@ -39,9 +39,10 @@ class DedupeOps(Store):
 
     def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
         super().__init__(partition, space)
-        # (queue, id) -> [kind, seq, expires_ms, first_ms]: dedupe expires at its TTL, a
-        # debounce entry when its job is due (it cannot match after that)
-        self.dedupe: dict[tuple[str, str], list[Any]] = {}
+        # queue -> id -> its entry, (kind, seq, expires_ms, first_ms) packed into one int
+        # (_pack_entry): dedupe expires at its TTL, a debounce entry when its job is due (it
+        # cannot match after that)
+        self.dedupe: dict[str, dict[str, int]] = {}
         self.dedupe_order: list[tuple[int, str, str]] = []  # (expires_ms, queue, id), a heap
 
     def _check_dedupe(self, q: Queue, options: dict[str, Any]) -> None:
@@ -64,40 +65,47 @@ class DedupeOps(Store):
         None: the add makes a new job (``_note_dedupe`` records it afterwards).
         """
         now = self.now_ms
+        entries = self.dedupe.get(q.name)
         spec = options.get("dedupe")
         if spec is not None:
-            entry = self.dedupe.get((q.name, spec["id"]))
-            if entry is None or entry[0] != DEDUPE or entry[2] <= now:
+            packed = entries.get(spec["id"]) if entries is not None else None
+            if packed is None:
+                return None
+            kind, seq, expires, first = _unpack_entry(packed)
+            if kind != DEDUPE or expires <= now:
                 return None
             if spec.get("extend"):
-                self._set_expiry(q.name, spec["id"], entry, now + spec["ttlMs"])
+                self._set_entry(q.name, spec["id"], (kind, seq, now + spec["ttlMs"], first))
             if spec.get("replace"):
-                peeked = self._peek(entry[1])
+                peeked = self._peek(seq)
                 if peeked is not None and peeked.state in (WAITING, DELAYED):
-                    job = self._get(entry[1])  # a segment's slot becomes a job object to change
+                    job = self._get(seq)  # a segment's slot becomes a job object to change
                     assert job is not None
                     self._replace_data(job, options["data"])
-            return self.wire_id_of_seq(entry[1])
+            return self.wire_id_of_seq(seq)
         spec = options["debounce"]
-        entry = self.dedupe.get((q.name, spec["id"]))
-        if entry is None or entry[0] != DEBOUNCE:
+        packed = entries.get(spec["id"]) if entries is not None else None
+        if packed is None:
             return None
-        job = self._peek(entry[1])
+        kind, seq, expires, first = _unpack_entry(packed)
+        if kind != DEBOUNCE:
+            return None
+        job = self._peek(seq)
         if job is None or job.state != DELAYED or job.run_at_ms <= now:
             # The burst's job is due already (moved, or due at this instant but not yet
             # promoted by a tick): this add starts a new burst.
             return None
-        job = self._get(entry[1])  # a segment's slot becomes a job object to change
+        job = self._get(seq)  # a segment's slot becomes a job object to change
         assert job is not None
         self._replace_data(job, options["data"])
         run_at = now + spec["delayMs"]
         wait = spec.get("maxWaitMs")
         if wait is not None:
-            run_at = min(run_at, entry[3] + wait)
+            run_at = min(run_at, first + wait)
         if run_at != job.run_at_ms:
             job.run_at_ms = run_at
             heapq.heappush(self.delayed, due_key(run_at, job.seq))  # the old entry goes stale
-            self._set_expiry(q.name, spec["id"], entry, run_at)
+            self._set_entry(q.name, spec["id"], (kind, seq, run_at, first))
         return self._wire_id(job)
 
     def _push_deduped(self, q: Queue, options: dict[str, Any]) -> dict[str, Any]:
@@ -139,37 +147,62 @@ class DedupeOps(Store):
     def _note_dedupe(self, q: Queue, options: dict[str, Any], seq: int) -> None:
         """Record the entry of job ``seq``, made by an add with ``dedupe`` or ``debounce``
         (delayed by ``options["delay"]``, for a debounce)."""
+        now = self.now_ms
         spec = options.get("dedupe")
         if spec is not None:
-            entry = [DEDUPE, seq, 0, self.now_ms]
-            self.dedupe[(q.name, spec["id"])] = entry
-            self._set_expiry(q.name, spec["id"], entry, self.now_ms + spec["ttlMs"])
+            self._set_entry(q.name, spec["id"], (DEDUPE, seq, now + spec["ttlMs"], now))
             return
-        spec = options["debounce"]
-        entry = [DEBOUNCE, seq, 0, self.now_ms]
-        self.dedupe[(q.name, spec["id"])] = entry
-        self._set_expiry(q.name, spec["id"], entry, self.now_ms + options["delay"])
+        self._set_entry(q.name, options["debounce"]["id"], (DEBOUNCE, seq, now + options["delay"], now))
 
-    def _set_expiry(self, queue: str, dedupe_id: str, entry: list[Any], expires_ms: int) -> None:
-        entry[2] = expires_ms
-        heapq.heappush(self.dedupe_order, (expires_ms, queue, dedupe_id))
+    def _set_entry(self, queue: str, dedupe_id: str, entry: tuple[str, int, int, int]) -> None:
+        """Keep ``entry`` (kind, seq, expires_ms, first_ms) for ``dedupe_id`` of ``queue``; its
+        expiry goes on the heap (an entry it replaces leaves a stale one there)."""
+        entries = self.dedupe.get(queue)
+        if entries is None:
+            entries = self.dedupe[queue] = {}
+        entries[dedupe_id] = _pack_entry(*entry)
+        heapq.heappush(self.dedupe_order, (entry[2], queue, dedupe_id))
 
     def _purge_dedupe(self) -> None:
         """Drop entries past their expiry (stale heap entries are skipped)."""
-        order, now = self.dedupe_order, self.now_ms
+        order, now, dedupe = self.dedupe_order, self.now_ms, self.dedupe
         while order and order[0][0] <= now:
             expires, queue, dedupe_id = heapq.heappop(order)
-            entry = self.dedupe.get((queue, dedupe_id))
-            if entry is not None and entry[2] == expires:
-                del self.dedupe[(queue, dedupe_id)]
+            entries = dedupe.get(queue)
+            if entries is None:
+                continue
+            packed = entries.get(dedupe_id)
+            if packed is not None and _unpack_entry(packed)[2] == expires:
+                del entries[dedupe_id]
+                if not entries:
+                    del dedupe[queue]
 
     def dedupe_state(self) -> list[Any]:
-        """The entries in canonical order, for the snapshot."""
-        return [[q, i, *e] for (q, i), e in sorted(self.dedupe.items())]
+        """The entries in canonical order (by queue, then id), for the snapshot."""
+        return [[q, i, *_unpack_entry(packed)] for q in sorted(self.dedupe) for i, packed in
+                sorted(self.dedupe[q].items())]
 
     def load_dedupe(self, state: list[Any]) -> None:
         """Restore :meth:`dedupe_state`; the expiry heap is rebuilt from it."""
         for queue, dedupe_id, kind, seq, expires, first in state:
-            self.dedupe[(queue, dedupe_id)] = [kind, seq, expires, first]
-            heapq.heappush(self.dedupe_order, (expires, queue, dedupe_id))
+            self._set_entry(queue, dedupe_id, (kind, seq, expires, first))
+
+
+#: Bits of each of an entry's numbers when packed (seqs and times in ms are far below 2**64).
+_BITS = 64
+_FIELD_MASK = (1 << _BITS) - 1
+
+
+def _pack_entry(kind: str, seq: int, expires_ms: int, first_ms: int) -> int:
+    """One int for an entry: a Python int of about 48 bytes, where a list of four fields with
+    their ints takes about 180."""
+    assert 0 <= seq <= _FIELD_MASK and 0 <= expires_ms <= _FIELD_MASK and 0 <= first_ms <= _FIELD_MASK
+    return ((((first_ms << _BITS) | expires_ms) << _BITS | seq) << 1) | (kind == DEBOUNCE)
+
+
+def _unpack_entry(packed: int) -> tuple[str, int, int, int]:
+    """``(kind, seq, expires_ms, first_ms)`` of a packed entry."""
+    kind = DEBOUNCE if packed & 1 else DEDUPE
+    packed >>= 1
+    return kind, packed & _FIELD_MASK, (packed >> _BITS) & _FIELD_MASK, packed >> (2 * _BITS)
 
