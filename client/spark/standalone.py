@@ -90,7 +90,9 @@ class StandaloneSpark:
             try:
                 if ready():
                     return
-            except OSError:
+            except (OSError, ValueError):
+                # not listening yet, or a page that is not yet the JSON status: a master's web UI
+                # can answer /json/ with an HTML page for a moment while it starts
                 pass
             time.sleep(_POLL_S)
         raise TimeoutError(f"Spark {what} not ready within {_START_TIMEOUT_S:.0f}s (logs in {self.work_dir})")
