@@ -80,11 +80,10 @@ class CustomIds:
         """The seq of the job whose custom id is ``key``, else ``default``."""
         if self._small is not None:
             return self._small.get(key, default)
-        h = hash(key)
-        table = self._tables[h & (SHARDS - 1)]
+        shard, check = _place(key)
+        table = self._tables[shard]
         if table is None:
             return default
-        check = (h >> _SHARD_BITS) & 0xFFFFFFFF or 1
         checks, seqs, mask = table.checks, table.seqs, table.mask
         i = check & mask
         while True:
@@ -112,12 +111,10 @@ class CustomIds:
             if len(small) > self._small_max:
                 self._pack()
             return
-        h = hash(key)
-        shard = h & (SHARDS - 1)
+        shard, check = _place(key)
         table = self._tables[shard]
         if table is None:
             table = self._tables[shard] = _Table(_MIN_SLOTS)
-        check = (h >> _SHARD_BITS) & 0xFFFFFFFF or 1
         checks, seqs, mask, key_of = table.checks, table.seqs, table.mask, self._key_of
         i = check & mask
         free = -1
@@ -148,11 +145,10 @@ class CustomIds:
             if small.get(key) == seq:
                 del small[key]
             return
-        h = hash(key)
-        table = self._tables[h & (SHARDS - 1)]
+        shard, check = _place(key)
+        table = self._tables[shard]
         if table is None:
             return
-        check = (h >> _SHARD_BITS) & 0xFFFFFFFF or 1
         checks, seqs, mask = table.checks, table.seqs, table.mask
         i = check & mask
         while True:
@@ -201,12 +197,11 @@ class CustomIds:
 
     def _put_new(self, key: str, seq: int) -> None:
         """Add an entry for ``key``, which no entry of the tables holds."""
-        h = hash(key)
-        shard = h & (SHARDS - 1)
+        shard, check = _place(key)
         table = self._tables[shard]
         if table is None:
             table = self._tables[shard] = _Table(_MIN_SLOTS)
-        _put(table, (h >> _SHARD_BITS) & 0xFFFFFFFF or 1, seq)
+        _put(table, check, seq)
         self._live += 1
         if table.used * 4 > (table.mask + 1) * 3:
             self._rebuild(shard)
@@ -217,14 +212,14 @@ class CustomIds:
         assert old is not None
         live = [(c, s) for c, s in zip(old.checks, old.seqs) if s]
         table = self._tables[shard] = _Table(_slots_for(len(live)))
-        checks, seqs, mask = table.checks, table.seqs, table.mask
         for check, seq in live:
-            i = check & mask
-            while checks[i]:
-                i = (i + 1) & mask
-            checks[i] = check
-            seqs[i] = seq
-        table.used = len(live)
+            _put(table, check, seq)
+
+
+def _place(key: str) -> tuple[int, int]:
+    """The shard of ``key``'s entry and its check (never 0, which marks an empty slot)."""
+    h = hash(key)
+    return h & (SHARDS - 1), (h >> _SHARD_BITS) & 0xFFFFFFFF or 1
 
 
 def _put(table: _Table, check: int, seq: int) -> None:

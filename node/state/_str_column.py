@@ -77,12 +77,5 @@ class StrColumn:
     def __iter__(self) -> Iterator[str | None]:
         return map(self.__getitem__, range(len(self._ends)))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, StrColumn):
-            return list(self) == list(other)
-        if isinstance(other, list):
-            return list(self) == other
-        return NotImplemented
-
     def __repr__(self) -> str:
         return f"StrColumn({list(self)!r})"
