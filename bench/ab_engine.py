@@ -11,7 +11,8 @@ process CPU time (``time.process_time``), not wall time. Both engines use this t
 batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); adds
 with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end); and
 adds with a priority, a delay and a name (what ``queue.add()`` sends), then pulled and acked;
-and ``addBulk`` items with a priority, a group, a tag and a custom id, pulled and acked in batches.
+``addBulk`` items with a priority, a group, a tag and a custom id, pulled and acked in batches;
+and adds with a dedupe id each, then each sent again (absorbed by its entry).
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def leased(engine: Any, frame: dict[str, Any]) -> Any:
     package = sys.modules[type(engine).__module__.rpartition(".")[0]]
     session_pull = getattr(package, "SessionPull", None)
     return session_pull(frame, "s") if session_pull is not None else {**frame, "_session": "s"}
+
+
+def applying(engine: Any, cmds: list[dict[str, Any]], now: int) -> float:
+    """CPU seconds ``engine`` takes to apply each of ``cmds`` at ``now``."""
+    t = clock()
+    for cmd in cmds:
+        engine.apply(cmd, now)
+    return clock() - t
 
 
 def push_pull(engine: Any, n: int = 20_000) -> dict[str, float]:
@@ -106,18 +115,9 @@ def keyed(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
     pushes = [{"cmd": "PUSH", "queue": "q", "data": DATA, "idempotencyKey": f"s-{i:08d}"} for i in range(n)]
     frames = [{"cmd": "PUSHB", "queue": "q", "jobs": [{"data": DATA, "idempotencyKey": f"b-{k:06d}.{i}"}
                                                       for i in range(size)]} for k in range(n // size)]
-    t = clock()
-    for cmd in pushes:
-        engine.apply(cmd, NOW)
-    push_s = clock() - t
-    t = clock()
-    for cmd in frames:
-        engine.apply(cmd, NOW)
-    pushb_s = clock() - t
-    t = clock()
-    for cmd in pushes:
-        engine.apply(cmd, NOW + 1)
-    again_s = clock() - t
+    push_s = applying(engine, pushes, NOW)
+    pushb_s = applying(engine, frames, NOW)
+    again_s = applying(engine, pushes, NOW + 1)
     t = clock()
     engine.apply({"cmd": "_Tick"}, NOW + 10 * 60_000)
     return {"keyed PUSH": push_s / n, "keyed PUSHB": pushb_s / n, "PUSH again": again_s / n,
@@ -153,7 +153,18 @@ def bulk_options(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, flo
     return {"PUSHB options": push_s / n, "their PULLB+ACKB": drain(engine, "o", n, size)}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, bulk_options]
+def deduped(engine: Any, n: int = 20_000) -> dict[str, float]:
+    """Adds with a dedupe id each (an hour's TTL), then each sent again: answered by its entry."""
+    def adds() -> list[dict[str, Any]]:
+        return [{"cmd": "PUSH", "queue": "d", "data": DATA, "dedupe": {"id": f"order-{i:012d}", "ttlMs": 3_600_000}}
+                for i in range(n)]
+
+    first, again = adds(), adds()
+    return {"dedupe add": applying(engine, first, NOW) / n, "dedupe again": applying(engine, again, NOW + 1) / n}
+
+
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, bulk_options,
+                                                      deduped]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:

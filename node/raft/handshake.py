@@ -51,12 +51,12 @@ __all__ = ["Handshake", "Role", "SendBytes", "Established", "NEED_DATA", "Handsh
            "HANDSHAKE_FRAME_BYTES_MAX", "NONCE_BYTES", "INCARNATION_BYTES_MAX", "RejectReason", "PeerPolicy",
            "accept_any_incarnation", "expect_incarnations"]
 
-#: Names the link's version: 6 = Raft messages with the durable index, heartbeat rounds and synced
+#: Names the link's version: 7 = Raft messages with the durable index, heartbeat rounds and synced
 #: indexes, carrying data entries in format 1 of :mod:`shoal.node.partition.log_format` and snapshots of
-#: engine state version 2. Nodes of other versions are refused by name: version 5 reads only engine
-#: state 1, version 4 only pickled data entries, and a node that cannot read an entry or a
-#: snapshot must never be sent one (docs/formats.md).
-MAGIC = b"SHR6"
+#: engine state version 3. Nodes of other versions are refused by name: version 6 reads engine
+#: states 1 and 2, version 5 only engine state 1, version 4 only pickled data entries, and a node
+#: that cannot read an entry or a snapshot must never be sent one (docs/formats.md).
+MAGIC = b"SHR7"
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 #: The largest handshake frame either side accepts (ids, incarnations and the cluster id are short).

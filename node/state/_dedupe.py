@@ -11,8 +11,9 @@ delayed job due in ``delayMs``; each later add while it is still delayed replace
 and moves it to ``delayMs`` after that add, but never later than ``maxWaitMs`` after the
 first. Once the job is due (waiting, running or done) the next add starts a new burst.
 
-Entries are replicated state (snapshot and digest); an expiry heap lets ``_Tick`` drop the
-ones that can no longer match, so their number stays bounded by the adds of a window.
+Entries are replicated state (snapshot and digest), kept by the hash of (queue, id) in packed
+tables (``_dedupe_table``, 36 bytes a slot): an entry past its expiry can no longer match and is
+left out of the snapshot, and ``_Tick``'s sweeps give its slot back.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ._dedupe_table import DedupeTable
+from ._key_table import key_hash
 from ._model import Queue, due_key
 from ._push import SLOT_PUSH_FIELDS
 from ._store import Store
@@ -39,11 +42,10 @@ class DedupeOps(Store):
 
     def __init__(self, partition: int, space: PayloadSpace | None = None) -> None:
         super().__init__(partition, space)
-        # queue -> id -> its entry, (kind, seq, expires_ms, first_ms) packed into one int
-        # (_pack_entry): dedupe expires at its TTL, a debounce entry when its job is due (it
-        # cannot match after that)
-        self.dedupe: dict[str, dict[str, int]] = {}
-        self.dedupe_order: list[tuple[int, str, str]] = []  # (expires_ms, queue, id), a heap
+        # hash of (queue, id) -> (kind, seq, expires_ms, first_ms): dedupe expires at its TTL, a
+        # debounce entry when its job is due (it cannot match after that)
+        self.dedupe = DedupeTable()
+        self._dedupe_hashed: tuple[str, str, int, int] = ("", "", 0, 0)  # the id hashed last (never state)
 
     def _check_dedupe(self, q: Queue, options: dict[str, Any]) -> None:
         """Refuse what cannot be honoured, before anything changes."""
@@ -65,17 +67,17 @@ class DedupeOps(Store):
         None: the add makes a new job (``_note_dedupe`` records it afterwards).
         """
         now = self.now_ms
-        entries = self.dedupe.get(q.name)
         spec = options.get("dedupe")
         if spec is not None:
-            packed = entries.get(spec["id"]) if entries is not None else None
-            if packed is None:
+            h, c = self._dedupe_hash(q.name, spec["id"])
+            entry = self.dedupe.get(h, c, now)
+            if entry is None:
                 return None
-            kind, seq, expires, first = _unpack_entry(packed)
-            if kind != DEDUPE or expires <= now:
+            debounce, seq, _expires, first = entry
+            if debounce:
                 return None
             if spec.get("extend"):
-                self._set_entry(q.name, spec["id"], (kind, seq, now + spec["ttlMs"], first))
+                self.dedupe.put(h, c, False, seq, now + spec["ttlMs"], first, now)
             if spec.get("replace"):
                 peeked = self._peek(seq)
                 if peeked is not None and peeked.state in (WAITING, DELAYED):
@@ -84,11 +86,12 @@ class DedupeOps(Store):
                     self._replace_data(job, options["data"])
             return self.wire_id_of_seq(seq)
         spec = options["debounce"]
-        packed = entries.get(spec["id"]) if entries is not None else None
-        if packed is None:
+        h, c = self._dedupe_hash(q.name, spec["id"])
+        entry = self.dedupe.get(h, c, now)  # over once its job is due
+        if entry is None:
             return None
-        kind, seq, expires, first = _unpack_entry(packed)
-        if kind != DEBOUNCE:
+        debounce, seq, _expires, first = entry
+        if not debounce:
             return None
         job = self._peek(seq)
         if job is None or job.state != DELAYED or job.run_at_ms <= now:
@@ -105,7 +108,7 @@ class DedupeOps(Store):
         if run_at != job.run_at_ms:
             job.run_at_ms = run_at
             heapq.heappush(self.delayed, due_key(run_at, job.seq))  # the old entry goes stale
-            self._set_entry(q.name, spec["id"], (kind, seq, run_at, first))
+            self.dedupe.put(h, c, True, seq, run_at, first, now)
         return self._wire_id(job)
 
     def _push_deduped(self, q: Queue, options: dict[str, Any]) -> dict[str, Any]:
@@ -150,59 +153,36 @@ class DedupeOps(Store):
         now = self.now_ms
         spec = options.get("dedupe")
         if spec is not None:
-            self._set_entry(q.name, spec["id"], (DEDUPE, seq, now + spec["ttlMs"], now))
+            h, c = self._dedupe_hash(q.name, spec["id"])
+            self.dedupe.put(h, c, False, seq, now + spec["ttlMs"], now, now)
             return
-        self._set_entry(q.name, options["debounce"]["id"], (DEBOUNCE, seq, now + options["delay"], now))
+        h, c = self._dedupe_hash(q.name, options["debounce"]["id"])
+        self.dedupe.put(h, c, True, seq, now + options["delay"], now, now)
 
-    def _set_entry(self, queue: str, dedupe_id: str, entry: tuple[str, int, int, int]) -> None:
-        """Keep ``entry`` (kind, seq, expires_ms, first_ms) for ``dedupe_id`` of ``queue``; its
-        expiry goes on the heap (an entry it replaces leaves a stale one there)."""
-        entries = self.dedupe.get(queue)
-        if entries is None:
-            entries = self.dedupe[queue] = {}
-        entries[dedupe_id] = _pack_entry(*entry)
-        heapq.heappush(self.dedupe_order, (entry[2], queue, dedupe_id))
+    def _dedupe_hash(self, queue: str, dedupe_id: str) -> tuple[int, int]:
+        """``key_hash(queue, dedupe_id)``; an add's lookup and its new entry hash the id once."""
+        last = self._dedupe_hashed
+        if last[1] == dedupe_id and last[0] == queue:
+            return last[2], last[3]
+        h, c = key_hash(queue, dedupe_id)
+        self._dedupe_hashed = (queue, dedupe_id, h, c)
+        return h, c
 
     def _purge_dedupe(self) -> None:
-        """Drop entries past their expiry (stale heap entries are skipped)."""
-        order, now, dedupe = self.dedupe_order, self.now_ms, self.dedupe
-        while order and order[0][0] <= now:
-            expires, queue, dedupe_id = heapq.heappop(order)
-            entries = dedupe.get(queue)
-            if entries is None:
-                continue
-            packed = entries.get(dedupe_id)
-            if packed is not None and _unpack_entry(packed)[2] == expires:
-                del entries[dedupe_id]
-                if not entries:
-                    del dedupe[queue]
+        """Give back the slots of entries past their expiry, a table at a time."""
+        self.dedupe.sweep(self.now_ms)
 
-    def dedupe_state(self) -> list[Any]:
-        """The entries in canonical order (by queue, then id), for the snapshot."""
-        return [[q, i, *_unpack_entry(packed)] for q in sorted(self.dedupe) for i, packed in
-                sorted(self.dedupe[q].items())]
+    def dedupe_state(self) -> list[list[Any]]:
+        """The live entries in canonical order (by hash), for the snapshot: ``[h, c, kind, seq,
+        expires_ms, first_ms]`` each."""
+        return [[h, c, DEBOUNCE if debounce else DEDUPE, seq, expires, first]
+                for h, c, debounce, seq, expires, first in self.dedupe.entries(self.now_ms)]
 
-    def load_dedupe(self, state: list[Any]) -> None:
-        """Restore :meth:`dedupe_state`; the expiry heap is rebuilt from it."""
-        for queue, dedupe_id, kind, seq, expires, first in state:
-            self._set_entry(queue, dedupe_id, (kind, seq, expires, first))
-
-
-#: Bits of each of an entry's numbers when packed (seqs and times in ms are far below 2**64).
-_BITS = 64
-_FIELD_MASK = (1 << _BITS) - 1
-
-
-def _pack_entry(kind: str, seq: int, expires_ms: int, first_ms: int) -> int:
-    """One int for an entry: a Python int of about 48 bytes, where a list of four fields with
-    their ints takes about 180."""
-    assert 0 <= seq <= _FIELD_MASK and 0 <= expires_ms <= _FIELD_MASK and 0 <= first_ms <= _FIELD_MASK
-    return ((((first_ms << _BITS) | expires_ms) << _BITS | seq) << 1) | (kind == DEBOUNCE)
-
-
-def _unpack_entry(packed: int) -> tuple[str, int, int, int]:
-    """``(kind, seq, expires_ms, first_ms)`` of a packed entry."""
-    kind = DEBOUNCE if packed & 1 else DEDUPE
-    packed >>= 1
-    return kind, packed & _FIELD_MASK, (packed >> _BITS) & _FIELD_MASK, packed >> (2 * _BITS)
-
+    def load_dedupe(self, state: list[Any], hashed: bool = True) -> None:
+        """Restore :meth:`dedupe_state`, or (``hashed`` false) the entries of an engine state of
+        version 1 or 2, ``[queue, id, kind, seq, expires_ms, first_ms]`` each, hashed as they
+        load."""
+        now = self.now_ms
+        for key, second, kind, seq, expires, first in state:
+            h, c = (key, second) if hashed else key_hash(key, second)
+            self.dedupe.put(h, c, kind == DEBOUNCE, seq, expires, first, now)

@@ -45,10 +45,10 @@ JOB_LOGS_MAX = 100
 EVENTS_MAX = 10_000
 PAGE_DEFAULT = 100
 PAGE_LIMIT_MAX = 10_000  # ListQueues/CronList page (cluster.limits.page_limit_max)
-#: The engine state version snapshots are written in (2: the idempotency window as hashes), and
-#: those a restore reads (1: as key strings).
-SNAPSHOT_VERSION = 2
-READ_SNAPSHOT_VERSIONS = (1, 2)
+#: The engine state version snapshots are written in (3: dedupe and debounce entries as hashes;
+#: 2: the idempotency window as hashes), and those a restore reads (1: both as strings).
+SNAPSHOT_VERSION = 3
+READ_SNAPSHOT_VERSIONS = (1, 2, 3)
 
 
 #: A queue's ready heap and the partition's delayed heap hold one int per entry, a job's seq in

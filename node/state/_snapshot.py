@@ -155,8 +155,9 @@ class SnapshotOps(Store):
         turns = {n: t for n, q in self.queues.items() if q.group_tags and (t := _group_turns(q))}
         if turns:
             more["groups"] = turns
-        if self.dedupe:  # type: ignore[attr-defined]  # DedupeOps
-            more["dedupe"] = self.dedupe_state()  # type: ignore[attr-defined]
+        dedupe = self.dedupe_state()  # type: ignore[attr-defined]  # DedupeOps
+        if dedupe:
+            more["dedupe"] = dedupe
         if self.forwarded:  # type: ignore[attr-defined]  # ForwardedKeys
             more["forwarded"] = self.forwarded_state()  # type: ignore[attr-defined]
         extras = [more] if more else []
@@ -280,7 +281,7 @@ class SnapshotOps(Store):
         eng.crons = crons
         if "flows" in extras:
             eng.restore_flows(extras["flows"])
-        eng.load_dedupe(extras.get("dedupe", []))  # type: ignore[attr-defined]  # DedupeOps
+        eng.load_dedupe(extras.get("dedupe", []), hashed=version >= 3)  # type: ignore[attr-defined]  # DedupeOps
         eng.load_forwarded(extras.get("forwarded", []))  # type: ignore[attr-defined]  # ForwardedKeys
         named = sorted(eng._seqs_named_elsewhere()) if segments else []
         for seg in segments:

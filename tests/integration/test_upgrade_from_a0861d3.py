@@ -19,6 +19,7 @@ import pytest
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.node.partition.log_format import FORMAT_VERSION, LEGACY_PICKLE, payload_version
 from shoal.node.raft._io import RealIO
+from shoal.node.raft.handshake import MAGIC
 from shoal.node.raft.journal import Journal
 from shoal.node.raft.messages import ENTRY_DATA
 
@@ -194,6 +195,7 @@ def test_a_rolling_upgrade_node_by_node_keeps_every_write_and_never_mixes_format
             router.close()
         logs = {node: cluster.log_file(node).read_text() for node in cluster.node_ids}
     assert all("UnpicklingError" not in text for text in logs.values()), "a release node was sent a format-1 entry"
-    assert any("Raft link version '4', this node '6'" in text or "Raft link version '6', this node '4'" in text
-               for text in logs.values())
+    ours = MAGIC[3:].decode()
+    assert any(f"Raft link version '4', this node '{ours}'" in text or f"Raft link version '{ours}', this node '4'"
+               in text for text in logs.values())
     assert FORMAT_VERSION in payload_versions(data_dir, 0)

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from shoal.node.state import PartitionEngine, PushBatch, PushRun
 from shoal.node.state import _idempotency, _key_table
 from shoal.node.state._key_table import KeyTable, key_hash
-from shoal.node.state._model import IDEMPOTENCY_WINDOW_MS
+from shoal.node.state._model import IDEMPOTENCY_WINDOW_MS, SNAPSHOT_VERSION
 
 T0 = 1_000_000
 WINDOW = IDEMPOTENCY_WINDOW_MS
@@ -68,7 +68,7 @@ def test_the_snapshot_holds_the_window_in_its_documented_form() -> None:
     e.apply(PushRun("q", [b"\x01", b"\x02"], ["m", "n"], None), T0 + 5)
     push(e, "k", T0 + WINDOW)  # given again: counted twice in the runs, its later job in the entries
     fields = msgpack.unpackb(e.snapshot(), raw=False, strict_map_key=False)
-    assert fields[0] == 2
+    assert fields[0] == SNAPSHOT_VERSION
     head, entries = fields[8], fields[9]
     assert head == [-1, [[T0 + WINDOW, 2, 2], [T0 + 5 + WINDOW, 4, 2], [T0 + 2 * WINDOW, 5, 1]]]
     assert entries == [[*key_hash("b", "j"), 2], [*key_hash("q", "m"), 3], [*key_hash("q", "n"), 4],

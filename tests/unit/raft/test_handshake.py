@@ -247,13 +247,14 @@ def test_frames_out_of_order_are_refused() -> None:
         listener.receive_data(len(proof_first).to_bytes(2, "big") + proof_first)
 
 
-@pytest.mark.parametrize("version", [b"1", b"2", b"3", b"4", b"5"])
+@pytest.mark.parametrize("version", [b"1", b"2", b"3", b"4", b"5", b"6"])
 def test_a_peer_of_another_link_version_is_refused_by_name(version: bytes) -> None:
     """A node of an earlier link version (other frame MAC; no incarnations; other Raft messages;
-    pickled data entries; engine state 1 only) is told apart from a stranger."""
+    pickled data entries; engine states 1 and 2 only) is told apart from a stranger."""
     listener = Handshake(Role.LISTENER, "n1", SECRET, "c", incarnation=INC_L, known_peers=PEERS)
     old = b"SHR" + version + b"H" + b"\0" * 40
-    with pytest.raises(HandshakeFailed, match=f"Raft link version '{version.decode()}', this node '6'"):
+    ours = MAGIC[3:].decode()
+    with pytest.raises(HandshakeFailed, match=f"Raft link version '{version.decode()}', this node '{ours}'"):
         listener.receive_data(len(old).to_bytes(2, "big") + old)
 
 
