@@ -3,6 +3,11 @@ lists them; the table against a dict as a hypothesis state machine."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
+import msgpack
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -110,3 +115,21 @@ def test_a_table_grows_half_to_three_quarters_full_and_sweeps_give_back_every_ta
     for _ in range(256):
         t.sweep(10)
     assert t.slots() == 0 and t.entries(10) == []
+
+
+def test_a_version_2_state_written_by_release_0842a63_answers_as_that_release_did() -> None:
+    """``tests/fixtures/engine-state-v2``: the entries, listed by string there, are hashed as the
+    state loads, and every later add is absorbed or not as the release that wrote it decided."""
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "engine-state-v2"
+    spec = importlib.util.spec_from_file_location("make_engine_state_v2", fixture / "make_fixture.py")
+    assert spec is not None and spec.loader is not None
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    state = (fixture / "state.msgpack").read_bytes()
+    assert msgpack.unpackb(state, raw=False, strict_map_key=False)[0] == 2
+    engine = PartitionEngine.restore(state)
+    assert len(engine.dedupe_state()) == 40 + 4  # an entry per dedupe add (25 ids, two queues), 4 bursts
+    expected = json.loads((fixture / "expected.json").read_text())
+    assert [json.loads(json.dumps(answer)) for answer in maker.answers(engine)] == expected
+    again = PartitionEngine.restore(PartitionEngine.restore(state).snapshot())
+    assert again.dedupe_state() == PartitionEngine.restore(state).dedupe_state()
