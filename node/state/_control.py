@@ -75,7 +75,7 @@ class ControlOps(Store):
         self._count(q, "MoveToDelayed")
         if job.state == DELAYED:
             job.run_at_ms = self.now_ms + cmd["delay"]
-            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
+            self.delayed.push(due_key(job.run_at_ms, job.seq))
         else:
             self._to_waiting(q, job, max(1, cmd["delay"]))
         return {}

@@ -18,7 +18,6 @@ left out of the snapshot, and ``_Tick``'s sweeps give its slot back.
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -107,7 +106,7 @@ class DedupeOps(Store):
             run_at = min(run_at, first + wait)
         if run_at != job.run_at_ms:
             job.run_at_ms = run_at
-            heapq.heappush(self.delayed, due_key(run_at, job.seq))  # the old entry goes stale
+            self.delayed.push(due_key(run_at, job.seq))  # the old entry goes stale
             self.dedupe.put(h, c, True, seq, run_at, first, now)
         return self._wire_id(job)
 

@@ -93,7 +93,7 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
             return False
         if q.limiter is not None and not q.limiter.queue_open(q.counts[ACTIVE], self.now_ms):
             return False  # out of budget: next_due_ms ticks the leader when it returns
-        if self.delayed and self.delayed[0] >> SEQ_BITS <= self.now_ms:
+        if self.delayed and self.delayed.top() >> SEQ_BITS <= self.now_ms:
             return True  # a due delayed job may belong to it; the pull promotes it
         if group is not None:
             # A queue type without groups refuses the pull (INVALID): it must not wait to say so.
@@ -109,7 +109,7 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
             return None  # the node's tick loop asks every led partition several times a second
         due = [h[0][0] for h in (self.leases, self.ttls) if h]
         if self.delayed:
-            due.append(self.delayed[0] >> SEQ_BITS)
+            due.append(self.delayed.top() >> SEQ_BITS)
         if self.forwarded:  # dropped in passing: at most one tick a second for them, never one per entry
             due.append(self.forwarded[0][0] + FORWARDED_PURGE_LATE_MS)
         due += [c["nextRunAt"] for c in self.crons.values()]

@@ -56,7 +56,7 @@ class Moves(Store):
         if delay_ms > 0:
             job.run_at_ms = self.now_ms + delay_ms
             self._set_state(q, job, DELAYED)
-            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
+            self.delayed.push(due_key(job.run_at_ms, job.seq))
         else:
             job.run_at_ms = self.now_ms
             self._set_state(q, job, WAITING)

@@ -134,7 +134,7 @@ class PushOps(IdempotencyWindow):
             job.state = DELAYED
             q.counts[DELAYED] += 1
             job.run_at_ms = now + delay
-            heapq.heappush(self.delayed, due_key(job.run_at_ms, seq))
+            self.delayed.push(due_key(job.run_at_ms, seq))
             if job.group is not None:
                 self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         else:
@@ -376,7 +376,7 @@ class PushOps(IdempotencyWindow):
             if events is not None:
                 events.append((name, seq, DELAYED, None))
             q.counts[DELAYED] += 1
-            heapq.heappush(self.delayed, due_key(now + delay, seq))
+            self.delayed.push(due_key(now + delay, seq))
             if group is not None:
                 self._group_moved(q, group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
             return True

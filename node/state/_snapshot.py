@@ -335,7 +335,7 @@ class SnapshotOps(Store):
                 self._group_moved(q, job.group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
             self._enqueue_ready(q, job)
         elif job.state == DELAYED:
-            heapq.heappush(self.delayed, due_key(job.run_at_ms, job.seq))
+            self.delayed.push(due_key(job.run_at_ms, job.seq))
             if job.group is not None:
                 self._group_moved(q, job.group, NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
         elif job.state == ACTIVE:

@@ -13,6 +13,7 @@ from shoal.cluster.codec import Raw
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import AckRun, Command, command_queue
+from ._due_heap import DueHeap
 from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
@@ -68,7 +69,7 @@ class Store:
         # how the representation is chosen, never state (a restored engine starts with none).
         self._slot_hint = 0
         self.queues: dict[str, Queue] = {}
-        self.delayed: list[int] = []                      # due_key(run_at_ms, seq)
+        self.delayed = DueHeap()                          # due_key(run_at_ms, seq)
         # (deadline_ms, seq, token, 0) per lease, or (deadline_ms, first seq, its token, last seq) per
         # run of segment jobs leased by one pull (see _expire_run)
         self.leases: list[tuple[int, int, str, int]] = []
@@ -237,7 +238,7 @@ class Store:
         q.counts[WAITING] += waiting
         i = states.find(SLOT_DELAYED)
         while i >= 0:
-            heapq.heappush(self.delayed, due_key(seg.run_at(i), seg.first + i))
+            self.delayed.push(due_key(seg.run_at(i), seg.first + i))
             q.counts[DELAYED] += 1
             if groups is not None and groups[i] is not None:
                 self._group_moved(q, groups[i], NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex

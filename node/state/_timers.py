@@ -27,8 +27,8 @@ class TimerOps(Store):
     def _expire(self) -> None:
         now = self.now_ms
         delayed = self.delayed
-        while delayed and delayed[0] >> SEQ_BITS <= now:
-            key = heapq.heappop(delayed)
+        while delayed and delayed.top() >> SEQ_BITS <= now:
+            key = delayed.pop()
             run_at, seq = key >> SEQ_BITS, key & SEQ_MASK
             job = self.jobs.get(seq)
             if job is None:
