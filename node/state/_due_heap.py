@@ -19,7 +19,10 @@ from collections.abc import Iterator
 
 from ._model import SEQ_BITS, SEQ_MASK
 
-__all__ = ["DueHeap"]
+__all__ = ["DueHeap", "NEVER"]
+
+#: :attr:`DueHeap.due_ms` of an empty heap: later than any run-at time.
+NEVER = 1 << 62
 
 #: Consumed keys at the front of the run that are given back (a copy of the rest) at once.
 _TRIM_AT = 4096
@@ -28,9 +31,12 @@ _TRIM_AT = 4096
 class DueHeap:
     """A min-heap of due keys; see the module docstring."""
 
-    __slots__ = ("_run_ats", "_seqs", "_head", "_last", "_heap")
+    __slots__ = ("_run_ats", "_seqs", "_head", "_last", "_heap", "due_ms")
 
     def __init__(self) -> None:
+        #: The run-at time of the soonest key (:data:`NEVER` when none is held): an attribute, so
+        #: the check every pull makes for due jobs calls nothing.
+        self.due_ms = NEVER
         self._run_ats = array("q")
         self._seqs = array("q")
         self._head = 0   # the run's first key not taken yet
@@ -51,12 +57,15 @@ class DueHeap:
 
     def push(self, key: int) -> None:
         """Hold ``key``: at the run's end when it comes at or after the run's last key."""
+        run_at = key >> SEQ_BITS
         if key >= self._last:
-            self._run_ats.append(key >> SEQ_BITS)
+            self._run_ats.append(run_at)
             self._seqs.append(key & SEQ_MASK)
             self._last = key
         else:
             heapq.heappush(self._heap, key)
+        if run_at < self.due_ms:
+            self.due_ms = run_at
 
     def top(self) -> int:
         """The soonest key (the heap must not be empty)."""
@@ -66,10 +75,6 @@ class DueHeap:
             return key if not heap or key <= heap[0] else heap[0]
         return heap[0]
 
-    def due_at(self) -> int | None:
-        """The run-at time of the soonest key, or None when none is held."""
-        return self.top() >> SEQ_BITS if self else None
-
     def pop(self) -> int:
         """Take the soonest key (the heap must not be empty)."""
         head, heap = self._head, self._heap
@@ -77,8 +82,11 @@ class DueHeap:
             key = self._run_ats[head] << SEQ_BITS | self._seqs[head]
             if not heap or key <= heap[0]:
                 self._take_head()
+                self.due_ms = self.top() >> SEQ_BITS if self else NEVER
                 return key
-        return heapq.heappop(heap)
+        key = heapq.heappop(heap)
+        self.due_ms = self.top() >> SEQ_BITS if self else NEVER
+        return key
 
     def _take_head(self) -> None:
         head = self._head + 1

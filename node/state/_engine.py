@@ -15,7 +15,7 @@ from ._control import ControlOps
 from ._flows import FlowOps
 from ._forwarded import FORWARDED_PURGE_LATE_MS, ForwardedKeys
 from ._dedupe import DedupeOps
-from ._model import SEQ_BITS, Event
+from ._model import Event
 from ._moves import Moves
 from ._payloads import PayloadSpace
 from ._pull import PullOps
@@ -93,7 +93,7 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
             return False
         if q.limiter is not None and not q.limiter.queue_open(q.counts[ACTIVE], self.now_ms):
             return False  # out of budget: next_due_ms ticks the leader when it returns
-        if self.delayed and self.delayed.top() >> SEQ_BITS <= self.now_ms:
+        if self.delayed.due_ms <= self.now_ms:
             return True  # a due delayed job may belong to it; the pull promotes it
         if group is not None:
             # A queue type without groups refuses the pull (INVALID): it must not wait to say so.
@@ -109,7 +109,7 @@ class PartitionEngine(PushOps, DedupeOps, ForwardedKeys, PullOps, AckOps, Cancel
             return None  # the node's tick loop asks every led partition several times a second
         due = [h[0][0] for h in (self.leases, self.ttls) if h]
         if self.delayed:
-            due.append(self.delayed.top() >> SEQ_BITS)
+            due.append(self.delayed.due_ms)
         if self.forwarded:  # dropped in passing: at most one tick a second for them, never one per entry
             due.append(self.forwarded[0][0] + FORWARDED_PURGE_LATE_MS)
         due += [c["nextRunAt"] for c in self.crons.values()]

@@ -27,7 +27,7 @@ class TimerOps(Store):
     def _expire(self) -> None:
         now = self.now_ms
         delayed = self.delayed
-        while delayed and delayed.top() >> SEQ_BITS <= now:
+        while delayed.due_ms <= now:
             key = delayed.pop()
             run_at, seq = key >> SEQ_BITS, key & SEQ_MASK
             job = self.jobs.get(seq)

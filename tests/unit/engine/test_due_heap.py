@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shoal.node.state._due_heap as due_heap
-from shoal.node.state._due_heap import DueHeap
+from shoal.node.state._due_heap import NEVER, DueHeap
 from shoal.node.state._model import due_key
 
 _steps = st.lists(st.one_of(st.tuples(st.just("push"), st.integers(0, 50), st.integers(1, 2**40)),
@@ -24,13 +24,14 @@ def _check(steps: list[tuple[str, int, int]]) -> None:
             heap.push(key)
             heapq.heappush(model, key)
         elif model:
-            assert heap.top() == model[0] and heap.due_at() == model[0] >> 48
+            assert heap.top() == model[0] and heap.due_ms == model[0] >> 48
             assert heap.pop() == heapq.heappop(model)
         assert len(heap) == len(model) and bool(heap) == bool(model)
+        assert heap.due_ms == (model[0] >> 48 if model else NEVER)
         assert sorted(heap) == sorted(model)
     while model:
         assert heap.pop() == heapq.heappop(model)
-    assert not heap and heap.due_at() is None
+    assert not heap and heap.due_ms == NEVER
 
 
 @settings(max_examples=300, deadline=None)
