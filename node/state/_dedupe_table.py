@@ -23,7 +23,6 @@ held at once match falsely (an add answered as a duplicate of another id's) is a
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
 from operator import itemgetter
 
 __all__ = ["DedupeTable", "SHARDS", "SWEEP_EVERY_MS", "Entry"]
@@ -150,11 +149,6 @@ class DedupeTable:
                 out.extend((h, c, bool(s & 1), s >> 1, e, f) for h, c, s, e, f in table.live(now))
         out.sort(key=_by_hash)
         return out
-
-    def load(self, entries: Iterable[Entry], now: int) -> None:
-        """Keep each of ``entries`` (an empty table's restore)."""
-        for h, c, debounce, seq, expires, first in entries:
-            self.put(h, c, debounce, seq, expires, first, now)
 
     def slots(self) -> int:
         """Slots of every table (36 bytes each): what the entries cost."""

@@ -78,13 +78,14 @@ class DueHeap:
     def pop(self) -> int:
         """Take the soonest key (the heap must not be empty)."""
         head, heap = self._head, self._heap
+        key = -1  # keys are never negative
         if head < len(self._seqs):
-            key = self._run_ats[head] << SEQ_BITS | self._seqs[head]
-            if not heap or key <= heap[0]:
+            run_key = self._run_ats[head] << SEQ_BITS | self._seqs[head]
+            if not heap or run_key <= heap[0]:
                 self._take_head()
-                self.due_ms = self.top() >> SEQ_BITS if self else NEVER
-                return key
-        key = heapq.heappop(heap)
+                key = run_key
+        if key < 0:
+            key = heapq.heappop(heap)
         self.due_ms = self.top() >> SEQ_BITS if self else NEVER
         return key
 
