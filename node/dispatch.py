@@ -529,11 +529,16 @@ class Dispatcher:
         p = part.id
         started = time.perf_counter()
         observe = self.metrics.observe
+        # taken now, while the frame's items are in the CPU's caches: the answer comes after
+        # the whole entry's applies, which push them out
+        custom_ids = _custom_ids(frame)
 
         def done(result: Any) -> None:
             observe(frame["cmd"], time.perf_counter() - started)
-            if type(result) is dict and frame["cmd"] in NEW_JOB_COMMANDS:
-                self._learn_added(frame, result, p)
+            if custom_ids and type(result) is dict:
+                learn = self.locator.learn
+                for custom_id in custom_ids:
+                    learn(custom_id, p)
             if _not_proposed(result) and self._forwards(conn):
                 # This node stopped leading before proposing it: the relay takes it to the new
                 # leader (the entry's job data lost its Raw wrapper on the way: restored).
@@ -553,20 +558,6 @@ class Dispatcher:
                 conn.reply(req_id, result)
 
         part.group_commit.submit(frame, done)
-
-    def _learn_added(self, frame: dict[str, Any], result: dict[str, Any], p: int) -> None:
-        """Remember the partition of the custom ids an add gave its jobs."""
-        if frame["cmd"] == "PUSH":
-            if "customId" in frame:
-                self.locator.learn(frame["customId"], p)
-            return
-        jobs = frame["jobs"]
-        fields = item_fields(jobs)
-        if fields is not None and "customId" not in fields:
-            return  # a bulk add without custom ids: its items are not looked at one by one
-        for item in jobs:
-            if "customId" in item:
-                self.locator.learn(item["customId"], p)
 
     def _park_push(self, conn: Replier, frame: dict[str, Any], part: Partition, deadline: float | None) -> None:
         if deadline is None:
@@ -942,6 +933,21 @@ def _names_no_partition(frame: dict[str, Any]) -> bool:
     except CommandError:
         return True
     return False
+
+
+def _custom_ids(frame: dict[str, Any]) -> list[Any] | None:
+    """The custom ids an add names (for the locator to learn once it is answered); None for any
+    other command, or a bulk add without them, which is told in C without a look at each item."""
+    cmd = frame["cmd"]
+    if cmd == "PUSH":
+        return [frame["customId"]] if "customId" in frame else None
+    if cmd != "PUSHB":
+        return None
+    jobs = frame["jobs"]
+    fields = item_fields(jobs)
+    if fields is not None and "customId" not in fields:
+        return None
+    return [item["customId"] for item in jobs if "customId" in item]
 
 
 def _not_proposed(result: Any) -> bool:

@@ -13,7 +13,7 @@ from shoal.cluster.config import ClusterConfig, NodeSpec
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.topology import Topology
 from shoal.node.clock import WallClock
-from shoal.node.dispatch import Dispatcher
+from shoal.node.dispatch import Dispatcher, _custom_ids
 from shoal.node.ports import DecodingReplier, Replier, answer_guarded
 
 
@@ -166,14 +166,13 @@ def test_the_wall_clock_never_goes_back() -> None:
     assert [clock.now_ms() for _ in range(5)] == [10_000, 12_500, 12_500, 12_500, 13_000]
 
 
-def test_an_add_teaches_the_locator_the_partition_of_its_custom_ids_only(parts: Any) -> None:
-    dispatcher, _, _ = parts
-    learn = dispatcher._learn_added
-    learn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 1}, {"data": 2, "customId": "c2"}, {"data": 3}]}, {}, 1)
-    learn({"cmd": "PUSH", "queue": "q", "data": 4, "customId": "c4"}, {}, 0)
-    learn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 5}, {"data": 6, "name": "n"}]}, {}, 0)
-    learn({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 7}, {"data": 8, "customId": "c8"}]}, {}, 0)
-    assert {c: dispatcher.locator.get(c) for c in ("c2", "c4", "c8", "c5")} == {"c2": 1, "c4": 0, "c8": 0, "c5": None}
+def test_an_add_names_its_custom_ids_only() -> None:
+    assert _custom_ids({"cmd": "PUSHB", "queue": "q",
+                        "jobs": [{"data": 1}, {"data": 2, "customId": "c2"}, {"data": 3}]}) == ["c2"]
+    assert _custom_ids({"cmd": "PUSH", "queue": "q", "data": 4, "customId": "c4"}) == ["c4"]
+    assert _custom_ids({"cmd": "PUSH", "queue": "q", "data": 4}) is None
+    assert _custom_ids({"cmd": "PUSHB", "queue": "q", "jobs": [{"data": 5}, {"data": 6, "name": "n"}]}) is None
+    assert _custom_ids({"cmd": "ACK", "id": "0-1", "token": "0.1"}) is None
 
 
 class Forwarder:
