@@ -11,6 +11,7 @@ process CPU time (``time.process_time``), not wall time. Both engines use this t
 batch), PULLB+ACKB (100 per batch) and utube (a)'s put and take+ack (10,000 groups); adds
 with an idempotency key each (PUSH, PUSHB items, each PUSH sent again, the window's end); and
 adds with a priority, a delay and a name (what ``queue.add()`` sends), then pulled and acked;
+adds with a priority each, pulled and acked in batches;
 ``addBulk`` items with a priority, a group, a tag and a custom id, pulled and acked in batches;
 and adds with a dedupe id each, then each sent again (absorbed by its entry).
 """
@@ -140,6 +141,12 @@ def client_adds(engine: Any, n: int = 20_000) -> dict[str, float]:
     return {"add (options)": push_s / n, "its PULL+ACK": (clock() - t) / n}
 
 
+def prioritized(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
+    """Adds with a priority 0..6 each (one PUSH each), then pulled in batches of ``size`` and acked."""
+    adds = [{"cmd": "PUSH", "queue": "p", "data": DATA, "priority": i % 7} for i in range(n)]
+    return {"add (priority)": applying(engine, adds, NOW) / n, "PULLB+ACKB (priority)": drain(engine, "p", n, size)}
+
+
 def bulk_options(engine: Any, n: int = 20_000, size: int = 100) -> dict[str, float]:
     """``addBulk`` items with options (a priority 0..6, one of 100 groups, a tag and a custom id
     each), then pulled in batches (a job of each group per pull) and acked."""
@@ -163,8 +170,8 @@ def deduped(engine: Any, n: int = 20_000) -> dict[str, float]:
     return {"dedupe add": applying(engine, first, NOW) / n, "dedupe again": applying(engine, again, NOW + 1) / n}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, bulk_options,
-                                                      deduped]
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, prioritized,
+                                                      bulk_options, deduped]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:

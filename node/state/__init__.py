@@ -41,8 +41,9 @@ its lowest untaken job; a pull leases a segment's consecutive jobs as one run, a
 ``ACKB`` of that run completes it slice by slice. Single adds to one queue that carry at most
 a priority, a delay, a name, a group, a custom id, a tag and an idempotency key (what
 ``queue.add()`` sends), and ``PUSHB`` items that carry no more, become slots of the partition's
-last segment when it ends just before them (the first two of a burst start one): a slot with a
-priority, a custom id or a tag has its own ready-heap entry, a grouped one an entry in its
+last segment when it ends just before them (the first two of a burst start one): the slots with
+a priority, a custom id or a tag share one ready-heap entry per priority of their segment (a
+cursor, ``Segment.cursors``, moved on as each is taken), a grouped one has an entry in its
 group's heap and a delayed one its delayed-heap entry, a delayed slot comes due in place, and a
 pull and an ``ACK`` lease and complete a slot with no group, custom id or tag in place, so such
 a job's whole life makes no ``Job`` object (the others become one as a pull takes them). A segment's job becomes one

@@ -171,17 +171,15 @@ class PullOps(Store):
                         if k or full:
                             taken += k
                             continue
-                    elif seg.low == seq or (code == SLOT_READY and -seg.priority(i) == key >> SEQ_BITS
-                                            and not seg.leased_as_job(i)):
+                    elif seg.low != seq and code != SLOT_WAITING and not self._cursor_entry(ready, key, seg, i):
+                        continue  # a stale entry popped, or a cursor moved on to its next slot
+                    elif seg.low == seq or (code == SLOT_READY and not seg.leased_as_job(i)):
                         if budget:
                             used += self._slot_bytes(seg, i, job_bytes_fixed)
                             if taken and used > budget:
                                 break
                         self._lease_slot(q, seg, i, ttr_ms, session, jobs, tokens)
                         taken += 1
-                        continue
-                    elif code != SLOT_WAITING and (code != SLOT_READY or not seg.leased_as_job(i)):
-                        heappop(ready)  # stale entry: the slot was leased, moved or let go
                         continue
                     # else a slot with a custom id or a tag, leased as a job object (the reply has them)
                 job = self._materialize(seq, waiting_only=True)
@@ -247,10 +245,17 @@ class PullOps(Store):
         ready = q.ready
         priorities = seg.priorities
         prio = priorities[i] if priorities is not None else 0
-        if seg.lease_one(i, lease_no, deadline, session) and seg.left:
-            heapq.heapreplace(ready, seg.low)
-        else:
-            heapq.heappop(ready)
+        if seg.lease_one(i, lease_no, deadline, session):
+            if seg.left:
+                heapq.heapreplace(ready, seg.low)
+            else:
+                heapq.heappop(ready)
+        else:  # the slot its priority's cursor named: the cursor moves on
+            nxt = self._next_cursor(seg, prio, i)
+            if nxt is None:
+                heapq.heappop(ready)
+            else:
+                heapq.heapreplace(ready, nxt)
         token = f"{self.partition}.{lease_no}"
         heapq.heappush(self.leases, (deadline, seq, token, seq))
         self._drop_prio(q, prio)  # type: ignore[attr-defined]  # MoveOps

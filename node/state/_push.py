@@ -360,8 +360,8 @@ class PushOps(IdempotencyWindow):
         now = self.now_ms
         data = cmd["data"]
         self.seq = seq
-        # A slot with a priority, a custom id or a tag has a ready-heap entry of its own, a
-        # grouped one an entry in its group's heap: none is leased as part of a run.
+        # A slot with a priority, a custom id or a tag waits under its segment's cursor of its
+        # priority, a grouped one with an entry in its group's heap: none is leased as part of a run.
         own_entry = prio or group is not None or custom is not None or tag is not None
         self.segments.append(seg, data.packed if type(data) is Raw else data,
                              SLOT_DELAYED if delay else SLOT_READY if own_entry else SLOT_WAITING,
@@ -388,7 +388,7 @@ class PushOps(IdempotencyWindow):
             self._group_moved(q, group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
             self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]  # ReadyIndex
         elif own_entry:
-            heapq.heappush(q.ready, ready_key(prio, seq))
+            self._ready_slot(q, seg, prio, seq)
         elif seg.low == seq:
             heapq.heappush(q.ready, seq)  # the segment's first waiting slot: its heap entry
         return True
@@ -433,12 +433,14 @@ class PushOps(IdempotencyWindow):
                 if prio or group is not None or custom is not None or tag is not None else SLOT_WAITING)
         seg = Segment(seq, [job.data], q.name, job.created_ms, job.max_attempts, job.backoff_ms, job.ttr_ms,
                       [job.name] if job.name is not None else None, states=bytearray([code]),
-                      priorities=[prio] if prio else None,
+                      priorities=array("i", [prio]) if prio else None,
                       run_ats=array("q", [job.run_at_ms]) if job.run_at_ms != job.created_ms else None,
                       space=self.segments.space, groups=[group] if group is not None else None,
                       custom_ids=[custom] if custom is not None else None, tags=[tag] if tag is not None else None)
         del self.jobs[seq]
         self.segments.add(seg)
+        if code == SLOT_READY and group is None:
+            seg.cursors = {prio: seq}  # the job's ready-heap entry is the slot's cursor now
         return seg
 
     def _op_PUSHB(self, cmd: dict[str, Any]) -> dict[str, Any]:

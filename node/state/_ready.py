@@ -51,7 +51,7 @@ from __future__ import annotations
 import heapq
 
 from ._model import SEQ_BITS, SEQ_MASK, Job, Queue, ready_key
-from ._segments import SLOT_READY
+from ._segments import SLOT_READY, SLOT_WAITING
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, WAITING
 
@@ -231,6 +231,11 @@ class ReadyIndex(Store):
             seq = key & SEQ_MASK
             job = self.jobs.get(seq)
             if job is None and self.segments:
+                seg = self.segments.find(seq)
+                if seg is not None and seq != seg.low:
+                    i = seq - seg.first
+                    if seg.states[i] != SLOT_WAITING and not self._cursor_entry(ready, key, seg, i):
+                        continue  # a stale entry popped, or a cursor moved on to its next slot
                 job = self._materialize(seq, waiting_only=True)
             if (job is not None and job.state == WAITING and job.group is None and job.queue == q.name
                     and -job.priority == key >> SEQ_BITS):

@@ -37,8 +37,9 @@ __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", 
 
 #: A segment slot's state: let go (materialized or removed), or the state of the job it holds.
 #: ``SLOT_WAITING`` is a waiting job of priority 0, which the segment's one ready-heap entry (at
-#: ``low``) covers; ``SLOT_READY`` a waiting job with a ready-heap entry of its own (one with a
-#: priority, or one that came due after a delay; a grouped one's is in its group's heap), and
+#: ``low``) covers; ``SLOT_READY`` a waiting job taken one at a time (one with a priority, a custom
+#: id or a tag, or one that came due after a delay): the segment's cursor of its priority covers
+#: it (``Segment.cursors``; a grouped one has an entry in its group's heap instead), and
 #: ``SLOT_DELAYED`` a delayed job with its delayed-heap entry, as a job object has them.
 SLOT_GONE, SLOT_WAITING, SLOT_ACTIVE, SLOT_COMPLETED, SLOT_READY, SLOT_DELAYED = 0, 1, 2, 3, 4, 5
 #: Every code of a slot that holds a job.
@@ -130,8 +131,9 @@ class Segment:
     bytes at ``base + offs[i]`` of the partition's payload ``space`` (:mod:`._payloads`; 4-byte
     offsets from the segment's first, 8-byte ones once they span 4 GiB), or, in a
     segment whose jobs' data is not all bytes (tools and tests may push Python values),
-    ``inline[i]``. ``priorities``, ``createds`` and ``run_ats`` exist only once some slot's
-    value differs from the common one (priority 0, ``created_ms``, its creation time),
+    ``inline[i]``. ``priorities`` (4-byte ints: the schema keeps a priority within a million
+    either way), ``createds`` and ``run_ats`` exist only once some slot's value differs from
+    the common one (priority 0, ``created_ms``, its creation time),
     ``groups`` only once some slot's job has a group (a grouped waiting slot is ``SLOT_READY``:
     its heap entry is in its group's heap, never the queue's ready heap), and ``custom_ids`` and
     ``tags`` only once one has a custom id or a tag (such a slot is ``SLOT_READY`` too, and a
@@ -139,15 +141,21 @@ class Segment:
     leased slot keeps its lease number, deadline and session, a completed one its finish time;
     those four lists exist only once the segment's first job is leased. Waiting slots are
     leased in place (``SLOT_WAITING`` ones as runs); a delayed slot comes due in place.
+
+    ``cursors`` maps a priority to the seq of the one ready-heap entry the segment's
+    ``SLOT_READY`` slots of that priority without a group share (None: no such entry): no
+    slot after it of that priority waits unseen, and as the slot it names is taken the entry
+    moves on to the next such slot (``_store.Store._next_cursor``). So a waiting job with a
+    priority costs its slot, not an int in the heap.
     """
 
     __slots__ = ("first", "space", "base", "offs", "lens", "inline", "queue", "created_ms", "max_attempts", "backoff_ms",
                  "ttr_ms", "low", "left", "held", "states", "lease_nos", "deadlines", "sessions", "finished",
-                 "names", "priorities", "createds", "run_ats", "groups", "custom_ids", "tags")
+                 "names", "priorities", "createds", "run_ats", "groups", "custom_ids", "tags", "cursors")
 
     def __init__(self, first: int, datas: list[Any], queue: str, created_ms: int,
                  max_attempts: int, backoff_ms: int, ttr_ms: int, names: list[str | None] | None = None,
-                 states: bytearray | None = None, priorities: list[int] | None = None,
+                 states: bytearray | None = None, priorities: array | None = None,
                  createds: array | None = None, run_ats: array | None = None, *, space: PayloadSpace,
                  groups: list[str | None] | None = None, custom_ids: list[str | None] | None = None,
                  tags: list[str | None] | None = None) -> None:
@@ -171,6 +179,7 @@ class Segment:
         # per slot its job's custom id, or None when none has one
         self.custom_ids = StrColumn(custom_ids) if custom_ids is not None else None
         self.tags = tags           # per slot its job's tag, or None when none has one
+        self.cursors: dict[int, int] | None = None  # not replicated: a restore sets them anew
         n = len(datas)
         self.states = bytearray([SLOT_WAITING]) * n if states is None else states
         self.left = self.states.count(SLOT_WAITING) if states is not None else n   # SLOT_WAITING slots
@@ -358,7 +367,7 @@ class Segment:
         if self.custom_ids is not None:
             self.custom_ids.append(custom_id)
         if priority and self.priorities is None:
-            self.priorities = [0] * n
+            self.priorities = array("i", [0]) * n
         if created != self.created_ms and self.createds is None:
             self.createds = array("q", [self.created_ms]) * n
         if run_at != created and self.run_ats is None:
@@ -406,7 +415,7 @@ class Segment:
         if names is not None and self.names is None:
             self.names = [None] * n
         if self.priorities is not None:
-            self.priorities.extend([0] * k)
+            self.priorities.extend(array("i", [0]) * k)
         if self.createds is not None:
             self.createds.extend(array("q", [created]) * k)
         if self.run_ats is not None:

@@ -85,7 +85,7 @@ class _Run:
         createds, run_ats, priorities, names = self.createds, self.run_ats, self.priorities, self.names
         return Segment(head[0], self.datas, head[1], created, head[6], head[7], head[11],
                        names if any(n is not None for n in names) else None, states=self.states,
-                       priorities=priorities if any(priorities) else None,
+                       priorities=array("i", priorities) if any(priorities) else None,
                        createds=array("q", createds) if any(c != created for c in createds) else None,
                        run_ats=array("q", run_ats) if run_ats != createds else None, space=space,
                        groups=self.groups if any(g is not None for g in self.groups) else None,

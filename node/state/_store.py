@@ -16,7 +16,7 @@ from ._commands import AckRun, Command, command_queue
 from ._due_heap import DueHeap
 from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
-from ._model import SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
+from ._model import SEQ_BITS, SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, NEW, WAITING, check_transition
 
@@ -211,8 +211,9 @@ class Store:
 
     def _hold_segment(self, q: Queue, seg: Segment) -> None:
         """Take ``seg``'s waiting and delayed jobs into ``q``: one ready-heap entry at its lowest
-        priority-0 waiting slot, one per other waiting (in its group's heap, if it has one) or
-        delayed slot, the counts and group sizes."""
+        priority-0 waiting slot, one per priority of its other waiting slots without a group (the
+        cursors), one per grouped waiting slot (in its group's heap) and per delayed slot, the
+        counts and group sizes."""
         self.segments.add(seg)
         states = seg.states
         plain = seg.left
@@ -228,7 +229,7 @@ class Store:
             group = groups[i] if groups is not None else None
             seq = seg.first + i
             if group is None:
-                heapq.heappush(q.ready, ready_key(prio, seq))
+                self._ready_slot(q, seg, prio, seq)
             else:
                 self._group_moved(q, group, NEW, WAITING)  # type: ignore[attr-defined]  # ReadyIndex
                 self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]
@@ -279,13 +280,92 @@ class Store:
         segments.take(seg, seq)
         self.jobs[seq] = job
         self._jobs_unordered = True
-        if code == SLOT_WAITING:  # a prioritized or delayed slot's own heap entry passes to the job
+        if code == SLOT_WAITING:
             ready = self.queues[seg.queue].ready
             if not was_low:
                 heapq.heappush(ready, seq)  # priority 0: the key is the seq
             elif seg.left:
                 heapq.heappush(ready, seg.low)
+        elif code == SLOT_READY and job.group is None:
+            ready = self.queues[seg.queue].ready
+            cursors = seg.cursors
+            prio = job.priority
+            if cursors is not None and cursors.get(prio) == seq:
+                nxt = self._next_cursor(seg, prio, i)  # the cursor's entry passes to the job
+                if nxt is not None:
+                    heapq.heappush(ready, nxt)
+            else:
+                heapq.heappush(ready, ready_key(prio, seq))  # the cursor had not reached it yet
         return job
+
+    @staticmethod
+    def _ready_slot(q: Queue, seg: Segment, prio: int, seq: int) -> None:
+        """Slot ``seq`` of ``seg``, of priority ``prio`` and without a group, waits now
+        (``SLOT_READY``): the segment's cursor of ``prio`` covers it, moved back to it (a new
+        ready-heap entry) when it is past it or there is none."""
+        cursors = seg.cursors
+        if cursors is None:
+            seg.cursors = {prio: seq}
+        else:
+            at = cursors.get(prio)
+            if at is not None and at <= seq:
+                return  # the cursor comes to it
+            cursors[prio] = seq  # an entry further on is stale now
+        heapq.heappush(q.ready, ready_key(prio, seq))
+
+    @staticmethod
+    def _next_cursor(seg: Segment, prio: int, i: int) -> int | None:
+        """Move ``seg``'s cursor of ``prio`` on from slot ``i``, which it named: the ready key of the
+        next ``SLOT_READY`` slot of that priority without a group, which it names now; None when
+        there is none (the segment has no such cursor then)."""
+        states, groups, prios = seg.states, seg.groups, seg.priorities
+        j = i
+        if prio:
+            assert prios is not None, "a slot of a priority in a segment that keeps none"
+            index = prios.index  # in C: over the slots of other priorities
+            while True:
+                try:
+                    j = index(prio, j + 1)
+                except ValueError:
+                    j = -1
+                    break
+                if states[j] == SLOT_READY and (groups is None or groups[j] is None):
+                    break
+        else:
+            find = states.find
+            j = find(SLOT_READY, j + 1)
+            while j >= 0 and ((prios is not None and prios[j]) or (groups is not None and groups[j] is not None)):
+                j = find(SLOT_READY, j + 1)
+        cursors = seg.cursors
+        assert cursors is not None and cursors.get(prio) == seg.first + i, "a cursor moved from a slot it did not name"
+        if j < 0:
+            del cursors[prio]
+            if not cursors:
+                seg.cursors = None
+            return None
+        seq = seg.first + j
+        cursors[prio] = seq
+        return ready_key(prio, seq)
+
+    def _cursor_entry(self, ready: list[int], key: int, seg: Segment, i: int) -> bool:
+        """``key``, the top of ``ready``, names slot ``i`` of ``seg``, not the segment's ``low``:
+        True when it is the segment's live cursor and the slot waits (the caller takes it);
+        else the entry is done with here (a stale one popped, a cursor whose slot no longer
+        waits moved on) and False."""
+        cursors = seg.cursors
+        seq = seg.first + i
+        prio = -(key >> SEQ_BITS)
+        if cursors is None or cursors.get(prio) != seq:
+            heapq.heappop(ready)  # stale: the cursor moved back past it, or away
+            return False
+        if seg.states[i] == SLOT_READY:
+            return True
+        nxt = self._next_cursor(seg, prio, i)
+        if nxt is None:
+            heapq.heappop(ready)
+        else:
+            heapq.heapreplace(ready, nxt)
+        return False
 
     def _slot_due(self, seq: int, run_at: int) -> None:
         """A delayed-heap entry ``(run_at, seq)`` came due: when it is a segment's delayed slot's,
@@ -308,7 +388,7 @@ class Store:
             self._events.append((q.name, seq, WAITING, DELAYED))
         group = seg.groups[i] if seg.groups is not None else None
         if group is None:
-            heapq.heappush(q.ready, ready_key(prio, seq))
+            self._ready_slot(q, seg, prio, seq)
         else:
             self._enqueue_group(q, group, ready_key(prio, seq))  # type: ignore[attr-defined]  # ReadyIndex
 
