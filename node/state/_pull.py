@@ -250,12 +250,8 @@ class PullOps(Store):
                 heapq.heapreplace(ready, seg.low)
             else:
                 heapq.heappop(ready)
-        else:  # the slot its priority's cursor named: the cursor moves on
-            nxt = self._next_cursor(seg, prio, i)
-            if nxt is None:
-                heapq.heappop(ready)
-            else:
-                heapq.heapreplace(ready, nxt)
+        else:  # the slot its priority's cursor named
+            self._top_cursor_moves_on(ready, seg, prio, i)
         token = f"{self.partition}.{lease_no}"
         heapq.heappush(self.leases, (deadline, seq, token, seq))
         self._drop_prio(q, prio)  # type: ignore[attr-defined]  # MoveOps

@@ -360,12 +360,17 @@ class Store:
             return False
         if seg.states[i] == SLOT_READY:
             return True
+        self._top_cursor_moves_on(ready, seg, prio, i)
+        return False
+
+    def _top_cursor_moves_on(self, ready: list[int], seg: Segment, prio: int, i: int) -> None:
+        """The top of ``ready`` is ``seg``'s cursor of ``prio``, at slot ``i``, which is taken or no
+        longer waits: the entry names the cursor's next slot now, or goes if there is none."""
         nxt = self._next_cursor(seg, prio, i)
         if nxt is None:
             heapq.heappop(ready)
         else:
             heapq.heapreplace(ready, nxt)
-        return False
 
     def _slot_due(self, seq: int, run_at: int) -> None:
         """A delayed-heap entry ``(run_at, seq)`` came due: when it is a segment's delayed slot's,
