@@ -16,11 +16,12 @@ against the map header; item structs forbid unknown fields outright.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import operator
+from typing import Any, TypedDict, Union
 
 import msgspec
 
-__all__ = ["PlainPush", "decode_job_frame", "map_len", "plain_push_decoder", "plain_push_entries"]
+__all__ = ["PlainBulk", "PlainPush", "decode_job_frame", "map_len", "plain_decoder", "plain_entries"]
 
 _UNSET = msgspec.UNSET
 _Unset = msgspec.UnsetType
@@ -133,17 +134,74 @@ class PlainPush(msgspec.Struct, tag_field="cmd", tag="PUSH", forbid_unknown_fiel
         return frame
 
 
-plain_push_decoder = msgspec.msgpack.Decoder(PlainPush)
+class _BulkItem(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A PUSHB item carrying only ``data`` and maybe an ``idempotencyKey`` (what Shoal's client's
+    ``add_bulk`` sends for jobs without options)."""
+
+    data: msgspec.Raw
+    idempotencyKey: str | _Unset = _UNSET  # noqa: N815 (wire name)
 
 
-def plain_push_entries(push: PlainPush) -> int:
-    """How many map entries ``push`` was decoded from, if its map held no other keys.
+class PlainBulk(msgspec.Struct, tag_field="cmd", tag="PUSHB", forbid_unknown_fields=True, gc=False):
+    """A PUSHB with only ``queue``, ``jobs`` whose every item carries only ``data`` and maybe an
+    ``idempotencyKey``, and maybe ``reqId``: the bulk add of Shoal's client and of ingest jobs.
 
-    msgspec neither requires the tag field nor rejects a repeated key, so a frame is a plain
-    push only when its map header counts exactly these entries: a missing ``cmd``, an
-    explicit nil or a repeated key falls back to the general decoder, which reports them.
+    The node checks it as a whole and proposes it as the ``PushBatch`` it is replicated as, with
+    no dict or ``Raw`` per job (:meth:`~shoal.node.dispatch.Dispatcher.handle_bulk`); ``body``
+    is the frame as received (set by the decoder, not read from the wire), which a node that
+    does not lead the queue's partition sends on as it came.
     """
-    return 3 + (push.reqId is not None) + (push.idempotencyKey is not None) + (push.name is not None)
+
+    queue: str
+    jobs: list[_BulkItem]
+    reqId: int | str | None = None  # noqa: N815 (wire name)
+    body: bytes = b""
+
+    def datas(self) -> list[bytes]:
+        """Each job's data: its exact MessagePack bytes."""
+        return list(map(bytes, map(_data_of, self.jobs)))
+
+    def keys(self) -> list[str | None] | None:
+        """Each job's idempotency key (None: it has none), or None when no job has one."""
+        keys = list(map(_key_of, self.jobs))
+        if _UNSET not in keys:
+            return keys
+        if keys.count(_UNSET) == len(keys):
+            return None
+        return [None if key is _UNSET else key for key in keys]
+
+    def to_frame(self, raw: type) -> dict[str, Any]:
+        """The same request as the general decoder gives it (a dict, each ``data`` as ``raw(bytes)``)."""
+        jobs: list[dict[str, Any]] = []
+        for item in self.jobs:
+            job = {"data": raw(bytes(item.data))}
+            if item.idempotencyKey is not _UNSET:
+                job["idempotencyKey"] = item.idempotencyKey
+            jobs.append(job)
+        frame: dict[str, Any] = {"cmd": "PUSHB", "queue": self.queue, "jobs": jobs}
+        if self.reqId is not None:
+            frame["reqId"] = self.reqId
+        return frame
+
+
+_data_of = operator.attrgetter("data")
+_key_of = operator.attrgetter("idempotencyKey")
+#: Decodes a plain PUSH or a plain PUSHB (told apart by ``cmd``); any other frame fails it
+#: within a microsecond and takes the general decoder.
+plain_decoder = msgspec.msgpack.Decoder(Union[PlainPush, PlainBulk])
+
+
+def plain_entries(frame: PlainPush | PlainBulk) -> int:
+    """How many map entries ``frame`` was decoded from, if its map held no other keys.
+
+    msgspec neither requires the tag field nor rejects a repeated key, so a frame is plain
+    only when its map header counts exactly these entries: a missing ``cmd``, an explicit nil,
+    a repeated key or a ``body`` sent by the client (never counted here) falls back to the
+    general decoder, which reports them.
+    """
+    if type(frame) is PlainBulk:
+        return 3 + (frame.reqId is not None)
+    return 3 + (frame.reqId is not None) + (frame.idempotencyKey is not None) + (frame.name is not None)
 
 
 def map_len(payload: bytes) -> int:

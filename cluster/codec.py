@@ -22,7 +22,7 @@ import msgpack
 import msgspec
 
 from ._depth import DEPTH_MAX, depth_message, msgpack_req_id, msgpack_too_deep
-from ._fast_frames import PlainPush, decode_job_frame, map_len, plain_push_decoder, plain_push_entries
+from ._fast_frames import PlainBulk, PlainPush, decode_job_frame, map_len, plain_decoder, plain_entries
 from .errors import ErrorCode, ProtocolError
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "HEADER_BYTES",
     "Raw",
     "FrameDecoder",
+    "PlainBulk",
     "PlainPush",
     "encode",
     "encode_body",
@@ -51,7 +52,7 @@ __all__ = [
 FRAME_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 HEADER_BYTES = 4
 _HEADER = struct.Struct(">I")
-_plain_decode = plain_push_decoder.decode
+_plain_decode = plain_decoder.decode
 _RAW_FIELDS = frozenset({"data"})
 #: First bytes of a map or an array (fixmap, fixarray, array16/32, map16/32).
 _CONTAINER_FIRST = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])  # kept raw at the top level and in each item of "jobs"
@@ -304,6 +305,20 @@ def _job_data_too_deep(frame: dict[str, Any]) -> bool:
     return False
 
 
+def _bulk_too_deep(bulk: PlainBulk) -> bool:
+    """Does an item's data of ``bulk`` nest deeper than an item's data may (see
+    :func:`_job_data_too_deep`)? Only data longer than that many bytes is looked at."""
+    limit = DEPTH_MAX - 3
+    datas = list(map(_bulk_item_data, bulk.jobs))
+    if max(map(len, datas)) <= limit:
+        return False
+    return any(len(data) > limit and memoryview(data)[0] in _CONTAINER_FIRST and msgpack_too_deep(bytes(data), limit)
+               for data in datas)
+
+
+_bulk_item_data = operator.attrgetter("data")
+
+
 def _plain_req_id(req_id: object) -> bool:
     return isinstance(req_id, (int, str)) and not isinstance(req_id, bool)
 
@@ -485,13 +500,18 @@ class FrameDecoder:
                 else:
                     first = src[start]  # a fixmap's count is read inline: this runs once per PUSH
                     entries = first & 0x0F if 0x80 <= first <= 0x8F else map_len(view[start:pos])
-                    if entries == plain_push_entries(push):
-                        # Only a map or array can nest: scalar data (bytes, text) costs no check.
-                        if length > DEPTH_MAX and memoryview(push.data)[0] in _CONTAINER_FIRST:
-                            if msgpack_too_deep(bytes(push.data), DEPTH_MAX - 1):
-                                out.append(ProtocolError(depth_message(), ErrorCode.INVALID, req_id=push.reqId))
-                                continue
-                        out.append(push)
+                    if type(push) is PlainPush:
+                        if entries == plain_entries(push):
+                            # Only a map or array can nest: scalar data (bytes, text) costs no check.
+                            if length > DEPTH_MAX and memoryview(push.data)[0] in _CONTAINER_FIRST:
+                                if msgpack_too_deep(bytes(push.data), DEPTH_MAX - 1):
+                                    out.append(ProtocolError(depth_message(), ErrorCode.INVALID, req_id=push.reqId))
+                                    continue
+                            out.append(push)
+                            continue
+                    elif entries == plain_entries(push) and push.jobs:
+                        push.body = src[start:pos]
+                        out.append(_too_deep(push.reqId) if _bulk_too_deep(push) else push)
                         continue
             if length > DEPTH_MAX and self._raw and self._requests:
                 # A job frame the schema fits nests only inside its data (every other field is

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import FrameDecoder, PlainPush, Raw, check_depth, decode_request, decode_response, encode
+from shoal.cluster.codec import FrameDecoder, PlainBulk, PlainPush, Raw, check_depth, decode_request, decode_response, encode
 from shoal.cluster.commands import PRE_AUTH_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX
@@ -90,7 +90,7 @@ class ClientConnection(asyncio.Protocol):
         self.subscriptions: set[str] | None = None  # None = not subscribed; "" = every queue
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._backlog: deque[dict[str, Any] | PlainPush] = deque()
+        self._backlog: deque[dict[str, Any] | PlainPush | PlainBulk] = deque()
         self._inflight = 0
         self._out: list[bytes] = []
         self._deferred: list[tuple[list[Any], list[Any]]] = []
@@ -360,11 +360,17 @@ class ClientConnection(asyncio.Protocol):
         while (backlog and self._inflight < self.inflight_max and not self.closed
                and not self._write_paused and self._out_bytes < self._output_high):
             frame = backlog.popleft()
-            if type(frame) is PlainPush:
+            kind = type(frame)
+            if kind is PlainPush:
                 if self.authed:
                     self._pump_pushes(frame)
                     continue
                 frame = frame.to_frame(Raw)  # the general path answers AUTH_REQUIRED
+            elif kind is PlainBulk:
+                if self.authed:
+                    self._pump_bulk(frame)
+                    continue
+                frame = frame.to_frame(Raw)
             self._inflight += 1
             req_id = frame.get("reqId")
             if req_id is None:
@@ -378,6 +384,24 @@ class ClientConnection(asyncio.Protocol):
             self._backlog_bytes = 0
         if self._paused and len(backlog) < _BACKLOG_PAUSE_FRAMES // 2 and not self._write_paused:
             self._set_reading()
+
+    def _pump_bulk(self, bulk: PlainBulk) -> None:
+        """Dispatch a plain PUSHB (:meth:`~shoal.node.dispatch.Dispatcher.handle_bulk`)."""
+        self._inflight += 1
+        req_id = bulk.reqId
+        if req_id is None:
+            req_id = bulk.reqId = f"{ORDER_PREFIX}{self._order_given}"
+            self._order_given += 1
+        elif type(req_id) is str and req_id[:1] == ORDER_PREFIX:
+            self.reply_error(req_id[1:], CommandError(ErrorCode.INVALID, "reqId: may not start with NUL"))
+            return
+        try:
+            self.dispatcher.handle_bulk(self, bulk)
+        except CommandError as exc:
+            self.reply_error(req_id, exc)
+        except Exception as exc:
+            log.exception("dispatch failed for a PUSHB")
+            self.reply_error(req_id, CommandError(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}"))
 
     def _pump_pushes(self, frame: PlainPush) -> None:
         """Dispatch ``frame`` with the plain PUSHes to its queue right behind it, as free slots allow."""

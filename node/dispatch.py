@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import RECEIVED_BYTES, PlainPush, Raw, ReceivedBytes, item_fields
+from shoal.cluster.codec import RECEIVED_BYTES, PlainBulk, PlainPush, Raw, ReceivedBytes, item_fields
 from shoal.cluster.commands import (COMMANDS, LONG_POLL_COMMANDS, NEW_JOB_COMMANDS, NODE_COMMANDS,
                                     PRE_AUTH_COMMANDS, normalize, validate)
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -40,7 +40,7 @@ from shoal.cluster.partitioning import partition_for
 from .bunqueue import EventFrames, open_envelope, open_envelopes, push_flow_graph, push_repeating
 from .partition import Parked, Partition, RemotePartition
 from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Replier
-from .partition.pushes import check_block, check_queue, each_result, session_pull
+from .partition.pushes import bulk_batch, check_block, check_queue, each_result, session_pull
 from .locator import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
 from .writes import PendingWrites
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from shoal.cluster.config import ClusterConfig
 
     from .bunqueue import EventJobs
-    from .partition.pushes import PushRun
+    from .partition.pushes import PushBatch, PushRun
     from .raft import PartitionReplica
     from .relay import Relay
     from .state import Event
@@ -503,6 +503,50 @@ class Dispatcher:
             conn.reply_many(req_ids, results, "PUSH", time.perf_counter() - started)
 
         part.group_commit.submit(run, done)
+
+    def handle_bulk(self, conn: Replier, bulk: PlainBulk) -> None:
+        """Answer a plain PUSHB (every job only ``data``) of an authenticated connection.
+
+        Checked as a whole (:func:`~.pushes.bulk_batch`), it goes to its partition, led here
+        (:meth:`serve_bulk`) or elsewhere (sent on as its client sent it), with no dict or
+        ``Raw`` per job. A bunqueue client's (whose data is an envelope) and one that fails a
+        check take the general path, which says what is wrong.
+        """
+        batch = None if conn.bunqueue_envelope else bulk_batch(bulk)
+        if batch is None:
+            frame = bulk.to_frame(Raw)
+            frame[RECEIVED_BYTES] = ReceivedBytes(bulk.body)
+            self.handle(conn, frame)
+            return
+        self.commands_total += 1
+        if self.overloaded is not None:
+            raise self.overloaded
+        target = self._target(self._partition_of("queue", {"queue": batch.queue}), self._forwards(conn))
+        target.submit_bulk(conn, bulk, batch)
+
+    def serve_bulk(self, part: Partition, conn: Replier, bulk: PlainBulk, batch: PushBatch) -> None:
+        """A plain PUSHB of ``part``, which this node leads, proposed as ``batch``, the
+        ``PushBatch`` the general path makes of its dict (:func:`~.pushes.bulk_batch`)."""
+        req_id = bulk.reqId
+        p = part.id
+        started = time.perf_counter()
+        observe = self.metrics.observe
+
+        def done(result: Any) -> None:
+            observe("PUSHB", time.perf_counter() - started)
+            if _not_proposed(result) and self._forwards(conn):
+                # This node stopped leading before proposing it: the relay takes it to the new leader.
+                try:
+                    self._remote(p).submit(conn, bulk.to_frame(Raw), away=True)
+                except CommandError as exc:
+                    conn.reply_error(req_id, exc)
+                return
+            if isinstance(result, CommandError):
+                conn.reply_error(req_id, result)
+            else:
+                conn.reply(req_id, result)
+
+        part.group_commit.submit(batch, done)
 
     def _forwards(self, conn: Replier) -> bool:
         """Does this node forward ``conn``'s commands (a client that does not route for itself)?"""

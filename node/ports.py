@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shoal.cluster.codec import FrameDecoder, PlainPush, decode_response
+from shoal.cluster.codec import FrameDecoder, PlainBulk, PlainPush, decode_response
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 
 from .clock import Clock
@@ -171,6 +171,9 @@ class CommandHandler(Protocol):
 
     def handle_pushes(self, conn: Replier, frames: list[PlainPush]) -> None:
         """Answer a block of plain PUSHes to one queue, each through ``conn``."""
+
+    def handle_bulk(self, conn: Replier, bulk: PlainBulk) -> None:
+        """Answer a plain PUSHB (every job only ``data``) through ``conn``."""
 
 
 class PartitionDirectory(Protocol):

@@ -14,10 +14,10 @@ from ..raft import BatchResult, refuse_some
 from .group_commit import GroupCommit
 
 if TYPE_CHECKING:
-    from shoal.cluster.codec import PlainPush
+    from shoal.cluster.codec import PlainBulk, PlainPush
 
     from ..raft import PartitionReplica
-    from ..state import Event
+    from ..state import Event, PushBatch
     from ..writes import PendingWrites
     from .machine import PartitionMachine
     from .view import PartitionView
@@ -81,6 +81,8 @@ class Serving(Protocol):
     def serve(self, part: Partition, conn: Any, frame: dict[str, Any]) -> None: ...
 
     def serve_pushes(self, part: Partition, conn: Any, frames: list[PlainPush]) -> None: ...
+
+    def serve_bulk(self, part: Partition, conn: Any, bulk: PlainBulk, batch: PushBatch) -> None: ...
 
     def wants_events(self) -> bool:
         """Does anyone (a connection, a peer, a node listener) take job events now?"""
@@ -167,6 +169,11 @@ class Partition:
         """Answer a block of plain PUSHes to one queue of this partition, each on ``conn``."""
         assert self.serving is not None, f"partition {self.id} has nothing to serve its commands"
         self.serving.serve_pushes(self, conn, frames)
+
+    def submit_bulk(self, conn: Any, bulk: PlainBulk, batch: PushBatch) -> None:
+        """Answer a checked plain PUSHB of this partition on ``conn``: ``batch`` is its replicated form."""
+        assert self.serving is not None, f"partition {self.id} has nothing to serve its commands"
+        self.serving.serve_bulk(self, conn, bulk, batch)
 
     # --- writing ---------------------------------------------------------------------------------
 

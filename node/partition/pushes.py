@@ -22,6 +22,7 @@ idempotency key a forwarding node gives an add that has none, :mod:`.relay`).
 from __future__ import annotations
 
 import struct
+import operator
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -29,14 +30,14 @@ from typing import Any
 import msgspec
 
 from shoal.cluster import limits as L
-from shoal.cluster.codec import PlainPush, Raw, encode_body
+from shoal.cluster.codec import PlainBulk, PlainPush, Raw, encode_body
 from shoal.cluster.commands import COMMANDS
 from shoal.cluster.errors import CommandError, ProtocolError
 
 from ..state import AckRun, Command, PushBatch, PushRun, SessionPull
 from ..state._segments import ack_run_of, plain_ack, split_plain
 
-__all__ = ["take_block", "check_block", "each_result", "encode_replies", "replicated_form", "fan_out",
+__all__ = ["take_block", "bulk_batch", "check_block", "each_result", "encode_replies", "replicated_form", "fan_out",
            "commands_in", "session_pull", "PushRun", "PushBatch", "AckRun", "SessionPull", "Command"]
 
 #: Receives one command's result: the engine's reply dict or a CommandError.
@@ -50,6 +51,7 @@ _check_queue = COMMANDS["PUSH"].checks["queue"]
 _check_data = COMMANDS["PUSH"].checks["data"]
 _check_key = COMMANDS["PUSH"].checks["idempotencyKey"]
 _check_name = COMMANDS["PUSH"].checks["name"]
+_data_of = operator.attrgetter("data")
 
 _pack = msgspec.msgpack.Encoder().encode
 _PUSH_REPLY_HEAD = b"\x83\xa2ok\xc3\xa2id"  # map of 3: "ok": true, "id": (the id follows)
@@ -110,6 +112,28 @@ def encode_replies(out: list[bytes], req_ids: list[Any], results: list[Any]) -> 
 def check_queue(queue: str) -> None:
     """Raise the PUSH schema's error for a bad queue name."""
     _check_queue("queue", queue)
+
+
+def bulk_batch(bulk: PlainBulk) -> PushBatch | None:
+    """A plain PUSHB as replicated: the :class:`PushBatch` :func:`_compact` makes of its dict;
+    None when it fails a check of the PUSHB schema (a bad queue name, no jobs or more than
+    ``batch_jobs_max``, a job's data over ``data_bytes_max``, an empty or long key), whose
+    general path names what is wrong. Looked at as a whole: no call per job in Python."""
+    jobs = bulk.jobs
+    if not 0 < len(jobs) <= L.batch_jobs_max:
+        return None
+    try:
+        _check_queue("queue", bulk.queue)
+    except CommandError:
+        return None
+    if max(map(len, map(_data_of, jobs))) > L.data_bytes_max:
+        return None
+    keys = bulk.keys()
+    if keys is not None:
+        lengths = [len(key) for key in keys if key is not None] if None in keys else list(map(len, keys))
+        if min(lengths) == 0 or max(lengths) > L.key_chars_max:
+            return None
+    return PushBatch(bulk.queue, bulk.datas(), keys, None)
 
 
 def check_block(frames: list[PlainPush],

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shoal.cluster.codec import Raw
+
 if TYPE_CHECKING:
-    from shoal.cluster.codec import PlainPush
+    from shoal.cluster.codec import PlainBulk, PlainPush
 
 __all__ = ["RemotePartition", "Forwarder"]
 
@@ -56,3 +58,8 @@ class RemotePartition:
         without a key or custom id the forwarding node's key. ``custom_ids``: some job may carry
         one, which this node then learns the partition of."""
         self._forwarder.forward_received(conn, frame, body, self.id, custom_ids)
+
+    def submit_bulk(self, conn: Any, bulk: PlainBulk, batch: object = None) -> None:
+        """Send a plain PUSHB to this partition's leader as its client sent it (the leader checks
+        it and makes its own ``batch``); its reply goes to ``conn``."""
+        self._forwarder.forward_received(conn, bulk.to_frame(Raw), bulk.body, self.id, False)

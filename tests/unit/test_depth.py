@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.cluster._depth import DEPTH_MAX, json_too_deep, msgpack_req_id, msgpack_too_deep
-from shoal.cluster.codec import FrameDecoder, check_depth
+from shoal.cluster.codec import FrameDecoder, PlainBulk, check_depth
 from shoal.cluster.errors import ErrorCode, ProtocolError
 
 
@@ -152,6 +152,8 @@ def test_a_bulk_add_whose_schema_fits_is_judged_by_its_data_alone(depth: int, it
     assert len(out) == 1
     if depth > DEPTH_MAX:
         assert type(out[0]) is ProtocolError and out[0].code is ErrorCode.INVALID and out[0].req_id == "r1"
+    elif items == "data only":  # the node's plain bulk add: no dict per job
+        assert type(out[0]) is PlainBulk and len(out[0].jobs) == 600
     else:
         assert type(out[0]) is dict and len(out[0]["jobs"]) == 600
     assert msgpack_too_deep(body) == (depth > DEPTH_MAX)

@@ -12,13 +12,14 @@ import msgpack
 import msgspec
 import pytest
 
-from shoal.cluster.codec import PlainPush, Raw
+from shoal.cluster.codec import FrameDecoder, PlainBulk, PlainPush, Raw, encode
 from shoal.cluster.config import ClusterConfig, NodeSpec
 from shoal.cluster.errors import CommandError, ErrorCode
 from shoal.cluster.jobid import format_job_id
 from shoal.cluster.partitioning import partition_for
 from shoal.node.dispatch import Dispatcher
 from shoal.node.partition import Partition, RemotePartition
+from shoal.node.partition.pushes import PushBatch, replicated_form
 
 from test_dispatch_ports import FixedClock, Flows, Info, Link, Metrics
 
@@ -39,13 +40,15 @@ class Replica:
 
 
 class Recording:
-    """A group commit that keeps what was submitted to it."""
+    """A group commit that keeps what was submitted to it, and the callbacks that answer it."""
 
     def __init__(self) -> None:
         self.submitted: list[Any] = []
+        self.callbacks: list[Any] = []
 
     def submit(self, cmd: Any, done: Any) -> None:
         self.submitted.append(cmd)
+        self.callbacks.append(done)
 
 
 class Directory:
@@ -69,6 +72,9 @@ class Relay:
 
     def forward_pushes(self, conn: Any, frames: list[PlainPush], p: int, away: bool = False) -> None:
         self.sent.append(("block", [f.reqId for f in frames], p, away))
+
+    def forward_received(self, conn: Any, frame: dict[str, Any], body: bytes, p: int, custom_ids: bool) -> None:
+        self.sent.append(("received", (frame["reqId"], body), p, custom_ids))
 
 
 QUEUE = "q"
@@ -160,3 +166,82 @@ def test_a_partition_without_a_server_refuses_to_take_commands() -> None:
     part = Partition(0, Replica(True), Recording())  # type: ignore[arg-type]
     with pytest.raises(AssertionError):
         part.submit(Link(), push(1))
+
+
+def bulk(req_id: Any, n: int = 3, *, keyed: Any = False, queue: str = QUEUE, data: Any = "x") -> PlainBulk:
+    """A plain PUSHB as the node's decoder gives it: items of ``data`` (keyed ``k0``, ``k1``, ...
+    when ``keyed`` is True, or with ``keyed`` itself as every key when it is a string)."""
+    def item(i: int) -> dict[str, Any]:
+        if keyed is False:
+            return {"data": data}
+        return {"data": data, "idempotencyKey": f"k{i}" if keyed is True else keyed}
+
+    frame = {"cmd": "PUSHB", "queue": queue, "jobs": [item(i) for i in range(n)], "reqId": req_id}
+    (decoded,) = FrameDecoder(raw_data=True, plain_push=True).drain(encode(frame))
+    assert type(decoded) is PlainBulk
+    return decoded
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_plain_bulk_add_led_here_is_proposed_as_the_batch_its_dict_would_be(here: Any, keyed: bool) -> None:
+    d, directory, relay = here
+    conn = forwarding(True)
+    fast = bulk(5, keyed=keyed)
+    d.handle_bulk(conn, fast)
+    d.handle(conn, fast.to_frame(Raw))  # the general path, for comparison
+    group_commit = directory.partitions[P].group_commit
+    batch, frame = group_commit.submitted
+    assert type(batch) is PushBatch and relay.sent == []
+    assert [batch] == replicated_form([frame], P)[0]
+    assert batch.keys == (["k0", "k1", "k2"] if keyed else None)
+    group_commit.callbacks[0]({"ids": ["a", "b", "c"]})
+    group_commit.callbacks[0](CommandError(ErrorCode.QUEUE_FULL, "full"))
+    assert conn.replies == [(5, {"ids": ["a", "b", "c"]}), (5, ErrorCode.QUEUE_FULL)]
+
+
+def test_a_plain_bulk_add_refused_unproposed_goes_to_the_new_leader(here: Any) -> None:
+    d, directory, relay = here
+    conn = forwarding(True)
+    d.handle_bulk(conn, bulk(6))
+    directory.partitions[P].replica.leads = False
+    directory.partitions[P].group_commit.callbacks[0](CommandError(ErrorCode.NOT_LEADER, "moved"))
+    assert relay.sent == [("one", 6, P, True)] and conn.replies == []
+
+
+def test_a_plain_bulk_add_led_elsewhere_goes_on_as_its_client_sent_it(elsewhere: Any) -> None:
+    d, _, relay = elsewhere
+    fast = bulk(7)
+    d.handle_bulk(forwarding(True), fast)
+    assert relay.sent == [("received", (7, fast.body), P, False)]
+    with pytest.raises(CommandError) as err:
+        d.handle_bulk(forwarding(False), bulk(8))
+    assert err.value.code is ErrorCode.NOT_LEADER
+
+
+@pytest.mark.parametrize("bad", ["queue", "data", "empty key", "long key", "too many"])
+def test_a_plain_bulk_add_that_fails_a_check_is_refused_as_the_general_path_refuses_it(here: Any, bad: str,
+                                                                                       monkeypatch: Any) -> None:
+    from shoal.cluster import limits as L
+
+    monkeypatch.setattr(L, "data_bytes_max", 100)
+    monkeypatch.setattr(L, "batch_jobs_max", 10)
+    fast = {"queue": lambda: bulk(1, queue="no spaces"), "data": lambda: bulk(1, data="x" * 200),
+            "empty key": lambda: bulk(1, keyed=""), "long key": lambda: bulk(1, keyed="k" * (L.key_chars_max + 1)),
+            "too many": lambda: bulk(1, n=11)}[bad]()
+    d, directory, _ = here
+    errors = []
+    for handle, frame in ((d.handle_bulk, fast), (d.handle, fast.to_frame(Raw))):
+        with pytest.raises(CommandError) as err:
+            handle(forwarding(True), frame)
+        errors.append((err.value.code, str(err.value)))
+    assert errors[0] == errors[1] and errors[0][0] is ErrorCode.INVALID
+    assert directory.partitions[P].group_commit.submitted == []
+
+
+def test_a_bunqueue_clients_plain_bulk_add_takes_the_general_path(here: Any) -> None:
+    d, directory, _ = here
+    conn = forwarding(False)
+    conn.bunqueue_envelope = True  # type: ignore[attr-defined]
+    d.handle_bulk(conn, bulk(9, data={"data": {"n": 1}}))
+    (cmd,) = directory.partitions[P].group_commit.submitted
+    assert type(cmd) is dict and cmd["cmd"] == "PUSHB"
