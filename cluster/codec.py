@@ -309,11 +309,10 @@ def _bulk_too_deep(bulk: PlainBulk) -> bool:
     """Does an item's data of ``bulk`` nest deeper than an item's data may (see
     :func:`_job_data_too_deep`)? Only data longer than that many bytes is looked at."""
     limit = DEPTH_MAX - 3
-    datas = list(map(_bulk_item_data, bulk.jobs))
-    if max(map(len, datas)) <= limit:
+    if max(map(len, map(_bulk_item_data, bulk.jobs))) <= limit:
         return False
     return any(len(data) > limit and memoryview(data)[0] in _CONTAINER_FIRST and msgpack_too_deep(bytes(data), limit)
-               for data in datas)
+               for data in map(_bulk_item_data, bulk.jobs))
 
 
 _bulk_item_data = operator.attrgetter("data")

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shoal.cluster.codec import FrameDecoder, PlainBulk, PlainPush, Raw, check_depth, decode_request, decode_response, encode
+from shoal.cluster.codec import (FrameDecoder, PlainBulk, PlainPush, Raw, check_depth, decode_request, decode_response,
+                                 encode)
 from shoal.cluster.commands import PRE_AUTH_COMMANDS
 from shoal.cluster.errors import CommandError, ErrorCode, ProtocolError
 from shoal.cluster.guard import AUTH_FAIL_DELAYS_S, AUTH_FAILURES_MAX, PRE_AUTH_FRAME_BYTES_MAX

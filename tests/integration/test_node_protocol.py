@@ -145,6 +145,30 @@ def test_a_burst_of_plain_pushes_gets_the_right_reply_each(cluster: LocalCluster
         assert [j["data"] for j in got["jobs"]] == [8, 1, 2, 3, 5, 6, 10, 11]  # priority 1 comes first
 
 
+def test_a_burst_of_plain_bulk_adds_gets_the_right_reply_each(cluster: LocalCluster) -> None:
+    """PUSHBs whose jobs carry only data (and maybe a key) are checked as a whole: each gets the
+    reply the general path gives it (refusals name what is wrong), and keyed jobs dedupe."""
+    def bulk(req_id: Any, *datas: Any, keys: list[str] | None = None, queue: str = "bulk") -> dict[str, Any]:
+        jobs = [{"data": d} if keys is None else {"data": d, "idempotencyKey": k} for d, k in zip(datas, keys or datas)]
+        return {"cmd": "PUSHB", "queue": queue, "jobs": jobs, "reqId": req_id}
+
+    frames = [bulk(1, 1, 2), bulk(2, 3, 4, keys=["a", "b"]), bulk(3, 5, b"x" * (L.data_bytes_max + 1)),
+              bulk(4, 6, queue="bad name!"), bulk(5, 7, keys=[""]), bulk("\x00six", 8), bulk(7, 3, 9, keys=["a", "c"]),
+              {**bulk(8, 10), "jobs": [{"data": 10, "priority": 2}]}]  # a job option: the general path
+    with leader_conn(cluster, "bulk") as c:
+        c.send_raw(b"".join(encode(f) for f in frames))
+        replies = {f["reqId"]: c.wait_reply(f["reqId"]) for f in frames if f["reqId"] != "\x00six"}
+        replies["\x00six"] = c.wait_reply("six")  # the NUL is taken off the refusal's reqId
+        assert replies[1]["ok"] and len(replies[1]["ids"]) == 2
+        assert replies[3]["code"] == "INVALID" and "data" in replies[3]["error"]
+        assert replies[4]["code"] == "INVALID" and "queue" in replies[4]["error"]
+        assert replies[5]["code"] == "INVALID" and "idempotencyKey" in replies[5]["error"]
+        assert replies["\x00six"]["code"] == "INVALID" and "reqId" in replies["\x00six"]["error"]
+        assert replies[7]["ok"] and replies[7]["ids"][0] == replies[2]["ids"][0]  # key "a" again
+        got = c.call({"cmd": "PULLB", "queue": "bulk", "count": 20})
+        assert [j["data"] for j in got["jobs"]] == [10, 1, 2, 3, 4, 9]  # priority 2 first, then in order
+
+
 def test_v1_and_v2_connections_side_by_side(cluster: LocalCluster) -> None:
     with leader_conn(cluster, "mixed") as v2:
         with RawConn(v2.address, hello=False) as v1:
