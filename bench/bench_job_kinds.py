@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.cluster.codec import Raw
-from shoal.node.payload_files import PayloadFiles
+from shoal.node.partition.payload_files import PayloadFiles
 from shoal.node.state import PartitionEngine
 
 DATA = Raw(b"\xc4\x64" + b"x" * 100)  # a 100-byte bin payload, as a client would send it

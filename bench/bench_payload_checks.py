@@ -2,7 +2,7 @@
 
     python bench/bench_payload_checks.py [--jobs 200000] [--sizes 100,1024] [--run 100] [--rounds 3]
 
-For each job size, a :class:`~shoal.node.payload_files.FileSpace` in a temporary directory gets
+For each job size, a :class:`~shoal.node.partition.payload_files.FileSpace` in a temporary directory gets
 ``--jobs`` jobs appended and flushed (the writes a node's apply makes), then every job is read
 back in runs of ``--run`` jobs, each run one read from the disk (the page cache) as a pull's is,
 with the space's last block forgotten before each run. Done once with the checksums as the node
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from shoal.node import payload_files
+from shoal.node.partition import payload_files
 from shoal.node.payload_checks import BlockChecks
-from shoal.node.payload_files import FileSpace
+from shoal.node.partition.payload_files import FileSpace
 
 
 @contextmanager

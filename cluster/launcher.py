@@ -605,7 +605,7 @@ class LocalCluster:
 #: layout the launcher writes, so it is refused rather than silently dropped.
 _PASSED_TO_NODES = frozenset({*LIMITS_ENV_VARS, "SHOAL_SNAPSHOT_ENTRIES_MIN", "SHOAL_SNAPSHOT_INTERVAL_S",
                               "SHOAL_DIGEST_INLINE_JOBS_MAX",  # node/raft/snapshots.py, node/digests.py
-                              "SHOAL_PAYLOAD_FILE_MIB"})  # node/payload_files.py
+                              "SHOAL_PAYLOAD_FILE_MIB"})  # node/partition/payload_files.py
 _HANDLED_ELSEWHERE = frozenset({"SHOAL_AUTH_TOKENS", "SHOAL_CLUSTER_SECRET", *TLS_ENV_VARS})
 #: Variables of the project's own scripts, not settings of a node (``scripts/test``).
 _NOT_NODE_SETTINGS = frozenset({"SHOAL_NO_SPARK"})

@@ -44,7 +44,7 @@ from .metrics import NodeMetrics
 from .moves import MoveService
 from .cluster_map import ClusterMap
 from .partition import Partition, PartitionMachine
-from .payload_files import PAYLOADS_DIR, PayloadFiles, file_bytes_from_env
+from .partition.payload_files import PAYLOADS_DIR, PayloadFiles, file_bytes_from_env
 from .payload_repair import PayloadRepair
 from .raft import PartitionReplica, RaftNetwork, ReplicaDamaged, TickScheduler, timing_scale
 from .raft.membership import Membership

@@ -21,7 +21,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 
 from ..raft._io import FileIO
 from ..raft.membership import Membership
-from ..payload_files import PayloadFiles
+from .payload_files import PayloadFiles
 from ..raft.snapshots import load_snapshot, snapshot_content
 from ..state import EVENTS_MAX, Command, Event, PartitionEngine, PayloadSpace, command_name
 from .log_format import decode_batch, encode_batch

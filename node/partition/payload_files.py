@@ -37,8 +37,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
-from .payload_checks import BlockChecks, PayloadDamaged, read_checked
-from .raft._io import close_later
+from ..payload_checks import BlockChecks, PayloadDamaged, read_checked
+from ..raft._io import close_later
 
 __all__ = ["FileSpace", "PayloadFiles", "PayloadDamaged", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB",
            "file_bytes_from_env"]

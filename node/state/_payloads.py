@@ -5,7 +5,7 @@ partition's payload space (offset and length, 12 bytes a job), and a job object 
 :class:`Stored` reference in its ``data``. The space is a port the engine is given: it
 stores appended bytes at the offsets it returns and gives them back. The engine's own
 :class:`MemorySpace` keeps them in process memory (tests, the simulation, tools); a node
-gives each engine a space of files on disk (``shoal.node.payload_files``), so a waiting
+gives each engine a space of files on disk (``shoal.node.partition.payload_files``), so a waiting
 job's data costs disk and page cache, not the process's memory.
 
 Offsets are a replica's own: the replicated state (snapshots, digests) carries the data

@@ -71,7 +71,7 @@ def test_the_check_catches_bad_imports() -> None:
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("state", frozenset({"state"})),
     ("partitions", frozenset({"raft", "partition", "group_commit", "pushes", "clock", "digests", "identity",
-                              "cluster_map", "moves", "log_format", "heap", "payload_files", "payload_checks",
+                              "cluster_map", "moves", "log_format", "heap", "payload_checks",
                               "payload_repair", "writes"})),
     ("dispatch", frozenset({"dispatch", "ports", "sessions", "audits", "metrics", "relay", "bunqueue", "locator"})),
     ("view", frozenset({"view"})),

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from shoal.node.payload_checks import BLOCK_BYTES, BlockChecks, PayloadDamaged, read_checked
-from shoal.node.payload_files import FileSpace
+from shoal.node.partition.payload_files import FileSpace
 from damage import flip_byte
 
 

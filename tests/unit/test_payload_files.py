@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from shoal.cluster.codec import encode_body, raw_of
 from shoal.cluster.errors import ProtocolError
-from shoal.node.payload_files import FileSpace, PayloadFiles
+from shoal.node.partition.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import MemorySpace, PartitionEngine, Stored
 from waiting import eventually
 

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shoal.cluster.codec import raw_of, unraw
 from shoal.cluster.errors import CommandError
-from shoal.node.payload_files import FileSpace, PayloadFiles
+from shoal.node.partition.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import PartitionEngine, PushRun, SessionPull, Stored, event_dicts
 from shoal.node.state._model import slot_job, slot_tuples
 from shoal.node.state._segments import SEGMENT_SLOTS_MAX

@@ -18,7 +18,7 @@ from shoal.node.raft._io import RealIO
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
 from shoal.node.partition.machine import SNAPSHOT_JOBS_PER_CHUNK, PartitionMachine, load_engine, snapshot_chunks
-from shoal.node.payload_files import PayloadFiles
+from shoal.node.partition.payload_files import PayloadFiles
 from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, read_snapshot_meta,
                                        verify_snapshot)
 from shoal.node.state import PartitionEngine
