@@ -81,16 +81,27 @@ def batches(engine: Any, n: int = 100_000, size: int = 100) -> dict[str, float]:
     return {"PUSHB": push_s / n, "PULLB+ACKB": drain(engine, "q", n, size)}
 
 
-def drain(engine: Any, queue: str, n: int, size: int) -> float:
-    """CPU seconds per job of taking up to ``n`` jobs of ``queue``, ``size`` per PULLB, each
-    batch acked by one ACKB (bounded: every round takes a job or stops)."""
+def timed_batches(engine: Any, n: int = 100_000, size: int = 100) -> dict[str, float]:
+    """Bulk adds as a node applies them, each in an entry of its own time: a segment holds runs
+    of jobs with different creation times."""
+    batch = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": DATA} for _ in range(size)]}
+    t = clock()
+    for i in range(n // size):
+        engine.apply(batch, NOW + i)
+    push_s = clock() - t
+    return {"PUSHB, timed": push_s / n, "PULLB+ACKB, timed": drain(engine, "q", n, size, NOW + n // size)}
+
+
+def drain(engine: Any, queue: str, n: int, size: int, now: int = NOW) -> float:
+    """CPU seconds per job of taking up to ``n`` jobs of ``queue``, ``size`` per PULLB at ``now``,
+    each batch acked by one ACKB (bounded: every round takes a job or stops)."""
     t = clock()
     done = 0
     for _ in range(n):
-        r = result(engine.apply(leased(engine, {"cmd": "PULLB", "queue": queue, "count": size}), NOW))
+        r = result(engine.apply(leased(engine, {"cmd": "PULLB", "queue": queue, "count": size}), now))
         if not r["jobs"]:
             break
-        engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, NOW)
+        engine.apply({"cmd": "ACKB", "ids": [j["id"] for j in r["jobs"]], "tokens": r["tokens"]}, now)
         done += len(r["jobs"])
         if done >= n:
             break
@@ -170,8 +181,8 @@ def deduped(engine: Any, n: int = 20_000) -> dict[str, float]:
     return {"dedupe add": applying(engine, first, NOW) / n, "dedupe again": applying(engine, again, NOW + 1) / n}
 
 
-WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, utube, keyed, client_adds, prioritized,
-                                                      bulk_options, deduped]
+WORKLOADS: list[Callable[[Any], dict[str, float]]] = [push_pull, batches, timed_batches, utube, keyed, client_adds,
+                                                      prioritized, bulk_options, deduped]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:

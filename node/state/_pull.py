@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from array import array
 from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
@@ -358,8 +359,12 @@ class PullOps(Store):
             tokens.extend(decimal_run(prefix, base + 1, k))
             # The wire form of each job: copies of one template, then the fields that differ (a
             # third cheaper than a literal per job).
-            copy = self._slot_wire(q, seg, deadline).copy
-            wire = [copy() for _ in seqs]
+            template = self._slot_wire(q, seg, deadline)
+            if seg.createds is None and seg.run_ats is None:
+                copy = template.copy
+                wire = [copy() for _ in seqs]
+            else:
+                wire = _wire_by_times(template, seg, i, end)
             id_prefix = f"{self.partition}-"
             for job, job_id, data in zip(wire, decimal_run(id_prefix, first, k), seg.run_data(i, end)):
                 job["id"] = job_id
@@ -369,12 +374,6 @@ class PullOps(Store):
                 for job, job_name in zip(wire, names[i:end]):
                     if job_name is not None:
                         job["name"] = job_name
-            if seg.createds is not None or seg.run_ats is not None:  # single adds: their own times
-                createds = seg.createds[i:end] if seg.createds is not None else [seg.created_ms] * k
-                run_ats = seg.run_ats[i:end] if seg.run_ats is not None else createds
-                for job, created, run_at in zip(wire, map(float, createds), map(float, run_ats)):
-                    job["createdAt"] = created
-                    job["runAt"] = run_at
             jobs.extend(wire)
         return k, full, used
 
@@ -394,3 +393,34 @@ class PullOps(Store):
         if cmd["cmd"] == "PULL":
             return self._op_PULL(cmd, pull.session, pull.bytes_max)
         raise CommandError(ErrorCode.INVALID, f"a session pull carries PULL or PULLB, not {cmd['cmd']!r}")
+
+
+def _wire_by_times(template: dict[str, Any], seg: Segment, i: int, end: int) -> list[dict[str, Any]]:
+    """Copies of ``template`` for slots ``i .. end-1`` of ``seg``, each with its own creation
+    and due times. The slots a pull takes were mostly added by one batch and share them: then
+    the times are set once, on the template (the check runs in C); else one by one."""
+    k = end - i
+    createds = seg.createds[i:end] if seg.createds is not None else None
+    run_ats = seg.run_ats[i:end] if seg.run_ats is not None else None
+    if (createds is None or _one_value(createds)) and (run_ats is None or _one_value(run_ats)):
+        created = float(createds[0] if createds is not None else seg.created_ms)
+        template["createdAt"] = created
+        template["runAt"] = float(run_ats[0]) if run_ats is not None else created
+        copy = template.copy
+        return [copy() for _ in range(k)]
+    copy = template.copy
+    wire = [copy() for _ in range(k)]
+    if createds is None:
+        createds = array("q", [seg.created_ms]) * k
+    if run_ats is None:
+        run_ats = createds
+    for job, created, run_at in zip(wire, map(float, createds), map(float, run_ats)):
+        job["createdAt"] = created
+        job["runAt"] = run_at
+    return wire
+
+
+def _one_value(values: array) -> bool:
+    """Do all ``values`` hold one number? Their bytes are compared, in C: no int per item."""
+    raw = values.tobytes()
+    return raw == raw[:values.itemsize] * len(values)
