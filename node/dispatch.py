@@ -505,7 +505,8 @@ class Dispatcher:
         part.group_commit.submit(run, done)
 
     def handle_bulk(self, conn: Replier, bulk: PlainBulk) -> None:
-        """Answer a plain PUSHB (every job only ``data``) of an authenticated connection.
+        """Answer a plain PUSHB (its jobs carry only ``data`` and maybe an ``idempotencyKey``) of an
+        authenticated connection.
 
         Checked as a whole (:func:`~.pushes.bulk_batch`), it goes to its partition, led here
         (:meth:`serve_bulk`) or elsewhere (sent on as its client sent it), with no dict or

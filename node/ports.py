@@ -173,7 +173,7 @@ class CommandHandler(Protocol):
         """Answer a block of plain PUSHes to one queue, each through ``conn``."""
 
     def handle_bulk(self, conn: Replier, bulk: PlainBulk) -> None:
-        """Answer a plain PUSHB (every job only ``data``) through ``conn``."""
+        """Answer a plain PUSHB (its jobs carry only ``data`` and maybe an ``idempotencyKey``) through ``conn``."""
 
 
 class PartitionDirectory(Protocol):
