@@ -305,14 +305,19 @@ def _job_data_too_deep(frame: dict[str, Any]) -> bool:
     return False
 
 
+def _span_too_deep(data: msgspec.Raw, limit: int) -> bool:
+    """Does ``data``, a value's span of a frame, nest deeper than ``limit`` levels? Only a map or
+    an array longer than ``limit`` bytes can: scalar data (bytes, text) costs no walk."""
+    return len(data) > limit and memoryview(data)[0] in _CONTAINER_FIRST and msgpack_too_deep(bytes(data), limit)
+
+
 def _bulk_too_deep(bulk: PlainBulk) -> bool:
     """Does an item's data of ``bulk`` nest deeper than an item's data may (see
     :func:`_job_data_too_deep`)? Only data longer than that many bytes is looked at."""
     limit = DEPTH_MAX - 3
     if max(map(len, map(_bulk_item_data, bulk.jobs))) <= limit:
         return False
-    return any(len(data) > limit and memoryview(data)[0] in _CONTAINER_FIRST and msgpack_too_deep(bytes(data), limit)
-               for data in map(_bulk_item_data, bulk.jobs))
+    return any(_span_too_deep(data, limit) for data in map(_bulk_item_data, bulk.jobs))
 
 
 _bulk_item_data = operator.attrgetter("data")
@@ -501,12 +506,8 @@ class FrameDecoder:
                     entries = first & 0x0F if 0x80 <= first <= 0x8F else map_len(view[start:pos])
                     if type(push) is PlainPush:
                         if entries == plain_entries(push):
-                            # Only a map or array can nest: scalar data (bytes, text) costs no check.
-                            if length > DEPTH_MAX and memoryview(push.data)[0] in _CONTAINER_FIRST:
-                                if msgpack_too_deep(bytes(push.data), DEPTH_MAX - 1):
-                                    out.append(ProtocolError(depth_message(), ErrorCode.INVALID, req_id=push.reqId))
-                                    continue
-                            out.append(push)
+                            too_deep = length > DEPTH_MAX and _span_too_deep(push.data, DEPTH_MAX - 1)
+                            out.append(_too_deep(push.reqId) if too_deep else push)
                             continue
                     elif entries == plain_entries(push) and push.jobs:
                         push.body = src[start:pos]

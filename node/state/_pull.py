@@ -359,12 +359,7 @@ class PullOps(Store):
             tokens.extend(decimal_run(prefix, base + 1, k))
             # The wire form of each job: copies of one template, then the fields that differ (a
             # third cheaper than a literal per job).
-            template = self._slot_wire(q, seg, deadline)
-            if seg.createds is None and seg.run_ats is None:
-                copy = template.copy
-                wire = [copy() for _ in seqs]
-            else:
-                wire = _wire_by_times(template, seg, i, end)
+            wire = _wire_by_times(self._slot_wire(q, seg, deadline), seg, i, end)
             id_prefix = f"{self.partition}-"
             for job, job_id, data in zip(wire, decimal_run(id_prefix, first, k), seg.run_data(i, end)):
                 job["id"] = job_id
