@@ -43,6 +43,7 @@ from .ports import Clock, FlowHandler, Metrics, NodeInfo, PartitionDirectory, Re
 from .partition.pushes import bulk_batch, check_block, check_queue, each_result, session_pull
 from .locator import JobLocator
 from .sessions import SESSION_CHARS_MAX, SessionTable
+from .state import loose_jobs
 from .writes import PendingWrites
 
 if TYPE_CHECKING:
@@ -648,7 +649,7 @@ class Dispatcher:
                 self._park_pull(conn, frame, part, deadline)
                 return
             if jobs:
-                for job in jobs:
+                for job in loose_jobs(jobs):  # a run's jobs have no custom id
                     if "customId" in job:
                         self.locator.learn(job["id"], p)
             conn.reply(req_id, result)

@@ -39,6 +39,12 @@ SPACE_TAKING_COMMANDS = COMMAND_TABLE_SPACE_TAKING | {"PushRun"}
 SNAPSHOT_JOBS_PER_CHUNK = 10_000
 
 
+def _serving(engine: PartitionEngine) -> PartitionEngine:
+    """``engine`` set up to serve a node: a pull's reply keeps runs of jobs for the frame encoder."""
+    engine.pulled_runs = True
+    return engine
+
+
 class PartitionMachine:
     """The engine of partition ``partition`` behind the replica's application protocol.
 
@@ -50,7 +56,7 @@ class PartitionMachine:
         self.partition = partition
         #: Where each engine keeps its segments' job data: files on disk, or process memory.
         self.payloads = payloads
-        self.engine = PartitionEngine(partition, self._space())
+        self.engine = _serving(PartitionEngine(partition, self._space()))
         self.view = PartitionView(lambda: self.engine)  # what the edge reads; never the engine itself
         #: Set by the node: False while nobody listens to job events (the engine then skips them).
         self.record_events = True
@@ -121,12 +127,12 @@ class PartitionMachine:
         """Make an engine :meth:`load_snapshot` built the partition's state."""
         if not isinstance(state, PartitionEngine):
             raise TypeError(f"partition {self.partition}: cannot install a {type(state).__name__} as the engine")
-        old, self.engine = self.engine, state
+        old, self.engine = self.engine, _serving(state)
         self._discard(old.segments.space)
 
     def reset(self) -> None:
         """An empty engine replaces the state."""
-        old, self.engine = self.engine, PartitionEngine(self.partition, self._space())
+        old, self.engine = self.engine, _serving(PartitionEngine(self.partition, self._space()))
         self._discard(old.segments.space)
 
     def _space(self) -> PayloadSpace | None:

@@ -75,11 +75,13 @@ node replicates) and ``_engine`` (``PartitionEngine.apply``).
 
 from ._commands import AckRun, Command, PushBatch, PushRun, SessionPull, TypedCommand, command_name, command_queue
 from ._pull import TERM_LEASE_BITS
+from ._pulled import PulledJobs, loose_jobs
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
-__all__ = ["PartitionEngine", "Applied", "Event", "event_dicts", "Job", "DEFAULTS", "QUEUE_PRESETS", "EVENTS_MAX",
+__all__ = ["PartitionEngine", "Applied", "PulledJobs", "loose_jobs", "Event", "event_dicts", "Job", "DEFAULTS",
+           "QUEUE_PRESETS", "EVENTS_MAX",
            "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
            "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS", "PayloadSpace", "MemorySpace", "Stored"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from typing import Any
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ._commands import SessionPull
 from ._decimal import decimal_run
+from ._pulled import JobRun, pulled_jobs
 from ._model import (JOB_WIRE_BYTES_OVERHEAD, SEQ_BITS, SEQ_MASK, REPLY_BYTES_OVERHEAD, Job, Queue,
                      wire_bytes_max)
 from ._segments import SLOT_READY, SLOT_WAITING, Segment
@@ -17,6 +19,10 @@ from ._store import DEFAULT_NAME, Store
 from ._transitions import ACTIVE, WAITING, check_transition
 
 __all__ = ["PullOps", "TERM_LEASE_BITS"]
+
+#: A run of fewer jobs than this in a pull's reply is written out as maps at once (a kept run's
+#: template is encoded in pieces, which costs about as much as a dozen maps).
+RUN_KEPT_MIN = 12
 
 #: Lease numbers (the tokens' digits) of Raft term ``t`` start at ``t << TERM_LEASE_BITS``.
 TERM_LEASE_BITS = 32
@@ -223,7 +229,7 @@ class PullOps(Store):
                 jobs.append(wire_job(job))
         if leased is not None and not leased:
             del sessions[session]  # type: ignore[arg-type]
-        return jobs, tokens
+        return pulled_jobs(jobs, taken) if self.pulled_runs else jobs, tokens
 
     @staticmethod
     def _slot_bytes(seg: Segment, i: int, fixed: int) -> int:
@@ -357,10 +363,20 @@ class PullOps(Store):
             events.extend([(q.name, s, ACTIVE, WAITING) for s in seqs])
         if self._replies:
             tokens.extend(decimal_run(prefix, base + 1, k))
+            template = self._slot_wire(q, seg, deadline)
+            id_prefix = f"{self.partition}-"
+            if self.pulled_runs and seg.names is None:
+                runs = _job_runs(template, seg, i, end, id_prefix)
+                if runs is not None:
+                    for run in runs:
+                        if run.count < RUN_KEPT_MIN:
+                            jobs.extend(run.expand())
+                        else:
+                            jobs.append(run)
+                    return k, full, used
             # The wire form of each job: copies of one template, then the fields that differ (a
             # third cheaper than a literal per job).
-            wire = _wire_by_times(self._slot_wire(q, seg, deadline), seg, i, end)
-            id_prefix = f"{self.partition}-"
+            wire = _wire_by_times(template, seg, i, end)
             for job, job_id, data in zip(wire, decimal_run(id_prefix, first, k), seg.run_data(i, end)):
                 job["id"] = job_id
                 job["data"] = data
@@ -395,15 +411,11 @@ def _wire_by_times(template: dict[str, Any], seg: Segment, i: int, end: int) -> 
     and due times. The slots a pull takes were mostly added by one batch and share them: then
     the times are set once, on the template (the check runs in C); else one by one."""
     k = end - i
+    copy = template.copy
+    if _times_once(template, seg, i, end):
+        return [copy() for _ in range(k)]
     createds = seg.createds[i:end] if seg.createds is not None else None
     run_ats = seg.run_ats[i:end] if seg.run_ats is not None else None
-    if (createds is None or _one_value(createds)) and (run_ats is None or _one_value(run_ats)):
-        created = float(createds[0] if createds is not None else seg.created_ms)
-        template["createdAt"] = created
-        template["runAt"] = float(run_ats[0]) if run_ats is not None else created
-        copy = template.copy
-        return [copy() for _ in range(k)]
-    copy = template.copy
     wire = [copy() for _ in range(k)]
     if createds is None:
         createds = array("q", [seg.created_ms]) * k
@@ -413,6 +425,52 @@ def _wire_by_times(template: dict[str, Any], seg: Segment, i: int, end: int) -> 
         job["createdAt"] = created
         job["runAt"] = run_at
     return wire
+
+
+def _job_runs(template: dict[str, Any], seg: Segment, i: int, end: int, id_prefix: str) -> list[JobRun] | None:
+    """Slots ``i .. end-1`` of ``seg`` as runs of jobs that share their times (each a copy of
+    ``template`` with them set), over one read of their data; None when the data are not
+    stored one after another or cannot be read (then each job refers to its data)."""
+    read = seg.run_blob(i, end)
+    if read is None:
+        return None
+    blob, cuts = read
+    runs: list[JobRun] = []
+    at = i
+    while at < end:
+        stop = _same_times_end(seg, at, end)
+        run_template = template if at == i and stop == end else template.copy()
+        _times_once(run_template, seg, at, stop)
+        runs.append(JobRun(run_template, id_prefix, seg.first + at, blob, cuts[at - i:stop - i + 1]))
+        at = stop
+    return runs
+
+
+def _same_times_end(seg: Segment, at: int, end: int) -> int:
+    """The end of the slots from ``at`` (before ``end``) that share slot ``at``'s creation and
+    due times. A segment's times mostly grow with its slots: a bisection finds the end, and a
+    check in C confirms it; where they do not, the first slot alone."""
+    stop = end
+    for times in (seg.createds, seg.run_ats):
+        if times is not None:
+            stop = min(stop, bisect_right(times, times[at], at, stop))
+    for times in (seg.createds, seg.run_ats):
+        if times is not None and not _one_value(times[at:stop]):
+            return at + 1
+    return stop
+
+
+def _times_once(template: dict[str, Any], seg: Segment, i: int, end: int) -> bool:
+    """Set the creation and due times of slots ``i .. end-1`` on ``template`` when they share
+    them (the check runs in C); False, with ``template`` unchanged, when they differ."""
+    createds = seg.createds[i:end] if seg.createds is not None else None
+    run_ats = seg.run_ats[i:end] if seg.run_ats is not None else None
+    if (createds is not None and not _one_value(createds)) or (run_ats is not None and not _one_value(run_ats)):
+        return False
+    created = float(createds[0] if createds is not None else seg.created_ms)
+    template["createdAt"] = created
+    template["runAt"] = float(run_ats[0]) if run_ats is not None else created
+    return True
 
 
 def _one_value(values: array) -> bool:

@@ -271,19 +271,30 @@ class Segment:
         failure is its reply's (the frame encoder's refusal)."""
         if self.inline is not None:
             return [Raw(d) for d in self.inline[i:j]]
+        read = self.run_blob(i, j)
+        if read is None:
+            return [self.stored(k) for k in range(i, j)]
+        blob, cuts = read
+        # msgspec's own Raw over slices of one buffer: made in C, no copy, and the frame
+        # encoder splices it without calling back into Python for each job.
+        return list(map(msgspec.Raw, map(memoryview(blob).__getitem__, map(slice, cuts, cuts[1:]))))
+
+    def run_blob(self, i: int, j: int) -> tuple[Any, list[int]] | None:
+        """The data of slots ``i .. j-1`` read at once, and where each slot's begins in it (and
+        the end): None unless they are stored one after another in the payload space and the
+        read succeeds."""
+        if self.inline is not None:
+            return None
         offs, lens, at = self.offs, self.lens, self.base
         base = at + offs[i]  # type: ignore[index]
         end = at + offs[j - 1] + lens[j - 1]  # type: ignore[index]
         if end - base != sum(lens[i:j]):  # type: ignore[index]
-            return [self.stored(k) for k in range(i, j)]
+            return None
         try:
             blob = self.space.read(base, end)
         except OSError:
-            return [self.stored(k) for k in range(i, j)]
-        cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
-        # msgspec's own Raw over slices of one buffer: made in C, no copy, and the frame
-        # encoder splices it without calling back into Python for each job.
-        return list(map(msgspec.Raw, map(memoryview(blob).__getitem__, map(slice, cuts, cuts[1:]))))
+            return None
+        return blob, list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
 
     def run_bytes(self, i: int, j: int) -> list[Any]:
         """The data of slots ``i .. j-1`` (all held) as values: bytes read at once where they are

@@ -86,6 +86,9 @@ class Store:
         # command's events go to ``_events``, or nowhere when it is None.
         self._replies = True
         self._events: list[Event] | None = None
+        #: A pull's reply keeps runs of a segment's jobs as one record each, written by the frame
+        #: encoder (:mod:`._pulled`); off, every job is a map at once (tests and tools).
+        self.pulled_runs = False
 
     def _keep(self, data: Any) -> Any:
         """Data as a job object holds it: bytes (or a Raw's) go to the payload space and the job

@@ -263,6 +263,7 @@ def test_an_engine_on_payload_files_answers_and_snapshots_as_one_in_memory(tmp_p
     """Bulk and single adds, pulls, acks and a restore: the same replies and digests."""
     payloads = PayloadFiles(tmp_path / "payloads")
     on_disk, in_memory = PartitionEngine(0, payloads.new()), PartitionEngine(0)
+    on_disk.pulled_runs = True  # as a node's engine replies
     cmds: list[dict[str, Any]] = [
         {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"i": i, "pad": "p" * i})} for i in range(300)]},
         *({"cmd": "PUSH", "queue": "q", "data": raw_of(i), "priority": i % 3} for i in range(50)),
@@ -280,11 +281,14 @@ def test_an_engine_on_payload_files_answers_and_snapshots_as_one_in_memory(tmp_p
     assert not payloads.root.exists()
 
 
-def test_a_pull_whose_data_cannot_be_read_is_applied_whole_and_its_reply_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs", [False, True], ids=["maps", "runs"])
+def test_a_pull_whose_data_cannot_be_read_is_applied_whole_and_its_reply_refused(tmp_path: Path, runs: bool) -> None:
     """A damaged payload file must not cut a pull short on one replica (the others apply all
-    of it): the engine leases the same jobs, and the reply is refused as it is encoded."""
+    of it): the engine leases the same jobs, and the reply is refused as it is encoded (also
+    by a node's engine, whose replies keep runs)."""
     space = FileSpace(tmp_path / "s", file_bytes=1 << 20, buffer_bytes=1)
     damaged, reference = PartitionEngine(0, space), PartitionEngine(0)
+    damaged.pulled_runs = runs
     push = {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"i": i, "pad": "p" * 200})} for i in range(50)]}
     damaged.apply(push, 1_000)
     reference.apply(push, 1_000)
