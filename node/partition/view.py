@@ -97,11 +97,11 @@ class PartitionView:
 
     def lease_sessions(self, limit: int) -> tuple[str, ...]:
         """At most ``limit`` of the sessions that hold leases here (for the leader's session audit)."""
-        return tuple(islice((s for s, seqs in self._engine().sessions.items() if seqs), limit))
+        return tuple(islice(self._engine().sessions, limit))
 
     def holds_leases(self, session: str) -> bool:
         """True when ``session`` holds a lease here."""
-        return bool(self._engine().sessions.get(session))
+        return self._engine().sessions.count(session) > 0
 
     def has_flow_reports(self) -> bool:
         """True when finished child jobs here have reports their parents have not acknowledged."""

@@ -180,11 +180,7 @@ class AckOps(Store):
         session = seg.sessions[i]
         if session is not None:
             seg.sessions[i] = None
-            leased = self.sessions.get(session)
-            if leased is not None:
-                leased.pop(seq, None)
-                if not leased:
-                    del self.sessions[session]
+            self.sessions.let_go(session, seq)
         counts = q.counts
         counts[ACTIVE] -= 1
         counts[COMPLETED] += 1
@@ -204,16 +200,10 @@ class AckOps(Store):
         seqs = range(first, first + k)
         seg.states[i:end] = bytes([SLOT_COMPLETED]) * k
         seg.finished[i:end] = [self.now_ms] * k
-        sessions = self.sessions
-        for session in set(seg.sessions[i:end]):
+        held = seg.sessions[i:end]
+        for session in set(held):
             if session is not None:
-                leased = sessions.get(session)
-                if leased is not None:
-                    pop = leased.pop
-                    for seq in seqs:
-                        pop(seq, None)
-                    if not leased:
-                        del sessions[session]
+                self.sessions.let_go_slots(session, first, k, held.count(session))
         seg.sessions[i:end] = [None] * k
         counts = q.counts
         counts[ACTIVE] -= k
@@ -415,12 +405,12 @@ class AckOps(Store):
         return {"count": len(active)}
 
     def _op_ReleaseSession(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        seqs = list(self.sessions.get(cmd["session"], ()))
+        seqs = self.sessions.seqs(cmd["session"])
         for seq in seqs:
             job = self._get(seq)
             if job is not None and job.state == ACTIVE and job.session == cmd["session"]:
                 self._to_waiting(self.queues[job.queue], job)
-        self.sessions.pop(cmd["session"], None)
+        self.sessions.forget(cmd["session"])
         return {"count": len(seqs)}
 
 

@@ -246,11 +246,7 @@ class ControlOps(Store):
                     for k in range(i, j):
                         session = seg.sessions[k]
                         if states[k] == SLOT_ACTIVE and session is not None:
-                            leased = sessions.get(session)
-                            if leased is not None:
-                                leased.pop(seg.first + k, None)
-                                if not leased:
-                                    del sessions[session]
+                            sessions.let_go(session, seg.first + k)
                 if events is not None:
                     events.extend((q.name, seg.first + k, "removed", SLOT_STATE[states[k]]) for k in range(i, j))
                 seg.release(i, j)

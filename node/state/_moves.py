@@ -35,11 +35,7 @@ class Moves(Store):
 
     def _end_lease(self, q: Queue, job: Job) -> None:
         if job.session is not None:
-            leased = self.sessions.get(job.session)
-            if leased is not None:
-                leased.pop(job.seq, None)
-                if not leased:
-                    del self.sessions[job.session]
+            self.sessions.let_go(job.session, job.seq)
         job.token = None
         job.session = None
         job.lease_deadline_ms = 0

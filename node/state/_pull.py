@@ -60,7 +60,7 @@ class PullOps(Store):
         self._set_state(q, job, ACTIVE)
         heapq.heappush(self.leases, (job.lease_deadline_ms, job.seq, token, 0))
         if session is not None:
-            self.sessions.setdefault(session, {})[job.seq] = None
+            self.sessions.hold_one(session, job.seq, self.lease_seq)
         return token
 
     def _pull(self, cmd: dict[str, Any], count: int, session: str | None,
@@ -152,8 +152,7 @@ class PullOps(Store):
         tokens: list[str] = []
         used = REPLY_BYTES_OVERHEAD
         ttr_ms = cmd.get("ttr")
-        sessions = self.sessions
-        leased = sessions.setdefault(session, {}) if session is not None else None
+        hold = self.sessions.hold_one
         ready, all_jobs, segments, leases, events = q.ready, self.jobs, self.segments, self.leases, self._events
         heappop, heappush = heapq.heappop, heapq.heappush
         name, now, default_ttr, prio_counts = q.name, self.now_ms, q.opts["ttr"], q.prio_counts
@@ -219,16 +218,14 @@ class PullOps(Store):
             q.counts[WAITING] -= 1
             q.counts[ACTIVE] += 1
             heappush(leases, (deadline, seq, token, 0))
-            if leased is not None:
-                leased[seq] = None
+            if session is not None:
+                hold(session, seq, lease_seq)
             taken += 1
             if events is not None:
                 events.append((name, seq, ACTIVE, WAITING))
             if replies:  # the leader's reply
                 tokens.append(token)
                 jobs.append(wire_job(job))
-        if leased is not None and not leased:
-            del sessions[session]  # type: ignore[arg-type]
         return pulled_jobs(jobs, taken) if self.pulled_runs else jobs, tokens
 
     @staticmethod
@@ -266,7 +263,7 @@ class PullOps(Store):
         counts[WAITING] -= 1
         counts[ACTIVE] += 1
         if session is not None:
-            self.sessions[session][seq] = None  # the pull's session dict exists (_pull_ungrouped)
+            self.sessions.hold_one(session, seq, lease_no)
         if self._events is not None:
             self._events.append((q.name, seq, ACTIVE, WAITING))
         if self._replies:
@@ -357,7 +354,7 @@ class PullOps(Store):
         q.counts[ACTIVE] += k
         seqs = range(first, last + 1)
         if session is not None:
-            self.sessions[session].update(dict.fromkeys(seqs))
+            self.sessions.hold_slots(session, first, k, base + 1, seg.first)
         events = self._events
         if events is not None:
             events.extend([(q.name, s, ACTIVE, WAITING) for s in seqs])

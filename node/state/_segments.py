@@ -541,6 +541,14 @@ class SegmentStore:
         segment.extend(datas, created, names)
         self.jobs += len(datas)
 
+    def covering(self, seq: int) -> Segment | None:
+        """The segment whose slots span ``seq``, whether or not it still holds it."""
+        firsts = self._firsts
+        if not firsts or seq < firsts[0]:
+            return None
+        segment = self._by_first[firsts[bisect_right(firsts, seq) - 1]]
+        return segment if seq - segment.first < len(segment.states) else None
+
     def find(self, seq: int) -> Segment | None:
         """The segment still holding ``seq`` (in any state), if any."""
         firsts = self._firsts

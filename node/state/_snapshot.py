@@ -168,7 +168,7 @@ class SnapshotOps(Store):
             yield b"".join(chunk)
         yield b"".join(map(pack, (
             [q.settings() for q in self.queues.values()],
-            {s: list(seqs) for s, seqs in self.sessions.items()},
+            self.sessions.state(),
             *self.idempotency_state(),  # type: ignore[attr-defined]  # IdempotencyWindow
             {n: dict(c) for n, c in self.crons.items()},
             *extras,
@@ -277,7 +277,6 @@ class SnapshotOps(Store):
                 q.limiter.load(limits[name])
             if name in turns:
                 q.group_tags = dict(turns[name])  # vtime restarts at 0: tags are kept relative to it
-        eng.sessions = {s: dict.fromkeys(seqs) for s, seqs in sessions.items()}
         eng.crons = crons
         if "flows" in extras:
             eng.restore_flows(extras["flows"])
@@ -288,6 +287,8 @@ class SnapshotOps(Store):
             eng._place_run(seg, named)
         for job in eng.jobs.values():
             eng._index(job)
+        for session, seqs in sessions.items():  # once the jobs are placed: their lease numbers
+            eng.sessions.load(session, *eng._leases_of(session, seqs))
         return eng
 
     def flow_state(self) -> list[object]:

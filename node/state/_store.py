@@ -18,6 +18,7 @@ from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._model import SEQ_BITS, SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
+from ._session_leases import Run, SessionLeases
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, NEW, WAITING, check_transition
 
 #: The wire's job name when none was given (bunqueue's default).
@@ -74,7 +75,7 @@ class Store:
         # run of segment jobs leased by one pull (see _expire_run)
         self.leases: list[tuple[int, int, str, int]] = []
         self.ttls: list[tuple[int, int]] = []             # (deadline_ms, seq)
-        self.sessions: dict[str, dict[int, None]] = {}    # session -> seqs leased
+        self.sessions = SessionLeases(self._live_runs)    # session -> the jobs it holds leased
         self.idem = KeyWindow()  # the idempotency window (``_idempotency``)
         self.crons: dict[str, dict[str, Any]] = {}
         # Flows (``_flows``): parents waiting here, children living here, unacknowledged reports.
@@ -248,6 +249,62 @@ class Store:
                 self._group_moved(q, groups[i], NEW, DELAYED)  # type: ignore[attr-defined]  # ReadyIndex
             i = states.find(SLOT_DELAYED, i + 1)
 
+    def _live_runs(self, session: str, first: int, k: int, lease_no: int) -> list[Run]:
+        """The parts of the run of slots ``first .. first+k-1`` leased to ``session`` under lease
+        numbers from ``lease_no`` whose slots it still holds
+        (:class:`~._session_leases.SessionLeases`: a slot made a job object left the run)."""
+        seg = self.segments.covering(first)
+        if seg is None or first + k > seg.first + len(seg.states):  # a run lies in one segment
+            return []
+        i = first - seg.first
+        end = i + k
+        states = seg.states
+        active = states.count(SLOT_ACTIVE, i, end)
+        if not active:
+            return []
+        sessions, lease_nos = seg.sessions, seg.lease_nos
+        if active == k and sessions[i:end].count(session) == k \
+                and lease_nos[i:end] == list(range(lease_no, lease_no + k)):
+            return [(first, k, lease_no)]
+        live: list[Run] = []
+        j = states.find(SLOT_ACTIVE, i, end)  # active slots only: a long run may have few left
+        while j >= 0:
+            n = lease_no + j - i
+            if sessions[j] == session and lease_nos[j] == n:
+                seq = seg.first + j
+                if live and live[-1][0] + live[-1][1] == seq:
+                    head, count, number = live[-1]
+                    live[-1] = (head, count + 1, number)
+                else:
+                    live.append((seq, 1, n))
+            j = states.find(SLOT_ACTIVE, j + 1, end)
+        return live
+
+    def _leases_of(self, session: str, seqs: list[int]) -> tuple[dict[int, int], list[Run]]:
+        """Jobs ``seqs`` that ``session`` holds, as its job objects' lease numbers and runs of
+        consecutive slots and lease numbers (a restored session's,
+        :meth:`~._session_leases.SessionLeases.load`)."""
+        jobs: dict[int, int] = {}
+        runs: list[Run] = []
+        token_prefix = f"{self.partition}."
+        for seq in seqs:
+            job = self.jobs.get(seq)
+            if job is not None:
+                if job.state == ACTIVE and job.session == session and job.token is not None \
+                        and job.token.startswith(token_prefix):
+                    jobs[seq] = int(job.token[len(token_prefix):])
+                continue
+            seg = self.segments.find(seq)
+            if seg is None or seg.states[seq - seg.first] != SLOT_ACTIVE:
+                continue
+            n = seg.lease_nos[seq - seg.first]
+            if runs and runs[-1][0] + runs[-1][1] == seq and runs[-1][2] + runs[-1][1] == n:
+                first, k, lease_no = runs[-1]
+                runs[-1] = (first, k + 1, lease_no)
+            else:
+                runs.append((seq, 1, n))
+        return jobs, runs
+
     def job_count(self) -> int:
         """Jobs held in every state, materialized or not."""
         return len(self.jobs) + self.segments.jobs
@@ -279,6 +336,8 @@ class Store:
         if waiting_only and code != SLOT_WAITING and code != SLOT_READY:
             return None
         job = slot_job(seg, i, self.partition)
+        if code == SLOT_ACTIVE and job.session is not None:
+            self.sessions.slot_to_job(job.session, seq, seg.lease_nos[i])
         was_low = seq == seg.low
         segments.take(seg, seq)
         self.jobs[seq] = job

@@ -15,7 +15,7 @@ def packed_whole(e: PartitionEngine) -> bytes:
     state = (_SNAPSHOT_VERSION, e.partition, e.seq, e.lease_seq, e.now_ms,
              [j.to_tuple() for j in e._all_jobs()],
              [q.settings() for q in e.queues.values()],
-             {s: list(seqs) for s, seqs in e.sessions.items()},
+             e.sessions.state(),
              *e.idempotency_state(),
              {n: dict(c) for n, c in e.crons.items()})
     return msgpack.packb(state, use_bin_type=True)
