@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["decimal_run", "joined_decimal_run", "decimals_after", "consecutive_decimals"]
+__all__ = ["decimal_pieces", "decimal_run", "joined_decimal_run", "decimals_after", "consecutive_decimals"]
 
 _SUFFIXES = tuple(f"{i:03d}" for i in range(1000))
 
 
-def _pieces(first: int, count: int) -> Iterator[tuple[int, int, int]]:
+def decimal_pieces(first: int, count: int) -> Iterator[tuple[int, int, int]]:
     """``(high, low, take)`` pieces of ``first .. first+count-1``: ``take`` numbers from
     ``high * 1000 + low`` sharing the stem ``high``; high -1 for numbers under 1000 (no stem)."""
     n, left = first, count
@@ -31,7 +31,7 @@ def _pieces(first: int, count: int) -> Iterator[tuple[int, int, int]]:
 def decimal_run(prefix: str, first: int, count: int) -> list[str]:
     """``[prefix + str(first), prefix + str(first + 1), ...]``, ``count`` items (``first`` ≥ 0)."""
     out: list[str] = []
-    for high, low, take in _pieces(first, count):
+    for high, low, take in decimal_pieces(first, count):
         if high < 0:
             out += [prefix + str(i) for i in range(low, low + take)]
         else:
@@ -43,7 +43,7 @@ def decimal_run(prefix: str, first: int, count: int) -> list[str]:
 def joined_decimal_run(prefix: str, first: int, count: int, sep: str = "\n") -> str:
     """``sep.join(decimal_run(prefix, first, count))``, built a thousand items per C call."""
     parts: list[str] = []
-    for high, low, take in _pieces(first, count):
+    for high, low, take in decimal_pieces(first, count):
         if high < 0:
             parts.append(sep.join([prefix + str(i) for i in range(low, low + take)]))
         else:

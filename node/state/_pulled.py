@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from typing import Any, overload
 
+import msgpack
 import msgspec
 
 from shoal.cluster.codec import Prepacked
 
-from ._decimal import decimal_run
+from ._decimal import decimal_pieces, decimal_run
 
 __all__ = ["JobRun", "PulledJobs", "pulled_jobs", "loose_jobs"]
 
@@ -30,26 +31,8 @@ _VIEWS_FROM = 512
 
 _SUFFIXES = tuple(f"{i:03d}".encode() for i in range(1000))
 
-
-def _map_header(n: int) -> bytes:
-    """MessagePack's header of a map of ``n`` entries, as msgspec writes it."""
-    if n < 16:
-        return bytes([0x80 | n])
-    return b"\xde" + n.to_bytes(2, "big") if n < 65536 else b"\xdf" + n.to_bytes(4, "big")
-
-
-def _array_header(n: int) -> bytes:
-    """MessagePack's header of an array of ``n`` items, as msgspec writes it."""
-    if n < 16:
-        return bytes([0x90 | n])
-    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
-
-
-def _str_header(n: int) -> bytes:
-    """MessagePack's header of a string of ``n`` bytes (ids are short)."""
-    if n < 32:
-        return bytes([0xa0 | n])
-    return b"\xd9" + bytes([n]) if n < 256 else b"\xda" + n.to_bytes(2, "big")
+# Map and array headers in their shortest form, as msgspec writes them too.
+_headers = msgpack.Packer()
 
 
 class JobRun:
@@ -91,9 +74,9 @@ class JobRun:
         a, b = keys.index("id"), keys.index("data")
 
         def pairs(names: list[str]) -> bytes:
-            return encode({k: self.template[k] for k in names})[len(_map_header(len(names))):]
+            return encode({k: self.template[k] for k in names})[len(_headers.pack_map_header(len(names))):]
 
-        return (_map_header(len(keys)) + pairs(keys[:a]) + encode("id"),
+        return (_headers.pack_map_header(len(keys)) + pairs(keys[:a]) + encode("id"),
                 pairs(keys[a + 1:b]) + encode("data"), pairs(keys[b + 1:]))
 
     def pack_into(self, out: list[Any], encode: Callable[[Any], bytes]) -> None:
@@ -105,25 +88,21 @@ class JobRun:
             return
         head, mid, tail = pieces
         datas = self._datas()
-        n, at, left = self.first, 0, self.count
-        while left > 0:
-            high, low = divmod(n, 1000) if n >= 1000 else (-1, n)
-            take = min(left, 1000 - low)
+        at = 0
+        for high, low, take in decimal_pieces(self.first, self.count):
             chunk = datas[at:at + take]
+            at += take
             if high < 0:  # numbers under 1000: no stem shared
                 for k, data in zip(range(low, low + take), chunk):
                     out += (head, encode(self.id_prefix + str(k)), mid, data, tail)
-            else:
-                stem = (self.id_prefix + str(high)).encode()
-                lead = head + _str_header(len(stem) + 3) + stem
-                # per job: its id's last three digits, the bytes up to its data, its data, and its
-                # tail with the next job's head and id stem; the last job's tail ends the piece
-                out.append(lead)
-                out += chain.from_iterable(zip(_SUFFIXES[low:low + take], repeat(mid), chunk, repeat(tail + lead)))
-                out[-1] = tail
-            n += take
-            at += take
-            left -= take
+                continue
+            # the ids' header and stem: every id of the piece has the stem and three digits more
+            lead = head + encode(f"{self.id_prefix}{high}000")[:-3]
+            # per job: its id's last three digits, the bytes up to its data, its data, and its
+            # tail with the next job's head and id stem; the last job's tail ends the piece
+            out.append(lead)
+            out += chain.from_iterable(zip(_SUFFIXES[low:low + take], repeat(mid), chunk, repeat(tail + lead)))
+            out[-1] = tail
 
 
 class PulledJobs(Prepacked, Sequence[dict[str, Any]]):
@@ -175,7 +154,7 @@ class PulledJobs(Prepacked, Sequence[dict[str, Any]]):
 
     def pack(self, encode: Callable[[Any], bytes]) -> bytes:
         """The MessagePack array of the jobs, each map as ``encode`` writes it."""
-        out: list[Any] = [_array_header(self.count)]
+        out: list[Any] = [_headers.pack_array_header(self.count)]
         for part in self.parts:
             if type(part) is JobRun:
                 part.pack_into(out, encode)

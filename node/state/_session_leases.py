@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-__all__ = ["SessionLeases", "Run", "LiveRuns"]
+__all__ = ["SessionLeases", "Run", "LiveRuns", "add_lease"]
 
 #: ``(first seq, count, lease number of the first)``: slots leased together, consecutive in both.
 Run = tuple[int, int, int]
@@ -30,6 +30,17 @@ LiveRuns = Callable[[str, int, int, int], list[Run]]
 
 #: Runs a session keeps before they are looked over the first time.
 RUNS_MIN = 64
+
+
+def add_lease(runs: list[Run], seq: int, lease_no: int) -> None:
+    """Append job ``seq``'s lease ``lease_no`` to ``runs``, extending the last run it follows on
+    from in both."""
+    if runs:
+        first, k, number = runs[-1]
+        if first + k == seq and number + k == lease_no:
+            runs[-1] = (first, k + 1, number)
+            return
+    runs.append((seq, 1, lease_no))
 
 
 class _Held:

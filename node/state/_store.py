@@ -18,7 +18,7 @@ from ._key_table import KeyWindow
 from ._payloads import MemorySpace, PayloadSpace, Stored
 from ._model import SEQ_BITS, SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
-from ._session_leases import Run, SessionLeases
+from ._session_leases import Run, SessionLeases, add_lease
 from ._transitions import ACTIVE, CANCELLED, COMPLETED, DELAYED, FAILED, NEW, WAITING, check_transition
 
 #: The wire's job name when none was given (bunqueue's default).
@@ -271,12 +271,7 @@ class Store:
         while j >= 0:
             n = lease_no + j - i
             if sessions[j] == session and lease_nos[j] == n:
-                seq = seg.first + j
-                if live and live[-1][0] + live[-1][1] == seq:
-                    head, count, number = live[-1]
-                    live[-1] = (head, count + 1, number)
-                else:
-                    live.append((seq, 1, n))
+                add_lease(live, seg.first + j, n)
             j = states.find(SLOT_ACTIVE, j + 1, end)
         return live
 
@@ -297,12 +292,7 @@ class Store:
             seg = self.segments.find(seq)
             if seg is None or seg.states[seq - seg.first] != SLOT_ACTIVE:
                 continue
-            n = seg.lease_nos[seq - seg.first]
-            if runs and runs[-1][0] + runs[-1][1] == seq and runs[-1][2] + runs[-1][1] == n:
-                first, k, lease_no = runs[-1]
-                runs[-1] = (first, k + 1, lease_no)
-            else:
-                runs.append((seq, 1, n))
+            add_lease(runs, seq, seg.lease_nos[seq - seg.first])
         return jobs, runs
 
     def job_count(self) -> int:
