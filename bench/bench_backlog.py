@@ -10,7 +10,9 @@ The baseline for moving job payloads to disk. Against a local cluster of real no
    0..6 and every other job is delayed one hour, so the queue holds waiting, prioritized and
    delayed jobs (``--plain``: no options, as ``queue.add(data)`` sends them, all waiting);
 2. ``bulk``: ``--bulk`` jobs (default 500,000) to another queue in ``PUSHB`` frames of 1,000
-   (each item data and an ``idempotencyKey``, as ``add_bulk`` sends them), 4 frames in flight.
+   (each item data and an ``idempotencyKey``, as ``add_bulk`` sends them), 4 frames in flight;
+   with ``--bulk-queues N``, split over N queues of distinct partitions, one phase each
+   (``bulk-0`` ..), so that an added node takes some of the backlog.
 
 For each phase: jobs added, add rate (jobs/s), every node's RSS (``VmRSS`` of
 ``/proc/<pid>/status``) before and after, and the growth per waiting job, ``(after - before) /
@@ -40,7 +42,8 @@ measurement ends is reported.
 With ``--add-node`` (``--nodes 3``), once the phases' jobs are held: ``shoal cluster add-node``
 (the operator's command, on this cluster's directory) adds a fourth node and waits until it holds
 and leads its share of the partitions; the command's time, the new node's RSS, and every queue's
-counts checked again.
+counts checked again. ``--move-rate`` (say ``256MiB``) sets the cluster's move rate first: the
+snapshots the new node is sent go at that rate in all (8 MiB/s by default).
 
 With ``--pull-rate``, at the end: first every job of the bulk queue and of a queue of 20,000
 jobs (filled like ``bulk``) listed in ``GetJobs`` pages of 5,000 after the last seq (as the
@@ -181,15 +184,37 @@ def peak_rss(cluster: LocalCluster) -> dict[str, int]:
 
 
 def disk_bytes(path: Path) -> int:
-    """Bytes of every file under ``path`` (journals, snapshots, logs of every node)."""
-    total = 0
+    """Bytes of every file under ``path`` (journals, snapshots, logs of every node), a file with
+    several names (a payload file and its snapshot's link) counted once."""
+    total, seen = 0, set()
     for root, _dirs, files in os.walk(path):
         for name in files:
             try:
-                total += os.path.getsize(os.path.join(root, name))
+                st = os.stat(os.path.join(root, name))
             except OSError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
+
+
+def bulk_queues(count: int, partitions: int) -> list[str]:
+    """``count`` queue names for the bulk phase: ``BULK_QUEUE`` alone, or as many names of
+    distinct partitions as there are partitions (then names again)."""
+    if count == 1:
+        return [BULK_QUEUE]
+    names: list[str] = []
+    taken: set[int] = set()
+    for k in range(100_000):
+        name = f"{BULK_QUEUE}-{k}"
+        p = partition_for(name, partitions)
+        if p not in taken or len(taken) == partitions:
+            taken.add(p)
+            names.append(name)
+            if len(names) == count:
+                return names
+    raise RuntimeError(f"no {count} queue names found")
 
 
 def leader_address(cluster: LocalCluster, queue: str) -> str:
@@ -692,10 +717,15 @@ def remove_queues(cluster: LocalCluster, queues: list[str], budget: Budget) -> N
 
 
 def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], held: int,
-                   node_env: dict[str, str], budget: Budget) -> dict[str, Any]:
+                   node_env: dict[str, str], budget: Budget, move_rate: str | None = None) -> dict[str, Any]:
     """``shoal cluster add-node`` on this cluster's directory with ``held`` jobs in it, timed; the new
-    node's RSS; the phases' counts checked again."""
+    node's RSS; the phases' counts checked again. ``move_rate``: ``shoal cluster settings
+    --move-rate`` first (the cluster-wide rate of the snapshots the new node is sent)."""
     before = set(cluster.node_ids)
+    if move_rate is not None:
+        subprocess.run([sys.executable, "-m", "shoal.cli", "cluster", "settings", "--data", str(data_dir),
+                        "--move-rate", move_rate], check=True, capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
     print(f"add-node with {held:,} jobs held ...", flush=True)
     t0 = time.perf_counter()
     limit = budget.left(WAIT_S_MAX)
@@ -719,10 +749,15 @@ def add_node_phase(cluster: LocalCluster, data_dir: Path, phases: list[Phase], h
     caught_s = time.perf_counter() - t1
     counts = wait_counted(cluster, {p.queue: p.expected for p in phases}, budget)
     new_rss = {node_id: proc_memory(int(pid_files[node_id].read_text().strip()))["VmRSS"]}
+    every = {n: proc_memory(int(f.read_text().strip())) for n, f in sorted(pid_files.items())}
+    rss_all = {n: m["VmRSS"] for n, m in every.items()}
+    peak_all = {n: m["VmHWM"] for n, m in every.items()}
     print(f"  {joined} ({seconds:.1f} s); it applied its partitions {partitions} {caught_s:.1f} s later; "
-          f"RSS {fmt_mib(new_rss)}; counts verified", flush=True)
+          f"RSS {fmt_mib(new_rss)}; counts verified; every node's RSS {fmt_mib(rss_all)}, peak "
+          f"{fmt_mib(peak_all)}; disk {disk_bytes(data_dir) / 1e9:.1f} GB", flush=True)
     return {"phase": "add-node", "jobs_held": held, "seconds": round(seconds, 3), "joined": joined,
-            "partitions": partitions, "caught_up_s": round(caught_s, 3), "rss": new_rss, "counts": counts}
+            "partitions": partitions, "caught_up_s": round(caught_s, 3), "rss": new_rss, "counts": counts,
+            "rss_all": rss_all, "peak_rss_all": peak_all, "disk_bytes": disk_bytes(data_dir)}
 
 
 def print_summary(phases: list[Phase], args: argparse.Namespace, pull: dict[str, Any] | None,
@@ -822,6 +857,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--single", type=int, default=200_000, help="jobs added one PUSH each")
     parser.add_argument("--bulk", type=int, default=500_000, help="jobs added in PUSHB frames of 1,000")
+    parser.add_argument("--bulk-queues", type=int, default=1,
+                        help="queues the bulk jobs are split over (distinct partitions), one phase each")
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--window", type=int, default=256, help="PUSH frames in flight in the single phase")
     parser.add_argument("--plain", action="store_true",
@@ -838,6 +875,8 @@ def main() -> None:
     parser.add_argument("--push-seconds", type=float, default=3.0)
     parser.add_argument("--add-node", action="store_true",
                         help="(--nodes 3) shoal cluster add-node with the phases' jobs held, timed")
+    parser.add_argument("--move-rate", default=None, metavar="SIZE",
+                        help="with --add-node: the cluster's move rate for it (shoal cluster settings --move-rate)")
     parser.add_argument("--sparse", type=int, default=0,
                         help="jobs of a queue left sparse (one in --sparse-keep delayed, the rest drained)")
     parser.add_argument("--sparse-keep", type=int, default=10)
@@ -886,10 +925,12 @@ def main() -> None:
             else:
                 plans.append((Phase("single", SINGLE_QUEUE, single_expected(args.single)),
                               single_frames(SINGLE_QUEUE, payload, keys), args.single, args.window))
-        if args.bulk:
-            plans.append((Phase("bulk", BULK_QUEUE, {"waiting": args.bulk}),
-                          bulk_frames(BULK_QUEUE, payload, keys, args.bulk, args.single),
-                          -(-args.bulk // BULK_BATCH), BULK_WINDOW))
+        names = bulk_queues(args.bulk_queues, args.partitions) if args.bulk else []
+        for k, queue in enumerate(names):
+            jobs = args.bulk // len(names) + (k < args.bulk % len(names))
+            plans.append((Phase("bulk" if len(names) == 1 else f"bulk-{k}", queue, {"waiting": jobs}),
+                          bulk_frames(queue, payload, keys, jobs, args.single + k * (args.bulk // len(names))),
+                          -(-jobs // BULK_BATCH), BULK_WINDOW))
         for phase, make, frames, window in plans:
             time.sleep(budget.left(args.settle))
             phase.before = rss(cluster)
@@ -922,7 +963,7 @@ def main() -> None:
             pushes.append(push_rates(cluster, Path(tmp), args, payload, keys, "with", sum(p.added for p in phases), budget))
         if args.add_node:
             held = sum(p.added for p in phases) + sum(r["added"] for r in pushes)
-            added = add_node_phase(cluster, Path(tmp), phases, held, node_env, budget)
+            added = add_node_phase(cluster, Path(tmp), phases, held, node_env, budget, args.move_rate)
         if args.pull_rate:
             pull = pull_phase(cluster, args, payload, keys, budget)
         if args.sparse:

@@ -3,9 +3,12 @@
 A replica's payload files hold nothing its snapshot and journal do not (both checksummed), so a
 block that fails its checksum, or a file cut short, is repaired by rebuilding the replica's state
 as a restart of the node would: the replica is closed and opened again from its snapshot and
-journal, which writes every file afresh. Should those be damaged too, opening does what it does
-at a start (``repair_damaged``): the replica starts empty and its leader brings it back by log or
-snapshot.
+journal. A snapshot that carries the data writes every file afresh; one that refers to the
+payload files (hard links of the same files) shares their damage, so it is moved aside first and
+the replica opens empty, brought back by its leader as a replica whose snapshot was damaged is
+(a lone replica keeps it: the files are all there is). Should the snapshot or journal be damaged
+too, opening does what it does at a start (``repair_damaged``): the replica starts empty and its
+leader brings it back by log or snapshot.
 
 A leader first hands leadership to a caught-up follower, so the partition takes writes again as
 soon as the new leader is elected; a lone replica is rebuilt at once and its partition answers
@@ -96,8 +99,7 @@ class PayloadRepair:
             except Exception:  # the node runs on without the partition until it restarts
                 log.exception("partition %d: the replica could not be reopened", p)
                 return
-            log.info("partition %d: replica reopened from its snapshot and journal; its payload files are "
-                     "written afresh", p)
+            log.info("partition %d: replica reopened from its snapshot and journal", p)
         finally:
             self._pending.pop(p, None)
 

@@ -550,8 +550,10 @@ class Node:
 
     def _rebuild(self, p: int) -> None:
         """Close partition ``p``'s replica and open it again from its snapshot and journal (its
-        payload files are written afresh): :class:`.payload_repair.PayloadRepair`'s repair."""
-        self._close_replica(p)
+        payload files are written afresh): :class:`.payload_repair.PayloadRepair`'s repair. A
+        snapshot that refers to the payload files shares their damage: it is moved aside and the
+        replica repaired from a peer (:meth:`~.raft.PartitionReplica.distrust_snapshot_files`)."""
+        self._close_replica(p).distrust_snapshot_files()
         try:
             self._open_replica(p, start=True)
         except ReplicaDamaged as exc:  # repair is off: as at a start, the node refuses to run on it

@@ -10,25 +10,30 @@ events of a leader's applies (until the node takes them) and the read-only
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import struct
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import msgpack
 
 from shoal.cluster.commands import SPACE_TAKING_COMMANDS as COMMAND_TABLE_SPACE_TAKING
 from shoal.cluster.errors import CommandError, ErrorCode
 
 from ..raft._io import FileIO
 from ..raft.membership import Membership
-from .payload_files import PayloadFiles
+from .payload_files import FileSpace, PayloadFiles
 from ..raft.snapshots import load_snapshot, snapshot_content
 from ..state import EVENTS_MAX, Command, Event, PartitionEngine, PayloadSpace, command_name
 from .log_format import decode_batch, encode_batch
 from .view import PartitionView
 
-__all__ = ["PartitionMachine", "SPACE_TAKING_COMMANDS", "SNAPSHOT_JOBS_PER_CHUNK", "snapshot_chunks",
-           "load_engine"]
+__all__ = ["PartitionMachine", "SPACE_TAKING_COMMANDS", "SNAPSHOT_JOBS_PER_CHUNK", "FILES_TAG", "snapshot_chunks",
+           "load_engine", "restore_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,13 @@ log = logging.getLogger(__name__)
 SPACE_TAKING_COMMANDS = COMMAND_TABLE_SPACE_TAKING | {"PushRun"}
 #: A snapshot child packs and writes this many jobs at a time (~1.5 MB of ~117-byte jobs).
 SNAPSHOT_JOBS_PER_CHUNK = 10_000
+#: First byte of snapshot content that starts with the manifest of the payload files it refers
+#: to: a byte MessagePack never uses, where content that carries its data starts with the
+#: engine's array.
+FILES_TAG = b"\xc1"
+_FILES_LEN = struct.Struct("<I")
+#: Largest manifest read (4 bytes of checksum per 16 KiB of data: 256 MiB covers 1 TiB).
+FILES_MANIFEST_MAX = 256 << 20
 
 
 def _serving(engine: PartitionEngine) -> PartitionEngine:
@@ -109,16 +121,42 @@ class PartitionMachine:
         """True for a command in :data:`SPACE_TAKING_COMMANDS`."""
         return command_name(command) in SPACE_TAKING_COMMANDS
 
-    def snapshot_chunks(self) -> Iterator[bytes]:
-        """The engine's snapshot (MessagePack), :data:`SNAPSHOT_JOBS_PER_CHUNK` jobs at a time."""
-        return self.engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
+    def link_snapshot_files(self, directory: str) -> bool:
+        """Hard-link the payload files the engine's data is in into ``directory`` (on the loop,
+        right before the snapshot's fork): True when the snapshot may refer to them; False when
+        the data is not in files here (a memory space), there is none, or the files cannot be
+        linked, and the snapshot carries the data."""
+        space = self.engine.segments.space
+        if not isinstance(space, FileSpace):
+            return False
+        try:
+            return space.link_files(Path(directory)) > 0
+        except OSError as exc:
+            log.warning("partition %d: cannot link payload files into %s (%s); the snapshot carries "
+                        "the data", self.partition, directory, exc)
+            return False
 
-    def load_snapshot(self, chunks: Iterator[bytes]) -> PartitionEngine:
+    def snapshot_chunks(self, files: str | None = None) -> Iterator[bytes]:
+        """The engine's snapshot (MessagePack), :data:`SNAPSHOT_JOBS_PER_CHUNK` jobs at a time;
+        with ``files`` (where :meth:`link_snapshot_files` linked them), the manifest of those
+        files (:data:`FILES_TAG`) and the engine's content referring to them instead of
+        carrying the data. The files are synced before the first chunk is given."""
+        if files is None:
+            return self.engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK)
+        space = self.engine.segments.space
+        if not isinstance(space, FileSpace):
+            raise TypeError(f"partition {self.partition}: the engine's data is not in payload files")
+        manifest = msgpack.packb(space.snapshot_manifest(Path(files)), use_bin_type=True)
+        return itertools.chain((FILES_TAG + _FILES_LEN.pack(len(manifest)) + manifest,),
+                               self.engine.snapshot_chunks(SNAPSHOT_JOBS_PER_CHUNK, refs=True))
+
+    def load_snapshot(self, chunks: Iterator[bytes], files: str | None = None) -> PartitionEngine:
         """A new engine restored from snapshot content (the live one is not touched); its job
-        data goes to a payload space of its own as it is read."""
+        data goes to a payload space of its own as it is read, data the content refers to
+        read from the payload files in ``files``."""
         space = self._space()
         try:
-            return PartitionEngine.restore_chunks(chunks, space)
+            return restore_engine(self.partition, chunks, files, space)
         except BaseException:
             self._discard(space)
             raise
@@ -172,5 +210,66 @@ def snapshot_chunks(engine: PartitionEngine, index: int, term: int, membership: 
 
 def load_engine(io: FileIO, path: str) -> tuple[PartitionEngine, int, int, Membership]:
     """``(engine, index, term, membership)`` of the snapshot file at ``path``
-    (:func:`~shoal.node.raft.snapshots.load_snapshot`)."""
-    return load_snapshot(io, path, PartitionEngine.restore_chunks)
+    (:func:`~shoal.node.raft.snapshots.load_snapshot`), its data in memory."""
+    return load_snapshot(io, path, lambda chunks, files: restore_engine(-1, chunks, files, None))
+
+
+def restore_engine(partition: int, chunks: Iterator[bytes], files: str | None,
+                   space: PayloadSpace | None) -> PartitionEngine:
+    """The engine of snapshot content ``chunks`` (:meth:`PartitionMachine.snapshot_chunks`), its
+    data in ``space``; content that starts with a manifest (:data:`FILES_TAG`) is read with the
+    payload files in ``files``: a space of files adopts them (hard links, no data read or
+    written), any other is given the data read from them. ValueError on a manifest that does
+    not fit, OSError on files missing or damaged."""
+    reader = _Prefix(chunks)
+    if reader.peek(1) != FILES_TAG:
+        return PartitionEngine.restore_chunks(reader.rest(), space)
+    (size,) = _FILES_LEN.unpack(reader.take(1 + _FILES_LEN.size)[1:])
+    if size > FILES_MANIFEST_MAX:
+        raise ValueError(f"payload files manifest of {size} bytes is larger than {FILES_MANIFEST_MAX}")
+    manifest = msgpack.unpackb(reader.take(size), raw=False, strict_map_key=False)
+    if files is None:
+        raise ValueError(f"partition {partition}: the snapshot refers to payload files, and none are beside it")
+    if isinstance(space, FileSpace) and space.file_bytes == manifest.get("fileBytes"):
+        space.adopt_files(Path(files), manifest)  # the files become the new engine's: nothing is copied
+        engine = PartitionEngine.restore_chunks(reader.rest(), space, space)
+        space.adopted()
+        return engine
+    source = FileSpace.snapshot_source(Path(files), manifest)
+    try:
+        return PartitionEngine.restore_chunks(reader.rest(), space, source)
+    finally:
+        source.close()
+
+
+class _Prefix:
+    """The first bytes of a stream of chunks, then the rest as chunks again."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def _fill(self, n: int) -> None:
+        while len(self._buf) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                raise ValueError(f"snapshot content ends within its first {n} bytes")
+            self._buf += chunk
+
+    def peek(self, n: int) -> bytes:
+        if len(self._buf) < n:
+            try:
+                self._fill(n)
+            except ValueError:
+                return self._buf
+        return self._buf[:n]
+
+    def take(self, n: int) -> bytes:
+        self._fill(n)
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def rest(self) -> Iterator[bytes]:
+        if self._buf:
+            yield self._buf
+        yield from self._chunks

@@ -6,9 +6,12 @@ only its offset in memory. :class:`FileSpace` is that space as files of
 in blocks with ``pwrite``; reads come from the buffer, the last block read, or ``pread`` (the
 page cache, usually), so a waiting job costs disk and page cache, not the node's memory.
 
-The files hold nothing the replicated state does not: the journal and the snapshots carry
-every job's data, and a restart rebuilds the files from them. So they are never synced, and
-a node removes what an earlier run left (:meth:`PayloadFiles.__init__`). A file whose bytes
+The files hold nothing the replicated state does not: the journal carries every job's data,
+and a snapshot either carries it too or refers to the files as they were when it was taken,
+under hard links of its own beside it that its child syncs (:meth:`FileSpace.link_files`,
+:meth:`FileSpace.snapshot_manifest`). A restart rebuilds the files from the snapshot and the
+journal, so the node never syncs them itself and removes what an earlier run left
+(:meth:`PayloadFiles.__init__`). A file whose bytes
 are all released (their jobs done and gone) is deleted by :meth:`FileSpace.collect`, which
 the node calls from its timer, never while a reply that refers to it can still be encoded.
 
@@ -36,9 +39,10 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..payload_checks import BlockChecks, PayloadDamaged, read_checked
-from ..raft._io import close_later
+from ..raft._io import close_later, start_retiring
 
 __all__ = ["FileSpace", "PayloadFiles", "PayloadDamaged", "FILE_BYTES", "PAYLOADS_DIR", "ENV_FILE_MIB",
            "file_bytes_from_env"]
@@ -65,6 +69,10 @@ DRAINING_COLLECTS = 8
 #: Bytes one :meth:`FileSpace.compact` call copies: a compaction is spread over calls so that
 #: none holds the event loop for long (a few ms for 1 MiB of small jobs).
 COMPACT_STEP_BYTES = 1 << 20
+#: Bytes of linked files a snapshot child reads back and checks against their checksums, taking
+#: the files in turn from where the previous snapshot's child stopped: damage is found by a
+#: snapshot as it was when snapshots carried the data, at a bounded cost per snapshot.
+SCRUB_BYTES = 256 << 20
 
 
 def file_bytes_from_env(env: dict[str, str] | None = None) -> int:
@@ -130,6 +138,7 @@ class FileSpace:
         #: Told of every read from the disk that fails (a block failing its checksum, a file cut
         #: short): the node rebuilds the replica's state, which the files only mirror.
         self.on_damage = on_damage
+        start_retiring()  # __del__ closes files through it, maybe within a garbage collection
         directory.mkdir(parents=True, exist_ok=True)
         self.file_bytes = file_bytes
         self.buffer_bytes = buffer_bytes
@@ -158,6 +167,11 @@ class FileSpace:
         self._paused = 0                 # collections to skip compacting after a failed one
         self._compaction: _Compaction | None = None
         self.compact_step = COMPACT_STEP_BYTES
+        self.scrub_bytes = SCRUB_BYTES
+        self._scrub_from = 0             # the file the next snapshot's child starts checking at
+        self._scrub_plan: list[int] = []  # the files the next snapshot's child checks
+        self._adopted: set[int] = set()  # files a restore adopted, until it ends (adopted())
+        self._sizes: dict[int, int] = {}  # bytes of an adopted file that are its snapshot's
 
     # --- the payload space -----------------------------------------------------------------------
 
@@ -189,6 +203,10 @@ class FileSpace:
         # a compacted file's range (the bytes after it were not kept).
         n = start // self.file_bytes
         ahead = min(start + self.read_ahead, (n + 1) * self.file_bytes, self._buf_start)
+        if self._sizes:
+            adopted = self._sizes.get(n)  # an adopted file may end short of its share of the space
+            if adopted is not None:
+                ahead = min(ahead, n * self.file_bytes + adopted)
         kept_range = self._compacted.get(n)
         if kept_range is not None:
             i = kept_range.find(start)
@@ -278,6 +296,15 @@ class FileSpace:
         self._abort_compaction()
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    def close(self) -> None:
+        """Close the space's files, deleting none (a snapshot's source once it is loaded)."""
+        self._abort_compaction()
+        for fd in self._fds.values():
+            close_later(fd)
+        for kept in self._compacted.values():
+            close_later(kept.fd)
+        self._fds, self._compacted = {}, {}
+
     def stats(self) -> dict[str, int]:
         """Files held, bytes not released, bytes appended, bytes the files take on disk, what
         compactions copied, whether one is under way, and reads that failed (for ``Stats``
@@ -289,6 +316,186 @@ class FileSpace:
                 "diskBytes": sum(self._disk_size(n) for n in files), "compactions": self.compactions,
                 "copiedBytes": self.copied, "compacting": int(self._compaction is not None),
                 "readErrors": self.read_errors}
+
+    # --- snapshots by reference --------------------------------------------------------------------
+
+    def link_files(self, directory: Path) -> int:
+        """Hard-link every file holding bytes not released into ``directory`` (made afresh), as
+        ``<n>.pay`` whatever it is (a compacted copy too): the files a snapshot of the engine as
+        it is now refers to. Called right before the snapshot's fork, so a file the node deletes
+        or compacts afterwards stays whole under its link. The buffered appends are written
+        first (a file is made by its first write). OSError (another file system, a failed write
+        whose bytes are held in memory) leaves nothing behind. Returns how many files were
+        linked (none: no directory is made)."""
+        shutil.rmtree(directory, ignore_errors=True)
+        self.flush()
+        if self._unwritten:
+            raise OSError(f"payload files {self.directory}: bytes of a failed write are held in memory")
+        if not self._live:
+            return 0
+        directory.mkdir(parents=True)
+        try:
+            for n in sorted(self._live):
+                kept = self._compacted.get(n)
+                os.link(kept.path if kept is not None else self._path(n), directory / f"{n:08d}.pay")
+        except OSError:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._scrub_plan = self._plan_scrub()
+        return len(self._live)
+
+    def _plan_scrub(self) -> list[int]:
+        """The files the next snapshot's child checks: from :attr:`_scrub_from` on, in turn,
+        until :attr:`scrub_bytes`; the one after them is where the next plan starts."""
+        files = sorted(self._live)
+        if not files:
+            return []
+        k = bisect_right(files, self._scrub_from - 1)
+        plan, budget = [], self.scrub_bytes
+        for n in files[k:] + files[:k]:
+            if plan and budget <= 0:
+                self._scrub_from = n
+                return plan
+            plan.append(n)
+            budget -= self._disk_size(n)
+        self._scrub_from = 0
+        return plan
+
+    def snapshot_manifest(self, directory: Path) -> dict[str, Any]:
+        """(In the snapshot's forked child, after :meth:`link_files`.) Write what was appended
+        in between (nothing, when the fork follows at once; else the same bytes at the same
+        offsets the node writes them), sync every linked file and ``directory``, and describe
+        them: the space's file size and end, and per file its number, the bytes it holds, its
+        blocks' checksums and, for a compacted copy, where its ranges are. The files of
+        :meth:`_plan_scrub` are read back and checked first (:data:`SCRUB_BYTES`). OSError if
+        a file cannot be written, synced or read back whole (:class:`PayloadDamaged`, by the
+        node's name of the file: the snapshot fails and the node repairs the replica)."""
+        if self._unwritten:
+            raise OSError(f"payload files {self.directory}: bytes of a failed write are held in memory")
+        if self._buf:
+            self._pwrite(self._buf_start, self._buf)
+        scrub = set(self._scrub_plan)
+        files = []
+        for n in sorted(self._live):
+            kept = self._compacted.get(n)
+            path = directory / f"{n:08d}.pay"
+            checks = kept.checks if kept is not None else self._checks.get(n)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if n in scrub and checks is not None:
+                    # Named by the node's own name for the file (the same one): its damage is the
+                    # node's to repair (PartitionMachine.snapshot_failed).
+                    own = kept.path if kept is not None else self._path(n)
+                    size = self._disk_size(n)
+                    for at in range(0, size, COPY_BYTES):
+                        read_checked(fd, own, checks, at, min(size, at + COPY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            entry: dict[str, Any] = {"n": n, "size": self._disk_size(n)}
+            if checks is not None:
+                entry["crcs"] = checks.crcs.tobytes()
+                entry["written"] = checks.written
+                entry["unknown"] = sorted(checks.unknown)
+            if kept is not None:
+                entry["ranges"] = [kept.starts.tobytes(), kept.ends.tobytes(), kept.at.tobytes()]
+            files.append(entry)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return {"fileBytes": self.file_bytes, "end": self.end, "files": files}
+
+    def adopt_files(self, directory: Path, manifest: dict[str, Any]) -> None:
+        """Make the files of a snapshot (:meth:`link_files` and :meth:`snapshot_manifest` left
+        them in ``directory``) this new, empty space's own, by hard links: a restore then reads
+        no data and writes none. Appends go to new files, from the first file past them. Each
+        byte a restored job refers to is counted by :meth:`adopt`, and :meth:`adopted` ends
+        it. ValueError on a manifest that does not fit; OSError if a file cannot be linked."""
+        if self.end or self._live:
+            raise ValueError(f"payload files {self.directory}: only an empty space adopts a snapshot's files")
+        source = FileSpace.snapshot_source(directory, manifest)  # checks the manifest, opens the files
+        try:
+            if source.file_bytes != self.file_bytes:
+                raise ValueError(f"payload files of {directory} are of {source.file_bytes} bytes, "
+                                 f"this space's of {self.file_bytes}")
+            for n, fd in source._fds.items():
+                os.link(directory / f"{n:08d}.pay", self._path(n))
+                self._checks[n] = source._checks.get(n)
+                self._sizes[n] = min(source.end, (n + 1) * source.file_bytes) - n * source.file_bytes
+            for n, kept in source._compacted.items():
+                path = self.directory / f"{n:08d}.0.pay"
+                os.link(kept.path, path)
+                copy = _Compacted(os.open(path, os.O_RDWR), path)
+                copy.starts, copy.ends, copy.at, copy.size, copy.checks = (kept.starts, kept.ends, kept.at,
+                                                                         kept.size, kept.checks)
+                self._compacted[n] = copy
+        finally:
+            source.close()
+        size = self.file_bytes
+        self.end = self._buf_start = -(-source.end // size) * size
+        self._writing = self.end // size
+        self._adopted = set(source._fds) | set(source._compacted)
+
+    def adopt(self, start: int, end: int) -> None:
+        """Bytes ``start .. end`` of an adopted file are a restored job's (:meth:`adopt_files`)."""
+        size, live = self.file_bytes, self._live
+        at = start
+        while at < end:
+            n = at // size
+            upto = min(end, (n + 1) * size)
+            live[n] = live.get(n, 0) + upto - at
+            at = upto
+
+    def adopted(self) -> None:
+        """The restore is over: an adopted file no job refers to goes at the next collection.
+        (The bytes between the jobs of a file are not known as released: a compaction of it
+        copies them too.)"""
+        for n in self._adopted:
+            if n not in self._live:
+                self._dead.add(n)
+        self._adopted = set()
+
+    @classmethod
+    def snapshot_source(cls, directory: Path, manifest: dict[str, Any]) -> "FileSpace":
+        """A read-only space over the files :meth:`link_files` and :meth:`snapshot_manifest`
+        left in ``directory``: what a snapshot's references are read from as it loads. Every
+        read is checked against the checksums the manifest carries; a file missing or cut short
+        raises OSError naming it."""
+        try:
+            file_bytes, end, files = int(manifest["fileBytes"]), int(manifest["end"]), list(manifest["files"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"payload files manifest of {directory} is malformed: {exc!r}") from exc
+        if not 1 <= file_bytes <= 1 << 30 or end < 0:
+            raise ValueError(f"payload files manifest of {directory}: file size {file_bytes}, end {end}")
+        space = cls(directory, file_bytes)
+        space.end = space._buf_start = end
+        space._writing = end // file_bytes + 1  # nothing is appended to a source
+        for entry in files:
+            n = int(entry["n"])
+            if not 0 <= n <= end // file_bytes:
+                raise ValueError(f"payload files manifest of {directory}: file {n} lies past the end {end}")
+            checks: BlockChecks | None = None
+            if "crcs" in entry:
+                checks = BlockChecks()
+                checks.crcs.frombytes(entry["crcs"])
+                checks.written = int(entry["written"])
+                checks.unknown = set(entry["unknown"])
+            path = directory / f"{n:08d}.pay"
+            fd = os.open(path, os.O_RDONLY)  # opened now: a missing file is named at once
+            ranges = entry.get("ranges")
+            if ranges is None:
+                space._fds[n], space._checks[n] = fd, checks
+                continue
+            kept = _Compacted(fd, path)
+            kept.starts.frombytes(ranges[0])
+            kept.ends.frombytes(ranges[1])
+            kept.at.frombytes(ranges[2])
+            kept.size = int(entry["size"])
+            kept.checks = checks  # type: ignore[assignment]  # None: not checked, as read_checked takes it
+            space._compacted[n] = kept
+        return space
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -332,6 +539,9 @@ class FileSpace:
         kept = self._compacted.get(n)
         if kept is not None:
             return kept.size
+        adopted = self._sizes.get(n)
+        if adopted is not None:
+            return adopted
         return min(self.end, (n + 1) * self.file_bytes) - n * self.file_bytes
 
     def _next_compaction(self) -> _Compaction | None:
@@ -355,7 +565,7 @@ class FileSpace:
         if best < 0 or self._overlaps_unwritten(best):
             return None
         old = self._compacted.get(best)
-        ranges = old.ranges() if old is not None else [(best * size, (best + 1) * size)]
+        ranges = old.ranges() if old is not None else [(best * size, best * size + self._disk_size(best))]
         path = self.directory / f"{best:08d}.{self.compactions + 1}.pay"
         into = _Compacted(os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600), path)
         return _Compaction(best, ranges, self._holes.pop(best), into)
@@ -451,6 +661,7 @@ class FileSpace:
             self._abort_compaction()  # all its bytes were released while it was copied
         fd = self._fds.pop(n, None)
         self._checks.pop(n, None)
+        self._sizes.pop(n, None)
         kept = self._compacted.pop(n, None)
         (kept.path if kept is not None else self._path(n)).unlink(missing_ok=True)
         if fd is not None:

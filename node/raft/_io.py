@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "RealIO",
     "SimIO",
     "close_later",
+    "start_retiring",
 ]
 
 DISK_FREE_MIN_BYTES = 256 * 1024 * 1024
@@ -345,7 +347,12 @@ class _RealFile(FileHandle):
 #: the kernel frees its blocks when its last name and descriptor go (seconds for a snapshot of
 #: gigabytes, here), and that must not be on the event loop.
 RETIRE_BYTES_MIN = 64 << 20
-_retiring: ThreadPoolExecutor | None = None
+#: Descriptors waiting for the retiring thread: a SimpleQueue, whose ``put`` may run inside a
+#: garbage collection that interrupted a thread holding any lock (a payload space's
+#: ``__del__`` closes its files here), where an executor's ``submit`` could wait on itself.
+_retire_queue: "queue.SimpleQueue[int]" = queue.SimpleQueue()
+_retire_thread: threading.Thread | None = None
+_retire_pid = 0
 
 
 def _hold_if_large(path: str) -> int:
@@ -366,15 +373,34 @@ def _hold_if_large(path: str) -> int:
 def close_later(fd: int) -> None:
     """Close ``fd`` (the last reference to a file no name refers to) on the retiring thread, where
     the kernel frees the file's blocks; -1 is nothing."""
-    global _retiring
     if fd < 0:
         return
-    if _retiring is None:
-        _retiring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shoal-retire")
-    try:
-        _retiring.submit(_close_quietly, fd)
-    except RuntimeError:  # the interpreter is shutting down: no new work for threads
+    if not start_retiring():
         _close_quietly(fd)
+        return
+    _retire_queue.put(fd)
+
+
+def start_retiring() -> bool:
+    """Start this process's retiring thread if it runs not yet (a forked child has none): done
+    ahead by owners of files closed from ``__del__``, whose first close may come within a
+    garbage collection. False when no thread can start (the interpreter shutting down)."""
+    global _retire_thread, _retire_pid
+    if _retire_thread is None or _retire_pid != os.getpid():
+        _retire_pid = os.getpid()
+        _retire_thread = threading.Thread(target=_retire_forever, name="shoal-retire", daemon=True)
+        try:
+            _retire_thread.start()
+        except RuntimeError:
+            _retire_thread = None
+            return False
+    return True
+
+
+def _retire_forever() -> None:
+    get = _retire_queue.get
+    while True:
+        _close_quietly(get())
 
 
 def _close_quietly(fd: int) -> None:

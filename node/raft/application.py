@@ -37,14 +37,23 @@ class Application(Protocol):
         results (when neither, a result may be a placeholder)."""
         ...
 
-    def snapshot_chunks(self) -> Iterable[bytes]:
-        """The state as snapshot content, in chunks of bounded size (iterated in a forked child
-        holding a copy-on-write image of the state at the applied index)."""
+    def link_snapshot_files(self, directory: str) -> bool:
+        """Hard-link the files the state keeps its bulk in into ``directory`` (made afresh), on
+        the loop right before a snapshot's fork; False when there are none (the snapshot then
+        carries everything)."""
         ...
 
-    def load_snapshot(self, chunks: Iterator[bytes]) -> object:
+    def snapshot_chunks(self, files: str | None = None) -> Iterable[bytes]:
+        """The state as snapshot content, in chunks of bounded size (called in a forked child
+        holding a copy-on-write image of the state at the applied index). ``files``: the
+        directory :meth:`link_snapshot_files` filled for this snapshot, whose files the content
+        may refer to (the child syncs them); None: the content carries everything, as a
+        snapshot sent to a peer must."""
+        ...
+
+    def load_snapshot(self, chunks: Iterator[bytes], files: str | None = None) -> object:
         """A new state read from snapshot content (in a worker thread: the live state is not
-        touched); raises on content it cannot read."""
+        touched), with the directory of files it refers to; raises on content it cannot read."""
         ...
 
     def install(self, state: object) -> None:

@@ -1106,6 +1106,20 @@ class Journal:
             self._cache_bytes -= len(self._cache.pop())
         self._assert_bounds()
 
+    def first_within(self, index: int, bytes_max: int) -> int:
+        """The lowest index from which the entries up to ``index`` lie in segments of at most
+        ``bytes_max`` bytes in all (whole segments counted, the one holding ``index`` always
+        kept): where a journal dropping what a snapshot covers may stop keeping entries."""
+        keep, total = index, 0
+        for seg in reversed(self._segments):
+            if seg.first_index > index:
+                continue
+            total += seg.size
+            if total > bytes_max and keep < index:
+                break
+            keep = seg.first_index
+        return max(keep, self._first_index)
+
     def delete_to(self, index: int) -> None:
         """Forget entries below ``index`` (covered by a durable snapshot).
 

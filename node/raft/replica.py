@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,8 +58,8 @@ from .meta import MetaCorrupt
 from .planning import plan_change
 from .scheduler import TickScheduler
 from .snapshot_file import SnapshotCorrupt
-from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, load_snapshot, read_snapshot_meta,
-                        verify_snapshot)
+from .snapshots import (ForkSnapshotter, SnapshotFile, SnapshotSettings, files_path, load_snapshot,
+                        read_snapshot_head, verify_snapshot)
 from .storage import NodeStorage
 from .transport import ENTRY_BYTES_MAX, PartitionTransport, RaftNetwork
 from ._io import RealIO
@@ -104,8 +105,10 @@ PREFERRED_FIRST_ELECTION_S = 0.2
 CAMPAIGN_RETRY_MIN_S = 0.1
 CAMPAIGN_RETRY_MAX_S = 0.6
 #: Entries a replica keeps in its journal below its newest snapshot, so a follower slightly
-#: behind catches up by log rather than by a whole snapshot.
+#: behind catches up by log rather than by a whole snapshot; and the most bytes of journal
+#: segments they may take (entries of bulk adds are large: 5,000 of them can be gigabytes).
 SNAPSHOT_RETAIN_ENTRIES_MAX = 5_000
+SNAPSHOT_RETAIN_BYTES_MAX = 256 << 20
 #: The most entries the journal keeps past a snapshot for a follower still receiving an older one.
 STREAM_HOLD_ENTRIES_MAX = 1_000_000
 #: How long the journal keeps, for a follower that was just sent a snapshot, the entries it needs
@@ -118,6 +121,8 @@ READ_WAITERS_MAX = 10_000
 READ_CONFIRM_TIMEOUT_S = 3.0
 #: A written snapshot waits under the snapshot's name plus this until it may replace it.
 NEXT_SUFFIX = ".next"
+#: The directory of files a snapshot refers to is named the snapshot's name, this, and its index.
+FILES_INFIX = ".files."
 #: How often the commit-index hint is stored (when it changed).
 COMMIT_HINT_PERIOD_S = 10.0
 #: How often a running snapshot child, streams and their rates are looked at.
@@ -231,8 +236,11 @@ class PartitionReplica(Generic[A]):
         self._senders: dict[str, SnapshotSender] = {}
         #: Peers a stream delivered a snapshot to: (its index, until when the journal waits for them).
         self._delivered: dict[str, tuple[int, float]] = {}
-        #: Peers due a snapshot whose stream found the file replaced by a newer one not yet reaped.
+        #: Peers due a snapshot whose stream found the file replaced by a newer one not yet reaped,
+        #: or the snapshot referring to files of this node (a peer waits for one that carries them).
         self._awaiting_next: set[str] = set()
+        #: The next snapshot must carry everything (a peer waits to be sent it).
+        self._portable_wanted = False
         #: Byte rates every snapshot stream of this replica obeys (per stream, plus any shared ones).
         self._shared_rates = snapshot_rates or []
         self._pending: dict[int, _Proposal] = {}
@@ -278,7 +286,8 @@ class PartitionReplica(Generic[A]):
         # Damage can be repaired from another replica unless this one was its group's only member
         # from the start (a joiner, which starts knowing no membership, was added by a leader).
         alone = not peers and tuple(membership.members) == (self.member,)
-        self.core, self.journal = self._recover(data_dir, membership, repair and not alone)
+        self._repair = repair and not alone
+        self.core, self.journal = self._recover(data_dir, membership, self._repair)
         self.core.loading = self._loading
         self._transport = PartitionTransport(network, partition, [node_of_member(m) for m in peers], self._deliver,
                                              self._peer_up, self._peer_down)
@@ -299,6 +308,7 @@ class PartitionReplica(Generic[A]):
             journal = self.storage.open_journal(self.partition)
             if self._io.exists(self.snapshot_path):
                 snap = verify_snapshot(self._io, self.snapshot_path)
+                self._check_files(snap)
             self._check_consistent(journal, snap)
         except (JournalCorrupt, SnapshotCorrupt) as exc:
             if not repair:
@@ -310,9 +320,7 @@ class PartitionReplica(Generic[A]):
             if journal is not None:
                 journal.close()
             self.storage.quarantine_journal(self.partition)
-            if self._io.exists(self.snapshot_path):
-                self._io.rename(self.snapshot_path, f"{self.snapshot_path}{QUARANTINE_INFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-                self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
+            self._quarantine_snapshot()
             journal = self.storage.open_journal(self.partition)
             journal.meta.store(journal.meta.state.term, journal.meta.state.voted_for, 0, recovering=True)
             snap = None
@@ -346,9 +354,54 @@ class PartitionReplica(Generic[A]):
             self.damage = "an earlier start discarded damaged files; catching up from the leader"
         self._snapshot_file = snap
         self._last_snapshot_index = snap_point[0]
+        self._remove_stale_files()
         if snap is not None:
             self._start_load(snap.path)
         return core, journal
+
+    def _quarantine_snapshot(self) -> None:
+        """Move the snapshot file aside (its files' directory goes with the next clean-up): the
+        journal no longer continues a snapshot, so the next start repairs the replica."""
+        if self._io.exists(self.snapshot_path):
+            self._io.rename(self.snapshot_path, f"{self.snapshot_path}{QUARANTINE_INFIX}"
+                            f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+            self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
+
+    def _check_files(self, snap: SnapshotFile) -> None:
+        """The directory of files ``snap`` refers to must be there (its files are checked as the
+        snapshot loads)."""
+        path = files_path(snap.path, snap.files)
+        if path is not None and not os.path.isdir(path):
+            raise SnapshotCorrupt(f"{snap.path}: the directory of files it refers to, {snap.files}, is missing",
+                                  path=snap.path, offset=0)
+
+    def _files_dir(self, index: int) -> str:
+        return f"{self.snapshot_path}{FILES_INFIX}{index}"
+
+    def _remove_stale_files(self) -> None:
+        """Delete the files' directories of snapshots other than the current one (written and
+        overtaken, replaced, or left by a crash)."""
+        directory = os.path.dirname(self.snapshot_path) or "."
+        prefix = os.path.basename(self.snapshot_path) + FILES_INFIX
+        keep = {snap.files for snap in (self._snapshot_file, self._next_snapshot) if snap is not None}
+        try:
+            names = self._io.listdir(directory)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(prefix) and name not in keep:
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+    def _link_files(self, index: int) -> str | None:
+        """(Right before a snapshot's fork.) The directory the application filled with the files
+        the snapshot at ``index`` refers to, or None: the snapshot carries everything."""
+        if self._portable_wanted:
+            return None
+        path = self._files_dir(index)
+        current = self._snapshot_file
+        if current is not None and current.files == os.path.basename(path):
+            return None  # the current snapshot's own (same index): never relinked under it
+        return path if self.application.link_snapshot_files(path) else None
 
     def _check_consistent(self, journal: Journal, snap: SnapshotFile | None) -> None:
         """The journal must continue the snapshot (or start at the first entry without one)."""
@@ -892,14 +945,17 @@ class PartitionReplica(Generic[A]):
             self._hint_due = now + COMMIT_HINT_PERIOD_S
             self.journal.store_commit_hint()
         core = self.core
+        current = self._snapshot_file
         due = core.applied - self._last_snapshot_index >= self.settings.entries_min or (
-            now >= self._snapshot_due and core.applied > self._last_snapshot_index)
+            now >= self._snapshot_due and core.applied > self._last_snapshot_index) or (
+            self._portable_wanted and current is not None and current.files is not None)
         if due and not self.snapshots.in_progress and not self._loading and not self._receiving() \
                 and not self._deferred and self._next_snapshot is None:
             index = core.applied
             term = core.log.term(index)
             if term is not None and index > 0:
-                if self.snapshots.start(self.application.snapshot_chunks, index, term, core.membership_at(index)):
+                if self.snapshots.start(self.application.snapshot_chunks, index, term, core.membership_at(index),
+                                        prepare=lambda: self._link_files(index)):
                     self._snapshot_due = now + self.settings.interval_s
         elif now >= self._snapshot_due:
             self._snapshot_due = now + self.settings.interval_s
@@ -938,19 +994,27 @@ class PartitionReplica(Generic[A]):
     def _install_snapshot(self, snap: SnapshotFile) -> None:
         """Make a written snapshot the replica's snapshot: the journal may drop the prefix it covers."""
         self._next_snapshot = None
-        if snap.index <= self._last_snapshot_index or snap.index < self.core.log.snap_index:
+        current = self._snapshot_file
+        # One that carries everything may replace one of the same entry that refers to files.
+        portable_again = (current is not None and current.files is not None and snap.files is None
+                          and snap.index == self._last_snapshot_index)
+        if (snap.index <= self._last_snapshot_index and not portable_again) or snap.index < self.core.log.snap_index:
             self._io.unlink(snap.path)  # overtaken (a newer one was installed from the leader)
+            self._remove_stale_files()
             return
         self._io.rename(snap.path, self.snapshot_path)
         self._io.fsync_dir(os.path.dirname(self.snapshot_path) or ".")
         snap = dataclasses.replace(snap, path=self.snapshot_path)
         self._snapshot_file = snap
         self._last_snapshot_index = snap.index
+        if snap.files is None:
+            self._portable_wanted = False
+        self._remove_stale_files()
         core = self.core
         core.compacted(snap.index, snap.term)
         self._release_awaiting()
         retain = min(SNAPSHOT_RETAIN_ENTRIES_MAX, self.settings.entries_min // 2)
-        drop_below = snap.index + 1 - retain
+        drop_below = max(snap.index + 1 - retain, self.journal.first_within(snap.index, SNAPSHOT_RETAIN_BYTES_MAX))
         # A follower being sent an older snapshot continues from the journal once it has it: keep
         # the entries after that snapshot, or it would be sent this one next, and so on while the
         # move rate makes a stream outlast the time between snapshots (a learner that never joins).
@@ -984,9 +1048,17 @@ class PartitionReplica(Generic[A]):
             if self._closed:
                 return
             if error is not None or state is None:
-                # The file verified before it was loaded: a failure here is the machine's (memory, I/O).
-                log.critical("partition %d: loading snapshot %s failed: %s; stopping the node", self.partition,
-                             path, error)
+                # The file verified before it was loaded: a failure here is the machine's (memory, I/O),
+                # or, for a snapshot that refers to files, those files' (checked only as they are read).
+                snap = self._snapshot_file
+                if snap is not None and snap.files is not None and self._repair and snap.path == path:
+                    self._quarantine_snapshot()
+                    log.critical("partition %d: loading snapshot %s failed: %s; it was moved aside, and the "
+                                 "next start fetches a fresh copy from the leader; stopping the node",
+                                 self.partition, path, error)
+                else:
+                    log.critical("partition %d: loading snapshot %s failed: %s; stopping the node", self.partition,
+                                 path, error)
                 self.storage.sync_failed(SyncFailed(f"snapshot load failed: {error}"))
                 return
             application.install(state)
@@ -1019,6 +1091,17 @@ class PartitionReplica(Generic[A]):
                       self.partition, index, peer, snap.index if snap else None)
             self.core.snapshot_done(peer, False, self._clock())
             return
+        if snap.files is not None:
+            # It refers to this node's files: the peer waits for one that carries everything,
+            # taken as soon as a snapshot child may run.
+            if not self._portable_wanted:
+                log.info("partition %d: snapshot %d refers to this node's files; %s is sent one that carries "
+                         "them, taken now", self.partition, index, peer)
+            self._portable_wanted = True
+            self._awaiting_next.add(peer)
+            self.snapshot_now()
+            return
+        self._portable_wanted = False
         old = self._senders.pop(peer, None)
         if old is not None:
             old.close()
@@ -1139,7 +1222,9 @@ class PartitionReplica(Generic[A]):
                               self._clock())
                 self._process()
                 return
-            index, snap_term, membership = read_snapshot_meta(self._io, received.tmp_path)
+            index, snap_term, membership, files = read_snapshot_head(self._io, received.tmp_path)
+            if files is not None:
+                raise SnapshotCorrupt(f"{received.tmp_path}: refers to the sender's files ({files})")
             # A local snapshot may have started while the file was being synced: it must not be
             # renamed over the one installed now (nor loaded in its place), nor one written meanwhile.
             self.snapshots.cancel()
@@ -1156,6 +1241,8 @@ class PartitionReplica(Generic[A]):
         self._snapshot_file = SnapshotFile(self.snapshot_path, index, snap_term, membership, received.size,
                                            received.file_crc)
         self._last_snapshot_index = index
+        self._portable_wanted = False
+        self._remove_stale_files()
         self._send_to(peer, SnapshotChunkAck(core.term, received.index, received.size, COMPLETE))
         core.step(peer, InstallSnapshot(term, peer, index, snap_term, membership.to_wire()), self._clock())
         self._process()
@@ -1353,6 +1440,20 @@ class PartitionReplica(Generic[A]):
         self.storage.on_leader_synced(self.journal, None)
         self.journal.close()
 
+    def distrust_snapshot_files(self) -> bool:
+        """(A closed replica whose application found its files damaged.) A snapshot that refers
+        to files shares them with the state: it is moved aside, so the replica opened next is
+        repaired from a peer, as when a snapshot file is damaged. False (nothing done) when the
+        snapshot carries everything, or no peer can repair it (then the files are all there is)."""
+        assert self._closed, "close the replica first"
+        snap = self._snapshot_file
+        if snap is None or snap.files is None or not self._repair:
+            return False
+        log.error("partition %d: snapshot %d shares the damaged files; moved aside, the replica is repaired "
+                  "from a peer", self.partition, snap.index)
+        self._quarantine_snapshot()
+        return True
+
     def delete_files(self) -> None:
         """Remove this (closed) replica's journal and snapshot: the group no longer lists this node."""
         assert self._closed, "close the replica first"
@@ -1362,6 +1463,8 @@ class PartitionReplica(Generic[A]):
         if os.path.isdir(journal_dir):
             os.rmdir(journal_dir)
         self._io.unlink(self.snapshot_path)
+        self._snapshot_file = None
+        self._remove_stale_files()
         self._io.fsync_dir(os.path.dirname(journal_dir) or ".")
 
     def _note_no_space(self, why: str) -> None:

@@ -19,7 +19,8 @@ its prefix, and the next attempt waits a backoff from :data:`RETRY_MIN_S` to
 :data:`RETRY_MAX_S`.
 
 The same file is what a leader streams to a follower that lags behind its journal
-(:mod:`.install`): only a verified file is ever sent, and its whole-file CRC32C
+(:mod:`.install`), unless it refers to files beside it: the leader then takes one that
+carries everything first (:mod:`.replica`). Only a verified file is ever sent, and its whole-file CRC32C
 (:attr:`SnapshotFile.file_crc`) travels with every chunk so the follower can check
 what it received before it replaces anything.
 
@@ -31,7 +32,15 @@ partitions.
 Content layout (inside the :mod:`.snapshot_file` envelope)::
 
     u32 meta length | meta: MessagePack [2, last index, last term, membership [[voters], [learners]]]
+                      or [3, last index, last term, membership, name of its files' directory]
     the application's content (Application.snapshot_chunks())
+
+A snapshot may come with a directory of files beside it (version 3 metadata names it): the
+application hard-links the files its state refers to there right before the fork
+(:meth:`~.application.Application.link_snapshot_files`) and the child syncs them, so a
+snapshot of data the application keeps in files costs what its index does, not its data. The
+replica keeps the directory as long as the snapshot, and sends a peer only a snapshot without
+one (:mod:`.replica`).
 """
 
 from __future__ import annotations
@@ -55,7 +64,8 @@ from .snapshot_file import (HEADER_BYTES, SnapshotChecker, SnapshotCorrupt, read
                             write_snapshot)
 
 __all__ = ["ForkSnapshotter", "SnapshotSettings", "SnapshotFile", "verify_snapshot", "load_snapshot",
-           "snapshot_content", "read_snapshot_meta", "become_background_child", "RETRY_MIN_S", "RETRY_MAX_S",
+           "snapshot_content", "read_snapshot_meta", "read_snapshot_head", "files_path", "become_background_child",
+           "RETRY_MIN_S", "RETRY_MAX_S",
            "ENV_ENTRIES_MIN", "ENV_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
@@ -71,6 +81,7 @@ ERROR_BYTES_MAX = 4096
 READ_BYTES = 1024 * 1024
 _META_LEN = struct.Struct("<I")
 _META_VERSION = 2
+_META_VERSION_FILES = 3
 _META_BYTES_MAX = 64 * 1024
 #: What a child that wrote and verified its snapshot writes to its pipe: a tag no error message
 #: starts with, then the file's last index, last term, size and whole-file CRC32C.
@@ -119,18 +130,32 @@ class SnapshotFile:
     membership: Membership
     size: int
     file_crc: int
+    #: Name of the directory beside the file holding the files it refers to (None: it has none,
+    #: and may be sent to a peer).
+    files: str | None = None
 
 
-def snapshot_content(index: int, term: int, membership: Membership, state: Iterable[bytes]) -> Iterator[bytes]:
+def snapshot_content(index: int, term: int, membership: Membership, state: Iterable[bytes],
+                     files: str | None = None) -> Iterator[bytes]:
     """The snapshot content at entry ``(index, term)``: the metadata, then the application's
-    ``state`` chunks (:meth:`~.application.Application.snapshot_chunks`)."""
-    meta = msgpack.packb([_META_VERSION, index, term, membership.to_wire()], use_bin_type=True)
+    ``state`` chunks (:meth:`~.application.Application.snapshot_chunks`); ``files``: the name
+    of the directory beside the snapshot holding the files the state refers to."""
+    if files is None:
+        meta = msgpack.packb([_META_VERSION, index, term, membership.to_wire()], use_bin_type=True)
+    else:
+        meta = msgpack.packb([_META_VERSION_FILES, index, term, membership.to_wire(), files], use_bin_type=True)
     yield _META_LEN.pack(len(meta)) + meta
     yield from state
 
 
-def _parse_meta(path: str, head: bytes) -> tuple[int, int, Membership, int]:
-    """(index, term, membership, bytes of the meta prefix) from the start of the content."""
+def files_path(path: str, files: str | None) -> str | None:
+    """Where the directory named ``files`` of the snapshot file ``path`` is (beside it)."""
+    return os.path.join(os.path.dirname(path), files) if files is not None else None
+
+
+def _parse_meta(path: str, head: bytes) -> tuple[int, int, Membership, str | None, int]:
+    """(index, term, membership, name of its files' directory, bytes of the meta prefix) from
+    the start of the content."""
     if len(head) < _META_LEN.size:
         raise SnapshotCorrupt(f"{path}: content too short for its metadata")
     (meta_len,) = _META_LEN.unpack_from(head)
@@ -138,10 +163,16 @@ def _parse_meta(path: str, head: bytes) -> tuple[int, int, Membership, int]:
     if meta_len > _META_BYTES_MAX or len(head) < end:
         raise SnapshotCorrupt(f"{path}: metadata of {meta_len} bytes does not fit")
     try:
-        version, index, term, membership = msgpack.unpackb(head[_META_LEN.size:end], raw=False)
-        if version != _META_VERSION:
-            raise ValueError(f"metadata version {version}, expected {_META_VERSION}")
-        return int(index), int(term), Membership.from_wire(membership), end
+        meta = msgpack.unpackb(head[_META_LEN.size:end], raw=False)
+        version, index, term, membership = meta[:4]
+        files = None
+        if version == _META_VERSION_FILES:
+            files = meta[4]
+            if not isinstance(files, str) or not files or os.sep in files or files.startswith("."):
+                raise ValueError(f"files directory {files!r} is not a plain name")
+        elif version != _META_VERSION or len(meta) != 4:
+            raise ValueError(f"metadata version {version}, expected {_META_VERSION} or {_META_VERSION_FILES}")
+        return int(index), int(term), Membership.from_wire(membership), files, end
     except (ValueError, TypeError, ConfigError, msgpack.UnpackException) as exc:
         raise SnapshotCorrupt(f"{path}: unreadable metadata: {exc}") from exc
 
@@ -153,38 +184,43 @@ def verify_snapshot(io: FileIO, path: str) -> SnapshotFile:
     checker = SnapshotChecker(path)
     checker.update_from_file(io, path, chunk_bytes=READ_BYTES)
     info = checker.finish()
-    index, term, membership = read_snapshot_meta(io, path)
+    index, term, membership, files = read_snapshot_head(io, path)
     if (index, term) != (info.last_index, info.last_term):
         raise SnapshotCorrupt(f"{path}: header says entry {info.last_index}/{info.last_term}, "
                               f"metadata {index}/{term}", path=path, offset=HEADER_BYTES)
-    return SnapshotFile(path, index, term, membership, checker.offset, checker.file_crc32c)
+    return SnapshotFile(path, index, term, membership, checker.offset, checker.file_crc32c, files)
 
 
 def read_snapshot_meta(io: FileIO, path: str) -> tuple[int, int, Membership]:
     """``(index, term, membership)`` of a snapshot file, from its envelope and metadata only."""
+    return read_snapshot_head(io, path)[:3]  # type: ignore[return-value]
+
+
+def read_snapshot_head(io: FileIO, path: str) -> tuple[int, int, Membership, str | None]:
+    """``(index, term, membership, name of its files' directory)`` of a snapshot file."""
     info = read_snapshot_info(io, path)
     handle = io.open(path, create=False)
     try:
         head = handle.pread(HEADER_BYTES, min(_META_LEN.size + _META_BYTES_MAX, info.content_bytes))
     finally:
         handle.close()
-    index, term, membership, _ = _parse_meta(path, head)
+    index, term, membership, files, _ = _parse_meta(path, head)
     if (index, term) != (info.last_index, info.last_term):
         raise SnapshotCorrupt(f"{path}: header says entry {info.last_index}/{info.last_term}, metadata {index}/{term}")
-    return index, term, membership
+    return index, term, membership, files
 
 
 def load_snapshot(io: FileIO, path: str,
-                  restore: Callable[[Iterator[bytes]], _State]) -> tuple[_State, int, int, Membership]:
-    """Stream ``path`` into ``restore`` (:meth:`~.application.Application.load_snapshot`):
-    ``(its state, index, term, membership)``.
+                  restore: Callable[[Iterator[bytes], str | None], _State]) -> tuple[_State, int, int, Membership]:
+    """Stream ``path`` into ``restore`` (:meth:`~.application.Application.load_snapshot`), with
+    the path of its files' directory (or None): ``(its state, index, term, membership)``.
 
     The content CRC is checked before the state is returned; on damage, or content
     ``restore`` cannot read, raises :class:`~.snapshot_file.SnapshotCorrupt`.
     """
     chunks = read_snapshot(io, path, READ_BYTES)
     head = next(chunks, b"")
-    index, term, membership, meta_end = _parse_meta(path, head)
+    index, term, membership, files, meta_end = _parse_meta(path, head)
 
     def rest() -> Iterator[bytes]:
         if len(head) > meta_end:
@@ -192,7 +228,7 @@ def load_snapshot(io: FileIO, path: str,
         yield from chunks  # raises SnapshotCorrupt at the end if the CRC fails
 
     try:
-        state = restore(rest())
+        state = restore(rest(), files_path(path, files))
         for _ in chunks:  # the CRC is checked only once the iterator is exhausted
             pass
     except SnapshotCorrupt:
@@ -271,10 +307,15 @@ class ForkSnapshotter:
         """A child is writing a snapshot now."""
         return self._pid != 0
 
-    def start(self, state: Callable[[], Iterable[bytes]], index: int, term: int, membership: Membership) -> bool:
+    def start(self, state: Callable[..., Iterable[bytes]], index: int, term: int, membership: Membership,
+              prepare: Callable[[], str | None] | None = None) -> bool:
         """Fork a child writing ``state()`` (the application's content, called in the child) as the
         snapshot at ``(index, term)``; False when not started (one runs already, a retry backoff
-        is on, or every child slot is taken: ``on_slot`` then calls back once one frees)."""
+        is on, or every child slot is taken: ``on_slot`` then calls back once one frees).
+
+        ``prepare`` runs right before the fork, only when it happens: it returns the directory
+        beside the snapshot it filled with files the state refers to (or None), and the child
+        then calls ``state(that directory)`` and names it in the metadata."""
         if self._pid or self._clock() < self._retry_at:
             return False
         if _SLOTS.running >= _SLOTS.limit:
@@ -282,6 +323,7 @@ class ForkSnapshotter:
                 self.waiting = True
                 _SLOTS.waiting.append(self)
             return False
+        files = prepare() if prepare is not None else None
         read_fd, write_fd = os.pipe()
         started = self._clock()
         gc_was_enabled = gc.isenabled()
@@ -297,7 +339,8 @@ class ForkSnapshotter:
             return False
         if pid == 0:  # the child: never returns
             os.close(read_fd)
-            self._child(write_fd, state, index, term, membership)
+            content = (lambda: state(files)) if prepare is not None else state
+            self._child(write_fd, content, index, term, membership, files)
         if gc_was_enabled:
             gc.enable()
         os.close(write_fd)
@@ -309,11 +352,13 @@ class ForkSnapshotter:
         return True
 
     def _child(self, error_fd: int, state: Callable[[], Iterable[bytes]], index: int, term: int,
-               membership: Membership) -> None:
+               membership: Membership, files: str | None) -> None:
         code = 1
         try:
             become_background_child()
-            write_snapshot(self._io, self.path, index, term, snapshot_content(index, term, membership, state()))
+            name = os.path.basename(files) if files is not None else None
+            write_snapshot(self._io, self.path, index, term,
+                           snapshot_content(index, term, membership, state(), name))
             snap = verify_snapshot(self._io, self.path)
             os.write(error_fd, _VERIFIED.pack(_VERIFIED_TAG, snap.index, snap.term, snap.size, snap.file_crc))
             code = 0
@@ -370,7 +415,7 @@ class ForkSnapshotter:
         if len(report) != _VERIFIED.size or not report.startswith(_VERIFIED_TAG):
             raise SnapshotCorrupt(f"{self.path}: the child reported no verification ({report[:200]!r})")
         _, index, term, size, file_crc = _VERIFIED.unpack(report)
-        meta_index, meta_term, membership = read_snapshot_meta(self._io, self.path)
+        meta_index, meta_term, membership, files = read_snapshot_head(self._io, self.path)
         handle = self._io.open(self.path, create=False)
         try:
             on_disk = handle.size
@@ -379,7 +424,7 @@ class ForkSnapshotter:
         if (meta_index, meta_term, on_disk) != (index, term, size):
             raise SnapshotCorrupt(f"{self.path}: entry {meta_index}/{meta_term}, {on_disk} bytes on disk; the child "
                                   f"verified entry {index}/{term}, {size} bytes")
-        return SnapshotFile(self.path, index, term, membership, size, file_crc)
+        return SnapshotFile(self.path, index, term, membership, size, file_crc, files)
 
     def _child_report(self) -> bytes:
         """What the child wrote to its pipe: an error message, or its :data:`_VERIFIED` record."""

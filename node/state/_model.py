@@ -247,11 +247,11 @@ def slot_job(seg: Segment, i: int, partition: int) -> Job:
     return job
 
 
-def slot_tuples(seg: Segment, i: int, j: int, partition: int) -> list[tuple[Any, ...]]:
+def slot_tuples(seg: Segment, i: int, j: int, partition: int, refs: bool = False) -> list[tuple[Any, ...]]:
     """``slot_job(seg, k, partition).to_tuple()`` for each slot ``k`` in ``i .. j-1`` (all held),
     made without a job object each and with the run's data read at once (a snapshot writes
-    millions of them)."""
-    datas = seg.run_bytes(i, j)
+    millions of them); with ``refs``, the data as where it is (:meth:`Segment.run_refs`)."""
+    datas = seg.run_refs(i, j) if refs else seg.run_bytes(i, j)
     first, queue, created = seg.first, seg.queue, seg.created_ms
     max_attempts, backoff_ms, ttr_ms = seg.max_attempts, seg.backoff_ms, seg.ttr_ms
     createds, run_ats, priorities, names, states = seg.createds, seg.run_ats, seg.priorities, seg.names, seg.states

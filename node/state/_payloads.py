@@ -8,21 +8,44 @@ stores appended bytes at the offsets it returns and gives them back. The engine'
 gives each engine a space of files on disk (``shoal.node.partition.payload_files``), so a waiting
 job's data costs disk and page cache, not the process's memory.
 
-Offsets are a replica's own: the replicated state (snapshots, digests) carries the data
-itself, never where a replica keeps it. The engine hands a job's data out as a
-:class:`Stored` reference, read only when the reply is encoded; it reads bytes itself only
-for a pull's run of a segment's jobs (one read for the run, cut per job) and as it writes a
-snapshot (in a node's forked child).
+Offsets are a replica's own: the replicated state as replicas compare it (digests) and as one
+sends it to another (an installed snapshot) carries the data itself. Only a snapshot a node
+keeps for its own restart may refer to its payload files instead (:func:`data_ref`). The
+engine hands a job's data out as a :class:`Stored` reference, read only when the reply is
+encoded; it reads bytes itself only for a pull's run of a segment's jobs (one read for the
+run, cut per job) and as it writes a snapshot that carries the data.
 """
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_right
 from typing import Protocol
 
+import msgpack
+
 from shoal.cluster.codec import Raw
 
-__all__ = ["PayloadSpace", "MemorySpace", "Stored"]
+__all__ = ["PayloadSpace", "MemorySpace", "Stored", "DATA_REF_EXT", "data_ref", "ref_range"]
+
+#: MessagePack extension type of a job's data written as where it is in the payload space (a
+#: snapshot that refers to its payload files instead of carrying the data).
+DATA_REF_EXT = 1
+_REF = struct.Struct("<QI")
+
+
+def data_ref(start: int, end: int) -> msgpack.ExtType:
+    """Bytes ``start .. end`` of the payload space as a snapshot refers to them."""
+    return msgpack.ExtType(DATA_REF_EXT, _REF.pack(start, end - start))
+
+
+def ref_range(ref: msgpack.ExtType) -> tuple[int, int]:
+    """``(start, end)`` of a :func:`data_ref`; ValueError for another extension or a bad length."""
+    if ref.code != DATA_REF_EXT or len(ref.data) != _REF.size:
+        raise ValueError(f"job data is MessagePack extension {ref.code} of {len(ref.data)} bytes, "
+                         "not a payload reference")
+    start, n = _REF.unpack(ref.data)
+    return start, start + n
 
 
 class PayloadSpace(Protocol):

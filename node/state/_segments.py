@@ -29,7 +29,7 @@ import msgspec
 from shoal.cluster.codec import Raw
 
 from ._decimal import joined_decimal_run
-from ._payloads import PayloadSpace, Stored
+from ._payloads import PayloadSpace, Stored, data_ref
 from ._str_column import StrColumn
 
 __all__ = ["Segment", "SegmentStore", "split_plain", "ack_run_of", "SLOT_GONE", "SLOT_WAITING", "SLOT_ACTIVE",
@@ -310,6 +310,14 @@ class Segment:
         blob = bytes(read(base, end))
         cuts = list(accumulate(lens[i:j], initial=0))  # type: ignore[index]
         return list(map(blob.__getitem__, map(slice, cuts, cuts[1:])))
+
+    def run_refs(self, i: int, j: int) -> list[Any]:
+        """The data of slots ``i .. j-1`` (all held) as a snapshot that refers to the payload
+        space writes them (:func:`~._payloads.data_ref`; values held inline as they are)."""
+        if self.inline is not None:
+            return self.inline[i:j]
+        base, offs, lens = self.base, self.offs, self.lens
+        return [data_ref(base + offs[k], base + offs[k] + lens[k]) for k in range(i, j)]  # type: ignore[index]
 
     def data_bytes(self, i: int, j: int) -> int:
         """Bytes of the data of slots ``i .. j-1``."""

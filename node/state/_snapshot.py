@@ -15,7 +15,7 @@ import msgpack
 
 from shoal.cluster.jobid import parse_job_id
 
-from ._payloads import PayloadSpace
+from ._payloads import PayloadSpace, Stored, ref_range
 from ._model import READ_SNAPSHOT_VERSIONS, SNAPSHOT_VERSION, Job, Queue, due_key, slot_job, slot_like
 from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING, Segment
 from ._store import Store
@@ -136,13 +136,17 @@ class SnapshotOps(Store):
         """
         return b"".join(self.snapshot_chunks())
 
-    def snapshot_chunks(self, jobs_per_chunk: int = 10_000) -> Iterator[bytes]:
+    def snapshot_chunks(self, jobs_per_chunk: int = 10_000, refs: bool = False) -> Iterator[bytes]:
         """:meth:`snapshot`'s bytes in pieces, ``jobs_per_chunk`` jobs at a time: a large
-        partition is written or hashed without holding every job as a tuple at once."""
+        partition is written or hashed without holding every job as a tuple at once.
+
+        With ``refs``, data held in the payload space is written as where it is
+        (:func:`~._payloads.data_ref`) rather than read: a node's own snapshot beside its
+        payload files, loaded with them as ``source`` (:meth:`restore_chunks`)."""
         packer = msgpack.Packer(use_bin_type=True)
         pack = packer.pack
         head = (SNAPSHOT_VERSION, self.partition, self.seq, self.lease_seq, self.now_ms)
-        jobs = self._all_tuples_iter()
+        jobs = self._all_tuples_iter(refs)
         count = self.job_count()
         # Flows, flow-control windows and dedupe/debounce entries, in one trailing map present only
         # when one of them holds something: a partition using none of them keeps its digest.
@@ -180,10 +184,14 @@ class SnapshotOps(Store):
         return cls.restore_chunks((data,))
 
     @classmethod
-    def restore_chunks(cls, chunks: Iterable[bytes], space: PayloadSpace | None = None) -> Self:
+    def restore_chunks(cls, chunks: Iterable[bytes], space: PayloadSpace | None = None,
+                       source: PayloadSpace | None = None) -> Self:
         """The engine whose :meth:`snapshot_chunks` gave ``chunks``, read as they come: a large
         snapshot is never held whole, nor its jobs as one list of tuples. Its segments' data
-        goes to ``space`` as it is read (see :class:`~._engine.PartitionEngine`)."""
+        goes to ``space`` as it is read (see :class:`~._engine.PartitionEngine`); data the
+        snapshot refers to (``refs``) is read from ``source``, or, when ``source`` is
+        ``space`` (which adopted the files the snapshot refers to), referred to where it is
+        and counted by ``space.adopt(start, end)``."""
         unpacker = msgpack.Unpacker(_ChunkReader(chunks), raw=False, strict_map_key=False,
                                     read_size=_READ_BYTES, max_buffer_size=0)
         fields = unpacker.read_array_header()
@@ -193,6 +201,11 @@ class SnapshotOps(Store):
         if version not in READ_SNAPSHOT_VERSIONS:
             raise ValueError(f"unsupported snapshot version {version}")
         eng = cls(partition, space)
+        # A space that adopted the snapshot's files (the node's restore) is its own source.
+        adopting = source is not None and source is space
+        adopt = getattr(space, "adopt", None) if adopting else None
+        if adopting and adopt is None:
+            raise ValueError("a payload space that is its own source must adopt what the snapshot refers to")
         # One str per distinct queue name, state, group, tag and job name, as the engine that
         # wrote them held them: decoded anew for each job they would cost a string per job and
         # field. States are the engine's own.
@@ -212,6 +225,15 @@ class SnapshotOps(Store):
         job_count = unpacker.read_array_header()
         for _ in range(job_count):
             t = unpacker.unpack()
+            if type(t[2]) is msgpack.ExtType:
+                if source is None:
+                    raise ValueError("the snapshot refers to payload files, and none were given")
+                start, end = ref_range(t[2])
+                if adopting:  # the bytes are the space's already: referred to, not read
+                    t[2] = Stored(space, start, end)  # type: ignore[arg-type]
+                    adopt(start, end)
+                else:
+                    t[2] = source.read(start, end)
             for i in _SHARED_FIELDS:
                 if i < len(t) and type(t[i]) is str:
                     t[i] = share(t[i], t[i])

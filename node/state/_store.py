@@ -15,7 +15,7 @@ from shoal.cluster.errors import CommandError, ErrorCode
 from ._commands import AckRun, Command, command_queue
 from ._due_heap import DueHeap
 from ._key_table import KeyWindow
-from ._payloads import MemorySpace, PayloadSpace, Stored
+from ._payloads import MemorySpace, PayloadSpace, Stored, data_ref
 from ._model import SEQ_BITS, SLOT_CODES, Event, Job, Queue, due_key, ready_key, seq_of, slot_job, slot_tuples
 from ._segments import SLOT_ACTIVE, SLOT_DELAYED, SLOT_HELD, SLOT_READY, SLOT_WAITING, Segment, SegmentStore
 from ._session_leases import Run, SessionLeases, add_lease
@@ -483,14 +483,16 @@ class Store:
             jobs.sort(key=seq_of)  # two sorted runs: timsort merges them in linear time
         return jobs
 
-    def _all_tuples_iter(self) -> Iterator[tuple[Any, ...]]:
+    def _all_tuples_iter(self, refs: bool = False) -> Iterator[tuple[Any, ...]]:
         """Every job's :meth:`~._model.Job.to_tuple` in seq order, as a snapshot writes them: a
         segment's made from its slots without a job object each (:func:`~._model.slot_tuples`),
-        :data:`TUPLE_RUN_MAX` at a time."""
+        :data:`TUPLE_RUN_MAX` at a time. With ``refs``, data held in the payload space is
+        written as where it is (:func:`~._payloads.data_ref`), not read."""
         if self._jobs_unordered:
             self.jobs = dict(sorted(self.jobs.items()))
             self._jobs_unordered = False
-        own = (job.to_tuple() for job in list(self.jobs.values()))
+        space = self.segments.space
+        own = (_ref_tuple(job, space) if refs else job.to_tuple() for job in list(self.jobs.values()))
         if not self.segments:
             return own
         held, p = slot_runs(None), self.partition
@@ -500,7 +502,7 @@ class Store:
                 for run in held.finditer(seg.states):  # type: ignore[union-attr]
                     i, j = run.span()
                     for k in range(i, j, TUPLE_RUN_MAX):
-                        yield from slot_tuples(seg, k, min(j, k + TUPLE_RUN_MAX), p)
+                        yield from slot_tuples(seg, k, min(j, k + TUPLE_RUN_MAX), p, refs)
 
         return heapq.merge(own, slots(), key=itemgetter(0))
 
@@ -677,3 +679,14 @@ class Store:
         if self.flow_children or self.flow_parents:
             self.flow_wire(job, out)
         return out
+
+
+def _ref_tuple(job: Job, space: PayloadSpace) -> tuple[Any, ...]:
+    """``job.to_tuple()`` with data held in ``space`` as where it is (no read)."""
+    t = job.to_tuple(stored=True)
+    data = t[2]
+    if type(data) is Stored:
+        if data.space is space:
+            return (t[0], t[1], data_ref(data.start, data.end), *t[3:])
+        return (t[0], t[1], data.packed, *t[3:])
+    return t

@@ -74,6 +74,8 @@ def test_payload_files_on_every_replica_through_a_snapshot_install_and_a_restart
             # Offsets are each replica's own; the bytes each holds are the same.
             assert len({v["payloads"]["liveBytes"] for v in views}) == 1, views
             assert "loaded snapshot" in cluster.log_file(lagging).read_text()
+            # The leader's own snapshots refer to its payload files; the one it sent carried them.
+            assert "is sent one that carries them" in cluster.log_file(leader).read_text()
             assert_data(router, ids)
             with RawConn(cluster.address_of(lagging)) as c:
                 text = c.call({"cmd": "Prometheus"})["text"]
@@ -82,10 +84,17 @@ def test_payload_files_on_every_replica_through_a_snapshot_install_and_a_restart
         finally:
             router.close()
 
-        cluster.stop()  # the payload files are rebuilt from the snapshots and journals
+        for node in cluster.node_ids:  # snapshots of their own: each refers to its node's files
+            eventually(lambda node=node: list(cluster.config.node_data_dir(node).glob("**/p0.snap.files.*/*.pay")),
+                       f"{node}: a snapshot that refers to its payload files")
+        cluster.stop()  # the snapshots' files are adopted, the journals after them replayed
         cluster.start()
         router = Router(cluster.addresses)
         try:
+            for node in cluster.node_ids:
+                adopted = [f for f in (cluster.config.node_data_dir(node) / "payloads" / "p0").glob("g*/*.pay")
+                           if f.stat().st_nlink > 1]
+                assert adopted, f"{node}: no payload file shared with its snapshot"
             assert_data(router, ids)
             reply = router.call({"cmd": "PULLB", "queue": QUEUE, "count": 300}, timeout_s=20)
             assert reply["ok"] and {j["id"]: j["data"] for j in reply["jobs"]} == {

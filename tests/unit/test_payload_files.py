@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from shoal.cluster.codec import encode_body, raw_of
+from shoal.cluster.codec import encode_body, raw_bytes, raw_of
 from shoal.cluster.errors import ProtocolError
+from shoal.node.partition.machine import FILES_TAG, PartitionMachine, restore_engine
 from shoal.node.partition.payload_files import FileSpace, PayloadFiles
 from shoal.node.state import MemorySpace, PartitionEngine, Stored
 from waiting import eventually
@@ -359,3 +360,135 @@ def test_a_segment_whose_data_spans_4_gib_widens_its_offsets() -> None:
     assert [r.packed for r in seg.run_data(0, 5)] == [b"a", b"bb", b"x", b"xx", b"xxx"]
     seg.release(0, 5)
     assert space.held_bytes == 0
+
+
+def _engine_on_files(payloads: PayloadFiles) -> tuple[PartitionMachine, list[dict[str, Any]]]:
+    """A machine whose engine holds bulk and single adds in files of 4 KiB, 150 of the bulk
+    ones leased (their pull's jobs returned)."""
+    machine = PartitionMachine(0, payloads)
+    cmds: list[dict[str, Any]] = [
+        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"i": i, "pad": "p" * (200 + i % 50)})}
+                                                for i in range(400)]},
+        *({"cmd": "PUSH", "queue": "r", "data": raw_of(i), "priority": i % 3} for i in range(60)),
+        {"cmd": "PULLB", "queue": "q", "count": 150, "session": "s"},
+    ]
+    pulled = machine.apply(machine.encode(1_000, cmds), 1, leading=True, replies=True)[-1]
+    return machine, [{"id": j["id"], "token": t} for j, t in zip(pulled["jobs"], pulled["tokens"])]
+
+
+def test_a_snapshot_refers_to_its_linked_files_which_outlive_the_space_moving_on(tmp_path: Path) -> None:
+    """Linked before the fork, the files hold what the snapshot refers to after the node
+    released, deleted and compacted its own; the snapshot loads to the same state."""
+    payloads = PayloadFiles(tmp_path / "payloads", file_bytes=4096)
+    machine, _ = _engine_on_files(payloads)
+    space = machine.engine.segments.space
+    assert isinstance(space, FileSpace)
+    files = tmp_path / "p0.snap.files.7"
+    digest = machine.view.digest()
+    assert machine.link_snapshot_files(str(files))
+    chunks = list(machine.snapshot_chunks(str(files)))
+    assert chunks[0][:1] == FILES_TAG
+    by_ref, carried = sum(map(len, chunks)), sum(map(len, machine.snapshot_chunks()))
+    assert by_ref * 3 < carried  # an index, not the data
+    assert sorted(os.listdir(files)) == [f"{n:08d}.pay" for n in sorted(space._live)]
+    # The node goes on: every job acked or removed, its files released and deleted.
+    machine.apply(machine.encode(2_000, [{"cmd": "Obliterate", "queue": "q"}, {"cmd": "Obliterate", "queue": "r"}]),
+                  1, leading=True, replies=True)
+    for _ in range(3):
+        _collect(space)
+    assert len(_files(space)) == 1 < len(os.listdir(files))  # all but the one appended to deleted
+    loaded = PartitionMachine(0, PayloadFiles(tmp_path / "other")).load_snapshot(iter(chunks), str(files))
+    assert loaded.digest() == digest  # files of another size: the data is copied into them
+    assert restore_engine(0, iter(chunks), str(files), None).digest() == digest  # and into memory
+
+
+def test_a_restore_adopts_the_snapshots_files_and_goes_on_with_them(tmp_path: Path) -> None:
+    """Files of the same size are adopted (hard links: no data read or written); the restored
+    engine serves, appends to new files, snapshots them again, and gives them back as its jobs
+    go, while the snapshot's own links keep what it refers to."""
+    machine, jobs = _engine_on_files(PayloadFiles(tmp_path / "payloads", file_bytes=4096))
+    digest = machine.view.digest()
+    files = tmp_path / "p0.snap.files.7"
+    assert machine.link_snapshot_files(str(files))
+    chunks = list(machine.snapshot_chunks(str(files)))
+
+    restored = PartitionMachine(0, PayloadFiles(tmp_path / "restored", file_bytes=4096))
+    restored.install(restored.load_snapshot(iter(chunks), str(files)))
+    space = restored.engine.segments.space
+    assert isinstance(space, FileSpace)
+    assert restored.view.digest() == digest and space.copied == 0
+    linked = sorted(os.listdir(files))
+    assert {f for f in _files(space)} == set(linked)
+    assert all(os.stat(files / f).st_ino == os.stat(space.directory / f).st_ino for f in linked)
+    assert space.stats()["liveBytes"] == machine.engine.segments.space.stats()["liveBytes"]
+
+    # It goes on: a pull reads the adopted bytes, new adds go to a new file.
+    pulled = restored.apply(restored.encode(2_000, [
+        {"cmd": "PUSHB", "queue": "q", "jobs": [{"data": raw_of({"new": i})} for i in range(20)]},
+        {"cmd": "PULLB", "queue": "q", "count": 500, "session": "t"}]), 2, leading=True, replies=True)[-1]
+    assert len(pulled["jobs"]) == 400 - 150 + 20
+    assert raw_bytes(pulled["jobs"][0]["data"]) == raw_of({"i": 150, "pad": "p" * 200}).packed
+    space.flush()
+    assert set(_files(space)) - set(linked)  # the adds went to a file of their own
+
+    again = tmp_path / "p0.snap.files.9"  # a snapshot of the restored engine links them again
+    assert restored.link_snapshot_files(str(again))
+    chunks_again = list(restored.snapshot_chunks(str(again)))
+    digest_again = restored.view.digest()
+
+    restored.apply(restored.encode(3_000, [{"cmd": "Obliterate", "queue": "q"}, {"cmd": "Obliterate", "queue": "r"}]),
+                   2, leading=True, replies=True)
+    for _ in range(3):
+        restored.payloads.collect()  # type: ignore[union-attr]
+    assert len(_files(space)) <= 1  # every adopted file released and deleted
+    assert PartitionMachine(0, PayloadFiles(tmp_path / "third", file_bytes=4096)).load_snapshot(
+        iter(chunks_again), str(again)).digest() == digest_again
+    assert restore_engine(0, iter(chunks), str(files), None).digest() == digest  # the first one still whole
+
+
+def test_a_compacted_file_is_linked_with_its_map(tmp_path: Path) -> None:
+    payloads = PayloadFiles(tmp_path / "payloads", file_bytes=4096)
+    machine, jobs = _engine_on_files(payloads)
+    space = machine.engine.segments.space
+    assert isinstance(space, FileSpace)
+    leased = [j for j in jobs if j["id"] not in {k["id"] for k in jobs[::3]}]  # a third kept back
+    machine.apply(machine.encode(3_000, [{"cmd": "ACKB", "ids": [j["id"] for j in leased],
+                                          "tokens": [j["token"] for j in leased],
+                                          "removeOnCompletes": [True] * len(leased)}]), 1, leading=True, replies=True)
+    space.flush()
+    for _ in range(3):
+        _collect(space)
+    assert space.compactions > 0
+    digest = machine.view.digest()
+    files = tmp_path / "p0.snap.files.9"
+    assert machine.link_snapshot_files(str(files))
+    chunks = list(machine.snapshot_chunks(str(files)))
+    other = PartitionMachine(0, PayloadFiles(tmp_path / "other"))
+    assert other.load_snapshot(iter(chunks), str(files)).digest() == digest
+
+
+@pytest.mark.parametrize("damage", ["flipped", "missing"])
+def test_a_damaged_or_missing_linked_file_is_named_when_the_snapshot_loads(tmp_path: Path, damage: str) -> None:
+    payloads = PayloadFiles(tmp_path / "payloads", file_bytes=4096)
+    machine, _ = _engine_on_files(payloads)
+    files = tmp_path / "p0.snap.files.3"
+    assert machine.link_snapshot_files(str(files))
+    chunks = list(machine.snapshot_chunks(str(files)))
+    victim = files / "00000001.pay"
+    if damage == "flipped":
+        blob = bytearray(victim.read_bytes())
+        blob[100] ^= 0xFF
+        os.unlink(victim)  # the live space's link keeps its own bytes
+        victim.write_bytes(bytes(blob))
+    else:
+        os.unlink(victim)
+    with pytest.raises(OSError, match="00000001.pay"):
+        PartitionMachine(0, PayloadFiles(tmp_path / "other")).load_snapshot(iter(chunks), str(files))
+    with pytest.raises(ValueError, match="none are beside it"):
+        restore_engine(0, iter(chunks), None, None)
+
+
+def test_an_engine_in_memory_has_no_files_to_link(tmp_path: Path) -> None:
+    machine = PartitionMachine(0)
+    assert not machine.link_snapshot_files(str(tmp_path / "files"))
+    assert not (tmp_path / "files").exists()

@@ -19,8 +19,8 @@ from shoal.node.raft.membership import Membership
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
 from shoal.node.partition.machine import SNAPSHOT_JOBS_PER_CHUNK, PartitionMachine, load_engine, snapshot_chunks
 from shoal.node.partition.payload_files import PayloadFiles
-from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, read_snapshot_meta,
-                                       verify_snapshot)
+from shoal.node.raft.snapshots import (RETRY_MIN_S, ForkSnapshotter, SnapshotFile, SnapshotSettings, read_snapshot_head,
+                                       read_snapshot_meta, verify_snapshot)
 from shoal.node.state import PartitionEngine
 
 INDEX, TERM = 10, 3
@@ -323,3 +323,32 @@ def test_a_child_that_cannot_read_a_payload_file_tells_the_application(tmp_path:
 
     machine.snapshot_failed("IsADirectoryError: [Errno 21] Is a directory: " + snap.path + ".tmp")
     assert len(told) == 1
+
+
+def test_a_snapshot_referring_to_files_names_their_directory_and_loads_with_them(tmp_path: Path, made: list) -> None:
+    """The files are linked before the fork: what the node does with its own afterwards (here,
+    every job removed) leaves the snapshot whole, and it costs its index, not its data."""
+    machine = PartitionMachine(0, PayloadFiles(tmp_path / "payloads", file_bytes=1 << 16))
+    machine.apply(machine.encode(1_000, [{"cmd": "PUSHB", "queue": "q", "jobs": [
+        {"data": bytes([k % 251]) * 500} for k in range(2_000)]}]), 1, leading=True, replies=True)
+    digest = machine.view.digest()
+    snap = make(made, tmp_path / "snaps")
+    files = str(tmp_path / "snaps" / "p0.snap.files.10")
+    assert snap.start(machine.snapshot_chunks, INDEX, TERM, MEMBERS,
+                      prepare=lambda: files if machine.link_snapshot_files(files) else None)
+    machine.apply(machine.encode(2_000, [{"cmd": "Obliterate", "queue": "q"}]), 1, leading=True, replies=True)
+    machine.payloads.collect()  # type: ignore[union-attr]
+    machine.payloads.collect()  # type: ignore[union-attr]
+    written = wait_done(snap)
+    assert written is not None and written.files == "p0.snap.files.10"
+    assert written.size < 2_000 * 500 // 5  # about 60 bytes a job against 500 of data
+    assert verify_snapshot(io(), snap.path) == written
+    assert read_snapshot_head(io(), snap.path) == (INDEX, TERM, MEMBERS, "p0.snap.files.10")
+    loaded, index, term, membership = load_engine(io(), snap.path)
+    assert (index, term, membership) == (INDEX, TERM, MEMBERS) and loaded.digest() == digest
+
+    carried = make(made, tmp_path / "carried")  # prepare says no files: the data is in the file
+    assert carried.start(machine.snapshot_chunks, INDEX, TERM, MEMBERS, prepare=lambda: None)
+    written = wait_done(carried)
+    assert written is not None and written.files is None
+    assert read_snapshot_head(io(), carried.path) == (INDEX, TERM, MEMBERS, None)

@@ -155,6 +155,19 @@ def test_segments_roll_and_a_prefix_delete_drops_whole_segments_only(tmp_path) -
     assert j.first_index == per_segment + 3 and j.last_index == 100  # the start is durable
 
 
+def test_the_entries_kept_below_a_snapshot_are_bounded_by_their_segments_bytes(tmp_path) -> None:
+    j = Journal(real(), str(tmp_path), segment_bytes=2_000)
+    fill(j, 1, 100)
+    per_segment = (2_000 - SEGMENT_HEADER_BYTES) // (RECORD_HEADER_BYTES + 100)
+    at = 5 * per_segment + 3  # in the sixth segment
+    assert j.first_within(at, 10**9) == 1  # a budget for all of them
+    assert j.first_within(at, 0) == 5 * per_segment + 1  # the segment holding the index, always
+    assert j.first_within(at, 2 * 2_000) == 4 * per_segment + 1  # whole segments within the budget
+    j.delete_to(3 * per_segment + 5)
+    assert j.first_within(at, 10**9) == 3 * per_segment + 5  # never below the first entry
+    j.close()
+
+
 def test_old_entries_are_read_back_from_disk_with_a_bounded_cache(tmp_path) -> None:
     j = Journal(real(), str(tmp_path), segment_bytes=4_000, cache_entries_max=8)
     fill(j, 1, 300)

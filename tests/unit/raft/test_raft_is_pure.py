@@ -91,10 +91,13 @@ class Tally:
             results.append(self.counts[name])
         return results
 
-    def snapshot_chunks(self) -> Iterable[bytes]:
+    def link_snapshot_files(self, directory: str) -> bool:
+        return False  # the counters are all in memory
+
+    def snapshot_chunks(self, files: str | None = None) -> Iterable[bytes]:
         yield msgpack.packb(sorted(self.counts.items()))
 
-    def load_snapshot(self, chunks: Iterator[bytes]) -> object:
+    def load_snapshot(self, chunks: Iterator[bytes], files: str | None = None) -> object:
         return dict(msgpack.unpackb(b"".join(chunks)))
 
     def install(self, state: object) -> None:
@@ -189,8 +192,8 @@ def test_the_partition_machine_has_every_method_of_the_protocol(name: str) -> No
 
 def test_the_protocol_is_what_the_replica_needs() -> None:
     # which entries are disk class and which commands wait for space is the partition's business
-    assert PROTOCOL_METHODS == ["apply", "describe", "encode", "install", "load_snapshot", "reset", "snapshot_chunks",
-                                "snapshot_failed"]
+    assert PROTOCOL_METHODS == ["apply", "describe", "encode", "install", "link_snapshot_files", "load_snapshot",
+                                "reset", "snapshot_chunks", "snapshot_failed"]
 
 
 def test_the_machine_applies_a_batch_as_the_engine_does_and_records_events_only_while_leading() -> None:

@@ -58,10 +58,14 @@ class SimSnapshotter:
     def stats(self) -> dict[str, object]:
         return {"written": self.written, "failed": self.failed, "inProgress": self.in_progress}
 
-    def start(self, state: Callable[[], Iterable[bytes]], index: int, term: int, membership: Membership) -> bool:
+    def start(self, state: Callable[..., Iterable[bytes]], index: int, term: int, membership: Membership,
+              prepare: Callable[[], str | None] | None = None) -> bool:
         if self._job is not None or self._clock() < self._retry_at:
             return False
-        chunks = list(snapshot_content(index, term, membership, state()))
+        files = prepare() if prepare is not None else None
+        name = files.rsplit("/", 1)[-1] if files is not None else None
+        chunks = list(snapshot_content(index, term, membership, state(files) if prepare is not None else state(),
+                                       name))
         done_at = self._clock() + self._rng.uniform(SNAPSHOT_DURATION_MIN_S, SNAPSHOT_DURATION_MAX_S)
         self._job = (index, term, chunks, done_at)
         return True
