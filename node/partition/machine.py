@@ -156,7 +156,7 @@ class PartitionMachine:
         read from the payload files in ``files``."""
         space = self._space()
         try:
-            return restore_engine(self.partition, chunks, files, space)
+            return restore_engine(chunks, files, space)
         except BaseException:
             self._discard(space)
             raise
@@ -211,11 +211,10 @@ def snapshot_chunks(engine: PartitionEngine, index: int, term: int, membership: 
 def load_engine(io: FileIO, path: str) -> tuple[PartitionEngine, int, int, Membership]:
     """``(engine, index, term, membership)`` of the snapshot file at ``path``
     (:func:`~shoal.node.raft.snapshots.load_snapshot`), its data in memory."""
-    return load_snapshot(io, path, lambda chunks, files: restore_engine(-1, chunks, files, None))
+    return load_snapshot(io, path, lambda chunks, files: restore_engine(chunks, files, None))
 
 
-def restore_engine(partition: int, chunks: Iterator[bytes], files: str | None,
-                   space: PayloadSpace | None) -> PartitionEngine:
+def restore_engine(chunks: Iterator[bytes], files: str | None, space: PayloadSpace | None) -> PartitionEngine:
     """The engine of snapshot content ``chunks`` (:meth:`PartitionMachine.snapshot_chunks`), its
     data in ``space``; content that starts with a manifest (:data:`FILES_TAG`) is read with the
     payload files in ``files``: a space of files adopts them (hard links, no data read or
@@ -229,7 +228,7 @@ def restore_engine(partition: int, chunks: Iterator[bytes], files: str | None,
         raise ValueError(f"payload files manifest of {size} bytes is larger than {FILES_MANIFEST_MAX}")
     manifest = msgpack.unpackb(reader.take(size), raw=False, strict_map_key=False)
     if files is None:
-        raise ValueError(f"partition {partition}: the snapshot refers to payload files, and none are beside it")
+        raise ValueError("the snapshot refers to payload files, and none are beside it")
     if isinstance(space, FileSpace) and space.file_bytes == manifest.get("fileBytes"):
         space.adopt_files(Path(files), manifest)  # the files become the new engine's: nothing is copied
         engine = PartitionEngine.restore_chunks(reader.rest(), space, space)

@@ -299,10 +299,7 @@ class FileSpace:
     def close(self) -> None:
         """Close the space's files, deleting none (a snapshot's source once it is loaded)."""
         self._abort_compaction()
-        for fd in self._fds.values():
-            close_later(fd)
-        for kept in self._compacted.values():
-            close_later(kept.fd)
+        self._close_files()
         self._fds, self._compacted = {}, {}
 
     def stats(self) -> dict[str, int]:
@@ -362,18 +359,13 @@ class FileSpace:
         return plan
 
     def snapshot_manifest(self, directory: Path) -> dict[str, Any]:
-        """(In the snapshot's forked child, after :meth:`link_files`.) Write what was appended
-        in between (nothing, when the fork follows at once; else the same bytes at the same
-        offsets the node writes them), sync every linked file and ``directory``, and describe
+        """(In the snapshot's forked child, which :meth:`link_files` preceded at once: nothing is
+        buffered or held in memory.) Sync every linked file and ``directory``, and describe
         them: the space's file size and end, and per file its number, the bytes it holds, its
         blocks' checksums and, for a compacted copy, where its ranges are. The files of
         :meth:`_plan_scrub` are read back and checked first (:data:`SCRUB_BYTES`). OSError if
-        a file cannot be written, synced or read back whole (:class:`PayloadDamaged`, by the
+        a file cannot be synced or read back whole (:class:`PayloadDamaged`, by the
         node's name of the file: the snapshot fails and the node repairs the replica)."""
-        if self._unwritten:
-            raise OSError(f"payload files {self.directory}: bytes of a failed write are held in memory")
-        if self._buf:
-            self._pwrite(self._buf_start, self._buf)
         scrub = set(self._scrub_plan)
         files = []
         for n in sorted(self._live):
@@ -423,7 +415,7 @@ class FileSpace:
             for n, fd in source._fds.items():
                 os.link(directory / f"{n:08d}.pay", self._path(n))
                 self._checks[n] = source._checks.get(n)
-                self._sizes[n] = min(source.end, (n + 1) * source.file_bytes) - n * source.file_bytes
+                self._sizes[n] = source._disk_size(n)
             for n, kept in source._compacted.items():
                 path = self.directory / f"{n:08d}.0.pay"
                 os.link(kept.path, path)
@@ -755,12 +747,16 @@ class FileSpace:
                 return blob[start - s:end - s]
         return None
 
-    def __del__(self) -> None:
-        # A discarded space's files have no names left: their blocks go as these close.
+    def _close_files(self) -> None:
+        """Hand every open file of the space to the retiring thread."""
         for fd in getattr(self, "_fds", {}).values():
             close_later(fd)
         for kept in getattr(self, "_compacted", {}).values():
             close_later(kept.fd)
+
+    def __del__(self) -> None:
+        # A discarded space's files have no names left: their blocks go as these close.
+        self._close_files()
 
 
 class PayloadFiles:

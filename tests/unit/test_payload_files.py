@@ -399,7 +399,7 @@ def test_a_snapshot_refers_to_its_linked_files_which_outlive_the_space_moving_on
     assert len(_files(space)) == 1 < len(os.listdir(files))  # all but the one appended to deleted
     loaded = PartitionMachine(0, PayloadFiles(tmp_path / "other")).load_snapshot(iter(chunks), str(files))
     assert loaded.digest() == digest  # files of another size: the data is copied into them
-    assert restore_engine(0, iter(chunks), str(files), None).digest() == digest  # and into memory
+    assert restore_engine(iter(chunks), str(files), None).digest() == digest  # and into memory
 
 
 def test_a_restore_adopts_the_snapshots_files_and_goes_on_with_them(tmp_path: Path) -> None:
@@ -443,7 +443,7 @@ def test_a_restore_adopts_the_snapshots_files_and_goes_on_with_them(tmp_path: Pa
     assert len(_files(space)) <= 1  # every adopted file released and deleted
     assert PartitionMachine(0, PayloadFiles(tmp_path / "third", file_bytes=4096)).load_snapshot(
         iter(chunks_again), str(again)).digest() == digest_again
-    assert restore_engine(0, iter(chunks), str(files), None).digest() == digest  # the first one still whole
+    assert restore_engine(iter(chunks), str(files), None).digest() == digest  # the first one still whole
 
 
 def test_a_compacted_file_is_linked_with_its_map(tmp_path: Path) -> None:
@@ -485,7 +485,7 @@ def test_a_damaged_or_missing_linked_file_is_named_when_the_snapshot_loads(tmp_p
     with pytest.raises(OSError, match="00000001.pay"):
         PartitionMachine(0, PayloadFiles(tmp_path / "other")).load_snapshot(iter(chunks), str(files))
     with pytest.raises(ValueError, match="none are beside it"):
-        restore_engine(0, iter(chunks), None, None)
+        restore_engine(iter(chunks), None, None)
 
 
 def test_an_engine_in_memory_has_no_files_to_link(tmp_path: Path) -> None:
