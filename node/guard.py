@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from shoal.cluster.errors import CommandError, ErrorCode
 
-from .heap import TRIM_CHECK_S, HeapTrimmer
+from .heap import TRIM_CHECK_S, TRIM_SOON_BYTES, HeapTrimmer, take_trim_soon
 
 if TYPE_CHECKING:
     from .view import NodeView
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 GUARD_INTERVAL_S = 0.1
 _SWEEP_EVERY = 5              # connection deadlines every 5 wake-ups (0.5 s)
 _TRIM_EVERY = round(TRIM_CHECK_S / GUARD_INTERVAL_S)
-#: For this many wake-ups after start (30 s) the heap is looked at every second: what start-up
-#: (a journal applied, snapshots loaded) freed goes back early.
+#: For this many wake-ups after start (30 s) the heap is looked at every second, with the low bar
+#: of a snapshot load's end: what start-up (a journal applied, snapshots loaded) freed goes back.
 _TRIM_EARLY = round(30 / GUARD_INTERVAL_S)
 _TRIM_EARLY_EVERY = round(1 / GUARD_INTERVAL_S)
 #: Free heap bytes worth a trim when the node is about to refuse new jobs for memory.
@@ -120,7 +120,9 @@ class NodeGuard(Collector):
             tick += 1
             if tick % _SWEEP_EVERY == 0:
                 self.sweep()
-            if tick % _TRIM_EVERY == 0 or (tick <= _TRIM_EARLY and tick % _TRIM_EARLY_EVERY == 0):
+            if take_trim_soon() or (tick <= _TRIM_EARLY and tick % _TRIM_EARLY_EVERY == 0):
+                self.trimmer.maybe_trim(free_min_bytes=TRIM_SOON_BYTES)
+            elif tick % _TRIM_EVERY == 0:
                 self.trimmer.maybe_trim()
 
     def check_memory(self) -> None:

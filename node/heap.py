@@ -12,10 +12,13 @@ every arena) and calls ``malloc_trim(0)`` when that passes a threshold and somet
 changed since the last trim: a trim gives the pages back but leaves the chunks on the
 free lists, so the free figure alone would ask again and again. Each look walks the
 free lists (milliseconds on a fragmented heap of hundreds of MB), so the node's watchdog
-(:mod:`.guard`) asks rarely: every :data:`TRIM_CHECK_S` seconds (every second in the
-first 30 s after start) and before it refuses new jobs for memory, so freed memory
-neither counts against the memory budget nor shows as growth. Where the C library is
-not glibc, the trimmer does nothing.
+(:mod:`.guard`) asks rarely: every :data:`TRIM_CHECK_S` seconds, and before it refuses
+new jobs for memory, so freed memory neither counts against the memory budget nor shows
+as growth. In the first 30 s after start (every second) and right after a snapshot load
+(:func:`trim_soon`, which the partition calls as it installs the loaded state) it asks
+with the lower bar of :data:`TRIM_SOON_BYTES`: a load on its thread leaves its decoded
+chunks free in that thread's arena, a few MiB that no later trim would think worth it.
+Where the C library is not glibc, the trimmer does nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HeapTrimmer", "TRIM_FREE_MIN_BYTES", "TRIM_CHECK_S"]
+__all__ = ["HeapTrimmer", "TRIM_FREE_MIN_BYTES", "TRIM_SOON_BYTES", "TRIM_CHECK_S", "trim_soon", "take_trim_soon"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,25 @@ log = logging.getLogger(__name__)
 TRIM_FREE_MIN_BYTES = 16 * 1024 * 1024
 #: How often the watchdog asks.
 TRIM_CHECK_S = 10.0
+#: Free heap bytes worth a trim in the first seconds after start and right after a snapshot load:
+#: what they decoded was just freed, among what they keep, and would otherwise stay resident.
+TRIM_SOON_BYTES = 1024 * 1024
+
+_trim_soon = False
+
+
+def trim_soon() -> None:
+    """Ask the watchdog to look at the heap at its next wake-up, with the low bar
+    (:data:`TRIM_SOON_BYTES`): a snapshot load just ended."""
+    global _trim_soon
+    _trim_soon = True
+
+
+def take_trim_soon() -> bool:
+    """True once after :func:`trim_soon` was called."""
+    global _trim_soon
+    wanted, _trim_soon = _trim_soon, False
+    return wanted
 
 
 class _MallInfo2(ctypes.Structure):

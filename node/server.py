@@ -582,6 +582,9 @@ def _tick_done(part: Partition) -> None:
 
 
 GC_THRESHOLDS = (50_000, 20, 100)
+#: Open files a node asks for at start (see raise_open_files_limit), and below which it warns.
+OPEN_FILES_WANTED = 65_536
+OPEN_FILES_LOW = 4_096
 
 
 def tune_gc() -> None:
@@ -595,6 +598,27 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
+    """Raise the soft limit of open files towards ``wanted`` (never past the hard limit, never
+    lower it); returns the limit now. A node holds a descriptor per payload file (64 MiB of job
+    data), per journal segment and per connection, and a snapshot stream one per file it sends:
+    a backlog of a hundred gigabytes passes the common default of 1,024."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    except (ImportError, OSError, ValueError) as exc:  # not POSIX, or not allowed: keep what there is
+        log.warning("cannot raise the limit of open files: %s", exc)
+        return -1
+    if soft != resource.RLIM_INFINITY and soft < min(wanted, OPEN_FILES_LOW):
+        log.warning("the limit of open files is %d (the hard limit); a large backlog's payload files may need "
+                    "more (ulimit -n)", soft)
+    return soft
 
 
 def run_node(config: ClusterConfig, node_id: str) -> int:
@@ -617,6 +641,7 @@ def run_node(config: ClusterConfig, node_id: str) -> int:
         loop.add_signal_handler(sig, on_signal)
     loop.add_signal_handler(signal.SIGUSR1, node.snapshot_now)
     tune_gc()
+    raise_open_files_limit()
     try:
         loop.run_until_complete(node.start())
         loop.run_until_complete(node.serve_forever())

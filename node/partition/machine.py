@@ -24,11 +24,12 @@ import msgpack
 from shoal.cluster.commands import SPACE_TAKING_COMMANDS as COMMAND_TABLE_SPACE_TAKING
 from shoal.cluster.errors import CommandError, ErrorCode
 
+from ..heap import trim_soon
 from ..raft._io import FileIO
 from ..raft.membership import Membership
 from .payload_files import FileSpace, PayloadFiles
 from ..raft.snapshots import load_snapshot, snapshot_content
-from ..state import EVENTS_MAX, Command, Event, PartitionEngine, PayloadSpace, command_name
+from ..state import EVENTS_MAX, ChunkReader, Command, Event, PartitionEngine, PayloadSpace, command_name
 from .log_format import decode_batch, encode_batch
 from .view import PartitionView
 
@@ -167,6 +168,7 @@ class PartitionMachine:
             raise TypeError(f"partition {self.partition}: cannot install a {type(state).__name__} as the engine")
         old, self.engine = self.engine, _serving(state)
         self._discard(old.segments.space)
+        trim_soon()  # the load's decoded chunks, and the old engine, were just freed
 
     def reset(self) -> None:
         """An empty engine replaces the state."""
@@ -220,13 +222,19 @@ def restore_engine(chunks: Iterator[bytes], files: str | None, space: PayloadSpa
     payload files in ``files``: a space of files adopts them (hard links, no data read or
     written), any other is given the data read from them. ValueError on a manifest that does
     not fit, OSError on files missing or damaged."""
-    reader = _Prefix(chunks)
+    reader = ChunkReader(chunks)
     if reader.peek(1) != FILES_TAG:
         return PartitionEngine.restore_chunks(reader.rest(), space)
-    (size,) = _FILES_LEN.unpack(reader.take(1 + _FILES_LEN.size)[1:])
+    head = reader.read(1 + _FILES_LEN.size)
+    if len(head) < 1 + _FILES_LEN.size:
+        raise ValueError("snapshot content ends within its payload files manifest's length")
+    (size,) = _FILES_LEN.unpack(head[1:])
     if size > FILES_MANIFEST_MAX:
         raise ValueError(f"payload files manifest of {size} bytes is larger than {FILES_MANIFEST_MAX}")
-    manifest = msgpack.unpackb(reader.take(size), raw=False, strict_map_key=False)
+    packed = reader.read(size)
+    if len(packed) < size:
+        raise ValueError(f"snapshot content ends within its payload files manifest of {size} bytes")
+    manifest = msgpack.unpackb(packed, raw=False, strict_map_key=False)
     if files is None:
         raise ValueError("the snapshot refers to payload files, and none are beside it")
     if isinstance(space, FileSpace) and space.file_bytes == manifest.get("fileBytes"):
@@ -239,36 +247,3 @@ def restore_engine(chunks: Iterator[bytes], files: str | None, space: PayloadSpa
         return PartitionEngine.restore_chunks(reader.rest(), space, source)
     finally:
         source.close()
-
-
-class _Prefix:
-    """The first bytes of a stream of chunks, then the rest as chunks again."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._buf = b""
-
-    def _fill(self, n: int) -> None:
-        while len(self._buf) < n:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                raise ValueError(f"snapshot content ends within its first {n} bytes")
-            self._buf += chunk
-
-    def peek(self, n: int) -> bytes:
-        if len(self._buf) < n:
-            try:
-                self._fill(n)
-            except ValueError:
-                return self._buf
-        return self._buf[:n]
-
-    def take(self, n: int) -> bytes:
-        self._fill(n)
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
-
-    def rest(self) -> Iterator[bytes]:
-        if self._buf:
-            yield self._buf
-        yield from self._chunks

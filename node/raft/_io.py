@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import queue
 import random
 import threading
@@ -183,6 +184,10 @@ class FileIO(ABC):
     @abstractmethod
     def makedirs(self, directory: str) -> None:
         """Create ``directory`` and its parents if missing."""
+
+    @abstractmethod
+    def remove_tree(self, directory: str) -> None:
+        """Delete ``directory`` and everything in it, if it is there."""
 
     @abstractmethod
     def rename(self, src: str, dst: str) -> None:
@@ -432,6 +437,9 @@ class RealIO(FileIO):
     def makedirs(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
 
+    def remove_tree(self, directory: str) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
     def rename(self, src: str, dst: str) -> None:
         kept = _hold_if_large(dst)
         os.replace(src, dst)
@@ -573,6 +581,14 @@ class SimIO(FileIO):
 
     def makedirs(self, directory: str) -> None:
         pass
+
+    def remove_tree(self, directory: str) -> None:
+        prefix = directory.rstrip("/") + "/"
+        inside = [n for n in self._names if n.startswith(prefix)]
+        for name in inside:
+            del self._names[name]
+        if inside:
+            self._step(f"remove_tree {directory}")
 
     def rename(self, src: str, dst: str) -> None:
         """Rename a file, or a directory (durable once their parent is fsynced)."""

@@ -47,8 +47,8 @@ class Application(Protocol):
         """The state as snapshot content, in chunks of bounded size (called in a forked child
         holding a copy-on-write image of the state at the applied index). ``files``: the
         directory :meth:`link_snapshot_files` filled for this snapshot, whose files the content
-        may refer to (the child syncs them); None: the content carries everything, as a
-        snapshot sent to a peer must."""
+        may refer to (the child syncs them, and a peer is sent them beside the snapshot);
+        None: the content carries everything (for a peer that takes no files)."""
         ...
 
     def load_snapshot(self, chunks: Iterator[bytes], files: str | None = None) -> object:

@@ -140,8 +140,11 @@ class InstallSnapshot(_Msg, tag=8, frozen=True, gc=False):
 class SnapshotChunk(_Msg, tag=9, frozen=True, gc=False):
     """One piece of the snapshot file ending at entry ``index`` (term ``snap_term``).
 
-    ``offset`` and ``total`` place it in the file; ``file_crc`` is the CRC32C of the whole
-    file (the follower checks it before the file replaces anything); ``crc`` that of ``data``.
+    ``offset`` and ``total`` place it in the stream; ``file_crc`` is the CRC32C of the whole
+    snapshot file (the follower checks it before the file replaces anything); ``crc`` that of
+    ``data``. ``files`` (in a stream's chunks at offset 0): the snapshot refers to files of the
+    leader, which follow the snapshot file in the stream, in this order, as ``(name, bytes)``;
+    ``total`` counts them too.
     """
 
     index: int
@@ -151,16 +154,19 @@ class SnapshotChunk(_Msg, tag=9, frozen=True, gc=False):
     file_crc: int
     crc: int
     data: bytes
+    files: list[tuple[str, int]] | None = None
 
 
 class SnapshotChunkAck(_Msg, tag=10, frozen=True, gc=False):
     """The follower holds the snapshot ``index`` up to ``next_offset`` (resume from there).
     ``status``: 0 go on, 1 the file was complete and verified, 2 start over (damaged or a
-    different snapshot), 3 not wanted (the follower no longer needs it)."""
+    different snapshot), 3 not wanted (the follower no longer needs it). ``files``: the
+    follower takes a snapshot that refers to files streamed beside it."""
 
     index: int
     next_offset: int
     status: int = 0
+    files: bool = False
 
 
 Message = Union[AppendEntries, AppendResponse, RequestVote, VoteResponse, Heartbeat, HeartbeatResponse,

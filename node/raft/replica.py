@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import os
 import random
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -48,7 +47,7 @@ from shoal.cluster.registry import node_of_member
 from ._io import NoSpace
 from .application import Application
 from .core import LEADER, NotLeader, ProposalRefused, RaftCore, RaftParams, Ready
-from .install import (COMPLETE, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
+from .install import (COMPLETE, NO_FILES, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
                       SnapshotSender, RATE_BYTES_PER_S)
 from .journal import QUARANTINE_INFIX, Journal, JournalCorrupt, SyncFailed
 from .membership import ConfigChange, Membership, decode_change
@@ -237,9 +236,10 @@ class PartitionReplica(Generic[A]):
         #: Peers a stream delivered a snapshot to: (its index, until when the journal waits for them).
         self._delivered: dict[str, tuple[int, float]] = {}
         #: Peers due a snapshot whose stream found the file replaced by a newer one not yet reaped,
-        #: or the snapshot referring to files of this node (a peer waits for one that carries them).
+        #: or that take no files beside a snapshot that refers to some (they wait for one that
+        #: carries them).
         self._awaiting_next: set[str] = set()
-        #: The next snapshot must carry everything (a peer waits to be sent it).
+        #: The next snapshot must carry everything (a peer that takes no files waits to be sent it).
         self._portable_wanted = False
         #: Byte rates every snapshot stream of this replica obeys (per stream, plus any shared ones).
         self._shared_rates = snapshot_rates or []
@@ -390,7 +390,7 @@ class PartitionReplica(Generic[A]):
             return
         for name in names:
             if name.startswith(prefix) and name not in keep:
-                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+                self._io.remove_tree(os.path.join(directory, name))
 
     def _link_files(self, index: int) -> str | None:
         """(Right before a snapshot's fork.) The directory the application filled with the files
@@ -1091,17 +1091,6 @@ class PartitionReplica(Generic[A]):
                       self.partition, index, peer, snap.index if snap else None)
             self.core.snapshot_done(peer, False, self._clock())
             return
-        if snap.files is not None:
-            # It refers to this node's files: the peer waits for one that carries everything,
-            # taken as soon as a snapshot child may run.
-            if not self._portable_wanted:
-                log.info("partition %d: snapshot %d refers to this node's files; %s is sent one that carries "
-                         "them, taken now", self.partition, index, peer)
-            self._portable_wanted = True
-            self._awaiting_next.add(peer)
-            self.snapshot_now()
-            return
-        self._portable_wanted = False
         old = self._senders.pop(peer, None)
         if old is not None:
             old.close()
@@ -1112,7 +1101,17 @@ class PartitionReplica(Generic[A]):
         rates = [ByteRate(RATE_BYTES_PER_S)]
         if peer not in self.core.membership.voters:
             rates += self._shared_rates
-        sender = SnapshotSender(peer, snap, self.core.term, self._io, self._send_chunk, rates, now)
+        try:
+            files = None
+            directory = files_path(snap.path, snap.files)
+            if directory is not None:  # the files it refers to follow it in the stream
+                files = [(name, os.path.join(directory, name)) for name in sorted(self._io.listdir(directory))]
+            sender = SnapshotSender(peer, snap, self.core.term, self._io, self._send_chunk, rates, now, files)
+        except OSError as exc:
+            log.info("partition %d: snapshot %d cannot be opened (%s); %s is sent the next one", self.partition,
+                     index, exc, peer)
+            self._awaiting_next.add(peer)
+            return
         if not sender.opened_whole():
             # A newer snapshot was renamed over the file before this replica heard of it (the
             # child is not reaped yet): what the path holds now is not the verified file.
@@ -1126,7 +1125,8 @@ class PartitionReplica(Generic[A]):
                          self.partition, index, peer)
             return
         self._senders[peer] = sender
-        log.info("partition %d: sending snapshot %d (%d bytes) to %s", self.partition, index, snap.size, peer)
+        log.info("partition %d: sending snapshot %d (%d bytes, %d files beside it) to %s", self.partition, index,
+                 sender.total, len(sender.layout or ()), peer)
         self._pump(sender, now)
 
     def _send_chunk(self, peer: str, msg: Message) -> bool:
@@ -1146,6 +1146,17 @@ class PartitionReplica(Generic[A]):
         status = sender.on_ack(ack, self._clock())
         if status == COMPLETE:
             self._end_sender(peer, ok=True)
+        elif status == NO_FILES:
+            # An older release: it waits for a snapshot that carries everything, taken as soon as a
+            # snapshot child may run (and sent when the core asks again, _release_awaiting).
+            del self._senders[peer]
+            self._snapshot_bytes_sent += sender.bytes_sent
+            if not self._portable_wanted:
+                log.info("partition %d: %s takes no snapshot files; it is sent a snapshot that carries them, "
+                         "taken now", self.partition, peer)
+            self._portable_wanted = True
+            self._awaiting_next.add(peer)
+            self.snapshot_now()
         elif status in (NOT_WANTED, START_OVER):
             # START_OVER: what arrived failed its checksum (or the follower lost its copy). Sending
             # the same open file again could fail the same way: the core asks anew, the file is
@@ -1223,13 +1234,15 @@ class PartitionReplica(Generic[A]):
                 self._process()
                 return
             index, snap_term, membership, files = read_snapshot_head(self._io, received.tmp_path)
-            if files is not None:
-                raise SnapshotCorrupt(f"{received.tmp_path}: refers to the sender's files ({files})")
+            if (files is None) != (received.files_dir is None) or (
+                    files is not None and files != os.path.basename(self._files_dir(index))):
+                raise SnapshotCorrupt(f"{received.tmp_path}: refers to files {files!r}, "
+                                      f"{'none' if received.files_dir is None else 'others'} came with it")
             # A local snapshot may have started while the file was being synced: it must not be
             # renamed over the one installed now (nor loaded in its place), nor one written meanwhile.
             self.snapshots.cancel()
             self._drop_next_snapshot()
-            self._receiver.install()
+            self._receiver.install(received, files)
         except (OSError, SnapshotCorrupt) as exc:
             log.error("partition %d: the received snapshot %d does not check out: %s; asking again",
                       self.partition, received.index, exc)
@@ -1239,7 +1252,7 @@ class PartitionReplica(Generic[A]):
         self.installs += 1
         # Its bytes are the leader's verified file (the whole-file CRC matched): it may be sent on.
         self._snapshot_file = SnapshotFile(self.snapshot_path, index, snap_term, membership, received.size,
-                                           received.file_crc)
+                                           received.file_crc, files)
         self._last_snapshot_index = index
         self._portable_wanted = False
         self._remove_stale_files()

@@ -19,8 +19,9 @@ its prefix, and the next attempt waits a backoff from :data:`RETRY_MIN_S` to
 :data:`RETRY_MAX_S`.
 
 The same file is what a leader streams to a follower that lags behind its journal
-(:mod:`.install`), unless it refers to files beside it: the leader then takes one that
-carries everything first (:mod:`.replica`). Only a verified file is ever sent, and its whole-file CRC32C
+(:mod:`.install`), with the files beside it that it refers to (a follower of an earlier
+release that takes no files waits while the leader takes one that carries everything,
+:mod:`.replica`). Only a verified file is ever sent, and its whole-file CRC32C
 (:attr:`SnapshotFile.file_crc`) travels with every chunk so the follower can check
 what it received before it replaces anything.
 

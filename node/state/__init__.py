@@ -79,9 +79,11 @@ from ._pulled import PulledJobs, loose_jobs
 from ._engine import Applied, PartitionEngine, event_dicts
 from ._model import DEFAULTS, EVENTS_MAX, QUEUE_PRESETS, Event, Job
 from ._payloads import MemorySpace, PayloadSpace, Stored
+from ._snapshot import ChunkReader
 from ._transitions import STATES, TARANTOOL_CODES, TRANSITIONS
 
 __all__ = ["PartitionEngine", "Applied", "PulledJobs", "loose_jobs", "Event", "event_dicts", "Job", "DEFAULTS",
            "QUEUE_PRESETS", "EVENTS_MAX",
            "STATES", "TRANSITIONS", "TARANTOOL_CODES", "Command", "TypedCommand", "PushRun", "PushBatch", "AckRun",
-           "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS", "PayloadSpace", "MemorySpace", "Stored"]
+           "SessionPull", "command_name", "command_queue", "TERM_LEASE_BITS", "PayloadSpace", "MemorySpace", "Stored",
+           "ChunkReader"]

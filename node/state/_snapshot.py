@@ -21,7 +21,7 @@ from ._segments import SEGMENT_SLOTS_MAX, SLOT_DELAYED, SLOT_READY, SLOT_WAITING
 from ._store import Store
 from ._transitions import ACTIVE, DELAYED, NEW, STATES, WAITING
 
-__all__ = ["SnapshotOps"]
+__all__ = ["SnapshotOps", "ChunkReader"]
 
 #: Bytes the streaming restore reads from its chunks at a time.
 _READ_BYTES = 1 << 20
@@ -105,24 +105,41 @@ def _group_turns(q: Queue) -> list[list[Any]]:
     return [[g, max(tag - vtime, -_LAG_MAX)] for g, tag in sorted(q.group_tags.items()) if tag != vtime]
 
 
-class _ChunkReader:
-    """A file-like ``read`` over an iterator of byte chunks (what msgpack's Unpacker reads from)."""
+class ChunkReader:
+    """A file-like ``read`` over an iterator of byte chunks (what msgpack's Unpacker reads from),
+    with a look ahead, and what is left as chunks again."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks = iter(chunks)
         self._buf = b""
 
-    def read(self, size: int = -1) -> bytes:
+    def _fill(self, size: int) -> None:
         while size < 0 or len(self._buf) < size:
             chunk = next(self._chunks, None)
             if chunk is None:
                 break
             self._buf = self._buf + chunk if self._buf else chunk
+
+    def read(self, size: int = -1) -> bytes:
+        """The next ``size`` bytes (all that is left when negative; fewer at the end)."""
+        self._fill(size)
         if size < 0:
             out, self._buf = self._buf, b""
         else:
             out, self._buf = self._buf[:size], self._buf[size:]
         return out
+
+    def peek(self, size: int) -> bytes:
+        """The next ``size`` bytes (fewer at the end), left to read."""
+        self._fill(size)
+        return self._buf[:size]
+
+    def rest(self) -> Iterator[bytes]:
+        """What was not read, as chunks."""
+        if self._buf:
+            yield self._buf
+            self._buf = b""
+        yield from self._chunks
 
 
 class SnapshotOps(Store):
@@ -192,7 +209,7 @@ class SnapshotOps(Store):
         snapshot refers to (``refs``) is read from ``source``, or, when ``source`` is
         ``space`` (which adopted the files the snapshot refers to), referred to where it is
         and counted by ``space.adopt(start, end)``."""
-        unpacker = msgpack.Unpacker(_ChunkReader(chunks), raw=False, strict_map_key=False,
+        unpacker = msgpack.Unpacker(ChunkReader(chunks), raw=False, strict_map_key=False,
                                     read_size=_READ_BYTES, max_buffer_size=0)
         fields = unpacker.read_array_header()
         if fields < 11:

@@ -1,10 +1,12 @@
 """Job data in payload files on real node processes: every replica writes them, a follower that
-installs a snapshot writes its own from it, a restart rebuilds them, and every job's data reads
-back the same; removed jobs give their bytes back, and files mostly released are compacted."""
+installs a snapshot is sent the leader's files beside it and adopts them, a restart adopts its
+snapshot's, and every job's data reads back the same; removed jobs give their bytes back, and
+files mostly released are compacted."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,13 @@ def test_payload_files_on_every_replica_through_a_snapshot_install_and_a_restart
             # Offsets are each replica's own; the bytes each holds are the same.
             assert len({v["payloads"]["liveBytes"] for v in views}) == 1, views
             assert "loaded snapshot" in cluster.log_file(lagging).read_text()
-            # The leader's own snapshots refer to its payload files; the one it sent carried them.
-            assert "is sent one that carries them" in cluster.log_file(leader).read_text()
+            # The leader's own snapshots refer to its payload files, which it sent beside the one
+            # the lagging node installed; that node adopted them as its own.
+            sent = cluster.log_file(leader).read_text()
+            assert re.search(rf"sending snapshot \d+ \(\d+ bytes, [1-9]\d* files beside it\) to {lagging}", sent), sent
+            assert "carries them" not in sent
+            received = cluster.config.node_data_dir(lagging)
+            assert not list(received.glob("**/p0.snap.recv*")), "a temp file or directory left behind"
             assert_data(router, ids)
             with RawConn(cluster.address_of(lagging)) as c:
                 text = c.call({"cmd": "Prometheus"})["text"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +24,14 @@ from shoal.node.raft.messages import ENTRY_DATA
 
 from conftest import replica_views
 from rawproto import RawConn, Router
+from releases import release_tree
 from waiting import eventually
 
 RELEASE = "a0861d3"
-REPO = Path(__file__).resolve().parents[2]
 QUEUE = "upgrade"
 #: A snapshot follows a few dozen entries, so the release leaves a snapshot and a journal after it.
 SNAPSHOT_ENV = {"SHOAL_SNAPSHOT_ENTRIES_MIN": "20", "SHOAL_SNAPSHOT_INTERVAL_S": "3600"}
 pytestmark = pytest.mark.timeout(300)
-
-
-def release_tree(root: Path) -> Path:
-    """The release's code as the package ``shoal`` under ``root`` (for PYTHONPATH)."""
-    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{RELEASE}^{{commit}}"],
-                      capture_output=True, timeout=30).returncode != 0:
-        pytest.skip(f"commit {RELEASE} is not in this repository")
-    (root / "shoal").mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", RELEASE], capture_output=True, timeout=60, check=True)
-    subprocess.run(["tar", "-x", "-C", str(root / "shoal")], input=archive.stdout, timeout=60, check=True)
-    return root
 
 
 def call(router: Router, frame: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +75,7 @@ def payload_versions(data_dir: Path, partition: int) -> set[int]:
 
 
 def test_a_release_cluster_restarted_on_this_release_keeps_its_jobs(tmp_path: Path) -> None:
-    release = release_tree(tmp_path / "release")
+    release = release_tree(tmp_path / "release", RELEASE)
     data_dir = tmp_path / "c"
     with LocalCluster(nodes=3, partitions=1, data_dir=data_dir, base_port=free_base_port(3, 1),
                       extra_env={**SNAPSHOT_ENV, "PYTHONPATH": str(release)}) as old:
@@ -163,7 +151,7 @@ def test_a_rolling_upgrade_node_by_node_keeps_every_write_and_never_mixes_format
     """Nodes of the two releases refuse each other's Raft links (link versions 4 and 5), so a
     release node never receives a format-1 entry: while it is refused, the group goes on where a
     majority of one version is, and writes keep committing at every step."""
-    release = release_tree(tmp_path / "release")
+    release = release_tree(tmp_path / "release", RELEASE)
     data_dir = tmp_path / "c"
     with LocalCluster(nodes=3, partitions=1, data_dir=data_dir, base_port=free_base_port(3, 1),
                       extra_env={**SNAPSHOT_ENV, "PYTHONPATH": str(release)}) as cluster:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from shoal.node.heap import HeapTrimmer
+from shoal.node.heap import HeapTrimmer, take_trim_soon, trim_soon
 
 
 class FakeLibc:
@@ -77,3 +77,11 @@ def test_the_process_glibc_reports_and_trims() -> None:
     assert trimmer.free_bytes() > 40 * 1024 * 1024
     assert trimmer.maybe_trim() > 0 and trimmer.trims == 1
     assert len(keep) == 400
+
+
+def test_a_trim_asked_for_soon_is_taken_once() -> None:
+    take_trim_soon()
+    assert not take_trim_soon()
+    trim_soon()
+    trim_soon()
+    assert take_trim_soon() and not take_trim_soon()

@@ -13,8 +13,8 @@ import pytest
 from shoal.node.partition.machine import load_engine, snapshot_chunks
 from shoal.node.raft import install
 from shoal.node.raft._io import SimIO
-from shoal.node.raft.install import (COMPLETE, GO_ON, NOT_WANTED, START_OVER, ByteRate, Received, SnapshotReceiver,
-                                     SnapshotSender)
+from shoal.node.raft.install import (COMPLETE, GO_ON, NO_FILES, NOT_WANTED, START_OVER, ByteRate, Received,
+                                     SnapshotReceiver, SnapshotSender)
 from shoal.node.raft.membership import Membership
 from shoal.node.raft.messages import Message, SnapshotChunk, SnapshotChunkAck
 from shoal.node.raft.snapshot_file import SnapshotCorrupt, write_snapshot
@@ -23,6 +23,8 @@ from shoal.node.state import PartitionEngine
 
 INDEX, TERM = 40, 3
 LEADER_PATH, FOLLOWER_PATH = "/leader/p0.snap", "/follower/p0.snap"
+#: The directory beside a snapshot holding the files it refers to.
+FILES_NAME = f"p0.snap.files.{INDEX}"
 #: Chunk and window sizes for these tests: a ~30 kB file travels in a few dozen chunks.
 CHUNK_BYTES, WINDOW_BYTES = 1024, 4 * 1024
 #: Deliveries a test allows before it calls a stream stuck.
@@ -58,8 +60,9 @@ class Link:
     """
 
     def __init__(self, io: SimIO, snap: SnapshotFile, term: int = TERM, rates: list[ByteRate] | None = None,
-                 install: bool = True) -> None:
+                 install: bool = True, files: list[tuple[str, str]] | None = None) -> None:
         self.io = io
+        self.files = files
         self.install = install
         self.snap = snap
         self.now = 0.0
@@ -73,7 +76,7 @@ class Link:
     def new_sender(self, term: int = TERM, rates: list[ByteRate] | None = None) -> SnapshotSender:
         """A new stream of the same file (the leader retries after a broken one)."""
         self.sender = SnapshotSender("b", self.snap, term, self.io, self._send,
-                                     rates if rates is not None else [ByteRate(UNLIMITED)], self.now)
+                                     rates if rates is not None else [ByteRate(UNLIMITED)], self.now, self.files)
         return self.sender
 
     def _send(self, peer: str, message: Message) -> bool:
@@ -92,7 +95,7 @@ class Link:
             self.received = received
             if self.install:
                 self.receiver.finish(received)
-                self.receiver.install()
+                self.receiver.install(received, FILES_NAME if received.files_dir is not None else None)
                 self.to_leader.append(SnapshotChunkAck(self.follower_term, received.index, received.size, COMPLETE))
 
     def leader_step(self) -> list[int]:
@@ -173,7 +176,7 @@ def test_a_chunk_from_an_older_term_is_refused() -> None:
     data = io.read_all(LEADER_PATH)[:CHUNK_BYTES]
     chunk = SnapshotChunk(TERM, INDEX, TERM, 0, snap.size, snap.file_crc, install.google_crc32c.value(data), data)
     ack, received = receiver.on_chunk(chunk, current_term=TERM + 1)  # a deposed leader's stream
-    assert ack == SnapshotChunkAck(TERM + 1, INDEX, 0, NOT_WANTED) and received is None
+    assert ack == SnapshotChunkAck(TERM + 1, INDEX, 0, NOT_WANTED, files=True) and received is None
     assert not io.exists(FOLLOWER_PATH + ".recv.tmp")
 
     link = Link(io, snap, term=TERM)
@@ -352,3 +355,134 @@ def test_finish_refuses_a_file_that_ends_at_another_entry() -> None:
     wrong = Received(link.received.tmp_path, INDEX + 1, TERM, snap.size, snap.file_crc)
     with pytest.raises(SnapshotCorrupt, match="leader announced 41/3"):
         link.receiver.finish(wrong)
+
+
+# --- a snapshot with the files it refers to ------------------------------------------------------
+
+LEADER_FILES = f"/leader/{FILES_NAME}"
+
+
+def leader_files(io: SimIO, sizes: list[int]) -> list[tuple[str, str]]:
+    """Files beside the leader's snapshot, of ``sizes`` bytes, each byte telling its file and place."""
+    files = []
+    for k, size in enumerate(sizes):
+        name = f"{k + 1:08d}.pay"
+        handle = io.open(f"{LEADER_FILES}/{name}")
+        handle.append(bytes((k * 7 + i) % 251 for i in range(size)))
+        handle.close()
+        files.append((name, f"{LEADER_FILES}/{name}"))
+    return files
+
+
+def follower_files(io: SimIO) -> dict[str, bytes]:
+    directory = f"/follower/{FILES_NAME}"
+    return {name: io.read_all(f"{directory}/{name}") for name in io.listdir(directory)}
+
+
+def test_the_files_a_snapshot_refers_to_follow_it_in_the_stream() -> None:
+    io = SimIO()
+    engine = engine_with(200)
+    snap = leader_snapshot(io, engine)
+    sizes = [5 * CHUNK_BYTES + 17, 0, CHUNK_BYTES // 3, 2 * CHUNK_BYTES]  # several chunks, empty, short, exact
+    files = leader_files(io, sizes)
+    link = Link(io, snap, files=files)
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE and link.sender.done
+    assert link.sender.total == snap.size + sum(sizes)
+    assert link.sender.bytes_sent == link.sender.total  # every byte once
+    received = link.received
+    assert received is not None and received.size == snap.size and received.files == tuple(n for n, _ in files)
+    assert follower_files(io) == {name: io.read_all(path) for name, path in files}
+    assert verify_snapshot(io, FOLLOWER_PATH).file_crc == snap.file_crc
+    assert load_engine(io, FOLLOWER_PATH)[0].digest() == engine.digest()
+    assert not io.exists(FOLLOWER_PATH + ".recv.tmp") and not io.listdir(FOLLOWER_PATH + ".recv.files.tmp")
+
+
+def test_a_stream_with_files_resumes_within_a_file() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    files = leader_files(io, [3 * CHUNK_BYTES, 6 * CHUNK_BYTES + 5])
+    link = Link(io, snap, files=files)
+    chunks_of_snapshot = -(-snap.size // CHUNK_BYTES)
+    link.run(chunks_max=1 + chunks_of_snapshot + 5)  # the offer, the snapshot, 3 + 2 chunks of files
+    link.to_follower.clear()
+    link.to_leader.clear()
+    held = link.receiver._offset
+    assert snap.size + 3 * CHUNK_BYTES < held < link.sender.total
+    link.sender.close()
+    second = link.new_sender()
+    statuses = link.run()
+    assert statuses[-1] == COMPLETE
+    assert second.bytes_sent == second.total - held  # only what the follower lacked
+    assert follower_files(io) == {name: io.read_all(path) for name, path in files}
+
+
+def test_a_file_the_leader_appends_to_streams_as_it_was_when_the_stream_began() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    files = leader_files(io, [2 * CHUNK_BYTES])
+    before = io.read_all(files[0][1])
+    link = Link(io, snap, files=files)
+    handle = io.open(files[0][1], create=False)
+    handle.append(b"x" * 3000)  # the leader's next appends (not in the snapshot)
+    handle.close()
+    assert link.run()[-1] == COMPLETE
+    assert follower_files(io) == {files[0][0]: before}
+
+
+def test_a_follower_that_takes_no_files_is_told_apart() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    link = Link(io, snap, files=leader_files(io, [CHUNK_BYTES]))
+    link.sender.pump(link.now)
+    offer = link.to_follower.pop()
+    assert isinstance(offer, SnapshotChunk) and offer.files == [("00000001.pay", CHUNK_BYTES)]
+    # An older release answers the offer without saying it takes files.
+    assert link.sender.on_ack(SnapshotChunkAck(TERM, INDEX, 0), link.now) == NO_FILES
+    assert link.sender.done
+    # A snapshot without files goes to it as before.
+    plain = Link(io, snap)
+    assert plain.sender.on_ack(SnapshotChunkAck(TERM, INDEX, 0), plain.now) == GO_ON
+
+
+@pytest.mark.parametrize("layout", [
+    [("../p1.snap", 10)], [(".hidden", 10)], [("a/b", 10)], [("", 10)], [("x" * 65, 10)],
+    [("00000001.pay", 10), ("00000001.pay", 10)], [("00000001.pay", -1)], [("00000001.pay", 10**9)],
+])
+def test_an_offer_naming_files_it_may_not_is_refused(layout: list[tuple[str, int]]) -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(20))
+    receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+    offer = SnapshotChunk(TERM, INDEX, TERM, 0, snap.size + 10, snap.file_crc, install.google_crc32c.value(b""), b"",
+                          layout)
+    ack, received = receiver.on_chunk(offer, TERM)
+    assert ack.status == START_OVER and received is None and not receiver.active
+    assert io.listdir("/follower") == []
+
+
+def test_too_many_files_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "FILES_MAX", 3)
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(20))
+    layout = [(f"{k:08d}.pay", 1) for k in range(4)]
+    receiver = SnapshotReceiver(FOLLOWER_PATH, io, 0)
+    offer = SnapshotChunk(TERM, INDEX, TERM, 0, snap.size + 4, snap.file_crc, 0, b"", layout)
+    assert receiver.on_chunk(offer, TERM)[0].status == START_OVER
+
+
+def test_a_sender_whose_file_is_gone_opens_nothing() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(20))
+    files = leader_files(io, [100])
+    with pytest.raises(FileNotFoundError):
+        SnapshotSender("b", snap, TERM, io, lambda peer, msg: True, [], 0.0, files + [("00000009.pay", "/gone")])
+
+
+def test_an_abort_drops_the_files_received_so_far() -> None:
+    io = SimIO()
+    snap = leader_snapshot(io, engine_with(50))
+    link = Link(io, snap, files=leader_files(io, [4 * CHUNK_BYTES]))
+    link.run(chunks_max=1 + -(-snap.size // CHUNK_BYTES) + 2)
+    assert io.listdir(FOLLOWER_PATH + ".recv.files.tmp") == ["00000001.pay"]
+    link.receiver.abort()
+    assert io.listdir(FOLLOWER_PATH + ".recv.files.tmp") == [] and not io.exists(FOLLOWER_PATH + ".recv.tmp")
