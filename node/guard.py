@@ -6,10 +6,11 @@ One task wakes every :data:`GUARD_INTERVAL_S`:
   read per wake-up, never per command) and, above the high-water mark of the
   memory budget, makes the dispatcher refuse new jobs with ``OVERLOADED``
   (pulls, acks and deletes go on, so consumers can drain the node);
-- every :data:`~.heap.TRIM_CHECK_S` seconds (every second in the first 30 s), and
-  before it would refuse new jobs, it hands the C heap's free memory back to the
-  system when there is much of it (:class:`~.heap.HeapTrimmer`), so memory freed
-  inside the process counts neither against the budget nor as growth;
+- every :data:`~.heap.TRIM_CHECK_S` seconds, and before it would refuse new jobs, it
+  hands the C heap's free memory back to the system when there is much of it
+  (:class:`~.heap.HeapTrimmer`), so memory freed inside the process counts neither
+  against the budget nor as growth; every second in the first 30 s and at its first
+  wake-up after a snapshot load (:func:`~.heap.trim_soon`) a little is enough;
 - it records how late it woke up in the ``shoal_event_loop_lag_seconds``
   histogram: whatever held the loop delayed it; a lag of :data:`LAG_WARN_S` or more is
   also logged (at most every :data:`LAG_LOG_EVERY_S`), as Raft's heartbeats and elections
