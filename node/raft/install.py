@@ -109,8 +109,10 @@ class SnapshotSender:
         self._send = send
         self._rates = rates
         self._handle: FileHandle | None = io.open(snapshot.path, create=False)  # the inode stays ours
-        #: Each part of the stream (the snapshot file, then its files): handle and bytes.
-        self._parts: list[tuple[FileHandle, int]] = [(self._handle, snapshot.size)]
+        #: The stream's parts (the snapshot file, then its files), and where each starts in it
+        #: (one more: where the stream ends).
+        self._handles: list[FileHandle] = [self._handle]
+        self._starts = [0, snapshot.size]
         #: ``(name, bytes)`` of each file, as the offer names them (None: no files).
         self.layout: list[tuple[str, int]] | None = None
         if files is not None:
@@ -118,14 +120,13 @@ class SnapshotSender:
             try:
                 for name, path in files:
                     handle = io.open(path, create=False)
-                    self._parts.append((handle, handle.size))
-                    self.layout.append((name, handle.size))
+                    self._handles.append(handle)
+                    size = handle.size
+                    self.layout.append((name, size))
+                    self._starts.append(self._starts[-1] + size)
             except OSError:
                 self.close()
                 raise
-        self._starts = [0]
-        for _, size in self._parts:
-            self._starts.append(self._starts[-1] + size)
         #: Bytes of the whole stream.
         self.total = self._starts[-1]
         self.acked = 0
@@ -153,16 +154,6 @@ class SnapshotSender:
         return SnapshotChunk(self.term, snap.index, snap.term, offset, self.total, snap.file_crc,
                              google_crc32c.value(data), data, self.layout if offset == 0 else None)
 
-    def _read(self, offset: int) -> bytes:
-        """The next chunk from ``offset``: within one part, at most :data:`CHUNK_BYTES`."""
-        part = bisect_right(self._starts, offset) - 1
-        handle, _ = self._parts[part]
-        nbytes = min(CHUNK_BYTES, self._starts[part + 1] - offset)
-        data = handle.pread(offset - self._starts[part], nbytes)
-        if len(data) != nbytes:
-            raise SnapshotCorrupt(f"{self.snapshot.path}: short read at offset {offset} of the stream (part {part})")
-        return data
-
     def pump(self, now: float) -> float | None:
         """Send what the window and the rates allow; the delay until the next call, or None
         when waiting for acknowledgements (or finished)."""
@@ -179,12 +170,15 @@ class SnapshotSender:
                 self._send(self.peer, self._chunk(0, b""))
             return None
         while self.sent < self.total and self.sent - self.acked < WINDOW_BYTES:
-            part = bisect_right(self._starts, self.sent) - 1
+            part = bisect_right(self._starts, self.sent) - 1  # a chunk stays within one part
             nbytes = min(CHUNK_BYTES, self._starts[part + 1] - self.sent)
             wait = max((rate.take(nbytes, now) for rate in self._rates), default=0.0)
             if wait > 0:
                 return wait
-            data = self._read(self.sent)
+            data = self._handles[part].pread(self.sent - self._starts[part], nbytes)
+            if len(data) != nbytes:
+                raise SnapshotCorrupt(f"{self.snapshot.path}: short read at offset {self.sent} of the stream "
+                                      f"(part {part})")
             if not self._send(self.peer, self._chunk(self.sent, data)):
                 return 0.05  # the link's buffer is full or down: try again shortly
             if self.sent == self.acked:
@@ -237,8 +231,8 @@ class SnapshotSender:
 
     def close(self) -> None:
         self.done = True
-        parts, self._parts = self._parts, []
-        for handle, _ in parts:
+        handles, self._handles = self._handles, []
+        for handle in handles:
             handle.close()
         self._handle = None
 

@@ -713,9 +713,7 @@ class PartitionReplica(Generic[A]):
             self._check_reads()
         if self._senders and core.is_leader:
             for peer in [p for p in self._senders if p not in core.progress]:
-                sender = self._senders.pop(peer)  # removed from the group: its stream ends
-                sender.close()
-                self._snapshot_bytes_sent += sender.bytes_sent
+                self._retire_sender(self._senders.pop(peer))  # removed from the group: its stream ends
                 self._delivered.pop(peer, None)
         if not core.recovering and self.journal.meta.state.recovering:
             self._recovered()
@@ -737,8 +735,7 @@ class PartitionReplica(Generic[A]):
         for proposal in pending.values():
             self.after_tick(proposal.callback, None, FAIL_LOST)
         for sender in self._senders.values():
-            sender.close()
-            self._snapshot_bytes_sent += sender.bytes_sent
+            self._retire_sender(sender)
         self._senders.clear()
         self._leader_unsynced = False
         if self.on_leadership_lost is not None and not self._closed:
@@ -1149,8 +1146,7 @@ class PartitionReplica(Generic[A]):
         elif status == NO_FILES:
             # An older release: it waits for a snapshot that carries everything, taken as soon as a
             # snapshot child may run (and sent when the core asks again, _release_awaiting).
-            del self._senders[peer]
-            self._snapshot_bytes_sent += sender.bytes_sent
+            self._retire_sender(self._senders.pop(peer))
             if not self._portable_wanted:
                 log.info("partition %d: %s takes no snapshot files; it is sent a snapshot that carries them, "
                          "taken now", self.partition, peer)
@@ -1172,14 +1168,18 @@ class PartitionReplica(Generic[A]):
     def _end_sender(self, peer: str, ok: bool) -> None:
         sender = self._senders.pop(peer, None)
         if sender is not None:
-            sender.close()
-            self._snapshot_bytes_sent += sender.bytes_sent
+            self._retire_sender(sender)
             if ok:
                 log.info("partition %d: snapshot %d delivered to %s (%d bytes sent)", self.partition,
                          sender.index, peer, sender.bytes_sent)
                 self._delivered[peer] = (sender.index, self._clock() + CATCH_UP_HOLD_S)
         self.core.snapshot_done(peer, ok, self._clock())  # on success too: the follower's answer may be lost
         self._process()
+
+    def _retire_sender(self, sender: SnapshotSender) -> None:
+        """A stream that ended: its file closed, its bytes counted."""
+        sender.close()
+        self._snapshot_bytes_sent += sender.bytes_sent
 
     def stream_progress(self) -> list[dict[str, Any]]:
         """The snapshot streams this leader runs: peer, index, bytes acknowledged and total."""
