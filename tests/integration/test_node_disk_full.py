@@ -49,7 +49,12 @@ def tmpfs(path: Path) -> Iterator[Path]:
 def fill(path: Path, leave_bytes: int) -> None:
     """Write ``path`` until at most ``leave_bytes`` are free (or the disk is full)."""
     chunk = b"\0" * (1024 * 1024)
-    with open(path, "ab") as f:
+    try:
+        f = open(path, "ab")
+    except OSError as exc:  # the disk is full already: not even the new file's directory entry fits
+        assert exc.errno == errno.ENOSPC
+        return
+    with f:
         for _ in range(FS_BYTES // len(chunk) + 1):  # bounded by the file system's size
             st = os.statvfs(path.parent)
             free = st.f_bavail * st.f_frsize
