@@ -116,10 +116,10 @@ class _Link(asyncio.Protocol):
         self._opener: FrameOpener | None = None
         self._sealer: FrameSealer | None = None
         self._timeout: asyncio.TimerHandle | None = None
+        #: Queued Raft messages (they wait for the barrier) and side-channel ones (they never do).
         self._out: list[bytes] = []
+        self._out_side: list[bytes] = []
         self._out_bytes = 0
-        #: The queued frame holds a Raft message (not only side-channel ones): it waits for the barrier.
-        self._out_raft = False
         self._paused = False
         self._counted = False
 
@@ -251,43 +251,49 @@ class _Link(asyncio.Protocol):
             self.network.dropped += 1
             return False
         data = _encode((partition, message))
-        out = self._out
-        if not out:
+        if not self._out and not self._out_side:
             self.network.queued(self)
-        if type(partition) is int:
-            self._out_raft = True
-        out.append(data)
+        (self._out if type(partition) is int else self._out_side).append(data)
         self._out_bytes += len(data)
         if self._out_bytes >= FRAME_SPLIT_BYTES:
             self.flush()
         return True
 
     def flush(self, after: bool = True) -> bool:
-        """Seal and write everything queued as one frame; True when one was written.
+        """Seal and write everything queued, as one frame; True when something was written.
+
+        Raft answers and entries leave only once the journals they vouch for are synced (the
+        network's barrier). Side-channel messages (forwarded commands, their replies) vouch for
+        nothing on disk here and never wait for this node's syncs: when the barrier is due they
+        leave first, in a frame of their own.
 
         ``after=False`` leaves the network's ``after_flush`` to the caller, which writes
         to the other peers first (:meth:`RaftNetwork.flush_queued`).
         """
-        out = self._out
-        if not out or self._sealer is None or self.transport is None or self.transport.is_closing():
+        raft, side = self._out, self._out_side
+        if (not raft and not side) or self._sealer is None or self.transport is None \
+                or self.transport.is_closing():
             return False
-        barrier = self.network.before_flush
-        if barrier is not None and self._out_raft:
-            # Raft answers and entries leave only once the journals they vouch for are synced.
-            # Side-channel messages (forwarded commands, their replies) vouch for nothing on disk
-            # here: a frame of only those does not wait for this node's syncs.
-            barrier()
         self.network.bytes_sent += self._out_bytes
         self._out = []
+        self._out_side = []
         self._out_bytes = 0
-        self._out_raft = False
-        out.insert(0, array_header(len(out)))
-        self.transport.writelines(self._sealer.seal(out))
-        self.network.frames_sent += 1
+        barrier = self.network.before_flush
+        if raft and barrier is not None:
+            if side:
+                self._write_frame(side)
+                side = []
+            barrier()
+        self._write_frame(raft + side if side else raft)
         hook = self.network.after_flush
         if after and hook is not None:
             hook()  # a leader's own copy of what it just sent becomes durable before anything else runs
         return True
+
+    def _write_frame(self, items: list[bytes]) -> None:
+        assert self._sealer is not None and self.transport is not None
+        self.transport.writelines(self._sealer.seal([array_header(len(items)), *items]))
+        self.network.frames_sent += 1
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

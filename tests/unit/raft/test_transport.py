@@ -261,23 +261,31 @@ def test_a_frame_decodes_into_raft_messages_and_plain_channel_values() -> None:
         decode_frame(enc({"not": "a list of pairs"}))
 
 
-def test_a_frame_of_side_channel_messages_only_does_not_wait_for_the_sync_barrier() -> None:
+def test_side_channel_messages_never_wait_for_the_sync_barrier() -> None:
     """Forwarded commands and their replies vouch for nothing on this node's disk: a frame holding
-    only those leaves without the journal sync that must come before Raft answers."""
+    only those leaves without the journal sync that must come before Raft answers, and queued
+    with Raft messages they leave first, in a frame of their own, before the sync runs."""
     async def main() -> None:
         async with _pair() as (n1, n2):
-            barriers: list[int] = []
-            n2.before_flush = lambda: barriers.append(1)
+            frames_at_sync: list[int] = []
+            n2.before_flush = lambda: frames_at_sync.append(n2.frames_sent)
             got: list[Any] = []
             n1.register_channel("relay", lambda peer, value: got.append(value))
             receiver = _Partition(n1, 0, "n2")
             sender = _Partition(n2, 0, "n1")
             assert n2.send_channel("n1", "relay", ["q", 1])
             await _until(lambda: got == [["q", 1]])
-            assert barriers == []
+            assert frames_at_sync == []
+            sent = n2.frames_sent
+            sender.transport.send("n1", numbered(9))  # queued first, and waits for the sync
             n2.send_channel("n1", "relay", ["q", 2])
-            sender.transport.send("n1", numbered(9))  # with a Raft message in the frame: the barrier runs
             await _until(lambda: len(receiver.received) == 1 and len(got) == 2)
-            assert barriers == [1]
+            assert frames_at_sync == [sent + 1]  # the relay message's frame was out when the sync ran
+            assert n2.frames_sent == sent + 2
+            n2.send_channel("n1", "relay", ["q", 3])
+            sender.transport.send("n1", numbered(10))
+            n2.before_flush = None  # nothing to sync: one frame carries both
+            await _until(lambda: len(receiver.received) == 2 and len(got) == 3)
+            assert n2.frames_sent == sent + 3
 
     asyncio.run(main())
