@@ -142,6 +142,7 @@ class NodeCollector(Collector):
             refusals.add_metric([reason], n)
         yield from (term, commit, elections, leader, pending, batches, batched, leaders, inflight, streams, forwarded,
                     http_open, refusals)
+        yield from _peer_metrics(node)
         jobs = GaugeMetricFamily("shoal_queue_jobs", "Jobs by state, per queue (partitions this node leads)",
                                  labels=["queue", "state"])
         totals = CounterMetricFamily("shoal_queue_events", "Per-queue totals: enqueued, completed, failed, "
@@ -157,6 +158,32 @@ class NodeCollector(Collector):
                     totals.add_metric([q.name, kind], n)
         yield from (jobs, totals)
         yield from _moves(node, self.move_watch)
+
+
+def _peer_metrics(node: "NodeView") -> Iterator[Any]:
+    """The node-to-node links' traffic and the relay's forwarding (``node/relay.py``)."""
+    network = node.raft_network
+    if network is not None:
+        yield CounterMetricFamily("shoal_peer_frames_sent", "Frames written to the other nodes on the "
+                                  "node-to-node links (Raft messages and the relay, registry and topology "
+                                  "channels)", value=network.frames_sent)
+        yield CounterMetricFamily("shoal_peer_bytes_sent", "Message bytes written to the other nodes on the "
+                                  "node-to-node links", value=network.bytes_sent)
+    relay = node.relay
+    if relay is None:
+        return
+    yield CounterMetricFamily("shoal_relay_forwarded", "Client commands this node sent to the leader of their "
+                              "partition on another node (each push of a block counted)", value=relay.forwarded)
+    yield CounterMetricFamily("shoal_relay_retried", "Forwarded commands sent again: their leader moved, "
+                              "its link was lost or it did not answer in time", value=relay.retried + relay.followed)
+    yield CounterMetricFamily("shoal_relay_served", "Commands other nodes forwarded to this node as their "
+                              "partition's leader (each push of a block counted)", value=relay.served)
+    waiting = GaugeMetricFamily("shoal_relay_in_flight", "Forwarded commands not yet answered: sent by this "
+                                "node (forwarding) or served here for other nodes (serving)", labels=["side"])
+    stats = relay.stats()
+    waiting.add_metric(["forwarding"], stats["forwarding"])
+    waiting.add_metric(["serving"], stats["serving"])
+    yield waiting
 
 
 class MoveWatch:

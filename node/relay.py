@@ -313,9 +313,13 @@ class Relay:
         self._subscribed_at: dict[str, str] = {}
         # at the leader: peer -> queues it wants events of
         self.peer_subscriptions: dict[str, set[str]] = {}
+        #: Client commands sent to another node's leader (a block's pushes one by one), those
+        #: sent again (the leader moved or did not answer), and those sent on after a leader
+        #: that froze; commands peers forwarded that this node took to serve.
         self.forwarded = 0
         self.retried = 0
         self.followed = 0
+        self.served = 0
         # Keys of the adds this process forwards: node, process (random) and request number.
         origin = f"{info.node_id[:_KEY_NODE_CHARS_MAX]}.{secrets.token_hex(6)}:"
         self._key_prefix = FORWARDED_KEY_PREFIX + origin
@@ -856,6 +860,7 @@ class Relay:
         session, conn_id = self._session_of(peer, session)
         call = (_DialectCall if dialect else _Call)(self, peer, rid, session, conn_id, req_id)
         self._served[(peer, rid)] = call
+        self.served += 1
         peer_command = self._peer_commands.get(frame.get("cmd"))  # type: ignore[arg-type]
         answer_guarded(peer_command or self.dispatcher.handle, call, frame, req_id)
 
@@ -885,6 +890,7 @@ class Relay:
         session, conn_id = self._session_of(peer, session)
         call = _BlockCall(self, peer, rid, session, conn_id, len(datas))
         self._served[(peer, rid)] = call
+        self.served += len(datas)
         try:
             self.dispatcher.handle_pushes(call, frames)
         except Exception as exc:
@@ -1155,6 +1161,7 @@ class Relay:
 
     def stats(self) -> dict[str, int]:
         return {"forwarding": len(self._pending), "serving": len(self._served), "forwarded": self.forwarded,
+                "served": self.served,
                 "retried": self.retried, "followed": self.followed, "sessionsAdopted": self.sessions_adopted,
                 "sessionsReleased": self.sessions_released}
 

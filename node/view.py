@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from .partition import Partition
     from .ports import EventListener
     from .raft.storage import NodeStorage
+    from .raft.transport import RaftNetwork
+    from .relay import Relay
 
 __all__ = ["NodeView", "MemoryReport"]
 
@@ -51,6 +53,10 @@ class NodeView(Protocol):
     guard: MemoryReport
     cluster_map: "ClusterMap"
     moves: "MoveService"
+    #: The links to the other nodes (None before the node starts them), and the relay that
+    #: forwards commands over them (None on a node that forwards nothing).
+    raft_network: "RaftNetwork | None"
+    relay: "Relay | None"
 
     def now_ms(self) -> int:
         """The node's clock (see :mod:`~shoal.node.clock`)."""

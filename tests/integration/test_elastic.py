@@ -8,7 +8,6 @@ when the test ends (the pid files of the cluster's directory name them all).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import shutil
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +30,7 @@ from shoal.cluster.config import NodeSpec, load_config
 from shoal.cluster.launcher import LocalCluster, _is_our_node, free_base_port, node_health, write_cluster_file
 
 from conftest import NODE_COMMAND
+from nodehttp import http_json, metric
 from rawproto import RawConn
 from waiting import eventually
 
@@ -95,24 +94,6 @@ def local_stats(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
         if cluster.config.tokens:
             assert c.call({"cmd": "Auth", "token": cluster.config.tokens[0]})["ok"]
         return c.call({"cmd": "Stats", "local": True})
-
-
-def http_get(cluster: LocalCluster, node_id: str, path: str) -> bytes:
-    n = cluster.config.node(node_id)
-    with urllib.request.urlopen(f"http://{n.host}:{n.http_port}{path}", timeout=5) as resp:
-        return resp.read()
-
-
-def http_json(cluster: LocalCluster, node_id: str, path: str) -> Any:
-    return json.loads(http_get(cluster, node_id, path))
-
-
-def metric(cluster: LocalCluster, node_id: str, sample: str) -> float:
-    """The value of one sample (``name{labels}``) of the node's /prometheus, 0 when absent."""
-    for line in http_get(cluster, node_id, "/prometheus").decode().splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 class Writer(threading.Thread):

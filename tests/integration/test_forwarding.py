@@ -19,6 +19,7 @@ from shoal.cluster.codec import encode
 from shoal.cluster.launcher import LocalCluster, free_base_port
 from shoal.cluster.partitioning import partition_for
 
+from nodehttp import metric
 from rawproto import RawConn
 from waiting import eventually
 
@@ -58,6 +59,14 @@ def test_a_connection_without_hello_is_served_through_a_follower(cluster3: Local
         assert acked["ok"], acked
         job = c.call({"cmd": "GetJob", "id": got["jobs"][0]["id"]})["job"]
         assert job["state"] == "completed" and job["name"] == "n"
+    # what crossed the node-to-node link, as each node's metrics count it
+    leader = cluster3.leader_of(partition_for(queue, cluster3.config.partitions))
+    entry = next(n for n in cluster3.node_ids if n != leader)
+    assert metric(cluster3, entry, "shoal_relay_forwarded_total") >= 224  # 220 adds, a pull, an ack, two reads
+    assert metric(cluster3, leader, "shoal_relay_served_total") >= 224
+    assert metric(cluster3, entry, 'shoal_relay_in_flight{side="forwarding"}') == 0
+    assert metric(cluster3, entry, "shoal_peer_frames_sent_total") > 0
+    assert metric(cluster3, entry, "shoal_peer_bytes_sent_total") > 0
 
 
 def test_a_long_poll_parks_at_the_leader_and_a_custom_id_is_found(cluster3: LocalCluster) -> None:
