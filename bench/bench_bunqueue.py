@@ -26,7 +26,9 @@ limit raised out of the way.
 ``--cpu`` adds the CPU time each process spent per job during each run (utime + stime from
 ``/proc`` before and after, divided by the jobs) and a table of its medians: bunqueue's client
 (Bun), and each server process, a Shoal node named by its part (the leader of the queue's
-partition, the node the client talks to when that is another, the other replicas). The workloads'
+partition, the node the client talks to when that is another, the other replicas). For Shoal it
+also gives the frames each node wrote to the other nodes per 1,000 jobs
+(``shoal_peer_frames_sent_total`` before and after): each one wakes a peer process. The workloads'
 sizes come from ``BQ_BULK_BATCHES``, ``BQ_BULK_SIZE``, ``BQ_SINGLES`` and ``BQ_DRAIN``
 (``bench_bunqueue.ts``); the default 20,000 single adds take under a second, too short for a
 steady CPU figure.
@@ -46,6 +48,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -181,6 +185,23 @@ def server_parts(server: Any, queue: str, port: int) -> dict[str, int]:
     return parts
 
 
+def peer_frames(server: Any, queue: str, port: int) -> dict[str, float]:
+    """{part: frames written to the other nodes so far} of a Shoal target's nodes (parts as
+    :func:`server_parts` names them); empty for bunqueue's server."""
+    if not isinstance(server, LocalCluster):
+        return {}
+    pids = server_parts(server, queue, port)
+    out: dict[str, float] = {}
+    for node in server.node_ids:
+        part = next(part for part, pid in pids.items() if pid == server.pids.get(node))
+        spec = server.config.node(node)
+        with urllib.request.urlopen(f"http://{spec.host}:{spec.http_port}/prometheus", timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("shoal_peer_frames_sent_total "):
+                    out[part] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def run_workload(root: Path, workdir: Path, port: int, queue: str, workload: str,
                  keep_queue: bool = False) -> dict[str, Any]:
     env = {**os.environ, "BQ_HOST": "127.0.0.1", "BQ_PORT": str(port), "BQ_QUEUE": queue, "BQ_WORKLOAD": workload,
@@ -210,6 +231,7 @@ def main() -> None:
     root = client_root()
     results: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], dict[str, list[float]]] = {}
+    frames: dict[tuple[str, str], dict[str, list[float]]] = {}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-bunqueue-") as tmp:
         tmpdir = Path(tmp)
         workdir = tmpdir / "client"
@@ -252,6 +274,7 @@ def main() -> None:
                         queue, port = f"bench-{tag}", server.port
                     parts = server_parts(server, queue, port) if args.cpu else {}
                     before = {part: process_cpu_s(pid) for part, pid in parts.items()}
+                    frames_before = peer_frames(server, queue, port) if args.cpu else {}
                     client_before = children_cpu_s()
                     got = run_workload(root, workdir, port, queue, workload,
                                        keep_queue=args.disk_class and isinstance(server, LocalCluster))
@@ -261,6 +284,12 @@ def main() -> None:
                         got["cpu_us_per_job"] = {part: round(s * 1e6 / got["jobs"], 1) for part, s in used.items()}
                         for part, us in got["cpu_us_per_job"].items():
                             cpu.setdefault((workload, target), {}).setdefault(part, []).append(us)
+                        if frames_before:
+                            after = peer_frames(server, queue, port)
+                            got["peer_frames_per_1k_jobs"] = {part: round((after[part] - n) * 1000 / got["jobs"], 1)
+                                                              for part, n in frames_before.items()}
+                            for part, n in got["peer_frames_per_1k_jobs"].items():
+                                frames.setdefault((workload, target), {}).setdefault(part, []).append(n)
                     results.setdefault((workload, target), []).append(got["rate"])
                     print(json.dumps({"round": r, "target": target, **got}), flush=True)
     print()
@@ -273,10 +302,22 @@ def main() -> None:
         print()
         print("| CPU µs per job | target | client | total | by process |")
         print("|---|---|---|---|---|")
-        for (workload, target), parts in cpu.items():
-            medians = {part: statistics.median(values) for part, values in parts.items()}
+        for row, label, medians in _medians(cpu):
             by = ", ".join(f"{part} {us:.1f}" for part, us in medians.items() if part != "client")
-            print(f"| {ROWS[workload]} | {LABELS[target]} | {medians['client']:.1f} | {sum(medians.values()):.1f} | {by} |")
+            print(f"| {row} | {label} | {medians['client']:.1f} | {sum(medians.values()):.1f} | {by} |")
+    if frames:
+        print()
+        print("| frames to other nodes per 1,000 jobs | target | total | by node |")
+        print("|---|---|---|---|")
+        for row, label, medians in _medians(frames):
+            by = ", ".join(f"{part} {n:.0f}" for part, n in medians.items())
+            print(f"| {row} | {label} | {sum(medians.values()):.0f} | {by} |")
+
+
+def _medians(table: dict[tuple[str, str], dict[str, list[float]]]) -> Iterator[tuple[str, str, dict[str, float]]]:
+    """(row name, target label, {part: median}) of each (workload, target) of ``table``."""
+    for (workload, target), parts in table.items():
+        yield ROWS[workload], LABELS[target], {part: statistics.median(values) for part, values in parts.items()}
 
 
 if __name__ == "__main__":
