@@ -108,10 +108,9 @@ class SnapshotSender:
         self.term = term
         self._send = send
         self._rates = rates
-        self._handle: FileHandle | None = io.open(snapshot.path, create=False)  # the inode stays ours
-        #: The stream's parts (the snapshot file, then its files), and where each starts in it
-        #: (one more: where the stream ends).
-        self._handles: list[FileHandle] = [self._handle]
+        #: The stream's parts (the snapshot file, then its files; none once closed), and where
+        #: each starts in it (one more: where the stream ends). Opened now: the inodes stay ours.
+        self._handles: list[FileHandle] = [io.open(snapshot.path, create=False)]
         self._starts = [0, snapshot.size]
         #: ``(name, bytes)`` of each file, as the offer names them (None: no files).
         self.layout: list[tuple[str, int]] | None = None
@@ -147,7 +146,7 @@ class SnapshotSender:
     def opened_whole(self) -> bool:
         """True when the file opened is the size the verified snapshot had (a newer snapshot renamed
         over the path in the meantime is, almost always, another size)."""
-        return self._handle is not None and self._handle.size == self.snapshot.size
+        return bool(self._handles) and self._handles[0].size == self.snapshot.size
 
     def _chunk(self, offset: int, data: bytes) -> SnapshotChunk:
         snap = self.snapshot
@@ -157,7 +156,7 @@ class SnapshotSender:
     def pump(self, now: float) -> float | None:
         """Send what the window and the rates allow; the delay until the next call, or None
         when waiting for acknowledgements (or finished)."""
-        if self.done or self._handle is None:
+        if self.done:  # finished, or closed
             return None
         if not self.offered:
             self.offered = True
@@ -234,7 +233,6 @@ class SnapshotSender:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.close()
-        self._handle = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,12 +260,12 @@ class _Link(asyncio.Protocol):
         return True
 
     def flush(self, after: bool = True) -> bool:
-        """Seal and write everything queued, as one frame; True when something was written.
+        """Seal and write everything queued; True when something was written.
 
         Raft answers and entries leave only once the journals they vouch for are synced (the
         network's barrier). Side-channel messages (forwarded commands, their replies) vouch for
         nothing on disk here and never wait for this node's syncs: when the barrier is due they
-        leave first, in a frame of their own.
+        leave first, in a frame of their own; otherwise one frame carries everything.
 
         ``after=False`` leaves the network's ``after_flush`` to the caller, which writes
         to the other peers first (:meth:`RaftNetwork.flush_queued`).
