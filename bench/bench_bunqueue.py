@@ -190,10 +190,10 @@ def peer_frames(server: Any, queue: str, port: int) -> dict[str, float]:
     :func:`server_parts` names them); empty for bunqueue's server."""
     if not isinstance(server, LocalCluster):
         return {}
-    pids = server_parts(server, queue, port)
+    part_of = {pid: part for part, pid in server_parts(server, queue, port).items()}
     out: dict[str, float] = {}
-    for node in server.node_ids:
-        part = next(part for part, pid in pids.items() if pid == server.pids.get(node))
+    for node, pid in server.pids.items():
+        part = part_of[pid]
         spec = server.config.node(node)
         with urllib.request.urlopen(f"http://{spec.host}:{spec.http_port}/prometheus", timeout=10) as resp:
             for line in resp.read().decode().splitlines():
