@@ -147,6 +147,10 @@ class Node:
             tls=(config.tls.peer_server_context(), config.tls.peer_client_context()) if config.tls else None,
             incarnation=self.incarnation)
         self.raft_network.before_flush = self.storage.barrier
+        # answers already owed to clients (a forwarded command's, handed over by the leader in
+        # the frame that also brought entries to sync) do not wait for this node's fdatasync
+        self.storage.before_sync = self.dispatcher.writes.write_now
+        self.raft_network.before_deferred = self.dispatcher.writes.write_now  # nor for its applies
         self.raft_network.after_flush = self.storage.after_send
         self.raft_network.on_unknown_partition = self._unknown_partition
         self.cluster_map.attach(self.raft_network)

@@ -74,6 +74,9 @@ class NodeStorage:
         self._executor: ThreadPoolExecutor | None = None
         #: id(journal) -> called with the journal's durable index after a leader's sync.
         self._leader_synced: dict[int, Callable[[int], None]] = {}
+        #: Called right before a barrier syncs: output that vouches for nothing on this node's
+        #: disk (the node's answers to its clients) leaves rather than wait for the sync.
+        self.before_sync: Callable[[], None] | None = None
         io.watch_space(data_dir)
 
     def journal_dir(self, partition: int) -> str:
@@ -98,6 +101,11 @@ class NodeStorage:
         pending = self.batcher.pending
         if not pending:
             return
+        if self.before_sync is not None:
+            self.before_sync()
+        self._barrier(pending)
+
+    def _barrier(self, pending: int) -> None:
         try:
             if pending == 1:
                 self.barrier_syncs += len(self.batcher.sync_all())
@@ -135,6 +143,11 @@ class NodeStorage:
         """
         if not self.batcher.pending_leader:
             return
+        if self.before_sync is not None:
+            self.before_sync()
+        self._sync_leader()
+
+    def _sync_leader(self) -> None:
         if self.batcher.pending_leader > 1 and self._executor is None:
             self._executor = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="shoal-sync")
         try:
@@ -157,9 +170,12 @@ class NodeStorage:
             self._leader_synced[id(journal)] = hook
 
     def sync_all_now(self) -> None:
-        """Both barriers at once (a lone replica, which counts only itself toward the commit)."""
-        self.barrier()
-        self.after_send()
+        """Both barriers at once (a lone replica, which counts only itself toward the commit; its
+        answers leave after the sync, with those of the entries it commits: no ``before_sync``)."""
+        if self.batcher.pending:
+            self._barrier(self.batcher.pending)
+        if self.batcher.pending_leader:
+            self._sync_leader()
 
     def sync_lazy(self) -> None:
         """Sync the journals holding disk-class entries (every ``sync_interval_ms``)."""

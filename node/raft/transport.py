@@ -345,6 +345,10 @@ class RaftNetwork:
         self.before_flush: Callable[[], None] | None = None
         #: Called right after a frame is written (the leaders' journal syncs, storage.py).
         self.after_flush: Callable[[], None] | None = None
+        #: Called once a peer's frame has been handled and answered, before the work it left for
+        #: later (a follower's applies): the node writes what it owes its clients (a forwarded
+        #: command's answer the frame brought).
+        self.before_deferred: Callable[[], None] | None = None
         #: Called with the peer's id whenever a link to it is established (after the partitions heard).
         self.on_peer_up: list[Callable[[str], None]] = []
         #: Called with (peer, partition, message) for a partition this node hosts no replica of.
@@ -561,6 +565,8 @@ class RaftNetwork:
         if not self.holding:
             self.flush_queued()
             if self._after_write:
+                if self.before_deferred is not None:
+                    self.before_deferred()
                 done, self._after_write = self._after_write, []
                 for work in done:
                     work()

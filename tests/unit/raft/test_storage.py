@@ -121,6 +121,30 @@ def test_barriers_sync_by_role_and_class(tmp_path) -> None:
         j.close()
 
 
+def test_before_sync_runs_ahead_of_a_barrier_that_syncs_and_never_for_a_lone_replica(tmp_path) -> None:
+    # The node writes its clients' answers there: they vouch for nothing on this node's disk.
+    storage = NodeStorage(RealIO(disk_free_min_bytes=0), str(tmp_path))
+    follower, leader = storage.open_journal(0), storage.open_journal(1)
+    leader.leader_appends = True
+    seen: list[tuple[bool, bool]] = []
+    storage.before_sync = lambda: seen.append((follower.dirty, leader.dirty))
+    storage.barrier()
+    storage.after_send()
+    assert seen == []  # nothing to sync: nothing runs early
+    for j in (follower, leader):
+        j.append(j.last_index + 1, 1, b"x")
+    storage.barrier()
+    storage.after_send()
+    assert seen == [(True, True), (False, True)]  # each time before the sync, not after
+    for j in (follower, leader):
+        j.append(j.last_index + 1, 1, b"y")
+    storage.sync_all_now()  # a lone replica's answers leave after its sync, with its commits
+    assert len(seen) == 2 and not follower.dirty and not leader.dirty
+    storage.close()
+    follower.close()
+    leader.close()
+
+
 def test_a_failed_sync_calls_the_fail_stop_hook(tmp_path) -> None:
     failures: list[BaseException] = []
     storage = NodeStorage(RealIO(disk_free_min_bytes=0), str(tmp_path), on_sync_failed=failures.append)

@@ -178,12 +178,14 @@ def test_a_tick_asked_for_by_a_received_frame_runs_before_its_answers_leave() ->
 
 def test_work_after_write_runs_once_the_frames_answers_have_left() -> None:
     """A follower's applies wait for nothing but its answers: work asked for while a received
-    frame is handled runs right after that frame's answers are written, in the same callback."""
+    frame is handled runs right after that frame's answers are written, in the same callback,
+    once the node has written what it owes its clients (``before_deferred``)."""
     async def main() -> None:
         async with _pair() as (n1, n2):
             sender, receiver = _Partition(n2, 0, "n1"), _Partition(n1, 0, "n2")
             seen: list[tuple[str, int]] = []
             before = n1.frames_sent
+            n1.before_deferred = lambda: seen.append(("clients", n1.frames_sent - before))
 
             def work() -> None:
                 seen.append(("work", n1.frames_sent - before))
@@ -198,9 +200,10 @@ def test_work_after_write_runs_once_the_frames_answers_have_left() -> None:
             sender.transport.send("n1", numbered(1))
             sender.transport.send("n1", numbered(2))
             sender.transport.release()
-            await _until(lambda: len(seen) == 4)
-            # Both messages handled with nothing written, then one write, then both works.
-            assert seen == [("message", 0), ("message", 0), ("work", 1), ("work", 1)]
+            await _until(lambda: len(seen) == 5)
+            # Both messages handled with nothing written, then one write, the clients' answers
+            # and both works.
+            assert seen == [("message", 0), ("message", 0), ("clients", 1), ("work", 1), ("work", 1)]
             assert not receiver.transport.after_write(work)  # outside a frame nothing holds
 
     asyncio.run(main())
